@@ -1,0 +1,58 @@
+"""The `rollout` command: one verb per module, each exposing `register(subparsers)`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rollout.errors import RolloutError
+
+# Each module registers its own verbs; the order is the order in `rollout --help`.
+COMMAND_MODULES = [
+    "rollout.cli.stack",
+    "rollout.cli.envtools",
+    "rollout.cli.events",
+    "rollout.cli.admin",
+    "rollout.cli.schemas",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser with every registered verb."""
+    parser = argparse.ArgumentParser(
+        prog="rollout",
+        description="Agent environments, rollouts, verifiers and post-training on one event log.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # A verb module still being written must not break the others.
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `rollout` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        code = args.func(args)
+    except RolloutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

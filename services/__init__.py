@@ -1,0 +1,1 @@
+"""One folder per service; each shows its handlers at a glance."""

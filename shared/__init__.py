@@ -1,0 +1,1 @@
+"""Code shared by the SDK and the services: contracts, bus, stores, env engine, observability."""

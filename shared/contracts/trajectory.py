@@ -1,0 +1,53 @@
+"""What one rollout produced: messages, tool calls, final output and state, and its score."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ToolCallRecord(BaseModel):
+    """One tool call the agent made and what came back."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    index: int
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: Any = None
+    error: str | None = None
+
+
+class Trajectory(BaseModel):
+    """The full record of one agent episode on one task."""
+
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    final_output: str | None = None
+    final_state: dict[str, Any] = Field(default_factory=dict)
+    finish_reason: str = "stop"
+    error: str | None = None
+    # Kept when the backend gives them, so training sees exactly the sampled tokens.
+    token_ids: list[list[int]] | None = None
+    logprobs: list[list[float]] | None = None
+
+
+class PrimitiveResult(BaseModel):
+    """The outcome of one verifier primitive."""
+
+    name: str
+    type: str
+    weight: float
+    score: float
+    passed: bool
+    reason: str
+
+
+class VerifierResult(BaseModel):
+    """Weighted score over all primitives; passed only when every primitive passed."""
+
+    score: float
+    passed: bool
+    primitives: list[PrimitiveResult] = Field(default_factory=list)
+    error: str | None = None

@@ -1,0 +1,1 @@
+"""Environment engine: specs, template runtimes, verifier primitives, validation, sandbox."""
