@@ -13,4 +13,8 @@ def _packages() -> list[str]:
     return found
 
 
-setup(packages=_packages(), package_dir=ROOTS, include_package_data=True)
+setup(
+    packages=_packages(),
+    package_dir=ROOTS,
+    package_data={"rollout.shared.store": ["migrations/*.sql"]},
+)

@@ -1,1 +1,1 @@
-
+"""The bus: JetStream streams and consumers, event publishing, dead-lettering."""

@@ -1,0 +1,31 @@
+"""Helpers shared by CLI verbs: settings, connections, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rollout.errors import RolloutError
+from rollout.shared.settings import Settings, load_settings
+
+
+def settings_or_error() -> Settings:
+    """Load settings; configuration errors surface as RolloutError."""
+    return load_settings()
+
+
+def require_database(settings: Settings) -> str:
+    """The database URL, or a clear error saying how to get one."""
+    if not settings.database_url:
+        raise RolloutError(
+            "no database configured",
+            problems=["start the embedded stack with `rollout up`, or set ROLLOUT_DATABASE_URL"],
+        )
+    return settings.database_url
+
+
+def print_json(document: Any) -> None:
+    """Print one JSON document on stdout (for scripts and CI)."""
+    json.dump(document, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

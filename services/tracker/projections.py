@@ -1,0 +1,204 @@
+"""The tracker's read models: one small function per event type, all inside the caller's tx."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+from rollout.shared.contracts import events as ev
+from rollout.shared.contracts.envelope import EventEnvelope, Payload
+
+Apply = Callable[[asyncpg.Connection, EventEnvelope, Payload], Awaitable[None]]
+_HANDLERS: dict[str, Apply] = {}
+
+
+def on(event_type: str) -> Callable[[Apply], Apply]:
+    """Register the read-model update for one event type."""
+
+    def wrap(fn: Apply) -> Apply:
+        _HANDLERS[event_type] = fn
+        return fn
+
+    return wrap
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+@on("env.registered")
+async def _env_registered(c: asyncpg.Connection, e: EventEnvelope, p: ev.EnvRegistered) -> None:
+    await c.execute(
+        "insert into environments(slug, version, spec_hash, name, template, task_count, spec,"
+        " registered_at) values ($1,$2,$3,$4,$5,$6,$7::jsonb,$8) on conflict do nothing",
+        p.slug, p.version, p.spec_hash, p.name, p.template, p.task_count, _json(p.spec), e.time,
+    )  # fmt: skip
+
+
+@on("run.requested")
+async def _run_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunRequested) -> None:
+    await c.execute(
+        "insert into runs(run_id, name, env_slug, env_version, env_hash, model, n, split,"
+        " parent_run_id, sampling, max_tool_calls, policy_version, status, created_at)"
+        " values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,'queued',$13)"
+        " on conflict do nothing",
+        p.run_id, p.name, p.env_slug, p.env_version, p.env_hash, p.model, p.n, p.split,
+        p.parent_run_id, _json(p.sampling.model_dump(mode="json")), p.max_tool_calls,
+        p.policy_version, e.time,
+    )  # fmt: skip
+
+
+@on("run.started")
+async def _run_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunStarted) -> None:
+    await c.execute(
+        "update runs set status = 'running', total = $2, started_at = $3 where run_id = $1",
+        p.run_id, p.total_rollouts, e.time,
+    )  # fmt: skip
+
+
+@on("rollout.generated")
+async def _generated(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGenerated) -> None:
+    rows = [
+        (
+            r.rollout_id, p.run_id, r.task_index, r.sample_index, r.model, r.policy_version,
+            r.seed, None if r.trajectory is None else _json(r.trajectory), r.trajectory_uri,
+            r.trajectory_sha256, r.error, e.time,
+        )
+        for r in p.rollouts
+    ]  # fmt: skip
+    await c.executemany(
+        "insert into rollouts(rollout_id, run_id, task_index, sample_index, status, model,"
+        " policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
+        " generated_at) values ($1,$2,$3,$4,'generated',$5,$6,$7,$8::jsonb,$9,$10,$11,$12)"
+        " on conflict (rollout_id) do nothing",
+        rows,
+    )
+    await c.execute(
+        "update runs set generated = generated + $2 where run_id = $1", p.run_id, len(rows)
+    )
+
+
+@on("rollout.scored")
+async def _scored(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored) -> None:
+    rows = [
+        (
+            r.rollout_id, r.score, r.passed, _json([x.model_dump() for x in r.primitives]),
+            r.error, e.time, "errored" if r.error else "scored",
+        )
+        for r in p.rollouts
+    ]  # fmt: skip
+    await c.executemany(
+        "update rollouts set score = $2, passed = $3, primitives = $4::jsonb,"
+        " error = coalesce($5, error), scored_at = $6, status = $7 where rollout_id = $1",
+        rows,
+    )
+    await c.execute(
+        "update runs set scored = scored + $2, passed = passed + $3, errored = errored + $4,"
+        " score_sum = score_sum + $5 where run_id = $1",
+        p.run_id,
+        len(p.rollouts),
+        sum(1 for r in p.rollouts if r.passed),
+        sum(1 for r in p.rollouts if r.error),
+        sum(r.score for r in p.rollouts),
+    )
+
+
+@on("run.completed")
+async def _run_completed(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunCompleted) -> None:
+    await c.execute(
+        "update runs set status = 'completed', finished_at = $2 where run_id = $1", p.run_id, e.time
+    )
+
+
+@on("run.failed")
+async def _run_failed(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunFailed) -> None:
+    await c.execute(
+        "update runs set status = 'failed', reason = $2, finished_at = $3 where run_id = $1",
+        p.run_id, p.reason, e.time,
+    )  # fmt: skip
+
+
+@on("job.requested")
+async def _job_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobRequested) -> None:
+    await c.execute(
+        "insert into jobs(job_id, method, base_model, source_run_id, env_slug, suffix,"
+        " hyperparams, status, created_at, updated_at)"
+        " values ($1,$2,$3,$4,$5,$6,$7::jsonb,'queued',$8,$8) on conflict do nothing",
+        p.job_id, p.method, p.base_model, p.source_run_id, p.env_slug, p.suffix,
+        _json(p.hyperparams), e.time,
+    )  # fmt: skip
+
+
+@on("job.progress")
+async def _job_progress(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobProgress) -> None:
+    await c.execute(
+        "update jobs set status = 'running', step = $2, total_steps = $3, loss = $4, reward = $5,"
+        " tokens_per_s = $6, eta_s = $7, updated_at = $8 where job_id = $1",
+        p.job_id, p.step, p.total_steps, p.loss, p.reward, p.tokens_per_s, p.eta_s, e.time,
+    )  # fmt: skip
+
+
+@on("job.completed")
+async def _job_completed(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobCompleted) -> None:
+    await c.execute(
+        "update jobs set status = 'completed', model_id = $2, checkpoint_uri = $3,"
+        " updated_at = $4 where job_id = $1",
+        p.job_id, p.model_id, p.checkpoint_uri, e.time,
+    )  # fmt: skip
+
+
+@on("job.failed")
+async def _job_failed(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobFailed) -> None:
+    await c.execute(
+        "update jobs set status = 'failed', reason = $2, updated_at = $3 where job_id = $1",
+        p.job_id, p.reason, e.time,
+    )  # fmt: skip
+
+
+@on("checkpoint.saved")
+async def _checkpoint(c: asyncpg.Connection, e: EventEnvelope, p: ev.CheckpointSaved) -> None:
+    await c.execute(
+        "insert into checkpoints(job_id, step, uri, sha256, size_bytes, saved_at)"
+        " values ($1,$2,$3,$4,$5,$6) on conflict do nothing",
+        p.job_id, p.step, p.uri, p.sha256, p.size_bytes, e.time,
+    )  # fmt: skip
+
+
+@on("policy.updated")
+async def _policy(c: asyncpg.Connection, e: EventEnvelope, p: ev.PolicyUpdated) -> None:
+    await c.execute(
+        "insert into policies(model, version, checkpoint_uri, sha256, job_id, updated_at)"
+        " values ($1,$2,$3,$4,$5,$6) on conflict do nothing",
+        p.model, p.version, p.checkpoint_uri, p.sha256, p.job_id, e.time,
+    )  # fmt: skip
+
+
+@on("deadletter.recorded")
+async def _dead_letter(c: asyncpg.Connection, e: EventEnvelope, p: ev.DeadLettered) -> None:
+    await c.execute(
+        "insert into dead_letters(event_id, consumer, stream, stream_seq, subject, deliveries,"
+        " reason, recorded_at) values ($1,$2,$3,$4,$5,$6,$7,$8) on conflict do nothing",
+        e.id, p.consumer, p.stream, p.stream_seq, p.subject, p.deliveries, p.reason, e.time,
+    )  # fmt: skip
+
+
+class ReadModels:
+    """The tracker's projection: environments, runs, rollouts, jobs, policies, dead letters."""
+
+    name = "tracker"
+    tables = (
+        "environments",
+        "runs",
+        "rollouts",
+        "jobs",
+        "checkpoints",
+        "policies",
+        "dead_letters",
+    )
+
+    async def apply(self, conn: asyncpg.Connection, event: EventEnvelope, position: int) -> None:
+        """Apply one event; types without a read model are skipped."""
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            await handler(conn, event, event.body())

@@ -1,0 +1,123 @@
+"""Failed messages: retry with backoff, then a dead-letter event with the reason, then move on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import pydantic
+from fast_depends.exceptions import ValidationError as DependsValidationError
+from faststream import BaseMiddleware
+from faststream.exceptions import HandlerException
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
+from rollout.shared.contracts.events import DeadLettered
+from rollout.shared.observability import get_logger
+
+DEFAULT_MAX_DELIVER = 5
+_PREVIEW_BYTES = 2048
+# Errors that no retry can fix: the message itself is malformed.
+_POISON = (
+    pydantic.ValidationError,
+    DependsValidationError,
+    json.JSONDecodeError,
+    UnicodeDecodeError,
+)
+
+log = get_logger(__name__)
+
+
+def retry_delay(deliveries: int) -> float:
+    """Backoff before the next attempt: 0.5 s, 1 s, 2 s ... capped at 30 s."""
+    return min(30.0, 0.5 * 2 ** max(0, deliveries - 1))
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line reason for a failure."""
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "message"
+        return f"invalid payload: {where}: {first.get('msg')} ({exc.error_count()} error(s))"
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def record_dead_letter(js: JetStreamContext, msg: Msg, reason: str) -> EventEnvelope:
+    """Append a dead-letter event for `msg` (idempotent: one per stream position)."""
+    meta = msg.metadata
+    payload = DeadLettered(
+        consumer=meta.consumer or "",
+        stream=meta.stream or "",
+        stream_seq=meta.sequence.stream,
+        subject=msg.subject,
+        deliveries=meta.num_delivered,
+        reason=reason,
+        data_preview=msg.data[:_PREVIEW_BYTES].decode("utf-8", errors="replace"),
+    )
+    key = f"{meta.stream}-{meta.sequence.stream}"
+    envelope = EventEnvelope.new(
+        payload,
+        aggregate_id=deterministic_id("deadletter", key)[:24],
+        id_parts=(meta.stream, meta.sequence.stream),
+    )
+    await EventPublisher(js).publish(envelope)
+    return envelope
+
+
+class DeadLetterPolicy:
+    """Broker middleware factory: retries failed messages, dead-letters the hopeless ones."""
+
+    def __init__(
+        self,
+        js_provider: Callable[[], JetStreamContext],
+        *,
+        max_deliver: int = DEFAULT_MAX_DELIVER,
+    ) -> None:
+        self._js_provider = js_provider
+        self.max_deliver = max_deliver
+
+    def __call__(self, msg: Any, /, *, context: Any) -> _DeadLetterMiddleware:
+        return _DeadLetterMiddleware(msg, context=context, policy=self)
+
+
+class _DeadLetterMiddleware(BaseMiddleware):
+    def __init__(self, msg: Any, /, *, context: Any, policy: DeadLetterPolicy) -> None:
+        super().__init__(msg, context=context)
+        self.policy = policy
+
+    async def after_processed(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,
+    ) -> bool | None:
+        if exc_val is None or isinstance(exc_val, HandlerException | asyncio.CancelledError):
+            return False
+        if not isinstance(self.msg, Msg) or not self.msg.reply:
+            return False  # core NATS message: nothing to redeliver
+        msg = self.msg
+        deliveries = msg.metadata.num_delivered
+        poison = isinstance(exc_val, _POISON)
+        if poison or deliveries >= self.policy.max_deliver:
+            reason = describe(exc_val)
+            if not poison:
+                reason = f"gave up after {deliveries} attempts: {reason}"
+            await record_dead_letter(self.policy._js_provider(), msg, reason)
+            await msg.term()
+            log.error("message dead-lettered", subject=msg.subject, reason=reason)
+        else:
+            delay = retry_delay(deliveries)
+            await msg.nak(delay=delay)
+            log.warning(
+                "handler failed; will retry",
+                subject=msg.subject,
+                attempt=deliveries,
+                retry_in_s=delay,
+                error=describe(exc_val),
+            )
+        # Handled here: the acknowledgement middleware sees the message already settled.
+        return True

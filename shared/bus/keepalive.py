@@ -1,0 +1,27 @@
+"""In-progress acks while a handler works longer than the consumer's AckWait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
+from nats.aio.msg import Msg
+
+
+@asynccontextmanager
+async def working_on(msg: Msg, *, every_s: float) -> AsyncIterator[None]:
+    """Send `+WPI` every `every_s` seconds until the block exits, so JetStream waits for us."""
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            await msg.in_progress()
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task

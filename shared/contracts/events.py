@@ -1,0 +1,276 @@
+"""Every event payload. Changed only by adding fields (with defaults), never by renaming."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+from rollout.shared.contracts.envelope import Payload, register
+
+Method = Literal["sft", "dpo", "grpo", "ppo"]
+
+
+class SamplingParams(Payload):
+    """How a model was sampled."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int | None = None
+
+
+# --- environments -------------------------------------------------------------------------
+
+
+@register
+class EnvRegistered(Payload):
+    """A new version of an environment spec was accepted."""
+
+    event_type = "env.registered"
+    aggregate = "env"
+
+    slug: str
+    version: int
+    spec_hash: str
+    name: str = ""
+    template: str = ""
+    task_count: int = 0
+    spec: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+@register
+class RunRequested(Payload):
+    """A user asked for a run: env × model × n rollouts per task."""
+
+    event_type = "run.requested"
+    aggregate = "run"
+
+    run_id: str
+    env_slug: str
+    env_version: int
+    env_hash: str
+    model: str
+    n: int = Field(ge=1)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    max_tool_calls: int = 16
+    split: str | None = None
+    name: str | None = None
+    parent_run_id: str | None = None
+    task_indices: list[int] = Field(default_factory=list)
+    batch_size: int = 16
+    deadline_s: float = 3600.0
+    policy_version: int = 0
+
+
+@register
+class RunStarted(Payload):
+    """The tracker fanned a run out into work items."""
+
+    event_type = "run.started"
+    aggregate = "run"
+
+    run_id: str
+    work_items: int
+    total_rollouts: int
+
+
+class GeneratedRollout(Payload):
+    """One trajectory with its provenance; large ones live in the object store (claim check)."""
+
+    rollout_id: str
+    task_index: int
+    sample_index: int
+    trajectory: dict[str, Any] | None = None
+    trajectory_uri: str | None = None
+    trajectory_sha256: str | None = None
+    model: str
+    policy_version: int = 0
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    env_hash: str = ""
+    seed: int | None = None
+    actor_id: str = ""
+    duration_s: float = 0.0
+    error: str | None = None
+
+
+@register
+class RolloutsGenerated(Payload):
+    """A batch of trajectories produced by an actor for one work item."""
+
+    event_type = "rollout.generated"
+    aggregate = "run"
+
+    run_id: str
+    work_item_id: str
+    rollouts: list[GeneratedRollout]
+
+
+class PrimitiveScore(Payload):
+    """One verifier primitive's verdict."""
+
+    name: str
+    type: str
+    weight: float
+    score: float
+    passed: bool
+    reason: str
+
+
+class ScoredRollout(Payload):
+    """One rollout's verdict."""
+
+    rollout_id: str
+    task_index: int
+    sample_index: int
+    score: float
+    passed: bool
+    primitives: list[PrimitiveScore] = Field(default_factory=list)
+    error: str | None = None
+
+
+@register
+class RolloutsScored(Payload):
+    """A batch of verdicts for one generated batch."""
+
+    event_type = "rollout.scored"
+    aggregate = "run"
+
+    run_id: str
+    work_item_id: str
+    rollouts: list[ScoredRollout]
+
+
+@register
+class RunCompleted(Payload):
+    """Every rollout of the run is scored."""
+
+    event_type = "run.completed"
+    aggregate = "run"
+
+    run_id: str
+    total: int
+    passed: int
+    errored: int = 0
+    pass_rate: float
+    mean_score: float
+
+
+@register
+class RunFailed(Payload):
+    """The run could not finish; the reason says why."""
+
+    event_type = "run.failed"
+    aggregate = "run"
+
+    run_id: str
+    reason: str
+
+
+# --- training jobs ---------------------------------------------------------------------------
+
+
+@register
+class JobRequested(Payload):
+    """A training job was asked for."""
+
+    event_type = "job.requested"
+    aggregate = "job"
+
+    job_id: str
+    method: Method
+    base_model: str
+    source_run_id: str | None = None
+    rollout_ids: list[str] = Field(default_factory=list)
+    env_slug: str | None = None
+    suffix: str | None = None
+    hyperparams: dict[str, Any] = Field(default_factory=dict)
+
+
+@register
+class JobProgress(Payload):
+    """A training job advanced."""
+
+    event_type = "job.progress"
+    aggregate = "job"
+
+    job_id: str
+    step: int
+    total_steps: int
+    loss: float | None = None
+    reward: float | None = None
+    tokens_per_s: float | None = None
+    eta_s: float | None = None
+
+
+@register
+class JobCompleted(Payload):
+    """A training job finished and produced a model."""
+
+    event_type = "job.completed"
+    aggregate = "job"
+
+    job_id: str
+    model_id: str
+    checkpoint_uri: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+@register
+class JobFailed(Payload):
+    """A training job stopped with a reason."""
+
+    event_type = "job.failed"
+    aggregate = "job"
+
+    job_id: str
+    reason: str
+
+
+@register
+class CheckpointSaved(Payload):
+    """Weights (and optimizer/RNG state) were written to the object store."""
+
+    event_type = "checkpoint.saved"
+    aggregate = "job"
+
+    job_id: str
+    step: int
+    uri: str
+    sha256: str
+    size_bytes: int = 0
+
+
+@register
+class PolicyUpdated(Payload):
+    """A new policy version is available to actors."""
+
+    event_type = "policy.updated"
+    aggregate = "policy"
+
+    model: str
+    version: int
+    checkpoint_uri: str
+    sha256: str
+    job_id: str | None = None
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+@register
+class DeadLettered(Payload):
+    """A message could not be handled after its attempts; kept here with the reason."""
+
+    event_type = "deadletter.recorded"
+    aggregate = "deadletter"
+
+    consumer: str
+    stream: str
+    stream_seq: int
+    subject: str
+    deliveries: int
+    reason: str
+    data_preview: str = ""

@@ -1,0 +1,81 @@
+"""Generate schemas/ (JSON Schema of every contract) and docs/asyncapi.json from the code."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from rollout.shared.contracts.envelope import EventEnvelope, payload_types
+
+# Contract models outside the event registry, by module and attribute; each is exported if present.
+EXTRA_MODELS: tuple[tuple[str, str, str], ...] = (
+    ("environment.json", "rollout.shared.contracts.envspec", "EnvironmentSpec"),
+    ("trajectory.json", "rollout.shared.contracts.trajectory", "Trajectory"),
+    ("verifier_result.json", "rollout.shared.contracts.trajectory", "VerifierResult"),
+)
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema(by_alias=True)
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """Relative path under schemas/ -> JSON Schema."""
+    out: dict[str, dict[str, Any]] = {"envelope.json": _schema(EventEnvelope)}
+    for event_type, model in sorted(payload_types().items()):
+        out[f"events/{event_type}.json"] = _schema(model)
+    for filename, module_name, attr in EXTRA_MODELS:
+        module = importlib.import_module(module_name)
+        out[filename] = _schema(getattr(module, attr))
+    return out
+
+
+def render(schema: dict[str, Any]) -> str:
+    """Stable text form of a schema."""
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def write_schemas(folder: Path) -> list[Path]:
+    """Write every schema under `folder`, removing stale files; return the files written."""
+    wanted = {folder / rel: render(s) for rel, s in json_schemas().items()}
+    for old in folder.rglob("*.json"):
+        if old not in wanted:
+            old.unlink()
+    for path, text in wanted.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return sorted(wanted)
+
+
+def stale_schemas(folder: Path) -> list[str]:
+    """Relative paths whose file differs from what the models produce (or is extra/missing)."""
+    wanted = {rel: render(s) for rel, s in json_schemas().items()}
+    problems = []
+    for rel, text in sorted(wanted.items()):
+        path = folder / rel
+        if not path.exists():
+            problems.append(f"{rel}: missing")
+        elif path.read_text() != text:
+            problems.append(f"{rel}: differs from the models")
+    for path in sorted(folder.rglob("*.json")):
+        rel = path.relative_to(folder).as_posix()
+        if rel not in wanted:
+            problems.append(f"{rel}: no model produces it")
+    return problems
+
+
+def asyncapi_document() -> str:
+    """The AsyncAPI document of every service's broker (handlers and their messages)."""
+    from faststream.specification import AsyncAPI
+    from rollout.shared.service_catalog import asyncapi_brokers
+
+    spec = AsyncAPI(
+        *asyncapi_brokers(),
+        title="rollout",
+        version="1",
+        description="Events, work items and requests of the rollout services over NATS JetStream.",
+    )
+    return json.dumps(spec.to_specification().to_jsonable(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,1 @@
+"""Postgres read models: migrations, the projection runner, rebuild."""

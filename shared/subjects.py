@@ -1,0 +1,75 @@
+"""Every NATS subject, stream and bucket name in one place: nothing else builds subject strings."""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "rollout"
+
+EVENTS_STREAM = "ROLLOUT_EVENTS"
+WORK_STREAM = "ROLLOUT_WORK"
+HEARTBEATS_BUCKET = "rollout_heartbeats"
+POLICY_BUCKET = "rollout_policy"
+OBJECTS_BUCKET = "rollout_objects"
+
+ALL_EVENTS = f"{PREFIX}.evt.>"
+ALL_WORK = f"{PREFIX}.work.>"
+
+# Aggregates whose histories live on the events stream, one subject family each.
+AGGREGATES = ("env", "run", "job", "policy", "deadletter")
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
+
+
+class SubjectError(ValueError):
+    """A value cannot be used as a subject token."""
+
+
+def token(value: str, what: str = "id") -> str:
+    """Return `value` if it is a safe single subject token, else raise SubjectError."""
+    if not isinstance(value, str) or not _TOKEN.match(value):
+        raise SubjectError(
+            f"{what} {value!r} must be 1-128 characters of letters, digits, '-' or '_'"
+        )
+    return value
+
+
+def event(aggregate: str, aggregate_id: str, name: str) -> str:
+    """Subject of one event: `rollout.evt.<aggregate>.<id>.<name>`."""
+    if aggregate not in AGGREGATES:
+        raise SubjectError(f"unknown aggregate {aggregate!r}; known: {', '.join(AGGREGATES)}")
+    return f"{PREFIX}.evt.{aggregate}.{token(aggregate_id)}.{token(name, 'event name')}"
+
+
+def aggregate_events(aggregate: str, aggregate_id: str = "*") -> str:
+    """Filter for one aggregate's history (or every instance with `*`)."""
+    agg_id = aggregate_id if aggregate_id == "*" else token(aggregate_id)
+    return f"{PREFIX}.evt.{aggregate}.{agg_id}.*"
+
+
+def run_events(run_id: str = "*") -> str:
+    """Filter for one run's history."""
+    return aggregate_events("run", run_id)
+
+
+def work(kind: str, key: str) -> str:
+    """Subject of a work item: `rollout.work.<kind>.<key>`."""
+    return f"{PREFIX}.work.{token(kind, 'work kind')}.{token(key)}"
+
+
+def work_filter(kind: str) -> str:
+    """Filter for every work item of one kind."""
+    return f"{PREFIX}.work.{token(kind, 'work kind')}.>"
+
+
+def request(service: str, verb: str) -> str:
+    """Subject of a request/reply command: `rollout.req.<service>.<verb>`."""
+    return f"{PREFIX}.req.{token(service, 'service')}.{token(verb, 'verb')}"
+
+
+def parse_event_subject(subject: str) -> tuple[str, str, str]:
+    """Split an event subject into (aggregate, id, name)."""
+    parts = subject.split(".")
+    if len(parts) != 5 or parts[0] != PREFIX or parts[1] != "evt":
+        raise SubjectError(f"not an event subject: {subject!r}")
+    return parts[2], parts[3], parts[4]

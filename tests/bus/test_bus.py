@@ -1,0 +1,182 @@
+"""The bus on a real nats-server: batches, dedup, optimistic concurrency, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from faststream.nats import JStream, PullSub
+from rollout.shared import subjects
+from rollout.shared.bus.broker import make_broker
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
+from rollout.shared.bus.reader import read_events
+from rollout.shared.bus.streams import (
+    ensure_consumer,
+    ensure_streams,
+    pull_consumer_config,
+)
+from rollout.shared.contracts import EventEnvelope, new_id
+from rollout.shared.contracts.events import DeadLettered, RunFailed
+
+DEADLINE_S = 20.0
+
+
+def failed(run_id: str, i: int, reason: str = "x") -> EventEnvelope:
+    return EventEnvelope.new(
+        RunFailed(run_id=run_id, reason=reason), aggregate_id=run_id, id_parts=(run_id, i)
+    )
+
+
+async def collect(js, filter_subject: str) -> list[EventEnvelope]:
+    return [EventEnvelope.from_bytes(m.data) async for m in read_events(js, filter_subject)]
+
+
+async def test_stream_setup_is_idempotent(nats_client) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    await ensure_streams(js)
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    assert info.config.duplicate_window == pytest.approx(120.0)
+    work = await js.stream_info(subjects.WORK_STREAM)
+    assert work.config.retention.value == "workqueue"
+
+
+async def test_batch_round_trip_and_duplicates_are_stored_once(nats_client) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    run_id = new_id()
+    batch = [failed(run_id, i, reason=f"r{i}") for i in range(200)]
+    results = await EventPublisher(js, max_in_flight=64).publish_batch(batch)
+    assert [r.duplicate for r in results] == [False] * 200
+    again = await EventPublisher(js).publish(batch[7])
+    assert again.duplicate and again.seq == results[7].seq
+    retried = await EventPublisher(js).publish_batch(batch[:10])
+    assert all(r.duplicate for r in retried)
+
+    stored = await collect(js, subjects.run_events(run_id))
+    assert [e.id for e in stored] == [e.id for e in batch]
+    assert [e.body().reason for e in stored] == [f"r{i}" for i in range(200)]
+
+
+async def test_expected_last_subject_sequence_conflict_is_clear(nats_client) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    run_id = new_id()
+    pub = EventPublisher(js)
+    first = await pub.publish(failed(run_id, 0), expected_last_subject_seq=0)
+    await pub.publish(failed(run_id, 1), expected_last_subject_seq=first.seq)
+    with pytest.raises(ConcurrencyConflict) as caught:
+        await pub.publish(failed(run_id, 2), expected_last_subject_seq=first.seq)
+    message = str(caught.value)
+    assert "expected last subject sequence" in message and run_id in message
+
+
+async def wait_for(predicate, what: str, limit_s: float = DEADLINE_S) -> None:
+    """Poll a condition until it holds or the deadline passes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_poison_message_is_dead_lettered_and_next_is_handled(settings, nats_client) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    key = new_id()
+    subject = subjects.work("bustest", key)
+    durable = f"bustest-{key}"
+    await ensure_consumer(js, subjects.WORK_STREAM, pull_consumer_config(durable, subject))
+
+    handled: list[str] = []
+    broker = make_broker(settings)
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(subjects.WORK_STREAM, declare=False),
+        durable=durable,
+        pull_sub=PullSub(batch_size=4, timeout=0.5),
+    )
+    async def handle(event: EventEnvelope) -> None:
+        handled.append(event.body().reason)
+
+    await js.publish(subject, b'{"not": "an envelope"}')
+    await js.publish(subject, failed(key, 1, reason="good").to_bytes())
+    async with broker:
+        await broker.start()
+        await wait_for(lambda: handled == ["good"], "the good message")
+        letters = await _dead_letters(js, key_subject=subject)
+    assert len(letters) == 1
+    assert "invalid payload" in letters[0].reason
+    assert letters[0].consumer == durable and letters[0].deliveries == 1
+    assert '"not"' in letters[0].data_preview
+    info = await js.consumer_info(subjects.WORK_STREAM, durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_failing_handler_gives_up_after_max_deliver(settings, nats_client) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    key = new_id()
+    subject = subjects.work("bustest", key)
+    durable = f"bustest-{key}"
+    await ensure_consumer(
+        js, subjects.WORK_STREAM, pull_consumer_config(durable, subject, max_deliver=3)
+    )
+    attempts: list[int] = []
+    broker = make_broker(settings, max_deliver=3)
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(subjects.WORK_STREAM, declare=False),
+        durable=durable,
+        pull_sub=PullSub(batch_size=1, timeout=0.3),
+    )
+    async def handle(event: EventEnvelope) -> None:
+        attempts.append(1)
+        raise RuntimeError("model endpoint down")
+
+    await js.publish(subject, failed(key, 1).to_bytes())
+    async with broker:
+        await broker.start()
+        letters: list[DeadLettered] = []
+
+        async def poll() -> None:
+            while not letters:
+                letters.extend(await _dead_letters(js, key_subject=subject))
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(poll(), DEADLINE_S)
+    assert len(attempts) == 3
+    assert letters[0].reason == "gave up after 3 attempts: RuntimeError: model endpoint down"
+
+
+async def _dead_letters(js, *, key_subject: str) -> list[DeadLettered]:
+    found = await collect(js, subjects.aggregate_events("deadletter"))
+    bodies = [e.body() for e in found]
+    return [b for b in bodies if isinstance(b, DeadLettered) and b.subject == key_subject]
+
+
+async def test_in_progress_acks_keep_long_work_from_redelivery(settings, nats_client) -> None:
+    from rollout.shared.bus.keepalive import working_on
+
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    key = new_id()
+    subject = subjects.work("bustest", key)
+    durable = f"bustest-{key}"
+    await ensure_consumer(
+        js, subjects.WORK_STREAM, pull_consumer_config(durable, subject, ack_wait_s=1.0)
+    )
+    await js.publish(subject, failed(key, 1).to_bytes())
+    sub = await js.pull_subscribe_bind(durable=durable, stream=subjects.WORK_STREAM)
+    (msg,) = await sub.fetch(1, timeout=DEADLINE_S)
+    async with working_on(msg, every_s=0.3):
+        # Stands in for work three times longer than AckWait (a model call, a training step).
+        await asyncio.sleep(3.0)
+        info = await js.consumer_info(subjects.WORK_STREAM, durable)
+        assert info.num_redelivered == 0 and info.num_ack_pending == 1
+    await msg.ack_sync()
+    info = await js.consumer_info(subjects.WORK_STREAM, durable)
+    assert info.num_redelivered == 0 and info.num_ack_pending == 0 and info.num_pending == 0
