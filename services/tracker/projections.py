@@ -59,49 +59,52 @@ async def _run_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunStarted
 
 @on("rollout.generated")
 async def _generated(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGenerated) -> None:
-    rows = [
-        (
-            r.rollout_id, p.run_id, r.task_index, r.sample_index, r.model, r.policy_version,
-            r.seed, None if r.trajectory is None else _json(r.trajectory), r.trajectory_uri,
-            r.trajectory_sha256, r.error, e.time,
-        )
-        for r in p.rollouts
-    ]  # fmt: skip
-    await c.executemany(
-        "insert into rollouts(rollout_id, run_id, task_index, sample_index, status, model,"
-        " policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
-        " generated_at) values ($1,$2,$3,$4,'generated',$5,$6,$7,$8::jsonb,$9,$10,$11,$12)"
-        " on conflict (rollout_id) do nothing",
-        rows,
-    )
+    rs = p.rollouts
+    # Only rollouts seen for the first time count: a re-generated batch never double-counts.
+    inserted = await c.fetchval(
+        "with ins as (insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
+        " model, policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
+        " generated_at) select u.id, $2, u.task, u.sample, 'generated', u.model, u.policy,"
+        " u.seed, u.trajectory::jsonb, u.uri, u.sha, u.error, $3"
+        " from unnest($1::text[], $4::int[], $5::int[], $6::text[], $7::int[], $8::bigint[],"
+        " $9::text[], $10::text[], $11::text[], $12::text[])"
+        " as u(id, task, sample, model, policy, seed, trajectory, uri, sha, error)"
+        " on conflict (rollout_id) do nothing returning 1) select count(*) from ins",
+        [r.rollout_id for r in rs], p.run_id, e.time,
+        [r.task_index for r in rs], [r.sample_index for r in rs], [r.model for r in rs],
+        [r.policy_version for r in rs], [r.seed for r in rs],
+        [None if r.trajectory is None else _json(r.trajectory) for r in rs],
+        [r.trajectory_uri for r in rs], [r.trajectory_sha256 for r in rs], [r.error for r in rs],
+    )  # fmt: skip
     await c.execute(
-        "update runs set generated = generated + $2 where run_id = $1", p.run_id, len(rows)
+        "update runs set generated = generated + $2 where run_id = $1", p.run_id, inserted
     )
 
 
 @on("rollout.scored")
 async def _scored(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored) -> None:
-    rows = [
-        (
-            r.rollout_id, r.score, r.passed, _json([x.model_dump() for x in r.primitives]),
-            r.error, e.time, "errored" if r.error else "scored",
-        )
-        for r in p.rollouts
-    ]  # fmt: skip
-    await c.executemany(
-        "update rollouts set score = $2, passed = $3, primitives = $4::jsonb,"
-        " error = coalesce($5, error), scored_at = $6, status = $7 where rollout_id = $1",
-        rows,
-    )
+    rs = p.rollouts
+    # Only the first verdict per rollout counts, so a re-scored batch never double-counts.
+    row = await c.fetchrow(
+        "with upd as (update rollouts r set score = u.score, passed = u.passed,"
+        " primitives = u.primitives::jsonb, error = coalesce(u.error, r.error), scored_at = $7,"
+        " status = case when u.error is null then 'scored' else 'errored' end"
+        " from unnest($1::text[], $2::float8[], $3::bool[], $4::text[], $5::text[])"
+        " as u(id, score, passed, primitives, error)"
+        " where r.rollout_id = u.id and r.run_id = $6 and r.scored_at is null"
+        " returning u.score, u.passed, u.error)"
+        " select count(*) as n, count(*) filter (where passed) as passed,"
+        " count(*) filter (where error is not null) as errored,"
+        " coalesce(sum(score), 0) as score_sum from upd",
+        [r.rollout_id for r in rs], [r.score for r in rs], [r.passed for r in rs],
+        [_json([x.model_dump() for x in r.primitives]) for r in rs], [r.error for r in rs],
+        p.run_id, e.time,
+    )  # fmt: skip
     await c.execute(
         "update runs set scored = scored + $2, passed = passed + $3, errored = errored + $4,"
         " score_sum = score_sum + $5 where run_id = $1",
-        p.run_id,
-        len(p.rollouts),
-        sum(1 for r in p.rollouts if r.passed),
-        sum(1 for r in p.rollouts if r.error),
-        sum(r.score for r in p.rollouts),
-    )
+        p.run_id, row["n"], row["passed"], row["errored"], row["score_sum"],
+    )  # fmt: skip
 
 
 @on("run.completed")

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from faststream.nats import NatsBroker
+from faststream.nats import NatsBroker, NatsToken, NatsUserPassword
+from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
+
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, DeadLetterPolicy
-from rollout.shared.settings import Settings, nats_connect_kwargs
+from rollout.shared.settings import Settings
+
+
+def _security(settings: Settings) -> BaseSecurity | None:
+    if settings.nats_token:
+        return NatsToken(settings.nats_token)
+    if settings.nats_user is not None:
+        return NatsUserPassword(settings.nats_user, settings.nats_password or "")
+    return None
 
 
 def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -> NatsBroker:
@@ -16,7 +26,8 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
         return holder["broker"].config.connection_state.stream
 
     broker = NatsBroker(
-        **nats_connect_kwargs(settings),
+        settings.nats_url,
+        security=_security(settings),
         middlewares=[DeadLetterPolicy(js, max_deliver=max_deliver)],
         connect_timeout=5,
     )

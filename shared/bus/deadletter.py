@@ -14,7 +14,9 @@ from faststream import BaseMiddleware
 from faststream.exceptions import HandlerException
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from rollout.errors import RolloutError
 from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.contracts.requests import Reply
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import DeadLettered
 from rollout.shared.observability import get_logger
@@ -35,6 +37,19 @@ log = get_logger(__name__)
 def retry_delay(deliveries: int) -> float:
     """Backoff before the next attempt: 0.5 s, 1 s, 2 s ... capped at 30 s."""
     return min(30.0, 0.5 * 2 ** max(0, deliveries - 1))
+
+
+def error_reply(exc: BaseException) -> Reply:
+    """The reply a failed request gets: the user error's problems, or a one-line reason."""
+    if isinstance(exc, RolloutError):
+        return Reply.failure(exc.message, exc.problems)
+    if isinstance(exc, pydantic.ValidationError):
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ())) or 'request'}: {e.get('msg')}"
+            for e in exc.errors()
+        ]
+        return Reply.failure("invalid request", problems)
+    return Reply.failure(describe(exc))
 
 
 def describe(exc: BaseException) -> str:
@@ -98,8 +113,13 @@ class _DeadLetterMiddleware(BaseMiddleware):
         if exc_val is None or isinstance(exc_val, HandlerException | asyncio.CancelledError):
             return False
         if not isinstance(self.msg, Msg) or not self.msg.reply:
-            return False  # core NATS message: nothing to redeliver
+            return False  # core NATS message without a reply: nothing to redeliver
         msg = self.msg
+        if not msg.reply.startswith("$JS.ACK."):
+            # A request: the caller gets the reason instead of a timeout.
+            await msg.respond(error_reply(exc_val).model_dump_json().encode())
+            log.warning("request failed", subject=msg.subject, error=describe(exc_val))
+            return True
         deliveries = msg.metadata.num_delivered
         poison = isinstance(exc_val, _POISON)
         if poison or deliveries >= self.policy.max_deliver:

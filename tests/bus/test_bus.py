@@ -38,7 +38,7 @@ async def test_stream_setup_is_idempotent(nats_client) -> None:
     info = await js.stream_info(subjects.EVENTS_STREAM)
     assert info.config.duplicate_window == pytest.approx(120.0)
     work = await js.stream_info(subjects.WORK_STREAM)
-    assert work.config.retention.value == "workqueue"
+    assert work.config.retention == "workqueue"
 
 
 async def test_batch_round_trip_and_duplicates_are_stored_once(nats_client) -> None:

@@ -118,22 +118,23 @@ async def test_unacked_event_is_redelivered_and_applied_once(nats_client, pg_dsn
             config=api.ConsumerConfig(ack_wait=1.0, max_deliver=5),
         )
         deliveries: dict[int, int] = {}
-        crashed_once = False
+        crashed_seq = None
         applied = 0
-        while len(deliveries) < len(history) or not crashed_once:
+        # Until every event is acked and the "crashed" one has come back after AckWait.
+        while len(deliveries) < len(history) or deliveries.get(crashed_seq) != 2:
             try:
                 (msg,) = await sub.fetch(1, timeout=DEADLINE_S)
             except nats.errors.TimeoutError:
                 raise AssertionError("expected a redelivery after AckWait") from None
             seq = msg.metadata.sequence.stream
             deliveries[seq] = msg.metadata.num_delivered
-            applied += await runner.handle(EventEnvelope.from_bytes(msg.data), seq)
-            if EventEnvelope.from_bytes(msg.data).type == "rollout.scored" and not crashed_once:
-                crashed_once = True  # committed, then "crashed" before the ack: no ack sent
+            event = EventEnvelope.from_bytes(msg.data)
+            applied += await runner.handle(event, seq)
+            if event.type == "rollout.scored" and crashed_seq is None:
+                crashed_seq = seq  # committed, then "crashed" before the ack: no ack sent
                 continue
             await msg.ack()
-        scored_seq = max(s for s, n in deliveries.items() if n == 2)
-        assert deliveries[scored_seq] == 2
+        assert sorted(deliveries.values()) == [1] * (len(history) - 1) + [2]
         assert applied == len(history)
         async with pool.acquire() as conn:
             run = await conn.fetchrow("select * from runs where run_id = $1", run_id)
@@ -219,3 +220,23 @@ async def wait_position_or_crash(task: asyncio.Task, pool: asyncpg.Pool, js) -> 
         if loop.time() > deadline:
             raise AssertionError(f"tracker at {position}, log at {target}")
         await asyncio.sleep(0.05)
+
+
+async def test_a_second_verdict_for_the_same_rollouts_never_double_counts(pg_dsn) -> None:
+    run_id = new_id()
+    history = run_history(run_id, tasks=1, n=3)
+    scored = next(e for e in history if e.type == "rollout.scored")
+    rescored = EventEnvelope.new(
+        scored.body(), aggregate_id=run_id, id_parts=(run_id, "score-again"), parent=scored
+    )
+    pool = await create_pool(pg_dsn)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels())
+        for position, event in enumerate([*history, rescored], start=1):
+            assert await runner.handle(event, position)
+        async with pool.acquire() as conn:
+            run = await conn.fetchrow("select * from runs where run_id = $1", run_id)
+        assert (run["generated"], run["scored"], run["passed"]) == (3, 3, 1)
+    finally:
+        await pool.close()

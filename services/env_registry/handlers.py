@@ -1,0 +1,93 @@
+"""Env registry handlers: push (validate, version, append), get and list."""
+
+from __future__ import annotations
+
+from faststream.nats import NatsBroker
+
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.bus.broker import jetstream
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.events import EnvRegistered
+from rollout.shared.contracts.requests import (
+    GetEnvironment,
+    ListEnvironments,
+    PushEnvironment,
+    Reply,
+)
+from rollout.shared.envs.coerce import as_spec
+from rollout.shared.envs.validation import validate_environment
+from rollout.shared.observability import get_logger
+from rollout.services.env_registry import versions
+
+QUEUE = "env-registry"
+_CONFLICT_RETRIES = 5
+
+log = get_logger(__name__)
+
+
+def summary(env: EnvRegistered, *, with_spec: bool = False) -> dict:
+    """The reply form of an environment version."""
+    out = env.model_dump(mode="json")
+    if not with_spec:
+        out.pop("spec")
+    return out
+
+
+def register(broker: NatsBroker) -> None:
+    """Attach the registry's request handlers to `broker`."""
+
+    @broker.subscriber(subjects.request("registry", "push"), queue=QUEUE, title="registry/push")
+    async def push(cmd: PushEnvironment) -> Reply:
+        """Validate a spec; append a new version unless the newest has the same content."""
+        problems = validate_environment(cmd.spec)
+        if problems:
+            slug = cmd.spec.get("slug") if isinstance(cmd.spec, dict) else None
+            raise RolloutError(f"environment {slug or '?'!r} is invalid", problems=problems)
+        spec = as_spec(cmd.spec)
+        js = jetstream(broker)
+        for _ in range(_CONFLICT_RETRIES):
+            newest, seq = await versions.latest(js, spec.slug)
+            digest = spec.spec_hash()
+            if newest is not None and newest.spec_hash == digest:
+                return Reply(data={**summary(newest), "created": False})
+            event = EnvRegistered(
+                slug=spec.slug,
+                version=(newest.version + 1) if newest else 1,
+                spec_hash=digest,
+                name=spec.name,
+                template=spec.template,
+                task_count=len(spec.tasks),
+                spec=spec.to_json_dict(),
+            )
+            envelope = EventEnvelope.new(
+                event, aggregate_id=spec.slug, id_parts=(spec.slug, event.version, digest)
+            )
+            try:
+                await EventPublisher(js).publish(envelope, expected_last_subject_seq=seq)
+            except ConcurrencyConflict:
+                continue  # another push landed first: re-read and decide again
+            log.info("environment registered", slug=spec.slug, version=event.version)
+            return Reply(data={**summary(event), "created": True})
+        raise RolloutError(f"environment {spec.slug!r} is being pushed concurrently; try again")
+
+    @broker.subscriber(subjects.request("registry", "get"), queue=QUEUE, title="registry/get")
+    async def get(query: GetEnvironment) -> Reply:
+        """One version (newest by default), with its spec."""
+        js = jetstream(broker)
+        subjects.token(query.slug, "environment slug")
+        if query.version is None:
+            found, _ = await versions.latest(js, query.slug)
+        else:
+            found = await versions.version(js, query.slug, query.version)
+        if found is None:
+            what = f"version {query.version} of " if query.version else ""
+            raise RolloutError(f"no {what}environment {query.slug!r}; push it with `rollout push`")
+        return Reply(data=summary(found, with_spec=True))
+
+    @broker.subscriber(subjects.request("registry", "list"), queue=QUEUE, title="registry/list")
+    async def list_(query: ListEnvironments) -> Reply:
+        """Every environment's newest version."""
+        found = await versions.all_latest(jetstream(broker))
+        return Reply(data={"environments": [summary(e) for e in found]})

@@ -1,0 +1,114 @@
+"""Request/reply commands and queries (NATS request/reply), one model per message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout.shared.contracts.events import Method
+
+
+class Request(BaseModel):
+    """Base of every request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Reply(BaseModel):
+    """Every reply: `ok` with `data`, or an error with every problem listed."""
+
+    ok: bool = True
+    error: str | None = None
+    problems: list[str] = Field(default_factory=list)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def failure(cls, error: str, problems: list[str] | None = None) -> Reply:
+        """An error reply."""
+        return cls(ok=False, error=error, problems=list(problems or []))
+
+
+# --- env registry ---------------------------------------------------------------------------
+
+
+class PushEnvironment(Request):
+    """Register a spec (camelCase JSON as produced by the SDK); identical content is a no-op."""
+
+    spec: dict[str, Any]
+
+
+class GetEnvironment(Request):
+    """One environment version (latest when `version` is omitted)."""
+
+    slug: str
+    version: int | None = None
+
+
+class ListEnvironments(Request):
+    """Every environment's latest version."""
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+class CreateRun(Request):
+    """Start a run of `model` on an environment's tasks, `n` rollouts per task."""
+
+    env_slug: str
+    model: str
+    n: int = 1
+    env_version: int | None = None
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int | None = None
+    max_tool_calls: int = 16
+    split: str | None = None
+    name: str | None = None
+    parent_run_id: str | None = None
+    task_indices: list[int] | None = None
+    batch_size: int = 16
+    deadline_s: float = 3600.0
+
+
+class GetRun(Request):
+    """One run's summary, optionally with its rollouts."""
+
+    run_id: str
+    include_rollouts: bool = False
+    include_trajectories: bool = False
+
+
+class ListRuns(Request):
+    """Recent runs, newest first."""
+
+    limit: int = 20
+    env_slug: str | None = None
+
+
+# --- training jobs ---------------------------------------------------------------------------
+
+
+class CreateTrainingJob(Request):
+    """Fine-tune `base_model` on a run's rollouts (SFT/DPO) or online on an env (GRPO)."""
+
+    method: Method
+    base_model: str
+    source_run_id: str | None = None
+    rollout_ids: list[str] | None = None
+    env_slug: str | None = None
+    suffix: str | None = None
+    hyperparams: dict[str, Any] = Field(default_factory=dict)
+
+
+class GetJob(Request):
+    """One training job."""
+
+    job_id: str
+
+
+class ListJobs(Request):
+    """Recent training jobs, newest first."""
+
+    limit: int = 20
