@@ -47,6 +47,18 @@ def aggregate_events(aggregate: str, aggregate_id: str = "*") -> str:
     return f"{PREFIX}.evt.{aggregate}.{agg_id}.*"
 
 
+def event_name(event_type: str) -> str:
+    """The subject token of an event type: `rollout.scored` -> `rollout_scored`."""
+    return token(event_type.replace(".", "_"), "event type")
+
+
+def event_filter(aggregate: str, event_type: str) -> str:
+    """Filter for one event type across every instance of an aggregate."""
+    if aggregate not in AGGREGATES:
+        raise SubjectError(f"unknown aggregate {aggregate!r}; known: {', '.join(AGGREGATES)}")
+    return f"{PREFIX}.evt.{aggregate}.*.{event_name(event_type)}"
+
+
 def run_events(run_id: str = "*") -> str:
     """Filter for one run's history."""
     return aggregate_events("run", run_id)

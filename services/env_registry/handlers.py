@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from faststream.nats import NatsBroker
-
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
@@ -19,7 +18,7 @@ from rollout.shared.contracts.requests import (
 from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.observability import get_logger
-from rollout.services.env_registry import versions
+from rollout.shared.store import env_versions as versions
 
 QUEUE = "env-registry"
 _CONFLICT_RETRIES = 5

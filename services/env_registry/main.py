@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from faststream.nats import NatsBroker
-
+from rollout.services.env_registry import handlers
 from rollout.shared.bus.broker import make_broker
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
-from rollout.services.env_registry import handlers
 
 log = get_logger(__name__)
 

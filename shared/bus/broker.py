@@ -5,7 +5,6 @@ from __future__ import annotations
 from faststream.nats import NatsBroker, NatsToken, NatsUserPassword
 from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
-
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, DeadLetterPolicy
 from rollout.shared.settings import Settings
 

@@ -16,9 +16,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from rollout.errors import RolloutError
 from rollout.shared.bus.publisher import EventPublisher
-from rollout.shared.contracts.requests import Reply
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import DeadLettered
+from rollout.shared.contracts.requests import Reply
 from rollout.shared.observability import get_logger
 
 DEFAULT_MAX_DELIVER = 5

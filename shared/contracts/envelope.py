@@ -92,11 +92,12 @@ class EventEnvelope(BaseModel):
         run_id: str | None = None,
         trace_id: str | None = None,
         correlation_id: str | None = None,
+        causation_id: str | None = None,
     ) -> EventEnvelope:
         """Build an event; ids derive from `id_parts`, trace ids from `parent` when given."""
         event_id = deterministic_id(payload.event_type, *id_parts)
         # The full type names the event on the subject: `rollout.evt.run.<id>.rollout_scored`.
-        name = payload.event_type.replace(".", "_")
+        name = subjects.event_name(payload.event_type)
         return cls(
             id=event_id,
             type=payload.event_type,
@@ -105,7 +106,7 @@ class EventEnvelope(BaseModel):
             correlation_id=correlation_id
             or (parent.correlation_id if parent else None)
             or event_id,
-            causation_id=parent.id if parent else None,
+            causation_id=causation_id or (parent.id if parent else None),
             run_id=run_id or (parent.run_id if parent else None),
             trace_id=trace_id or (parent.trace_id if parent else None) or new_id(),
             span_id=deterministic_id("span", event_id)[:16],

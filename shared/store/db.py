@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from importlib import resources
 from pathlib import Path
@@ -59,3 +60,11 @@ async def migrate(pool: asyncpg.Pool) -> list[str]:
         finally:
             await conn.execute("select pg_advisory_unlock($1)", _MIGRATION_LOCK)
     return applied
+
+
+async def close_pool(pool: asyncpg.Pool, *, timeout_s: float = 10.0) -> None:
+    """Close gracefully; at shutdown a connection cut mid-query is terminated, not raised."""
+    try:
+        await asyncio.wait_for(pool.close(), timeout_s)
+    except (TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError):
+        pool.terminate()

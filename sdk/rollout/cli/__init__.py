@@ -12,6 +12,8 @@ from rollout.errors import RolloutError
 COMMAND_MODULES = [
     "rollout.cli.stack",
     "rollout.cli.envtools",
+    "rollout.cli.localtest",
+    "rollout.cli.platform",
     "rollout.cli.events",
     "rollout.cli.admin",
     "rollout.cli.schemas",

@@ -1,4 +1,4 @@
-"""Environment versions as events: the env's subject history is its version list."""
+"""Environment versions as events: the env's subject history is its version list (shared by services)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
-
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope

@@ -1,0 +1,288 @@
+"""Platform verbs: push, envs, run, runs, show, compare (thin wrappers over the Client)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from rollout.cli._common import print_json
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the platform verbs."""
+    p = sub.add_parser("push", help="validate and register an environment file")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--slug", help="only this environment (when the file defines several)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_push(a)))
+
+    p = sub.add_parser("envs", help="list registered environments")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_envs(a)))
+
+    p = sub.add_parser("run", help="run a model on an environment's tasks")
+    p.add_argument("slug", metavar="SLUG")
+    p.add_argument("--model", required=True, help="e.g. openai/gpt-4o-mini, hf:./model")
+    p.add_argument("-n", "--n", type=int, default=1, help="rollouts per task")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-tool-calls", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--name", default=None)
+    p.add_argument("--split", default=None, help="only tasks of this split")
+    p.add_argument("--batch-size", type=int, default=16, help="rollouts per work item")
+    p.add_argument("--deadline", type=float, default=3600.0, help="seconds before the run fails")
+    p.add_argument("--env-version", type=int, default=None)
+    p.add_argument("--follow", "-f", action="store_true", help="show progress until it finishes")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_run_cmd(a)))
+
+    p = sub.add_parser("runs", help="list recent runs")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--env", default=None, help="only runs of this environment")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_runs(a)))
+
+    p = sub.add_parser("show", help="one run: summary and per-task table")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--rollouts", action="store_true", help="include every rollout")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_show(a)))
+
+    p = sub.add_parser("compare", help="compare two runs: pass rate and score with deltas")
+    p.add_argument("base", metavar="BASE")
+    p.add_argument("other", metavar="OTHER")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_compare(a)))
+
+
+def _run(coro: Any) -> int:
+    return asyncio.run(coro)
+
+
+async def _with_client(fn: Any) -> Any:
+    client = AsyncClient()
+    try:
+        return await fn(client)
+    finally:
+        await client.close()
+
+
+async def _push(args: argparse.Namespace) -> int:
+    from rollout.shared.envs.loader import load_environments, select_environment
+    from rollout.shared.envs.validation import validate_environment
+
+    envs = select_environment(load_environments(args.file), args.slug)
+    problems = {e.slug: validate_environment(e) for e in envs}
+    bad = {slug: p for slug, p in problems.items() if p}
+    if bad:
+        lines = [f"{slug}: {p}" for slug, ps in bad.items() for p in ps]
+        raise RolloutError(f"{args.file}: not pushed, fix these first", problems=lines)
+
+    async def push(client: AsyncClient) -> list[dict[str, Any]]:
+        return [await client.push_environment(e) for e in envs]
+
+    results = await _with_client(push)
+    if args.json:
+        print_json({"environments": results})
+        return 0
+    for r in results:
+        state = "registered" if r["created"] else "unchanged"
+        print(f"✓ {r['slug']} v{r['version']} {state} ({r['template']}, {r['task_count']} tasks,"
+              f" sha256 {r['spec_hash'][:12]})")  # fmt: skip
+    return 0
+
+
+async def _envs(args: argparse.Namespace) -> int:
+    envs = await _with_client(lambda c: c.list_environments())
+    if args.json:
+        print_json({"environments": envs})
+        return 0
+    if not envs:
+        print("no environments yet: `rollout push FILE`")
+        return 0
+    print(f"{'SLUG':<28} {'VER':>4} {'TEMPLATE':<13} {'TASKS':>6}  HASH")
+    for e in envs:
+        print(f"{e['slug']:<28} {e['version']:>4} {e['template']:<13} {e['task_count']:>6}"
+              f"  {e['spec_hash'][:12]}")  # fmt: skip
+    return 0
+
+
+async def _run_cmd(args: argparse.Namespace) -> int:
+    async def go(client: AsyncClient) -> dict[str, Any]:
+        run = await client.create_run(
+            args.slug,
+            args.model,
+            args.n,
+            temperature=args.temperature,
+            max_tool_calls=args.max_tool_calls,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            name=args.name,
+            split=args.split,
+            batch_size=args.batch_size,
+            deadline_s=args.deadline,
+            env_version=args.env_version,
+        )
+        if not args.follow:
+            return run
+        if not args.json:
+            print(f"run {run['runId']}: {args.slug} v{run['env_version']} × {args.model}")
+        await follow_run(client, run["runId"], quiet=args.json)
+        return await client.get_run(run["runId"])
+
+    run = await _with_client(go)
+    if args.json:
+        print_json(run)
+    elif args.follow:
+        print_run(run)
+    else:
+        print(f"run {run['runId']} queued: {len(run['task_indices'])} tasks × {args.n}")
+        print(
+            f"  follow: rollout events --run {run['runId']} --follow   or   rollout show {run['runId']}"
+        )
+    return 0 if run.get("status") != "failed" else 1
+
+
+async def follow_run(client: AsyncClient, run_id: str, *, quiet: bool = False) -> None:
+    """Follow a run's events with a progress bar until it completes or fails."""
+    from rollout.shared.bus.reader import read_events
+    from rollout.shared.contracts.envelope import EventEnvelope
+
+    js = await client.jetstream()
+    total = scored = passed = 0
+    async for msg in read_events(js, subjects.run_events(run_id), follow=True):
+        event = EventEnvelope.from_bytes(msg.data)
+        body = event.body()
+        if event.type == "run.started":
+            total = body.total_rollouts  # type: ignore[attr-defined]
+        elif event.type == "rollout.scored":
+            scored += len(body.rollouts)  # type: ignore[attr-defined]
+            passed += sum(r.passed for r in body.rollouts)  # type: ignore[attr-defined]
+        if not quiet:
+            _progress(scored, total, passed)
+        if event.type in ("run.completed", "run.failed"):
+            break
+    if not quiet:
+        sys.stderr.write("\n")
+
+
+def _progress(done: int, total: int, passed: int, width: int = 30) -> None:
+    filled = int(width * done / total) if total else 0
+    bar = "█" * filled + "░" * (width - filled)
+    rate = f"{passed / done:.0%}" if done else "-"
+    sys.stderr.write(f"\r  [{bar}] {done}/{total or '?'} scored, pass {rate}  ")
+    sys.stderr.flush()
+
+
+async def _runs(args: argparse.Namespace) -> int:
+    runs = await _with_client(lambda c: c.list_runs(args.limit, args.env))
+    if args.json:
+        print_json({"runs": runs})
+        return 0
+    if not runs:
+        print("no runs yet: `rollout run SLUG --model M`")
+        return 0
+    print(f"{'RUN':<17} {'ENV':<22} {'MODEL':<26} {'STATUS':<10} {'DONE':>9} {'PASS':>6}")
+    for r in runs:
+        done = f"{r['scored']}/{r['total']}"
+        print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26} {r['status']:<10}"
+              f" {done:>9} {r['passRate']:>6.0%}")  # fmt: skip
+    return 0
+
+
+def print_run(run: dict[str, Any]) -> None:
+    """Human summary of a run and its per-task table."""
+    print(f"run {run['runId']}  {run['status']}  {run['envSlug']} v{run['envVersion']}"
+          f"  model {run['model']}  n={run['n']}")  # fmt: skip
+    if run.get("reason"):
+        print(f"  reason: {run['reason']}")
+    print(f"  scored {run['scored']}/{run['total']}  passed {run['passed']}"
+          f"  pass rate {run['passRate']:.1%}  mean score {run['meanScore']:.3f}"
+          f"  errored {run['errored']}")  # fmt: skip
+    if run.get("tasks"):
+        print(f"  {'TASK':>5} {'N':>4} {'PASS':>6} {'SCORE':>7} {'ERR':>4}")
+        for t in run["tasks"]:
+            print(f"  {t['taskIndex']:>5} {t['n']:>4} {t['passRate']:>6.0%}"
+                  f" {t['meanScore']:>7.3f} {t['errored']:>4}")  # fmt: skip
+
+
+async def _show(args: argparse.Namespace) -> int:
+    run = await _with_client(lambda c: c.get_run(args.run_id, include_rollouts=args.rollouts))
+    if args.json:
+        print_json(run)
+        return 0
+    print_run(run)
+    for r in run.get("rollouts", []):
+        verdict = "PASS" if r["passed"] else ("ERR " if r["error"] else "FAIL")
+        print(f"    {r['rolloutId']}  task {r['taskIndex']} #{r['sampleIndex']}  {verdict}"
+              f"  {r['score'] if r['score'] is not None else '-'}  {r['error'] or ''}")  # fmt: skip
+    return 0
+
+
+def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Headline and per-task deltas of OTHER against BASE."""
+    tasks_b = {t["taskIndex"]: t for t in base.get("tasks", [])}
+    tasks_o = {t["taskIndex"]: t for t in other.get("tasks", [])}
+    rows = []
+    for index in sorted(set(tasks_b) | set(tasks_o)):
+        b, o = tasks_b.get(index), tasks_o.get(index)
+        rows.append(
+            {
+                "taskIndex": index,
+                "basePassRate": b["passRate"] if b else None,
+                "otherPassRate": o["passRate"] if o else None,
+                "deltaPassRate": (o["passRate"] - b["passRate"]) if b and o else None,
+                "baseScore": b["meanScore"] if b else None,
+                "otherScore": o["meanScore"] if o else None,
+                "deltaScore": (o["meanScore"] - b["meanScore"]) if b and o else None,
+            }
+        )
+    return {
+        "base": {
+            k: base[k] for k in ("runId", "model", "envSlug", "passRate", "meanScore", "scored")
+        },
+        "other": {
+            k: other[k] for k in ("runId", "model", "envSlug", "passRate", "meanScore", "scored")
+        },
+        "deltaPassRate": other["passRate"] - base["passRate"],
+        "deltaScore": other["meanScore"] - base["meanScore"],
+        "tasks": rows,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _delta(value: float | None, pct: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.0%}" if pct else f"{value:+.3f}"
+
+
+async def _compare(args: argparse.Namespace) -> int:
+    async def both(client: AsyncClient) -> tuple[dict, dict]:
+        return await client.get_run(args.base), await client.get_run(args.other)
+
+    base, other = await _with_client(both)
+    result = comparison(base, other)
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"{'':<10} {'BASE':>12} {'OTHER':>12} {'DELTA':>8}")
+    print(f"{'run':<10} {base['runId']:>12.12} {other['runId']:>12.12}")
+    print(f"{'pass rate':<10} {_pct(base['passRate']):>12} {_pct(other['passRate']):>12}"
+          f" {_delta(result['deltaPassRate']):>8}")  # fmt: skip
+    print(f"{'score':<10} {base['meanScore']:>12.3f} {other['meanScore']:>12.3f}"
+          f" {_delta(result['deltaScore'], False):>8}")  # fmt: skip
+    print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
+    for row in result["tasks"]:
+        print(f"{row['taskIndex']:>5} {_pct(row['basePassRate']):>7} {_pct(row['otherPassRate']):>7}"
+              f" {_delta(row['deltaPassRate']):>7}")  # fmt: skip
+    return 0

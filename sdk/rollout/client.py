@@ -1,0 +1,215 @@
+"""`Client`: the platform over NATS, with the seed's method names. The CLI is a thin wrapper."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.bus.requests import call
+from rollout.shared.contracts import requests as rq
+from rollout.shared.envs.coerce import raw_environment
+from rollout.shared.settings import Settings, connect_nats, load_settings
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """The async API; `Client` runs it on a private event loop for synchronous callers."""
+
+    def __init__(self, settings: Settings | None = None, *, timeout_s: float = 30.0) -> None:
+        self.settings = settings or load_settings()
+        self.timeout_s = timeout_s
+        self._nc: Any = None
+
+    async def _conn(self) -> Any:
+        if self._nc is None or self._nc.is_closed:
+            self._nc = await connect_nats(self.settings, name="rollout-client")
+        return self._nc
+
+    async def request(self, service: str, verb: str, body: rq.Request) -> dict[str, Any]:
+        """One request/reply to a service; RolloutError with its problems on failure."""
+        return await call(
+            await self._conn(), subjects.request(service, verb), body, timeout_s=self.timeout_s
+        )
+
+    async def jetstream(self) -> Any:
+        """The JetStream context (for following events)."""
+        return (await self._conn()).jetstream()
+
+    async def close(self) -> None:
+        """Close the connection."""
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
+
+    # --- environments ------------------------------------------------------------------------
+
+    async def push_environment(self, env: Any) -> dict[str, Any]:
+        """Register an Environment (or its dict form); identical content is a no-op."""
+        return await self.request("registry", "push", rq.PushEnvironment(spec=raw_environment(env)))
+
+    async def get_environment(self, slug: str, version: int | None = None) -> dict[str, Any]:
+        """One environment version with its spec (newest by default)."""
+        return await self.request("registry", "get", rq.GetEnvironment(slug=slug, version=version))
+
+    async def list_environments(self) -> list[dict[str, Any]]:
+        """Every environment's newest version."""
+        data = await self.request("registry", "list", rq.ListEnvironments())
+        return data["environments"]
+
+    # --- runs --------------------------------------------------------------------------------
+
+    async def create_run(self, env_slug: str, model: str, n: int = 1, **options: Any) -> dict:
+        """Start a run; returns a dict with `runId`."""
+        try:
+            body = rq.CreateRun(env_slug=env_slug, model=model, n=n, **options)
+        except ValueError as exc:
+            raise RolloutError(f"invalid run options: {exc}") from None
+        return await self.request("tracker", "create_run", body)
+
+    async def get_run(
+        self, run_id: str, include_rollouts: bool = False, include_trajectories: bool = False
+    ) -> dict[str, Any]:
+        """A run's summary and per-task table (and rollouts when asked)."""
+        return await self.request(
+            "tracker",
+            "get_run",
+            rq.GetRun(
+                run_id=run_id,
+                include_rollouts=include_rollouts,
+                include_trajectories=include_trajectories,
+            ),
+        )
+
+    async def list_runs(self, limit: int = 20, env_slug: str | None = None) -> list[dict]:
+        """Recent runs, newest first."""
+        data = await self.request(
+            "tracker", "list_runs", rq.ListRuns(limit=limit, env_slug=env_slug)
+        )
+        return data["runs"]
+
+    async def get_rollouts(self, run_id: str, include_trajectories: bool = True) -> list[dict]:
+        """Every rollout of a run."""
+        run = await self.get_run(run_id, True, include_trajectories)
+        return run["rollouts"]
+
+    async def passing_rollout_ids(self, run_id: str) -> list[str]:
+        """Ids of the run's rollouts that passed their verifier."""
+        return [r["rolloutId"] for r in await self.get_rollouts(run_id, False) if r["passed"]]
+
+    async def wait_for_run(self, run_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Block until the run completes or fails (follows its events), then return it."""
+        from rollout.shared.bus.reader import read_events
+
+        js = await self.jetstream()
+
+        async def follow() -> None:
+            async for msg in read_events(js, subjects.run_events(run_id), follow=True):
+                if msg.subject.endswith((".run_completed", ".run_failed")):
+                    return
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            await asyncio.wait_for(follow(), timeout_s)
+            # The event is on the log; the read model follows it within moments.
+            while (run := await self.get_run(run_id))["status"] not in ("completed", "failed"):
+                if loop.time() > deadline:
+                    raise TimeoutError
+                await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s") from None
+        return run
+
+    # --- training jobs -----------------------------------------------------------------------
+
+    async def create_training_job(
+        self,
+        base_model: str,
+        method: str,
+        source_run_id: str | None = None,
+        rollout_ids: list[str] | None = None,
+        suffix: str | None = None,
+        hyperparams: dict[str, Any] | None = None,
+        env_slug: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a training job; returns a dict with `id`."""
+        try:
+            body = rq.CreateTrainingJob(
+                base_model=base_model,
+                method=method,  # type: ignore[arg-type]
+                source_run_id=source_run_id,
+                rollout_ids=rollout_ids,
+                suffix=suffix,
+                hyperparams=hyperparams or {},
+                env_slug=env_slug,
+            )
+        except ValueError as exc:
+            raise RolloutError(f"invalid training job: {exc}") from None
+        return await self.request("learner", "create_job", body)
+
+    async def get_training_job(self, job_id: str) -> dict[str, Any]:
+        """One training job."""
+        return await self.request("tracker", "get_job", rq.GetJob(job_id=job_id))
+
+    async def list_training_jobs(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Recent training jobs."""
+        return (await self.request("tracker", "list_jobs", rq.ListJobs(limit=limit)))["jobs"]
+
+
+class Client:
+    """Synchronous client with the seed's method names: `Client().create_run(...)`."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        api_key: str | None = None,
+        *,
+        settings: Settings | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if settings is None:
+            settings = load_settings()
+        if endpoint:
+            from dataclasses import replace
+
+            settings = replace(settings, nats_url=endpoint, external_nats=True)
+        if api_key:
+            from dataclasses import replace
+
+            settings = replace(settings, nats_user=None, nats_password=None, nats_token=api_key)
+        self._async = AsyncClient(settings, timeout_s=timeout_s)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        """Close the connection and stop the private loop."""
+        if self._loop.is_running():
+            self._run(self._async.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._async, name, None)
+        if method is None or name.startswith("_") or not asyncio.iscoroutinefunction(method):
+            raise AttributeError(name)
+
+        def sync(*args: Any, **kwargs: Any) -> Any:
+            return self._run(method(*args, **kwargs))
+
+        sync.__name__ = name
+        sync.__doc__ = method.__doc__
+        return sync

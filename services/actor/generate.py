@@ -1,0 +1,75 @@
+"""Turning one work item into a batch of trajectories with their provenance."""
+
+from __future__ import annotations
+
+import time
+
+from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.contracts.events import GeneratedRollout
+from rollout.shared.contracts.work import RolloutWork
+from rollout.shared.envs.engine import build_runtime
+from rollout.shared.models.base import ModelBackend
+
+
+async def generate_batch(
+    work: RolloutWork, spec: EnvironmentSpec, backend: ModelBackend, *, actor_id: str
+) -> list[GeneratedRollout]:
+    """Run every rollout of `work` together (one batched model call per turn)."""
+    started = time.perf_counter()
+    runtimes = [build_runtime(spec, item.task_index) for item in work.items]
+    try:
+        episodes = [
+            Episode(
+                runtime=rt,
+                instruction=spec.tasks[item.task_index].instruction,
+                sampling=SamplingParams(
+                    temperature=work.sampling.temperature,
+                    top_p=work.sampling.top_p,
+                    max_tokens=work.sampling.max_tokens,
+                    seed=item.seed,
+                ),
+            )
+            for rt, item in zip(runtimes, work.items, strict=True)
+        ]
+        trajectories = await run_episodes(episodes, backend, max_tool_calls=work.max_tool_calls)
+    finally:
+        for rt in runtimes:
+            await rt.close()
+    elapsed = (time.perf_counter() - started) / max(1, len(work.items))
+    return [
+        GeneratedRollout(
+            rollout_id=item.rollout_id,
+            task_index=item.task_index,
+            sample_index=item.sample_index,
+            trajectory=trajectory.model_dump(mode="json"),
+            model=work.model,
+            policy_version=work.policy_version,
+            sampling=work.sampling.model_copy(update={"seed": item.seed}),
+            env_hash=work.env_hash,
+            seed=item.seed,
+            actor_id=actor_id,
+            duration_s=elapsed,
+            error=trajectory.error,
+        )
+        for item, trajectory in zip(work.items, trajectories, strict=True)
+    ]
+
+
+def failed_batch(work: RolloutWork, reason: str, *, actor_id: str) -> list[GeneratedRollout]:
+    """Rollouts that could not be generated at all, each carrying the reason."""
+    return [
+        GeneratedRollout(
+            rollout_id=item.rollout_id,
+            task_index=item.task_index,
+            sample_index=item.sample_index,
+            model=work.model,
+            policy_version=work.policy_version,
+            sampling=work.sampling,
+            env_hash=work.env_hash,
+            seed=item.seed,
+            actor_id=actor_id,
+            error=reason,
+        )
+        for item in work.items
+    ]

@@ -1,0 +1,120 @@
+"""Actor service: one pull consumer shared by every replica (this is the work stealing)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from rollout.errors import RolloutError
+from rollout.services.actor.generate import failed_batch, generate_batch
+from rollout.shared import subjects
+from rollout.shared.bus.broker import jetstream, make_broker
+from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
+from rollout.shared.bus.keepalive import working_on
+from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.events import RolloutsGenerated
+from rollout.shared.contracts.work import RolloutWork
+from rollout.shared.models.base import ModelBackend
+from rollout.shared.models.registry import resolve_backend
+from rollout.shared.observability import get_logger
+from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stack.health import default_replica_id
+from rollout.shared.store.spec_cache import SpecCache
+
+DURABLE = "actors"
+ACK_WAIT_S = 30.0
+KEEPALIVE_S = 10.0
+
+log = get_logger(__name__)
+
+
+class Backends:
+    """Model backends by name, loaded once per replica (weights stay in memory)."""
+
+    def __init__(self) -> None:
+        self._backends: dict[str, ModelBackend] = {}
+
+    def get(self, model: str) -> ModelBackend:
+        """The backend for `model`, built on first use."""
+        if model not in self._backends:
+            self._backends[model] = resolve_backend(model)
+        return self._backends[model]
+
+
+def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBroker:
+    """The actor's broker and its handler."""
+    broker = make_broker(settings)
+    backends = Backends()
+    caches: dict[str, SpecCache] = {}
+    me = actor_id or default_replica_id()
+
+    @broker.subscriber(
+        subjects.work_filter("rollouts"),
+        stream=JStream(subjects.WORK_STREAM, declare=False),
+        durable=DURABLE,
+        pull_sub=PullSub(batch_size=1, timeout=1.0),
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+        title="actor/generate",
+        description="Generates a batch of rollouts and emits them as one rollout.generated event.",
+    )
+    async def generate(work: RolloutWork, message: NatsMessage) -> None:
+        """Run the agent loop on every rollout of a work item; ack after the event is stored."""
+        js = jetstream(broker)
+        cache = caches.setdefault("specs", SpecCache(js))
+        raw = message.raw_message
+        async with working_on(raw, every_s=KEEPALIVE_S):
+            try:
+                spec = await cache.get(work.env_slug, work.env_version, work.env_hash)
+                rollouts = await generate_batch(work, spec, backends.get(work.model), actor_id=me)
+            except (RolloutError, httpx.HTTPError, OSError) as exc:
+                # Retry a few times (a flaky endpoint); then record the failure on each rollout
+                # so the run still finishes and says why.
+                if raw.metadata.num_delivered < DEFAULT_MAX_DELIVER:
+                    raise
+                rollouts = failed_batch(work, f"generation failed: {describe(exc)}", actor_id=me)
+        event = EventEnvelope.new(
+            RolloutsGenerated(
+                run_id=work.run_id, work_item_id=work.work_item_id, rollouts=rollouts
+            ),
+            aggregate_id=work.run_id,
+            id_parts=(work.work_item_id,),
+            run_id=work.run_id,
+            trace_id=work.trace_id,
+            correlation_id=work.correlation_id,
+            causation_id=work.causation_id,
+        )
+        await EventPublisher(js).publish(event)
+        log.info("rollouts generated", run_id=work.run_id, count=len(rollouts), actor=me)
+
+    return broker
+
+
+async def serve(settings: Settings) -> None:
+    """Run one actor replica until cancelled."""
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        await ensure_consumer(
+            js,
+            subjects.WORK_STREAM,
+            pull_consumer_config(
+                DURABLE,
+                subjects.work_filter("rollouts"),
+                ack_wait_s=ACK_WAIT_S,
+                max_deliver=DEFAULT_MAX_DELIVER,
+            ),
+        )
+    finally:
+        await nc.close()
+    broker = build_broker(settings)
+    await broker.start()
+    log.info("actor started")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await broker.stop()

@@ -1,0 +1,1 @@
+"""Verifier: scores generated batches with the environment's verifier primitives."""

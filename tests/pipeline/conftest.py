@@ -1,0 +1,54 @@
+"""Fixtures: the platform's services in this test's event loop on real NATS and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from fakes.openai_server import FakeOpenAI
+from kit import Platform, refund_agent
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.shared.settings import Settings
+
+
+@pytest.fixture
+async def platform(settings: Settings) -> AsyncIterator[Platform]:
+    """Registry, tracker, two actors and a verifier in-process."""
+    p = Platform(settings)
+    for name in ("env-registry", "tracker", "verifier"):
+        p.start(name)
+    p.start("actor", key="actor-1")
+    p.start("actor", key="actor-2")
+    yield p
+    p.check()
+    for key in list(p.tasks):
+        await p.stop(key)
+
+
+@pytest.fixture
+async def client(settings: Settings, platform: Platform) -> AsyncIterator[AsyncClient]:
+    """A client of the in-process platform, once the registry and tracker answer."""
+    c = AsyncClient(settings, timeout_s=20)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        try:
+            await c.list_environments()
+            await c.list_runs()
+            break
+        except RolloutError:
+            platform.check()
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+def agent_server() -> Iterator[FakeOpenAI]:
+    """The scripted refund agent over real HTTP."""
+    with FakeOpenAI(refund_agent) as server:
+        yield server

@@ -1,0 +1,130 @@
+"""The whole loop on real NATS and Postgres: push, run, actors, verifier, tracker, queries."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from kit import refund_env, snapshot, wait_until
+from rollout.errors import RolloutError
+from rollout.services.tracker.projections import ReadModels
+from rollout.shared import subjects
+from rollout.shared.bus.reader import last_sequence
+from rollout.shared.settings import connect_nats
+from rollout.shared.store.projection import ProjectionRunner
+
+
+async def test_push_versions_by_content(client) -> None:
+    first = await client.push_environment(refund_env())
+    assert (first["version"], first["created"]) == (1, True)
+    again = await client.push_environment(refund_env())
+    assert (again["version"], again["created"], again["spec_hash"]) == (
+        1,
+        False,
+        first["spec_hash"],
+    )
+    changed = refund_env()
+    changed["description"] = "now with a description"
+    second = await client.push_environment(changed)
+    assert (second["version"], second["created"]) == (2, True)
+    assert second["spec_hash"] != first["spec_hash"]
+    old = await client.get_environment("refunds", 1)
+    assert old["spec_hash"] == first["spec_hash"] and old["spec"]["slug"] == "refunds"
+    listed = await client.list_environments()
+    assert [(e["slug"], e["version"]) for e in listed] == [("refunds", 2)]
+
+
+async def test_invalid_environment_is_refused_with_every_problem(client) -> None:
+    bad = refund_env()
+    bad["config"]["tools"][0]["fixturePath"] = "orderz.${args.order_id}"
+    bad["verifier"] = {"primitives": [{"name": "x", "type": "no_such_primitive"}]}
+    with pytest.raises(RolloutError) as caught:
+        await client.push_environment(bad)
+    text = str(caught.value)
+    assert "orderz" in text and "no_such_primitive" in text
+    assert await client.list_environments() == []
+
+
+async def test_run_completes_with_exactly_tasks_times_n_rollouts(
+    client, agent_server, settings
+) -> None:
+    await client.push_environment(refund_env(tasks=3))
+    run = await client.create_run(
+        "refunds", f"{agent_server.base_url}#scripted", n=8, batch_size=5, temperature=0.0
+    )
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert done["status"] == "completed", done
+    assert (done["total"], done["scored"], done["generated"]) == (24, 24, 24)
+    full = await client.get_run(run["runId"], include_rollouts=True)
+    rollouts = full["rollouts"]
+    assert len({r["rolloutId"] for r in rollouts}) == 24
+    assert sorted({(r["taskIndex"], r["sampleIndex"]) for r in rollouts}) == [
+        (t, s) for t in range(3) for s in range(8)
+    ]
+    # The scripted agent is wrong exactly when its seed is divisible by 4.
+    for r in rollouts:
+        assert r["passed"] == (r["seed"] % 4 != 0), r
+    assert done["passed"] == sum(r["seed"] % 4 != 0 for r in rollouts)
+    assert [t["n"] for t in full["tasks"]] == [8, 8, 8]
+    ids = await client.passing_rollout_ids(run["runId"])
+    assert len(ids) == done["passed"]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"env_slug": "nope", "model": "openai/gpt-4o-mini"}, "no environment 'nope'"),
+        ({"env_slug": "refunds", "model": "magic/model"}, "unknown model backend 'magic/model'"),
+        ({"env_slug": "refunds", "model": "openai/gpt-4o-mini", "n": 0}, "n: must be between"),
+        ({"env_slug": "refunds", "model": "openai/x", "split": "dev"}, "no tasks in split 'dev'"),
+        ({"env_slug": "bad slug!", "model": "openai/x"}, "env_slug"),
+    ],
+)
+async def test_bad_run_requests_are_refused_before_anything_is_queued(
+    client, settings, options, expected
+) -> None:
+    await client.push_environment(refund_env())
+    with pytest.raises(RolloutError) as caught:
+        await client.create_run(**options)
+    assert expected in str(caught.value)
+    assert await client.list_runs() == []
+    nc = await connect_nats(settings)
+    try:
+        info = await nc.jetstream().stream_info(subjects.WORK_STREAM)
+        assert info.state.messages == 0
+    finally:
+        await nc.close()
+
+
+async def test_run_without_actors_fails_at_its_deadline_with_a_reason(
+    client, platform, agent_server, settings
+) -> None:
+    await platform.stop("actor-1")
+    await platform.stop("actor-2")
+    await client.push_environment(refund_env(tasks=1))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=2, deadline_s=1.0)
+    done = await client.wait_for_run(run["runId"], timeout_s=60)
+    assert done["status"] == "failed"
+    assert "deadline of 1s passed with 0/2 rollouts scored" in done["reason"]
+
+
+async def test_read_models_equal_a_rebuild_after_a_run(client, agent_server, settings) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=3)
+    await client.wait_for_run(run["runId"], timeout_s=120)
+    pool = await asyncpg.create_pool(settings.database_url)
+    nc = await connect_nats(settings)
+    try:
+        runner = ProjectionRunner(pool, ReadModels())
+        js = nc.jetstream()
+        target = await last_sequence(js)
+
+        async def caught_up() -> bool:
+            return await runner.position() >= target
+
+        await wait_until(caught_up, "the tracker to project the whole log")
+        before = await snapshot(pool)
+        await runner.rebuild(js)
+        assert await snapshot(pool) == before
+    finally:
+        await nc.close()
+        await pool.close()
