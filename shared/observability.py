@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,11 +17,31 @@ if TYPE_CHECKING:
 _configured = False
 
 
-def configure_logging(service: str, *, level: str = "INFO", json: bool | None = None) -> None:
-    """Configure structlog for this process: console on a TTY, JSON otherwise. Idempotent."""
+class _StderrLogger(structlog.PrintLogger):
+    """Writes to whatever sys.stderr is now (pytest swaps it between tests)."""
+
+    def __init__(self) -> None:
+        super().__init__(file=sys.stderr)
+
+    def msg(self, message: str) -> None:
+        """Write one line."""
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = msg
+
+
+def configure_logging(
+    service: str, *, level: str | None = None, json: bool | None = None, force: bool = False
+) -> None:
+    """Configure structlog for this process: console on a TTY, JSON otherwise.
+
+    Once per entry point: later calls are no-ops unless `force` (a verb that becomes a
+    long-running service reconfigures). Level: `level`, else ROLLOUT_LOG_LEVEL, else INFO.
+    """
     global _configured
-    if _configured:
+    if _configured and not force:
         return
+    level = level or os.environ.get("ROLLOUT_LOG_LEVEL") or "INFO"
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer: Any = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
@@ -37,8 +58,8 @@ def configure_logging(service: str, *, level: str = "INFO", json: bool | None = 
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=lambda *args: _StderrLogger(),
+        cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(service=service)
     _configured = True

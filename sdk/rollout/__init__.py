@@ -1,5 +1,38 @@
 """rollout: write agent environments in Python, run models on them, score, train, compare."""
 
+from rollout.environment import Environment, Task
 from rollout.errors import RolloutError
+from rollout.helpers import (
+    action_tool,
+    browser_config,
+    browser_page,
+    code_editing_config,
+    custom_config,
+    custom_tool,
+    lookup_tool,
+    mock_tool,
+    plugin_config,
+    primitive,
+    sql_config,
+    verifier_config,
+    workflow_config,
+)
 
-__all__ = ["RolloutError"]
+__all__ = [
+    "Environment",
+    "RolloutError",
+    "Task",
+    "action_tool",
+    "browser_config",
+    "browser_page",
+    "code_editing_config",
+    "custom_config",
+    "custom_tool",
+    "lookup_tool",
+    "mock_tool",
+    "plugin_config",
+    "primitive",
+    "sql_config",
+    "verifier_config",
+    "workflow_config",
+]

@@ -113,15 +113,19 @@ class AsyncClient:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        follower = asyncio.ensure_future(follow())
         try:
-            await asyncio.wait_for(follow(), timeout_s)
+            await asyncio.wait({follower}, timeout=timeout_s)
+            if not follower.done():
+                raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
+            follower.result()
             # The event is on the log; the read model follows it within moments.
             while (run := await self.get_run(run_id))["status"] not in ("completed", "failed"):
                 if loop.time() > deadline:
-                    raise TimeoutError
+                    raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
                 await asyncio.sleep(0.05)
-        except TimeoutError:
-            raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s") from None
+        finally:
+            follower.cancel()
         return run
 
     # --- training jobs -----------------------------------------------------------------------

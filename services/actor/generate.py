@@ -13,7 +13,12 @@ from rollout.shared.models.base import ModelBackend
 
 
 async def generate_batch(
-    work: RolloutWork, spec: EnvironmentSpec, backend: ModelBackend, *, actor_id: str
+    work: RolloutWork,
+    spec: EnvironmentSpec,
+    backend: ModelBackend,
+    *,
+    actor_id: str,
+    delivery_attempt: int = 1,
 ) -> list[GeneratedRollout]:
     """Run every rollout of `work` together (one batched model call per turn)."""
     started = time.perf_counter()
@@ -51,12 +56,15 @@ async def generate_batch(
             actor_id=actor_id,
             duration_s=elapsed,
             error=trajectory.error,
+            delivery_attempt=delivery_attempt,
         )
         for item, trajectory in zip(work.items, trajectories, strict=True)
     ]
 
 
-def failed_batch(work: RolloutWork, reason: str, *, actor_id: str) -> list[GeneratedRollout]:
+def failed_batch(
+    work: RolloutWork, reason: str, *, actor_id: str, delivery_attempt: int = 1
+) -> list[GeneratedRollout]:
     """Rollouts that could not be generated at all, each carrying the reason."""
     return [
         GeneratedRollout(
@@ -70,6 +78,7 @@ def failed_batch(work: RolloutWork, reason: str, *, actor_id: str) -> list[Gener
             seed=item.seed,
             actor_id=actor_id,
             error=reason,
+            delivery_attempt=delivery_attempt,
         )
         for item in work.items
     ]

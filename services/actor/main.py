@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 from faststream import AckPolicy
@@ -16,18 +17,21 @@ from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import RolloutsGenerated
+from rollout.shared.contracts.events import PolicyUpdated, RolloutsGenerated
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.registry import resolve_backend
+from rollout.shared.models.trained import apply_update, refresh_policy
 from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import default_replica_id
 from rollout.shared.store.spec_cache import SpecCache
 
 DURABLE = "actors"
-ACK_WAIT_S = 30.0
-KEEPALIVE_S = 10.0
+# How long a silent replica holds a work item before another one gets it (in-progress acks
+# keep a working replica's items); tests shorten it to see a dead replica's work move quickly.
+ACK_WAIT_S = float(os.environ.get("ROLLOUT_ACTOR_ACK_WAIT_S", "30"))
+KEEPALIVE_S = min(10.0, ACK_WAIT_S / 3)
 
 log = get_logger(__name__)
 
@@ -43,6 +47,10 @@ class Backends:
         if model not in self._backends:
             self._backends[model] = resolve_backend(model)
         return self._backends[model]
+
+    def loaded(self, model: str) -> ModelBackend | None:
+        """The backend for `model` if this replica has loaded it."""
+        return self._backends.get(model)
 
 
 def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBroker:
@@ -69,13 +77,31 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
         async with working_on(raw, every_s=KEEPALIVE_S):
             try:
                 spec = await cache.get(work.env_slug, work.env_version, work.env_hash)
-                rollouts = await generate_batch(work, spec, backends.get(work.model), actor_id=me)
+                backend = backends.get(work.model)
+                # A trained policy catches up with its newest version before generating.
+                await asyncio.to_thread(refresh_policy, backend)
+                version = getattr(backend, "policy_version", None)
+                rollouts = await generate_batch(
+                    work,
+                    spec,
+                    backend,
+                    actor_id=me,
+                    delivery_attempt=raw.metadata.num_delivered,
+                )
+                if version is not None:  # the version that produced them, not the run's
+                    for rollout in rollouts:
+                        rollout.policy_version = version
             except (RolloutError, httpx.HTTPError, OSError) as exc:
                 # Retry a few times (a flaky endpoint); then record the failure on each rollout
                 # so the run still finishes and says why.
                 if raw.metadata.num_delivered < DEFAULT_MAX_DELIVER:
                     raise
-                rollouts = failed_batch(work, f"generation failed: {describe(exc)}", actor_id=me)
+                rollouts = failed_batch(
+                    work,
+                    f"generation failed: {describe(exc)}",
+                    actor_id=me,
+                    delivery_attempt=raw.metadata.num_delivered,
+                )
         event = EventEnvelope.new(
             RolloutsGenerated(
                 run_id=work.run_id, work_item_id=work.work_item_id, rollouts=rollouts
@@ -89,6 +115,18 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
         )
         await EventPublisher(js).publish(event)
         log.info("rollouts generated", run_id=work.run_id, count=len(rollouts), actor=me)
+
+    @broker.subscriber(
+        subjects.event_filter("policy", "policy.updated"),
+        title="actor/policy-updated",
+        description="Loads a new version of a policy this replica serves, without a restart.",
+    )
+    async def policy_updated(event: EventEnvelope) -> None:
+        """Reload the weights of a loaded backend whose model has a new version."""
+        body = event.body()
+        backend = backends.loaded(body.model) if isinstance(body, PolicyUpdated) else None
+        if backend is not None and await asyncio.to_thread(apply_update, backend, body):
+            log.info("policy reloaded", model=body.model, version=body.version, actor=me)
 
     return broker
 

@@ -19,13 +19,17 @@ from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import describe, record_dead_letter, retry_delay
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.observability import event_context, get_logger
+from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.store.db import close_pool, create_pool, migrate
 from rollout.shared.store.projection import ProjectionRunner
 
 PROJECTION_DURABLE = "tracker-read-models"
 PROJECTION_BATCH = 128
+# Batches commit in milliseconds; a short AckWait lets a restarted tracker get a crashed
+# predecessor's unacked events back quickly (later events wait for them: stream order).
+PROJECTION_ACK_WAIT_S = 5.0
+GAP_RETRY_S = 0.25
 DEADLINE_CHECK_S = 2.0
 # Events after which a run may have just become complete.
 _COMPLETION_TRIGGERS = ("rollout.scored", "run.started")
@@ -33,22 +37,31 @@ _COMPLETION_TRIGGERS = ("rollout.scored", "run.started")
 log = get_logger(__name__)
 
 
-async def _project_one(
-    runner: ProjectionRunner, js: JetStreamContext, pool: asyncpg.Pool, msg: Msg
-) -> None:
-    position = msg.metadata.sequence.stream
-    try:
-        event = EventEnvelope.from_bytes(msg.data)
-    except pydantic.ValidationError as exc:
-        await record_dead_letter(js, msg, describe(exc))
-        await runner.skip(position)
-        return
-    with event_context(event):
-        applied = await runner.handle(event, position)
-        log.debug("event projected" if applied else "event already projected", seq=position)
-        # Checked on redelivery too: a crash between commit and publish must not strand a run.
-        if event.type in _COMPLETION_TRIGGERS and event.run_id:
-            await runs.complete_if_done(js, pool, event.run_id)
+async def _project_batch(
+    runner: ProjectionRunner, js: JetStreamContext, pool: asyncpg.Pool, msgs: list[Msg]
+) -> int:
+    """Apply a fetched batch in one transaction; return how many messages are settled."""
+    items: list[tuple[EventEnvelope | None, int]] = []
+    for msg in msgs:
+        try:
+            event: EventEnvelope | None = EventEnvelope.from_bytes(msg.data)
+        except pydantic.ValidationError as exc:
+            await record_dead_letter(js, msg, describe(exc))
+            event = None  # only advances the position
+        items.append((event, msg.metadata.sequence.stream))
+    settled = await runner.handle_batch(items)
+    # Checked on redelivery too: a crash between commit and publish must not strand a run.
+    runs_to_check = {
+        e.run_id
+        for e, _ in items[:settled]
+        if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
+    }
+    for run_id in sorted(runs_to_check):
+        await runs.complete_if_done(js, pool, run_id)
+    log.debug(
+        "events projected", count=settled, last_seq=items[settled - 1][1] if settled else None
+    )
+    return settled
 
 
 def build_broker(
@@ -61,26 +74,30 @@ def build_broker(
         subjects.ALL_EVENTS,
         stream=JStream(subjects.EVENTS_STREAM, declare=False),
         durable=PROJECTION_DURABLE,
-        pull_sub=PullSub(batch_size=PROJECTION_BATCH, timeout=1.0, batch=True),
+        pull_sub=PullSub(batch_size=PROJECTION_BATCH, timeout=0.2, batch=True),
         ack_policy=AckPolicy.MANUAL,
         title="tracker/read-models",
         description="Applies every event to the Postgres read models, in stream order.",
     )
     async def project_events(message: NatsBatchMessage = Context("message")) -> None:  # noqa: B008
-        # In order, one commit per event, ack right after its commit; on failure the rest of
-        # the batch is retried later so no later event overtakes an earlier one.
+        # In stream order, one transaction per batch, acks only after its commit.
         msgs: list[Msg] = message.raw_message
-        js = jetstream(broker)
-        for index, msg in enumerate(msgs):
-            try:
-                await _project_one(runner, js, pool, msg)
-            except (asyncpg.PostgresError, OSError, RuntimeError) as exc:
-                delay = retry_delay(msg.metadata.num_delivered)
-                log.warning("projection failed; retrying", error=describe(exc), retry_in_s=delay)
-                for pending in msgs[index:]:
-                    await pending.nak(delay=delay)
-                return
+        failed: BaseException | None = None
+        try:
+            settled = await _project_batch(runner, jetstream(broker), pool, msgs)
+        except (asyncpg.PostgresError, OSError, RuntimeError) as exc:
+            settled, failed = 0, exc
+            log.warning("projection failed; retrying", error=describe(exc))
+        for msg in msgs[:settled]:
             await msg.ack()
+        if settled < len(msgs):
+            # A gap (an earlier event awaits redelivery) or a failure: the rest comes back
+            # later, so no event overtakes another. A gap closes within PROJECTION_ACK_WAIT_S.
+            delay = (
+                GAP_RETRY_S if failed is None else retry_delay(msgs[settled].metadata.num_delivered)
+            )
+            for msg in msgs[settled:]:
+                await msg.nak(delay=delay)
 
     runs.register(broker)
     queries.register(broker, pool)  # type: ignore[arg-type]
@@ -111,6 +128,7 @@ async def serve(settings: Settings) -> None:
             pull_consumer_config(
                 PROJECTION_DURABLE,
                 subjects.ALL_EVENTS,
+                ack_wait_s=PROJECTION_ACK_WAIT_S,
                 max_deliver=-1,
                 max_ack_pending=PROJECTION_BATCH * 2,
             ),

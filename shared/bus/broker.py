@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from faststream.nats import NatsBroker, NatsToken, NatsUserPassword
 from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
@@ -29,6 +31,8 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
         security=_security(settings),
         middlewares=[DeadLetterPolicy(js, max_deliver=max_deliver)],
         connect_timeout=5,
+        # FastStream's per-message access lines go to DEBUG; our handlers log what matters.
+        log_level=logging.DEBUG,
     )
     holder["broker"] = broker
     return broker

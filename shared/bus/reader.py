@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from rollout.shared import subjects
@@ -42,7 +41,7 @@ async def read_events(
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=idle_timeout_s)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py raises both its own and asyncio's here
                 if follow:
                     continue
                 return

@@ -94,6 +94,8 @@ class GeneratedRollout(Payload):
     actor_id: str = ""
     duration_s: float = 0.0
     error: str | None = None
+    # Which delivery of the work item produced it (>1: a replica died or timed out first).
+    delivery_attempt: int = 1
 
 
 @register

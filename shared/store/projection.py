@@ -71,6 +71,30 @@ class ProjectionRunner:
             await conn.execute(_SET_TRACKING, self.projection.name, position)
         return True
 
+    async def handle_batch(self, items: list[tuple[EventEnvelope | None, int]]) -> int:
+        """Apply events in order in ONE transaction; return how many items were settled.
+
+        Items at or below the tracked position are settled without effect (redelivery). With
+        `contiguous`, a gap stops the batch there: the caller retries the rest later. An item
+        whose event is None (dead-lettered) only advances the position.
+        """
+        settled = 0
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(_ENSURE_TRACKING, self.projection.name)
+            last = await conn.fetchval(_LOCK_TRACKING, self.projection.name)
+            for event, position in items:
+                if position <= last:
+                    settled += 1
+                    continue
+                if self.contiguous and position != last + 1:
+                    break
+                if event is not None:
+                    await self.projection.apply(conn, event, position)
+                last = position
+                settled += 1
+            await conn.execute(_SET_TRACKING, self.projection.name, last)
+        return settled
+
     async def skip(self, position: int) -> bool:
         """Advance past an event that cannot be applied (it was dead-lettered)."""
         return await self.handle(None, position)

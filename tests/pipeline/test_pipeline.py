@@ -128,3 +128,47 @@ async def test_read_models_equal_a_rebuild_after_a_run(client, agent_server, set
     finally:
         await nc.close()
         await pool.close()
+
+
+async def test_replay_reproduces_every_score_and_reverify_lists_changes(
+    client, agent_server, settings
+) -> None:
+    from rollout.shared.replay import replay_run, reverify
+
+    await client.push_environment(refund_env(tasks=2))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=4)
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    recorded = {
+        r["rolloutId"]: r["score"]
+        for r in (await client.get_run(run["runId"], include_rollouts=True))["rollouts"]
+    }
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        replayed = await replay_run(js, run["runId"])
+        summary = replayed.summary()
+        for key in ("status", "total", "scored", "passed", "errored"):
+            assert summary[key] == done[key], key
+        assert summary["meanScore"] == pytest.approx(done["meanScore"])
+        version, rows = await reverify(js, replayed)
+        assert version == 1 and len(rows) == 8
+        assert [r for r in rows if r["changed"]] == []
+        assert {r["rolloutId"]: r["score"] for r in rows} == pytest.approx(recorded)
+
+        # Today's verifier also wants the agent to say "sorry": every rollout that scored
+        # anything now scores less; those that scored 0 still do.
+        stricter = refund_env(tasks=2)
+        stricter["verifier"] = [
+            {"name": "refunded", "type": "state_match", "weight": 1},
+            {"name": "apologised", "type": "contains_terms", "terms": ["sorry"], "weight": 1},
+        ]
+        await client.push_environment(stricter)
+        version, rows = await reverify(js, replayed)
+        assert version == 2
+        changed = {r["rolloutId"] for r in rows if r["changed"]}
+        assert changed == {rollout for rollout, score in recorded.items() if score > 0}
+        assert changed
+        assert all(not r["passed"] for r in rows)
+        assert any("sorry" in reason for r in rows for reason in r["reasons"])
+    finally:
+        await nc.close()

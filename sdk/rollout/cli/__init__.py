@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from rollout.errors import RolloutError
+from rollout.shared.observability import configure_logging
 
 # Each module registers its own verbs; the order is the order in `rollout --help`.
 COMMAND_MODULES = [
@@ -14,7 +16,9 @@ COMMAND_MODULES = [
     "rollout.cli.envtools",
     "rollout.cli.localtest",
     "rollout.cli.platform",
+    "rollout.cli.training",
     "rollout.cli.events",
+    "rollout.cli.replay",
     "rollout.cli.admin",
     "rollout.cli.schemas",
 ]
@@ -41,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rollout` console script."""
+    # Every verb logs to stderr, warnings and up, so stdout stays clean for --json;
+    # `serve` and `up --foreground` reconfigure for a long-running service.
+    configure_logging("cli", level=os.environ.get("ROLLOUT_LOG_LEVEL") or "WARNING")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -1,0 +1,188 @@
+"""Engine overhead: workflow tool steps/s and verifier scores/s against plain Python doing the
+same dict operations in the same process; sandboxed test runs/s against the bare command.
+
+Run: `python benchmarks/engine.py [--steps N] [--scores N] [--sandbox-runs N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rollout import (
+    Environment,
+    Task,
+    action_tool,
+    lookup_tool,
+    primitive,
+    verifier_config,
+    workflow_config,
+)
+from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
+from rollout.shared.envs import build_runtime, score
+
+ORDERS = [{"id": f"O-{i}", "customer": f"c{i}", "amount": i} for i in range(50)]
+
+
+def make_env() -> Environment:
+    """The README's helper-style refund env with a templated action value."""
+    return Environment(
+        slug="bench",
+        template="workflow",
+        config=workflow_config(
+            tools=[
+                lookup_tool("get_order", from_array="orders", match_field="id"),
+                action_tool(
+                    "refund",
+                    state_array="refunds",
+                    value={"order_id": "${args.order_id}", "amount": "${args.amount}"},
+                    params_schema={"order_id": "string", "amount": "number"},
+                ),
+            ],
+            fixtures={"orders": ORDERS},
+            initial_mutable_state={"refunds": []},
+        ),
+        tasks=[Task(instruction="x", hidden_ground_truth={"refunds.length": 1})],
+        verifier=verifier_config(
+            primitive("called", "tool_was_called", tool="get_order"),
+            primitive("count", "state_match", expected={"refunds.length": 1}, weight=2),
+            primitive("no_errors", "no_tool_errors"),
+        ),
+    )
+
+
+def _calls(n: int) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for i in range(n):
+        oid = f"O-{i % 50}"
+        if i % 2:
+            out.append(("refund", {"order_id": oid, "amount": i % 50}))
+        else:
+            out.append(("get_order", {"id": oid}))
+    return out
+
+
+async def engine_steps(n: int) -> float:
+    """Tool calls/s through build_runtime + call_tool (fresh runtime every 100 steps)."""
+    env = make_env().to_spec()
+    calls = _calls(n)
+    start = time.perf_counter()
+    rt = build_runtime(env, 0)
+    for i, (name, args) in enumerate(calls):
+        if i % 100 == 0:
+            rt = build_runtime(env, 0)
+        result = await rt.call_tool(name, args)
+        assert result.ok, result.error
+    return n / (time.perf_counter() - start)
+
+
+def baseline_steps(n: int) -> float:
+    """The same lookups and appends as plain dict operations."""
+    import copy
+
+    calls = _calls(n)
+    start = time.perf_counter()
+    state: dict[str, Any] = {"refunds": []}
+    for i, (name, args) in enumerate(calls):
+        if i % 100 == 0:
+            state = {"refunds": []}
+        if name == "get_order":
+            found = next(o for o in ORDERS if o["id"] == args["id"])
+            copy.deepcopy(found)
+        else:
+            state["refunds"].append({"order_id": args["order_id"], "amount": args["amount"]})
+    return n / (time.perf_counter() - start)
+
+
+def _trajectory() -> Trajectory:
+    return Trajectory(
+        tool_calls=[
+            ToolCallRecord(index=0, name="get_order", arguments={"id": "O-1"}),
+            ToolCallRecord(index=1, name="refund", arguments={"order_id": "O-1", "amount": 1}),
+        ],
+        final_state={"refunds": [{"order_id": "O-1", "amount": 1}]},
+    )
+
+
+async def engine_scores(n: int) -> float:
+    """Verifier results/s through score() with three primitives."""
+    env = make_env().to_spec()
+    traj = _trajectory()
+    task = env.tasks[0]
+    start = time.perf_counter()
+    for _ in range(n):
+        result = await score(env, task, traj)
+        assert result.passed
+    return n / (time.perf_counter() - start)
+
+
+def baseline_scores(n: int) -> float:
+    """The same three checks written by hand."""
+    traj = _trajectory()
+    start = time.perf_counter()
+    for _ in range(n):
+        called = any(c.name == "get_order" for c in traj.tool_calls)
+        count = len(traj.final_state["refunds"]) == 1
+        clean = not any(c.error for c in traj.tool_calls)
+        assert called and count and clean
+    return n / (time.perf_counter() - start)
+
+
+async def sandbox_runs(n: int) -> tuple[float, float] | None:
+    """(sandboxed runs/s, bare runs/s) of `python3 -c pass` in a temp dir; None without bwrap."""
+    from rollout.errors import RolloutError
+    from rollout.shared.envs.sandbox import run_sandboxed
+
+    cmd = [sys.executable, "-c", "pass"]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            await run_sandboxed(cmd, Path(tmp))
+        except RolloutError as exc:
+            print(f"sandbox: skipped ({exc})")
+            return None
+        start = time.perf_counter()
+        for _ in range(n):
+            await run_sandboxed(cmd, Path(tmp))
+        boxed = n / (time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(n):
+            proc = await asyncio.create_subprocess_exec(*cmd, cwd=tmp)
+            assert await proc.wait() == 0
+        bare = n / (time.perf_counter() - start)
+    return boxed, bare
+
+
+async def main() -> None:
+    """Run every measurement and print numbers and ratios."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--scores", type=int, default=5_000)
+    parser.add_argument("--sandbox-runs", type=int, default=10)
+    args = parser.parse_args()
+
+    eng, base = await engine_steps(args.steps), baseline_steps(args.steps)
+    print(
+        f"workflow tool steps/s: engine {eng:,.0f}  plain python {base:,.0f}  ratio {eng / base:.3f}"
+    )
+    eng_s, base_s = await engine_scores(args.scores), baseline_scores(args.scores)
+    print(
+        f"verifier scores/s:     engine {eng_s:,.0f}  plain python {base_s:,.0f}  "
+        f"ratio {eng_s / base_s:.4f}"
+    )
+    if args.sandbox_runs > 0:
+        runs = await sandbox_runs(args.sandbox_runs)
+        if runs:
+            boxed, bare = runs
+            print(
+                f"test command runs/s:   sandboxed {boxed:.1f}  bare {bare:.1f}  "
+                f"ratio {boxed / bare:.3f}"
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,75 @@
+# The ROLLOUT_* values every service needs (docs/deploy.md). They resolve inside the VPC.
+
+output "rollout_nats_url" {
+  description = "ROLLOUT_NATS_URL: one name for the three nodes; clients learn the cluster by gossip."
+  value       = "nats://${local.nats_host}:4222"
+}
+
+output "rollout_nats_user" {
+  description = "ROLLOUT_NATS_USER."
+  value       = var.nats_user
+}
+
+output "rollout_nats_password" {
+  description = "ROLLOUT_NATS_PASSWORD."
+  value       = random_password.nats.result
+  sensitive   = true
+}
+
+output "rollout_database_url" {
+  description = "ROLLOUT_DATABASE_URL (private IP, TLS required)."
+  value       = "postgresql://rollout:${random_password.postgres.result}@${google_sql_database_instance.postgres.private_ip_address}:5432/rollout?sslmode=require"
+  sensitive   = true
+}
+
+output "rollout_object_store_url" {
+  description = "ROLLOUT_OBJECT_STORE_URL: where checkpoints and large trajectory batches go."
+  value       = "gs://${google_storage_bucket.artifacts.name}/rollout"
+}
+
+output "rollout_env" {
+  description = "All ROLLOUT_* variables as one map, e.g. for a Kubernetes Secret."
+  value = {
+    ROLLOUT_NATS_URL         = "nats://${local.nats_host}:4222"
+    ROLLOUT_NATS_USER        = var.nats_user
+    ROLLOUT_NATS_PASSWORD    = random_password.nats.result
+    ROLLOUT_DATABASE_URL     = "postgresql://rollout:${random_password.postgres.result}@${google_sql_database_instance.postgres.private_ip_address}:5432/rollout?sslmode=require"
+    ROLLOUT_OBJECT_STORE_URL = "gs://${google_storage_bucket.artifacts.name}/rollout"
+  }
+  sensitive = true
+}
+
+output "nats_internal_ips" {
+  description = "Internal addresses of the NATS nodes (monitoring on :8222)."
+  value       = local.nats_ips
+}
+
+output "nats_instances" {
+  description = "NATS instances as name => zone (for `gcloud compute ssh --tunnel-through-iap`)."
+  value       = { for vm in google_compute_instance.nats : vm.name => vm.zone }
+}
+
+output "bucket" {
+  description = "GCS bucket for checkpoints and trajectories."
+  value       = google_storage_bucket.artifacts.name
+}
+
+output "gke_cluster_name" {
+  description = "GKE cluster the services run on."
+  value       = google_container_cluster.main.name
+}
+
+output "kubeconfig_command" {
+  description = "Command that points kubectl at the cluster."
+  value       = "gcloud container clusters get-credentials ${google_container_cluster.main.name} --region ${var.region} --project ${var.project_id}"
+}
+
+output "workload_service_account" {
+  description = "Google service account to put in the rollout Kubernetes service account's iam.gke.io/gcp-service-account annotation."
+  value       = google_service_account.workload.email
+}
+
+output "kubernetes_service_account" {
+  description = "namespace/name of the service account whose pods get bucket access."
+  value       = "${var.kubernetes_namespace}/${var.kubernetes_service_account}"
+}

@@ -1,0 +1,105 @@
+"""`rollout plan FILE`: validate environments without running anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+from rollout.errors import RolloutError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `plan` verb."""
+    plan = sub.add_parser(
+        "plan",
+        help="validate an environment file without running it",
+        description="Load FILE, validate every Environment in it, list every problem by path.",
+    )
+    plan.add_argument("file", metavar="FILE", help="a .py file defining Environment(s)")
+    plan.add_argument("--slug", help="only this environment")
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
+    plan.set_defaults(func=_plan)
+
+
+def _summary(env: Any) -> dict[str, Any]:
+    """Counts and names a person checks at a glance (only for a valid spec)."""
+    from rollout.shared.envs import build_runtime, default_verifier
+
+    spec = env.to_spec()
+    splits = Counter(t.split for t in spec.tasks)
+    verifier = spec.verifier if spec.verifier and spec.verifier.primitives else None
+    if verifier is None and spec.tasks:
+        verifier = default_verifier(spec, spec.tasks[0])
+        source = "default"
+    else:
+        source = "custom"
+    tools: list[str] = []
+    if spec.tasks:
+        try:
+            runtime = build_runtime(spec, 0)
+            tools = [t.name for t in runtime.tool_specs()]
+        except RolloutError:
+            tools = []
+    return {
+        "slug": spec.slug,
+        "template": spec.template,
+        "tasks": len(spec.tasks),
+        "splits": dict(splits),
+        "tools": tools,
+        "verifier": {
+            "source": source,
+            "primitives": [f"{p.name} ({p.type}, w={p.weight:g})" for p in verifier.primitives]
+            if verifier
+            else [],
+        },
+        "specHash": spec.spec_hash(),
+    }
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from rollout.shared.envs import load_environments, select_environment, validate_environment
+
+    try:
+        envs = select_environment(load_environments(args.file), args.slug)
+    except RolloutError as exc:
+        if args.json:
+            doc = {"ok": False, "error": exc.message, "problems": exc.problems}
+            json.dump(doc, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 1
+        raise
+    reports = []
+    slugs = Counter(getattr(e, "slug", None) for e in envs)
+    for env in envs:
+        problems = validate_environment(env)
+        if slugs[getattr(env, "slug", None)] > 1:
+            problems.append(f"slug: {env.slug!r} is used by {slugs[env.slug]} environments")
+        report: dict[str, Any] = {"slug": getattr(env, "slug", None), "problems": problems}
+        if not problems:
+            report.update(_summary(env))
+        reports.append(report)
+    ok = all(not r["problems"] for r in reports)
+    if args.json:
+        json.dump({"ok": ok, "file": args.file, "environments": reports}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0 if ok else 1
+    for r in reports:
+        if r["problems"]:
+            print(f"✗ {r['slug']}: {len(r['problems'])} problem(s)")
+            for p in r["problems"]:
+                print(f"    - {p}")
+            continue
+        splits = ", ".join(f"{k} {v}" for k, v in sorted(r["splits"].items()))
+        print(f"✓ {r['slug']} ({r['template']}): {r['tasks']} task(s) [{splits}]")
+        print(f"    tools: {', '.join(r['tools']) or 'none'}")
+        print(f"    verifier ({r['verifier']['source']}): {'; '.join(r['verifier']['primitives'])}")
+        print(f"    spec sha256: {r['specHash'][:16]}")
+    total = sum(len(r["problems"]) for r in reports)
+    if ok:
+        print(f"{len(reports)} environment(s) OK")
+        return 0
+    print(f"{total} problem(s) in {sum(1 for r in reports if r['problems'])} environment(s)")
+    return 1

@@ -1,0 +1,54 @@
+"""`rollout replay RUN [--reverify]`: rebuild a run from its events; re-score its trajectories."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from rollout.cli._common import print_json, settings_or_error
+from rollout.shared.replay import replay_run, reverify
+from rollout.shared.settings import connect_nats
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `replay` verb."""
+    p = sub.add_parser("replay", help="rebuild a run from its events (--reverify to re-score)")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument(
+        "--reverify", action="store_true", help="score the trajectories with today's verifier"
+    )
+    p.add_argument(
+        "--env-version", type=int, default=None, help="verifier of this env version (default: newest)"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: asyncio.run(_replay(a)))
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    nc = await connect_nats(settings_or_error())
+    try:
+        js = nc.jetstream()
+        run = await replay_run(js, args.run_id)
+        version, rows = (
+            await reverify(js, run, env_version=args.env_version) if args.reverify else (None, None)
+        )
+    finally:
+        await nc.close()
+    summary = run.summary()
+    changed = [r for r in rows or [] if r["changed"]]
+    if args.json:
+        doc = {"run": summary}
+        if rows is not None:
+            doc |= {"envVersion": version, "reverified": len(rows), "changed": changed}
+        print_json(doc)
+        return 0
+    print(f"run {summary['runId']} from {summary['events']} events: {summary['status']}"
+          f"  scored {summary['scored']}/{summary['total']}  pass rate {summary['passRate']:.1%}"
+          f"  mean score {summary['meanScore']:.3f}")  # fmt: skip
+    if rows is not None:
+        print(f"re-scored {len(rows)} trajectories with the verifier of v{version}:"
+              f" {len(changed)} changed")  # fmt: skip
+        for r in changed:
+            print(f"  {r['rolloutId']}  task {r['taskIndex']} #{r['sampleIndex']}:"
+                  f" {r['recordedScore']} -> {r['score']:.3f}  {'; '.join(r['reasons'])}")  # fmt: skip
+    return 0

@@ -1,0 +1,147 @@
+"""Request/reply contracts of the buffer service: training data built from scored rollouts.
+
+Every reply carries its items inline, or (when their JSON is larger than the request's
+`inline_limit`) a claim check: an object-store reference with the sha256 the bytes must have.
+`BufferData.load(store)` gives the items either way, verified.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rollout.errors import RolloutError
+from rollout.shared.contracts.requests import Request
+from rollout.shared.objectstore.base import ObjectRef, ObjectStore
+from rollout.shared.objectstore.claimcheck import get_json
+
+SERVICE = "buffer"
+# Replies go over NATS (1 MiB max payload by default): larger item lists go to the object store.
+DEFAULT_INLINE_LIMIT = 256 * 1024
+MIN_INLINE_LIMIT = 1024
+
+Kind = Literal["sft_set", "dpo_pairs", "grpo_groups"]
+
+
+class BufferQuery(Request):
+    """Options every buffer query shares."""
+
+    inline_limit: int = Field(
+        DEFAULT_INLINE_LIMIT,
+        ge=MIN_INLINE_LIMIT,
+        description="items whose JSON is larger than this many bytes come back as an object ref",
+    )
+
+
+class SftSetQuery(BufferQuery):
+    """Passing rollouts of a run (or the given rollout ids) as chat examples with tools."""
+
+    run_id: str | None = None
+    rollout_ids: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _needs_a_source(self) -> SftSetQuery:
+        if not self.run_id and not self.rollout_ids:
+            raise ValueError("give run_id or rollout_ids")
+        return self
+
+
+class DpoPairsQuery(BufferQuery):
+    """Best vs worst rollout of each task's group, where the score margin is at least `min_margin`."""
+
+    run_ids: list[str] = Field(min_length=1)
+    min_margin: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class GrpoGroupsQuery(BufferQuery):
+    """Scored rollouts grouped by (run, task), with token ids, logprobs, rewards, versions.
+
+    With `max_staleness`, completions older than `current_policy_version - max_staleness`
+    are dropped; so are completions newer than `current_policy_version` (it defaults to the
+    newest version among the selection).
+    """
+
+    run_ids: list[str] = Field(default_factory=list)
+    env_slug: str | None = None
+    policy_versions: list[int] | None = None
+    max_staleness: int | None = Field(None, ge=0)
+    current_policy_version: int | None = Field(None, ge=0)
+    min_group_size: int = Field(2, ge=1)
+    require_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _needs_a_source(self) -> GrpoGroupsQuery:
+        if not self.run_ids and not self.env_slug:
+            raise ValueError("give run_ids or env_slug")
+        return self
+
+
+# --- items ------------------------------------------------------------------------------------
+
+
+class SftExample(BaseModel):
+    """One multi-turn chat with tool calls and tool results, and the tools the model was offered."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class DpoPair(BaseModel):
+    """A preference pair in TRL's conversational form: shared prompt, chosen and rejected turns."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: list[dict[str, Any]]
+    chosen: list[dict[str, Any]]
+    rejected: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class GrpoCompletion(BaseModel):
+    """One sampled completion of a group: exactly the tokens and logprobs the actor sampled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: str
+    token_ids: list[list[int]] | None = None
+    logprobs: list[list[float]] | None = None
+    messages: list[dict[str, Any]]
+    reward: float
+    passed: bool
+    policy_version: int
+
+
+class GrpoGroup(BaseModel):
+    """Every completion for one task of one run: advantages are normalised within it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    task_index: int
+    prompt: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    completions: list[GrpoCompletion]
+
+
+class BufferData(BaseModel):
+    """A query's answer: `items` (with `meta`, aligned) inline, or `ref` to them in the store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Kind
+    count: int
+    items: list[dict[str, Any]] | None = None
+    meta: list[dict[str, Any]] | None = None
+    ref: ObjectRef | None = None
+    stats: dict[str, float] = Field(default_factory=dict)
+
+    async def load(self, store: ObjectStore | None = None) -> tuple[list[dict], list[dict]]:
+        """(items, meta), fetched from the store and verified by sha256 when they are a ref."""
+        if self.ref is None:
+            return list(self.items or []), list(self.meta or [])
+        if store is None:
+            raise RolloutError(f"{self.kind} came back as {self.ref.uri}: pass the object store")
+        blob = await get_json(store, self.ref)
+        return list(blob["items"]), list(blob["meta"])

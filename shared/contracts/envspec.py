@@ -1,0 +1,408 @@
+"""Environment specs: every template's config, tools, verifier primitives and tasks.
+
+JSON keys are camelCase (`hiddenGroundTruth`, `initialMutableState`, `fromArray`...) to match the
+seed SDK's payloads; Python attribute names are snake_case. Dump with `by_alias=True`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+TEMPLATES = ("workflow", "custom", "code-editing", "sql", "browser", "plugin")
+# Spellings users plausibly type for the same template.
+TEMPLATE_ALIASES = {"code_editing": "code-editing", "codeediting": "code-editing"}
+
+
+class CamelModel(BaseModel):
+    """Base for spec models: camelCase JSON, snake_case Python, typos in keys rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=False
+    )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Dump with camelCase keys, leaving out unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ---------------------------------------------------------------- workflow
+
+
+class WorkflowTool(CamelModel):
+    """A workflow tool: `lookup` reads fixtures, `action` appends to state, `mock` answers canned."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    kind: Literal["lookup", "action", "mock"]
+    description: str = ""
+    params_schema: dict[str, Any] | None = None
+    # lookup, README shape: a templated dot path into the fixtures.
+    fixture_path: str | None = None
+    # lookup, helper shape: find the element of fixtures[fromArray] whose matchField equals the arg.
+    from_array: str | None = None
+    match_field: str | None = None
+    match_arg: str | None = None
+    # action: README shape `appendTo` + templated `value`; helper shape `stateArray`.
+    append_to: str | None = None
+    state_array: str | None = None
+    value: Any = None
+    # mock (and optional override for action): templated response.
+    response: Any = None
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> WorkflowTool:
+        if self.kind == "lookup":
+            if not self.fixture_path and not self.from_array:
+                raise ValueError("a lookup tool needs fixturePath or fromArray")
+            if self.fixture_path and self.from_array:
+                raise ValueError("a lookup tool takes fixturePath or fromArray, not both")
+        if self.kind == "action":
+            if not self.append_to and not self.state_array:
+                raise ValueError("an action tool needs appendTo or stateArray")
+            if self.append_to and self.state_array:
+                raise ValueError("an action tool takes appendTo or stateArray, not both")
+        return self
+
+    @property
+    def target(self) -> str | None:
+        """The state array an action appends to."""
+        return self.append_to or self.state_array
+
+
+class WorkflowConfig(CamelModel):
+    """Config of the `workflow` template."""
+
+    tools: list[WorkflowTool] = Field(default_factory=list)
+    fixtures: dict[str, Any] = Field(default_factory=dict)
+    initial_mutable_state: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- custom
+
+
+class Mutation(CamelModel):
+    """A state change: `path` is a dot path to set, or `name[]` to append; `value` is templated."""
+
+    path: str = Field(min_length=1)
+    value: Any = None
+
+
+class CustomTool(CamelModel):
+    """A custom tool: templated response plus optional state mutations."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    description: str = ""
+    params_schema: dict[str, Any] | None = None
+    response: Any = None
+    mutates: list[Mutation] = Field(default_factory=list)
+
+    @field_validator("mutates", mode="before")
+    @classmethod
+    def _normalise_mutates(cls, value: Any) -> Any:
+        # Accept "orders[]", {"path": ...} or a list of either: one shape downstream.
+        if value is None:
+            return []
+        if isinstance(value, str | dict):
+            value = [value]
+        if isinstance(value, list):
+            return [{"path": v} if isinstance(v, str) else v for v in value]
+        return value
+
+
+class CustomConfig(CamelModel):
+    """Config of the `custom` template."""
+
+    tools: list[CustomTool] = Field(default_factory=list)
+    initial_mutable_state: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- sql
+
+
+class SqlConfig(CamelModel):
+    """Config of the `sql` template: DDL plus optional INSERTs, one SQLite db per rollout."""
+
+    schema_: str = Field(alias="schema", min_length=1)
+    seed: str = ""
+    max_rows: int = Field(default=200, ge=1, le=100_000)
+    query_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+
+
+# ---------------------------------------------------------------- code-editing
+
+
+class CodeEditingConfig(CamelModel):
+    """Config of the `code-editing` template: files, and how to run the tests in the sandbox."""
+
+    files: dict[str, str] = Field(default_factory=dict)
+    test_command: list[str] | str | None = None
+    test_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    memory_mb: int = Field(default=512, ge=64, le=16_384)
+
+
+# ---------------------------------------------------------------- browser
+
+
+class BrowserElement(CamelModel):
+    """One element of a mock page."""
+
+    id: str = Field(min_length=1)
+    type: Literal["text", "link", "input", "button", "form"]
+    text: str = ""
+    label: str = ""
+    href: str | None = None
+    name: str | None = None
+    form: str | None = None
+    value: str | None = None
+    placeholder: str | None = None
+    required: bool = False
+    action: str | None = None
+
+
+class BrowserPage(CamelModel):
+    """One page of the mock site."""
+
+    url: str = Field(min_length=1)
+    title: str = ""
+    text: str = ""
+    elements: list[BrowserElement] = Field(default_factory=list)
+
+
+class BrowserConfig(CamelModel):
+    """Config of the `browser` template: a mock DOM and where the agent starts."""
+
+    pages: list[BrowserPage] = Field(min_length=1)
+    initial_url: str | None = None
+
+
+# ---------------------------------------------------------------- plugin
+
+
+class PluginConfig(CamelModel):
+    """Config of a Python plugin environment: `module.path:function` builds the env object."""
+
+    entrypoint: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
+    "workflow": WorkflowConfig,
+    "custom": CustomConfig,
+    "sql": SqlConfig,
+    "code-editing": CodeEditingConfig,
+    "browser": BrowserConfig,
+    "plugin": PluginConfig,
+}
+
+
+# ---------------------------------------------------------------- verifier primitives
+
+
+class PrimitiveSpec(BaseModel):
+    """One verifier primitive: name, type, weight; the type's own parameters ride along."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = Field(min_length=1)
+    type: str = Field(min_length=1)
+    weight: float = Field(default=1.0, ge=0)
+    description: str = ""
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The type-specific parameters (everything but name, type, weight, description)."""
+        return dict(self.model_extra or {})
+
+
+class VerifierSpec(BaseModel):
+    """The verifier: weighted primitives; passed only when every primitive passes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    primitives: list[PrimitiveSpec] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value: Any) -> Any:
+        # A bare list of primitives is the same verifier.
+        if isinstance(value, list):
+            return {"primitives": value}
+        return value
+
+
+class StateMatchParams(CamelModel):
+    """`state_match`: each key is a dot path into the final state, each value what it must equal."""
+
+    expected: dict[str, Any] | None = None
+    partial: bool = False
+
+
+class ContainsTermsParams(CamelModel):
+    """`contains_terms`: the final output (or a state path) contains the terms."""
+
+    terms: list[str] = Field(min_length=1)
+    source: str = "output"
+    mode: Literal["all", "any"] = "all"
+    case_sensitive: bool = False
+
+    @field_validator("terms", mode="before")
+    @classmethod
+    def _one_term(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class ToolWasCalledParams(CamelModel):
+    """`tool_was_called`: a tool was called, optionally with these args, between count bounds."""
+
+    tool: str = Field(min_length=1)
+    args: dict[str, Any] | None = None
+    min_count: int = Field(default=1, ge=0)
+    max_count: int | None = Field(default=None, ge=0)
+    successful_only: bool = False
+
+
+class NoToolErrorsParams(CamelModel):
+    """`no_tool_errors`: no tool call (or none of `tools`) returned an error."""
+
+    tools: list[str] | None = None
+
+
+class FinalAnswerMatchParams(CamelModel):
+    """`final_answer_match`: the answer equals / is numerically close to / matches `expected`."""
+
+    expected: Any = None
+    mode: Literal["exact", "numeric", "regex", "contains"] = "exact"
+    tolerance: float = Field(default=1e-6, ge=0)
+    rel_tolerance: float = Field(default=0.0, ge=0)
+    case_sensitive: bool = False
+    source: str = "output"
+
+
+class SqlResultMatchParams(CamelModel):
+    """`sql_result_match`: the submitted rows equal a reference query's rows (or given rows)."""
+
+    query: str | None = None
+    rows: list[Any] | None = None
+    order_matters: bool | None = None
+
+
+class TestsPassParams(CamelModel):
+    """`tests_pass`: the task's tests pass on the final files, run in the sandbox."""
+
+    __test__ = False  # not a pytest class, despite the name
+
+    command: list[str] | str | None = None
+    files: dict[str, str] | None = None
+
+
+class UrlReachedParams(CamelModel):
+    """`url_reached`: the browser visited (or ended on) a URL."""
+
+    url: str | None = None
+    mode: Literal["visited", "final"] = "visited"
+    match: Literal["exact", "prefix", "regex"] = "exact"
+
+
+class FormSubmittedParams(CamelModel):
+    """`form_submitted`: a form was submitted, optionally with these field values."""
+
+    form: str | None = None
+    fields: dict[str, Any] | None = None
+    min_count: int = Field(default=1, ge=1)
+
+
+class ToolCallOrderParams(CamelModel):
+    """`tool_call_order`: the tools were called in this order (subsequence, or exactly)."""
+
+    tools: list[str] = Field(min_length=1)
+    exact: bool = False
+
+
+PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
+    "state_match": StateMatchParams,
+    "contains_terms": ContainsTermsParams,
+    "tool_was_called": ToolWasCalledParams,
+    "no_tool_errors": NoToolErrorsParams,
+    "final_answer_match": FinalAnswerMatchParams,
+    "sql_result_match": SqlResultMatchParams,
+    "tests_pass": TestsPassParams,
+    "url_reached": UrlReachedParams,
+    "form_submitted": FormSubmittedParams,
+    "tool_call_order": ToolCallOrderParams,
+}
+
+
+# ---------------------------------------------------------------- tasks and the env
+
+
+class TaskSpec(BaseModel):
+    """One task: what the agent is told, and what only the verifier sees."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    instruction: str
+    hidden_ground_truth: Any = None
+    input: dict[str, Any] | None = None
+    split: str = "train"
+    id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvironmentSpec(BaseModel):
+    """A whole environment as pushed and stored: the config stays the raw camelCase dict."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    slug: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    name: str = ""
+    template: str
+    description: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    tasks: list[TaskSpec] = Field(default_factory=list)
+    verifier: VerifierSpec | None = None
+    _typed: Any = PrivateAttr(default=None)
+
+    @field_validator("template", mode="before")
+    @classmethod
+    def _template_alias(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return TEMPLATE_ALIASES.get(value.lower(), value)
+        return value
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Dump with camelCase keys (the wire and storage form)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def canonical_json(self) -> str:
+        """Deterministic JSON: sorted keys, no whitespace, so equal specs hash equally."""
+        return json.dumps(
+            self.to_json_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+
+    def spec_hash(self) -> str:
+        """sha256 of the canonical JSON: the content address of this spec version."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def typed_config(self) -> CamelModel:
+        """Parse `config` with the template's model (raises pydantic.ValidationError).
+
+        The parsed config is cached on the spec: treat a spec as immutable once built.
+        """
+        if self._typed is not None:
+            return self._typed
+        model = TEMPLATE_CONFIGS.get(self.template)
+        if model is None:
+            raise ValueError(f"unknown template {self.template!r}")
+        self._typed = model.model_validate(self.config)
+        return self._typed

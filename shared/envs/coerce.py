@@ -1,0 +1,79 @@
+"""Turn what callers hand us (SDK Environment, spec, dict; Task, dict, index) into specs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
+
+
+def loc_path(loc: tuple[Any, ...] | list[Any], prefix: str = "") -> str:
+    """A pydantic error location as a config path: `config.tools[1].fromArray`."""
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def pydantic_problems(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One `path: message` line per pydantic error."""
+    problems = []
+    for err in exc.errors():
+        msg = err["msg"]
+        for noise in ("Value error, ", "Assertion failed, "):
+            if msg.startswith(noise):
+                msg = msg[len(noise) :]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling)"
+        problems.append(f"{loc_path(err['loc'], prefix)}: {msg}")
+    return problems
+
+
+def raw_environment(env: Any) -> dict[str, Any]:
+    """The camelCase dict form of an Environment, EnvironmentSpec or dict (not validated)."""
+    if isinstance(env, EnvironmentSpec):
+        return env.to_json_dict()
+    if hasattr(env, "to_raw") and callable(env.to_raw):
+        return env.to_raw()
+    if isinstance(env, dict):
+        return env
+    raise RolloutError(
+        f"expected an Environment, an EnvironmentSpec or a dict, got {type(env).__name__}"
+    )
+
+
+def as_spec(env: Any) -> EnvironmentSpec:
+    """Validate into an EnvironmentSpec; RolloutError listing every problem otherwise."""
+    if isinstance(env, EnvironmentSpec):
+        return env
+    raw = raw_environment(env)
+    try:
+        return EnvironmentSpec.model_validate(raw)
+    except ValidationError as exc:
+        slug = raw.get("slug") if isinstance(raw, dict) else None
+        raise RolloutError(
+            f"environment {slug!r} is invalid", problems=pydantic_problems(exc)
+        ) from None
+
+
+def as_task(spec: EnvironmentSpec, task: Any) -> TaskSpec:
+    """A TaskSpec from a TaskSpec/Task, a dict, or an index into the spec's tasks."""
+    if isinstance(task, TaskSpec):
+        return task
+    if isinstance(task, int) and not isinstance(task, bool):
+        if not 0 <= task < len(spec.tasks):
+            raise RolloutError(
+                f"task index {task} out of range: {spec.slug!r} has {len(spec.tasks)} task(s)"
+            )
+        return spec.tasks[task]
+    if isinstance(task, dict):
+        try:
+            return TaskSpec.model_validate(task)
+        except ValidationError as exc:
+            raise RolloutError("invalid task", problems=pydantic_problems(exc, "task")) from None
+    raise RolloutError(f"expected a Task, a dict or an index, got {type(task).__name__}")

@@ -1,0 +1,76 @@
+"""Public engine entry points: build a runtime for (spec, task); score a trajectory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import TEMPLATES
+from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory, VerifierResult
+from rollout.shared.envs.coerce import as_spec, as_task, pydantic_problems
+from rollout.shared.envs.runtime import EnvRuntime
+from rollout.shared.envs.templates import RUNTIMES
+from rollout.shared.envs.templates.plugin import PluginError
+from rollout.shared.envs.verifiers.engine import score_spec
+
+
+def build_runtime(spec: Any, task: Any) -> EnvRuntime:
+    """Start one episode of `spec` on `task` (Task, dict or index); RolloutError if invalid.
+
+    The returned runtime is used from async code: `await rt.call_tool(...)`, `await rt.close()`.
+    """
+    env = as_spec(spec)
+    t = as_task(env, task)
+    runtime_cls = RUNTIMES.get(env.template)
+    if runtime_cls is None:
+        raise RolloutError(f"unknown template {env.template!r} (known: {', '.join(TEMPLATES)})")
+    try:
+        config = env.typed_config()
+    except ValidationError as exc:
+        raise RolloutError(
+            f"environment {env.slug!r}: invalid config",
+            problems=pydantic_problems(exc, "config"),
+        ) from None
+    try:
+        return runtime_cls(env, t, config)
+    except PluginError as exc:
+        raise RolloutError(f"environment {env.slug!r}: config.entrypoint: {exc}") from None
+    except Exception as exc:  # e.g. the sql schema fails: name it, never a traceback
+        raise RolloutError(
+            f"environment {env.slug!r}: cannot start the {env.template} runtime: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+async def score(spec: Any, task: Any, trajectory: Trajectory) -> VerifierResult:
+    """Score a trajectory (async: `tests_pass` runs the tests in the sandbox)."""
+    env = as_spec(spec)
+    return await score_spec(env, as_task(env, task), trajectory)
+
+
+async def run_tool_script(
+    spec: Any,
+    task: Any,
+    calls: Iterable[tuple[str, dict[str, Any]]],
+    final_output: str | None = None,
+) -> Trajectory:
+    """Replay a fixed list of tool calls against a fresh runtime and return the trajectory.
+
+    Handy for tests, benchmarks and checking ground truths without a model.
+    """
+    runtime = build_runtime(spec, task)
+    records: list[ToolCallRecord] = []
+    try:
+        for i, (name, args) in enumerate(calls):
+            result = await runtime.call_tool(name, args)
+            records.append(
+                ToolCallRecord(
+                    index=i, name=name, arguments=args, result=result.output, error=result.error
+                )
+            )
+        state = runtime.final_state()
+    finally:
+        await runtime.close()
+    return Trajectory(tool_calls=records, final_output=final_output, final_state=state)

@@ -1,0 +1,109 @@
+"""Load the Environments a user's .py file defines; errors name the file and line, no traceback."""
+
+from __future__ import annotations
+
+import contextvars
+import importlib.util
+import sys
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+
+# The directory of the env file being loaded: Task.from_jsonl resolves relative paths
+# against it when they are not found from the working directory.
+LOADING_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "rollout_loading_dir", default=None
+)
+
+
+def _user_frame(exc: BaseException, path: Path) -> int | None:
+    """The last line of the user's file in the exception's traceback."""
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        try:
+            if Path(frame.filename).resolve() == path:
+                line = frame.lineno
+        except OSError:
+            continue
+    return line
+
+
+def _collect(namespace: dict[str, Any]) -> list[Any]:
+    from rollout.environment import Environment
+
+    found: list[Any] = []
+    seen: set[int] = set()
+
+    def add(obj: Any) -> None:
+        if isinstance(obj, Environment) and id(obj) not in seen:
+            seen.add(id(obj))
+            found.append(obj)
+
+    for name, value in namespace.items():
+        if name.startswith("__"):
+            continue
+        if isinstance(value, list | tuple):
+            for item in value:
+                add(item)
+        else:
+            add(value)
+    return found
+
+
+def load_environments(path: str | Path) -> list[Any]:
+    """Run a user's environment file and return every Environment it defines at module level."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise RolloutError(f"{file}: no such file")
+    if file.is_dir():
+        raise RolloutError(f"{file}: is a directory, expected a .py file")
+    file = file.resolve()
+    if file.suffix != ".py":
+        raise RolloutError(f"{file}: expected a .py file")
+    module_name = f"_rollout_env_{file.stem}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise RolloutError(f"{file}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Plugin modules and helpers next to the env file import as they would for `python file.py`.
+    folder = str(file.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    token = LOADING_DIR.set(file.parent)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        where = f"{file}:{exc.lineno}" if exc.lineno else str(file)
+        raise RolloutError(f"{where}: syntax error: {exc.msg}") from None
+    except RolloutError as exc:
+        line = _user_frame(exc, file)
+        where = f"{file}:{line}" if line else str(file)
+        raise RolloutError(f"{where}: {exc.message}", problems=exc.problems) from None
+    except SystemExit as exc:
+        raise RolloutError(f"{file}: called sys.exit({exc.code!r}) while loading") from None
+    except Exception as exc:
+        line = _user_frame(exc, file)
+        where = f"{file}:{line}" if line else str(file)
+        raise RolloutError(f"{where}: {type(exc).__name__}: {exc}") from None
+    finally:
+        LOADING_DIR.reset(token)
+        sys.modules.pop(module_name, None)
+    envs = _collect(vars(module))
+    if not envs:
+        raise RolloutError(f"{file}: defines no Environment (assign one at module level)")
+    return envs
+
+
+def select_environment(envs: list[Any], slug: str | None) -> list[Any]:
+    """All environments, or the one whose slug is `slug` (RolloutError naming the choices)."""
+    if slug is None:
+        return envs
+    chosen = [e for e in envs if getattr(e, "slug", None) == slug]
+    if not chosen:
+        slugs = ", ".join(repr(getattr(e, "slug", None)) for e in envs)
+        raise RolloutError(f"no environment with slug {slug!r} (found: {slugs})")
+    return chosen

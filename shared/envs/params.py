@@ -1,0 +1,137 @@
+"""Tool parameter schemas: the seed's short form (`{"id": "string"}`) or full JSON Schema.
+
+Short form: each key is an argument, each value a type name (`string`, `number`, `integer`,
+`boolean`, `array`, `object`, `any`; a trailing `?` makes it optional) or a dict with `type`
+and `description`. Arguments are checked before a tool runs, so a malformed call becomes a tool
+error the model can read, never an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TYPES = ("string", "number", "integer", "boolean", "array", "object", "any")
+
+
+def is_json_schema(schema: dict[str, Any]) -> bool:
+    """True when the schema is already a JSON Schema object (not the short form)."""
+    return schema.get("type") == "object" and isinstance(schema.get("properties"), dict)
+
+
+def schema_problems(schema: Any) -> list[tuple[str, str]]:
+    """(sub-path, message) pairs for a paramsSchema that cannot be used."""
+    if schema is None:
+        return []
+    if not isinstance(schema, dict):
+        return [("", f"must be an object, got {type(schema).__name__}")]
+    if is_json_schema(schema):
+        problems = []
+        for name, prop in schema["properties"].items():
+            if not isinstance(prop, dict):
+                problems.append((f"properties.{name}", "must be an object"))
+            elif "type" in prop and _type_name(prop["type"]) is None:
+                problems.append((f"properties.{name}.type", f"unknown type {prop['type']!r}"))
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            problems.append(("required", "must be a list of argument names"))
+        return problems
+    problems = []
+    for name, spec in schema.items():
+        type_name = spec.get("type", "any") if isinstance(spec, dict) else spec
+        if isinstance(spec, dict) and not isinstance(spec.get("description", ""), str):
+            problems.append((f"{name}.description", "must be a string"))
+        if _type_name(type_name) is None:
+            allowed = ", ".join(TYPES)
+            problems.append((str(name), f"unknown type {type_name!r} (use one of: {allowed})"))
+    return problems
+
+
+def _type_name(value: Any) -> str | None:
+    if isinstance(value, list):  # JSON Schema unions like ["string", "null"]
+        names = [_type_name(v) for v in value]
+        return None if None in names else "any"
+    if not isinstance(value, str):
+        return None
+    base = value[:-1] if value.endswith("?") else value
+    if base == "null":
+        return "any"
+    return base if base in TYPES else None
+
+
+def to_json_schema(schema: dict[str, Any] | None, inferred: list[str] | None = None) -> dict:
+    """The JSON Schema offered to the model; with no schema, the inferred arg names, untyped."""
+    if schema is None:
+        props = {name: {"description": f"value for {name}"} for name in inferred or []}
+        return {"type": "object", "properties": props, "required": list(props)}
+    if is_json_schema(schema):
+        return schema
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for name, spec in schema.items():
+        desc = ""
+        type_name = spec
+        if isinstance(spec, dict):
+            type_name = spec.get("type", "any")
+            desc = spec.get("description", "")
+        optional = isinstance(type_name, str) and type_name.endswith("?")
+        base = _type_name(type_name) or "any"
+        prop: dict[str, Any] = {} if base == "any" else {"type": base}
+        if desc:
+            prop["description"] = desc
+        props[name] = prop
+        if not optional:
+            required.append(name)
+    return {"type": "object", "properties": props, "required": required}
+
+
+def _matches(value: Any, type_name: str) -> bool:
+    if type_name == "any":
+        return True
+    if type_name == "string":
+        return isinstance(value, str)
+    if type_name == "boolean":
+        return isinstance(value, bool)
+    if type_name == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
+        )
+    if type_name == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if type_name == "array":
+        return isinstance(value, list)
+    if type_name == "object":
+        return isinstance(value, dict)
+    return True
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def argument_errors(json_schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
+    """What is wrong with a call's arguments under the schema (empty when fine)."""
+    errors = []
+    props = json_schema.get("properties", {})
+    for name in json_schema.get("required", []):
+        if name not in arguments:
+            errors.append(f"missing required argument {name!r}")
+    for name, value in arguments.items():
+        prop = props.get(name)
+        if not isinstance(prop, dict) or "type" not in prop:
+            continue
+        type_name = _type_name(prop["type"]) or "any"
+        if value is None and isinstance(prop["type"], list) and "null" in prop["type"]:
+            continue
+        if not _matches(value, type_name):
+            errors.append(f"argument {name!r} must be {type_name}, got {_json_type(value)}")
+    return errors

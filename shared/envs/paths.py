@@ -1,0 +1,189 @@
+"""Dot paths into JSON-like state: `a.b`, `x.length`, `x[0]`, `x[-1]`, `files["main.py"]`, `x[]`."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+# One segment: a bare key, or a bracket holding an int, a quoted key, or nothing (append).
+_BRACKET = re.compile(r"""\[\s*(?:(-?\d+)|"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|())\s*\]""")
+_INT = re.compile(r"-?[0-9]+")  # ASCII only: str.isdigit() also accepts "²"
+APPEND = object()  # the `[]` segment: append when setting
+
+
+class PathError(ValueError):
+    """A path that does not parse or does not resolve; the message names where it stopped."""
+
+
+def parse_path(path: str) -> list[str | int | object]:
+    """Split a path into keys (str), indexes (int) and APPEND markers."""
+    if not isinstance(path, str):
+        raise PathError(f"path must be a string, got {type(path).__name__}")
+    if path == "":
+        raise PathError("empty path")
+    segments: list[str | int | object] = []
+    i, n = 0, len(path)
+    expect_key = True
+    while i < n:
+        ch = path[i]
+        if ch == "[":
+            m = _BRACKET.match(path, i)
+            if not m:
+                raise PathError(f"{path!r}: bad bracket at position {i}")
+            if m.group(1) is not None:
+                segments.append(int(m.group(1)))
+            elif m.group(2) is not None:
+                segments.append(_unescape(m.group(2)))
+            elif m.group(3) is not None:
+                segments.append(_unescape(m.group(3)))
+            else:
+                segments.append(APPEND)
+            i = m.end()
+            expect_key = False
+            continue
+        if ch == ".":
+            if expect_key:
+                raise PathError(f"{path!r}: empty segment at position {i}")
+            i += 1
+            expect_key = True
+            if i == n:
+                raise PathError(f"{path!r}: ends with '.'")
+            continue
+        if not expect_key:
+            raise PathError(f"{path!r}: expected '.' or '[' at position {i}")
+        j = i
+        while j < n and path[j] not in ".[":
+            if path[j] == "]":
+                raise PathError(f"{path!r}: unmatched ']' at position {j}")
+            j += 1
+        segments.append(path[i:j])
+        i = j
+        expect_key = False
+    if APPEND in segments[:-1]:
+        raise PathError(f"{path!r}: '[]' (append) may only end a path")
+    return segments
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def format_path(segments: list[Any]) -> str:
+    """Inverse of parse_path for display."""
+    out = ""
+    for seg in segments:
+        if seg is APPEND:
+            out += "[]"
+        elif isinstance(seg, int):
+            out += f"[{seg}]"
+        elif re.fullmatch(r"[^.\[\]\"']+", seg) and not _INT.fullmatch(seg):
+            out += ("." if out else "") + seg
+        else:
+            out += '["' + seg.replace("\\", "\\\\").replace('"', '\\"') + '"]'
+    return out
+
+
+def _step(value: Any, seg: Any, done: list[Any]) -> Any:
+    where = format_path(done)
+    if isinstance(seg, int):
+        if isinstance(value, list | tuple | str):
+            if -len(value) <= seg < len(value):
+                return value[seg]
+            raise PathError(f"{where or '<root>'}: index {seg} out of range (length {len(value)})")
+        if isinstance(value, dict) and str(seg) in value:
+            return value[str(seg)]
+        raise PathError(f"{where or '<root>'}: cannot index {type(value).__name__} with [{seg}]")
+    if seg is APPEND:
+        raise PathError(f"{where or '<root>'}: '[]' only works when setting a value")
+    if isinstance(value, dict):
+        if seg in value:
+            return value[seg]
+        if seg == "length":
+            return len(value)
+        raise PathError(f"{where or '<root>'}: no key {seg!r}")
+    if isinstance(value, list | tuple | str):
+        if seg == "length":
+            return len(value)
+        if _INT.fullmatch(seg):
+            return _step(value, int(seg), done)
+        raise PathError(f"{where or '<root>'}: {type(value).__name__} has no key {seg!r}")
+    raise PathError(f"{where or '<root>'}: cannot read {seg!r} from {type(value).__name__}")
+
+
+class _Miss(Exception):
+    """The fast path could not resolve a segment; the slow path explains why."""
+
+
+def _step_fast(value: Any, seg: Any) -> Any:
+    # The common cases without building error text; anything unusual goes the slow way.
+    if isinstance(value, dict):
+        if isinstance(seg, str) and seg in value:
+            return value[seg]
+    elif isinstance(value, list) and isinstance(seg, int) and -len(value) <= seg < len(value):
+        return value[seg]
+    raise _Miss
+
+
+def resolve_path(value: Any, path: str | list[Any]) -> Any:
+    """Follow a path; raise PathError naming the first segment that does not resolve."""
+    segments = parse_cached(path) if isinstance(path, str) else path
+    for i, seg in enumerate(segments):
+        try:
+            value = _step_fast(value, seg)
+        except _Miss:
+            value = _step(value, seg, list(segments[:i]))
+    return value
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_cached(path: str) -> tuple[Any, ...]:
+    """parse_path memoised (as a tuple): hot paths resolve the same strings over and over."""
+    return tuple(parse_path(path))
+
+
+_MISSING = object()
+
+
+def get_path(value: Any, path: str, default: Any = None) -> Any:
+    """Follow a path, returning `default` when it does not resolve."""
+    try:
+        return resolve_path(value, path)
+    except PathError:
+        return default
+
+
+def has_path(value: Any, path: str) -> bool:
+    """True when the path resolves."""
+    return get_path(value, path, _MISSING) is not _MISSING
+
+
+def set_path(root: dict[str, Any], path: str, value: Any) -> None:
+    """Set a value at a path, creating dicts on the way; a final `[]` appends to a list."""
+    segments = parse_cached(path)
+    target: Any = root
+    for i, seg in enumerate(segments[:-1]):
+        nxt = segments[i + 1]
+        if isinstance(target, dict) and isinstance(seg, str):
+            if seg not in target:
+                target[seg] = [] if nxt is APPEND else {}
+            target = target[seg]
+        elif isinstance(target, list) and isinstance(seg, int):
+            target = _step(target, seg, list(segments[:i]))
+        else:
+            where = format_path(list(segments[:i])) or "<root>"
+            raise PathError(f"{where}: cannot descend into {type(target).__name__}")
+    last = segments[-1]
+    where = format_path(list(segments[:-1]))
+    if last is APPEND:
+        if not isinstance(target, list):
+            raise PathError(f"{where or '<root>'}: cannot append to {type(target).__name__}")
+        target.append(value)
+    elif isinstance(target, dict) and isinstance(last, str):
+        target[last] = value
+    elif isinstance(target, list) and isinstance(last, int):
+        if not -len(target) <= last < len(target):
+            raise PathError(f"{where}: index {last} out of range (length {len(target)})")
+        target[last] = value
+    else:
+        raise PathError(f"{where or '<root>'}: cannot set {last!r} on {type(target).__name__}")

@@ -1,0 +1,497 @@
+"""Run untrusted commands (an environment's test suite) inside a bubblewrap sandbox.
+
+The sandbox has no network, a read-only view of the system and of the Python installation, a
+private ``/tmp``, a minimal ``/proc`` and ``/dev``, and the work directory bound read-write as the
+current directory. Limits: CPU seconds, address space, processes, file size and output size are
+enforced by the kernel or by the reader here; the wall timeout kills the whole pid namespace.
+
+RLIMIT_NPROC is counted per user and never enforced for root, so when the caller is root the
+command is dropped to a fresh unprivileged uid inside the sandbox (the work directory is handed to
+that uid for the run and given back afterwards). A missing or unusable ``bwrap`` raises
+:class:`SandboxUnavailable`; nothing ever runs unsandboxed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import structlog
+from pydantic import BaseModel, Field
+from rollout.errors import RolloutError
+
+log = structlog.get_logger(__name__)
+
+BWRAP_ENV_VAR = "ROLLOUT_BWRAP"
+"""Environment variable naming the bwrap binary (a path or a name looked up on PATH)."""
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Kill the sandbox once it has produced this many times its output budget: it is not going to
+# stop by itself, and draining it forever would only burn CPU.
+_OUTPUT_KILL_FACTOR = 2
+_READ_CHUNK = 65536
+# After a kill the kernel tears the pid namespace down asynchronously; wait this long for the
+# pipes to close before giving up on the tail of the output.
+_DRAIN_AFTER_KILL_S = 5.0
+# Fresh uids for root callers come from a high range no distribution hands out.
+_UID_BASE = 1_500_000_000
+_UID_SPAN = 1 << 24
+_uids_in_use: set[int] = set()
+
+# Runs inside the sandbox (as root only when the caller is root, with just CAP_SETUID/SETGID):
+# apply the rlimits, drop to the sandbox uid, then exec the user's command.
+_LAUNCHER = r"""
+import os, resource, sys
+uid, cpu, mem, nproc, fsize = (int(a) for a in sys.argv[1:6])
+workdir, cmd = sys.argv[6], sys.argv[7:]
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+if uid >= 0:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+# Lowered only after setuid: setuid itself is refused while the target uid is over its limit.
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+# Entered as the sandbox uid: root without capabilities may not enter a 0700 work dir.
+os.chdir(workdir)
+try:
+    os.execvp(cmd[0], cmd)
+except OSError as exc:
+    sys.stderr.write("sandbox: cannot run %r: %s\n" % (cmd[0], exc.strerror))
+    os._exit(127)
+"""
+
+
+class SandboxLimits(BaseModel):
+    """Resource limits for one sandboxed command."""
+
+    cpu_seconds: int = Field(10, ge=1, description="CPU time per process (RLIMIT_CPU).")
+    memory_mb: int = Field(512, ge=16, description="Address space per process; /tmp size.")
+    max_processes: int = Field(64, ge=1, description="Processes/threads of the sandbox user.")
+    max_output_bytes: int = Field(1_000_000, ge=1, description="Kept per stream; then truncated.")
+    wall_seconds: float = Field(30, gt=0, description="Wall-clock limit; the sandbox is killed.")
+    max_file_bytes: int = Field(100_000_000, ge=1, description="Largest file it may write.")
+
+
+class SandboxResult(BaseModel):
+    """What a sandboxed command did: exit status, captured output and which limit stopped it."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    killed_reason: str | None
+    output_truncated: bool
+    duration_s: float
+
+
+class SandboxUnavailable(RolloutError):
+    """bubblewrap is missing or cannot create a sandbox here; nothing was run."""
+
+
+def find_bwrap() -> str:
+    """Return the bwrap binary to use or raise SandboxUnavailable naming what is missing."""
+    wanted = os.environ.get(BWRAP_ENV_VAR) or "bwrap"
+    found = shutil.which(wanted)
+    if found is None:
+        raise SandboxUnavailable(
+            f"bubblewrap ('{wanted}') was not found on PATH; the code sandbox needs it to run "
+            "tests without network or write access to the system. Install the 'bubblewrap' "
+            f"package (or set {BWRAP_ENV_VAR} to its path). Refusing to run the command "
+            "unsandboxed."
+        )
+    return found
+
+
+class _Layout:
+    """bwrap mount arguments; parent directories are created world-traversable.
+
+    bwrap creates missing parents of a mount point with mode 0700, which the unprivileged
+    sandbox uid could not enter, so every parent outside an existing mount gets ``--dir`` first.
+    """
+
+    def __init__(self) -> None:
+        self.args: list[str] = []
+        self.trees: list[Path] = []  # host trees bound in: their subdirectories already exist
+        self.dirs: set[Path] = {Path("/")}  # single directories that exist inside
+
+    def covered(self, path: Path) -> bool:
+        """True when path is already inside a bound host tree."""
+        return any(path == t or t in path.parents for t in self.trees)
+
+    def _parents(self, dest: Path) -> None:
+        for parent in reversed(dest.parents):
+            if parent not in self.dirs and not self.covered(parent):
+                self.args += ["--perms", "0755", "--dir", str(parent)]
+                self.dirs.add(parent)
+
+    def mount(self, kind: str, src: Path | None, dest: Path, *extra: str) -> None:
+        """Add one mount (kind is a bwrap option such as --ro-bind or --tmpfs)."""
+        self._parents(dest)
+        self.args += [*extra, kind, *([str(src)] if src is not None else []), str(dest)]
+        if src is not None:
+            self.trees.append(dest)
+        else:
+            self.dirs.add(dest)
+
+    def symlink(self, target: str, dest: Path) -> None:
+        """Recreate a host symlink inside the sandbox."""
+        self.args += ["--symlink", target, str(dest)]
+        self.dirs.add(dest)
+
+    def copy(self) -> _Layout:
+        """An independent copy to extend with per-run mounts."""
+        other = _Layout()
+        other.args, other.trees, other.dirs = list(self.args), list(self.trees), set(self.dirs)
+        return other
+
+
+@functools.cache
+def _system_layout() -> _Layout:
+    """Read-only views of the OS and the Python installation that commands need."""
+    layout = _Layout()
+    layout.mount("--ro-bind", Path("/usr"), Path("/usr"))
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = Path("/") / name
+        if host.is_symlink():
+            # Merged-/usr systems: recreate the link instead of binding a second copy.
+            layout.symlink(os.readlink(host), host)
+        elif host.is_dir():
+            layout.mount("--ro-bind", host, host)
+    # Only what dynamic linking, name lookup and Debian's alternatives need; no secrets.
+    for name in _ETC_ENTRIES:
+        host = Path("/etc") / name
+        if host.exists():
+            layout.mount("--ro-bind", host, host)
+    for prefix in _python_prefixes():
+        if not layout.covered(prefix):
+            layout.mount("--ro-bind", prefix.resolve(), prefix)
+    return layout
+
+
+_ETC_ENTRIES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "localtime",
+    "mime.types",
+    "ssl",
+    "ca-certificates",
+)
+
+
+def _python_prefixes() -> list[Path]:
+    """The interpreter's installation and the virtualenv, so sys.executable works inside."""
+    prefixes = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
+    prefixes.add(Path(sys.executable).resolve().parent.parent)
+    # A venv reached through a symlink keeps its unresolved spelling in sys.executable.
+    prefixes.add(Path(os.path.abspath(sys.prefix)))
+    return sorted(prefixes, key=lambda p: len(p.parts))
+
+
+def _bwrap_argv(
+    bwrap: str,
+    command: list[str],
+    workdir: Path,
+    limits: SandboxLimits,
+    sandbox_uid: int,
+) -> list[str]:
+    """Assemble the bwrap command line: namespaces, mounts, then the launcher and command."""
+    argv = [bwrap, "--die-with-parent", "--new-session"]
+    if os.geteuid() == 0:
+        # Root: no user namespace (it would map to root, which RLIMIT_NPROC ignores); keep only
+        # what the launcher needs to drop to the sandbox uid. bwrap sets no_new_privs.
+        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        argv += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--hostname", "sandbox"]
+    layout = _system_layout().copy()
+    layout.mount("--proc", None, Path("/proc"))
+    layout.mount("--dev", None, Path("/dev"))
+    tmp_size = str(limits.memory_mb * 1024 * 1024)
+    layout.mount("--tmpfs", None, Path("/tmp"), "--perms", "1777", "--size", tmp_size)
+    layout.mount("--bind", workdir, workdir)
+    # The root itself is a tmpfs owned by the sandbox user in a user namespace: freeze it so
+    # /tmp (size-capped) and the work dir are the only writable places.
+    argv += [*layout.args, "--remount-ro", "/"]
+    argv += ["--chdir", "/", "--", sys.executable, "-I", "-S", "-c", _LAUNCHER]
+    argv += [
+        str(sandbox_uid),
+        str(limits.cpu_seconds),
+        str(limits.memory_mb * 1024 * 1024),
+        str(limits.max_processes),
+        str(limits.max_file_bytes),
+        str(workdir),
+    ]
+    return argv + list(command)
+
+
+def _sandbox_env(workdir: Path, extra: dict[str, str] | None) -> dict[str, str]:
+    """The whole environment the command sees: nothing leaks from the host."""
+    env = {
+        "PATH": SANDBOX_PATH,
+        "HOME": str(workdir),
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    env.update(extra or {})
+    return env
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Give every entry under root (not following links) to uid:gid."""
+    os.lchown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            with contextlib.suppress(FileNotFoundError):
+                os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+@contextlib.asynccontextmanager
+async def _sandbox_user(workdir: Path) -> AsyncIterator[int]:
+    """Yield the uid the command runs as (-1: keep the caller's) and own workdir meanwhile."""
+    if os.geteuid() != 0:
+        # Unprivileged callers get a user namespace; RLIMIT_NPROC counts per namespace there.
+        yield -1
+        return
+    while True:
+        uid = _UID_BASE + random.randrange(_UID_SPAN)
+        if uid not in _uids_in_use:
+            break
+    _uids_in_use.add(uid)
+    st = await asyncio.to_thread(workdir.stat)
+    try:
+        await asyncio.to_thread(_chown_tree, workdir, uid, uid)
+        yield uid
+    finally:
+        _uids_in_use.discard(uid)
+        await asyncio.to_thread(_chown_tree, workdir, st.st_uid, st.st_gid)
+
+
+class _Capture:
+    """Incremental reader of both streams with a per-stream byte budget."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        self.kept = {"stdout": 0, "stderr": 0}
+        self.seen = 0
+        self.truncated = False
+        self.over_limit = asyncio.Event()
+
+    async def pump(self, name: str, stream: asyncio.StreamReader) -> None:
+        """Read one stream to EOF, keeping at most `limit` bytes of it."""
+        while chunk := await stream.read(_READ_CHUNK):
+            self.seen += len(chunk)
+            room = self.limit - self.kept[name]
+            if room > 0:
+                part = chunk[:room]
+                self.chunks[name].append(part)
+                self.kept[name] += len(part)
+            if len(chunk) > max(room, 0):
+                self.truncated = True
+            if self.seen > _OUTPUT_KILL_FACTOR * self.limit:
+                self.over_limit.set()
+
+    def text(self, name: str) -> str:
+        """The kept bytes of one stream decoded, invalid UTF-8 replaced."""
+        return b"".join(self.chunks[name]).decode("utf-8", errors="replace")
+
+
+def _killed_reason(exit_code: int) -> str | None:
+    """Name the kernel limit behind a signal death reported by bwrap as 128+signal."""
+    if exit_code == 128 + signal.SIGXCPU:
+        return "cpu_limit"
+    if exit_code == 128 + signal.SIGXFSZ:
+        return "file_size_limit"
+    return None
+
+
+def _wait_uid_gone(uid: int, deadline_s: float) -> bool:
+    """Poll /proc until no process runs as uid; False if some still do at the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        alive = False
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    alive = alive or os.stat(f"/proc/{entry}").st_uid == uid
+        if not alive:
+            return True
+        if time.monotonic() > end:
+            log.warning("sandbox.uid_still_running", uid=uid)
+            return False
+        time.sleep(0.01)
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL bwrap's process group; --die-with-parent then takes the pid namespace down."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _resolve_workdir(workdir: Path) -> Path:
+    """The absolute work directory, or a clear error when it is not a directory."""
+    resolved = Path(workdir).resolve()
+    if not resolved.is_dir():
+        raise RolloutError(f"sandbox workdir {str(workdir)!r} is not a directory")
+    return resolved
+
+
+async def run_sandboxed(
+    command: list[str],
+    workdir: Path,
+    limits: SandboxLimits | None = None,
+    env: dict[str, str] | None = None,
+) -> SandboxResult:
+    """Run command in a bubblewrap sandbox with workdir as its writable cwd."""
+    if not command or not all(isinstance(a, str) for a in command):
+        raise RolloutError("sandbox command must be a non-empty list of strings")
+    limits = limits or SandboxLimits()
+    workdir = _resolve_workdir(workdir)
+    bwrap = find_bwrap()
+    await _check_usable(bwrap, workdir)
+    async with _sandbox_user(workdir) as uid:
+        return await _run(bwrap, command, workdir, limits, _sandbox_env(workdir, env), uid)
+
+
+async def _run(
+    bwrap: str,
+    command: list[str],
+    workdir: Path,
+    limits: SandboxLimits,
+    env: dict[str, str],
+    uid: int,
+) -> SandboxResult:
+    """Start bwrap, pump its output, enforce the wall and output limits, collect the result."""
+    argv = _bwrap_argv(bwrap, command, workdir, limits, uid)
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    capture = _Capture(limits.max_output_bytes)
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = asyncio.gather(
+        capture.pump("stdout", proc.stdout), capture.pump("stderr", proc.stderr)
+    )
+    exited = asyncio.ensure_future(proc.wait())
+    over = asyncio.ensure_future(capture.over_limit.wait())
+    killed_reason: str | None = None
+    timed_out = killed = False
+    try:
+        done, _ = await asyncio.wait(
+            {exited, over}, timeout=limits.wall_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+        if exited not in done:
+            timed_out = over not in done
+            killed_reason = "wall_timeout" if timed_out else "output_limit"
+            _kill_group(proc)
+            killed = True
+            await exited
+        try:
+            # Grandchildren may still hold the pipes for a moment while the namespace dies.
+            await asyncio.wait_for(asyncio.shield(readers), _DRAIN_AFTER_KILL_S)
+        except TimeoutError:
+            _kill_group(proc)
+            killed = capture.truncated = True
+    finally:
+        if proc.returncode is None:
+            _kill_group(proc)
+            killed = True
+            await exited
+        if killed and uid >= 0:
+            # The namespace dies asynchronously after a kill; the work dir is only handed back
+            # once nothing runs as the sandbox uid any more.
+            await asyncio.to_thread(_wait_uid_gone, uid, _DRAIN_AFTER_KILL_S)
+        over.cancel()
+        readers.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await readers
+    duration = time.monotonic() - started
+    exit_code = None if killed_reason else proc.returncode
+    if exit_code is not None:
+        killed_reason = _killed_reason(exit_code)
+    result = SandboxResult(
+        exit_code=exit_code,
+        stdout=capture.text("stdout"),
+        stderr=capture.text("stderr"),
+        timed_out=timed_out,
+        killed_reason=killed_reason,
+        output_truncated=capture.truncated,
+        duration_s=duration,
+    )
+    log.debug(
+        "sandbox.run",
+        command=command[0],
+        exit_code=result.exit_code,
+        killed_reason=result.killed_reason,
+        duration_s=round(duration, 3),
+    )
+    return result
+
+
+_usable: dict[tuple[str, int], str | None] = {}
+
+
+async def _check_usable(bwrap: str, probe_dir: Path) -> None:
+    """Probe once per binary that bwrap can build our sandbox here (namespaces allowed)."""
+    key = (bwrap, os.geteuid())
+    if key not in _usable:
+        argv = _bwrap_argv(bwrap, ["true"], probe_dir, SandboxLimits(), -1)
+        # The launcher is not needed to know whether the namespaces and mounts work.
+        argv = argv[: argv.index("--") + 1] + ["/bin/true"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=_sandbox_env(probe_dir, None),
+            start_new_session=True,
+        )
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+        except TimeoutError:
+            _kill_group(proc)
+            await proc.wait()
+            err = b"timed out creating the sandbox"
+        _usable[key] = None if proc.returncode == 0 else err.decode(errors="replace").strip()
+    problem = _usable[key]
+    if problem is not None:
+        raise SandboxUnavailable(
+            f"bubblewrap at {bwrap!r} cannot create a sandbox on this machine ({problem}); "
+            "user or network namespaces may be disabled. Refusing to run unsandboxed."
+        )
+
+
+def run_sandboxed_sync(
+    command: list[str],
+    workdir: Path,
+    limits: SandboxLimits | None = None,
+    env: dict[str, str] | None = None,
+) -> SandboxResult:
+    """Blocking wrapper around run_sandboxed for code without an event loop."""
+    return asyncio.run(run_sandboxed(command, workdir, limits, env))

@@ -1,0 +1,121 @@
+"""Scoring a trajectory: run each primitive, weight the scores, pass only when all pass."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+from rollout.shared.contracts.envspec import EnvironmentSpec, PrimitiveSpec, TaskSpec, VerifierSpec
+from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
+from rollout.shared.envs.verifiers import primitives as _primitives  # noqa: F401  (registers)
+from rollout.shared.envs.verifiers.registry import REGISTRY, InfraError, Outcome, ScoreContext
+
+log = structlog.get_logger(__name__)
+
+
+def default_verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
+    """The verifier used when the env has none: state_match against the hidden ground truth.
+
+    Templates whose ground truth names something other than state get the matching primitive:
+    sql (`query`/`rows` -> sql_result_match), code-editing (`files` -> state_match on those
+    files; `tests` -> tests_pass).
+    """
+    gt = task.hidden_ground_truth
+    prims: list[dict[str, Any]] = []
+    if spec.template == "sql" and isinstance(gt, dict) and ("query" in gt or "rows" in gt):
+        prims.append({"name": "result", "type": "sql_result_match"})
+    elif (
+        spec.template == "code-editing"
+        and isinstance(gt, dict)
+        and ("files" in gt or "tests" in gt)
+    ):
+        if "files" in gt:
+            prims.append(
+                {
+                    "name": "files",
+                    "type": "state_match",
+                    "expected": {"files": gt["files"]},
+                    "partial": True,
+                }
+            )
+        if "tests" in gt:
+            prims.append({"name": "tests", "type": "tests_pass"})
+    else:
+        prims.append({"name": "state", "type": "state_match"})
+    return VerifierSpec.model_validate({"primitives": prims})
+
+
+def _params_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "params"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+async def run_primitive(
+    prim: PrimitiveSpec, ctx: ScoreContext
+) -> tuple[PrimitiveResult, str | None]:
+    """Score one primitive; a bad or crashing primitive fails with its reason, never raises."""
+    infra: str | None = None
+    definition = REGISTRY.get(prim.type)
+    if definition is None:
+        outcome = Outcome(0.0, False, f"unknown primitive type {prim.type!r}")
+    else:
+        try:
+            params = definition.params.model_validate(prim.params)
+        except ValidationError as exc:
+            outcome = Outcome(0.0, False, f"invalid params: {_params_error(exc)}")
+        else:
+            try:
+                result = definition.scorer(params, ctx)
+                outcome = await result if inspect.isawaitable(result) else result
+            except InfraError as exc:
+                infra = f"{prim.name}: {exc}"
+                outcome = Outcome(0.0, False, f"could not run: {exc}")
+            except Exception as exc:  # a primitive bug must not lose the whole score
+                log.warning("primitive_failed", primitive=prim.name, error=repr(exc))
+                outcome = Outcome(0.0, False, f"error: {type(exc).__name__}: {exc}")
+    score = min(1.0, max(0.0, float(outcome.score)))
+    return (
+        PrimitiveResult(
+            name=prim.name,
+            type=prim.type,
+            weight=prim.weight,
+            score=score,
+            passed=bool(outcome.passed),
+            reason=outcome.reason,
+        ),
+        infra,
+    )
+
+
+async def score_spec(
+    spec: EnvironmentSpec, task: TaskSpec, trajectory: Trajectory
+) -> VerifierResult:
+    """Score a trajectory of `task` under `spec`'s verifier (or the default one)."""
+    verifier = spec.verifier if spec.verifier and spec.verifier.primitives else None
+    verifier = verifier or default_verifier(spec, task)
+    try:
+        config = spec.typed_config()
+    except (ValidationError, ValueError):
+        config = None
+    ctx = ScoreContext(spec=spec, task=task, trajectory=trajectory, config=config)
+    results: list[PrimitiveResult] = []
+    errors: list[str] = []
+    for prim in verifier.primitives:
+        result, infra = await run_primitive(prim, ctx)
+        results.append(result)
+        if infra:
+            errors.append(infra)
+    total = sum(r.weight for r in results)
+    if total > 0:
+        value = sum(r.weight * r.score for r in results) / total
+    else:
+        value = 1.0 if results and all(r.passed for r in results) else 0.0
+    passed = bool(results) and all(r.passed for r in results)
+    return VerifierResult(
+        score=value, passed=passed, primitives=results, error="; ".join(errors) or None
+    )

@@ -1,0 +1,84 @@
+"""The one batch interface every model backend implements, and its request/response shapes."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+
+class ToolCall(BaseModel):
+    """One tool call the model asked for; `arguments` is the raw JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str = ""
+    # Set when the model's call could not be parsed (bad JSON, no name): the agent loop
+    # records it as a tool error and shows it to the model instead of crashing.
+    error: str | None = None
+
+
+class Usage(BaseModel):
+    """Token counts for one generation."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatRequest(BaseModel):
+    """One chat completion request: OpenAI-shaped messages and tools plus sampling params."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    seed: int | None = None
+
+
+class ChatResponse(BaseModel):
+    """What the model produced for one request."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    # Ids and logprobs of the sampled completion tokens, when the backend can give them.
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str = "stop"
+    usage: Usage | None = None
+    # A per-request failure (retries exhausted, request rejected): the episode ends with it
+    # while the rest of the batch goes on. Configuration errors raise RolloutError instead.
+    error: str | None = None
+
+    def assistant_message(self) -> dict[str, Any]:
+        """The OpenAI-shaped assistant message to append to the conversation."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in self.tool_calls
+            ]
+        return message
+
+
+@runtime_checkable
+class ModelBackend(Protocol):
+    """Generates chat completions for a batch of requests, in order."""
+
+    name: str
+
+    async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        """Return one response per request, in the same order."""
+        ...
+
+
+async def close_backend(backend: ModelBackend) -> None:
+    """Release a backend's connections or weights if it holds any (the method is optional)."""
+    aclose = getattr(backend, "aclose", None)
+    if aclose is not None:
+        await aclose()

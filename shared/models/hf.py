@@ -1,0 +1,351 @@
+"""`hf:<path>`: a local transformers causal LM, batched sampling with token ids and logprobs.
+
+Prompts are rendered with the tokenizer's chat template (tools included); tool calls are read
+back from Hermes-style `<tool_call>{json}</tool_call>` blocks. Sampling is our own small loop
+over the KV cache rather than `model.generate`, so each request in a batch keeps its own
+temperature, top_p, max_tokens and seed. `ROLLOUT_HF_DEVICE` picks the device (default: cuda
+when available) and `ROLLOUT_HF_THREADS` torch's intra-op thread count. The logprobs returned are those of the sampled tokens
+under the model itself (log-softmax of the raw logits, before temperature/top_p), which is
+what policy-gradient training needs. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
+from rollout.shared.models.hermes import parse_tool_calls
+
+DEFAULT_MAX_NEW_TOKENS = 512
+
+
+class HFBackend:
+    """A transformers model loaded from a local directory (or the local HF cache)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_batch_size: int = 16,
+    ) -> None:
+        self.path = str(path)
+        self.name = f"hf:{self.path}"
+        self.max_new_tokens = max_new_tokens
+        self.max_batch_size = max(1, max_batch_size)
+        self.device = device or os.environ.get("ROLLOUT_HF_DEVICE") or _default_device()
+        self.dtype = dtype
+        # torch is not re-entrant across threads for one model; batches go one at a time.
+        self._lock = threading.Lock()
+        self._rng = random.Random()
+        self.tokenizer, self.model = self._load(self.path)
+
+    def __repr__(self) -> str:
+        return f"HFBackend({self.path!r}, device={self.device!r})"
+
+    async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        """Generate for every request (in chunks of `max_batch_size`), off the event loop."""
+        if not requests:
+            return []
+        return await asyncio.to_thread(self._generate_all, list(requests))
+
+    def reload(self, path: str | Path) -> None:
+        """Swap in the weights (and tokenizer) saved at `path`, e.g. a new policy version."""
+        tokenizer, model = self._load(str(path))
+        with self._lock:
+            self.tokenizer, self.model = tokenizer, model
+            self.path = str(path)
+            self.name = f"hf:{self.path}"
+
+    async def aclose(self) -> None:
+        """Drop the weights."""
+        with self._lock:
+            self.model = None  # type: ignore[assignment]
+
+    # -- loading -----------------------------------------------------------------------
+
+    def _load(self, path: str) -> tuple[Any, Any]:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise RolloutError(
+                f"hf:{path}: the hf backend needs torch and transformers "
+                f"(pip install 'rolloutdev[train]'): {exc}"
+            ) from None
+        from transformers.utils import logging as hf_logging
+
+        # Per-shard progress bars are noise in CLI output and service logs.
+        hf_logging.disable_progress_bar()
+        local = Path(path).expanduser()
+        if not local.exists() and path.startswith((".", "/", "~")):
+            raise RolloutError(f"hf:{path}: no model directory at {local}")
+        source = str(local) if local.exists() else path
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            dtype = self.dtype or ("auto" if self.device.startswith("cuda") else "float32")
+            model = AutoModelForCausalLM.from_pretrained(
+                source, local_files_only=True, dtype=_torch_dtype(torch, dtype)
+            )
+        except (OSError, ValueError, KeyError) as exc:
+            raise RolloutError(
+                f"hf:{path}: cannot load a causal LM from {source} (hf: loads local "
+                f"models only; nothing is downloaded): {str(exc).splitlines()[0]}"
+            ) from None
+        if not getattr(tokenizer, "chat_template", None):
+            raise RolloutError(f"hf:{path}: the tokenizer has no chat template")
+        if tokenizer.pad_token_id is None:
+            # Left padding needs some pad id; it is always masked out.
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        threads = os.environ.get("ROLLOUT_HF_THREADS", "").strip()
+        if threads:
+            # Small models on a few shared cores run faster with fewer intra-op threads.
+            try:
+                torch.set_num_threads(max(1, int(threads)))
+            except ValueError:
+                raise RolloutError(
+                    f"ROLLOUT_HF_THREADS must be an integer, got {threads!r}"
+                ) from None
+        model.to(self.device)
+        model.eval()
+        return tokenizer, model
+
+    # -- generation --------------------------------------------------------------------
+
+    def _generate_all(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        with self._lock:
+            if self.model is None:
+                raise RolloutError(f"{self.name}: backend is closed")
+            out: list[ChatResponse] = []
+            for start in range(0, len(requests), self.max_batch_size):
+                out.extend(self._generate_batch(requests[start : start + self.max_batch_size]))
+            return out
+
+    def render_prompt(self, request: ChatRequest) -> str:
+        """The prompt text for a request: chat template, tools, generation prompt."""
+        return self.tokenizer.apply_chat_template(
+            _template_messages(request.messages),
+            tools=request.tools or None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+
+    def _generate_batch(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        # Requests that cannot run (template error, prompt over the context) get an error
+        # response of their own; the rest of the batch is sampled together.
+        limit = getattr(self.model.config, "max_position_embeddings", None) or 1_000_000
+        out: list[ChatResponse | None] = [None] * len(requests)
+        runnable: list[tuple[int, str]] = []
+        for i, request in enumerate(requests):
+            try:
+                prompt = self.render_prompt(request)
+            except Exception as exc:  # jinja errors on odd messages: this request only
+                out[i] = _error(f"{self.name}: chat template failed: {type(exc).__name__}: {exc}")
+                continue
+            length = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            if length >= limit:
+                out[i] = _error(
+                    f"{self.name}: prompt of {length} tokens does not fit the model's "
+                    f"context of {limit}"
+                )
+                continue
+            runnable.append((i, prompt))
+        if runnable:
+            sampled = self._sample_batch(
+                [requests[i] for i, _ in runnable], [p for _, p in runnable], limit
+            )
+            for (i, _), response in zip(runnable, sampled, strict=True):
+                out[i] = response
+        return [r for r in out if r is not None]
+
+    def _sample_batch(
+        self, requests: list[ChatRequest], prompts: list[str], limit: int
+    ) -> list[ChatResponse]:
+        import torch
+
+        tok, model = self.tokenizer, self.model
+        enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+        input_ids = enc["input_ids"].to(self.device)
+        attention = enc["attention_mask"].to(self.device)
+        batch = input_ids.shape[0]
+        lengths = enc["attention_mask"].sum(-1).tolist()
+        budgets = [
+            max(0, min(r.max_tokens or self.max_new_tokens, limit - int(n)))
+            for r, n in zip(requests, lengths, strict=True)
+        ]
+        eos_ids = _eos_ids(tok, model)
+        generators = []
+        for r in requests:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(r.seed if r.seed is not None else self._rng.getrandbits(63))
+            generators.append(gen)
+
+        tokens: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        finish = ["length"] * batch
+        done = [b == 0 for b in budgets]
+        position = (attention.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            cache_kw, extra = _forward_kwargs(model)
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=position,
+                use_cache=True,
+                **extra,
+            )
+            while not all(done):
+                logits = out.logits[:, -1, :].float()
+                policy_logp = torch.log_softmax(logits, dim=-1)
+                next_ids = torch.full((batch,), tok.pad_token_id, dtype=torch.long)
+                for i, request in enumerate(requests):
+                    if done[i]:
+                        continue
+                    token = _sample(logits[i], request, generators[i])
+                    next_ids[i] = token
+                    tokens[i].append(token)
+                    logprobs[i].append(float(policy_logp[i, token]))
+                    if token in eos_ids:
+                        done[i], finish[i] = True, "stop"
+                    elif len(tokens[i]) >= budgets[i]:
+                        done[i] = True
+                if all(done):
+                    break
+                attention = torch.cat(
+                    [attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)],
+                    dim=-1,
+                )
+                position = position[:, -1:] + 1
+                out = model(
+                    input_ids=next_ids[:, None].to(self.device),
+                    attention_mask=attention,
+                    position_ids=position,
+                    use_cache=True,
+                    **{cache_kw: _cache_of(out)},
+                    **extra,
+                )
+
+        responses = []
+        for i in range(batch):
+            ids = tokens[i]
+            text_ids = ids[:-1] if finish[i] == "stop" else ids
+            text = tok.decode(text_ids, skip_special_tokens=True)
+            content, calls = parse_tool_calls(text)
+            reason = finish[i]
+            if calls and reason == "stop":
+                reason = "tool_calls"
+            prompt_tokens = int(enc["attention_mask"][i].sum())
+            responses.append(
+                ChatResponse(
+                    content=content,
+                    tool_calls=calls,
+                    token_ids=ids,
+                    logprobs=logprobs[i],
+                    finish_reason=reason,
+                    usage=Usage(
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=len(ids),
+                        total_tokens=prompt_tokens + len(ids),
+                    ),
+                )
+            )
+        return responses
+
+
+def _error(message: str) -> ChatResponse:
+    return ChatResponse(finish_reason="error", error=message)
+
+
+def _forward_kwargs(model: Any) -> tuple[str, dict[str, Any]]:
+    # transformers 5 renamed `past_key_values` to `cache`; support both spellings, and only
+    # compute the last position's logits when the model allows it (prompts can be long).
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    return cache_kw, extra
+
+
+def _cache_of(output: Any) -> Any:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+def _sample(logits: Any, request: ChatRequest, generator: Any) -> int:
+    import torch
+
+    if request.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / request.temperature, dim=-1)
+    if 0 < request.top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        drop = cumulative - sorted_probs >= request.top_p
+        sorted_probs[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+
+def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Most chat templates want tool-call arguments as a mapping; the loop keeps the model's
+    # raw JSON text, so decode it here when it is a JSON object.
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message.get("role") != "assistant" or not calls:
+            out.append(message)
+            continue
+        fixed = []
+        for call in calls:
+            function = dict(call.get("function") or {})
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    decoded = json.loads(arguments) if arguments.strip() else {}
+                except ValueError:
+                    decoded = None
+                if isinstance(decoded, dict):
+                    function["arguments"] = decoded
+            fixed.append({**call, "function": function})
+        out.append({**message, "tool_calls": fixed})
+    return out
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _torch_dtype(torch: Any, name: str) -> Any:
+    if name == "auto":
+        return "auto"
+    value = getattr(torch, name, None)
+    if value is None:
+        raise RolloutError(f"unknown torch dtype '{name}'")
+    return value
+
+
+def _default_device() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,445 @@
+"""OpenAI-compatible chat completions over httpx: OpenAI, Together, `vllm serve`, any gateway.
+
+Model names this module understands (see `registry.py`):
+
+- ``openai/<model>``: ``OPENAI_API_KEY``; ``OPENAI_BASE_URL`` overrides https://api.openai.com/v1.
+- ``together/<model>``: ``TOGETHER_API_KEY``; ``TOGETHER_BASE_URL`` overrides
+  https://api.together.xyz/v1.
+- ``openai-compatible:<base_url>#<model>`` or just ``<base_url>#<model>`` with an http(s) base
+  URL, e.g. ``http://localhost:8000/v1#Qwen/Qwen2.5-0.5B-Instruct`` for ``vllm serve``. The key,
+  if the endpoint needs one, comes from ``OPENAI_COMPATIBLE_API_KEY``. Options go in the base
+  URL's query string and are removed before the request: ``timeout`` (s), ``retries``,
+  ``concurrency``, ``logprobs=1`` (ask for token logprobs), ``token_ids=1`` (vLLM's
+  ``return_tokens_as_token_ids``, so token ids come back too), ``key_env=NAME`` (read the key
+  from another variable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import random
+import time
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import httpx
+import structlog
+from rollout.errors import RolloutError
+from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall, Usage
+
+log = structlog.get_logger(__name__)
+
+OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
+TOGETHER_DEFAULT_BASE = "https://api.together.xyz/v1"
+ENDPOINT_PREFIX = "openai-compatible:"
+
+# 408/409/425/429 and every 5xx are worth another try; other 4xx will fail the same way again.
+_RETRYABLE_4XX = {408, 409, 425, 429}
+# Keys each role may carry on the wire; extra bookkeeping keys would be rejected by strict APIs.
+_WIRE_KEYS = {
+    "system": ("role", "content", "name"),
+    "developer": ("role", "content", "name"),
+    "user": ("role", "content", "name"),
+    "assistant": ("role", "content", "tool_calls", "name"),
+    "tool": ("role", "content", "tool_call_id"),
+}
+
+
+class OpenAICompatBackend:
+    """A chat-completions endpoint; a batch is sent as concurrent requests under a cap."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        key_env: str | None = None,
+        label: str | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 5,
+        concurrency: int = 16,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        max_retry_after: float = 120.0,
+        logprobs: bool = False,
+        token_ids: bool = False,
+        extra_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.key_env = key_env
+        self.name = label or f"{self.base_url}#{model}"
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.concurrency = max(1, concurrency)
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_retry_after = max_retry_after
+        self.logprobs = logprobs or token_ids
+        self.token_ids = token_ids
+        self.extra_headers = dict(extra_headers or {})
+        # One client per event loop: httpx clients must not cross loops, and the CLI and
+        # tests call asyncio.run more than once with the same backend.
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatBackend({self.name!r})"
+
+    async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        """Send every request concurrently (at most `concurrency` in flight); keep the order."""
+        if not requests:
+            return []
+        client = self._get_client()
+        gate = asyncio.Semaphore(self.concurrency)
+        results: list[ChatResponse | None] = [None] * len(requests)
+
+        async def one(i: int, request: ChatRequest) -> None:
+            async with gate:
+                results[i] = await self._complete(client, request)
+
+        # A TaskGroup cancels the siblings when one raises (e.g. a 401): no point going on.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i, request in enumerate(requests):
+                    group.create_task(one(i, request))
+        except BaseExceptionGroup as group:
+            # Surface the first real error (a RolloutError for 401 etc.), not a group.
+            raise group.exceptions[0] from None
+        return [r for r in results if r is not None]
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        if self._client is not None:
+            try:
+                await self._client.aclose()
+            except RuntimeError:
+                # Its loop is already closed; the sockets went with it.
+                pass
+            self._client = None
+            self._client_loop = None
+
+    def _get_client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop or self._client.is_closed:
+            headers = {"Content-Type": "application/json", **self.extra_headers}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            limits = httpx.Limits(
+                max_connections=self.concurrency, max_keepalive_connections=self.concurrency
+            )
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
+                limits=limits,
+            )
+            self._client_loop = loop
+        return self._client
+
+    def request_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The JSON body of a chat completions call for one request."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_wire_message(m) for m in request.messages],
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+        }
+        if request.tools:
+            body["tools"] = request.tools
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if self.logprobs:
+            body["logprobs"] = True
+        if self.token_ids:
+            body["return_tokens_as_token_ids"] = True
+        return body
+
+    async def _complete(self, client: httpx.AsyncClient, request: ChatRequest) -> ChatResponse:
+        body = self.request_body(request)
+        attempt = 0
+        while True:
+            retry_after: float | None = None
+            try:
+                response = await client.post("/chat/completions", json=body)
+            except httpx.TimeoutException:
+                reason = f"no response within {self.timeout:g}s (timeout)"
+            except httpx.TransportError as exc:
+                reason = f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}"
+            else:
+                status = response.status_code
+                if status == 200:
+                    return self._parse(response)
+                reason = f"HTTP {status}: {_server_message(response)}"
+                if status in (401, 403, 404):
+                    raise RolloutError(self._config_error(status, response))
+                if status not in _RETRYABLE_4XX and status < 500:
+                    # The request itself was refused (too long, bad tools...): this episode
+                    # ends with the reason, the rest of the batch is unaffected.
+                    return _error_response(f"{self.name}: request rejected: {reason}")
+                retry_after = _retry_after_seconds(response)
+            if attempt >= self.max_retries:
+                return _error_response(
+                    f"{self.name}: gave up after {attempt + 1} attempts: {reason}"
+                )
+            delay = self._delay(attempt, retry_after)
+            log.warning(
+                "model request failed; retrying",
+                backend=self.name,
+                attempt=attempt + 1,
+                reason=reason,
+                delay_s=round(delay, 3),
+            )
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            # The server knows when it will take us again; a little jitter spreads the herd.
+            return min(retry_after, self.max_retry_after) + random.uniform(0, self.backoff_base)
+        ceiling = min(self.backoff_max, self.backoff_base * (2**attempt))
+        # "Equal jitter": at least half the exponential step, so retries really back off.
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    def _config_error(self, status: int, response: httpx.Response) -> str:
+        detail = _server_message(response)
+        key_hint = f"check {self.key_env}" if self.key_env else "check the endpoint's API key"
+        if status == 401:
+            return f"{self.name}: authentication failed (HTTP 401: {detail}); {key_hint}"
+        if status == 403:
+            return (
+                f"{self.name}: permission denied (HTTP 403: {detail}); "
+                f"the key may not have access to model '{self.model}'; {key_hint}"
+            )
+        return (
+            f"{self.name}: not found (HTTP 404: {detail}); check the model name "
+            f"'{self.model}' and the base URL {self.base_url}"
+        )
+
+    def _parse(self, response: httpx.Response) -> ChatResponse:
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            message = choice.get("message") or {}
+        except (ValueError, KeyError, IndexError, TypeError):
+            return _error_response(
+                f"{self.name}: unexpected response (not a chat completion): {response.text[:200]!r}"
+            )
+        tool_calls: list[ToolCall] = []
+        for i, raw in enumerate(message.get("tool_calls") or []):
+            tool_calls.append(_parse_tool_call(i, raw))
+        content = message.get("content")
+        if isinstance(content, list):
+            # Some gateways answer with content parts; keep the text.
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        token_ids, logprobs = _parse_logprobs(choice.get("logprobs"))
+        usage = None
+        if isinstance(data.get("usage"), dict):
+            usage = Usage(
+                **{
+                    k: int(v or 0)
+                    for k, v in data["usage"].items()
+                    if k in ("prompt_tokens", "completion_tokens", "total_tokens")
+                }
+            )
+        finish = choice.get("finish_reason") or ("tool_calls" if tool_calls else "stop")
+        return ChatResponse(
+            content=content,
+            tool_calls=tool_calls,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            usage=usage,
+        )
+
+
+def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
+    keys = _WIRE_KEYS.get(message.get("role", ""))
+    if keys is None:
+        return dict(message)
+    out = {k: message[k] for k in keys if k in message}
+    if out.get("role") == "assistant" and not out.get("tool_calls"):
+        out.pop("tool_calls", None)
+    if out.get("role") == "tool" and not isinstance(out.get("content"), str):
+        out["content"] = json.dumps(out.get("content"))
+    return out
+
+
+def _parse_tool_call(index: int, raw: Any) -> ToolCall:
+    call_id = f"call_{index}"
+    if not isinstance(raw, dict):
+        return ToolCall(id=call_id, name="", error=f"malformed tool call: {raw!r}")
+    call_id = str(raw.get("id") or call_id)
+    function = raw.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return ToolCall(id=call_id, name="", error=f"malformed tool call (no name): {raw!r}")
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments = ""
+    elif not isinstance(arguments, str):
+        # Some gateways send the arguments already decoded.
+        arguments = json.dumps(arguments)
+    return ToolCall(id=call_id, name=function["name"], arguments=arguments)
+
+
+def _parse_logprobs(raw: Any) -> tuple[list[int] | None, list[float] | None]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
+        return None, None
+    logprobs: list[float] = []
+    token_ids: list[int] = []
+    for item in raw["content"]:
+        if not isinstance(item, dict):
+            return None, None
+        logprobs.append(float(item.get("logprob", 0.0)))
+        token = str(item.get("token", ""))
+        # vLLM's return_tokens_as_token_ids renders each token as "token_id:<id>".
+        if token.startswith("token_id:") and token[9:].isdigit():
+            token_ids.append(int(token[9:]))
+    return (token_ids if len(token_ids) == len(logprobs) else None), logprobs
+
+
+def _server_message(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:200].strip() or response.reason_phrase
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if data.get("message"):
+            return str(data["message"])
+    return json.dumps(data)[:200]
+
+
+def _retry_after_seconds(response: httpx.Response) -> float | None:
+    # OpenAI sends the finer-grained retry-after-ms alongside the standard header.
+    millis = response.headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _error_response(message: str) -> ChatResponse:
+    return ChatResponse(content=None, finish_reason="error", error=message)
+
+
+def openai_backend(model: str) -> OpenAICompatBackend:
+    """`openai/<model>`: OPENAI_API_KEY, and OPENAI_BASE_URL when set."""
+    return _provider_backend(
+        "openai", model, "OPENAI_API_KEY", "OPENAI_BASE_URL", OPENAI_DEFAULT_BASE
+    )
+
+
+def together_backend(model: str) -> OpenAICompatBackend:
+    """`together/<model>`: TOGETHER_API_KEY, and TOGETHER_BASE_URL when set."""
+    return _provider_backend(
+        "together", model, "TOGETHER_API_KEY", "TOGETHER_BASE_URL", TOGETHER_DEFAULT_BASE
+    )
+
+
+def _provider_backend(
+    provider: str, model: str, key_env: str, base_env: str, default_base: str
+) -> OpenAICompatBackend:
+    label = f"{provider}/{model}"
+    if not model.strip():
+        raise RolloutError(f"model '{label}': missing the model name after '{provider}/'")
+    base = os.environ.get(base_env, "").strip() or default_base
+    key = os.environ.get(key_env, "").strip() or None
+    if key is None and base.rstrip("/") == default_base:
+        raise RolloutError(
+            f"model '{label}' needs an API key: set {key_env} "
+            f"(or point {base_env} at an endpoint that needs none)"
+        )
+    _check_base_url(base, f"{base_env}")
+    return OpenAICompatBackend(model, base, api_key=key, key_env=key_env, label=label)
+
+
+def endpoint_backend(spec: str) -> OpenAICompatBackend:
+    """`openai-compatible:<base_url>#<model>` or `<base_url>#<model>` (http/https)."""
+    raw = spec[len(ENDPOINT_PREFIX) :] if spec.startswith(ENDPOINT_PREFIX) else spec
+    example = "http://localhost:8000/v1#my-model"
+    if "#" not in raw:
+        raise RolloutError(
+            f"model '{spec}': an endpoint needs '#<model>' after its base URL, e.g. {example}"
+        )
+    url, _, model = raw.partition("#")
+    model = model.strip()
+    if not model:
+        raise RolloutError(f"model '{spec}': empty model name after '#', e.g. {example}")
+    parts = urlsplit(url.strip())
+    options = dict(parse_qsl(parts.query))
+    known = {"timeout", "retries", "concurrency", "logprobs", "token_ids", "key_env"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise RolloutError(
+            f"model '{spec}': unknown endpoint option(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(known))}"
+        )
+    base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    _check_base_url(base, f"model '{spec}'")
+    key_env = options.get("key_env", "OPENAI_COMPATIBLE_API_KEY")
+    kwargs: dict[str, Any] = {}
+    try:
+        if "timeout" in options:
+            kwargs["timeout"] = float(options["timeout"])
+        if "retries" in options:
+            kwargs["max_retries"] = int(options["retries"])
+        if "concurrency" in options:
+            kwargs["concurrency"] = int(options["concurrency"])
+    except ValueError as exc:
+        raise RolloutError(f"model '{spec}': bad endpoint option value: {exc}") from None
+    return OpenAICompatBackend(
+        model,
+        base,
+        api_key=os.environ.get(key_env, "").strip() or None,
+        key_env=key_env,
+        label=f"{base}#{model}" if not parts.query else spec,
+        logprobs=_truthy(options.get("logprobs")),
+        token_ids=_truthy(options.get("token_ids")),
+        **kwargs,
+    )
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _check_base_url(url: str, where: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise RolloutError(
+            f"{where}: '{url}' is not an http(s) base URL (e.g. http://localhost:8000/v1)"
+        )
+
+
+__all__ = [
+    "ENDPOINT_PREFIX",
+    "OpenAICompatBackend",
+    "endpoint_backend",
+    "openai_backend",
+    "together_backend",
+]

@@ -1,0 +1,125 @@
+"""Rebuild a run from its events alone, and re-score its trajectories with today's verifier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js import JetStreamContext
+
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts import events as ev
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.envs.engine import score
+from rollout.shared.store import env_versions
+from rollout.shared.store.spec_cache import SpecCache
+
+
+@dataclass
+class ReplayedRun:
+    """A run as its events tell it."""
+
+    request: ev.RunRequested
+    status: str = "queued"
+    total: int = 0
+    reason: str | None = None
+    events: int = 0
+    generated: dict[str, ev.GeneratedRollout] = field(default_factory=dict)
+    scored: dict[str, ev.ScoredRollout] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts as the read model would show them."""
+        verdicts = list(self.scored.values())
+        passed = sum(v.passed for v in verdicts)
+        return {
+            "runId": self.request.run_id,
+            "envSlug": self.request.env_slug,
+            "envVersion": self.request.env_version,
+            "model": self.request.model,
+            "status": self.status,
+            "reason": self.reason,
+            "events": self.events,
+            "total": self.total,
+            "generated": len(self.generated),
+            "scored": len(verdicts),
+            "passed": passed,
+            "errored": sum(1 for v in verdicts if v.error),
+            "passRate": passed / len(verdicts) if verdicts else 0.0,
+            "meanScore": sum(v.score for v in verdicts) / len(verdicts) if verdicts else 0.0,
+        }
+
+
+async def replay_run(js: JetStreamContext, run_id: str) -> ReplayedRun:
+    """Fold the run's events; first-seen wins, exactly like the read model."""
+    subjects.token(run_id, "run id")
+    run: ReplayedRun | None = None
+    async for msg in read_events(js, subjects.run_events(run_id)):
+        event = EventEnvelope.from_bytes(msg.data)
+        body = event.body()
+        if isinstance(body, ev.RunRequested):
+            run = ReplayedRun(request=body)
+        if run is None:
+            continue
+        run.events += 1
+        if isinstance(body, ev.RunStarted):
+            run.status, run.total = "running", body.total_rollouts
+        elif isinstance(body, ev.RolloutsGenerated):
+            for r in body.rollouts:
+                run.generated.setdefault(r.rollout_id, r)
+        elif isinstance(body, ev.RolloutsScored):
+            for s in body.rollouts:
+                if s.rollout_id in run.generated:
+                    run.scored.setdefault(s.rollout_id, s)
+        elif isinstance(body, ev.RunCompleted):
+            run.status = "completed"
+        elif isinstance(body, ev.RunFailed):
+            run.status, run.reason = "failed", body.reason
+    if run is None:
+        raise RolloutError(f"no run {run_id!r} in the event log (see `rollout runs`)")
+    return run
+
+
+async def reverify(
+    js: JetStreamContext, run: ReplayedRun, *, env_version: int | None = None
+) -> tuple[int, list[dict[str, Any]]]:
+    """Score every recorded trajectory with the verifier of `env_version` (default: the newest
+    registered version, i.e. today's verifier); return that version and one row per rollout."""
+    if env_version is None:
+        newest, _ = await env_versions.latest(js, run.request.env_slug)
+        if newest is None:
+            raise RolloutError(f"environment {run.request.env_slug!r} is not registered")
+        env_version = newest.version
+    spec = await SpecCache(js).get(run.request.env_slug, env_version)
+    highest = max((g.task_index for g in run.generated.values()), default=-1)
+    if highest >= len(spec.tasks):
+        raise RolloutError(
+            f"environment {spec.slug!r} v{env_version} has {len(spec.tasks)} tasks; the run used"
+            f" task {highest}: re-verify against its own version with --env-version"
+            f" {run.request.env_version}"
+        )
+    rows = []
+    for rollout_id, generated in sorted(
+        run.generated.items(), key=lambda kv: (kv[1].task_index, kv[1].sample_index)
+    ):
+        recorded = run.scored.get(rollout_id)
+        if generated.trajectory is None:
+            continue  # nothing was generated (the rollout errored before the model ran)
+        result = await score(spec, generated.task_index, Trajectory(**generated.trajectory))
+        before = None if recorded is None else recorded.score
+        rows.append(
+            {
+                "rolloutId": rollout_id,
+                "taskIndex": generated.task_index,
+                "sampleIndex": generated.sample_index,
+                "recordedScore": before,
+                "recordedPassed": None if recorded is None else recorded.passed,
+                "score": result.score,
+                "passed": result.passed,
+                "changed": before is None or abs(before - result.score) > 1e-9,
+                "reasons": [p.reason for p in result.primitives if not p.passed],
+            }
+        )
+    return env_version, rows

@@ -1,0 +1,304 @@
+"""The agent loop over a small runtime, with scripted models over real HTTP and a real tiny LM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.openai_server import (
+    Reply,
+    by_conversation,
+    completion,
+    error_reply,
+    text_reply,
+    tool_reply,
+)
+from rollout.shared.agent.loop import Episode, SamplingParams, run_episode, run_episodes
+from rollout.shared.envs.runtime import ToolResult, ToolSpec
+from rollout.shared.models.base import ChatRequest, ChatResponse
+from rollout.shared.models.openai_compat import OpenAICompatBackend
+
+
+class ShopRuntime:
+    """A two-tool shop: read orders, issue refunds; plus a tool that raises."""
+
+    def __init__(self) -> None:
+        self.orders = {"O-1": {"customer": "Alice", "amount": 100}}
+        self.refunds: list[dict[str, Any]] = []
+        self.closed = False
+
+    def tool_specs(self) -> list[ToolSpec]:
+        return [
+            ToolSpec(
+                name="lookup_order",
+                description="Read an order.",
+                parameters={"type": "object", "properties": {"order_id": {"type": "string"}}},
+            ),
+            ToolSpec(name="refund", description="Refund an order."),
+            ToolSpec(name="explode", description="Always fails badly."),
+        ]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        if name == "lookup_order":
+            order = self.orders.get(arguments.get("order_id"))
+            if order is None:
+                return ToolResult(error=f"no order {arguments.get('order_id')!r}")
+            return ToolResult(output=order)
+        if name == "refund":
+            self.refunds.append(dict(arguments))
+            return ToolResult(output="refunded")
+        raise RuntimeError("kaboom")
+
+    def final_state(self) -> dict[str, Any]:
+        return {"refunds": list(self.refunds)}
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class CountingBackend:
+    """Wraps a real backend to record the batch size of every generate call."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.batches: list[int] = []
+
+    async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        self.batches.append(len(requests))
+        return await self.inner.generate(requests)
+
+
+def http_backend(server) -> OpenAICompatBackend:
+    return OpenAICompatBackend("scripted", server.base_url, backoff_base=0.01, max_retries=1)
+
+
+async def test_multi_turn_episode_records_everything(fake_openai) -> None:
+    server = fake_openai(
+        [
+            tool_reply(("lookup_order", {"order_id": "O-1"}), content="Checking."),
+            tool_reply(("refund", {"order_id": "O-1", "amount": 100})),
+            text_reply("Refunded $100 to Alice."),
+        ]
+    )
+    runtime = ShopRuntime()
+    trajectory = await run_episode(
+        runtime,
+        http_backend(server),
+        "Refund order O-1",
+        system_prompt="Be an agent.",
+        sampling=SamplingParams(temperature=0.3, seed=10),
+    )
+    assert trajectory.finish_reason == "stop" and trajectory.error is None
+    assert trajectory.final_output == "Refunded $100 to Alice."
+    assert trajectory.final_state == {"refunds": [{"order_id": "O-1", "amount": 100}]}
+    assert [(c.index, c.name, c.arguments, c.error) for c in trajectory.tool_calls] == [
+        (0, "lookup_order", {"order_id": "O-1"}, None),
+        (1, "refund", {"order_id": "O-1", "amount": 100}, None),
+    ]
+    assert trajectory.tool_calls[0].result == {"customer": "Alice", "amount": 100}
+    roles = [m["role"] for m in trajectory.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert trajectory.messages[3]["content"] == json.dumps({"customer": "Alice", "amount": 100})
+    assert trajectory.messages[3]["tool_call_id"] == trajectory.messages[2]["tool_calls"][0]["id"]
+
+    bodies = server.chat_bodies
+    assert len(bodies) == 3
+    assert [t["function"]["name"] for t in bodies[0]["tools"]] == [
+        "lookup_order",
+        "refund",
+        "explode",
+    ]
+    # The model sees its own earlier calls and their results; seeds differ per turn.
+    assert bodies[2]["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": bodies[2]["messages"][-2]["tool_calls"][0]["id"],
+        "content": "refunded",
+    }
+    assert [b["seed"] for b in bodies] == [10, 11, 12]
+    assert {b["temperature"] for b in bodies} == {0.3}
+
+
+@pytest.mark.parametrize(
+    ("call", "problem"),
+    [
+        (("refund", '{"order_id": "O-1", "amount": }'), "invalid JSON arguments for 'refund'"),
+        (("refund", "[1, 2]"), "arguments for 'refund' must be a JSON object, got list"),
+        (("cancel_order", {"order_id": "O-1"}), "unknown tool 'cancel_order'; available tools"),
+        (("explode", {}), "tool 'explode' failed: RuntimeError: kaboom"),
+        (("lookup_order", {"order_id": "O-9"}), "no order 'O-9'"),
+    ],
+)
+async def test_bad_calls_become_tool_errors_shown_to_the_model(fake_openai, call, problem) -> None:
+    server = fake_openai([tool_reply(call), text_reply("Sorry, I could not.")])
+    runtime = ShopRuntime()
+    trajectory = await run_episode(runtime, http_backend(server), "Refund order O-1")
+
+    assert trajectory.finish_reason == "stop" and trajectory.error is None
+    [record] = trajectory.tool_calls
+    assert record.error is not None and problem in record.error
+    assert runtime.refunds == []
+    # The error went back to the model as the tool's answer, and the episode went on.
+    shown = server.chat_bodies[1]["messages"][-1]
+    assert shown["role"] == "tool" and problem in json.loads(shown["content"])["error"]
+    assert trajectory.final_output == "Sorry, I could not."
+
+
+async def test_malformed_tool_call_from_the_api_is_a_tool_error(fake_openai) -> None:
+    nameless = completion(None, [{"id": "x1", "type": "function", "function": {}}])
+    server = fake_openai([nameless, text_reply("ok")])
+    trajectory = await run_episode(ShopRuntime(), http_backend(server), "go")
+    [record] = trajectory.tool_calls
+    assert record.name == "<malformed>" and "malformed tool call" in record.error
+
+
+async def test_max_tool_calls_stops_the_episode(fake_openai) -> None:
+    lookup = ("lookup_order", {"order_id": "O-1"})
+    server = fake_openai([tool_reply(lookup, lookup), tool_reply(lookup), tool_reply(lookup)])
+    trajectory = await run_episode(
+        ShopRuntime(), http_backend(server), "loop forever", max_tool_calls=2
+    )
+    assert trajectory.finish_reason == "max_tool_calls"
+    assert len(trajectory.tool_calls) == 2
+    # After the budget is spent the model gets one more turn; its further call is refused.
+    assert len(server.chat_bodies) == 2
+    refused = trajectory.messages[-1]
+    assert refused["role"] == "tool" and "tool call limit (2) reached" in refused["content"]
+
+
+async def test_zero_tool_calls_allowed(fake_openai) -> None:
+    server = fake_openai([tool_reply(("lookup_order", {"order_id": "O-1"}))])
+    trajectory = await run_episode(ShopRuntime(), http_backend(server), "x", max_tool_calls=0)
+    assert trajectory.finish_reason == "max_tool_calls" and trajectory.tool_calls == []
+
+
+async def test_batched_episodes_share_one_generate_per_turn(fake_openai) -> None:
+    lookup = ("lookup_order", {"order_id": "O-1"})
+    server = fake_openai(
+        by_conversation(
+            {
+                "short": [text_reply("nothing to do")],
+                "medium": [tool_reply(lookup), text_reply("looked")],
+                "long": [
+                    tool_reply(lookup),
+                    tool_reply(("refund", {"order_id": "O-1", "amount": 100})),
+                    text_reply("refunded"),
+                ],
+            }
+        )
+    )
+    backend = CountingBackend(http_backend(server))
+    runtimes = [ShopRuntime() for _ in range(3)]
+    trajectories = await run_episodes(
+        [Episode(rt, text) for rt, text in zip(runtimes, ["short", "medium", "long"], strict=True)],
+        backend,
+    )
+    assert backend.batches == [3, 2, 1]
+    assert [t.final_output for t in trajectories] == ["nothing to do", "looked", "refunded"]
+    assert [len(t.tool_calls) for t in trajectories] == [0, 1, 2]
+    assert runtimes[2].refunds == [{"order_id": "O-1", "amount": 100}]
+    assert runtimes[0].refunds == runtimes[1].refunds == []
+
+
+async def test_per_episode_sampling_and_system_prompt(fake_openai) -> None:
+    server = fake_openai(by_conversation({"a": [text_reply("A")], "b": [text_reply("B")]}))
+    await run_episodes(
+        [
+            Episode(ShopRuntime(), "a", sampling=SamplingParams(temperature=0.0, seed=1)),
+            Episode(ShopRuntime(), "b", system_prompt=""),
+        ],
+        http_backend(server),
+        sampling=SamplingParams(temperature=0.9),
+    )
+    by_user = {b["messages"][-1]["content"]: b for b in server.chat_bodies}
+    assert (by_user["a"]["temperature"], by_user["a"]["seed"]) == (0.0, 1)
+    assert by_user["b"]["temperature"] == 0.9 and "seed" not in by_user["b"]
+    assert by_user["a"]["messages"][0]["role"] == "system"
+    assert by_user["b"]["messages"][0]["role"] == "user"
+
+
+async def test_backend_error_ends_only_that_episode(fake_openai) -> None:
+    server = fake_openai(
+        by_conversation(
+            {"doomed": [error_reply(400, "context length exceeded")], "fine": [text_reply("ok")]}
+        )
+    )
+    doomed, fine = await run_episodes(
+        [Episode(ShopRuntime(), "doomed"), Episode(ShopRuntime(), "fine")], http_backend(server)
+    )
+    assert doomed.finish_reason == "error" and "context length exceeded" in doomed.error
+    assert doomed.final_state == {"refunds": []}
+    assert fine.finish_reason == "stop" and fine.final_output == "ok"
+
+
+async def test_token_ids_and_logprobs_are_kept_per_turn(fake_openai) -> None:
+    first = completion(
+        None,
+        [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "lookup_order", "arguments": '{"order_id": "O-1"}'},
+            }
+        ],
+        logprobs=[("token_id:5", -0.1), ("token_id:6", -0.2)],
+    )
+    second = completion("done", logprobs=[("token_id:7", -0.3)])
+    server = fake_openai([Reply(first), Reply(second)])
+    backend = OpenAICompatBackend("m", server.base_url, token_ids=True)
+    trajectory = await run_episode(ShopRuntime(), backend, "go")
+    assert trajectory.token_ids == [[5, 6], [7]]
+    assert trajectory.logprobs == [[-0.1, -0.2], [-0.3]]
+
+
+async def test_no_token_ids_when_backend_gives_none(fake_openai) -> None:
+    server = fake_openai([text_reply("done")])
+    trajectory = await run_episode(ShopRuntime(), http_backend(server), "go")
+    assert trajectory.token_ids is None and trajectory.logprobs is None
+
+
+async def test_negative_max_tool_calls_is_rejected() -> None:
+    from rollout.errors import RolloutError
+
+    with pytest.raises(RolloutError, match="max_tool_calls"):
+        await run_episode(ShopRuntime(), CountingBackend(_Never()), "x", max_tool_calls=-1)
+
+
+class _Never:
+    name = "never"
+
+    async def generate(self, requests):  # pragma: no cover - must not be reached
+        raise AssertionError("generate called")
+
+
+async def test_malformed_call_from_a_real_local_model_is_a_tool_error(tmp_path: Path) -> None:
+    from fakes.trained_tiny import Lesson, train_parrot
+    from rollout.shared.agent.loop import DEFAULT_SYSTEM_PROMPT
+    from rollout.shared.models.hf import HFBackend
+
+    runtime = ShopRuntime()
+    tools = [spec.to_openai() for spec in runtime.tool_specs()]
+    messages = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": "Refund order O-1"},
+    ]
+    broken = '<tool_call>\n{"name": "refund", "arguments": {"order_id": "O-1", }\n</tool_call>'
+    model_dir = train_parrot(tmp_path / "parrot", [Lesson(messages, broken, tools)])
+    trajectory = await run_episode(
+        runtime,
+        HFBackend(model_dir, max_new_tokens=48),
+        "Refund order O-1",
+        max_tool_calls=1,
+        sampling=SamplingParams(temperature=0.0),
+    )
+    first = trajectory.tool_calls[0]
+    assert first.name == "refund" and "malformed tool call: invalid JSON" in first.error
+    assert runtime.refunds == []
+    assert trajectory.error is None
+    # Real token ids and logprobs for every model turn.
+    assert trajectory.token_ids and len(trajectory.token_ids) == len(trajectory.logprobs)
+    assert all(
+        len(t) == len(lp) for t, lp in zip(trajectory.token_ids, trajectory.logprobs, strict=True)
+    )

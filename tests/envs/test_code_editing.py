@@ -1,0 +1,128 @@
+"""The code-editing template: file tools, and tests run in the real bubblewrap sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from rollout import Environment, RolloutError, Task, code_editing_config
+from rollout.shared.envs import build_runtime, run_tool_script, score, validate_environment
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+VISIBLE = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+HIDDEN = "from calc import add\n\n\ndef test_more():\n    assert add(-1, 1) == 0\n"
+
+
+def env(ground_truth: dict | None = None, **config: object) -> Environment:
+    return Environment(
+        slug="calc",
+        template="code-editing",
+        config=code_editing_config(
+            {"calc.py": BUGGY, "tests/test_calc.py": VISIBLE},
+            test_command=config.get("test_command", "python3 -m pytest -q -p no:cacheprovider"),
+        ),
+        tasks=[
+            Task(
+                instruction="fix add",
+                hidden_ground_truth=ground_truth
+                if ground_truth is not None
+                else {"tests": {"test_hidden.py": HIDDEN}},
+            )
+        ],
+    )
+
+
+async def test_file_tools() -> None:
+    rt = build_runtime(env(), 0)
+    names = [t.name for t in rt.tool_specs()]
+    assert names == ["list_files", "read_file", "write_file", "delete_file", "run_tests"]
+    assert (await rt.call_tool("list_files", {})).output == ["calc.py", "tests/test_calc.py"]
+    assert (await rt.call_tool("read_file", {"path": "calc.py"})).output["content"] == BUGGY
+    assert (await rt.call_tool("read_file", {"path": "./calc.py"})).ok  # normalised
+    w = await rt.call_tool("write_file", {"path": "pkg/new.py", "content": "x = 1\n"})
+    assert w.output == {"path": "pkg/new.py", "created": True, "bytes": 6}
+    for bad in ("../escape.py", "/etc/passwd", "a/../../b", "", "x\x00y"):
+        r = await rt.call_tool("write_file", {"path": bad, "content": "boom"})
+        assert r.error, bad
+    assert (await rt.call_tool("delete_file", {"path": "pkg/new.py"})).ok
+    assert "no file" in (await rt.call_tool("delete_file", {"path": "pkg/new.py"})).error
+    assert rt.final_state() == {
+        "files": {"calc.py": BUGGY, "tests/test_calc.py": VISIBLE},
+        "testRuns": 0,
+    }
+
+
+async def test_run_tests_tool_in_sandbox() -> None:
+    rt = build_runtime(env(), 0)
+    failing = (await rt.call_tool("run_tests", {})).output
+    assert failing["passed"] is False and failing["exitCode"] != 0
+    assert "assert" in failing["stdout"]
+    await rt.call_tool("write_file", {"path": "calc.py", "content": FIXED})
+    passing = (await rt.call_tool("run_tests", {})).output
+    assert passing["passed"] is True, passing
+    assert rt.final_state()["testRuns"] == 2
+
+
+async def test_tests_pass_uses_hidden_tests() -> None:
+    e = env()
+    fixed = await run_tool_script(e, 0, [("write_file", {"path": "calc.py", "content": FIXED})])
+    result = await score(e, 0, fixed)
+    assert result.passed and result.primitives[0].type == "tests_pass", result
+    # A fix that passes the visible test but not the hidden one fails the verifier.
+    cheat = "def add(a, b):\n    return 5\n"
+    cheated = await run_tool_script(e, 0, [("write_file", {"path": "calc.py", "content": cheat})])
+    result = await score(e, 0, cheated)
+    assert not result.passed and "tests failed" in result.primitives[0].reason
+
+
+async def test_sandbox_blocks_writes_outside_and_network() -> None:
+    probe = (
+        "import socket, pathlib\n\n\ndef test_probe():\n"
+        "    try:\n        pathlib.Path('/etc/rollout-pwned').write_text('x')\n"
+        "        wrote = True\n    except OSError:\n        wrote = False\n"
+        "    try:\n        socket.create_connection(('1.1.1.1', 53), timeout=2)\n"
+        "        net = True\n    except OSError:\n        net = False\n"
+        "    assert not wrote and not net\n"
+    )
+    e = env({"tests": {"test_probe.py": probe}})
+    t = await run_tool_script(e, 0, [("write_file", {"path": "calc.py", "content": FIXED})])
+    result = await score(e, 0, t)
+    assert result.passed, result.primitives[0].reason
+
+
+async def test_files_ground_truth_default_verifier() -> None:
+    e = env({"files": {"calc.py": FIXED}})
+    good = await run_tool_script(e, 0, [("write_file", {"path": "calc.py", "content": FIXED})])
+    assert (await score(e, 0, good)).passed
+    bad = await run_tool_script(e, 0, [])
+    result = await score(e, 0, bad)
+    assert not result.passed and "files" in result.primitives[0].reason
+
+
+async def test_missing_bwrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUT_BWRAP", "/nonexistent/bwrap")
+    e = env()
+    rt = build_runtime(e, 0)
+    r = await rt.call_tool("run_tests", {})
+    assert r.error and "bwrap" in r.error.lower()
+    t = await run_tool_script(e, 0, [])
+    result = await score(e, 0, t)
+    assert not result.passed and result.error and "bwrap" in result.error.lower()
+
+
+def test_validation_of_paths_and_command() -> None:
+    bad = Environment(
+        slug="calc",
+        template="code-editing",
+        config={"files": {"../x.py": "", "ok.py": ""}, "testCommand": []},
+        tasks=[Task(instruction="x", hidden_ground_truth={"tests": {"/abs.py": "x"}})],
+    )
+    problems = validate_environment(bad)
+    assert "config.files[\"../x.py\"]: path '../x.py' escapes the project root" in problems
+    assert "config.testCommand: empty command" in problems
+    assert any(p.startswith('tasks[0].hiddenGroundTruth.tests["/abs.py"]') for p in problems)
+    broken = Environment(
+        slug="c", template="code-editing", config={"files": []}, tasks=[Task(instruction="x")]
+    )
+    with pytest.raises(RolloutError) as err:
+        build_runtime(broken, 0)
+    assert "config.files: Input should be a valid dictionary" in str(err.value)

@@ -1,0 +1,169 @@
+"""SDK classes, Task.from_jsonl, the loader's errors and the `rollout plan` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rollout import Environment, RolloutError, Task, primitive, verifier_config
+from rollout.cli import main
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.envs import load_environments
+
+ROOT = Path(__file__).resolve().parents[2]
+SEEDS = Path(__file__).parent / "seed_examples"
+
+
+def test_task_accepts_snake_and_camel_case(tmp_path: Path) -> None:
+    assert Task(instruction="a", hidden_ground_truth=1).hidden_ground_truth == 1
+    assert Task(instruction="a", hiddenGroundTruth=2).hidden_ground_truth == 2
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"instruction": "a", "hidden_ground_truth": {"x": 1}, "split": "dev"}\n'
+        "\n"
+        '{"instruction": "b", "hiddenGroundTruth": {"x": 2}, "input": {"k": 1}, "id": "t2"}\n'
+    )
+    tasks = Task.from_jsonl(f)
+    assert [(t.instruction, t.split, t.hidden_ground_truth) for t in tasks] == [
+        ("a", "dev", {"x": 1}),
+        ("b", "train", {"x": 2}),
+    ]
+    assert tasks[1].model_dump(by_alias=True)["hiddenGroundTruth"] == {"x": 2}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"instruction": "a"}\n{"instruction": ', ":2: invalid JSON"),
+        ('["a"]', ":1: each line must be a JSON object"),
+        ('{"instruction": "a", "answer": 1}', ":1: unknown key(s) ['answer']"),
+        ('{"hidden_ground_truth": 1}', ":1: instruction: Field required"),
+    ],
+)
+def test_from_jsonl_errors_name_the_line(tmp_path: Path, content: str, message: str) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(content)
+    with pytest.raises(RolloutError) as err:
+        Task.from_jsonl(f)
+    assert f"{f}{message}" in str(err.value)
+    with pytest.raises(RolloutError, match="no such file"):
+        Task.from_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_spec_roundtrip_and_hash() -> None:
+    (env,) = load_environments(SEEDS / "helpers_env.py")
+    spec = env.to_spec()
+    again = EnvironmentSpec.model_validate_json(spec.canonical_json())
+    assert again == spec and again.spec_hash() == spec.spec_hash() == env.spec_hash()
+    rebuilt = Environment.from_spec(spec.to_json_dict())
+    assert rebuilt.to_spec().spec_hash() == spec.spec_hash()
+    env.tasks[0].instruction = "changed"
+    assert env.spec_hash() != spec.spec_hash()
+    assert "hiddenGroundTruth" in spec.canonical_json()
+
+
+def test_sdk_shapes() -> None:
+    env = Environment(slug="db", template="sql", schema="CREATE TABLE t (x);", seed="")
+    assert env.config == {"schema": "CREATE TABLE t (x);", "seed": ""}
+    assert env.name == "db"
+    p = primitive("c", "tool_was_called", tool="t", min_count=2, weight=2)
+    assert p == {"name": "c", "type": "tool_was_called", "weight": 2, "tool": "t", "minCount": 2}
+    assert verifier_config([p]) == verifier_config(p) == {"primitives": [p]}
+    with pytest.raises(RolloutError) as err:
+        Environment(slug="Bad Slug", template="workflow").to_spec()
+    assert err.value.problems[0].startswith("slug: String should match pattern")
+
+
+def write(tmp_path: Path, name: str, body: str) -> Path:
+    f = tmp_path / name
+    f.write_text(body)
+    return f
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("from rollout import Environment\n\nenv = Environment(slug='x'\n", ":3: syntax error"),
+        ("x = 1\n\n\nraise ValueError('boom')\n", ":4: ValueError: boom"),
+        ("import surely_missing_pkg_abc\n", ":1: ModuleNotFoundError: No module named"),
+        ("x = 1\n", "defines no Environment"),
+        (
+            "from rollout import Task\nTask.from_jsonl('nope.jsonl')\n",
+            ":2: nope.jsonl: no such file",
+        ),
+    ],
+)
+def test_loader_errors_name_file_and_line(tmp_path: Path, body: str, message: str) -> None:
+    f = write(tmp_path, "env.py", body)
+    with pytest.raises(RolloutError) as err:
+        load_environments(f)
+    assert str(f) in str(err.value) and message in str(err.value)
+
+
+def test_loader_finds_lists_and_resolves_relative_files(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text('{"instruction": "a", "hidden_ground_truth": {}}\n')
+    body = (
+        "from rollout import Environment, Task\n"
+        "tasks = Task.from_jsonl('t.jsonl')\n"
+        "envs = [Environment(slug=f'e{i}', template='workflow', tasks=tasks) for i in range(2)]\n"
+        "alias = envs[0]\n"
+    )
+    envs = load_environments(write(tmp_path, "many.py", body))
+    assert [e.slug for e in envs] == ["e0", "e1"]
+    with pytest.raises(RolloutError, match="no such file"):
+        load_environments(tmp_path / "nope.py")
+
+
+def test_plan_ok_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(SEEDS / "helpers_env.py")]) == 0
+    out = capsys.readouterr().out
+    assert "✓ refund-agent (workflow): 1 task(s)" in out and "tools: get_order, refund" in out
+    assert main(["plan", str(SEEDS / "refund_agent.py"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and len(doc["environments"][0]["specHash"]) == 64
+
+
+def test_plan_lists_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = (
+        "from rollout import Environment, Task, primitive, verifier_config\n"
+        "env = Environment(slug='bad', template='workflow', config={'tools': [\n"
+        "    {'name': 'get', 'kind': 'lookup', 'fromArray': 'orderz', 'matchField': 'id'}],\n"
+        "    'fixtures': {'orders': []}},\n"
+        "    tasks=[Task(instruction='x', hidden_ground_truth={'refunds': []})],\n"
+        "    verifier=verifier_config(primitive('p', 'tool_was_called', tool='gett')))\n"
+        "ok = Environment(slug='ok', template='workflow', config={'tools': [{'name': 'm', 'kind': 'mock'}]},\n"
+        "    tasks=[Task(instruction='x', hidden_ground_truth={})])\n"
+    )
+    f = write(tmp_path, "bad.py", body)
+    assert main(["plan", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "✗ bad: 2 problem(s)" in out
+    assert "config.tools[0].fromArray: no fixture 'orderz'" in out
+    assert "verifier.primitives[0].tool: unknown tool 'gett' (tools: get)" in out
+    assert "✓ ok (workflow)" in out
+    assert main(["plan", str(f), "--slug", "ok"]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(f), "--slug", "nope", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == {
+        "ok": False,
+        "error": "no environment with slug 'nope' (found: 'bad', 'ok')",
+        "problems": [],
+    }
+
+
+def test_plan_console_script_never_prints_a_traceback(tmp_path: Path) -> None:
+    f = write(tmp_path, "broken.py", "def f(:\n")
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "rollout"), "plan", str(f)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert f"{f}:1: syntax error" in proc.stderr

@@ -1,0 +1,249 @@
+"""Every verifier primitive, the weighted score, and the default verifier."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rollout import Environment, Task, primitive, verifier_config
+from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
+from rollout.shared.envs import known_types, score
+
+
+def calls(*items: tuple[str, dict[str, Any], str | None]) -> list[ToolCallRecord]:
+    return [
+        ToolCallRecord(index=i, name=n, arguments=a, error=e) for i, (n, a, e) in enumerate(items)
+    ]
+
+
+TRAJ = Trajectory(
+    tool_calls=calls(
+        ("get_order", {"id": "O-1"}, None),
+        ("refund", {"order_id": "O-1", "amount": 100}, None),
+        ("refund", {"order_id": "O-2", "amount": 5}, "no such order"),
+    ),
+    final_output="Refunded $1,234.50 to Alice. Done.",
+    final_state={
+        "refunds": [{"order_id": "O-1", "amount": 100.0, "meta": {"by": "bot"}}],
+        "count": 1,
+        "flag": True,
+        "url": "https://s.test/thanks",
+        "history": ["https://s.test/", "https://s.test/thanks"],
+        "submissions": [{"form": "f", "url": "https://s.test/c", "values": {"email": "a@b.c"}}],
+    },
+)
+
+
+def env_with(*prims: dict[str, Any], template: str = "workflow", gt: Any = None) -> Environment:
+    return Environment(
+        slug="v",
+        template=template,
+        config={"tools": [{"name": "get_order", "kind": "mock"}]} if template == "workflow" else {},
+        tasks=[Task(instruction="x", hidden_ground_truth=gt)],
+        verifier=verifier_config(*prims) if prims else None,
+    )
+
+
+async def one(prim: dict[str, Any], traj: Trajectory = TRAJ, **kw: Any):
+    result = await score(env_with(prim, **kw), 0, traj)
+    assert len(result.primitives) == 1
+    return result.primitives[0]
+
+
+@pytest.mark.parametrize(
+    ("params", "passed", "fragment"),
+    [
+        ({"expected": {"refunds.length": 1, "count": 1.0}}, True, "all 2 path(s) match"),
+        ({"expected": {"refunds[0].amount": 100}}, True, "match"),
+        ({"expected": {"flag": 1}}, False, "flag: expected 1, got true"),
+        ({"expected": {"refunds[0]": {"order_id": "O-1", "amount": 100}}}, False, "expected"),
+        (
+            {"expected": {"refunds[0]": {"order_id": "O-1", "amount": 100}}, "partial": True},
+            True,
+            "match",
+        ),
+        ({"expected": {"nope.x": 1}}, False, "nope.x: missing"),
+    ],
+)
+async def test_state_match(params: dict, passed: bool, fragment: str) -> None:
+    r = await one(primitive("s", "state_match", **params))
+    assert r.passed is passed and fragment in r.reason
+
+
+async def test_state_match_partial_score() -> None:
+    r = await one(primitive("s", "state_match", expected={"count": 1, "flag": False}))
+    assert r.score == 0.5 and not r.passed
+
+
+@pytest.mark.parametrize(
+    ("params", "passed", "score"),
+    [
+        ({"terms": ["refunded", "alice"]}, True, 1.0),
+        ({"terms": ["refunded", "bob"]}, False, 0.5),
+        ({"terms": ["Alice"], "case_sensitive": True}, True, 1.0),
+        ({"terms": ["alice"], "case_sensitive": True}, False, 0.0),
+        ({"terms": ["bob", "alice"], "mode": "any"}, True, 1.0),
+        ({"terms": "O-1", "source": "refunds"}, True, 1.0),
+    ],
+)
+async def test_contains_terms(params: dict, passed: bool, score: float) -> None:
+    r = await one(primitive("c", "contains_terms", **params))
+    assert (r.passed, r.score) == (passed, score), r.reason
+
+
+@pytest.mark.parametrize(
+    ("params", "passed"),
+    [
+        ({"tool": "get_order"}, True),
+        ({"tool": "refund", "min_count": 2}, True),
+        ({"tool": "refund", "min_count": 2, "successful_only": True}, False),
+        ({"tool": "refund", "max_count": 1}, False),
+        ({"tool": "refund", "args": {"order_id": "O-1"}}, True),
+        ({"tool": "refund", "args": {"order_id": "O-1", "amount": 100.0}, "max_count": 1}, True),
+        ({"tool": "refund", "args": {"order_id": "O-3"}}, False),
+        ({"tool": "get_order", "min_count": 0, "max_count": 0}, False),
+    ],
+)
+async def test_tool_was_called(params: dict, passed: bool) -> None:
+    env_tools = {"tools": [{"name": n, "kind": "mock"} for n in ("get_order", "refund")]}
+    e = Environment(
+        slug="v",
+        template="workflow",
+        config=env_tools,
+        tasks=[Task(instruction="x")],
+        verifier=verifier_config(primitive("t", "tool_was_called", **params)),
+    )
+    r = (await score(e, 0, TRAJ)).primitives[0]
+    assert r.passed is passed, r.reason
+    assert "called" in r.reason
+
+
+async def test_no_tool_errors() -> None:
+    r = await one(primitive("n", "no_tool_errors"))
+    assert not r.passed and "1 tool error(s); first: refund: no such order" in r.reason
+    r = await one(primitive("n", "no_tool_errors", tools=["get_order"]))
+    assert r.passed
+
+
+@pytest.mark.parametrize(
+    ("params", "output", "passed"),
+    [
+        ({"expected": "Paris"}, "  paris ", True),
+        ({"expected": "Paris", "case_sensitive": True}, "paris", False),
+        ({"expected": 1234.5, "mode": "numeric"}, "The total is $1,234.50.", True),
+        ({"expected": 1234.5, "mode": "numeric", "tolerance": 0.01}, "1234.509", True),
+        ({"expected": 1234.5, "mode": "numeric"}, "1234.6", False),
+        ({"expected": 100}, "100.0", True),
+        ({"expected": 100, "mode": "numeric", "rel_tolerance": 0.05}, "about 104", True),
+        ({"expected": r"^ord(er)?-\d+$", "mode": "regex"}, "ORDER-17", True),
+        ({"expected": "[", "mode": "regex"}, "x", False),
+        ({"expected": "needle", "mode": "contains"}, "hay needle hay", True),
+        ({"expected": {"a": [1, 2]}}, '{"a": [1, 2.0]}', True),
+        ({"expected": "x"}, None, False),
+    ],
+)
+async def test_final_answer_match(params: dict, output: str | None, passed: bool) -> None:
+    traj = Trajectory(final_output=output)
+    r = await one(primitive("f", "final_answer_match", **params), traj)
+    assert r.passed is passed, r.reason
+
+
+async def test_final_answer_from_ground_truth_and_state() -> None:
+    traj = Trajectory(final_output="42", final_state={"submission": {"answer": 7}})
+    assert (await one(primitive("f", "final_answer_match"), traj, gt={"answer": 42})).passed
+    assert (await one(primitive("f", "final_answer_match"), traj, gt=42)).passed
+    from_state = primitive("f", "final_answer_match", source="submission.answer", expected=7)
+    assert (await one(from_state, traj)).passed
+
+
+@pytest.mark.parametrize(
+    ("params", "passed"),
+    [
+        ({"url": "https://s.test/thanks"}, True),
+        ({"url": "https://s.test/thanks/", "mode": "final"}, True),
+        ({"url": "https://s.test/", "mode": "final"}, False),
+        ({"url": "https://s.test/", "match": "prefix", "mode": "final"}, True),
+        ({"url": r"thanks$", "match": "regex"}, True),
+        ({"url": "https://s.test/nowhere"}, False),
+    ],
+)
+async def test_url_reached(params: dict, passed: bool) -> None:
+    r = await one(primitive("u", "url_reached", **params), template="browser")
+    assert r.passed is passed, r.reason
+
+
+@pytest.mark.parametrize(
+    ("params", "passed"),
+    [
+        ({"form": "f"}, True),
+        ({"form": "f", "fields": {"email": " a@b.c"}}, True),
+        ({"form": "f", "fields": {"email": "x@y.z"}}, False),
+        ({"form": "g"}, False),
+        ({"form": "f", "min_count": 2}, False),
+        ({}, True),
+    ],
+)
+async def test_form_submitted(params: dict, passed: bool) -> None:
+    r = await one(primitive("f", "form_submitted", **params), template="browser")
+    assert r.passed is passed, r.reason
+
+
+@pytest.mark.parametrize(
+    ("params", "passed"),
+    [
+        ({"tools": ["get_order", "refund"]}, True),
+        ({"tools": ["refund", "get_order"]}, False),
+        ({"tools": ["get_order", "refund", "refund"], "exact": True}, True),
+        ({"tools": ["get_order", "refund"], "exact": True}, False),
+    ],
+)
+async def test_tool_call_order(params: dict, passed: bool) -> None:
+    r = await one(primitive("o", "tool_call_order", **params))
+    assert r.passed is passed, r.reason
+
+
+async def test_weighted_score_and_all_must_pass() -> None:
+    e = env_with(
+        primitive("a", "state_match", expected={"count": 1}, weight=3),
+        primitive("b", "no_tool_errors", weight=1),
+    )
+    result = await score(e, 0, TRAJ)
+    assert result.score == pytest.approx(0.75)
+    assert not result.passed
+    assert [p.name for p in result.primitives] == ["a", "b"]
+    assert all(p.reason for p in result.primitives)
+
+
+async def test_default_verifier_is_state_match_on_ground_truth() -> None:
+    e = env_with(gt={"count": 1, "refunds.length": 1})
+    result = await score(e, 0, TRAJ)
+    assert result.passed and result.primitives[0].type == "state_match"
+    e = env_with(gt=None)
+    result = await score(e, 0, TRAJ)
+    assert not result.passed and "no hidden ground truth" in result.primitives[0].reason
+
+
+async def test_unknown_or_invalid_primitive_fails_with_reason_not_exception() -> None:
+    e = env_with(primitive("x", "state_mtch"), primitive("y", "tool_was_called"))
+    result = await score(e, 0, TRAJ)
+    reasons = [p.reason for p in result.primitives]
+    assert reasons[0] == "unknown primitive type 'state_mtch'"
+    assert reasons[1].startswith("invalid params: tool: Field required")
+    assert not result.passed and result.score == 0.0
+
+
+def test_registry_has_every_primitive() -> None:
+    assert known_types() == sorted(
+        [
+            "state_match",
+            "contains_terms",
+            "tool_was_called",
+            "no_tool_errors",
+            "final_answer_match",
+            "sql_result_match",
+            "tests_pass",
+            "url_reached",
+            "form_submitted",
+            "tool_call_order",
+        ]
+    )

@@ -1,0 +1,1 @@
+"""Local stand-ins for remote services (model APIs only), served over real HTTP."""

