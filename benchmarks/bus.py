@@ -93,7 +93,7 @@ async def raw_baseline(nc: nats.NATS, count: int) -> tuple[float, float]:
 async def projected(pool: asyncpg.Pool, target: int) -> None:
     """Wait (polling Postgres) until the tracker's read models reach stream position `target`."""
     runner = ProjectionRunner(pool, ReadModels())
-    while await runner.position() < target:
+    while await runner.position() < target:  # noqa: ASYNC110 (the condition lives in Postgres)
         await asyncio.sleep(0.01)
 
 
@@ -111,7 +111,9 @@ async def fresh_database(settings: Settings, admin_dsn: str) -> Settings:
 async def ours(settings: Settings, count: int, *, batched: bool) -> tuple[float, float]:
     """Our path: EventPublisher (batched or awaited one by one) -> tracker -> Postgres."""
     settings = await fresh_database(settings, settings.database_url)
-    nc = await nats.connect(settings.nats_url, user=settings.nats_user, password=settings.nats_password)
+    nc = await nats.connect(
+        settings.nats_url, user=settings.nats_user, password=settings.nats_password
+    )
     js = nc.jetstream()
     await ensure_streams(js)
     run_id = new_id()[:12]
@@ -153,7 +155,9 @@ async def main(count: int) -> None:
             nats_user=nats_server.user,
             nats_password=nats_server.password,
         )
-        nc = await nats.connect(nats_server.url, user=nats_server.user, password=nats_server.password)
+        nc = await nats.connect(
+            nats_server.url, user=nats_server.user, password=nats_server.password
+        )
         raw_pub, raw_e2e = await raw_baseline(nc, count)
         await nc.close()
         batch_pub, batch_e2e = await ours(settings, count, batched=True)
@@ -163,8 +167,12 @@ async def main(count: int) -> None:
         nats_server.stop()
     print(f"events: {count} x ~{PAYLOAD_BYTES} B")
     print(f"{'path':<44} {'publish ev/s':>13} {'end-to-end ev/s':>16}")
-    print(f"{'raw nats-py publish_async + pull (baseline)':<44} {raw_pub:>13,.0f} {raw_e2e:>16,.0f}")
-    print(f"{'ours, batched publish -> tracker -> Postgres':<44} {batch_pub:>13,.0f} {batch_e2e:>16,.0f}")
+    print(
+        f"{'raw nats-py publish_async + pull (baseline)':<44} {raw_pub:>13,.0f} {raw_e2e:>16,.0f}"
+    )
+    print(
+        f"{'ours, batched publish -> tracker -> Postgres':<44} {batch_pub:>13,.0f} {batch_e2e:>16,.0f}"
+    )
     print(f"{'ours, one at a time -> tracker -> Postgres':<44} {one_pub:>13,.0f} {one_e2e:>16,.0f}")
     print(f"batched / one-at-a-time publish: {batch_pub / one_pub:.1f}x;"
           f" end to end: {batch_e2e / one_e2e:.2f}x")  # fmt: skip

@@ -124,13 +124,14 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_bare(args: argparse.Namespace) -> dict[str, Any]:
     """Time vllm.LLM.generate on the same prompt ids and sampling params."""
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
     from rollout.shared.models.vllm_backend import (
         eos_token_ids,
         render_prompt_ids,
         sampling_kwargs,
     )
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
 
     requests = make_requests(args.batch, args.max_tokens)
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)

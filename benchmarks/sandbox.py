@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
+
 from rollout.shared.envs.sandbox import SandboxLimits, _sandbox_env, run_sandboxed
 
 WORKLOADS: dict[str, list[str]] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from faststream.nats import NatsBroker
+
 from rollout.shared.settings import Settings
 
 

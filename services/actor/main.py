@@ -8,6 +8,7 @@ import os
 import httpx
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+
 from rollout.errors import RolloutError
 from rollout.services.actor.generate import failed_batch, generate_batch
 from rollout.shared import subjects

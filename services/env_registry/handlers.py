@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from faststream.nats import NatsBroker
+
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream

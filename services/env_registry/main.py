@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from faststream.nats import NatsBroker
+
 from rollout.services.env_registry import handlers
 from rollout.shared.bus.broker import make_broker
 from rollout.shared.bus.streams import ensure_streams

@@ -12,6 +12,7 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.message import NatsBatchMessage
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+
 from rollout.services.tracker import queries, runs
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects

@@ -6,6 +6,7 @@ import json
 from collections.abc import Awaitable, Callable
 
 import asyncpg
+
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope, Payload
 

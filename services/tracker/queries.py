@@ -7,6 +7,7 @@ from typing import Any
 
 import asyncpg
 from faststream.nats import NatsBroker
+
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns, Reply

@@ -9,6 +9,7 @@ import asyncpg
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js import JetStreamContext, api
+
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream

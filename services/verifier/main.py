@@ -6,6 +6,7 @@ import asyncio
 
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
+
 from rollout.services.verifier.scoring import score_rollout
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
+
 from rollout.errors import RolloutError
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs.runtime import EnvRuntime, ToolResult

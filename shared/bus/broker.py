@@ -7,6 +7,7 @@ import logging
 from faststream.nats import NatsBroker, NatsToken, NatsUserPassword
 from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
+
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, DeadLetterPolicy
 from rollout.shared.settings import Settings
 

@@ -14,6 +14,7 @@ from faststream import BaseMiddleware
 from faststream.exceptions import HandlerException
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+
 from rollout.errors import RolloutError
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id

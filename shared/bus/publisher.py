@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
+
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envelope import EventEnvelope
 

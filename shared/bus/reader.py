@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
+
 from rollout.shared import subjects
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
+
 from rollout.shared import subjects
 
 # JetStream drops a second publish with the same Nats-Msg-Id inside this window.

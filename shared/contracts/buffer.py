@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from rollout.errors import RolloutError
 from rollout.shared.contracts.requests import Request
 from rollout.shared.objectstore.base import ObjectRef, ObjectStore

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
 from rollout.shared import subjects
 
 SCHEMA_VERSION = 1

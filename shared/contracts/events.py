@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field
+
 from rollout.shared.contracts.envelope import Payload, register
 
 Method = Literal["sft", "dpo", "grpo", "ppo"]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
 from rollout.shared.contracts.envelope import EventEnvelope, payload_types
 
 # Contract models outside the event registry, by module and attribute; each is exported if present.
@@ -70,6 +71,7 @@ def stale_schemas(folder: Path) -> list[str]:
 def asyncapi_document() -> str:
     """The AsyncAPI document of every service's broker (handlers and their messages)."""
     from faststream.specification import AsyncAPI
+
     from rollout.shared.service_catalog import asyncapi_brokers
 
     spec = AsyncAPI(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from rollout.shared.contracts.events import SamplingParams
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
+
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
 

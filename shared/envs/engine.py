@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
+
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import TEMPLATES
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory, VerifierResult

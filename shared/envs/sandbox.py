@@ -27,6 +27,7 @@ from pathlib import Path
 
 import structlog
 from pydantic import BaseModel, Field
+
 from rollout.errors import RolloutError
 
 log = structlog.get_logger(__name__)

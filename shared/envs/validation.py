@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
+
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import (
     TEMPLATE_ALIASES,

@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpx
 import structlog
+
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall, Usage
 

@@ -93,3 +93,8 @@ register_backend(
     "https://", _endpoint, example="https://gateway.example.com/v1#my-model", whole_name=True
 )
 register_backend("hf:", _hf, example="hf:./models/my-model")
+
+# `vllm:<dir>` (the `gpu` extra): registered here, imported lazily when used.
+from rollout.shared.models import vllm_backend as _vllm  # noqa: E402
+
+_vllm.register()

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
+
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
 from rollout.shared.models.hermes import parse_tool_calls

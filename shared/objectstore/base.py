@@ -16,6 +16,7 @@ from typing import BinaryIO, ClassVar, Self
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
+
 from rollout.shared.objectstore.checksum import (
     CHUNK_SIZE,
     SHA256_PATTERN,

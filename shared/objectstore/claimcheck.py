@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
+
 from rollout.shared.objectstore.base import ObjectRef, ObjectStore
 from rollout.shared.objectstore.checksum import sha256_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
 from rollout.errors import RolloutError
 from rollout.shared.objectstore.base import ObjectStore
 from rollout.shared.objectstore.errors import CloudExtraMissing, ObjectStoreError

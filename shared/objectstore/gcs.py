@@ -11,6 +11,7 @@ from typing import Any, ClassVar, NoReturn
 import aiohttp
 from gcloud.aio.storage import Storage
 from gcloud.aio.storage.storage import MAX_CONTENT_LENGTH_SIMPLE_UPLOAD
+
 from rollout.shared.objectstore.base import ObjectStore, StoredObject
 from rollout.shared.objectstore.errors import InvalidObjectKey, ObjectNotFound, ObjectStoreError
 from rollout.shared.objectstore.keys import normalize_store_prefix

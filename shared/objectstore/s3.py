@@ -12,6 +12,7 @@ import aioboto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
 from rollout.shared.objectstore.base import ObjectStore, StoredObject
 from rollout.shared.objectstore.errors import InvalidObjectKey, ObjectNotFound, ObjectStoreError
 from rollout.shared.objectstore.keys import normalize_store_prefix

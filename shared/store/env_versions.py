@@ -6,6 +6,7 @@ import json
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
+
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope

@@ -7,6 +7,7 @@ from typing import Protocol
 import asyncpg
 import pydantic
 from nats.js import JetStreamContext
+
 from rollout.shared import subjects
 from rollout.shared.bus.reader import last_sequence, read_events
 from rollout.shared.contracts.envelope import EventEnvelope

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nats.js import JetStreamContext
+
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.envs.coerce import as_spec

@@ -15,6 +15,7 @@ from fakes.openai_server import (
     text_reply,
     tool_reply,
 )
+
 from rollout.shared.agent.loop import Episode, SamplingParams, run_episode, run_episodes
 from rollout.shared.envs.runtime import ToolResult, ToolSpec
 from rollout.shared.models.base import ChatRequest, ChatResponse
@@ -275,6 +276,7 @@ class _Never:
 
 async def test_malformed_call_from_a_real_local_model_is_a_tool_error(tmp_path: Path) -> None:
     from fakes.trained_tiny import Lesson, train_parrot
+
     from rollout.shared.agent.loop import DEFAULT_SYSTEM_PROMPT
     from rollout.shared.models.hf import HFBackend
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from faststream.nats import JStream, PullSub
+
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
+
 from rollout.shared import subjects
 from rollout.shared.contracts import EventEnvelope
 from rollout.shared.contracts.events import RunFailed, RunRequested

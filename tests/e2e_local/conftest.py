@@ -15,6 +15,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 from fakes.openai_server import FakeOpenAI, fake_openai  # noqa: E402, F401  (a fixture)
+
 from rollout.cli import main  # noqa: E402
 
 
@@ -52,6 +53,7 @@ def _logs_to_current_stderr() -> None:
     # The CLI configures structlog once per process with the stderr of that moment; in-process
     # CLI runs under pytest would then write into a closed capture. Configure it first, here.
     import structlog
+
     from rollout.shared import observability
 
     observability.configure_logging("e2e-tests", level="WARNING")

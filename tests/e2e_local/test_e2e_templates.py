@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 from fakes.openai_server import by_conversation, text_reply, tool_reply
+
 from rollout.shared.envs import known_types
 
 README_REFUND = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rollout import Environment, RolloutError, Task, code_editing_config
 from rollout.shared.envs import build_runtime, run_tool_script, score, validate_environment
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rollout.shared.envs import load_environments, run_tool_script, score, validate_environment
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

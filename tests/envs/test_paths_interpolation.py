@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from rollout.shared.envs.interpolate import (
     InterpolationError,
     arg_names,

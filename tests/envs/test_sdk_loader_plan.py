@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rollout import Environment, RolloutError, Task, primitive, verifier_config
 from rollout.cli import main
 from rollout.shared.contracts.envspec import EnvironmentSpec

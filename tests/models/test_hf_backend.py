@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from fakes.trained_tiny import Lesson, train_parrot
+
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.hermes import render_tool_call

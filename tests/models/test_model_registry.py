@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fakes.openai_server import text_reply
+
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ModelBackend
 from rollout.shared.models.hermes import parse_tool_calls

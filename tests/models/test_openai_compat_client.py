@@ -6,6 +6,7 @@ import time
 
 import pytest
 from fakes.openai_server import Reply, completion, error_reply, text_reply, tool_reply
+
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.openai_compat import OpenAICompatBackend

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from rollout.errors import RolloutError
 from rollout.shared.models import vllm_backend
 from rollout.shared.models.base import ChatRequest

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from gcp_storage_emulator.server import create_server
 from moto.server import ThreadedMotoServer
+
 from rollout.shared.objectstore import LocalObjectStore, ObjectStore, open_store
 
 S3_BUCKET = "rollout-test"

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 from objectstore_backends import gcs_store, s3_store
+
 from rollout.shared.objectstore import ObjectStore, ObjectStoreError
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from objectstore_backends import Backend
 from pydantic import BaseModel
+
 from rollout.errors import RolloutError
 from rollout.shared.objectstore import (
     Inline,

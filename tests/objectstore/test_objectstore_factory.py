@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rollout.errors import RolloutError
 from rollout.shared.objectstore import (
     CloudExtraMissing,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rollout.shared.objectstore import InvalidObjectKey, LocalObjectStore, validate_key
 
 ROOT = Path("/srv/objects")

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from rollout.shared.objectstore import LocalObjectStore, ObjectStoreError
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from fakes.openai_server import FakeOpenAI
 from kit import Platform, refund_agent
+
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.shared.settings import Settings

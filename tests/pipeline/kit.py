@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 from fakes.openai_server import Reply, text_reply, tool_reply
+
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared.settings import Settings
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 from kit import refund_env, snapshot, wait_until
+
 from rollout.errors import RolloutError
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import asyncpg
-import pytest
+from fakes.openai_server import FakeOpenAI, Reply
 from kit import Platform, refund_agent, refund_env, snapshot, wait_until
 
-from fakes.openai_server import FakeOpenAI, Reply
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
@@ -197,7 +196,9 @@ async def test_a_verifier_that_raises_on_one_rollout_marks_it_errored_and_the_ru
         from rollout.shared.bus.streams import ensure_consumer, pull_consumer_config
 
         await ensure_consumer(
-            js, subjects.WORK_STREAM, pull_consumer_config("actors", subjects.work_filter("rollouts"))
+            js,
+            subjects.WORK_STREAM,
+            pull_consumer_config("actors", subjects.work_filter("rollouts")),
         )
         sub = await js.pull_subscribe_bind(durable="actors", stream=subjects.WORK_STREAM)
         (msg,) = await sub.fetch(1, timeout=30)
@@ -219,7 +220,9 @@ async def test_a_verifier_that_raises_on_one_rollout_marks_it_errored_and_the_ru
         ]
         await EventPublisher(js).publish(
             EventEnvelope.new(
-                RolloutsGenerated(run_id=work.run_id, work_item_id=work.work_item_id, rollouts=rollouts),
+                RolloutsGenerated(
+                    run_id=work.run_id, work_item_id=work.work_item_id, rollouts=rollouts
+                ),
                 aggregate_id=work.run_id,
                 id_parts=(work.work_item_id,),
                 run_id=work.run_id,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rollout.errors import RolloutError
 from rollout.shared.envs.sandbox import (
     SandboxLimits,

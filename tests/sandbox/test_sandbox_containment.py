@@ -6,8 +6,9 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from rollout.shared.envs.sandbox import run_sandboxed
 from sandbox_helpers import host_path_exists, run_python
+
+from rollout.shared.envs.sandbox import run_sandboxed
 
 
 async def test_network_is_blocked_even_to_a_host_loopback_server(tmp_path: Path) -> None:

@@ -9,8 +9,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
 from sandbox_helpers import pids_with_token, run_python, wait_no_pids
+
+from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
 
 
 async def test_process_limit_caps_forks(tmp_path: Path) -> None:

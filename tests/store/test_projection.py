@@ -7,6 +7,7 @@ import asyncio
 import asyncpg
 import nats.errors
 from nats.js import api
+
 from rollout.services.tracker.main import serve as serve_tracker
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects

@@ -18,7 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--reverify", action="store_true", help="score the trajectories with today's verifier"
     )
     p.add_argument(
-        "--env-version", type=int, default=None, help="verifier of this env version (default: newest)"
+        "--env-version",
+        type=int,
+        default=None,
+        help="verifier of this env version (default: newest)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: asyncio.run(_replay(a)))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
 from rollout.shared.envs.interpolate import InterpolationError
 from rollout.shared.envs.params import argument_errors

@@ -7,6 +7,7 @@ from typing import Any
 
 import structlog
 from pydantic import ValidationError
+
 from rollout.shared.contracts.envspec import EnvironmentSpec, PrimitiveSpec, TaskSpec, VerifierSpec
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
 from rollout.shared.envs.verifiers import primitives as _primitives  # noqa: F401  (registers)

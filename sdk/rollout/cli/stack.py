@@ -1,0 +1,189 @@
+"""`rollout up | down | status | serve`: the embedded stack on one machine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+
+DEFAULT_UP_TIMEOUT = 120.0
+
+
+def register(sub: Any) -> None:
+    """Add the stack verbs."""
+    up = sub.add_parser("up", help="start NATS, Postgres and the services; return when healthy")
+    up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops all")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=float(os.environ.get("ROLLOUT_UP_TIMEOUT", DEFAULT_UP_TIMEOUT)),
+        help="seconds to wait for every component to be healthy (default %(default)s)",
+    )
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop the services, then the servers")
+    down.add_argument("--timeout", type=float, default=60.0, help="seconds before SIGKILL")
+    down.set_defaults(func=cmd_down)
+
+    status = sub.add_parser("status", help="health of each component (exit 0 only if all healthy)")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+
+    serve = sub.add_parser("serve", help="run one service in the foreground")
+    serve.add_argument("name", help="service name, e.g. tracker")
+    serve.add_argument("--replica-id", default=None, help="heartbeat id (default host-pid)")
+    serve.set_defaults(func=cmd_serve)
+
+
+def _fast_postgres() -> bool:
+    # Tests only: ROLLOUT_PG_FSYNC=off trades crash safety for speed.
+    return os.environ.get("ROLLOUT_PG_FSYNC", "on").lower() == "off"
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start the stack (a background supervisor unless --foreground)."""
+    from rollout.shared.settings import load_settings
+    from rollout.shared.stack.files import ensure_home
+    from rollout.shared.stack.services import selected
+    from rollout.shared.stack.supervisor import TOKEN_ENV, cli_command, supervisor_running
+
+    settings = load_settings()
+    services = selected()
+    ensure_home(settings.home)
+    if args.foreground:
+        return _run_foreground(settings, services)
+    if supervisor_running(settings.home):
+        _wait_ready(settings.home, None, None, args.timeout)
+        return _print_status(as_json=False)
+
+    token = uuid.uuid4().hex
+    log_path = settings.home / "logs" / "supervisor.log"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            cli_command("up", "--foreground"),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, TOKEN_ENV: token, "ROLLOUT_HOME": str(settings.home)},
+            # Detached: the stack outlives this command and the terminal.
+            start_new_session=True,
+        )
+    try:
+        _wait_ready(settings.home, token, proc, args.timeout)
+    except RolloutError:
+        if proc.poll() is None:
+            from rollout.shared.stack.supervisor import down
+
+            down(settings.home)
+        raise
+    return _print_status(as_json=False)
+
+
+def _run_foreground(settings: Any, services: list[str]) -> int:
+    from rollout.shared.observability import configure_logging
+    from rollout.shared.stack.supervisor import TOKEN_ENV, Supervisor
+
+    configure_logging("supervisor")
+    supervisor = Supervisor(
+        settings=settings,
+        services=services,
+        env=dict(os.environ),
+        token=os.environ.get(TOKEN_ENV),
+        fast=_fast_postgres(),
+    )
+    asyncio.run(supervisor.run())
+    return 0
+
+
+def _wait_ready(
+    home: Path, token: str | None, proc: subprocess.Popen[bytes] | None, timeout: float
+) -> None:
+    """Wait for the supervisor to report `ready`; fail with its log when it gives up."""
+    from rollout.shared.stack.process import read_from, tail
+    from rollout.shared.stack.supervisor import read_state
+
+    log_path = home / "logs" / "supervisor.log"
+    deadline = time.monotonic() + timeout
+    while True:
+        state = read_state(home)
+        if token is None or state.get("token") == token:
+            if state.get("phase") == "ready":
+                return
+            if state.get("phase") == "failed":
+                raise RolloutError(
+                    f"rollout up failed: {state.get('error')}",
+                    problems=[f"log: {log_path}"],
+                )
+        if proc is not None and proc.poll() is not None:
+            raise RolloutError(
+                f"the supervisor exited with code {proc.returncode}",
+                problems=[tail(read_from(log_path, 0)), f"log: {log_path}"],
+            )
+        if time.monotonic() > deadline:
+            waiting = _unhealthy_summary(home)
+            raise RolloutError(
+                f"the stack was not healthy after {timeout:.0f}s; stopped it",
+                problems=[*waiting, f"supervisor log: {log_path}"],
+            )
+        # The supervisor records its phase in the state file; re-read it in short steps.
+        time.sleep(0.1)
+
+
+def _unhealthy_summary(home: Path) -> list[str]:
+    from rollout.shared.stack.supervisor import read_state
+
+    state = read_state(home)
+    lines = []
+    for name, entry in (state.get("services") or {}).items():
+        lines.append(
+            f"{name}: restarts={entry.get('restarts', 0)} last_exit={entry.get('last_exit')} "
+            f"log: {entry.get('log')}"
+        )
+    return lines or [f"phase: {state.get('phase', 'unknown')}"]
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop everything `up` started for this ROLLOUT_HOME."""
+    from rollout.shared.settings import load_settings
+    from rollout.shared.stack.supervisor import down
+
+    settings = load_settings()
+    stopped = down(settings.home, timeout=args.timeout)
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print each component's health; exit 0 only when all are healthy."""
+    return _print_status(as_json=args.json)
+
+
+def _print_status(*, as_json: bool) -> int:
+    from rollout.shared.settings import load_settings
+    from rollout.shared.stack.status import as_json as to_json
+    from rollout.shared.stack.status import as_table, collect_status
+
+    settings = load_settings()
+    components = asyncio.run(collect_status(settings))
+    if as_json:
+        doc = to_json(components) | {"home": str(settings.home)}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(as_table(components))
+    healthy = all(c.healthy for c in components)
+    return 0 if healthy else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run one service until SIGTERM."""
+    from rollout.shared.stack.serve import serve_main
+
+    return serve_main(args.name, args.replica_id)

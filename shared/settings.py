@@ -1,0 +1,196 @@
+"""Resolved settings: where rollout keeps its data and which NATS and Postgres it talks to."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from rollout.errors import RolloutError
+
+if TYPE_CHECKING:
+    import nats.aio.client
+
+# File names inside ROLLOUT_HOME; the stack launcher writes them, settings only read them.
+STATE_FILE = "state.json"
+CREDENTIALS_FILE = "credentials.json"
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a process needs to reach the bus and the database."""
+
+    home: Path
+    nats_url: str
+    database_url: str | None
+    nats_user: str | None = None
+    nats_password: str | None = None
+    nats_token: str | None = None
+    external_nats: bool = False
+    external_database: bool = False
+
+    def with_database(self, database_url: str) -> Settings:
+        """A copy pointing at another database (tests use one database each)."""
+        return replace(self, database_url=database_url)
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    """The per-user data dir: $XDG_DATA_HOME/rollout or ~/.local/share/rollout."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_DATA_HOME")
+    base = Path(xdg) if xdg else Path(env.get("HOME") or Path.home()) / ".local" / "share"
+    return base / "rollout"
+
+
+def read_json_file(path: Path) -> dict[str, Any]:
+    """Read a JSON object from a file rollout wrote; a missing file reads as {}."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise RolloutError(
+            f"cannot read {path}: {exc.strerror}",
+            problems=["check ROLLOUT_HOME (a writable directory; default ~/.local/share/rollout)"],
+        ) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RolloutError(
+            f"{path} is not valid JSON ({exc}); delete it and run `rollout up`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise RolloutError(f"{path} must hold a JSON object; delete it and run `rollout up`")
+    return data
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Resolve settings from the environment, then from the embedded stack's files in the home."""
+    env = os.environ if env is None else env
+    home = Path(env["ROLLOUT_HOME"]).expanduser() if env.get("ROLLOUT_HOME") else default_home(env)
+    state = read_json_file(home / STATE_FILE)
+    creds = read_json_file(home / CREDENTIALS_FILE)
+
+    external_nats = bool(env.get("ROLLOUT_NATS_URL"))
+    if external_nats:
+        nats_url = _checked_url(
+            env["ROLLOUT_NATS_URL"], "ROLLOUT_NATS_URL", ("nats", "tls", "ws", "wss")
+        )
+        nats_user = env.get("ROLLOUT_NATS_USER") or None
+        nats_password = env.get("ROLLOUT_NATS_PASSWORD") or None
+        nats_token = env.get("ROLLOUT_NATS_TOKEN") or None
+    else:
+        nats_url = str(state.get("nats", {}).get("url") or DEFAULT_NATS_URL)
+        nats_creds = creds.get("nats", {})
+        nats_user = nats_creds.get("user")
+        nats_password = nats_creds.get("password")
+        nats_token = None
+
+    external_database = bool(env.get("ROLLOUT_DATABASE_URL"))
+    if external_database:
+        database_url: str | None = _checked_url(
+            env["ROLLOUT_DATABASE_URL"], "ROLLOUT_DATABASE_URL", ("postgresql", "postgres")
+        )
+    else:
+        database_url = state.get("postgres", {}).get("url") or None
+
+    return Settings(
+        home=home,
+        nats_url=nats_url,
+        database_url=database_url,
+        nats_user=nats_user,
+        nats_password=nats_password,
+        nats_token=nats_token,
+        external_nats=external_nats,
+        external_database=external_database,
+    )
+
+
+def _checked_url(url: str, variable: str, schemes: tuple[str, ...]) -> str:
+    """Reject a URL with the wrong scheme or no host, naming the variable it came from."""
+    parts = urlsplit(url)
+    if parts.scheme not in schemes or not parts.hostname:
+        raise RolloutError(
+            f"{variable}={redact_url(url)!r} is not a valid URL",
+            problems=[f"expected {schemes[0]}://host:port (scheme one of {', '.join(schemes)})"],
+        )
+    return url
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe to print and log."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def nats_connect_kwargs(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for nats-py `connect` and FastStream's `NatsBroker`."""
+    kwargs: dict[str, Any] = {"servers": [settings.nats_url]}
+    if settings.nats_token:
+        kwargs["token"] = settings.nats_token
+    if settings.nats_user is not None:
+        kwargs["user"] = settings.nats_user
+        kwargs["password"] = settings.nats_password or ""
+    return kwargs
+
+
+async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Client:
+    """Connect to the configured NATS with its credentials; a clear error when it is not there."""
+    import nats
+    import nats.errors
+
+    kwargs = nats_connect_kwargs(settings)
+    kwargs.setdefault("connect_timeout", 5)
+    kwargs.update(options)
+    # Once connected, a long-lived process rides out any NATS restart (-1: never give up).
+    later = {
+        "allow_reconnect": kwargs.pop("allow_reconnect", True),
+        "max_reconnect_attempts": kwargs.pop("max_reconnect_attempts", -1),
+        "reconnect_time_wait": kwargs.pop("reconnect_time_wait", 2.0),
+    }
+    source = "ROLLOUT_NATS_URL" if settings.external_nats else f"{settings.home / STATE_FILE}"
+    connected = False
+
+    async def on_error(exc: Exception) -> None:
+        # nats-py's default prints a traceback per failed attempt; a failed first connect is
+        # reported once below, and later drops are logged as one line.
+        if connected:
+            import structlog
+
+            structlog.get_logger(__name__).warning("nats connection error", error=str(exc))
+
+    kwargs.setdefault("error_cb", on_error)
+    try:
+        # nats-py applies its reconnect policy to the first connect too, retrying an absent
+        # server or a wrong password for minutes. The first connect gets one quick retry;
+        # nats-py reads these options afresh on every reconnect, so the policy is restored after.
+        client = await nats.connect(
+            allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.05, **kwargs
+        )
+        client.options.update(later)
+        connected = True
+        return client
+    except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
+        raise RolloutError(
+            f"cannot reach NATS at {redact_url(settings.nats_url)} (from {source}): {exc}",
+            problems=["start the embedded stack with `rollout up`, or set ROLLOUT_NATS_URL"],
+        ) from exc
+    except nats.errors.Error as exc:
+        raise RolloutError(
+            f"NATS at {redact_url(settings.nats_url)} refused the connection: {exc}",
+            problems=[
+                "embedded: credentials come from ROLLOUT_HOME/credentials.json",
+                "external: set ROLLOUT_NATS_USER and ROLLOUT_NATS_PASSWORD, or ROLLOUT_NATS_TOKEN",
+            ],
+        ) from exc

@@ -1,0 +1,1 @@
+"""The embedded stack: nats-server and Postgres launchers, the supervisor, health and services."""

