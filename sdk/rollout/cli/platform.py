@@ -134,7 +134,8 @@ async def _run_cmd(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"run {run['runId']}: {args.slug} v{run['env_version']} × {args.model}")
         await follow_run(client, run["runId"], quiet=args.json)
-        return await client.get_run(run["runId"])
+        # The final event is on the log; wait for the read model to show it too.
+        return await client.wait_for_run(run["runId"], timeout_s=60)
 
     run = await _with_client(go)
     if args.json:
