@@ -14,8 +14,10 @@ from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.engine import score
+from rollout.shared.objectstore import ObjectStore
 from rollout.shared.store import env_versions
 from rollout.shared.store.spec_cache import SpecCache
+from rollout.shared.store.trajectories import load_trajectory
 
 
 @dataclass
@@ -83,7 +85,11 @@ async def replay_run(js: JetStreamContext, run_id: str) -> ReplayedRun:
 
 
 async def reverify(
-    js: JetStreamContext, run: ReplayedRun, *, env_version: int | None = None
+    js: JetStreamContext,
+    run: ReplayedRun,
+    *,
+    env_version: int | None = None,
+    store: ObjectStore | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Score every recorded trajectory with the verifier of `env_version` (default: the newest
     registered version, i.e. today's verifier); return that version and one row per rollout."""
@@ -105,9 +111,14 @@ async def reverify(
         run.generated.items(), key=lambda kv: (kv[1].task_index, kv[1].sample_index)
     ):
         recorded = run.scored.get(rollout_id)
-        if generated.trajectory is None:
+        raw = generated.trajectory
+        if raw is None and generated.trajectory_uri and store is not None:
+            raw = await load_trajectory(
+                store, None, generated.trajectory_uri, generated.trajectory_sha256
+            )
+        if raw is None:
             continue  # nothing was generated (the rollout errored before the model ran)
-        result = await score(spec, generated.task_index, Trajectory(**generated.trajectory))
+        result = await score(spec, generated.task_index, Trajectory(**raw))
         before = None if recorded is None else recorded.score
         rows.append(
             {

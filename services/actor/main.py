@@ -23,10 +23,12 @@ from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.registry import resolve_backend
 from rollout.shared.models.trained import apply_update, refresh_policy
+from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import default_replica_id
 from rollout.shared.store.spec_cache import SpecCache
+from rollout.shared.store.trajectories import object_store, offload
 
 DURABLE = "actors"
 # How long a silent replica holds a work item before another one gets it (in-progress acks
@@ -59,6 +61,13 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
     broker = make_broker(settings)
     backends = Backends()
     caches: dict[str, SpecCache] = {}
+    stores: dict[str, ObjectStore] = {}
+
+    def store() -> ObjectStore:
+        if "store" not in stores:
+            stores["store"] = object_store(settings)
+        return stores["store"]
+
     me = actor_id or default_replica_id()
 
     @broker.subscriber(
@@ -103,6 +112,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
                     actor_id=me,
                     delivery_attempt=raw.metadata.num_delivered,
                 )
+        rollouts = await offload(store(), rollouts)
         event = EventEnvelope.new(
             RolloutsGenerated(
                 run_id=work.run_id, work_item_id=work.work_item_id, rollouts=rollouts

@@ -24,6 +24,7 @@ from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.store.db import close_pool, create_pool, migrate
 from rollout.shared.store.projection import ProjectionRunner
+from rollout.shared.store.trajectories import object_store
 
 PROJECTION_DURABLE = "tracker-read-models"
 PROJECTION_BATCH = 128
@@ -101,7 +102,7 @@ def build_broker(
                 await msg.nak(delay=delay)
 
     runs.register(broker)
-    queries.register(broker, pool)  # type: ignore[arg-type]
+    queries.register(broker, pool, object_store(settings))  # type: ignore[arg-type]
     return broker
 
 

@@ -11,6 +11,8 @@ from faststream.nats import NatsBroker
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns, Reply
+from rollout.shared.objectstore import ObjectStore
+from rollout.shared.store.trajectories import load_trajectory
 
 QUEUE = "tracker"
 
@@ -80,7 +82,9 @@ def rollout_row(row: asyncpg.Record, *, with_trajectory: bool) -> dict[str, Any]
     return out
 
 
-async def get_run(pool: asyncpg.Pool, query: GetRun) -> dict[str, Any]:
+async def get_run(
+    pool: asyncpg.Pool, query: GetRun, store: ObjectStore | None = None
+) -> dict[str, Any]:
     """A run with its per-task table (and its rollouts when asked)."""
     subjects.token(query.run_id, "run id")
     async with pool.acquire() as conn:
@@ -119,6 +123,11 @@ async def get_run(pool: asyncpg.Pool, query: GetRun) -> dict[str, Any]:
         out["rollouts"] = [
             rollout_row(r, with_trajectory=query.include_trajectories) for r in rollouts
         ]
+        if query.include_trajectories and store is not None:
+            for row in out["rollouts"]:
+                row["trajectory"] = await load_trajectory(
+                    store, row["trajectory"], row["trajectoryUri"], row["trajectorySha256"]
+                )
     return out
 
 
@@ -166,13 +175,13 @@ def job_row(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-def register(broker: NatsBroker, pool: asyncpg.Pool) -> None:
-    """Attach the query handlers to `broker`."""
+def register(broker: NatsBroker, pool: asyncpg.Pool, store: ObjectStore | None = None) -> None:
+    """Attach the query handlers to `broker` (claim-checked trajectories come from `store`)."""
 
     @broker.subscriber(subjects.request("tracker", "get_run"), queue=QUEUE, title="runs/get")
     async def get_run_handler(query: GetRun) -> Reply:
         """One run: summary, per-task table, optionally rollouts."""
-        return Reply(data=await get_run(pool, query))
+        return Reply(data=await get_run(pool, query, store))
 
     @broker.subscriber(subjects.request("tracker", "list_runs"), queue=QUEUE, title="runs/list")
     async def list_runs_handler(query: ListRuns) -> Reply:

@@ -14,9 +14,11 @@ from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import RolloutsGenerated, RolloutsScored, RunRequested
+from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.store.spec_cache import SpecCache
+from rollout.shared.store.trajectories import object_store
 
 DURABLE = "verifier"
 GENERATED = subjects.event_filter("run", "rollout.generated")
@@ -36,6 +38,12 @@ def build_broker(settings: Settings) -> NatsBroker:
     """The verifier's broker and its handler."""
     broker = make_broker(settings)
     state: dict[str, SpecCache] = {}
+    stores: dict[str, ObjectStore] = {}
+
+    def store() -> ObjectStore:
+        if "store" not in stores:
+            stores["store"] = object_store(settings)
+        return stores["store"]
 
     @broker.subscriber(
         GENERATED,
@@ -55,7 +63,7 @@ def build_broker(settings: Settings) -> NatsBroker:
         with event_context(event):
             run = await run_of(js, generated.run_id)
             spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
-            scored = [await score_rollout(spec, r) for r in generated.rollouts]
+            scored = [await score_rollout(spec, r, store()) for r in generated.rollouts]
             out = EventEnvelope.new(
                 RolloutsScored(
                     run_id=generated.run_id, work_item_id=generated.work_item_id, rollouts=scored

@@ -173,3 +173,32 @@ async def test_replay_reproduces_every_score_and_reverify_lists_changes(
         assert any("sorry" in reason for r in rows for reason in r["reasons"])
     finally:
         await nc.close()
+
+
+async def test_large_trajectories_travel_by_claim_check(
+    client, agent_server, settings, monkeypatch
+) -> None:
+    from rollout.shared.replay import replay_run, reverify
+    from rollout.shared.store.trajectories import INLINE_LIMIT_ENV, object_store
+
+    # Every trajectory counts as large: all of them go to the object store.
+    monkeypatch.setenv(INLINE_LIMIT_ENV, "10")
+    await client.push_environment(refund_env(tasks=2))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=2)
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
+    assert done["scored"] == 4
+    for r in full["rollouts"]:
+        assert r["trajectoryUri"].startswith("file://") and len(r["trajectorySha256"]) == 64
+        assert r["trajectory"]["final_state"]["refunds"]  # fetched back and verified
+        assert r["passed"] == (r["seed"] % 4 != 0)
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        replayed = await replay_run(js, run["runId"])
+        assert all(g.trajectory is None for g in replayed.generated.values())
+        async with object_store(settings) as store:
+            _, rows = await reverify(js, replayed, store=store)
+        assert len(rows) == 4 and not any(r["changed"] for r in rows)
+    finally:
+        await nc.close()

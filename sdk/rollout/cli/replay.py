@@ -8,6 +8,7 @@ import asyncio
 from rollout.cli._common import print_json, settings_or_error
 from rollout.shared.replay import replay_run, reverify
 from rollout.shared.settings import connect_nats
+from rollout.shared.store.trajectories import object_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,13 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    nc = await connect_nats(settings_or_error())
+    settings = settings_or_error()
+    nc = await connect_nats(settings)
     try:
         js = nc.jetstream()
         run = await replay_run(js, args.run_id)
-        version, rows = (
-            await reverify(js, run, env_version=args.env_version) if args.reverify else (None, None)
-        )
+        version, rows = None, None
+        if args.reverify:
+            async with object_store(settings) as store:
+                version, rows = await reverify(js, run, env_version=args.env_version, store=store)
     finally:
         await nc.close()
     summary = run.summary()

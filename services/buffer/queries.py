@@ -1,0 +1,166 @@
+"""The buffer's queries: select scored rollouts, load their trajectories, build the set, reply.
+
+A reply whose items are larger than the query's `inline_limit` goes to the object store
+(content-addressed, so asking twice stores once) and the caller gets its URI and sha256.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from rollout.errors import RolloutError
+from rollout.services.buffer import datasets
+from rollout.services.buffer.tools import TaskTools
+from rollout.shared.contracts.buffer import (
+    BufferData,
+    DpoPairsQuery,
+    GrpoGroupsQuery,
+    Kind,
+    SftSetQuery,
+)
+from rollout.shared.objectstore import ObjectStore, content_key, sha256_bytes, to_json_bytes
+
+EXPORT_PREFIX = "buffer/exports"
+_COLUMNS = (
+    "rollout_id, run_id, env_slug, env_version, env_hash, task_index, sample_index, model,"
+    " policy_version, score, passed, error, trajectory, trajectory_uri, trajectory_sha256"
+)
+_LISTED = 10
+_HINT = "is the buffer service running (`rollout status`) and has it caught up with the run?"
+
+
+class BufferQueries:
+    """Answers sft_set, dpo_pairs and grpo_groups from the buffer's tables."""
+
+    def __init__(self, pool: asyncpg.Pool, store: ObjectStore, tools: TaskTools) -> None:
+        self.pool = pool
+        self.store = store
+        self.tools = tools
+
+    async def sft_set(self, query: SftSetQuery) -> BufferData:
+        """Passing rollouts of a run (or of the given ids) as chat examples with tools."""
+        conditions, args = ["scored_at is not null"], []
+        if query.run_id:
+            await self._check_runs([query.run_id])
+            args.append(query.run_id)
+            conditions.append(f"run_id = ${len(args)}")
+        if query.rollout_ids:
+            await self._check_rollouts(query.rollout_ids, query.run_id)
+            args.append(query.rollout_ids)
+            conditions.append(f"rollout_id = any(${len(args)}::text[])")
+        rows = await self._select(conditions, args)
+        items, meta, stats = datasets.sft_set(rows)
+        return await self._reply("sft_set", items, meta, stats, query.inline_limit)
+
+    async def dpo_pairs(self, query: DpoPairsQuery) -> BufferData:
+        """Best vs worst of each task's group with a score margin of at least `min_margin`."""
+        await self._check_runs(query.run_ids)
+        rows = await self._select(
+            ["scored_at is not null", "run_id = any($1::text[])"], [query.run_ids]
+        )
+        items, meta, stats = datasets.dpo_pairs(rows, query.min_margin)
+        return await self._reply("dpo_pairs", items, meta, stats, query.inline_limit)
+
+    async def grpo_groups(self, query: GrpoGroupsQuery) -> BufferData:
+        """Groups by (run, task) with tokens, logprobs and rewards; stale completions dropped."""
+        conditions, args = ["scored_at is not null"], []
+        if query.run_ids:
+            await self._check_runs(query.run_ids)
+            args.append(query.run_ids)
+            conditions.append(f"run_id = any(${len(args)}::text[])")
+        if query.env_slug:
+            args.append(query.env_slug)
+            conditions.append(f"env_slug = ${len(args)}")
+        if query.policy_versions is not None:
+            args.append(query.policy_versions)
+            conditions.append(f"policy_version = any(${len(args)}::int[])")
+        rows = await self._select(conditions, args)
+        items, meta, stats = datasets.grpo_groups(rows, query)
+        return await self._reply("grpo_groups", items, meta, stats, query.inline_limit)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    async def _check_runs(self, run_ids: list[str]) -> None:
+        async with self.pool.acquire() as conn:
+            known = {
+                r["run_id"]
+                for r in await conn.fetch(
+                    "select run_id from buffer_runs where run_id = any($1::text[])", run_ids
+                )
+            }
+        missing = [run_id for run_id in run_ids if run_id not in known]
+        if missing:
+            raise RolloutError(
+                f"the buffer holds no run {', '.join(map(repr, missing[:_LISTED]))}",
+                problems=["check the run id (see `rollout runs`)", _HINT],
+            )
+
+    async def _check_rollouts(self, rollout_ids: list[str], run_id: str | None) -> None:
+        async with self.pool.acquire() as conn:
+            found = {
+                r["rollout_id"]: r["run_id"]
+                for r in await conn.fetch(
+                    "select rollout_id, run_id from buffer_rollouts"
+                    " where rollout_id = any($1::text[])",
+                    rollout_ids,
+                )
+            }
+        unknown = [i for i in rollout_ids if i not in found]
+        if unknown:
+            raise RolloutError(
+                f"rollout_ids: {len(unknown)} unknown to the buffer: "
+                + ", ".join(unknown[:_LISTED])
+                + (" ..." if len(unknown) > _LISTED else ""),
+                problems=[_HINT],
+            )
+        if run_id:
+            foreign = [i for i in rollout_ids if found[i] != run_id]
+            if foreign:
+                raise RolloutError(
+                    f"rollout_ids: {len(foreign)} do not belong to run {run_id!r}: "
+                    + ", ".join(foreign[:_LISTED])
+                )
+
+    async def _select(self, conditions: list[str], args: list[Any]) -> list[dict[str, Any]]:
+        """Scored rollouts matching `conditions`, trajectories loaded, tools attached."""
+        async with self.pool.acquire() as conn:
+            records = await conn.fetch(
+                f"select {_COLUMNS} from buffer_rollouts where {' and '.join(conditions)}"
+                " order by run_id, task_index, sample_index",
+                *args,
+            )
+        rows = []
+        for record in records:
+            row = dict(record)
+            row["trajectory"] = await self._trajectory(row)
+            row["tools"] = await self.tools.get(
+                row["env_slug"], row["env_version"], row["task_index"], row["env_hash"]
+            )
+            rows.append(row)
+        return rows
+
+    async def _trajectory(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The trajectory inline, or fetched from the object store and checked by sha256."""
+        if row["trajectory"] is not None:
+            return json.loads(row["trajectory"])
+        if row["trajectory_uri"]:
+            data = await self.store.get(row["trajectory_uri"], sha256=row["trajectory_sha256"])
+            return json.loads(data)
+        return None
+
+    async def _reply(
+        self,
+        kind: Kind,
+        items: list[dict[str, Any]],
+        meta: list[dict[str, Any]],
+        stats: dict[str, float],
+        inline_limit: int,
+    ) -> BufferData:
+        data = to_json_bytes({"items": items, "meta": meta})
+        if len(data) <= inline_limit:
+            return BufferData(kind=kind, count=len(items), items=items, meta=meta, stats=stats)
+        ref = await self.store.put(content_key(EXPORT_PREFIX, sha256_bytes(data)), data)
+        return BufferData(kind=kind, count=len(items), ref=ref, stats=stats)

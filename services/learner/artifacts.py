@@ -1,0 +1,102 @@
+"""Checkpoints and policies in the object store (claim checks), and getting them back."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from rollout.services.learner.journal import JobJournal
+from rollout.shared.contracts.events import CheckpointSaved
+from rollout.shared.learning.checkpoints import load_checkpoint_state
+from rollout.shared.models import trained
+from rollout.shared.objectstore import ObjectRef, ObjectStore, sha256_file
+from rollout.shared.observability import get_logger
+
+log = get_logger(__name__)
+
+
+async def upload_dir(
+    store: ObjectStore, directory: Path, prefix: str, *, arcname: str
+) -> ObjectRef:
+    """Pack `directory` as a tar and store it under a content-addressed key in `prefix`."""
+    with tempfile.TemporaryDirectory(prefix="rollout-pack-") as tmp:
+        archive = Path(tmp) / "pack.tar"
+        await asyncio.to_thread(trained.pack_dir, directory, archive, arcname=arcname)
+        sha, _ = await asyncio.to_thread(sha256_file, archive)
+        return await store.put(f"{prefix}/{sha}.tar", archive)
+
+
+async def save_checkpoint(
+    store: ObjectStore, journal: JobJournal, out_dir: Path, path: Path, step: int
+) -> ObjectRef:
+    """Upload a checkpoint folder (kept relative to `out_dir`), then record checkpoint.saved."""
+    try:
+        arcname = path.relative_to(out_dir).as_posix()
+    except ValueError:
+        arcname = path.name
+    prefix = f"{trained.CHECKPOINT_PREFIX}/{journal.job_id}"
+    ref = await upload_dir(store, path, prefix, arcname=arcname)
+    await journal.checkpoint(step, ref.uri, ref.sha256, ref.size)
+    log.info("checkpoint saved", job_id=journal.job_id, step=step, uri=ref.uri)
+    return ref
+
+
+async def restore_checkpoint(
+    store: ObjectStore, out_dir: Path, checkpoint: CheckpointSaved | None
+) -> int | None:
+    """Put the job's last recorded checkpoint back in `out_dir` when it is not there already."""
+    if checkpoint is None:
+        return None
+    local = await asyncio.to_thread(load_checkpoint_state, out_dir)
+    if local is not None and local.step >= checkpoint.step:
+        return local.step
+    with tempfile.TemporaryDirectory(prefix="rollout-restore-") as tmp:
+        archive = Path(tmp) / "checkpoint.tar"
+        await store.download_to(checkpoint.uri, archive, sha256=checkpoint.sha256)
+        staged = Path(tmp) / "staged"
+        await asyncio.to_thread(trained.unpack, archive, staged)
+        for child in staged.rglob("*"):
+            if child.is_file():
+                target = out_dir / child.relative_to(staged)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(child), target)
+    log.info("checkpoint restored", out_dir=str(out_dir), step=checkpoint.step)
+    return checkpoint.step
+
+
+async def publish_policy(
+    store: ObjectStore,
+    journal: JobJournal,
+    *,
+    model: str,
+    version: int,
+    model_dir: Path,
+    base_model: str,
+) -> trained.PolicyRecord:
+    """Upload a loadable model folder as `model` version `version`; announce policy.updated."""
+    ref = await upload_dir(store, model_dir, f"models/{trained.policy_key(model)}", arcname=".")
+    record = trained.PolicyRecord(
+        model=model,
+        version=version,
+        kind="hf",
+        uri=ref.uri,
+        sha256=ref.sha256,
+        size=ref.size,
+        job_id=journal.job_id,
+        base_model=base_model,
+    )
+    await trained.publish_record(store, record)
+    await journal.policy(model, version, ref.uri, ref.sha256)
+    log.info("policy updated", model=model, version=version, uri=ref.uri)
+    return record
+
+
+async def next_version(store: ObjectStore, model: str, job_id: str) -> int:
+    """The version this job's policy gets: its own if it published one, else latest + 1."""
+    mine = await trained.job_record(store, job_id)
+    if mine is not None and mine.model == model:
+        return mine.version
+    latest = await trained.latest_record(store, model)
+    return (latest.version + 1) if latest is not None else 1

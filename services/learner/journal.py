@@ -1,0 +1,136 @@
+"""A job's events: appending them with derived ids, and reading a job's history back."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js import JetStreamContext
+
+from rollout.shared import subjects
+from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.events import (
+    CheckpointSaved,
+    JobCompleted,
+    JobFailed,
+    JobProgress,
+    JobRequested,
+    PolicyUpdated,
+)
+from rollout.shared.models.trained import policy_key
+
+
+@dataclass
+class JobHistory:
+    """What the log says about a job so far (read again on every delivery)."""
+
+    requested: JobRequested | None = None
+    envelope: EventEnvelope | None = None
+    checkpoints: list[CheckpointSaved] = field(default_factory=list)
+    last_step: int = 0
+    completed: JobCompleted | None = None
+    failed: JobFailed | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the job completed or failed."""
+        return self.completed is not None or self.failed is not None
+
+    def last_checkpoint(self) -> CheckpointSaved | None:
+        """The newest checkpoint saved, or None."""
+        return max(self.checkpoints, key=lambda c: c.step, default=None)
+
+
+async def job_history(js: JetStreamContext, job_id: str) -> JobHistory:
+    """Replay one job's events from the stream."""
+    history = JobHistory()
+    async for msg in read_events(js, subjects.aggregate_events("job", job_id)):
+        event = EventEnvelope.from_bytes(msg.data)
+        body = event.body()
+        if isinstance(body, JobRequested):
+            history.requested, history.envelope = body, event
+        elif isinstance(body, CheckpointSaved):
+            history.checkpoints.append(body)
+        elif isinstance(body, JobProgress):
+            history.last_step = max(history.last_step, body.step)
+        elif isinstance(body, JobCompleted):
+            history.completed = body
+        elif isinstance(body, JobFailed):
+            history.failed = body
+    return history
+
+
+def _finite(value: float | None) -> float | None:
+    # NaN/inf cannot go through JSON; a missing number is better than a broken event.
+    return value if value is not None and math.isfinite(value) else None
+
+
+class JobJournal:
+    """Appends one job's events; every id derives from the job and what the event is about."""
+
+    def __init__(self, js: JetStreamContext, job_id: str, parent: EventEnvelope | None) -> None:
+        self.js = js
+        self.job_id = job_id
+        self.parent = parent
+        self.publisher = EventPublisher(js)
+        self.last_step = 0
+
+    def _envelope(self, payload: Any, aggregate: str, *id_parts: object) -> EventEnvelope:
+        return EventEnvelope.new(
+            payload, aggregate_id=aggregate, id_parts=(self.job_id, *id_parts), parent=self.parent
+        )
+
+    async def progress(
+        self,
+        step: int,
+        total_steps: int,
+        *,
+        loss: float | None = None,
+        reward: float | None = None,
+        tokens_per_s: float | None = None,
+        eta_s: float | None = None,
+    ) -> bool:
+        """Report a step; a step at or below one already reported is not reported again."""
+        if step <= self.last_step:
+            return False
+        self.last_step = step
+        payload = JobProgress(
+            job_id=self.job_id,
+            step=step,
+            total_steps=max(total_steps, step),
+            loss=_finite(loss),
+            reward=_finite(reward),
+            tokens_per_s=_finite(tokens_per_s),
+            eta_s=_finite(eta_s),
+        )
+        await self.publisher.publish(self._envelope(payload, self.job_id, step))
+        return True
+
+    async def checkpoint(self, step: int, uri: str, sha256: str, size: int) -> None:
+        """Record a checkpoint that is already in the object store."""
+        payload = CheckpointSaved(job_id=self.job_id, step=step, uri=uri, sha256=sha256,
+                                  size_bytes=size)  # fmt: skip
+        await self.publisher.publish(self._envelope(payload, self.job_id, step, sha256))
+
+    async def policy(self, model: str, version: int, uri: str, sha256: str) -> None:
+        """Announce a new policy version (its record is already in the object store)."""
+        payload = PolicyUpdated(model=model, version=version, checkpoint_uri=uri, sha256=sha256,
+                                job_id=self.job_id)  # fmt: skip
+        await self.publisher.publish(self._envelope(payload, policy_key(model), model, version))
+
+    async def completed(
+        self, model_id: str, checkpoint_uri: str | None, metrics: dict[str, float]
+    ) -> None:
+        """The job produced `model_id`."""
+        clean = {k: v for k, v in metrics.items() if _finite(v) is not None}
+        payload = JobCompleted(job_id=self.job_id, model_id=model_id,
+                               checkpoint_uri=checkpoint_uri, metrics=clean)  # fmt: skip
+        await self.publisher.publish(self._envelope(payload, self.job_id))
+
+    async def failed(self, reason: str) -> None:
+        """The job stopped for `reason`."""
+        payload = JobFailed(job_id=self.job_id, reason=reason)
+        await self.publisher.publish(self._envelope(payload, self.job_id))

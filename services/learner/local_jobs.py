@@ -1,0 +1,119 @@
+"""SFT and DPO jobs on local weights: data from the log, TRL in a worker thread, artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from rollout.services.learner.artifacts import (
+    next_version,
+    publish_policy,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from rollout.services.learner.basemodels import local_dir
+from rollout.services.learner.bridge import JobCancelled, ThreadBridge, run_in_thread
+from rollout.services.learner.context import LearnerContext
+from rollout.services.learner.data import ToolCatalog, by_task, with_trajectories
+from rollout.services.learner.journal import JobHistory, JobJournal
+from rollout.services.learner.planning import DpoOptions, JobPlan
+from rollout.shared.learning.config import Progress
+from rollout.shared.models.trained import trained_name
+from rollout.shared.observability import get_logger
+
+log = get_logger(__name__)
+# Progress events at most this often (the last step is always reported).
+PROGRESS_EVERY_S = 0.5
+
+
+def model_name(plan: JobPlan) -> str:
+    """The name the trained policy is addressed by: `BASE:SUFFIX` (suffix defaults to the id)."""
+    return trained_name(plan.event.base_model, plan.event.suffix or plan.event.job_id)
+
+
+def reporter(bridge: ThreadBridge, journal: JobJournal) -> Any:
+    """An on_progress hook that turns trainer reports into job.progress events (throttled)."""
+    last = [0.0]
+
+    def on_progress(p: Progress) -> None:
+        now = time.monotonic()
+        final = p.step >= p.total_steps
+        if bridge.cancelled:
+            raise JobCancelled("the learner is stopping")
+        if not final and now - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = now
+        bridge.call(
+            lambda: journal.progress(
+                p.step, p.total_steps, loss=p.loss, reward=p.reward,
+                tokens_per_s=p.tokens_per_s, eta_s=p.eta_s,
+            ),
+            wait=False,
+        )  # fmt: skip
+
+    return on_progress
+
+
+async def training_data(ctx: LearnerContext, plan: JobPlan) -> list[dict[str, Any]]:
+    """SFT examples or DPO pairs from the run's rollouts (trajectories and tools attached)."""
+    from rollout.shared.learning.data import dpo_pairs, sft_examples
+
+    assert plan.run is not None and plan.rollouts is not None
+    rollouts = await with_trajectories(ctx.store, plan.rollouts)
+    await ToolCatalog(ctx.js).attach(plan.run.request, rollouts)
+    if plan.event.method == "sft":
+        return sft_examples(rollouts)
+    margin = plan.options.min_margin if isinstance(plan.options, DpoOptions) else 0.0
+    return dpo_pairs(by_task(rollouts), min_margin=margin)
+
+
+async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
+    """Train, checkpointing into the object store; publish the policy; complete the job."""
+    from rollout.shared.learning import train_dpo, train_sft
+
+    job_id = plan.event.job_id
+    journal = JobJournal(ctx.js, job_id, history.envelope)
+    journal.last_step = history.last_step
+    out_dir = ctx.job_dir(job_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resumed = await restore_checkpoint(ctx.store, out_dir, history.last_checkpoint())
+    base_dir = await local_dir(plan.base)
+    rows = await training_data(ctx, plan)
+    assert plan.config is not None
+    bridge = ThreadBridge(asyncio.get_running_loop())
+
+    def on_checkpoint(path: Path, step: int) -> None:
+        # Waits for the upload: a checkpoint counts once the store holds it.
+        bridge.call(lambda: save_checkpoint(ctx.store, journal, out_dir, path, step), wait=True)
+
+    train = train_sft if plan.event.method == "sft" else train_dpo
+    log.info("training", job_id=job_id, method=plan.event.method, rows=len(rows),
+             resumed_from=resumed)  # fmt: skip
+    result = await run_in_thread(
+        bridge,
+        lambda: train(
+            base_dir,
+            rows,
+            out_dir,
+            plan.config,
+            on_progress=reporter(bridge, journal),
+            on_checkpoint=on_checkpoint,
+            resume=True,
+        ),
+    )
+    model = model_name(plan)
+    version = await next_version(ctx.store, model, job_id)
+    record = await publish_policy(
+        ctx.store, journal, model=model, version=version, model_dir=Path(result.model_dir),
+        base_model=plan.event.base_model,
+    )  # fmt: skip
+    metrics = dict(result.metrics)
+    metrics.update(steps=float(result.steps), examples=float(len(rows)), version=float(version))
+    if result.final_loss is not None:
+        metrics["final_loss"] = result.final_loss
+    if resumed is not None:
+        metrics["resumed_from_step"] = float(resumed)
+    await journal.completed(model, record.uri, metrics)
+    log.info("job completed", job_id=job_id, model=model, version=version, steps=result.steps)

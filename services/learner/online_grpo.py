@@ -1,0 +1,230 @@
+"""Online GRPO: the learner asks actors for groups of rollouts and steps as they arrive.
+
+Up to `max_staleness + 1` runs are in flight at once: while the learner trains on the oldest,
+actors generate the next ones with whatever policy version they have loaded (each rollout
+records it). With `max_staleness 0` the loop is synchronous: one run, one step, the next run
+on the new version. Every new version goes to the object store and is announced with
+`policy.updated`, so actors load it without restarting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.errors import RolloutError
+from rollout.services.learner.artifacts import publish_policy, restore_checkpoint, save_checkpoint
+from rollout.services.learner.basemodels import local_dir
+from rollout.services.learner.context import LearnerContext
+from rollout.services.learner.data import RunData, ToolCatalog, load_run, with_trajectories
+from rollout.services.learner.journal import JobHistory, JobJournal
+from rollout.services.learner.local_jobs import model_name
+from rollout.services.learner.planning import GrpoOptions, JobPlan, train_task_indices
+from rollout.shared import subjects
+from rollout.shared.bus.requests import call
+from rollout.shared.contracts.requests import CreateRun
+from rollout.shared.models import trained
+from rollout.shared.observability import get_logger
+from rollout.shared.store import env_versions
+
+log = get_logger(__name__)
+# Runs that yield nothing trainable (all stale or failed generations) before the job gives up.
+MAX_EMPTY_RUNS = 8
+
+
+@dataclass
+class Timing:
+    """Where the learner's wall time goes: waiting for rollouts vs training."""
+
+    waiting_s: float = 0.0
+    training_s: float = 0.0
+    stale_dropped: int = 0
+    used: int = 0
+    runs: list[str] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        """The numbers job.completed reports."""
+        total = self.waiting_s + self.training_s
+        return {
+            "wait_s": self.waiting_s,
+            "train_s": self.training_s,
+            "wait_share": self.waiting_s / total if total else 0.0,
+            "stale_dropped": float(self.stale_dropped),
+            "completions_used": float(self.used),
+            "runs": float(len(self.runs)),
+        }
+
+
+def prompt_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages before the model's first turn (system and user)."""
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            return messages[:i]
+    return list(messages)
+
+
+async def groups_of(
+    ctx: LearnerContext, catalog: ToolCatalog, run: RunData
+) -> tuple[list[dict[str, Any]], int]:
+    """One group per task of the run (completions with tokens and rewards), and the skipped."""
+    rollouts = await with_trajectories(ctx.store, list(run.rollouts.values()))
+    groups: dict[int, dict[str, Any]] = {}
+    skipped = 0
+    for r in sorted(rollouts, key=lambda r: (r["task_index"], r["sample_index"])):
+        trajectory = r.get("trajectory") or {}
+        if not trajectory.get("token_ids") or r.get("score") is None:
+            skipped += 1  # a failed generation has no tokens to train on
+            continue
+        prompt = prompt_of(trajectory.get("messages") or [])
+        group = groups.setdefault(
+            r["task_index"],
+            {
+                "prompt": prompt,
+                "tools": await catalog.tools(run.request, r["task_index"]),
+                "completions": [],
+            },
+        )
+        group["completions"].append(
+            {
+                "token_ids": trajectory["token_ids"],
+                "logprobs": trajectory.get("logprobs"),
+                "messages": (trajectory.get("messages") or [])[len(prompt) :],
+                "reward": float(r["score"]),
+                "policy_version": int(r.get("policy_version") or 0),
+            }
+        )
+    return [g for g in groups.values() if len(g["completions"]) >= 2], skipped
+
+
+class OnlineGRPO:
+    """One GRPO job: runs in flight, steps, versions."""
+
+    def __init__(self, ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
+        assert plan.config is not None and isinstance(plan.options, GrpoOptions)
+        self.ctx, self.plan, self.history = ctx, plan, history
+        self.config, self.options = plan.config, plan.options
+        self.job_id = plan.event.job_id
+        self.model = model_name(plan)
+        self.journal = JobJournal(ctx.js, self.job_id, history.envelope)
+        self.journal.last_step = history.last_step
+        self.out_dir = ctx.job_dir(self.job_id)
+        self.timing = Timing()
+        self.catalog = ToolCatalog(ctx.js)
+        self.learner: Any = None
+
+    async def _publish(self) -> None:
+        """Save the learner's current version: checkpoint (resume) and policy (actors)."""
+        path = await asyncio.to_thread(self.learner.save)
+        version = int(self.learner.policy_version)
+        await save_checkpoint(self.ctx.store, self.journal, self.out_dir, path, version)
+        await publish_policy(
+            self.ctx.store, self.journal, model=self.model, version=version, model_dir=path,
+            base_model=self.plan.event.base_model,
+        )  # fmt: skip
+
+    async def _start_run(self, tasks: list[int]) -> str:
+        body = CreateRun(
+            env_slug=self.plan.event.env_slug or "",
+            model=self.model,
+            n=self.config.group_size,
+            split="train",
+            task_indices=tasks,
+            temperature=self.options.temperature,
+            max_tokens=self.options.max_tokens,
+            max_tool_calls=self.options.max_tool_calls,
+            deadline_s=self.options.run_deadline_s,
+            name=f"{self.job_id} grpo",
+        )
+        data = await call(self.ctx.nc, subjects.request("tracker", "create_run"), body)
+        self.timing.runs.append(data["runId"])
+        return data["runId"]
+
+    async def run(self) -> None:
+        """Drive runs and steps until `max_steps` versions; then complete the job."""
+        from rollout.shared.learning import GRPOLearner
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        resumed = await restore_checkpoint(
+            self.ctx.store, self.out_dir, self.history.last_checkpoint()
+        )
+        base_dir = await local_dir(self.plan.base)
+        self.learner = await asyncio.to_thread(
+            GRPOLearner, base_dir, self.out_dir, self.config, resume=True
+        )
+        latest = await trained.latest_record(self.ctx.store, self.model)
+        if latest is None or latest.version < self.learner.policy_version:
+            await self._publish()  # actors need the starting version by this name
+        env, _ = await env_versions.latest(self.ctx.js, self.plan.event.env_slug or "")
+        if env is None:
+            raise RolloutError(f"environment {self.plan.event.env_slug!r} is gone")
+        train_tasks = train_task_indices(env.spec)
+        target = int(self.config.max_steps or 1)
+        rng = random.Random(f"{self.job_id}:{self.learner.policy_version}")
+        in_flight: deque[str] = deque()
+        empty = 0
+        started = time.monotonic()
+        first_version = int(self.learner.policy_version)
+        while self.learner.policy_version < target:
+            room = target - self.learner.policy_version
+            while len(in_flight) < min(self.config.max_staleness + 1, room):
+                k = min(self.options.tasks_per_step, len(train_tasks))
+                in_flight.append(await self._start_run(sorted(rng.sample(train_tasks, k))))
+            run_id = in_flight.popleft()
+            waited = time.monotonic()
+            run = await load_run(
+                self.ctx.js, run_id, follow=True, timeout_s=self.options.run_deadline_s + 30
+            )
+            self.timing.waiting_s += time.monotonic() - waited
+            if run is None or run.status != "completed":
+                reason = run.reason if run is not None else "it was never recorded"
+                raise RolloutError(f"GRPO run {run_id} did not complete: {reason}")
+            groups, _ = await groups_of(self.ctx, self.catalog, run)
+            fresh = self._fresh(groups)
+            if not fresh:
+                empty += 1
+                if empty > MAX_EMPTY_RUNS:
+                    raise RolloutError(
+                        f"{empty} runs in a row gave nothing to train on (rollouts older than "
+                        f"{self.config.max_staleness} versions, or failed generations); are the "
+                        "actors loading new policy versions?"
+                    )
+                continue
+            empty = 0
+            trained_at = time.monotonic()
+            progress = await asyncio.to_thread(self.learner.step, fresh)
+            await self._publish()
+            self.timing.training_s += time.monotonic() - trained_at
+            done = int(self.learner.policy_version) - first_version
+            elapsed = time.monotonic() - started
+            eta = (target - self.learner.policy_version) * elapsed / done if done else None
+            await self.journal.progress(
+                int(self.learner.policy_version), target, loss=progress.loss,
+                reward=progress.reward, tokens_per_s=progress.tokens_per_s, eta_s=eta,
+            )  # fmt: skip
+        metrics = self.timing.metrics()
+        metrics.update(steps=float(self.learner.policy_version), version=float(target))
+        if resumed is not None:
+            metrics["resumed_from_step"] = float(resumed)
+        latest = await trained.latest_record(self.ctx.store, self.model)
+        await self.journal.completed(self.model, latest.uri if latest else None, metrics)
+        log.info("grpo job completed", job_id=self.job_id, model=self.model, **metrics)
+
+    def _fresh(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Groups with only completions the learner accepts (not too stale)."""
+        out = []
+        for group in groups:
+            keep = [c for c in group["completions"] if self.learner.accepts(c["policy_version"])]
+            self.timing.stale_dropped += len(group["completions"]) - len(keep)
+            if len(keep) >= 2:
+                self.timing.used += len(keep)
+                out.append({**group, "completions": keep})
+        return out
+
+
+async def run_grpo_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
+    """Run an online GRPO job to completion."""
+    await OnlineGRPO(ctx, plan, history).run()

@@ -1,0 +1,256 @@
+"""Validating a training-job request completely before anything is appended."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js import JetStreamContext
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rollout.errors import RolloutError
+from rollout.services.learner.basemodels import TrainBase, resolve_base, validate_local
+from rollout.services.learner.data import RunData, by_task, load_run, with_trajectories
+from rollout.shared import subjects
+from rollout.shared.contracts.events import JobRequested
+from rollout.shared.contracts.requests import CreateTrainingJob
+from rollout.shared.learning.config import TrainConfig, config_problems
+from rollout.shared.models.trained import check_suffix, new_job_id
+from rollout.shared.objectstore import ObjectStore
+from rollout.shared.store import env_versions
+
+SUPPORTED = ("sft", "dpo", "grpo")
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SftOptions(_Options):
+    """Learner settings of an SFT job beyond the trainer's (none yet)."""
+
+
+class DpoOptions(_Options):
+    """Which pairs DPO trains on."""
+
+    min_margin: float = Field(0.0, ge=0)
+
+
+class GrpoOptions(_Options):
+    """How the learner drives actors during online GRPO."""
+
+    tasks_per_step: int = Field(4, ge=1)
+    temperature: float = Field(1.0, gt=0, le=2)
+    max_tokens: int = Field(256, ge=1)
+    max_tool_calls: int = Field(8, ge=0)
+    run_deadline_s: float = Field(900.0, gt=0)
+
+
+class ProviderOptions(_Options):
+    """Hyperparameters a provider's fine-tuning API takes."""
+
+    epochs: float | None = Field(None, gt=0)
+    learning_rate: float | None = Field(None, gt=0)
+    learning_rate_multiplier: float | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, ge=1)
+    lora: bool | None = None
+    beta: float | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0)
+
+
+_OPTIONS: dict[str, type[_Options]] = {"sft": SftOptions, "dpo": DpoOptions, "grpo": GrpoOptions}
+
+
+@dataclass
+class JobPlan:
+    """A validated job: its request event, base model, settings and training data."""
+
+    event: JobRequested
+    base: TrainBase
+    config: TrainConfig | None
+    options: Any
+    run: RunData | None = None
+    rollouts: list[dict[str, Any]] | None = None
+    pairs: int = 0
+
+
+def settings(method: str, base: TrainBase, hyperparams: dict[str, Any]) -> tuple[Any, Any]:
+    """(TrainConfig or None, options) from the user's hyperparams; every bad key named."""
+    if not isinstance(hyperparams, dict):
+        raise RolloutError("hyperparams: must be a mapping")
+    if not base.local:
+        try:
+            return None, ProviderOptions.model_validate(hyperparams)
+        except ValidationError as exc:
+            raise RolloutError(
+                f"invalid hyperparameters for a {base.kind} fine-tune",
+                problems=config_problems(exc, "hyperparams"),
+            ) from None
+    options_cls = _OPTIONS[method]
+    own = {k: v for k, v in hyperparams.items() if k in options_cls.model_fields}
+    rest = {k: v for k, v in hyperparams.items() if k not in options_cls.model_fields}
+    problems: list[str] = []
+    options = None
+    try:
+        options = options_cls.model_validate(own)
+    except ValidationError as exc:
+        problems += config_problems(exc, "hyperparams")
+    if "method" in rest:
+        problems.append("hyperparams.method: set the method with `method`, not in hyperparams")
+        rest.pop("method")
+    config = None
+    try:
+        config = TrainConfig.model_validate({**rest, "method": method})
+    except ValidationError as exc:
+        problems += config_problems(exc, "hyperparams")
+    if config is not None and method == "grpo" and config.max_steps is None:
+        problems.append("hyperparams.max_steps: required for grpo (`--steps K`)")
+    if problems:
+        raise RolloutError("invalid hyperparameters", problems=problems)
+    return config, options
+
+
+async def _run_data(
+    js: JetStreamContext, store: ObjectStore, cmd: CreateTrainingJob
+) -> tuple[RunData, list[dict[str, Any]]]:
+    run_id = cmd.source_run_id
+    if not run_id:
+        raise RolloutError(
+            f"source_run_id: {cmd.method} trains on a run's rollouts; pass --run RUN"
+        )
+    try:
+        subjects.token(run_id, "source_run_id")
+    except subjects.SubjectError as exc:
+        raise RolloutError(str(exc)) from None
+    run = await load_run(js, run_id)
+    if run is None:
+        raise RolloutError(f"source_run_id: no run {run_id!r} (see `rollout runs`)")
+    if run.status != "completed":
+        why = f": {run.reason}" if run.reason else ""
+        raise RolloutError(
+            f"run {run_id} is {run.status}{why}; only completed runs can be trained on"
+        )
+    ids = cmd.rollout_ids
+    if ids is not None:
+        unknown = [i for i in ids if i not in run.rollouts]
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise RolloutError(
+                f"rollout_ids: {len(unknown)} id(s) are not rollouts of run {run_id}: {shown}"
+            )
+        if not ids:
+            raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
+    return run, run.selected(ids)
+
+
+def sft_rows(run: RunData, cmd_ids: list[str] | None) -> list[dict[str, Any]]:
+    """The rollouts SFT trains on: the passing ones (of those named, when named)."""
+    return [r for r in run.passing(cmd_ids) if r.get("trajectory") or r.get("trajectory_uri")]
+
+
+async def plan_job(
+    js: JetStreamContext, store: ObjectStore, cmd: CreateTrainingJob, *, job_id: str | None = None
+) -> JobPlan:
+    """Validate `cmd`; return the plan or raise RolloutError listing what is wrong."""
+    if cmd.method not in SUPPORTED:
+        raise RolloutError(
+            f"method: {cmd.method!r} is not supported by the learner; use one of "
+            f"{', '.join(SUPPORTED)}"
+        )
+    if cmd.suffix is not None and (problem := check_suffix(cmd.suffix)) is not None:
+        raise RolloutError(f"suffix: {problem}")
+    base = await asyncio.to_thread(resolve_base, cmd.base_model)
+    if base.local:
+        await asyncio.to_thread(validate_local, base)
+    elif cmd.method == "grpo":
+        raise RolloutError(
+            f"base_model: online GRPO trains local weights; {cmd.base_model!r} is a "
+            f"{base.kind} model (use hf:<dir> or local/tiny-agent)"
+        )
+    elif cmd.method == "dpo" and base.kind != "together":
+        raise RolloutError(
+            f"method: DPO on provider models is available for together/... only, not {base.kind}"
+        )
+    config, options = settings(cmd.method, base, cmd.hyperparams)
+    job_id = job_id or new_job_id()
+    plan = JobPlan(
+        event=JobRequested(
+            job_id=job_id,
+            method=cmd.method,
+            base_model=cmd.base_model.strip(),
+            source_run_id=cmd.source_run_id,
+            rollout_ids=list(cmd.rollout_ids or []),
+            env_slug=cmd.env_slug,
+            suffix=cmd.suffix,
+            hyperparams=dict(cmd.hyperparams),
+        ),
+        base=base,
+        config=config,
+        options=options,
+    )
+    if cmd.method == "grpo":
+        await _check_env(js, cmd.env_slug)
+        return plan
+    plan.run, selected = await _run_data(js, store, cmd)
+    if cmd.method == "sft":
+        rows = sft_rows(plan.run, cmd.rollout_ids)
+        if not rows:
+            raise RolloutError(
+                f"run {plan.run.request.run_id} has no passing rollouts to fine-tune on",
+                problems=[
+                    f"{len(selected)} rollout(s) considered, none passed its verifier; run a "
+                    "stronger model, or pick rollouts with rollout_ids"
+                ],
+            )
+        plan.rollouts = rows
+    else:
+        from rollout.shared.learning.data import dpo_pairs
+
+        await with_trajectories(store, selected)
+        margin = options.min_margin if isinstance(options, DpoOptions) else 0.0
+        pairs = dpo_pairs(by_task(selected), min_margin=margin)
+        if not pairs:
+            raise RolloutError(
+                f"run {plan.run.request.run_id} has no preference pairs for DPO",
+                problems=[
+                    f"DPO needs two rollouts of the same task whose scores differ by more than "
+                    f"{margin} (min_margin); run with -n 2 or more on tasks the model sometimes "
+                    "fails"
+                ],
+            )
+        plan.rollouts, plan.pairs = selected, len(pairs)
+    return plan
+
+
+async def _check_env(js: JetStreamContext, slug: str | None) -> None:
+    if not slug:
+        raise RolloutError("env_slug: online GRPO needs an environment (`--env SLUG`)")
+    try:
+        subjects.token(slug, "env_slug")
+    except subjects.SubjectError as exc:
+        raise RolloutError(str(exc)) from None
+    env, _ = await env_versions.latest(js, slug)
+    if env is None:
+        raise RolloutError(f"env_slug: no environment {slug!r} (push it with `rollout push`)")
+    tasks = env.spec.get("tasks", [])
+    if not any(t.get("split", "train") == "train" for t in tasks):
+        raise RolloutError(f"env_slug: environment {slug!r} has no tasks in its train split")
+
+
+def train_task_indices(spec: dict[str, Any]) -> list[int]:
+    """The env's train-split task indices (tasks without a split count as train)."""
+    return [i for i, t in enumerate(spec.get("tasks", [])) if t.get("split", "train") == "train"]
+
+
+def request_of(event: JobRequested) -> CreateTrainingJob:
+    """The request a recorded job came from (to plan it again when it runs)."""
+    return CreateTrainingJob(
+        method=event.method,
+        base_model=event.base_model,
+        source_run_id=event.source_run_id,
+        rollout_ids=event.rollout_ids or None,
+        env_slug=event.env_slug,
+        suffix=event.suffix,
+        hyperparams=event.hyperparams,
+    )

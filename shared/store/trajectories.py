@@ -1,0 +1,56 @@
+"""Claim checks for trajectories: large ones live in the object store, events carry URI + sha256."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rollout.shared.contracts.events import GeneratedRollout
+from rollout.shared.objectstore import ObjectRef, ObjectStore, default_store_url, open_store
+from rollout.shared.objectstore.claimcheck import get_json, store_if_large
+from rollout.shared.settings import Settings
+
+INLINE_LIMIT_ENV = "ROLLOUT_INLINE_TRAJECTORY_BYTES"
+DEFAULT_INLINE_LIMIT = 256 * 1024
+
+
+def inline_limit() -> int:
+    """Trajectories whose JSON is larger than this many bytes go to the object store."""
+    return int(os.environ.get(INLINE_LIMIT_ENV, DEFAULT_INLINE_LIMIT))
+
+
+def object_store(settings: Settings) -> ObjectStore:
+    """The platform's object store (ROLLOUT_OBJECT_STORE_URL, else `<home>/objects`)."""
+    return open_store(default_store_url(settings.home), source="ROLLOUT_OBJECT_STORE_URL")
+
+
+async def offload(store: ObjectStore, rollouts: list[GeneratedRollout]) -> list[GeneratedRollout]:
+    """Move every large trajectory to the store, keeping its URI and sha256 on the rollout."""
+    limit = inline_limit()
+    out = []
+    for rollout in rollouts:
+        if rollout.trajectory is None:
+            out.append(rollout)
+            continue
+        claim = await store_if_large(
+            store, rollout.trajectory, threshold=limit, prefix="trajectories"
+        )
+        if isinstance(claim, ObjectRef):
+            rollout = rollout.model_copy(
+                update={
+                    "trajectory": None,
+                    "trajectory_uri": claim.uri,
+                    "trajectory_sha256": claim.sha256,
+                }
+            )
+        out.append(rollout)
+    return out
+
+
+async def load_trajectory(
+    store: ObjectStore, trajectory: dict[str, Any] | None, uri: str | None, sha256: str | None
+) -> dict[str, Any] | None:
+    """The trajectory itself, fetched and verified when only its claim check was kept."""
+    if trajectory is not None or uri is None:
+        return trajectory
+    return await get_json(store, uri, sha256=sha256)
