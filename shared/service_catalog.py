@@ -11,11 +11,15 @@ from rollout.shared.settings import Settings
 
 def asyncapi_brokers() -> list[NatsBroker]:
     """Build each service's broker without connecting, for documentation."""
+    from rollout.services.actor.main import build_broker as actor_broker
     from rollout.services.env_registry.main import build_broker as registry_broker
     from rollout.services.tracker.main import build_broker as tracker_broker
+    from rollout.services.verifier.main import build_broker as verifier_broker
 
     offline = Settings(home=Path("."), nats_url="nats://127.0.0.1:4222", database_url=None)
     return [
         registry_broker(offline),
         tracker_broker(offline, runner=None),  # type: ignore[arg-type]
+        actor_broker(offline),
+        verifier_broker(offline),
     ]
