@@ -181,6 +181,14 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted:
     return started
 
 
+async def requested_event(js: JetStreamContext, run_id: str) -> EventEnvelope:
+    """The run's first event: what later lifecycle events carry their trace ids from."""
+    raw = await js.get_last_msg(
+        subjects.EVENTS_STREAM, subjects.event("run", run_id, subjects.event_name("run.requested"))
+    )
+    return EventEnvelope.from_bytes(raw.data)
+
+
 async def complete_if_done(js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
     """Emit run.completed once every rollout of a running run is scored."""
     async with pool.acquire() as conn:
@@ -200,7 +208,9 @@ async def complete_if_done(js: JetStreamContext, pool: asyncpg.Pool, run_id: str
         mean_score=row["score_sum"] / total if total else 0.0,
     )
     await EventPublisher(js).publish(
-        EventEnvelope.new(done, aggregate_id=run_id, id_parts=(run_id,), run_id=run_id)
+        EventEnvelope.new(
+            done, aggregate_id=run_id, id_parts=(run_id,), parent=await requested_event(js, run_id)
+        )
     )
     log.info("run completed", run_id=run_id, pass_rate=done.pass_rate)
     return True
@@ -222,7 +232,10 @@ async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
         failed = RunFailed(run_id=row["run_id"], reason=reason)
         await EventPublisher(js).publish(
             EventEnvelope.new(
-                failed, aggregate_id=row["run_id"], id_parts=(row["run_id"],), run_id=row["run_id"]
+                failed,
+                aggregate_id=row["run_id"],
+                id_parts=(row["run_id"],),
+                parent=await requested_event(js, row["run_id"]),
             )
         )
         log.warning("run failed", run_id=row["run_id"], reason=reason)

@@ -68,6 +68,26 @@ async def test_run_completes_with_exactly_tasks_times_n_rollouts(
     assert [t["n"] for t in full["tasks"]] == [8, 8, 8]
     ids = await client.passing_rollout_ids(run["runId"])
     assert len(ids) == done["passed"]
+    # One trace from request to completion; each event names the one that caused it.
+    nc = await connect_nats(settings)
+    try:
+        from rollout.shared.bus.reader import read_events
+        from rollout.shared.contracts import EventEnvelope
+
+        events = [
+            EventEnvelope.from_bytes(m.data)
+            async for m in read_events(nc.jetstream(), subjects.run_events(run["runId"]))
+        ]
+    finally:
+        await nc.close()
+    requested = events[0]
+    assert requested.type == "run.requested" and events[-1].type == "run.completed"
+    assert {e.trace_id for e in events} == {requested.trace_id}
+    assert {e.run_id for e in events} == {run["runId"]}
+    assert all(e.causation_id for e in events[1:])
+    ids_seen = {e.id for e in events}
+    scored = [e for e in events if e.type == "rollout.scored"]
+    assert all(e.causation_id in ids_seen for e in scored)
 
 
 @pytest.mark.parametrize(
