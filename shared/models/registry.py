@@ -98,3 +98,6 @@ register_backend("hf:", _hf, example="hf:./models/my-model")
 from rollout.shared.models import vllm_backend as _vllm  # noqa: E402
 
 _vllm.register()
+
+# `local/tiny-agent`: the model this repo builds itself (torch is imported only on first use).
+from rollout.shared.learning import tiny_agent as _tiny_agent  # noqa: E402, F401

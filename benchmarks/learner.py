@@ -1,0 +1,257 @@
+"""Learner overhead and online-GRPO pipelining, on the tiny model (CPU, one thread per role).
+
+1. SFT: training tokens/s of `train_sft` (progress hooks, step log, checkpoints, final save)
+   against calling TRL's SFTTrainer directly on the same data with the same arguments.
+2. GRPO: share of the learner's wall time spent waiting for rollouts when actors must be on
+   the current policy (max staleness 0: synchronous) against up to 2 versions behind
+   (asynchronous). An actor thread samples groups with the hf backend and reloads each new
+   policy the learner saves; the learner steps as soon as it has enough acceptable groups.
+
+Run: `python benchmarks/learner.py [--sft-steps N] [--grpo-steps N] [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import queue
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rollout.shared.learning import GRPOLearner, TrainConfig, sft_examples, train_sft
+from rollout.shared.learning.loading import load_base, quiet_libraries, torch_threads
+from rollout.shared.learning.sft import sft_trainer
+from rollout.shared.learning.trl_job import trl_kwargs
+from rollout.shared.models.base import ChatRequest
+from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.tiny import build_tiny_model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order",
+            "description": "Read an order by id.",
+            "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+        },
+    }
+]
+
+
+def conversation(order: int) -> list[dict[str, Any]]:
+    """A short tool-using support conversation (look an order up, answer)."""
+    oid = f"O-{order}"
+    call = {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "get_order", "arguments": json.dumps({"id": oid})},
+    }
+    return [
+        {"role": "system", "content": "You are a support agent."},
+        {"role": "user", "content": f"What is the amount of order {oid}?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {
+            "role": "tool",
+            "tool_call_id": "c0",
+            "name": "get_order",
+            "content": json.dumps({"id": oid, "amount": 20 * order + 5}),
+        },
+        {"role": "assistant", "content": f"Order {oid} is ${20 * order + 5}."},
+    ]
+
+
+def rollouts(n: int) -> list[dict[str, Any]]:
+    """Rollouts as the platform stores them."""
+    return [{"trajectory": {"messages": conversation(i)}, "tools": TOOLS} for i in range(1, n + 1)]
+
+
+def bench_sft(base: Path, work: Path, steps: int, repeats: int = 3) -> dict[str, float]:
+    """Tokens/s through train_sft vs TRL's SFTTrainer called directly (same data and args)."""
+    examples = sft_examples(rollouts(8))
+    config = TrainConfig(
+        method="sft", max_steps=steps, batch_size=4, learning_rate=1e-3, save_every=10, threads=1
+    )
+    # Warm-up: imports, kernels, datasets caches, for both sides alike.
+    train_sft(base, examples, work / "warm", config.model_copy(update={"max_steps": 2}))
+
+    ours_walls, ours_loops, direct_walls, direct_loops = [], [], [], []
+    tokens = 0.0
+    for rep in range(repeats):  # interleaved, so load on a shared box hits both alike
+        started = time.perf_counter()
+        ours = train_sft(base, examples, work / f"ours-{rep}", config, resume=False)
+        ours_walls.append(time.perf_counter() - started)
+        ours_loops.append(ours.metrics["train_runtime"])
+        tokens = ours.metrics["num_input_tokens_seen"]
+        wall, loop = _direct_sft(base, examples, work / f"direct-{rep}", config)
+        direct_walls.append(wall)
+        direct_loops.append(loop)
+    ours_wall, direct_wall = statistics.median(ours_walls), statistics.median(direct_walls)
+    ours_loop, direct_loop = statistics.median(ours_loops), statistics.median(direct_loops)
+    return {
+        "steps": steps,
+        "tokens": tokens,
+        "ours_tokens_per_s": tokens / ours_wall,
+        "direct_tokens_per_s": tokens / direct_wall,
+        "ours_train_loop_tokens_per_s": tokens / ours_loop,
+        "direct_train_loop_tokens_per_s": tokens / direct_loop,
+        "repeats": repeats,
+        "overhead_ratio": ours_wall / direct_wall,
+    }
+
+
+def _direct_sft(
+    base: Path, examples: list[dict[str, Any]], out: Path, config: TrainConfig
+) -> tuple[float, float]:
+    """TRL's SFTTrainer on the same data and arguments: (wall incl. load+save, loop time)."""
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+
+    quiet_libraries()
+    started = time.perf_counter()
+    tokenizer, model = load_base(base)
+    with torch_threads(1, model):
+        trainer = sft_trainer(
+            model, tokenizer, Dataset.from_list(examples), trl_kwargs(out, config), [], None
+        )
+        trainer.remove_callback(PrinterCallback)  # printing logs is not training
+        output = trainer.train()
+        trainer.save_model(str(out / "model"))
+    return time.perf_counter() - started, output.metrics["train_runtime"]
+
+
+class Actor(threading.Thread):
+    """Samples groups with the current policy forever; reloads when a new one is published."""
+
+    def __init__(self, base: Path, groups: queue.Queue, prompts: int, group: int) -> None:
+        super().__init__(daemon=True)
+        self.backend = HFBackend(base)
+        self.out = groups
+        self.prompts = [
+            [{"role": "user", "content": f"Say something {i}."}] for i in range(prompts)
+        ]
+        self.group = group
+        self.version = 0
+        self.published: tuple[int, Path] | None = None
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def publish(self, version: int, path: Path) -> None:
+        """The learner announces a new policy (what `policy.updated` does in the platform)."""
+        with self.lock:
+            self.published = (version, path)
+
+    def run(self) -> None:
+        seed = 0
+        vocab = len(self.backend.tokenizer)
+        while not self.stop.is_set():
+            with self.lock:
+                new, self.published = self.published, None
+            if new is not None:
+                self.version, path = new
+                self.backend.reload(path)
+            version = self.version
+            for prompt in self.prompts:
+                requests = [
+                    ChatRequest(messages=prompt, max_tokens=24, seed=seed + j)
+                    for j in range(self.group)
+                ]
+                seed += self.group
+                replies = asyncio.run(self.backend.generate(requests))
+                self.out.put(
+                    {
+                        "prompt": prompt,
+                        "tools": None,
+                        "completions": [
+                            {
+                                "token_ids": [r.token_ids],
+                                "logprobs": [r.logprobs],
+                                "messages": prompt + [r.assistant_message()],
+                                "reward": sum(t < vocab // 2 for t in r.token_ids)
+                                / max(1, len(r.token_ids)),
+                                "policy_version": version,
+                            }
+                            for r in replies
+                        ],
+                    }
+                )
+
+
+def bench_grpo(base: Path, work: Path, steps: int, staleness: int) -> dict[str, float]:
+    """Run `steps` learner steps fed by one actor thread; report the learner's wait share."""
+    import torch
+
+    torch.set_num_threads(1)
+    groups_per_step = 4
+    config = TrainConfig(
+        method="grpo", learning_rate=1e-2, beta=0.0, max_staleness=staleness, threads=1
+    )
+    learner = GRPOLearner(base, work / f"grpo-{staleness}", config, resume=False)
+    inbox: queue.Queue = queue.Queue()
+    actor = Actor(base, inbox, prompts=groups_per_step, group=4)
+    actor.start()
+    waited = 0.0
+    started = time.perf_counter()
+    for _ in range(steps):
+        batch: list[dict[str, Any]] = []
+        while len(batch) < groups_per_step:
+            t = time.perf_counter()
+            group = inbox.get()
+            waited += time.perf_counter() - t
+            if learner.accepts(group["completions"][0]["policy_version"]):
+                batch.append(group)
+            else:
+                learner.metrics["dropped_stale"] += len(group["completions"])
+        learner.step(batch)
+        actor.publish(learner.policy_version, learner.save())
+    wall = time.perf_counter() - started
+    actor.stop.set()
+    actor.join(timeout=120)
+    return {
+        "max_staleness": staleness,
+        "steps": steps,
+        "wall_s": wall,
+        "wait_s": waited,
+        "wait_share": waited / wall,
+        "steps_per_min": 60 * steps / wall,
+        "dropped_stale_completions": learner.metrics["dropped_stale"],
+    }
+
+
+def main() -> None:
+    """Run both benchmarks and print a table (or JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sft-steps", type=int, default=60)
+    parser.add_argument("--grpo-steps", type=int, default=12)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rollout-bench-learner-") as tmp:
+        work = Path(tmp)
+        base = build_tiny_model(work / "base", seed=0, corpus=[json.dumps(r) for r in rollouts(8)])
+        sft = bench_sft(base, work, args.sft_steps)
+        grpo = [bench_grpo(base, work, args.grpo_steps, s) for s in (0, 2)]
+    if args.json:
+        print(json.dumps({"sft": sft, "grpo": grpo}, indent=2))
+        return
+    print(
+        f"SFT ({sft['steps']} steps, {sft['tokens']:.0f} tokens): train_sft "
+        f"{sft['ours_tokens_per_s']:.0f} tok/s end to end vs TRL SFTTrainer directly "
+        f"{sft['direct_tokens_per_s']:.0f} tok/s (overhead x{sft['overhead_ratio']:.2f}); "
+        f"train loops {sft['ours_train_loop_tokens_per_s']:.0f} vs "
+        f"{sft['direct_train_loop_tokens_per_s']:.0f} tok/s"
+    )
+    for row in grpo:
+        print(
+            f"GRPO max_staleness={row['max_staleness']}: learner waited "
+            f"{100 * row['wait_share']:.0f}% of {row['wall_s']:.1f}s, "
+            f"{row['steps_per_min']:.1f} steps/min, "
+            f"{row['dropped_stale_completions']:.0f} stale completions dropped"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""The training core: SFT and DPO through TRL, online GRPO on torch, checkpoints and resume.
+
+Heavy libraries (torch, transformers, TRL, peft) are imported inside the functions that need
+them, so importing this package stays cheap for services that only validate configs.
+"""
+
+from rollout.shared.learning.checkpoints import (
+    CheckpointState,
+    load_checkpoint_state,
+    read_step_log,
+)
+from rollout.shared.learning.config import METHODS, Progress, TrainConfig, TrainResult
+from rollout.shared.learning.data import dpo_pairs, sft_examples
+from rollout.shared.learning.dpo import train_dpo
+from rollout.shared.learning.grpo import Group, GRPOLearner
+from rollout.shared.learning.sft import train_sft
+
+__all__ = [
+    "METHODS",
+    "CheckpointState",
+    "GRPOLearner",
+    "Group",
+    "Progress",
+    "TrainConfig",
+    "TrainResult",
+    "dpo_pairs",
+    "load_checkpoint_state",
+    "read_step_log",
+    "sft_examples",
+    "train_dpo",
+    "train_sft",
+]

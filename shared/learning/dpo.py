@@ -1,0 +1,87 @@
+"""Direct preference optimisation on (prompt, chosen, rejected) chats with TRL's DPOTrainer."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+from rollout.shared.learning.config import TrainConfig, TrainResult
+from rollout.shared.learning.trl_job import CheckpointHook, ProgressHook, run_trl
+
+
+def train_dpo(
+    base_model: Path,
+    pairs: Sequence[dict[str, Any]],
+    out_dir: Path,
+    config: TrainConfig,
+    *,
+    on_progress: ProgressHook | None = None,
+    on_checkpoint: CheckpointHook | None = None,
+    resume: bool = True,
+) -> TrainResult:
+    """Train `base_model` to prefer `chosen` over `rejected` (the reference is the base model).
+
+    Rows come from `dpo_pairs`: conversational `prompt`, `chosen`, `rejected` message lists
+    plus `tools`. `config.beta` is DPO's temperature.
+    """
+    rows = _validated(pairs)
+
+    return run_trl(
+        method="dpo",
+        base_model=Path(base_model),
+        rows=rows,
+        out_dir=Path(out_dir),
+        config=config,
+        build_trainer=lambda *a: dpo_trainer(*a, beta=config.beta),
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        resume=resume,
+    )
+
+
+def dpo_trainer(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    kw: dict[str, Any],
+    callbacks: list,
+    peft: Any,
+    *,
+    beta: float,
+) -> Any:
+    """The TRL DPOTrainer train_dpo runs (reference: the base model, or LoRA switched off)."""
+    from trl import DPOConfig, DPOTrainer
+
+    with warnings.catch_warnings():
+        # transformers flags TRL's own argument names as deprecated: not actionable here.
+        warnings.simplefilter("ignore", FutureWarning)
+        args = DPOConfig(**kw, beta=beta)
+    return DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=peft,
+    )
+
+
+def _validated(pairs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not pairs:
+        raise RolloutError(
+            "dpo: no preference pairs (needs tasks with rollouts whose scores differ by at "
+            "least the minimum margin)"
+        )
+    rows = []
+    for i, pair in enumerate(pairs):
+        for key in ("prompt", "chosen", "rejected"):
+            value = pair.get(key) if isinstance(pair, dict) else None
+            if not isinstance(value, list) or not value:
+                raise RolloutError(f"dpo: pairs[{i}].{key}: missing or empty message list")
+        rows.append(
+            {k: pair[k] for k in ("prompt", "chosen", "rejected")} | {"tools": pair.get("tools")}
+        )
+    return rows

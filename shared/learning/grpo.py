@@ -1,0 +1,456 @@
+"""Online GRPO: actors sample asynchronously, the learner steps on groups as they arrive.
+
+TRL's GRPOTrainer owns its generation loop (it samples from a prompt dataset itself, or via a
+`rollout_func` it calls), so it cannot be *pushed* groups that independent actors produced
+with older policy versions. The objective is therefore implemented here on torch (TRL's
+`selective_log_softmax` computes the token log-probs), as in GRPO/DAPO:
+
+- advantages are group-normalised rewards: (r - mean(group)) / (std(group) + 1e-4);
+- per completion token, the PPO-style clipped surrogate with the ratio against the
+  logprobs the actor recorded when sampling (importance correction for stale policies);
+- an optional KL penalty to the base policy (k3 estimator), weighted by `config.beta`;
+- the loss is averaged over every completion token of the step (no length bias per sequence).
+
+Multi-turn completions train every assistant turn: turn k's context is the conversation up
+to that turn rendered exactly as the `hf` backend rendered it when sampling, followed by the
+token ids the actor sampled. Completions more than `max_staleness` versions behind the learner
+are dropped (counted in `metrics["dropped_stale"]`). One `step` is one optimizer step and
+bumps `policy_version`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+import structlog
+
+from rollout.errors import RolloutError
+from rollout.shared.learning.checkpoints import (
+    CHECKPOINTS,
+    GRPO_MARKER,
+    append_step_log,
+    checkpoint_dirs,
+    prepare_resume,
+)
+from rollout.shared.learning.config import Progress, TrainConfig
+from rollout.shared.learning.loading import device, load_base, quiet_libraries, torch_threads
+
+log = structlog.get_logger(__name__)
+
+CLIP_EPS = 0.2
+_STD_EPS = 1e-4
+
+
+class Completion(TypedDict, total=False):
+    """One sampled episode of a group: per-turn token ids and logprobs, messages, reward."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    messages: list[dict[str, Any]]
+    reward: float
+    policy_version: int
+
+
+class Group(TypedDict, total=False):
+    """Completions of one prompt (same task), compared with each other for advantages."""
+
+    prompt: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    completions: list[Completion]
+
+
+@dataclass
+class _Row:
+    context: list[int]
+    completion: list[int]
+    old_logprobs: list[float] | None
+    advantage: float
+
+
+class GRPOLearner:
+    """A policy being trained online with GRPO; `step(groups)` is one optimizer step."""
+
+    def __init__(
+        self,
+        base_model: Path,
+        out_dir: Path,
+        config: TrainConfig,
+        *,
+        resume: bool = True,
+        clip_eps: float = CLIP_EPS,
+    ) -> None:
+        import torch
+
+        quiet_libraries()
+        self.config = config
+        self.clip_eps = clip_eps
+        self.base_model = Path(base_model)
+        self.out_dir = Path(out_dir)
+        self.device = device()
+        self._lock = threading.Lock()
+        self.tokenizer, base = load_base(base_model)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        state = prepare_resume(self.out_dir, resume)
+        if state is not None and state.kind != "grpo":
+            raise RolloutError(
+                f"{self.out_dir}: holds a {state.kind} checkpoint, not a GRPO learner's; "
+                "use another output directory or resume=False"
+            )
+        self.policy_version = 0
+        self.steps = 0
+        self.metrics: dict[str, float] = {
+            "dropped_stale": 0.0,
+            "groups_without_signal": 0.0,
+            "completions_trained": 0.0,
+            "completions_without_tokens": 0.0,
+            "turns_too_long": 0.0,
+            "steps_without_data": 0.0,
+        }
+        self.last_checkpoint: Path | None = None
+        self._elapsed_total = 0.0
+        self._steps_timed = 0
+        self.model, self.ref_model = self._build_models(base, state.path if state else None)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
+        self._params = params
+        if state is not None:
+            self._restore(state.path)
+        else:
+            random.seed(config.seed)
+            torch.manual_seed(config.seed)
+
+    # -- public API ------------------------------------------------------------------------
+
+    def accepts(self, policy_version: int) -> bool:
+        """False when `policy_version` is more than `max_staleness` versions behind."""
+        return self.policy_version - int(policy_version) <= self.config.max_staleness
+
+    def step(self, groups: list[Group]) -> Progress:
+        """One optimizer step on `groups`; stale completions are dropped and counted."""
+        with self._lock, torch_threads(self.config.threads, self.model):
+            return self._step(groups)
+
+    def save(self) -> Path:
+        """Write the current policy (HFBackend-loadable) + optimizer/RNG/step; return its dir."""
+        with self._lock:
+            return self._save()
+
+    # -- models ------------------------------------------------------------------------------
+
+    def _build_models(self, base: Any, checkpoint: Path | None) -> tuple[Any, Any]:
+        import torch
+
+        ref = None
+        if self.config.lora:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                base,
+                LoraConfig(
+                    r=self.config.lora_r,
+                    lora_alpha=self.config.lora_alpha,
+                    lora_dropout=0.0,
+                    target_modules="all-linear",
+                    task_type="CAUSAL_LM",
+                ),
+            )
+            if checkpoint is not None:
+                from peft import set_peft_model_state_dict
+
+                adapter = torch.load(checkpoint / "adapter.pt", weights_only=True)
+                set_peft_model_state_dict(model, adapter)
+            # The reference is the same model with the adapter switched off: no copy.
+        else:
+            if self.config.beta > 0:
+                ref = copy.deepcopy(base).to(self.device).eval()
+                for p in ref.parameters():
+                    p.requires_grad_(False)
+            if checkpoint is not None:
+                from transformers import AutoModelForCausalLM
+
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(checkpoint), local_files_only=True, dtype=torch.float32
+                )
+            else:
+                model = base
+        model.to(self.device)
+        model.train()
+        return model, ref
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def _step(self, groups: list[Group]) -> Progress:
+        started = time.monotonic()
+        rows, rewards = self._rows(groups)
+        if not rows:
+            self.metrics["steps_without_data"] += 1
+            log.info("grpo step skipped: no trainable completions", version=self.policy_version)
+            return self._progress(None, _mean(rewards), None)
+        loss, stats = self._optimize(rows)
+        self.policy_version += 1
+        self.steps += 1
+        elapsed = max(time.monotonic() - started, 1e-9)
+        tokens = sum(len(r.context) + len(r.completion) for r in rows)
+        self.metrics.update(stats)
+        self._elapsed_total += elapsed
+        self._steps_timed += 1
+        progress = self._progress(loss, _mean(rewards), tokens / elapsed)
+        append_step_log(
+            self.out_dir,
+            progress.model_dump(mode="json")
+            | {
+                "policy_version": self.policy_version,
+                "dropped_stale": self.metrics["dropped_stale"],
+            },
+        )
+        return progress
+
+    def _progress(self, loss: float | None, reward: float | None, tps: float | None) -> Progress:
+        total = self.config.max_steps or self.steps
+        eta = None
+        if self.config.max_steps and self._steps_timed:
+            eta = max(0, total - self.steps) * self._elapsed_total / self._steps_timed
+        return Progress(
+            step=self.steps,
+            total_steps=total,
+            loss=loss,
+            reward=reward,
+            tokens_per_s=tps,
+            eta_s=eta,
+            epoch=None,
+        )
+
+    def _rows(self, groups: list[Group]) -> tuple[list[_Row], list[float]]:
+        rows: list[_Row] = []
+        rewards: list[float] = []
+        for g, group in enumerate(groups):
+            prompt = list(group.get("prompt") or [])
+            tools = group.get("tools") or None
+            completions = list(group.get("completions") or [])
+            fresh = [c for c in completions if self.accepts(int(c.get("policy_version", 0)))]
+            self.metrics["dropped_stale"] += len(completions) - len(fresh)
+            try:
+                scores = [float(c["reward"]) for c in fresh]
+            except (KeyError, TypeError, ValueError):
+                raise RolloutError(
+                    f"grpo: groups[{g}]: every completion needs a numeric reward"
+                ) from None
+            rewards.extend(scores)
+            if len(fresh) < 2:
+                self.metrics["groups_without_signal"] += 1
+                continue
+            mean = sum(scores) / len(scores)
+            std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
+            if std < 1e-8:
+                # Every completion scored the same: no direction to move in.
+                self.metrics["groups_without_signal"] += 1
+                continue
+            for completion, score in zip(fresh, scores, strict=True):
+                advantage = (score - mean) / (std + _STD_EPS)
+                turns = self._turn_rows(prompt, tools, completion, advantage)
+                if turns:
+                    self.metrics["completions_trained"] += 1
+                rows.extend(turns)
+        return rows, rewards
+
+    def _turn_rows(
+        self, prompt: list[dict], tools: Any, completion: Completion, advantage: float
+    ) -> list[_Row]:
+        token_ids = completion.get("token_ids") or []
+        if not token_ids:
+            self.metrics["completions_without_tokens"] += 1
+            return []
+        messages = list(completion.get("messages") or [])
+        full = messages if messages[: len(prompt)] == prompt else prompt + messages
+        starts = [i for i, m in enumerate(full) if m.get("role") == "assistant"]
+        if not starts:
+            starts = [len(full)]  # a single turn given without its assistant message
+        logprobs = completion.get("logprobs") or []
+        rows = []
+        for k, ids in enumerate(token_ids[: len(starts)]):
+            context = self._context_ids(full[: starts[k]], tools)
+            if len(context) + len(ids) > self.config.max_seq_len:
+                self.metrics["turns_too_long"] += 1
+                continue
+            old = logprobs[k] if k < len(logprobs) and len(logprobs[k]) == len(ids) else None
+            rows.append(_Row(context, [int(t) for t in ids], old, advantage))
+        return rows
+
+    def _context_ids(self, messages: list[dict], tools: Any) -> list[int]:
+        # Render exactly as HFBackend.render_prompt did when the actor sampled this turn.
+        from rollout.shared.models.hf import _template_messages
+
+        text = self.tokenizer.apply_chat_template(
+            _template_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _optimize(self, rows: list[_Row]) -> tuple[float, dict[str, float]]:
+        import torch
+
+        total_tokens = sum(len(r.completion) for r in rows)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = kl_sum = clipped = drift = 0.0
+        recorded = 0.0
+        size = self.config.batch_size
+        for start in range(0, len(rows), size):
+            batch = self._tensors(rows[start : start + size])
+            logp = self._logprobs(self.model, batch)
+            mask = batch["mask"]
+            old = torch.where(batch["has_old"], batch["old"], logp.detach())
+            # Before the update, new == old up to numerics unless the actor's tokens or
+            # rendering differ from ours (or the actor was stale): worth watching.
+            with torch.no_grad():
+                recorded_mask = batch["has_old"].float() * mask
+                drift += float(((logp - old).abs() * recorded_mask).sum())
+                recorded += float(recorded_mask.sum())
+            ratio = torch.exp(logp - old)
+            adv = batch["advantage"][:, None]
+            low, high = 1 - self.clip_eps, 1 + self.clip_eps
+            per_token = -torch.min(ratio * adv, torch.clamp(ratio, low, high) * adv)
+            if self.config.beta > 0:
+                with torch.no_grad():
+                    ref = self._reference_logprobs(batch)
+                delta = ref - logp
+                kl = torch.exp(delta) - delta - 1
+                per_token = per_token + self.config.beta * kl
+                kl_sum += float((kl.detach() * mask).sum())
+            loss = (per_token * mask).sum() / total_tokens
+            loss.backward()
+            loss_sum += float(loss.detach())
+            clipped += float((((ratio < low) | (ratio > high)).float() * mask).sum())
+        torch.nn.utils.clip_grad_norm_(self._params, 1.0)
+        self.optimizer.step()
+        return loss_sum, {
+            "last_kl": kl_sum / total_tokens,
+            "last_clip_fraction": clipped / total_tokens,
+            "last_tokens": float(total_tokens),
+            "last_logprob_drift": drift / recorded if recorded else 0.0,
+        }
+
+    def _tensors(self, rows: list[_Row]) -> dict[str, Any]:
+        import torch
+
+        width = max(len(r.context) + len(r.completion) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        # Target space: position t predicts token t + 1.
+        mask = torch.zeros((len(rows), width - 1))
+        old = torch.zeros((len(rows), width - 1))
+        has_old = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+        for i, row in enumerate(rows):
+            seq = row.context + row.completion
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attention[i, : len(seq)] = 1
+            first = len(row.context) - 1
+            span = slice(first, first + len(row.completion))
+            mask[i, span] = 1
+            if row.old_logprobs is not None:
+                old[i, span] = torch.tensor(row.old_logprobs)
+                has_old[i, span] = True
+        advantage = torch.tensor([r.advantage for r in rows])
+        return {
+            "ids": ids.to(self.device),
+            "attention": attention.to(self.device),
+            "mask": mask.to(self.device),
+            "old": old.to(self.device),
+            "has_old": has_old.to(self.device),
+            "advantage": advantage.to(self.device),
+        }
+
+    def _logprobs(self, model: Any, batch: dict[str, Any]) -> Any:
+        from trl.trainer.utils import selective_log_softmax
+
+        logits = model(input_ids=batch["ids"], attention_mask=batch["attention"]).logits
+        return selective_log_softmax(logits[:, :-1].float(), batch["ids"][:, 1:])
+
+    def _reference_logprobs(self, batch: dict[str, Any]) -> Any:
+        if self.ref_model is not None:
+            return self._logprobs(self.ref_model, batch)
+        with self.model.disable_adapter():  # LoRA: the base is the model without its adapter
+            return self._logprobs(self.model, batch)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _save(self) -> Path:
+        import torch
+
+        root = self.out_dir / CHECKPOINTS
+        final = root / f"policy-{self.policy_version:06d}"
+        if final.exists() and (final / GRPO_MARKER).exists():
+            return final
+        tmp = root / f".tmp-policy-{self.policy_version:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if self.config.lora:
+            from peft import get_peft_model_state_dict
+
+            torch.save(get_peft_model_state_dict(self.model), tmp / "adapter.pt")
+            # Actors load plain weights: save a merged copy, leaving the trained adapter intact.
+            serving = copy.deepcopy(self.model).merge_and_unload()
+        else:
+            serving = self.model
+        serving.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / "rng.pt")
+        # The marker is written last: a dir without it is an interrupted save.
+        (tmp / GRPO_MARKER).write_text(
+            json.dumps(
+                {
+                    "policy_version": self.policy_version,
+                    "steps": self.steps,
+                    "metrics": self.metrics,
+                    "base_model": str(self.base_model),
+                    "config": self.config.model_dump(mode="json"),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        self.last_checkpoint = final
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        # Actors may still be loading a recent version; keep a staleness window of them.
+        keep = max(3, self.config.max_staleness + 2)
+        complete = [path for _, path, ok in checkpoint_dirs(self.out_dir) if ok]
+        for path in complete[:-keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _restore(self, path: Path) -> None:
+        import torch
+
+        state = json.loads((path / GRPO_MARKER).read_text())
+        self.policy_version = int(state["policy_version"])
+        self.steps = int(state["steps"])
+        self.metrics.update({k: float(v) for k, v in state.get("metrics", {}).items()})
+        self.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
+        )
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.last_checkpoint = path
+        log.info("grpo learner resumed", version=self.policy_version, path=str(path))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

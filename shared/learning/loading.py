@@ -1,0 +1,78 @@
+"""Loading a base model for training, with errors users can act on, and the torch setup."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+
+# Below this many parameters a CPU model trains fastest on one intra-op thread: OpenMP threads
+# of a model this small spend most of their time waiting on each other.
+_SMALL_MODEL_PARAMS = 50_000_000
+
+
+def device() -> str:
+    """Where training runs: `ROLLOUT_TRAIN_DEVICE`, else cuda when available, else cpu."""
+    chosen = os.environ.get("ROLLOUT_TRAIN_DEVICE", "").strip()
+    if chosen:
+        return chosen
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_base(base_model: str | Path, *, where: str = "base_model") -> tuple[Any, Any]:
+    """(tokenizer, model) from a local directory; RolloutError naming the problem otherwise."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = Path(str(base_model)).expanduser()
+    if not path.is_dir():
+        raise RolloutError(f"{where}: no model directory at {path}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=torch.float32
+        )
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError/...: name it
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RolloutError(
+            f"{where}: cannot load a causal LM and tokenizer from {path}: {first}"
+        ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise RolloutError(f"{where}: the tokenizer at {path} has no chat template")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, model
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None, model: Any) -> Iterator[int]:
+    """Use `threads` intra-op threads (None: 1 for small CPU models) and restore afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is None:
+        params = sum(p.numel() for p in model.parameters())
+        threads = 1 if device() == "cpu" and params < _SMALL_MODEL_PARAMS else before
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def quiet_libraries() -> None:
+    """No progress bars from datasets/transformers in service logs and CLI output."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()

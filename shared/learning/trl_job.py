@@ -1,0 +1,247 @@
+"""One TRL training run (SFT or DPO) with our progress, checkpoint and resume semantics.
+
+TRL's trainers (on transformers' Trainer) do the optimisation and write checkpoints with the
+weights, optimizer, LR scheduler, RNG states and step; this module picks the checkpoint to
+resume from, reports progress per optimizer step, logs each step exactly once, and saves the
+final model where HFBackend can load it. With LoRA the final model is the *merged* model
+(plain weights); intermediate checkpoints hold the adapter (plus optimizer state) only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from rollout.errors import RolloutError
+from rollout.shared.learning.checkpoints import (
+    CHECKPOINTS,
+    FINAL_MODEL,
+    append_step_log,
+    prepare_resume,
+    replace_dir,
+)
+from rollout.shared.learning.config import Progress, TrainConfig, TrainResult
+from rollout.shared.learning.loading import device, load_base, quiet_libraries, torch_threads
+
+log = structlog.get_logger(__name__)
+
+ProgressHook = Callable[[Progress], None]
+CheckpointHook = Callable[[Path, int], None]
+# (model, tokenizer, dataset, common TRL config kwargs, callbacks, peft config) -> trainer
+TrainerFactory = Callable[[Any, Any, Any, dict[str, Any], list[Any], Any], Any]
+
+
+def run_trl(
+    *,
+    method: str,
+    base_model: Path,
+    rows: list[dict[str, Any]],
+    out_dir: Path,
+    config: TrainConfig,
+    build_trainer: TrainerFactory,
+    on_progress: ProgressHook | None,
+    on_checkpoint: CheckpointHook | None,
+    resume: bool,
+) -> TrainResult:
+    """Train with the trainer `build_trainer` makes; resume, report, save the final model."""
+    from datasets import Dataset
+
+    quiet_libraries()
+    out_dir = Path(out_dir)
+    tokenizer, model = load_base(base_model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = prepare_resume(out_dir, resume)
+    try:
+        dataset = Dataset.from_list(rows)
+    except Exception as exc:  # arrow cannot unify the rows' shapes
+        raise RolloutError(f"{method}: training rows have inconsistent shapes: {exc}") from None
+    reporter = _reporter_class()(out_dir, on_progress, on_checkpoint)
+    with torch_threads(config.threads, model), warnings.catch_warnings():
+        # transformers' deprecation chatter about TRL's own argument names is not actionable.
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        trainer = build_trainer(
+            model, tokenizer, dataset, trl_kwargs(out_dir, config), [reporter], _peft(config)
+        )
+        _silence_printer(trainer)
+        if state is not None:
+            log.info("resuming training", method=method, step=state.step, path=str(state.path))
+        try:
+            output = trainer.train(resume_from_checkpoint=str(state.path) if state else None)
+        except RolloutError:
+            raise
+        except (ValueError, RuntimeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise RolloutError(f"{method}: training failed: {first}") from None
+        model_dir = _save_final(trainer, tokenizer, out_dir, method, base_model, config)
+    history = trainer.state.log_history
+    losses = [h["loss"] for h in history if "loss" in h]
+    metrics = {k: float(v) for k, v in (output.metrics or {}).items() if _is_number(v)}
+    metrics.update(reporter.last_metrics)
+    if reporter.tokens_per_s is not None:
+        metrics["tokens_per_s"] = reporter.tokens_per_s
+    return TrainResult(
+        model_dir=model_dir,
+        steps=int(trainer.state.global_step),
+        final_loss=float(losses[-1]) if losses else None,
+        metrics=metrics,
+    )
+
+
+def _silence_printer(trainer: Any) -> None:
+    # With tqdm off, transformers prints every log dict to stdout; we report through hooks.
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def trl_kwargs(out_dir: Path, config: TrainConfig) -> dict[str, Any]:
+    """The TRL/Trainer arguments every method shares, from our TrainConfig."""
+    import torch
+
+    on_cpu = device() == "cpu"
+    bf16 = (not on_cpu) and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return {
+        "output_dir": str(out_dir / CHECKPOINTS),
+        "num_train_epochs": config.epochs,
+        "max_steps": config.max_steps or -1,
+        "per_device_train_batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.grad_accum,
+        "learning_rate": config.learning_rate,
+        "seed": config.seed,
+        "save_strategy": "steps",
+        "save_steps": config.save_every,
+        # Older checkpoints are in the object store by then (on_checkpoint uploads them).
+        "save_total_limit": 3,
+        "logging_steps": 1,
+        "report_to": [],
+        "disable_tqdm": True,
+        "bf16": bf16,
+        "gradient_checkpointing": False,
+        "use_cpu": on_cpu,
+        "max_length": config.max_seq_len,
+        "include_num_input_tokens_seen": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+def _peft(config: TrainConfig) -> Any:
+    if not config.lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=0.0,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _save_final(
+    trainer: Any, tokenizer: Any, out_dir: Path, method: str, base: Path, config: TrainConfig
+) -> Path:
+    model = trainer.model
+    if hasattr(model, "merge_and_unload"):
+        # LoRA: ship plain merged weights so any loader (HFBackend, vLLM) reads them as is.
+        model = model.merge_and_unload()
+    tmp = out_dir / (FINAL_MODEL + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "rollout_training.json").write_text(
+        json.dumps(
+            {
+                "method": method,
+                "base_model": str(base),
+                "steps": int(trainer.state.global_step),
+                "config": config.model_dump(mode="json"),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return replace_dir(tmp, out_dir / FINAL_MODEL)
+
+
+def _reporter_class() -> type:
+    from transformers import TrainerCallback
+
+    class Reporter(TrainerCallback):
+        """Turns Trainer logs into Progress, step-log lines and checkpoint notifications."""
+
+        def __init__(
+            self,
+            out_dir: Path,
+            on_progress: ProgressHook | None,
+            on_checkpoint: CheckpointHook | None,
+        ) -> None:
+            self.out_dir = out_dir
+            self.on_progress = on_progress
+            self.on_checkpoint = on_checkpoint
+            self.started = time.monotonic()
+            self.first_step = 0
+            self.first_tokens = 0
+            self.last_logged = -1
+            self.tokens_per_s: float | None = None
+            self.last_metrics: dict[str, float] = {}
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.started = time.monotonic()
+            self.first_step = int(state.global_step)
+            self.first_tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+            self.last_logged = int(state.global_step)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            logs = logs or {}
+            step = int(state.global_step)
+            if "loss" not in logs or step <= self.last_logged:
+                return
+            self.last_logged = step
+            elapsed = max(time.monotonic() - self.started, 1e-9)
+            done = step - self.first_step
+            tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0) - self.first_tokens
+            self.tokens_per_s = tokens / elapsed if tokens > 0 else None
+            total = int(state.max_steps or step)
+            eta = (total - step) * elapsed / done if done > 0 else None
+            self.last_metrics = {k: float(v) for k, v in logs.items() if _is_number(v)}
+            progress = Progress(
+                step=step,
+                total_steps=total,
+                loss=float(logs["loss"]),
+                reward=_reward(logs),
+                tokens_per_s=self.tokens_per_s,
+                eta_s=eta,
+                epoch=float(state.epoch) if state.epoch is not None else None,
+            )
+            append_step_log(self.out_dir, progress.model_dump(mode="json"))
+            if self.on_progress is not None:
+                self.on_progress(progress)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if self.on_checkpoint is None:
+                return
+            step = int(state.global_step)
+            path = Path(args.output_dir) / f"checkpoint-{step}"
+            self.on_checkpoint(path, step)
+
+    return Reporter
+
+
+def _reward(logs: dict[str, Any]) -> float | None:
+    # DPO's implicit reward margin is the closest thing to a reward it has.
+    value = logs.get("rewards/margins")
+    return float(value) if _is_number(value) else None

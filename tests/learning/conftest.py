@@ -1,0 +1,30 @@
+"""Fixtures for the training core: one seeded tiny base model per session, CPU, one thread."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# Test folders have no __init__.py: make `learning_kit` (next to this file) importable.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly initialised tiny Llama + tokenizer (never modified by the tests)."""
+    from learning_kit import corpus
+
+    from rollout.shared.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", seed=0, corpus=corpus())
+
+
+@pytest.fixture(autouse=True)
+def _cpu_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The suite must behave the same on a GPU machine: train and sample on the CPU.
+    monkeypatch.setenv("ROLLOUT_TRAIN_DEVICE", "cpu")
+    monkeypatch.setenv("ROLLOUT_HF_DEVICE", "cpu")
+    monkeypatch.setenv("ROLLOUT_HF_THREADS", "1")

@@ -1,0 +1,46 @@
+"""`local/tiny-agent`: scripted train-split demonstrations, a cached build, a registered name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollout.errors import RolloutError
+from rollout.shared.learning import tiny_agent
+from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.registry import resolve_backend
+
+
+def test_tiny_agent_builds_once_and_resolves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real recipe trains for ~1-2 minutes; a few steps exercise the same path here.
+    monkeypatch.setattr(tiny_agent, "TRAINING", {**tiny_agent.TRAINING, "max_steps": 3})
+    monkeypatch.setenv("ROLLOUT_HOME", str(tmp_path / "home"))
+
+    backend = resolve_backend("local/tiny-agent")
+    assert isinstance(backend, HFBackend)
+    model_dir = tmp_path / "home" / "models" / "tiny-agent"
+    assert Path(backend.path) == model_dir
+    stamp = json.loads((model_dir / tiny_agent.STAMP).read_text())
+    # Every example env's train split has a verified demonstration; no test task is used.
+    demos = stamp["demonstrations"]
+    assert demos and all(c["passed"] == c["tasks"] > 0 for c in demos.values()), demos
+    assert stamp["training"]["max_steps"] == 3
+
+    messages: list[str] = []
+    assert tiny_agent.build_tiny_agent(model_dir, progress=messages.append) == model_dir
+    assert messages == []  # cached: same code, data and seed
+    # Another seed, recipe or example file is another build.
+    examples = tiny_agent.examples_dir()
+    recipe = tiny_agent.TRAINING
+    assert stamp["hash"] == tiny_agent._digest(examples, 0, recipe)
+    assert tiny_agent._digest(examples, 1, recipe) != stamp["hash"]
+    assert tiny_agent._digest(examples, 0, {**recipe, "epochs": 2.0}) != stamp["hash"]
+
+
+def test_tiny_agent_name_is_exact() -> None:
+    with pytest.raises(RolloutError, match="did you mean 'local/tiny-agent'"):
+        resolve_backend("local/tiny-agent-xl")
