@@ -1,5 +1,6 @@
 """rollout: write agent environments in Python, run models on them, score, train, compare."""
 
+from rollout.client import AsyncClient, Client
 from rollout.environment import Environment, Task
 from rollout.errors import RolloutError
 from rollout.helpers import (
@@ -19,6 +20,8 @@ from rollout.helpers import (
 )
 
 __all__ = [
+    "AsyncClient",
+    "Client",
     "Environment",
     "RolloutError",
     "Task",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 from kit import refund_env, snapshot, wait_until
@@ -222,3 +224,26 @@ async def test_large_trajectories_travel_by_claim_check(
         assert len(rows) == 4 and not any(r["changed"] for r in rows)
     finally:
         await nc.close()
+
+
+async def test_the_synchronous_client_reads_like_the_seed_readme(
+    client, agent_server, settings
+) -> None:
+    from rollout import Client
+
+    await client.push_environment(refund_env(tasks=2))
+
+    def seed_example() -> tuple[dict, list[str], dict]:
+        c = Client(settings=settings)
+        try:
+            run = c.create_run(env_slug="refunds", model=f"{agent_server.base_url}#m", n=4)
+            done = c.wait_for_run(run["runId"], timeout_s=120)
+            ids = c.passing_rollout_ids(run["runId"])
+            return done, ids, c.get_run(run["runId"], include_rollouts=True)
+        finally:
+            c.close()
+
+    done, ids, full = await asyncio.to_thread(seed_example)
+    assert done["status"] == "completed" and done["scored"] == 8
+    assert sorted(ids) == sorted(r["rolloutId"] for r in full["rollouts"] if r["passed"])
+    assert len(ids) == done["passed"]
