@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from fakes.openai_server import FakeOpenAI
-from kit import Platform, refund_agent
+from kit import Platform, refund_agent, wait_for_platform
 
 from rollout.client import AsyncClient
-from rollout.errors import RolloutError
 from rollout.shared.settings import Settings
 
 
@@ -32,18 +30,7 @@ async def platform(settings: Settings) -> AsyncIterator[Platform]:
 async def client(settings: Settings, platform: Platform) -> AsyncIterator[AsyncClient]:
     """A client of the in-process platform, once the registry and tracker answer."""
     c = AsyncClient(settings, timeout_s=20)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
-        try:
-            await c.list_environments()
-            await c.list_runs()
-            break
-        except RolloutError:
-            platform.check()
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+    await wait_for_platform(c, platform)
     yield c
     await c.close()
 

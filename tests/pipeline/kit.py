@@ -112,3 +112,20 @@ async def wait_until(predicate: Any, what: str, limit_s: float = 60.0) -> None:
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def wait_for_platform(client: Any, platform: Platform | None = None) -> None:
+    """Wait until the registry and the tracker answer (failing fast if a service crashed)."""
+    from rollout.errors import RolloutError
+
+    async def answering() -> bool:
+        if platform is not None:
+            platform.check()
+        try:
+            await client.list_environments()
+            await client.list_runs()
+        except RolloutError:
+            return False
+        return True
+
+    await wait_until(answering, "the registry and the tracker to answer")

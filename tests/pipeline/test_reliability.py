@@ -11,7 +11,7 @@ from pathlib import Path
 
 import asyncpg
 from fakes.openai_server import FakeOpenAI, Reply
-from kit import Platform, refund_agent, refund_env, snapshot, wait_until
+from kit import Platform, refund_agent, refund_env, snapshot, wait_for_platform, wait_until
 
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
@@ -74,16 +74,7 @@ async def test_sigkill_one_of_two_actors_mid_run_loses_and_doubles_nothing(
     client = AsyncClient(settings, timeout_s=20)
     try:
         with FakeOpenAI(slow_agent) as server:
-
-            async def registry_up() -> bool:
-                try:
-                    await client.list_runs()
-                    await client.list_environments()
-                    return True
-                except Exception:  # noqa: BLE001 (services still starting)
-                    return False
-
-            await wait_until(registry_up, "the registry and tracker")
+            await wait_for_platform(client, platform)
             await client.push_environment(refund_env(tasks=3))
             run = await client.create_run(
                 "refunds", f"{server.base_url}#slow", n=8, batch_size=2, temperature=0.0
@@ -132,16 +123,7 @@ async def test_restarting_the_tracker_mid_run_completes_and_matches_a_rebuild(
     nc = await connect_nats(settings)
     try:
         with FakeOpenAI(slow_agent) as server:
-
-            async def up() -> bool:
-                try:
-                    await client.list_runs()
-                    await client.list_environments()
-                    return True
-                except Exception:  # noqa: BLE001 (services still starting)
-                    return False
-
-            await wait_until(up, "the registry and tracker")
+            await wait_for_platform(client, platform)
             await client.push_environment(refund_env(tasks=2))
             run = await client.create_run("refunds", f"{server.base_url}#slow", n=6, batch_size=2)
             await asyncio.wait_for(first_scored(settings, run["runId"]), 60)
@@ -179,16 +161,7 @@ async def test_a_verifier_that_raises_on_one_rollout_marks_it_errored_and_the_ru
     client = AsyncClient(settings, timeout_s=20)
     nc = await connect_nats(settings)
     try:
-
-        async def up() -> bool:
-            try:
-                await client.list_runs()
-                await client.list_environments()
-                return True
-            except Exception:  # noqa: BLE001 (services still starting)
-                return False
-
-        await wait_until(up, "the registry and tracker")
+        await wait_for_platform(client, platform)
         await client.push_environment(refund_env(tasks=1))
         run = await client.create_run("refunds", "openai/unused", n=3)
         # Play the actor by hand: take the work item, return one trajectory the verifier chokes on.
