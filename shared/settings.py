@@ -20,6 +20,8 @@ STATE_FILE = "state.json"
 CREDENTIALS_FILE = "credentials.json"
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+# API keys (see rollout.shared.auth.keys) are NATS users named `rk_<role>_<id>`.
+API_KEY_PREFIX = "rk_"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,15 @@ class Settings:
     nats_token: str | None = None
     external_nats: bool = False
     external_database: bool = False
+    # Where the NATS URL and the credentials came from, named in connection errors.
+    endpoint_source: str | None = None
+    credential_source: str | None = None
+
+    @property
+    def api_key_user(self) -> str | None:
+        """The NATS user when connecting with an API key (`rk_<role>_<id>`), else None."""
+        user = self.nats_user
+        return user if user is not None and user.startswith(API_KEY_PREFIX) else None
 
     def with_database(self, database_url: str) -> Settings:
         """A copy pointing at another database (tests use one database each)."""
@@ -142,6 +153,11 @@ def nats_connect_kwargs(settings: Settings) -> dict[str, Any]:
     if settings.nats_user is not None:
         kwargs["user"] = settings.nats_user
         kwargs["password"] = settings.nats_password or ""
+    if settings.api_key_user:
+        from rollout.shared import subjects
+
+        # A key may only subscribe to its own inbox prefix, so replies go there.
+        kwargs["inbox_prefix"] = subjects.inbox_prefix(settings.api_key_user)
     return kwargs
 
 
@@ -159,18 +175,29 @@ async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Cl
         "max_reconnect_attempts": kwargs.pop("max_reconnect_attempts", -1),
         "reconnect_time_wait": kwargs.pop("reconnect_time_wait", 2.0),
     }
-    source = "ROLLOUT_NATS_URL" if settings.external_nats else f"{settings.home / STATE_FILE}"
+    source = settings.endpoint_source or (
+        "ROLLOUT_NATS_URL" if settings.external_nats else f"{settings.home / STATE_FILE}"
+    )
     connected = False
+    user_error_cb = kwargs.pop("error_cb", None)
 
     async def on_error(exc: Exception) -> None:
         # nats-py's default prints a traceback per failed attempt; a failed first connect is
-        # reported once below, and later drops are logged as one line.
-        if connected:
+        # reported once below, and later drops are logged as one line. A caller's callback
+        # (e.g. the Client failing a refused request fast) sees every error too.
+        denied = is_permission_violation(exc)
+        if connected and not (denied and user_error_cb is not None):
             import structlog
 
-            structlog.get_logger(__name__).warning("nats connection error", error=str(exc))
+            log = structlog.get_logger(__name__)
+            if denied:
+                log.warning("nats permission denied", user=settings.nats_user, error=str(exc))
+            else:
+                log.warning("nats connection error", error=str(exc))
+        if user_error_cb is not None:
+            await user_error_cb(exc)
 
-    kwargs.setdefault("error_cb", on_error)
+    kwargs["error_cb"] = on_error
     try:
         # nats-py applies its reconnect policy to the first connect too, retrying an absent
         # server or a wrong password for minutes. The first connect gets one quick retry;
@@ -184,13 +211,36 @@ async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Cl
     except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
         raise RolloutError(
             f"cannot reach NATS at {redact_url(settings.nats_url)} (from {source}): {exc}",
-            problems=["start the embedded stack with `rollout up`, or set ROLLOUT_NATS_URL"],
+            problems=["start the embedded stack with `rollout up`, or set ROLLOUT_NATS_URL"]
+            if not settings.api_key_user
+            else ["check the endpoint (`rollout login --endpoint URL`, or ROLLOUT_ENDPOINT)"],
         ) from exc
     except nats.errors.Error as exc:
-        raise RolloutError(
-            f"NATS at {redact_url(settings.nats_url)} refused the connection: {exc}",
+        raise refused_error(settings, exc) from exc
+
+
+def is_permission_violation(exc: BaseException) -> bool:
+    """True for nats-server's asynchronous `Permissions Violation` error."""
+    return "permissions violation" in str(exc).lower()
+
+
+def refused_error(settings: Settings, exc: BaseException) -> RolloutError:
+    """The error for a server that refused our credentials, saying where they came from."""
+    url = redact_url(settings.nats_url)
+    if settings.api_key_user:
+        source = settings.credential_source or "the API key"
+        return RolloutError(
+            f"NATS at {url} refused API key {settings.api_key_user} (from {source}): {exc}",
             problems=[
-                "embedded: credentials come from ROLLOUT_HOME/credentials.json",
-                "external: set ROLLOUT_NATS_USER and ROLLOUT_NATS_PASSWORD, or ROLLOUT_NATS_TOKEN",
+                "the key is mistyped or was revoked (`rollout keys list` on the server)",
+                "log in with a valid key: `rollout login`, or set ROLLOUT_API_KEY",
             ],
-        ) from exc
+        )
+    return RolloutError(
+        f"NATS at {url} refused the connection: {exc}",
+        problems=[
+            "with an API key: `rollout login`, or set ROLLOUT_API_KEY and ROLLOUT_ENDPOINT",
+            "embedded: credentials come from ROLLOUT_HOME/credentials.json",
+            "external: set ROLLOUT_NATS_USER and ROLLOUT_NATS_PASSWORD, or ROLLOUT_NATS_TOKEN",
+        ],
+    )

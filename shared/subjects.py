@@ -85,3 +85,23 @@ def parse_event_subject(subject: str) -> tuple[str, str, str]:
     if len(parts) != 5 or parts[0] != PREFIX or parts[1] != "evt":
         raise SubjectError(f"not an event subject: {subject!r}")
     return parts[2], parts[3], parts[4]
+
+
+# NATS-level subjects used in user permissions (the server's own API and per-user inboxes).
+JS_API = "$JS.API"
+USER_INFO = "$SYS.REQ.USER.INFO"
+
+
+def js_api(*tokens: str) -> str:
+    """A JetStream API subject: `$JS.API.<tokens>` (wildcards allowed, for permissions)."""
+    return ".".join((JS_API, *tokens))
+
+
+def inbox_prefix(user: str) -> str:
+    """A user's private reply-subject prefix, `_INBOX_<user>`: no one else may read its replies."""
+    return f"_INBOX_{token(user, 'user')}"
+
+
+def inbox_filter(user: str) -> str:
+    """Every reply subject under a user's private inbox prefix."""
+    return f"{inbox_prefix(user)}.>"

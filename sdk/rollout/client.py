@@ -9,10 +9,12 @@ from typing import Any, TypeVar
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.auth.credentials import client_settings, with_credentials
+from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts import requests as rq
 from rollout.shared.envs.coerce import raw_environment
-from rollout.shared.settings import Settings, connect_nats, load_settings
+from rollout.shared.settings import Settings, connect_nats
 
 T = TypeVar("T")
 
@@ -20,21 +22,38 @@ T = TypeVar("T")
 class AsyncClient:
     """The async API; `Client` runs it on a private event loop for synchronous callers."""
 
-    def __init__(self, settings: Settings | None = None, *, timeout_s: float = 30.0) -> None:
-        self.settings = settings or load_settings()
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        endpoint: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        # Explicit settings (services, tests) are used as given; otherwise the endpoint and API
+        # key resolve like the CLI's: arguments, ROLLOUT_* env vars, `rollout login`, local stack.
+        if settings is None:
+            settings = client_settings(endpoint, api_key)
+        elif endpoint or api_key:
+            settings = with_credentials(settings, endpoint, api_key)
+        self.settings = settings
         self.timeout_s = timeout_s
         self._nc: Any = None
+        # A request the key's role may not make fails at once instead of timing out.
+        self._denials = PermissionWatch(settings.nats_user)
 
     async def _conn(self) -> Any:
         if self._nc is None or self._nc.is_closed:
-            self._nc = await connect_nats(self.settings, name="rollout-client")
+            self._nc = await connect_nats(
+                self.settings, name="rollout-client", error_cb=self._denials.error_cb
+            )
         return self._nc
 
     async def request(self, service: str, verb: str, body: rq.Request) -> dict[str, Any]:
         """One request/reply to a service; RolloutError with its problems on failure."""
-        return await call(
-            await self._conn(), subjects.request(service, verb), body, timeout_s=self.timeout_s
-        )
+        subject = subjects.request(service, verb)
+        nc = await self._conn()
+        return await self._denials.guard(subject, call(nc, subject, body, timeout_s=self.timeout_s))
 
     async def jetstream(self) -> Any:
         """The JetStream context (for following events)."""
@@ -175,17 +194,7 @@ class Client:
         settings: Settings | None = None,
         timeout_s: float = 30.0,
     ) -> None:
-        if settings is None:
-            settings = load_settings()
-        if endpoint:
-            from dataclasses import replace
-
-            settings = replace(settings, nats_url=endpoint, external_nats=True)
-        if api_key:
-            from dataclasses import replace
-
-            settings = replace(settings, nats_user=None, nats_password=None, nats_token=api_key)
-        self._async = AsyncClient(settings, timeout_s=timeout_s)
+        self._async = AsyncClient(settings, endpoint=endpoint, api_key=api_key, timeout_s=timeout_s)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()

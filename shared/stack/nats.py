@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -13,6 +15,9 @@ from typing import Any
 import httpx
 
 from rollout.errors import RolloutError
+from rollout.shared.auth.keys import KeyStore, ensure_local_key
+from rollout.shared.auth.roles import permissions
+from rollout.shared.settings import STATE_FILE, read_json_file
 from rollout.shared.stack.files import ensure_home, load_or_create_credentials, write_private
 from rollout.shared.stack.process import (
     LOOPBACK,
@@ -22,13 +27,17 @@ from rollout.shared.stack.process import (
     die_with_parent,
     env_port,
     file_size,
+    read_from,
     stop_process,
+    tail,
     wait_for_log,
 )
 
 DEFAULT_PORT = 4222
 DEFAULT_MONITOR_PORT = 8222
 READY_LINE = "Server is ready"
+RELOADED_LINE = "Reloaded server configuration"
+RELOAD_FAILED_LINE = "Failed to reload server configuration"
 
 
 def nats_server_binary() -> str:
@@ -134,6 +143,36 @@ class NatsServer:
         """True when the server answers its JetStream health check."""
         return nats_healthy(self.monitor_url, timeout)
 
+    def reload(self, timeout: float = 15.0) -> None:
+        """Rewrite the config (API keys change it) and have the running server reload it.
+
+        Returns once the server logs the reload: a revoked key is refused, and its open
+        connections are closed, from then on.
+        """
+        if self.ref is None or not self.ref.alive():
+            raise RolloutError("nats-server is not running; the new config applies at its start")
+        write_private(self.config_path, render_config(self))
+        offset = file_size(self.log_path)
+        # SIGHUP is what `nats-server --signal reload` sends.
+        os.kill(self.ref.pid, signal.SIGHUP)
+        try:
+            wait_for_log(
+                self.log_path,
+                offset,
+                lambda text: RELOADED_LINE in text or RELOAD_FAILED_LINE in text,
+                self.process,
+                what="nats-server reload",
+                timeout=timeout,
+            )
+        except ServerStartError as exc:
+            raise RolloutError(f"nats-server did not reload its config: {exc}") from None
+        text = read_from(self.log_path, offset)
+        if RELOAD_FAILED_LINE in text:
+            raise RolloutError(
+                "nats-server refused the new config",
+                problems=[tail(text), f"config: {self.config_path}"],
+            )
+
 
 def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
     """Ask the monitoring endpoint whether the server and JetStream are healthy."""
@@ -145,8 +184,8 @@ def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
 
 
 def render_config(server: NatsServer) -> str:
-    """The nats-server config: loopback listeners, JetStream on, one authorized user."""
-    # json.dumps gives a correctly quoted string for the NATS config syntax.
+    """The nats-server config: loopback listeners, JetStream on, the service user and API keys."""
+    # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax.
     return "\n".join(
         [
             f"listen: {LOOPBACK}:{server.port}",
@@ -156,12 +195,54 @@ def render_config(server: NatsServer) -> str:
             f"  store_dir: {json.dumps(str(server.store_dir))}",
             "}",
             "authorization {",
-            f"  user: {json.dumps(server.user)}",
-            f"  password: {json.dumps(server.password)}",
+            "  users = [",
+            *(f"    {json.dumps(user)}" for user in config_users(server)),
+            "  ]",
             "}",
             "",
         ]
     )
+
+
+def config_users(server: NatsServer) -> list[dict[str, Any]]:
+    """The service user (no limits) and one user per API key (its role's permissions)."""
+    users: list[dict[str, Any]] = [{"user": server.user, "password": server.password}]
+    for record in KeyStore(server.home).records():
+        # Only the bcrypt hash: nats-server compares the presented secret against it.
+        users.append(
+            {
+                "user": record.user,
+                "password": record.password_hash,
+                "permissions": permissions(record.role, record.user),
+            }
+        )
+    return users
+
+
+def running_nats(home: Path) -> NatsServer | None:
+    """The embedded nats-server `rollout up` runs for `home`, as recorded; None when not running."""
+    entry = read_json_file(home / STATE_FILE).get("nats") or {}
+    ref = ProcessRef.from_dict(entry)
+    if entry.get("external") or ref is None or not ref.alive():
+        return None
+    creds = load_or_create_credentials(home)["nats"]
+    return NatsServer(
+        home=home,
+        port=int(entry["port"]),
+        monitor_port=int(entry["monitor_port"]),
+        user=creds["user"],
+        password=creds["password"],
+        ref=ref,
+    )
+
+
+def reload_nats(home: Path, timeout: float = 15.0) -> bool:
+    """Apply changed API keys to the running embedded server; False when none runs."""
+    server = running_nats(home)
+    if server is None:
+        return False
+    server.reload(timeout)
+    return True
 
 
 def start_nats(
@@ -180,6 +261,8 @@ def start_nats(
     """
     ensure_home(home)
     creds = load_or_create_credentials(home)["nats"]
+    # The local CLI and Client() use this runner key with no login (see shared/auth).
+    ensure_local_key(home)
     previous = previous or {}
     if port is None:
         port = env_port("ROLLOUT_NATS_PORT")

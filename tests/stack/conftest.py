@@ -39,6 +39,8 @@ def stack_env(home: Path, services: str = "idle") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_", "PG", "NATS_"))}
     env |= {
         "ROLLOUT_HOME": str(home),
+        # A developer's own `rollout login` must not leak into these tests.
+        "XDG_CONFIG_HOME": str(home / "xdg-config"),
         "ROLLOUT_PG_FSYNC": "off",
         "ROLLOUT_NATS_PORT": "0",
         "ROLLOUT_NATS_MONITOR_PORT": "0",

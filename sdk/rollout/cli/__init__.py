@@ -13,10 +13,12 @@ from rollout.shared.observability import configure_logging
 # Each module registers its own verbs; the order is the order in `rollout --help`.
 COMMAND_MODULES = [
     "rollout.cli.stack",
+    "rollout.cli.auth",
     "rollout.cli.envtools",
     "rollout.cli.localtest",
     "rollout.cli.platform",
     "rollout.cli.training",
+    "rollout.cli.demo",
     "rollout.cli.events",
     "rollout.cli.replay",
     "rollout.cli.admin",

@@ -11,8 +11,15 @@ from rollout.shared.settings import Settings, load_settings
 
 
 def settings_or_error() -> Settings:
-    """Load settings; configuration errors surface as RolloutError."""
+    """The stack's own settings (service credentials, database): for operator verbs."""
     return load_settings()
+
+
+def client_settings_or_error() -> Settings:
+    """What a user's verb connects with: API key / login / the local stack's key."""
+    from rollout.shared.auth.credentials import client_settings
+
+    return client_settings()
 
 
 def require_database(settings: Settings) -> str:

@@ -9,7 +9,7 @@ import sys
 
 import pydantic
 
-from rollout.cli._common import settings_or_error
+from rollout.cli._common import client_settings_or_error
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -41,7 +41,7 @@ async def _tail(args: argparse.Namespace) -> int:
     filter_subject = args.subject_filter or subjects.ALL_EVENTS
     if args.run:
         filter_subject = subjects.run_events(subjects.token(args.run, "run id"))
-    nc = await connect_nats(settings_or_error())
+    nc = await connect_nats(client_settings_or_error())
     try:
         js = nc.jetstream()
         async for msg in read_events(js, filter_subject, start_seq=args.since, follow=args.follow):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from rollout.cli._common import print_json, settings_or_error
+from rollout.cli._common import client_settings_or_error, print_json
 from rollout.shared.replay import replay_run, reverify
 from rollout.shared.settings import connect_nats
 from rollout.shared.store.trajectories import object_store
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    settings = settings_or_error()
+    settings = client_settings_or_error()
     nc = await connect_nats(settings)
     try:
         js = nc.jetstream()

@@ -1,0 +1,406 @@
+"""`rollout demo`: the closed loop in one command, on the embedded stack, with a real model.
+
+push an example env -> `local/tiny-agent` on the TEST split (baseline) -> a TRAIN-split run ->
+SFT on its passing rollouts -> a few online GRPO steps -> the TEST split again -> compare.
+Every pass rate printed is measured by the verifiers on that run; nothing is assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rollout.cli._common import print_json
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.shared.contracts.envelope import new_id
+
+BASE_MODEL = "local/tiny-agent"
+# The example env the demo learns on (any example's slug works with --env).
+DEFAULT_ENV = "sales-sql"
+DEFAULT_STEPS = 4
+DEFAULT_GROUP_SIZE = 4
+DEFAULT_TRAIN_N = 8
+# The tiny model's turns are short; a cap keeps a confused sample from rambling for minutes.
+MAX_TOKENS = 256
+MAX_TOOL_CALLS = 8
+# Evaluation is greedy so a pass-rate change comes from the weights, not from sampling luck.
+EVAL_TEMPERATURE = 0.0
+# The train run and GRPO sample: low enough that a tiny model still passes some tasks (the
+# SFT data, and groups whose rewards differ), high enough that its samples differ.
+DEFAULT_TEMPERATURE = 0.7
+SFT_HYPERPARAMS: dict[str, Any] = {"epochs": 3.0, "learning_rate": 1e-3, "batch_size": 4}
+GRPO_HYPERPARAMS: dict[str, Any] = {"learning_rate": 1e-4, "max_staleness": 1}
+RUN_TIMEOUT_S = 600.0
+JOB_TIMEOUT_S = 900.0
+POLL_S = 0.5
+FOLLOWER_GRACE_S = 5.0
+_FINAL = ("completed", "failed")
+
+Say = Callable[[str], None]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `demo` verb."""
+    p = sub.add_parser(
+        "demo",
+        help="the closed loop on the local stack: baseline, SFT, GRPO, compare (tiny model)",
+    )
+    p.add_argument("--env", default=DEFAULT_ENV, help="example env slug (default %(default)s)")
+    p.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, help="GRPO steps (default %(default)s)"
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=DEFAULT_GROUP_SIZE,
+        help="GRPO rollouts per task and step (default %(default)s)",
+    )
+    p.add_argument(
+        "--train-n",
+        type=int,
+        default=DEFAULT_TRAIN_N,
+        help="rollouts per train task in the run SFT learns from (default %(default)s)",
+    )
+    p.add_argument(
+        "-n", type=int, default=1, help="rollouts per test task in each evaluation (default 1)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULT_TEMPERATURE,
+        help="sampling temperature of the train run and GRPO (default %(default)s)",
+    )
+    p.add_argument("--examples", type=Path, help="folder of example envs (default: examples/)")
+    p.add_argument("--json", action="store_true", help="print one JSON document at the end")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo; exit 0 when every stage ran (whatever the pass rates are)."""
+    for flag, value in (("--steps", args.steps), ("--group-size", args.group_size),
+                        ("--train-n", args.train_n), ("-n", args.n)):  # fmt: skip
+        if value < 1:
+            raise RolloutError(f"{flag} must be >= 1, got {value}")
+    if not 0 < args.temperature <= 2:
+        raise RolloutError(f"--temperature must be in (0, 2], got {args.temperature}")
+    if args.group_size < 2:
+        raise RolloutError("--group-size must be >= 2 (GRPO compares samples within a group)")
+    env = example_env(args.env, args.examples)  # bad input fails before anything starts
+    say = _sayer(quiet_stdout=args.json)
+    started = time.monotonic()
+    ensure_stack(say)
+    result = asyncio.run(run_demo(args, env, say))
+    result["elapsedS"] = round(time.monotonic() - started, 1)
+    if args.json:
+        print_json(result)
+    else:
+        print_summary(result)
+    return 0
+
+
+def _sayer(*, quiet_stdout: bool) -> Say:
+    # With --json, stdout carries only the final document; progress goes to stderr.
+    out = sys.stderr if quiet_stdout else sys.stdout
+
+    def say(message: str) -> None:
+        print(message, file=out, flush=True)
+
+    return say
+
+
+# --- the stack and the model --------------------------------------------------------------------
+
+
+def ensure_stack(say: Say) -> None:
+    """Use the running stack, or start it with `rollout up` (external servers: just use them)."""
+    from rollout.shared.settings import load_settings
+
+    settings = load_settings()
+    if settings.external_nats or _answers(settings):
+        return
+    say("starting the local stack (rollout up) ...")
+    from rollout.cli.stack import DEFAULT_UP_TIMEOUT, cmd_up
+
+    # `up` prints its status table; keep stdout for the demo's own output.
+    with contextlib.redirect_stdout(sys.stderr):
+        code = cmd_up(argparse.Namespace(foreground=False, timeout=DEFAULT_UP_TIMEOUT))
+    if code != 0:
+        raise RolloutError("the local stack is not healthy", problems=["see `rollout status`"])
+
+
+def _answers(settings: Any) -> bool:
+    """True when the registry and tracker answer (the stack is up)."""
+
+    async def probe() -> bool:
+        client = AsyncClient(settings, timeout_s=5)
+        try:
+            await client.list_environments()
+            await client.list_runs(limit=1)
+            return True
+        except RolloutError:
+            return False
+        finally:
+            await client.close()
+
+    return asyncio.run(probe())
+
+
+def ensure_model(say: Say) -> Path:
+    """Build `local/tiny-agent` here first (cached), so actors find it ready."""
+    from rollout.shared.learning.tiny_agent import ensure_tiny_agent
+
+    return ensure_tiny_agent(progress=say)
+
+
+def example_env(slug: str, folder: Path | None) -> Any:
+    """The example environment named `slug` (from examples/ or `folder`)."""
+    from rollout.shared.envs.loader import load_environments
+    from rollout.shared.learning.tiny_agent import example_files
+
+    found: dict[str, Any] = {}
+    for file in example_files(folder):
+        for env in load_environments(file):
+            found[env.to_spec().slug] = env
+    if slug not in found:
+        raise RolloutError(
+            f"--env {slug!r} is not an example environment",
+            problems=[f"examples: {', '.join(sorted(found))}"],
+        )
+    spec = found[slug].to_spec()
+    splits = {t.split for t in spec.tasks}
+    missing = [s for s in ("train", "test") if s not in splits]
+    if missing:
+        raise RolloutError(
+            f"--env {slug!r} has no {' or '.join(missing)} tasks; the demo needs both splits"
+        )
+    return found[slug]
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, Any]:
+    """Every stage in order; returns run ids, job ids, models and measured pass rates."""
+    say(f"[1/6] model: {BASE_MODEL}")
+    await asyncio.to_thread(ensure_model, say)
+    tag = new_id()[:8]
+    client = AsyncClient(timeout_s=60)
+    stages: list[dict[str, Any]] = []
+    try:
+        pushed = await client.push_environment(env)
+        slug = pushed["slug"]
+        say(f"      pushed {slug} v{pushed['version']}")
+
+        say(f"[2/6] baseline: {BASE_MODEL} on the test split")
+        baseline = await evaluate(client, slug, BASE_MODEL, args.n, "baseline", tag, args.json)
+        stages.append(_stage("baseline", baseline))
+        say(f"      pass rate {baseline['passRate']:.0%} ({_counts(baseline)})")
+
+        say(f"[3/6] a train-split run to learn from ({args.train_n} per task, sampled)")
+        train = await run(client, slug, BASE_MODEL, split="train", n=args.train_n,
+                          temperature=args.temperature, name=f"demo {tag} train",
+                          quiet=args.json)  # fmt: skip
+        stages.append(_stage("train", train))
+        say(f"      {train['passed']} of {train['scored']} passed")
+
+        say("[4/6] SFT on its passing rollouts")
+        model = BASE_MODEL
+        sft_job = await improve(
+            client, say, args.json, base_model=BASE_MODEL, method="sft",
+            source_run_id=train["runId"], suffix=f"demo-{tag}-sft", hyperparams=SFT_HYPERPARAMS,
+        )  # fmt: skip
+        sft_entry: dict[str, Any] = {"stage": "sft"}
+        if sft_job.get("status") == "completed":
+            model = sft_job["modelId"]
+            after_sft = await evaluate(client, slug, model, args.n, "after SFT", tag, args.json)
+            sft_entry.update(_stage("sft", after_sft), jobId=sft_job["id"])
+            say(f"      {model}: test pass rate {after_sft['passRate']:.0%}")
+        elif sft_job.get("status") == "skipped":
+            sft_entry.update(runId=None, model=None, jobId=None, skipped=sft_job.get("reason"))
+            say(f"      skipped: {sft_job.get('reason')}")
+        else:
+            raise RolloutError(f"the SFT job {sft_job.get('id')} failed: {sft_job.get('reason')}")
+        stages.append(sft_entry)
+
+        say(f"[5/6] GRPO: {args.steps} online steps on the train split from {model}")
+        grpo_job = await improve(
+            client, say, args.json, base_model=model, method="grpo", env_slug=slug,
+            suffix=f"demo-{tag}-grpo",
+            hyperparams={**GRPO_HYPERPARAMS, "max_steps": args.steps,
+                         "group_size": args.group_size, "temperature": args.temperature,
+                         "max_tokens": MAX_TOKENS, "max_tool_calls": MAX_TOOL_CALLS},
+        )  # fmt: skip
+        if grpo_job.get("status") != "completed":
+            raise RolloutError(
+                f"the GRPO job {grpo_job.get('id')} failed: {grpo_job.get('reason')}"
+            )
+        final_model = grpo_job["modelId"]
+
+        say(f"[6/6] {final_model} on the test split")
+        final = await evaluate(client, slug, final_model, args.n, "final", tag, args.json)
+        stages.append({**_stage("grpo", final), "jobId": grpo_job["id"]})
+        say(f"      pass rate {final['passRate']:.0%} ({_counts(final)})")
+    finally:
+        await client.close()
+
+    from rollout.cli.platform import comparison
+
+    return {
+        "env": slug,
+        "baseModel": BASE_MODEL,
+        "finalModel": final_model,
+        "stages": stages,
+        "compare": comparison(baseline, final),
+    }
+
+
+def _stage(name: str, r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "stage": name,
+        "runId": r["runId"],
+        "model": r["model"],
+        "split": r["split"],
+        "scored": r["scored"],
+        "passed": r["passed"],
+        "passRate": r["passRate"],
+        "meanScore": r["meanScore"],
+    }
+
+
+def _counts(r: dict[str, Any]) -> str:
+    return f"{r['passed']}/{r['scored']} rollouts, {r['taskCount']} tasks"
+
+
+async def evaluate(
+    client: AsyncClient, slug: str, model: str, n: int, label: str, tag: str, quiet: bool
+) -> dict[str, Any]:
+    """A greedy run of `model` on the test split, waited for."""
+    return await run(client, slug, model, split="test", n=n, temperature=EVAL_TEMPERATURE,
+                     name=f"demo {tag} {label}", quiet=quiet)  # fmt: skip
+
+
+async def run(
+    client: AsyncClient,
+    slug: str,
+    model: str,
+    *,
+    split: str,
+    n: int,
+    temperature: float,
+    name: str,
+    quiet: bool,
+) -> dict[str, Any]:
+    """Create a run, follow it with a progress bar, return it once completed."""
+    from rollout.cli.platform import follow_run
+
+    created = await client.create_run(
+        slug, model, n=n, split=split, temperature=temperature, max_tokens=MAX_TOKENS,
+        max_tool_calls=MAX_TOOL_CALLS, name=name, seed=0,
+    )  # fmt: skip
+    run_id = created["runId"]
+    # The bar is best effort; completion is decided by the run's own terminal event.
+    bar = asyncio.ensure_future(follow_run(client, run_id, quiet=quiet))
+    try:
+        done = await wait_for(client.get_run, run_id, RUN_TIMEOUT_S, f"run {run_id}")
+    finally:
+        await _settle(bar)
+    if done["status"] != "completed":
+        raise RolloutError(f"run {run_id} ({name}) failed: {done.get('reason')}")
+    return done
+
+
+async def improve(client: AsyncClient, say: Say, quiet: bool, **job: Any) -> dict[str, Any]:
+    """Start a training job and follow it; a refused SFT (nothing passed) is returned, not raised."""
+    from rollout.cli.training import follow_job
+
+    try:
+        created = await client.create_training_job(**job)
+    except RolloutError as exc:
+        if job["method"] == "sft" and "no passing rollouts" in exc.message:
+            return {"status": "skipped", "reason": exc.message}
+        raise
+    say(f"      job {created['id']} -> {created.get('model', '?')}")
+    bar = asyncio.ensure_future(follow_job(client, created["id"], quiet=quiet))
+    try:
+        return await wait_for(
+            client.get_training_job, created["id"], JOB_TIMEOUT_S, f"training job {created['id']}"
+        )
+    finally:
+        await _settle(bar)
+
+
+async def wait_for(
+    get: Callable[[str], Awaitable[dict[str, Any]]], key: str, timeout_s: float, what: str
+) -> dict[str, Any]:
+    """Poll a run's or job's read model until it completes or fails; RolloutError past the deadline.
+
+    Polling a query (not following the stream) keeps working on a loaded machine where
+    JetStream's consumer API may answer slowly.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            found = await get(key)
+        except RolloutError as exc:
+            # Just created: the read model has not seen it yet ("no run ...", "no training job").
+            if not exc.message.startswith("no ") or loop.time() > deadline:
+                raise
+        else:
+            if found["status"] in _FINAL:
+                return found
+        if loop.time() > deadline:
+            raise RolloutError(f"{what} did not finish within {timeout_s:.0f}s")
+        await asyncio.sleep(POLL_S)
+
+
+async def _settle(task: asyncio.Future[Any]) -> None:
+    """Let a progress follower finish its line (it ends with its subject's last event)."""
+    try:
+        await asyncio.wait_for(task, FOLLOWER_GRACE_S)
+    except Exception:  # noqa: BLE001 - progress display only; the outcome is already known
+        task.cancel()
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """The stages, then the compare table of the final model against the baseline."""
+    print(f"\nrollout demo on {result['env']}  ({result['elapsedS']:.0f}s)\n")
+    print(f"{'STAGE':<9} {'RUN':<17} {'SPLIT':<6} {'PASS':>6} {'SCORE':>7}  MODEL")
+    for s in result["stages"]:
+        if s.get("runId") is None:
+            print(
+                f"{s['stage']:<9} {'-':<17} {'-':<6} {'-':>6} {'-':>7}  skipped: {s.get('skipped')}"
+            )
+            continue
+        print(f"{s['stage']:<9} {s['runId']:<17} {s['split'] or '-':<6} {s['passRate']:>6.0%}"
+              f" {s['meanScore']:>7.3f}  {s['model']}")  # fmt: skip
+    c = result["compare"]
+    base, other = c["base"], c["other"]
+    print(f"\ncompare {base['runId']} (baseline) -> {other['runId']} (after SFT + GRPO)\n")
+    print(f"{'':<10} {'BASE':>12} {'OTHER':>12} {'DELTA':>8}")
+    print(f"{'pass rate':<10} {base['passRate']:>12.0%} {other['passRate']:>12.0%}"
+          f" {c['deltaPassRate']:>+8.0%}")  # fmt: skip
+    print(f"{'score':<10} {base['meanScore']:>12.3f} {other['meanScore']:>12.3f}"
+          f" {c['deltaScore']:>+8.3f}")  # fmt: skip
+    print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
+    for row in c["tasks"]:
+        print(f"{row['taskIndex']:>5} {_pct(row['basePassRate']):>7}"
+              f" {_pct(row['otherPassRate']):>7} {_signed(row['deltaPassRate']):>7}")  # fmt: skip
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}"

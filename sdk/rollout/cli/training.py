@@ -1,0 +1,251 @@
+"""Training verbs: `improve` (start a job), `jobs` (list them), `job ID` (one, or follow it)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+# Trained names (`BASE:SUFFIX`, job ids) resolve in every process the CLI starts: `rollout
+# test --model`, and services run with `rollout serve`.
+import rollout.shared.models.trained  # noqa: F401
+from rollout.cli._common import print_json
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+
+_FINAL = ("completed", "failed")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the training verbs."""
+    p = sub.add_parser(
+        "improve",
+        help="fine-tune a model on a run's rollouts (sft, dpo) or online on an env (grpo)",
+    )
+    p.add_argument("--run", dest="run_id", help="source run (sft, dpo)")
+    p.add_argument("--model", required=True, help="base model, e.g. local/tiny-agent, hf:DIR")
+    p.add_argument("--method", choices=("sft", "dpo", "grpo"), default="sft")
+    p.add_argument("--suffix", help="trained model name is MODEL:SUFFIX (default: the job id)")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--learning-rate", type=float)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lora", action="store_true", default=None, help="train a LoRA adapter")
+    p.add_argument("--env", dest="env_slug", help="environment to train on online (grpo)")
+    p.add_argument("--steps", type=int, help="optimizer steps (grpo: policy versions)")
+    p.add_argument("-n", "--group-size", type=int, help="rollouts per task and step (grpo)")
+    p.add_argument("--max-staleness", type=int, help="oldest policy version trained on (grpo)")
+    p.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other hyperparameter (repeatable), e.g. --set save_every=10",
+    )
+    p.add_argument("--follow", "-f", action="store_true", help="show progress until it ends")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_improve(a)))
+
+    p = sub.add_parser("jobs", help="list training jobs")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_jobs(a)))
+
+    p = sub.add_parser("job", help="one training job: status, step, loss, reward, tokens/s, ETA")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--follow", "-f", action="store_true", help="show progress until it ends")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_job(a)))
+
+
+def _run(coro: Any) -> int:
+    return asyncio.run(coro)
+
+
+def _value(text: str) -> Any:
+    """A --set value: JSON-ish literals become numbers and booleans, the rest stays text."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
+    """The hyperparameters the flags ask for (only those given)."""
+    out: dict[str, Any] = {}
+    for flag, key in (
+        ("epochs", "epochs"),
+        ("learning_rate", "learning_rate"),
+        ("batch_size", "batch_size"),
+        ("lora", "lora"),
+        ("steps", "max_steps"),
+        ("group_size", "group_size"),
+        ("max_staleness", "max_staleness"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            out[key] = value
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise RolloutError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = _value(value.strip())
+    return out
+
+
+async def _improve(args: argparse.Namespace) -> int:
+    if args.method in ("sft", "dpo") and not args.run_id:
+        raise RolloutError(f"--run RUN is required for --method {args.method}")
+    if args.method == "grpo" and not args.env_slug:
+        raise RolloutError("--env SLUG is required for --method grpo")
+    client = AsyncClient()
+    try:
+        job = await client.create_training_job(
+            base_model=args.model,
+            method=args.method,
+            source_run_id=args.run_id,
+            suffix=args.suffix,
+            hyperparams=hyperparams(args),
+            env_slug=args.env_slug,
+        )
+        if args.follow:
+            if not args.json:
+                print(f"job {job['id']}: {args.method} of {args.model} -> {job['model']}")
+            job = await follow_job(client, job["id"], quiet=args.json)
+    finally:
+        await client.close()
+    if args.json:
+        print_json(job)
+    elif args.follow:
+        print_job(job)
+    else:
+        what = f"run {args.run_id}" if args.run_id else f"env {args.env_slug}"
+        print(f"job {job['id']} queued: {args.method} of {args.model} on {what}")
+        print(f"  model when done: {job['model']}  (or the job id {job['id']})")
+        print(f"  follow: rollout job {job['id']} --follow")
+    return 0 if job.get("status") != "failed" else 1
+
+
+async def _jobs(args: argparse.Namespace) -> int:
+    client = AsyncClient()
+    try:
+        jobs = await client.list_training_jobs(args.limit)
+    finally:
+        await client.close()
+    if args.json:
+        print_json({"jobs": jobs})
+        return 0
+    if not jobs:
+        print("no training jobs yet: `rollout improve --run RUN --model MODEL`")
+        return 0
+    print(f"{'JOB':<21} {'METHOD':<6} {'STATUS':<10} {'STEP':>9} {'LOSS':>8}  MODEL")
+    for j in jobs:
+        step = f"{j['step']}/{j['totalSteps']}" if j["totalSteps"] else "-"
+        model = j["modelId"] or j["baseModel"]
+        print(f"{j['id']:<21} {j['method']:<6} {j['status']:<10} {step:>9}"
+              f" {_num(j['loss']):>8}  {model}")  # fmt: skip
+    return 0
+
+
+async def _job(args: argparse.Namespace) -> int:
+    subjects.token(args.job_id, "job id")
+    client = AsyncClient()
+    try:
+        if args.follow:
+            job = await follow_job(client, args.job_id, quiet=args.json)
+        else:
+            job = await client.get_training_job(args.job_id)
+    finally:
+        await client.close()
+    if args.json:
+        print_json(job)
+    else:
+        print_job(job)
+    return 0 if job.get("status") != "failed" else 1
+
+
+def _num(value: float | None, fmt: str = ".4f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def print_job(job: dict[str, Any]) -> None:
+    """Human summary of a training job."""
+    print(f"job {job['id']}  {job['status']}  {job['method']} of {job['baseModel']}")
+    if job.get("sourceRunId"):
+        print(f"  source run {job['sourceRunId']}")
+    if job.get("envSlug"):
+        print(f"  environment {job['envSlug']}")
+    step = f"{job['step']}/{job['totalSteps']}" if job.get("totalSteps") else "-"
+    print(f"  step {step}  loss {_num(job.get('loss'))}  reward {_num(job.get('reward'))}"
+          f"  tokens/s {_num(job.get('tokensPerS'), '.0f')}  ETA {_eta(job.get('etaS'))}")  # fmt: skip
+    if job.get("modelId"):
+        print(f"  model {job['modelId']}  (also: {job['id']})")
+    if job.get("reason"):
+        print(f"  reason: {job['reason']}")
+
+
+def _bar(step: int, total: int, width: int = 30) -> str:
+    filled = int(width * step / total) if total else 0
+    return "█" * filled + "░" * (width - filled)
+
+
+async def follow_job(
+    client: AsyncClient, job_id: str, *, quiet: bool = False, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Follow a job's events (progress bar on stderr) until it ends; return the job."""
+    from nats.js.errors import NotFoundError
+
+    from rollout.shared.bus.reader import read_events
+    from rollout.shared.contracts.envelope import EventEnvelope
+
+    js = await client.jetstream()
+    requested = subjects.event("job", job_id, subjects.event_name("job.requested"))
+    try:  # a clear error for an unknown id, before waiting (the log knows a new job first)
+        await js.get_last_msg(subjects.EVENTS_STREAM, requested)
+    except NotFoundError:
+        raise RolloutError(f"no training job {job_id!r} (see `rollout jobs`)") from None
+
+    async def follow() -> None:
+        async for msg in read_events(js, subjects.aggregate_events("job", job_id), follow=True):
+            event = EventEnvelope.from_bytes(msg.data)
+            body: Any = event.body()
+            if event.type == "job.progress" and not quiet:
+                sys.stderr.write(
+                    f"\r  [{_bar(body.step, body.total_steps)}] step {body.step}/"
+                    f"{body.total_steps}  loss {_num(body.loss)}  reward {_num(body.reward)}"
+                    f"  tok/s {_num(body.tokens_per_s, '.0f')}  ETA {_eta(body.eta_s)}  "
+                )
+                sys.stderr.flush()
+            if event.type in ("job.completed", "job.failed"):
+                return
+
+    try:
+        await asyncio.wait_for(follow(), timeout=timeout_s)
+    except TimeoutError:
+        raise RolloutError(f"job {job_id} did not finish within {timeout_s:.0f}s") from None
+    if not quiet:
+        sys.stderr.write("\n")
+    # The event is on the log; the read model follows it within moments.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        try:
+            job = await client.get_training_job(job_id)
+        except RolloutError:
+            if loop.time() > deadline:
+                raise
+            job = {"status": None}
+        if job["status"] in _FINAL or loop.time() > deadline:
+            return job
+        await asyncio.sleep(0.1)

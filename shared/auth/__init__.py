@@ -1,0 +1,1 @@
+"""API keys as NATS users with roles: key format, key store, permissions, client credentials."""

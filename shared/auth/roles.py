@@ -1,0 +1,124 @@
+"""Roles and the NATS permissions that implement them.
+
+`service` may do everything (what `rollout serve` connects as); `runner` may query, follow the
+event log, push environments, start runs and training jobs; `viewer` may only query and follow.
+Every (service, verb) request subject a service answers must be listed in QUERIES or MUTATIONS:
+tests/auth checks that, so a new verb cannot silently become unreachable or over-exposed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from rollout.shared import subjects
+
+
+class Role(StrEnum):
+    """Who a NATS user is allowed to be."""
+
+    SERVICE = "service"
+    RUNNER = "runner"
+    VIEWER = "viewer"
+
+
+# Roles an API key may have; services keep their own generated credentials.
+KEY_ROLES: tuple[Role, ...] = (Role.RUNNER, Role.VIEWER)
+
+# Read-only requests: every key may make them.
+QUERIES: dict[tuple[str, str], str] = {
+    ("registry", "get"): "read environments",
+    ("registry", "list"): "list environments",
+    ("tracker", "get_run"): "read runs",
+    ("tracker", "list_runs"): "list runs",
+    ("tracker", "get_job"): "read training jobs",
+    ("tracker", "list_jobs"): "list training jobs",
+}
+
+# Requests that change the platform (or build training data from it): runner keys only.
+MUTATIONS: dict[tuple[str, str], str] = {
+    ("registry", "push"): "push environments",
+    ("tracker", "create_run"): "start runs",
+    ("learner", "create_job"): "create training jobs",
+    ("buffer", "sft_set"): "build training sets",
+    ("buffer", "dpo_pairs"): "build training sets",
+    ("buffer", "grpo_groups"): "build training sets",
+}
+
+ROLE_REQUESTS: dict[Role, tuple[tuple[str, str], ...]] = {
+    Role.VIEWER: tuple(QUERIES),
+    Role.RUNNER: (*QUERIES, *MUTATIONS),
+}
+
+# Durable consumers the services keep on the events stream. A key may create its own consumers
+# there and pull from them, but must never pull from these (a pulled, unacked message is
+# redelivered late and counts towards the service's max-deliver, then is dead-lettered) nor
+# recreate them with another config.
+SERVICE_DURABLES: tuple[str, ...] = (
+    "tracker-read-models",
+    "tracker-fanout",
+    "verifier",
+    "buffer",
+    "learner",
+    "actors",
+)
+
+
+def event_reader_subjects() -> list[str]:
+    """JetStream API subjects needed to read and follow the events stream, and nothing more."""
+    stream = subjects.EVENTS_STREAM
+    return [
+        subjects.js_api("INFO"),
+        subjects.js_api("STREAM", "NAMES"),
+        subjects.js_api("STREAM", "INFO", stream),
+        # Named creates only (nats-py names its ephemeral consumers, with the filter after the
+        # name). The nameless form is not allowed: it would update any consumer named in the
+        # body, and names cannot be checked there. Service durables are denied below.
+        subjects.js_api("CONSUMER", "CREATE", stream, "*"),
+        subjects.js_api("CONSUMER", "CREATE", stream, "*", ">"),
+        subjects.js_api("CONSUMER", "INFO", stream, "*"),
+        subjects.js_api("CONSUMER", "MSG", "NEXT", stream, "*"),
+        subjects.js_api("DIRECT", "GET", stream),
+        subjects.js_api("DIRECT", "GET", stream, ">"),
+        subjects.js_api("STREAM", "MSG", "GET", stream),
+    ]
+
+
+def permissions(role: Role, user: str) -> dict[str, Any] | None:
+    """The nats-server `permissions` block for `user` in `role` (None: unrestricted)."""
+    if role is Role.SERVICE:
+        return None
+    publish = [subjects.request(service, verb) for service, verb in ROLE_REQUESTS[role]]
+    publish += event_reader_subjects()
+    # `whoami` asks the server who this connection is.
+    publish.append(subjects.USER_INFO)
+    deny = [
+        subject
+        for durable in SERVICE_DURABLES
+        for subject in (
+            subjects.js_api("CONSUMER", "MSG", "NEXT", subjects.EVENTS_STREAM, durable),
+            subjects.js_api("CONSUMER", "CREATE", subjects.EVENTS_STREAM, durable),
+            subjects.js_api("CONSUMER", "CREATE", subjects.EVENTS_STREAM, durable, ">"),
+        )
+    ]
+    return {
+        "publish": {"allow": publish, "deny": deny},
+        # Replies come to the user's private inbox prefix only (see subjects.inbox_prefix).
+        "subscribe": {"allow": [subjects.inbox_filter(user)]},
+    }
+
+
+def denied_action(subject: str) -> str:
+    """What a refused publish to `subject` was trying to do, in words."""
+    parts = subject.split(".")
+    if len(parts) == 4 and parts[0] == subjects.PREFIX and parts[1] == "req":
+        key = (parts[2], parts[3])
+        return MUTATIONS.get(key) or QUERIES.get(key) or f"call {parts[2]} {parts[3]}"
+    if subject.upper().startswith(subjects.JS_API):
+        return "use the JetStream API beyond reading the events stream"
+    return f"publish to {subject}"
+
+
+def roles_allowed(service: str, verb: str) -> list[Role]:
+    """The key roles that may make a request (for error messages)."""
+    return [role for role in KEY_ROLES if (service, verb) in ROLE_REQUESTS[role]]

@@ -1,0 +1,149 @@
+"""`rollout login | whoami | keys` as a user runs them, against real NATS and real services."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rollout.shared.auth.keys import ApiKey
+from rollout.shared.stack.nats import NatsServer
+
+from .conftest import Cli, cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+REFUND_AGENT = str(ROOT / "examples" / "refund_agent.py")
+
+
+def saved_credentials(cli: Cli) -> Path:
+    """Where `rollout login` writes, inside this test's private config dir."""
+    return Path(cli.env["XDG_CONFIG_HOME"]) / "rollout" / "credentials"
+
+
+def private_json(path: str) -> tuple[int, dict]:
+    """A file's permission bits and its JSON content."""
+    file = Path(path)
+    return file.stat().st_mode & 0o777, json.loads(file.read_text())
+
+
+async def whoami(cli: Cli) -> dict:
+    """`rollout whoami --json`, which must succeed."""
+    result = await cli("whoami", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+async def test_login_verifies_the_key_before_saving_it(
+    cli: Cli, services: None, auth_nats: NatsServer, runner_key: ApiKey
+) -> None:
+    url = auth_nats.url
+    wrong = ApiKey(role=runner_key.role, key_id=runner_key.key_id, secret="f" * 48)
+    result = await cli("login", "--endpoint", url, "--key", wrong.text)
+    assert result.returncode == 1
+    assert f"refused API key {runner_key.user}" in result.stderr
+    assert "f" * 48 not in result.stderr
+    assert not saved_credentials(cli).exists()
+
+    result = await cli("login", "--endpoint", url, stdin="sk-live-123\n")
+    assert result.returncode == 1
+    assert "API keys start with 'rk_'" in result.stderr
+    assert not saved_credentials(cli).exists()
+
+    # The key from stdin (not a terminal), as `echo $KEY | rollout login` gives it.
+    result = await cli("login", "--endpoint", url, stdin=runner_key.text + "\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"✓ saved credentials for {url}")
+    path = saved_credentials(cli)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert json.loads(path.read_text()) == {"endpoint": url, "api_key": runner_key.text}
+
+    me = await whoami(cli)
+    assert (me["endpoint"], me["keyId"], me["role"]) == (url, runner_key.key_id, "runner")
+    assert me["credentialSource"] == str(path)
+
+
+async def test_login_refuses_when_the_key_cannot_be_verified(
+    cli: Cli, auth_nats: NatsServer, runner_key: ApiKey
+) -> None:
+    # No registry answers: the key authenticates, but the query that proves it cannot run.
+    result = await cli("login", "--endpoint", auth_nats.url, "--key", runner_key.text)
+    assert result.returncode == 1
+    assert "could not verify the key with a query" in result.stderr
+    assert not saved_credentials(cli).exists()
+
+
+async def test_environment_variables_override_the_saved_login(
+    cli: Cli, services: None, auth_nats: NatsServer, runner_key: ApiKey, viewer_key: ApiKey
+) -> None:
+    result = await cli("login", "--endpoint", auth_nats.url, "--key", runner_key.text)
+    assert result.returncode == 0, result.stderr
+
+    as_viewer = Cli(cli.env | {"ROLLOUT_API_KEY": viewer_key.text})
+    me = await whoami(as_viewer)
+    assert (me["role"], me["keyId"], me["credentialSource"]) == (
+        "viewer",
+        viewer_key.key_id,
+        "ROLLOUT_API_KEY",
+    )
+
+    # The saved key is never sent to another endpoint.
+    elsewhere = Cli(cli.env | {"ROLLOUT_ENDPOINT": "nats://127.0.0.1:1"})
+    result = await elsewhere("whoami")
+    assert result.returncode == 1
+    assert "no API key for nats://127.0.0.1:1 (endpoint from ROLLOUT_ENDPOINT)" in result.stderr
+
+
+async def test_without_login_the_cli_uses_the_local_stack_key(cli: Cli) -> None:
+    me = await whoami(cli)
+    assert me["role"] == "runner"
+    assert me["credentialSource"].endswith("local_key.json")
+    mode, local = private_json(me["credentialSource"])
+    assert (me["keyId"], mode) == (local["id"], 0o600)
+
+
+async def test_keys_create_list_revoke_take_effect_without_a_restart(
+    cli: Cli, services: None
+) -> None:
+    created = await cli("keys", "create", "--role", "viewer", "--name", "ci dashboard", "--json")
+    assert created.returncode == 0, created.stderr
+    doc = json.loads(created.stdout)
+    assert (doc["role"], doc["name"], doc["applied"]) == ("viewer", "ci dashboard", True)
+    key = ApiKey.parse(doc["apiKey"])
+
+    listed = await cli("keys", "list", "--json")
+    rows = {row["id"]: row for row in json.loads(listed.stdout)["keys"]}
+    assert rows[key.key_id]["role"] == "viewer"
+    assert "apiKey" not in rows[key.key_id] and doc["apiKey"] not in listed.stdout
+    assert any(row["local"] and row["role"] == "runner" for row in rows.values())
+
+    viewer = Cli(cli.env | {"ROLLOUT_API_KEY": key.text})
+    result = await viewer("envs", "--json")
+    assert result.returncode == 0, result.stderr
+    started = time.monotonic()
+    result = await viewer("push", REFUND_AGENT)
+    assert result.returncode == 1
+    assert "permission denied: a viewer key cannot push environments" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 15  # a CLI start, not the 30 s request timeout
+
+    revoked = await cli("keys", "revoke", key.key_id)
+    assert revoked.returncode == 0, revoked.stderr
+    result = await viewer("envs")
+    assert result.returncode == 1
+    assert f"refused API key {key.user}" in result.stderr
+
+
+async def test_keys_need_a_valid_role_and_an_existing_id(cli: Cli) -> None:
+    result = await cli("keys", "create", "--role", "admin")
+    assert result.returncode == 2
+    result = await cli("keys", "revoke", "0123456789ab")
+    assert result.returncode == 1
+    assert "no API key '0123456789ab'" in result.stderr
+
+
+async def test_keys_refuse_an_external_nats(cli: Cli, tmp_path: Path) -> None:
+    env = cli_env(tmp_path / "home", tmp_path / "config", ROLLOUT_NATS_URL="nats://10.0.0.1:4222")
+    result = await Cli(env)("keys", "list")
+    assert result.returncode == 1
+    assert "ROLLOUT_NATS_URL points at an external one" in result.stderr
