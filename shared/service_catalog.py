@@ -13,6 +13,7 @@ def asyncapi_brokers() -> list[NatsBroker]:
     """Build each service's broker without connecting, for documentation."""
     from rollout.services.actor.main import build_broker as actor_broker
     from rollout.services.env_registry.main import build_broker as registry_broker
+    from rollout.services.learner.main import build_broker as learner_broker
     from rollout.services.tracker.main import build_broker as tracker_broker
     from rollout.services.verifier.main import build_broker as verifier_broker
 
@@ -22,4 +23,5 @@ def asyncapi_brokers() -> list[NatsBroker]:
         tracker_broker(offline, runner=None),  # type: ignore[arg-type]
         actor_broker(offline),
         verifier_broker(offline),
+        learner_broker(offline),
     ]

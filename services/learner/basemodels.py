@@ -41,13 +41,9 @@ class TrainBase:
 
 def tiny_agent_dir() -> Path:
     """The `local/tiny-agent` folder, built on first use (the learning package owns it)."""
-    from rollout.shared.learning import tiny_agent
+    from rollout.shared.learning.tiny_agent import ensure_tiny_agent
 
-    for name in ("ensure_tiny_agent", "tiny_agent_dir", "build_tiny_agent", "ensure"):
-        fn = getattr(tiny_agent, name, None)
-        if callable(fn):
-            return Path(fn())
-    raise RolloutError("local/tiny-agent: the tiny agent builder is not available")
+    return ensure_tiny_agent()
 
 
 def _provider(name: str, prefix: str) -> TrainBase:

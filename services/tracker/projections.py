@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope, Payload
+from rollout.shared.store.jsonb import jsonb_text
 
 Apply = Callable[[asyncpg.Connection, EventEnvelope, Payload], Awaitable[None]]
 _HANDLERS: dict[str, Apply] = {}
@@ -25,7 +25,7 @@ def on(event_type: str) -> Callable[[Apply], Apply]:
 
 
 def _json(value: object) -> str:
-    return json.dumps(value, sort_keys=True)
+    return jsonb_text(value)
 
 
 @on("env.registered")

@@ -101,3 +101,6 @@ _vllm.register()
 
 # `local/tiny-agent`: the model this repo builds itself (torch is imported only on first use).
 from rollout.shared.learning import tiny_agent as _tiny_agent  # noqa: E402, F401
+
+# Trained policies (`BASE:SUFFIX`, job ids): wraps the forms above, so it comes last.
+from rollout.shared.models import trained as _trained  # noqa: E402, F401

@@ -15,6 +15,7 @@ SERVICES: dict[str, str] = {
     "tracker": "rollout.services.tracker.main",
     "actor": "rollout.services.actor.main",
     "verifier": "rollout.services.verifier.main",
+    "learner": "rollout.services.learner.main",
 }
 
 # Extra services, "name=module[:function],..." (plugins and tests); they join the registry.

@@ -241,3 +241,26 @@ async def test_a_second_verdict_for_the_same_rollouts_never_double_counts(pg_dsn
         assert (run["generated"], run["scored"], run["passed"]) == (3, 3, 1)
     finally:
         await pool.close()
+
+
+async def test_model_output_with_nul_characters_does_not_stall_the_read_models(pg_dsn) -> None:
+    run_id = new_id()
+    history = run_history(run_id, tasks=1, n=1)
+    generated = next(e for e in history if e.type == "rollout.generated")
+    body = generated.body()
+    body.rollouts[0].trajectory = {"final_output": "odd\x00bytes", "note": "keep \\u0000 literal"}
+    poisoned = EventEnvelope.new(body, aggregate_id=run_id, id_parts=(run_id, "nul"), run_id=run_id)
+    history = [poisoned if e.type == "rollout.generated" else e for e in history]
+    pool = await create_pool(pg_dsn)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels())
+        assert await runner.handle_batch([(e, i) for i, e in enumerate(history, start=1)]) == len(
+            history
+        )
+        async with pool.acquire() as conn:
+            stored = await conn.fetchval("select trajectory->>'final_output' from rollouts")
+            literal = await conn.fetchval("select trajectory->>'note' from rollouts")
+        assert stored == "oddbytes" and literal == "keep \\u0000 literal"
+    finally:
+        await pool.close()

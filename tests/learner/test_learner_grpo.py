@@ -1,0 +1,77 @@
+"""Online GRPO through the platform: the learner drives actor runs and publishes versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from learner_kit import job_events, refund_env, wait_for_event
+
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope
+
+pytestmark = pytest.mark.slow
+
+
+def letters_env() -> dict:
+    """The refund env scored by how many common letters the answer has: rewards vary."""
+    env = refund_env(tasks=4, slug="letters")
+    env["verifier"] = {
+        "primitives": [{"name": "letters", "type": "contains_terms", "terms": list("etaoinsrhl")}]
+    }
+    return env
+
+
+async def test_grpo_job_drives_actors_and_publishes_each_version(
+    client, tiny_model: Path, learner_env
+) -> None:
+    await client.push_environment(letters_env())
+    base = f"hf:{tiny_model}"
+    job = await client.create_training_job(
+        base_model=base, method="grpo", env_slug="letters", suffix="rl",
+        hyperparams={"max_steps": 2, "group_size": 3, "max_staleness": 1, "tasks_per_step": 2,
+                     "max_tokens": 12, "max_tool_calls": 1, "learning_rate": 1e-3},
+    )  # fmt: skip
+    model = f"{base}:rl"
+    assert job["model"] == model
+    js = await client.jetstream()
+    done = await wait_for_event(js, job["id"], "job.completed", limit_s=300)
+    assert done.payload["model_id"] == model
+
+    policies = [
+        EventEnvelope.from_bytes(m.data).payload
+        async for m in read_events(js, subjects.aggregate_events("policy"))
+    ]
+    assert [(p["model"], p["version"]) for p in policies] == [(model, 0), (model, 1), (model, 2)]
+    events = await job_events(js, job["id"])
+    assert [e.payload["step"] for e in events if e.type == "job.progress"] == [1, 2]
+    metrics = done.payload["metrics"]
+    assert metrics["runs"] >= 2 and 0.0 <= metrics["wait_share"] <= 1.0
+
+    # The learner's runs are ordinary runs of the trained name on the train split, and every
+    # rollout says which policy version produced it.
+    runs = [r for r in await client.list_runs(50) if r["model"] == model]
+    assert len(runs) == metrics["runs"]
+    for run in runs:
+        assert run["split"] == "train"
+        full = await client.get_run(run["runId"], include_rollouts=True)
+        assert {r["policyVersion"] for r in full["rollouts"]} <= {0, 1, 2}
+
+
+def test_completions_older_than_max_staleness_are_not_trained_on(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from rollout.services.learner.online_grpo import OnlineGRPO, Timing
+    from rollout.shared.learning import GRPOLearner, TrainConfig
+
+    config = TrainConfig(method="grpo", max_steps=5, max_staleness=1, group_size=2)
+    learner = GRPOLearner(tiny_model, tmp_path / "out", config, resume=False)
+    learner.policy_version = 3  # as if three steps had been taken
+    completions = [{"reward": float(v), "policy_version": v, "token_ids": [[1]]} for v in range(4)]
+    driver = SimpleNamespace(learner=learner, timing=Timing())
+    fresh = OnlineGRPO._fresh(driver, [{"prompt": [], "completions": completions}])  # type: ignore[arg-type]
+    assert [c["policy_version"] for c in fresh[0]["completions"]] == [2, 3]
+    assert (driver.timing.stale_dropped, driver.timing.used) == (2, 2)
