@@ -161,7 +161,7 @@ class _Layout:
 
 @functools.cache
 def _system_layout() -> _Layout:
-    """Read-only views of the OS and the Python installation that commands need."""
+    """Read-only views of the OS that commands need (the Python installation comes later)."""
     layout = _Layout()
     layout.mount("--ro-bind", Path("/usr"), Path("/usr"))
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -176,9 +176,6 @@ def _system_layout() -> _Layout:
         host = Path("/etc") / name
         if host.exists():
             layout.mount("--ro-bind", host, host)
-    for prefix in _python_prefixes():
-        if not layout.covered(prefix):
-            layout.mount("--ro-bind", prefix.resolve(), prefix)
     return layout
 
 
@@ -229,6 +226,10 @@ def _bwrap_argv(
     layout.mount("--dev", None, Path("/dev"))
     tmp_size = str(limits.memory_mb * 1024 * 1024)
     layout.mount("--tmpfs", None, Path("/tmp"), "--perms", "1777", "--size", tmp_size)
+    # After the private /tmp: a checkout (and its venv) under /tmp must stay visible.
+    for prefix in _python_prefixes():
+        if not layout.covered(prefix):
+            layout.mount("--ro-bind", prefix.resolve(), prefix)
     layout.mount("--bind", workdir, workdir)
     # The root itself is a tmpfs owned by the sandbox user in a user namespace: freeze it so
     # /tmp (size-capped) and the work dir are the only writable places.

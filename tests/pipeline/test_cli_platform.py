@@ -28,7 +28,12 @@ async def rollout(settings: Settings, *args: str) -> tuple[int, str, str]:
         sys.executable, "-m", "rollout.cli", *args,
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 180)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 180)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"`rollout {' '.join(args)}` did not finish within 180 s") from None
     return proc.returncode or 0, out.decode(), err.decode()
 
 

@@ -22,6 +22,7 @@ from rollout.shared.contracts.events import GeneratedRollout, RolloutsGenerated
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.replay import replay_run
 from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stack.process import die_with_parent
 from rollout.shared.store.projection import ProjectionRunner
 
 
@@ -49,6 +50,8 @@ def actor_process(settings: Settings, home: Path, name: str) -> subprocess.Popen
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
+        # If this test process dies, its actors die with it instead of lingering.
+        preexec_fn=die_with_parent,
     )
 
 
