@@ -1,6 +1,5 @@
 """rollout: write agent environments in Python, run models on them, score, train, compare."""
 
-from rollout.client import AsyncClient, Client
 from rollout.environment import Environment, Task
 from rollout.errors import RolloutError
 from rollout.helpers import (
@@ -39,3 +38,13 @@ __all__ = [
     "verifier_config",
     "workflow_config",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The client pulls in the NATS stack; environment files that only import Environment and
+    # Task (and the sandboxed test runs) stay light.
+    if name in ("Client", "AsyncClient"):
+        from rollout import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'rollout' has no attribute {name!r}")
