@@ -29,6 +29,7 @@ import structlog
 from pydantic import BaseModel, Field
 
 from rollout.errors import RolloutError
+from rollout.shared.stack.process import die_with_parent
 
 log = structlog.get_logger(__name__)
 
@@ -394,6 +395,9 @@ async def _run(
         stderr=asyncio.subprocess.PIPE,
         env=env,
         start_new_session=True,
+        # If this process dies before it can clean up, the kernel kills bwrap (and bwrap's
+        # --die-with-parent takes the sandbox down), so no sandbox outlives its caller.
+        preexec_fn=die_with_parent,
     )
     capture = _Capture(limits.max_output_bytes)
     assert proc.stdout is not None and proc.stderr is not None
