@@ -12,6 +12,7 @@ from rollout.shared.settings import Settings
 def asyncapi_brokers() -> list[NatsBroker]:
     """Build each service's broker without connecting, for documentation."""
     from rollout.services.actor.main import build_broker as actor_broker
+    from rollout.services.buffer.main import build_broker as buffer_broker
     from rollout.services.env_registry.main import build_broker as registry_broker
     from rollout.services.learner.main import build_broker as learner_broker
     from rollout.services.tracker.main import build_broker as tracker_broker
@@ -24,4 +25,5 @@ def asyncapi_brokers() -> list[NatsBroker]:
         actor_broker(offline),
         verifier_broker(offline),
         learner_broker(offline),
+        buffer_broker(offline, None, None, None),  # type: ignore[arg-type]
     ]

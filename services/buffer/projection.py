@@ -22,6 +22,7 @@ from rollout.shared.observability import get_logger
 NAME = "buffer"
 TRAJECTORY_PREFIX = "buffer/trajectories"
 DEFAULT_INLINE_BYTES = 64 * 1024
+_NUL_JSON = b"\\u0000"
 # The only events the buffer reads; everything else just advances its position unparsed,
 # so event types added by other services never stop it.
 WANTED = {subjects.event_name(t) for t in ("run.requested", "rollout.generated", "rollout.scored")}
@@ -87,7 +88,7 @@ class BufferProjection:
                 (
                     r.rollout_id, p.run_id, run["env_slug"], run["env_version"], run["env_hash"],
                     r.task_index, r.sample_index, r.model, r.policy_version, r.seed, *stored,
-                    r.error, position, e.time,
+                    _text(r.error), position, e.time,
                 )
             )  # fmt: skip
         await conn.executemany(
@@ -108,7 +109,9 @@ class BufferProjection:
             return None, r.trajectory_uri, r.trajectory_sha256, None, None
         has_tokens = bool(r.trajectory.get("token_ids")) and bool(r.trajectory.get("logprobs"))
         data = to_json_bytes(r.trajectory)
-        if len(data) <= self.inline_bytes:
+        # jsonb cannot hold "\u0000" (a babbling model emits NUL bytes): such a trajectory
+        # goes to the object store whatever its size, kept exactly as sampled.
+        if len(data) <= self.inline_bytes and _NUL_JSON not in data:
             return data.decode(), None, None, len(data), has_tokens
         sha = sha256_bytes(data)
         ref = await self.store.put(content_key(TRAJECTORY_PREFIX, sha), data)
@@ -125,7 +128,7 @@ class BufferProjection:
             [
                 (
                     r.rollout_id, r.score, r.passed, _json([x.model_dump() for x in r.primitives]),
-                    r.error, position, e.time, p.run_id,
+                    _text(r.error), position, e.time, p.run_id,
                 )
                 for r in p.rollouts
             ],
@@ -133,4 +136,9 @@ class BufferProjection:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
+    # Postgres text and jsonb refuse NUL; a verdict's reason may quote model output.
+    return json.dumps(value, sort_keys=True).replace("\\u0000", "\\ufffd")
+
+
+def _text(value: str | None) -> str | None:
+    return None if value is None else value.replace("\x00", "\ufffd")

@@ -44,7 +44,11 @@ def rollout_id(run_id: str, task_index: int, sample_index: int) -> str:
 def check_model_name(model: str) -> str | None:
     """A problem with the model name, or None when some backend accepts its form."""
     name = (model or "").strip()
-    if any(name.startswith(f.prefix) and len(name) > len(f.prefix) for f in backend_forms()):
+    # A form's prefix may be a whole model name (`local/tiny-agent`) or need a rest (`hf:<dir>`).
+    if any(
+        name == f.prefix.rstrip("/:") or (name.startswith(f.prefix) and len(name) > len(f.prefix))
+        for f in backend_forms()
+    ):
         return None
     forms = ", ".join(f"{f.prefix}... (e.g. {f.example})" for f in backend_forms())
     return f"model: unknown model backend {model!r}; valid forms: {forms}"

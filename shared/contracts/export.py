@@ -19,6 +19,14 @@ EXTRA_MODELS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Modules whose every model is a message on the bus: exported as schemas/<folder>/<Model>.json.
+MESSAGE_MODULES: tuple[tuple[str, str], ...] = (
+    ("requests", "rollout.shared.contracts.requests"),
+    ("work", "rollout.shared.contracts.work"),
+    ("buffer", "rollout.shared.contracts.buffer"),
+)
+
+
 def _schema(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema(by_alias=True)
 
@@ -31,6 +39,15 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     for filename, module_name, attr in EXTRA_MODELS:
         module = importlib.import_module(module_name)
         out[filename] = _schema(getattr(module, attr))
+    for folder, module_name in MESSAGE_MODULES:
+        module = importlib.import_module(module_name)
+        for name, value in sorted(vars(module).items()):
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseModel)
+                and value.__module__ == module_name
+            ):
+                out[f"{folder}/{name}.json"] = _schema(value)
     return out
 
 

@@ -16,6 +16,7 @@ SERVICES: dict[str, str] = {
     "actor": "rollout.services.actor.main",
     "verifier": "rollout.services.verifier.main",
     "learner": "rollout.services.learner.main",
+    "buffer": "rollout.services.buffer.main",
 }
 
 # Extra services, "name=module[:function],..." (plugins and tests); they join the registry.

@@ -1,0 +1,73 @@
+"""Fixtures: the platform's services plus the buffer, in this test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from buffer_kit import BufferPlatform
+from fakes.openai_server import FakeOpenAI
+from pipeline.kit import refund_agent
+
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.shared.objectstore import LocalObjectStore
+from rollout.shared.settings import Settings
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalObjectStore:
+    """The object store the buffer writes large trajectories and large answers to."""
+    return LocalObjectStore(tmp_path / "objects")
+
+
+@pytest.fixture
+async def platform(settings: Settings, store: LocalObjectStore) -> AsyncIterator[BufferPlatform]:
+    """Registry, tracker, an actor and a verifier in-process; the test starts the buffer."""
+    p = BufferPlatform(settings, store)
+    for name in ("env-registry", "tracker", "verifier", "actor"):
+        p.start(name)
+    yield p
+    p.check()
+    for key in list(p.tasks):
+        await p.stop(key)
+
+
+@pytest.fixture
+async def bare(settings: Settings, store: LocalObjectStore) -> AsyncIterator[BufferPlatform]:
+    """Only the env registry: the test appends run events itself, then starts the buffer."""
+    p = BufferPlatform(settings, store)
+    p.start("env-registry")
+    yield p
+    p.check()
+    for key in list(p.tasks):
+        await p.stop(key)
+
+
+@pytest.fixture
+async def client(settings: Settings, platform: BufferPlatform) -> AsyncIterator[AsyncClient]:
+    """A client of the in-process platform, once the registry and tracker answer."""
+    c = AsyncClient(settings, timeout_s=20)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        try:
+            await c.list_environments()
+            await c.list_runs()
+            break
+        except RolloutError:
+            platform.check()
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+def agent_server() -> Iterator[FakeOpenAI]:
+    """The scripted refund agent over real HTTP (wrong when its seed is divisible by 4)."""
+    with FakeOpenAI(refund_agent) as server:
+        yield server

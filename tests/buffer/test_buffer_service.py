@@ -1,0 +1,354 @@
+"""The buffer on real NATS + Postgres: exactly-once storage, SFT sets, DPO pairs, GRPO groups."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import pytest
+from buffer_kit import (
+    ask,
+    buffer_rows,
+    publish_run,
+    push_env,
+    scored_count,
+    wait_caught_up,
+    wait_for_position,
+)
+from pipeline.kit import refund_env, wait_until
+
+from rollout.errors import RolloutError
+from rollout.services.buffer import main as buffer_main
+from rollout.shared import subjects
+from rollout.shared.contracts.buffer import (
+    DpoPairsQuery,
+    GrpoGroupsQuery,
+    SftSetQuery,
+)
+from rollout.shared.objectstore import ObjectCorrupted
+from rollout.shared.settings import connect_nats
+
+TOOL_NAMES = {"lookup_order", "refund"}
+
+
+async def _platform_run(client, agent_server, *, tasks: int = 3, n: int = 4) -> dict:
+    await client.push_environment(refund_env(tasks=tasks))
+    run = await client.create_run(
+        "refunds",
+        f"{agent_server.base_url}#scripted",
+        n=n,
+        batch_size=5,
+        temperature=0.0,
+        seed=0,  # seeds derive from it: some samples fail, deterministically
+    )
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert done["status"] == "completed", done
+    return done
+
+
+async def test_buffer_holds_each_rollout_once_even_when_every_event_is_redelivered(
+    client, agent_server, platform, settings
+) -> None:
+    platform.start_buffer()
+    done = await _platform_run(client, agent_server, tasks=3, n=4)
+    run_id = done["runId"]
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        await wait_until(
+            lambda: _equals(scored_count(pool, run_id), 12), "12 scored rollouts in the buffer"
+        )
+        before = await buffer_rows(pool)
+        # Redeliver the whole stream: a new durable consumer starts again from sequence 1.
+        await platform.stop("buffer")
+        await js.delete_consumer(subjects.EVENTS_STREAM, buffer_main.DURABLE)
+        platform.start_buffer()
+        await wait_caught_up(settings, platform)
+        await wait_for_position(pool, js)
+        assert await scored_count(pool, run_id) == 12
+        assert await buffer_rows(pool) == before
+        # The buffer and the tracker agree on every verdict.
+        tracked = {r["rolloutId"]: r for r in await client.get_rollouts(run_id, False)}
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                "select rollout_id, task_index, score, passed from buffer_rollouts"
+            )
+        assert {r["rollout_id"] for r in rows} == set(tracked)
+        for r in rows:
+            t = tracked[r["rollout_id"]]
+            assert (r["task_index"], r["score"], r["passed"]) == (
+                t["taskIndex"], t["score"], t["passed"],
+            )  # fmt: skip
+    finally:
+        await nc.close()
+        await pool.close()
+
+
+async def _equals(value, expected) -> bool:
+    return await value == expected
+
+
+async def test_sft_set_has_only_passing_rollouts_with_tool_calls_intact(
+    client, agent_server, platform, settings
+) -> None:
+    platform.start_buffer()
+    done = await _platform_run(client, agent_server, tasks=3, n=4)
+    run_id = done["runId"]
+    await wait_caught_up(settings, platform)
+    passing = set(await client.passing_rollout_ids(run_id))
+    assert 0 < len(passing) < 12  # the scripted agent fails when its seed is divisible by 4
+
+    sft = await ask(settings, "sft_set", SftSetQuery(run_id=run_id))
+    items, meta = await sft.load()
+    assert sft.count == len(items) == len(passing)
+    assert {m["rollout_id"] for m in meta} == passing
+    trajectories = {r["rolloutId"]: r["trajectory"] for r in await client.get_rollouts(run_id)}
+    for item, m in zip(items, meta, strict=True):
+        assert set(item) == {"messages", "tools"}
+        assert {t["function"]["name"] for t in item["tools"]} == TOOL_NAMES
+        assert item["messages"] == trajectories[m["rollout_id"]]["messages"]
+        [call] = [c for msg in item["messages"] for c in msg.get("tool_calls") or []]
+        assert call["function"]["name"] == "refund"
+        order = json.loads(call["function"]["arguments"])["order_id"]
+        assert order == f"O-{m['task_index']}"
+        tool_msgs = [msg for msg in item["messages"] if msg["role"] == "tool"]
+        assert [msg["tool_call_id"] for msg in tool_msgs] == [call["id"]]
+
+    # A subset by id: only the passing ones among them come back.
+    chosen = sorted(r["rolloutId"] for r in await client.get_rollouts(run_id, False))[:6]
+    subset = await ask(settings, "sft_set", SftSetQuery(rollout_ids=chosen))
+    _, subset_meta = await subset.load()
+    assert {m["rollout_id"] for m in subset_meta} == passing & set(chosen)
+
+
+async def test_large_trajectories_live_in_the_object_store_and_come_back_verified(
+    client, agent_server, platform, settings, store
+) -> None:
+    platform.start_buffer(inline_bytes=256)  # every refund trajectory is larger than this
+    done = await _platform_run(client, agent_server, tasks=2, n=2)
+    run_id = done["runId"]
+    await wait_caught_up(settings, platform)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    try:
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                "select rollout_id, trajectory, trajectory_uri, trajectory_sha256,"
+                " trajectory_bytes from buffer_rollouts where run_id = $1",
+                run_id,
+            )
+    finally:
+        await pool.close()
+    assert len(rows) == 4
+    for row in rows:
+        assert row["trajectory"] is None and row["trajectory_bytes"] > 256
+        assert row["trajectory_uri"].startswith("file://")
+        assert len(row["trajectory_sha256"]) == 64
+        assert await store.exists(row["trajectory_uri"])
+    trajectories = {r["rolloutId"]: r["trajectory"] for r in await client.get_rollouts(run_id)}
+    sft = await ask(settings, "sft_set", SftSetQuery(run_id=run_id))
+    items, meta = await sft.load()
+    assert items and all(
+        item["messages"] == trajectories[m["rollout_id"]]["messages"]
+        for item, m in zip(items, meta, strict=True)
+    )
+
+    # A large answer comes back as a claim check, verified on load.
+    by_ref = await ask(settings, "sft_set", SftSetQuery(run_id=run_id, inline_limit=1024))
+    assert by_ref.items is None and by_ref.ref is not None and by_ref.count == sft.count
+    assert await by_ref.load(store) == (items, meta)
+
+    # A blob changed behind the buffer's back is refused, not served.
+    victim = next(r for r in rows if r["rollout_id"] == meta[0]["rollout_id"])
+    path = store.root / store.key_for(victim["trajectory_uri"])
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes().replace(b"refund", b"refunx"))
+    with pytest.raises(RolloutError, match="corrupted"):
+        await ask(settings, "sft_set", SftSetQuery(run_id=run_id))
+    with pytest.raises(ObjectCorrupted):
+        await store.get(victim["trajectory_uri"], sha256=victim["trajectory_sha256"])
+
+
+async def test_dpo_pairs_respect_the_margin(bare, settings) -> None:
+    await push_env(settings, bare, refund_env(tasks=3))
+    bare.start_buffer()
+    nc = await connect_nats(settings)
+    try:
+        # task 0: margin 0.9; task 1: margin 0.3; task 2: all equal (no preference).
+        await publish_run(
+            nc.jetstream(),
+            "dpo-run",
+            refund_env(tasks=3),
+            {0: [0.1, 1.0, 0.5], 1: [0.7, 0.4, 0.6], 2: [1.0, 1.0]},
+        )
+    finally:
+        await nc.close()
+    await wait_caught_up(settings, bare)
+
+    wide = await ask(settings, "dpo_pairs", DpoPairsQuery(run_ids=["dpo-run"], min_margin=0.5))
+    items, meta = await wide.load()
+    assert [(m["task_index"], m["chosen_rollout_id"], m["rejected_rollout_id"]) for m in meta] == [
+        (0, "dpo-run-0-1", "dpo-run-0-0")
+    ]
+    assert meta[0]["margin"] == pytest.approx(0.9)
+    assert wide.stats == {"groups": 3, "pairs": 1, "below_margin": 2}
+
+    loose = await ask(settings, "dpo_pairs", DpoPairsQuery(run_ids=["dpo-run"], min_margin=0.3))
+    items, meta = await loose.load()
+    assert [m["task_index"] for m in meta] == [0, 1]
+    assert all(m["margin"] >= 0.3 - 1e-9 for m in meta)
+    pair = items[1]
+    assert set(pair) == {"prompt", "chosen", "rejected", "tools"}
+    assert [m["role"] for m in pair["prompt"]] == ["system", "user"]
+    assert pair["chosen"][0]["role"] == "assistant" and pair["rejected"][0]["role"] == "assistant"
+    chosen_args = json.loads(pair["chosen"][0]["tool_calls"][0]["function"]["arguments"])
+    rejected_args = json.loads(pair["rejected"][0]["tool_calls"][0]["function"]["arguments"])
+    assert (chosen_args["amount"], rejected_args["amount"]) == (10, 11)  # 0.7 vs 0.4
+    assert {t["function"]["name"] for t in pair["tools"]} == TOOL_NAMES
+
+
+async def test_grpo_groups_respect_staleness(bare, settings) -> None:
+    await push_env(settings, bare, refund_env(tasks=2))
+    bare.start_buffer()
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        for version in range(4):
+            await publish_run(
+                js,
+                f"grpo-v{version}",
+                refund_env(tasks=2),
+                {0: [0.0, 1.0, 0.5], 1: [1.0, 0.0]},
+                policy_version=version,
+            )
+        await publish_run(js, "no-tokens", refund_env(tasks=2), {0: [1.0, 0.0]}, tokens=False)
+    finally:
+        await nc.close()
+    await wait_caught_up(settings, bare)
+    runs = [f"grpo-v{v}" for v in range(4)]
+
+    everything = await ask(settings, "grpo_groups", GrpoGroupsQuery(run_ids=runs))
+    assert everything.count == 8 and everything.stats["stale_dropped"] == 0
+
+    fresh = await ask(settings, "grpo_groups", GrpoGroupsQuery(run_ids=runs, max_staleness=1))
+    items, meta = await fresh.load()
+    assert fresh.stats["current_policy_version"] == 3
+    assert fresh.stats["stale_dropped"] == 10  # versions 0 and 1: 5 rollouts each
+    assert {(g["run_id"], g["task_index"]) for g in items} == {
+        ("grpo-v2", 0), ("grpo-v2", 1), ("grpo-v3", 0), ("grpo-v3", 1),
+    }  # fmt: skip
+    for group in items:
+        assert [m["role"] for m in group["prompt"]] == ["system", "user"]
+        assert {t["function"]["name"] for t in group["tools"]} == TOOL_NAMES
+        for c in group["completions"]:
+            assert c["policy_version"] >= 2
+            assert c["token_ids"][0][1] == c["policy_version"]
+            assert len(c["token_ids"]) == len(c["logprobs"]) == 2
+            assert c["messages"][0]["role"] == "assistant"
+    first = next(g for g in items if (g["run_id"], g["task_index"]) == ("grpo-v3", 0))
+    assert [c["reward"] for c in first["completions"]] == [0.0, 1.0, 0.5]
+
+    # Staleness relative to a given current version; version filters; tokens required.
+    pinned = await ask(
+        settings,
+        "grpo_groups",
+        GrpoGroupsQuery(env_slug="refunds", max_staleness=0, current_policy_version=1),
+    )
+    _, meta = await pinned.load()
+    assert {m["run_id"] for m in meta} == {"grpo-v1"}
+    assert pinned.stats["newer_dropped"] == 10  # versions 2 and 3 are ahead of the learner
+    assert pinned.stats["no_tokens_dropped"] == 0  # the no-token run is version 0: stale first
+    versions = await ask(
+        settings, "grpo_groups", GrpoGroupsQuery(env_slug="refunds", policy_versions=[0])
+    )
+    _, meta = await versions.load()
+    assert {m["run_id"] for m in meta} == {"grpo-v0"}
+    assert versions.stats["no_tokens_dropped"] == 2
+    single = await ask(
+        settings,
+        "grpo_groups",
+        GrpoGroupsQuery(run_ids=["grpo-v0"], min_group_size=3),
+    )
+    assert single.count == 1 and single.stats["small_groups_dropped"] == 1
+
+
+async def test_bad_queries_get_clear_errors(bare, settings) -> None:
+    await push_env(settings, bare, refund_env(tasks=1))
+    bare.start_buffer()
+    nc = await connect_nats(settings)
+    try:
+        await publish_run(nc.jetstream(), "known", refund_env(tasks=1), {0: [1.0, 0.0]})
+    finally:
+        await nc.close()
+    await wait_caught_up(settings, bare)
+    with pytest.raises(RolloutError, match="the buffer holds no run 'nope'"):
+        await ask(settings, "sft_set", SftSetQuery(run_id="nope"))
+    with pytest.raises(RolloutError, match="rollout_ids: 1 unknown to the buffer: ghost"):
+        await ask(settings, "sft_set", SftSetQuery(rollout_ids=["known-0-0", "ghost"]))
+    with pytest.raises(RolloutError, match="do not belong to run 'other'"):
+        await publish_and_ask_foreign(settings)
+    with pytest.raises(RolloutError, match="min_margin"):
+        await _raw(settings, "dpo_pairs", {"run_ids": ["known"], "min_margin": -1})
+    with pytest.raises(RolloutError, match="give run_ids or env_slug"):
+        await _raw(settings, "grpo_groups", {"max_staleness": 1})
+
+
+async def publish_and_ask_foreign(settings) -> None:
+    """Ask for a run's examples by ids of another run's rollouts."""
+    nc = await connect_nats(settings)
+    try:
+        await publish_run(nc.jetstream(), "other", refund_env(tasks=1), {0: [1.0]})
+    finally:
+        await nc.close()
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        await wait_until(lambda: _equals(scored_count(pool, "other"), 1), "run 'other' stored")
+    finally:
+        await pool.close()
+    await ask(settings, "sft_set", SftSetQuery(run_id="other", rollout_ids=["known-0-0"]))
+
+
+async def _raw(settings, verb: str, body: dict) -> dict:
+    """Send a request body as JSON, unvalidated on this side, and unwrap the reply."""
+    from rollout.shared.contracts.requests import Reply
+
+    nc = await connect_nats(settings)
+    try:
+        msg = await nc.request(
+            subjects.request("buffer", verb), json.dumps(body).encode(), timeout=20
+        )
+    finally:
+        await nc.close()
+    reply = Reply.model_validate_json(msg.data)
+    if not reply.ok:
+        raise RolloutError(reply.error or "failed", problems=reply.problems)
+    return reply.data
+
+
+async def test_nul_bytes_from_a_babbling_model_do_not_stall_the_buffer(
+    bare, settings, store
+) -> None:
+    await push_env(settings, bare, refund_env(tasks=1))
+    bare.start_buffer()
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        await publish_run(js, "babble", refund_env(tasks=1), {0: [1.0]}, final="ok\x00ok")
+        await publish_run(js, "after", refund_env(tasks=1), {0: [0.0]}, error="bad \x00 reason")
+    finally:
+        await nc.close()
+    await wait_caught_up(settings, bare)
+    sft = await ask(settings, "sft_set", SftSetQuery(run_id="babble"))
+    [item], _ = await sft.load()
+    assert item["messages"][-1]["content"] == "ok\x00ok"  # kept exactly, in the object store
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            uri = await conn.fetchval(
+                "select trajectory_uri from buffer_rollouts where run_id = 'babble'"
+            )
+            reason = await conn.fetchval("select error from buffer_rollouts where run_id = 'after'")
+    finally:
+        await pool.close()
+    assert await store.exists(uri)
+    assert reason == "bad \ufffd reason"

@@ -1,0 +1,92 @@
+"""`rollout demo` end to end: every stage runs and every number printed is the tracker's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from rollout.cli import main
+from rollout.client import AsyncClient
+from rollout.shared.learning import tiny_agent
+
+# The trained names (`BASE:SUFFIX`) resolve in this process, where the actor runs.
+import rollout.shared.models.trained  # noqa: F401  isort: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_demo_runs_the_loop_and_reports_measured_pass_rates(
+    stack, demo_env, monkeypatch, capsys
+) -> None:
+    # A short recipe: this test checks the loop, not how good the tiny model gets.
+    monkeypatch.setattr(tiny_agent, "TRAINING", {**tiny_agent.TRAINING, "max_steps": 60})
+    argv = ["demo", "--json", "--env", "submit-codes", "--steps", "1", "--group-size", "2",
+            "--train-n", "4", "--temperature", "1.0"]  # fmt: skip
+    code = await asyncio.to_thread(main, argv)
+    captured = capsys.readouterr()
+    stack.check()
+    assert code == 0, captured.err[-3000:]
+    # The services share this process's stdout here (in `rollout up` they are processes of
+    # their own), so the document is found where it starts rather than assumed to be alone.
+    start = captured.out.find("{\n")
+    assert start >= 0, captured.out[-3000:]
+    doc, _ = json.JSONDecoder().raw_decode(captured.out, start)
+    assert "[6/6]" in captured.err  # progress went to stderr, stdout holds only the document
+    assert doc["env"] == "submit-codes" and doc["baseModel"] == "local/tiny-agent"
+    stages = {s["stage"]: s for s in doc["stages"]}
+    assert list(stages) == ["baseline", "train", "sft", "grpo"]
+
+    client = AsyncClient(demo_env)
+    try:
+        # Every pass rate is the one the tracker measured for that run.
+        for stage in doc["stages"]:
+            if stage["runId"] is None:
+                continue
+            run = await client.get_run(stage["runId"])
+            assert run["status"] == "completed"
+            assert (stage["passRate"], stage["meanScore"], stage["model"], stage["split"]) == (
+                run["passRate"], run["meanScore"], run["model"], run["split"],
+            )  # fmt: skip
+        assert stages["baseline"]["split"] == stages["grpo"]["split"] == "test"
+        assert stages["train"]["split"] == "train" and stages["train"]["scored"] == 12 * 4
+        sft = stages["sft"]
+        if sft["runId"] is None:  # nothing passed in the train run: SFT was honestly skipped
+            assert stages["train"]["passed"] == 0 and "no passing rollouts" in sft["skipped"]
+        else:
+            job = await client.get_training_job(sft["jobId"])
+            assert job["status"] == "completed" and job["modelId"] == sft["model"]
+        grpo = await client.get_training_job(stages["grpo"]["jobId"])
+        assert grpo["status"] == "completed" and grpo["method"] == "grpo"
+        assert grpo["modelId"] == doc["finalModel"] == stages["grpo"]["model"]
+        assert grpo["baseModel"] == (sft["model"] or "local/tiny-agent")
+    finally:
+        await client.close()
+    compare = doc["compare"]
+    assert compare["base"]["runId"] == stages["baseline"]["runId"]
+    assert compare["other"]["runId"] == stages["grpo"]["runId"]
+    assert compare["deltaPassRate"] == pytest.approx(
+        stages["grpo"]["passRate"] - stages["baseline"]["passRate"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--env", "nope"], "--env 'nope' is not an example environment"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--group-size", "1"], "--group-size must be >= 2"),
+        (["--temperature", "0"], "--temperature must be in (0, 2]"),
+    ],
+)
+def test_bad_demo_options_fail_before_anything_starts(
+    argv, expected, monkeypatch, tmp_path, capsys
+) -> None:
+    monkeypatch.setenv("ROLLOUT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ROLLOUT_EXAMPLES_DIR", str(Path(__file__).parent / "demo_examples"))
+    assert main(["demo", *argv]) == 1
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert not (tmp_path / "home").exists()  # no stack was started
