@@ -330,18 +330,27 @@ def _killed_reason(exit_code: int) -> str | None:
 
 
 def _wait_uid_gone(uid: int, deadline_s: float) -> bool:
-    """Poll /proc until no process runs as uid; False if some still do at the deadline."""
+    """SIGKILL every process running as the run's own uid until none is left.
+
+    The uid is unique to this run, so everything that runs as it belongs to this sandbox:
+    a process that left bwrap's process group (a new session) or outlived the pid namespace
+    is found and killed here. False if some still run at the deadline.
+    """
     end = time.monotonic() + deadline_s
     while True:
-        alive = False
+        alive = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError):
-                    alive = alive or os.stat(f"/proc/{entry}").st_uid == uid
+                    if os.stat(f"/proc/{entry}").st_uid == uid:
+                        alive.append(int(entry))
         if not alive:
             return True
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         if time.monotonic() > end:
-            log.warning("sandbox.uid_still_running", uid=uid)
+            log.warning("sandbox.uid_still_running", uid=uid, pids=alive)
             return False
         time.sleep(0.01)
 
@@ -388,17 +397,30 @@ async def _run(
     """Start bwrap, pump its output, enforce the wall and output limits, collect the result."""
     argv = _bwrap_argv(bwrap, command, workdir, limits, uid)
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-        # If this process dies before it can clean up, the kernel kills bwrap (and bwrap's
-        # --die-with-parent takes the sandbox down), so no sandbox outlives its caller.
-        preexec_fn=die_with_parent,
+    spawning = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+            # If this process dies before it can clean up, the kernel kills bwrap (and bwrap's
+            # --die-with-parent takes the sandbox down), so no sandbox outlives its caller.
+            preexec_fn=die_with_parent,
+        )
     )
+    try:
+        proc = await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        # Cancelled while the process was being set up: it exists, so take it down too.
+        with contextlib.suppress(Exception):
+            started_proc = await spawning
+            _kill_group(started_proc)
+            await asyncio.wait_for(started_proc.wait(), _DRAIN_AFTER_KILL_S)
+        if uid >= 0:
+            await asyncio.to_thread(_wait_uid_gone, uid, _DRAIN_AFTER_KILL_S)
+        raise
     capture = _Capture(limits.max_output_bytes)
     assert proc.stdout is not None and proc.stderr is not None
     readers = asyncio.gather(
@@ -428,8 +450,9 @@ async def _run(
         if proc.returncode is None:
             _kill_group(proc)
             killed = True
-            await exited
-        if killed and uid >= 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(exited), _DRAIN_AFTER_KILL_S)
+        if uid >= 0:
             # The namespace dies asynchronously after a kill; the work dir is only handed back
             # once nothing runs as the sandbox uid any more.
             await asyncio.to_thread(_wait_uid_gone, uid, _DRAIN_AFTER_KILL_S)
