@@ -429,7 +429,7 @@ async def _run(
     exited = asyncio.ensure_future(proc.wait())
     over = asyncio.ensure_future(capture.over_limit.wait())
     killed_reason: str | None = None
-    timed_out = killed = False
+    timed_out = False
     try:
         done, _ = await asyncio.wait(
             {exited, over}, timeout=limits.wall_seconds, return_when=asyncio.FIRST_COMPLETED
@@ -438,18 +438,16 @@ async def _run(
             timed_out = over not in done
             killed_reason = "wall_timeout" if timed_out else "output_limit"
             _kill_group(proc)
-            killed = True
             await exited
         try:
             # Grandchildren may still hold the pipes for a moment while the namespace dies.
             await asyncio.wait_for(asyncio.shield(readers), _DRAIN_AFTER_KILL_S)
         except TimeoutError:
             _kill_group(proc)
-            killed = capture.truncated = True
+            capture.truncated = True
     finally:
         if proc.returncode is None:
             _kill_group(proc)
-            killed = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(exited), _DRAIN_AFTER_KILL_S)
         if uid >= 0:
