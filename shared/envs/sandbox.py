@@ -355,10 +355,40 @@ def _wait_uid_gone(uid: int, deadline_s: float) -> bool:
         time.sleep(0.01)
 
 
+def _descendants(root: int) -> list[int]:
+    """Every live process below `root` (read from /proc before anything is killed)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces or parentheses: fields start after the last ')'.
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL bwrap's process group; --die-with-parent then takes the pid namespace down."""
+    """SIGKILL bwrap, its process group and every process below it.
+
+    The sandboxed command runs in a session of its own, so the group alone misses it; killing
+    the pid namespace's first process (a descendant) takes the whole namespace down.
+    """
+    below = _descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _resolve_workdir(workdir: Path) -> Path:
