@@ -145,16 +145,6 @@ async def test_unacked_event_is_redelivered_and_applied_once(nats_client, pg_dsn
         await pool.close()
 
 
-async def wait_position(pool: asyncpg.Pool, position: int) -> None:
-    runner = ProjectionRunner(pool, ReadModels())
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while await runner.position() < position:
-        if loop.time() > deadline:
-            raise AssertionError(f"tracker stuck at {await runner.position()} < {position}")
-        await asyncio.sleep(0.05)
-
-
 async def test_tracker_projects_everything_and_rebuild_gives_identical_rows(
     settings, nats_client, pg_dsn
 ) -> None:
