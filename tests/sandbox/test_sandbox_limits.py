@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
+import secrets
 import uuid
 from pathlib import Path
 
@@ -103,7 +103,8 @@ async def test_cpu_spin_is_stopped_by_the_cpu_limit(tmp_path: Path) -> None:
 
 async def test_wall_timeout_kills_the_whole_sandbox(tmp_path: Path) -> None:
     # A unique sleep length marks every sleeper, so leftovers can be found on the host.
-    seconds = f"{random.randint(1000, 9999)}.{random.randint(100000, 999999)}"
+    # Unique per run even when a plugin seeds `random`: the token finds this run's processes.
+    seconds = f"{1000 + secrets.randbelow(9000)}.{100000 + secrets.randbelow(900000)}"
     limits = SandboxLimits(wall_seconds=1)
     # A background child and a detached grandchild in its own session: all must die.
     script = f"sleep {seconds} & (setsid sleep {seconds} &); sleep {seconds}"
@@ -148,7 +149,8 @@ async def test_large_files_are_refused(tmp_path: Path) -> None:
 
 
 async def test_cancelling_the_caller_kills_the_sandbox(tmp_path: Path) -> None:
-    seconds = f"{random.randint(1000, 9999)}.{random.randint(100000, 999999)}"
+    # Unique per run even when a plugin seeds `random`: the token finds this run's processes.
+    seconds = f"{1000 + secrets.randbelow(9000)}.{100000 + secrets.randbelow(900000)}"
     task = asyncio.create_task(run_sandboxed(["sleep", seconds], tmp_path))
     deadline = asyncio.get_running_loop().time() + 10
     while not pids_with_token(seconds):
