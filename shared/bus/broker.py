@@ -20,6 +20,13 @@ def _security(settings: Settings) -> BaseSecurity | None:
     return None
 
 
+def _faststream_logger() -> logging.Logger:
+    """FastStream's own log lines, warnings and errors only (they reach the root handlers)."""
+    logger = logging.getLogger("rollout.faststream")
+    logger.setLevel(logging.WARNING)
+    return logger
+
+
 def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -> NatsBroker:
     """A broker connected with the settings' credentials; failures retry, then dead-letter."""
     holder: dict[str, NatsBroker] = {}
@@ -32,7 +39,9 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
         security=_security(settings),
         middlewares=[DeadLetterPolicy(js, max_deliver=max_deliver)],
         connect_timeout=5,
-        # FastStream's per-message access lines go to DEBUG; our handlers log what matters.
+        # FastStream's per-message access lines go to DEBUG and its task-supervisor chatter to
+        # INFO; a logger that keeps only warnings lets our handlers say what matters.
+        logger=_faststream_logger(),
         log_level=logging.DEBUG,
     )
     holder["broker"] = broker

@@ -68,7 +68,10 @@ async def test_openai_sft_uploads_chat_rows_with_tools_and_tracks_the_job(
     # The trained name runs through the provider's fine-tuned model.
     trained = await client.create_run("refunds", f"{base}:v1", n=1, split="train")
     finished = await client.wait_for_run(trained["runId"], timeout_s=60)
-    assert finished["status"] == "completed" and finished["passed"] >= 1
+    assert finished["status"] == "completed" and finished["scored"] == 2
+    # The scripted agent refunds one too much when its seed is divisible by 4.
+    for r in await client.get_rollouts(trained["runId"], False):
+        assert r["passed"] == (r["seed"] % 4 != 0), r
     assert {b["model"] for b in openai_ft.chat_bodies} == {
         f"ft:gpt-4o-mini-2024-07-18:acme:v1:{next(iter(openai_ft.jobs))}"
     }
