@@ -47,6 +47,10 @@ TRAINING: dict[str, Any] = {
     "max_seq_len": 2048,
     "threads": 1,
 }
+# At most this many demonstrations per environment (the first train tasks): the tiny agent is
+# built from a few examples of each env, so a generated env with many train tasks (ticket-routing)
+# leaves it something to learn in `rollout demo` from its own passing rollouts.
+MAX_DEMOS_PER_ENV = 6
 _HASHED_MODULES = ("tiny_agent", "scripted", "sft", "trl_job", "data", "config")
 
 
@@ -128,11 +132,18 @@ def build_tiny_agent(
 async def _demonstrations(files: list[Path]) -> tuple[list[dict], dict]:
     from rollout.shared.learning.scripted import scripted_rollouts
 
-    return await scripted_rollouts(files, split="train")
+    rollouts, counts = await scripted_rollouts(files, split="train")
+    kept: list[dict] = []
+    for rollout in rollouts:
+        if sum(1 for r in kept if r["env"] == rollout["env"]) < MAX_DEMOS_PER_ENV:
+            kept.append(rollout)
+    for slug, tally in counts.items():
+        tally["used"] = sum(1 for r in kept if r["env"] == slug)
+    return kept, counts
 
 
 def _summary(counts: dict[str, dict[str, int]]) -> str:
-    return ", ".join(f"{slug} {c['passed']}/{c['tasks']}" for slug, c in sorted(counts.items()))
+    return ", ".join(f"{slug} {c['used']}/{c['tasks']}" for slug, c in sorted(counts.items()))
 
 
 def _digest(examples: Path, seed: int, recipe: dict[str, Any]) -> str:
@@ -168,6 +179,7 @@ def _digest(examples: Path, seed: int, recipe: dict[str, Any]) -> str:
         "shape": MODEL_SHAPE,
         "versions": versions,
         "recipe_version": RECIPE_VERSION,
+        "max_demos_per_env": MAX_DEMOS_PER_ENV,
     }
     h.update(json.dumps(meta, sort_keys=True).encode())
     return h.hexdigest()

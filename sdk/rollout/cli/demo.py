@@ -23,8 +23,8 @@ from rollout.shared.contracts.envelope import new_id
 
 BASE_MODEL = "local/tiny-agent"
 # The example env the demo learns on (any example's slug works with --env).
-DEFAULT_ENV = "sales-sql"
-DEFAULT_STEPS = 4
+DEFAULT_ENV = "ticket-routing"
+DEFAULT_STEPS = 8
 DEFAULT_GROUP_SIZE = 4
 DEFAULT_TRAIN_N = 8
 # The tiny model's turns are short; a cap keeps a confused sample from rambling for minutes.
@@ -34,9 +34,12 @@ MAX_TOOL_CALLS = 8
 EVAL_TEMPERATURE = 0.0
 # The train run and GRPO sample: low enough that a tiny model still passes some tasks (the
 # SFT data, and groups whose rewards differ), high enough that its samples differ.
-DEFAULT_TEMPERATURE = 0.7
-SFT_HYPERPARAMS: dict[str, Any] = {"epochs": 3.0, "learning_rate": 1e-3, "batch_size": 4}
-GRPO_HYPERPARAMS: dict[str, Any] = {"learning_rate": 1e-4, "max_staleness": 1}
+DEFAULT_TEMPERATURE = 1.0
+# A model's own passing samples over-represent the tasks it already solves; a cap per task
+# keeps the SFT set balanced.
+SFT_PER_TASK = 4
+SFT_HYPERPARAMS: dict[str, Any] = {"epochs": 10.0, "learning_rate": 3e-3, "batch_size": 4}
+GRPO_HYPERPARAMS: dict[str, Any] = {"learning_rate": 3e-4, "max_staleness": 1, "tasks_per_step": 8}
 RUN_TIMEOUT_S = 600.0
 JOB_TIMEOUT_S = 600.0
 POLL_S = 0.5
@@ -210,11 +213,14 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         stages.append(_stage("train", train))
         say(f"      {train['passed']} of {train['scored']} passed")
 
-        say("[4/6] SFT on its passing rollouts")
+        chosen = await sft_selection(client, train["runId"])
+        say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most "
+            f"{SFT_PER_TASK} per task, so the tasks it already solves do not drown the rest)")  # fmt: skip
         model = BASE_MODEL
         sft_job = await improve(
             client, say, args.json, base_model=BASE_MODEL, method="sft",
-            source_run_id=train["runId"], suffix=f"demo-{tag}-sft", hyperparams=SFT_HYPERPARAMS,
+            source_run_id=train["runId"], rollout_ids=chosen or None,
+            suffix=f"demo-{tag}-sft", hyperparams=SFT_HYPERPARAMS,
         )  # fmt: skip
         sft_entry: dict[str, Any] = {"stage": "sft"}
         if sft_job.get("status") == "completed":
@@ -259,6 +265,22 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         "stages": stages,
         "compare": comparison(baseline, final),
     }
+
+
+async def sft_selection(client: AsyncClient, run_id: str) -> list[str]:
+    """Passing rollouts of the run, at most SFT_PER_TASK per task (best score first)."""
+    rollouts = await client.get_rollouts(run_id, False)
+    passing = sorted(
+        (r for r in rollouts if r["passed"]),
+        key=lambda r: (r["taskIndex"], -(r["score"] or 0.0), r["sampleIndex"]),
+    )
+    chosen: list[str] = []
+    per_task: dict[int, int] = {}
+    for r in passing:
+        if per_task.get(r["taskIndex"], 0) < SFT_PER_TASK:
+            per_task[r["taskIndex"]] = per_task.get(r["taskIndex"], 0) + 1
+            chosen.append(r["rolloutId"])
+    return chosen
 
 
 def _stage(name: str, r: dict[str, Any]) -> dict[str, Any]:
