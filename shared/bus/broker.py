@@ -39,6 +39,10 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
         security=_security(settings),
         middlewares=[DeadLetterPolicy(js, max_deliver=max_deliver)],
         connect_timeout=5,
+        # A service rides out any NATS outage: with nats-py's default (60 attempts) the
+        # connection closes for good and FastStream's pull loop spins on the closed connection.
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=2.0,
         # FastStream's per-message access lines go to DEBUG and its task-supervisor chatter to
         # INFO; a logger that keeps only warnings lets our handlers say what matters.
         logger=_faststream_logger(),

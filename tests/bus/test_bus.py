@@ -108,6 +108,8 @@ async def test_poison_message_is_dead_lettered_and_next_is_handled(settings, nat
         await broker.start()
         await wait_for(lambda: handled == ["good"], "the good message")
         letters = await _dead_letters(js, key_subject=subject)
+        # A service never gives up reconnecting (a closed connection makes pull loops spin).
+        assert broker.config.connection_state.connection.options["max_reconnect_attempts"] == -1
     assert len(letters) == 1
     assert "invalid payload" in letters[0].reason
     assert letters[0].consumer == durable and letters[0].deliveries == 1
