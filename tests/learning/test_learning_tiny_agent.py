@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,23 @@ def test_tiny_agent_builds_once_and_resolves(
 def test_tiny_agent_name_is_exact() -> None:
     with pytest.raises(RolloutError, match="did you mean 'local/tiny-agent'"):
         resolve_backend("local/tiny-agent-xl")
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ("rollout.shared.models.trained", "rollout.shared.learning.tiny_agent"),
+        ("rollout.shared.learning.tiny_agent", "rollout.shared.models.trained"),
+    ],
+)
+def test_trained_tiny_agent_names_resolve_whatever_the_import_order(order: tuple) -> None:
+    # A fresh interpreter: the registry is process state.
+    code = (
+        "import importlib, sys\n"
+        f"for name in {list(order)!r}: importlib.import_module(name)\n"
+        "from rollout.shared.models.registry import backend_forms\n"
+        "[form] = [f for f in backend_forms() if f.prefix == 'local/tiny-agent']\n"
+        "sys.exit(0 if getattr(form.factory, 'trained_wrapper', False) else 3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
