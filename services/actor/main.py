@@ -129,6 +129,9 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
 
     @broker.subscriber(
         subjects.event_filter("policy", "policy.updated"),
+        # The event's reply subject is the learner's wait for JetStream's publish ack: an
+        # (empty) answer from here could reach it first and break that publish.
+        no_reply=True,
         title="actor/policy-updated",
         description="Loads a new version of a policy this replica serves, without a restart.",
     )

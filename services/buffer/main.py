@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 
 from rollout.errors import RolloutError
 from rollout.services.buffer.projection import DEFAULT_INLINE_BYTES, BufferProjection, wanted
-from rollout.services.buffer.queries import BufferQueries
+from rollout.services.buffer.queries import CATCH_UP_S, BufferQueries
 from rollout.services.buffer.tools import TaskTools
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
@@ -107,11 +107,22 @@ async def _working_on_all(msgs: list[Msg]) -> AsyncIterator[None]:
 
 
 def build_broker(
-    settings: Settings, runner: ProjectionRunner, pool: asyncpg.Pool, store: ObjectStore
+    settings: Settings,
+    runner: ProjectionRunner,
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    *,
+    catch_up_s: float = CATCH_UP_S,
 ) -> NatsBroker:
     """The buffer's broker: the events consumer and the request handlers."""
     broker = make_broker(settings)
-    queries = BufferQueries(pool, store, TaskTools(lambda: jetstream(broker)))
+    tools = TaskTools(lambda: jetstream(broker))
+
+    async def applied() -> int:
+        """How far along the events stream the buffer has applied."""
+        return await runner.position()
+
+    queries = BufferQueries(pool, store, tools, applied, catch_up_s=catch_up_s)
 
     @broker.subscriber(
         subjects.ALL_EVENTS,
@@ -161,9 +172,13 @@ def build_broker(
 
 
 async def serve(
-    settings: Settings, *, inline_bytes: int | None = None, store: ObjectStore | None = None
+    settings: Settings,
+    *,
+    inline_bytes: int | None = None,
+    store: ObjectStore | None = None,
+    catch_up_s: float = CATCH_UP_S,
 ) -> None:
-    """Run one buffer replica until cancelled."""
+    """Run one buffer replica until cancelled (`catch_up_s`: how long a query waits to catch up)."""
     if not settings.database_url:
         raise RolloutError("the buffer needs a database (ROLLOUT_DATABASE_URL or `rollout up`)")
     threshold = inline_bytes_from_env() if inline_bytes is None else inline_bytes
@@ -192,7 +207,7 @@ async def serve(
         runner = ProjectionRunner(
             pool, BufferProjection(store, inline_bytes=threshold), contiguous=True
         )
-        broker = build_broker(settings, runner, pool, store)
+        broker = build_broker(settings, runner, pool, store, catch_up_s=catch_up_s)
         await broker.start()
         log.info("buffer started", position=await runner.position(), inline_bytes=threshold)
         try:

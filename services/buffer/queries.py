@@ -2,11 +2,16 @@
 
 A reply whose items are larger than the query's `inline_limit` goes to the object store
 (content-addressed, so asking twice stores once) and the caller gets its URI and sha256.
+A query with `after_seq` is answered only once the buffer has applied the events stream up to
+that sequence: the buffer is a projection that may lag, and a caller that knows a run ended
+at sequence N must not get an answer missing that run's last verdicts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -15,7 +20,9 @@ from rollout.errors import RolloutError
 from rollout.services.buffer import datasets
 from rollout.services.buffer.tools import TaskTools
 from rollout.shared.contracts.buffer import (
+    BEHIND,
     BufferData,
+    BufferQuery,
     DpoPairsQuery,
     GrpoGroupsQuery,
     Kind,
@@ -30,18 +37,33 @@ _COLUMNS = (
 )
 _LISTED = 10
 _HINT = "is the buffer service running (`rollout status`) and has it caught up with the run?"
+# How long a query with `after_seq` waits for the buffer to catch up before it says so.
+CATCH_UP_S = 15.0
+_CATCH_UP_POLL_S = 0.05
 
 
 class BufferQueries:
     """Answers sft_set, dpo_pairs and grpo_groups from the buffer's tables."""
 
-    def __init__(self, pool: asyncpg.Pool, store: ObjectStore, tools: TaskTools) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store: ObjectStore,
+        tools: TaskTools,
+        position: Callable[[], Awaitable[int]] | None = None,
+        *,
+        catch_up_s: float = CATCH_UP_S,
+    ) -> None:
         self.pool = pool
         self.store = store
         self.tools = tools
+        # The stream sequence the buffer has applied up to (its projection position).
+        self.position = position
+        self.catch_up_s = catch_up_s
 
     async def sft_set(self, query: SftSetQuery) -> BufferData:
         """Passing rollouts of a run (or of the given ids) as chat examples with tools."""
+        await self._caught_up(query)
         conditions, args = ["scored_at is not null"], []
         if query.run_id:
             await self._check_runs([query.run_id])
@@ -57,15 +79,21 @@ class BufferQueries:
 
     async def dpo_pairs(self, query: DpoPairsQuery) -> BufferData:
         """Best vs worst of each task's group with a score margin of at least `min_margin`."""
+        await self._caught_up(query)
         await self._check_runs(query.run_ids)
-        rows = await self._select(
-            ["scored_at is not null", "run_id = any($1::text[])"], [query.run_ids]
-        )
+        conditions, args = ["scored_at is not null", "run_id = any($1::text[])"], [query.run_ids]
+        if query.rollout_ids is not None:
+            single = query.run_ids[0] if len(query.run_ids) == 1 else None
+            await self._check_rollouts(query.rollout_ids, single)
+            args.append(query.rollout_ids)
+            conditions.append(f"rollout_id = any(${len(args)}::text[])")
+        rows = await self._select(conditions, args)
         items, meta, stats = datasets.dpo_pairs(rows, query.min_margin)
         return await self._reply("dpo_pairs", items, meta, stats, query.inline_limit)
 
     async def grpo_groups(self, query: GrpoGroupsQuery) -> BufferData:
         """Groups by (run, task) with tokens, logprobs and rewards; stale completions dropped."""
+        await self._caught_up(query)
         conditions, args = ["scored_at is not null"], []
         if query.run_ids:
             await self._check_runs(query.run_ids)
@@ -82,6 +110,24 @@ class BufferQueries:
         return await self._reply("grpo_groups", items, meta, stats, query.inline_limit)
 
     # --- helpers ------------------------------------------------------------------------------
+
+    async def _caught_up(self, query: BufferQuery) -> None:
+        """Wait (briefly) until the buffer has applied the stream up to `query.after_seq`."""
+        if query.after_seq is None or self.position is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.catch_up_s
+        while (applied := await self.position()) < query.after_seq:
+            if loop.time() >= deadline:
+                raise RolloutError(
+                    f"{BEHIND}: it has applied events up to sequence {applied}, this request "
+                    f"needs {query.after_seq}",
+                    problems=[
+                        f"it did not get there within {self.catch_up_s:.0f}s; ask again in a "
+                        "moment, and check the buffer's health with `rollout status`"
+                    ],
+                )
+            await asyncio.sleep(_CATCH_UP_POLL_S)
 
     async def _check_runs(self, run_ids: list[str]) -> None:
         async with self.pool.acquire() as conn:
@@ -108,6 +154,17 @@ class BufferQueries:
                     rollout_ids,
                 )
             }
+        if run_id:
+            # Within one run the question is simply which ids are not among its rollouts.
+            stray = [i for i in rollout_ids if found.get(i) != run_id]
+            if stray:
+                raise RolloutError(
+                    f"rollout_ids: {len(stray)} id(s) are not rollouts of run {run_id}: "
+                    + ", ".join(stray[:_LISTED])
+                    + (" ..." if len(stray) > _LISTED else ""),
+                    problems=[_HINT] if any(i not in found for i in stray) else [],
+                )
+            return
         unknown = [i for i in rollout_ids if i not in found]
         if unknown:
             raise RolloutError(
@@ -116,13 +173,6 @@ class BufferQueries:
                 + (" ..." if len(unknown) > _LISTED else ""),
                 problems=[_HINT],
             )
-        if run_id:
-            foreign = [i for i in rollout_ids if found[i] != run_id]
-            if foreign:
-                raise RolloutError(
-                    f"rollout_ids: {len(foreign)} do not belong to run {run_id!r}: "
-                    + ", ".join(foreign[:_LISTED])
-                )
 
     async def _select(self, conditions: list[str], args: list[Any]) -> list[dict[str, Any]]:
         """Scored rollouts matching `conditions`, trajectories loaded, tools attached."""

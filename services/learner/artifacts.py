@@ -7,8 +7,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
 from rollout.services.learner.journal import JobJournal
-from rollout.shared.contracts.events import CheckpointSaved
+from rollout.shared import subjects
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.events import CheckpointSaved, PolicyUpdated
 from rollout.shared.learning.checkpoints import load_checkpoint_state
 from rollout.shared.models import trained
 from rollout.shared.objectstore import ObjectRef, ObjectStore, sha256_file
@@ -100,3 +105,20 @@ async def next_version(store: ObjectStore, model: str, job_id: str) -> int:
         return mine.version
     latest = await trained.latest_record(store, model)
     return (latest.version + 1) if latest is not None else 1
+
+
+async def announced_version(js: JetStreamContext, model: str) -> int | None:
+    """The newest version policy.updated announced for `model` (None: none yet).
+
+    The log, not the store's record, says what actors were told: a learner killed between
+    writing the record and appending the event must still announce that version.
+    """
+    subject = subjects.event(
+        "policy", trained.policy_key(model), subjects.event_name(PolicyUpdated.event_type)
+    )
+    try:
+        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subject)
+    except NotFoundError:
+        return None
+    body = EventEnvelope.from_bytes(raw.data).body()
+    return body.version if isinstance(body, PolicyUpdated) else None

@@ -6,10 +6,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
+from nats.js.errors import APIError
 
 from rollout.shared import subjects
-from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import (
@@ -22,6 +23,13 @@ from rollout.shared.contracts.events import (
 )
 from rollout.shared.models.trained import policy_key
 
+# JetStream checks an expected last sequence against every subject matching this header's
+# filter (nats-server 2.11+): the whole job aggregate, not just the one event's subject.
+_EXPECTED_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+_WRONG_LAST_SEQUENCE = 10071
+# How often a conditional job.failed is retried after another event of the job got in first.
+_CONFLICT_RETRIES = 5
+
 
 @dataclass
 class JobHistory:
@@ -33,6 +41,8 @@ class JobHistory:
     last_step: int = 0
     completed: JobCompleted | None = None
     failed: JobFailed | None = None
+    # Stream sequence of the job's newest event: the guard for conditional appends.
+    last_seq: int = 0
 
     @property
     def finished(self) -> bool:
@@ -48,6 +58,7 @@ async def job_history(js: JetStreamContext, job_id: str) -> JobHistory:
     """Replay one job's events from the stream."""
     history = JobHistory()
     async for msg in read_events(js, subjects.aggregate_events("job", job_id)):
+        history.last_seq = max(history.last_seq, msg.metadata.sequence.stream)
         event = EventEnvelope.from_bytes(msg.data)
         body = event.body()
         if isinstance(body, JobRequested):
@@ -130,7 +141,42 @@ class JobJournal:
                                checkpoint_uri=checkpoint_uri, metrics=clean)  # fmt: skip
         await self.publisher.publish(self._envelope(payload, self.job_id))
 
-    async def failed(self, reason: str) -> None:
-        """The job stopped for `reason`."""
-        payload = JobFailed(job_id=self.job_id, reason=reason)
-        await self.publisher.publish(self._envelope(payload, self.job_id))
+    async def failed(self, reason: str, *, after_seq: int | None = None) -> None:
+        """The job stopped for `reason`; with `after_seq`, only if no job event came since."""
+        envelope = self._envelope(JobFailed(job_id=self.job_id, reason=reason), self.job_id)
+        if after_seq is None:
+            await self.publisher.publish(envelope)
+            return
+        headers = {
+            api.Header.MSG_ID: envelope.id,
+            "Rollout-Type": envelope.type,
+            api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(after_seq),
+            _EXPECTED_SUBJECT: subjects.aggregate_events("job", self.job_id),
+        }
+        try:
+            await self.js.publish(envelope.subject, envelope.to_bytes(), headers=headers)
+        except APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                raise ConcurrencyConflict(
+                    f"job {self.job_id} moved on past sequence {after_seq}"
+                ) from None
+            raise
+
+
+async def fail_unless_finished(js: JetStreamContext, job_id: str, reason: str) -> bool:
+    """Append job.failed unless the job is unknown or already ended; True when appended.
+
+    The append is conditional on the job's history not having moved since it was read, so a
+    job.completed that gets in first always wins (no job ends twice).
+    """
+    for _ in range(_CONFLICT_RETRIES):
+        history = await job_history(js, job_id)
+        if history.requested is None or history.finished:
+            return False
+        journal = JobJournal(js, job_id, history.envelope)
+        try:
+            await journal.failed(reason, after_seq=history.last_seq)
+        except ConcurrencyConflict:
+            continue  # progress or an end arrived meanwhile: look again
+        return True
+    raise ConcurrencyConflict(f"job {job_id} kept changing while it was being marked failed")

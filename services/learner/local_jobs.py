@@ -1,4 +1,4 @@
-"""SFT and DPO jobs on local weights: data from the log, TRL in a worker thread, artifacts."""
+"""SFT and DPO jobs on local weights: data from the buffer, TRL in a worker thread, artifacts."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from rollout.services.learner.artifacts import (
 from rollout.services.learner.basemodels import local_dir
 from rollout.services.learner.bridge import JobCancelled, ThreadBridge, run_in_thread
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.data import ToolCatalog, by_task, with_trajectories
 from rollout.services.learner.journal import JobHistory, JobJournal
-from rollout.services.learner.planning import DpoOptions, JobPlan
+from rollout.services.learner.planning import JobPlan
+from rollout.services.learner.training_sets import TrainingSet, dpo_rows, sft_rows
 from rollout.shared.learning.config import Progress
 from rollout.shared.models.trained import trained_name
 from rollout.shared.observability import get_logger
@@ -56,17 +56,12 @@ def reporter(bridge: ThreadBridge, journal: JobJournal) -> Any:
     return on_progress
 
 
-async def training_data(ctx: LearnerContext, plan: JobPlan) -> list[dict[str, Any]]:
-    """SFT examples or DPO pairs from the run's rollouts (trajectories and tools attached)."""
-    from rollout.shared.learning.data import dpo_pairs, sft_examples
-
-    assert plan.run is not None and plan.rollouts is not None
-    rollouts = await with_trajectories(ctx.store, plan.rollouts)
-    await ToolCatalog(ctx.js).attach(plan.run.request, rollouts)
+def training_data(plan: JobPlan) -> list[dict[str, Any]]:
+    """The trainer's rows from the buffer's answer: SFT examples or DPO pairs."""
+    assert plan.rows is not None
     if plan.event.method == "sft":
-        return sft_examples(rollouts)
-    margin = plan.options.min_margin if isinstance(plan.options, DpoOptions) else 0.0
-    return dpo_pairs(by_task(rollouts), min_margin=margin)
+        return sft_rows(plan.rows)
+    return dpo_rows(TrainingSet(items=plan.rows, meta=plan.pair_meta or []))
 
 
 async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
@@ -80,7 +75,7 @@ async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory)
     out_dir.mkdir(parents=True, exist_ok=True)
     resumed = await restore_checkpoint(ctx.store, out_dir, history.last_checkpoint())
     base_dir = await local_dir(plan.base)
-    rows = await training_data(ctx, plan)
+    rows = training_data(plan)
     assert plan.config is not None
     bridge = ThreadBridge(asyncio.get_running_loop())
 

@@ -5,6 +5,13 @@ request), then appends `job.requested` and queues a work item. One pull consumer
 replicas runs jobs one at a time per replica, with in-progress acks while it trains; a replica
 that dies mid-job leaves the item unacked, so another (or the restarted one) gets it again and
 resumes from the job's last checkpoint in the object store.
+
+Every job ends with job.completed or job.failed. JetStream itself never stops redelivering a
+job (the consumer's MaxDeliver is unlimited): the learner counts the deliveries. A failing
+attempt is retried until the last of `ROLLOUT_LEARNER_MAX_DELIVER` attempts, which fails the
+job; an item delivered once more than that had its last attempt end with the replica gone
+(killed, out of memory), so it is dead-lettered with that reason. Every dead-lettered job
+item, whoever recorded it, then ends its job with job.failed (see deadletters.py).
 """
 
 from __future__ import annotations
@@ -20,16 +27,19 @@ from pydantic import BaseModel, ConfigDict
 from rollout.errors import RolloutError
 from rollout.services.learner.bridge import JobCancelled
 from rollout.services.learner.context import LearnerContext
+from rollout.services.learner.deadletters import fail_dead_lettered_job
 from rollout.services.learner.journal import JobJournal, job_history
 from rollout.services.learner.local_jobs import model_name
 from rollout.services.learner.planning import plan_job, request_of
+from rollout.services.learner.training_sets import BufferUnavailable
 from rollout.shared import subjects
-from rollout.shared.bus.broker import make_broker
-from rollout.shared.bus.deadletter import describe
+from rollout.shared.bus.broker import jetstream, make_broker
+from rollout.shared.bus.deadletter import describe, record_dead_letter
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.events import DeadLettered
 from rollout.shared.contracts.requests import CreateTrainingJob, Reply
 from rollout.shared.objectstore import open_store
 from rollout.shared.objectstore.factory import default_store_url
@@ -37,9 +47,13 @@ from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
 
 DURABLE = "learner"
+DEADLETTER_DURABLE = "learner-deadletters"
 QUEUE = "learner"
 WORK_KIND = "jobs"
+# Attempts per job: a failing attempt is retried with backoff, a replica that died mid-job
+# hands the job to the next one; after this many the job fails.
 MAX_DELIVER = 3
+MAX_DELIVER_ENV = "ROLLOUT_LEARNER_MAX_DELIVER"
 # Long jobs send in-progress acks; a dead learner's job comes back after AckWait.
 ACK_WAIT_ENV = "ROLLOUT_LEARNER_ACK_WAIT_S"
 
@@ -56,6 +70,34 @@ def ack_wait_s() -> float:
     return max(1.0, value)
 
 
+def max_deliver() -> int:
+    """How many attempts a job gets before it fails (`ROLLOUT_LEARNER_MAX_DELIVER`, default 3)."""
+    raw = os.environ.get(MAX_DELIVER_ENV, "").strip()
+    if not raw:
+        return MAX_DELIVER
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise RolloutError(f"{MAX_DELIVER_ENV} must be a whole number >= 1, got {raw!r}")
+    return value
+
+
+def gave_up(attempts: int, why: str) -> str:
+    """The reason a job fails after its attempts: how many, and what the last one met."""
+    return f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}: {why}"
+
+
+def abandoned_reason(deliveries: int) -> str:
+    """Why a job whose last delivery ended with the replica gone is given up."""
+    return gave_up(
+        deliveries - 1,
+        "the learner replica running the job stopped before the job ended "
+        "(killed, out of memory, or restarted)",
+    )
+
+
 class JobWork(BaseModel):
     """A work item: run this job (everything else is on the log)."""
 
@@ -66,7 +108,7 @@ class JobWork(BaseModel):
 
 async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
     """Validate, append job.requested, queue the work item; the reply names the job."""
-    plan = await plan_job(ctx.js, ctx.store, cmd)
+    plan = await plan_job(ctx, cmd)
     job_id = plan.event.job_id
     event = EventEnvelope.new(plan.event, aggregate_id=job_id, id_parts=(job_id,))
     # A brand-new job id has no history: expecting sequence 0 guards against collisions.
@@ -87,12 +129,14 @@ async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
         "model": model,
         "sourceRunId": plan.event.source_run_id,
         "envSlug": plan.event.env_slug,
-        "trainingRows": len(plan.rollouts or []),
+        "trainingRows": len(plan.rows or []),
         "pairs": plan.pairs,
     }
 
 
-async def execute(ctx: LearnerContext, job_id: str, *, deliveries: int) -> None:
+async def execute(
+    ctx: LearnerContext, job_id: str, *, deliveries: int, limit: int = MAX_DELIVER
+) -> None:
     """Run (or resume) one job; user-facing problems end it as job.failed with the reason."""
     from rollout.services.learner.local_jobs import run_local_job
     from rollout.services.learner.online_grpo import run_grpo_job
@@ -106,21 +150,29 @@ async def execute(ctx: LearnerContext, job_id: str, *, deliveries: int) -> None:
         return  # redelivered after it ended: nothing to redo
     journal = JobJournal(ctx.js, job_id, history.envelope)
     try:
-        plan = await plan_job(ctx.js, ctx.store, request_of(history.requested), job_id=job_id)
+        plan = await plan_job(ctx, request_of(history.requested), job_id=job_id)
         if not plan.base.local:
             await run_provider_job(ctx, plan, history)
         elif plan.event.method == "grpo":
             await run_grpo_job(ctx, plan, history)
         else:
             await run_local_job(ctx, plan, history)
+    except BufferUnavailable as exc:
+        # Most likely a buffer restarting: retried with backoff, from the last checkpoint.
+        if deliveries >= limit:
+            reason = gave_up(deliveries, str(exc))
+            log.error("job failed", job_id=job_id, reason=reason)
+            await journal.failed(reason)
+            return
+        raise
     except RolloutError as exc:
         log.warning("job failed", job_id=job_id, reason=str(exc))
         await journal.failed(str(exc))
     except (JobCancelled, asyncio.CancelledError):
         raise  # the learner is stopping: the job comes back to a replica later
     except Exception as exc:
-        if deliveries >= MAX_DELIVER:
-            reason = f"gave up after {deliveries} attempts: {describe(exc)}"
+        if deliveries >= limit:
+            reason = gave_up(deliveries, describe(exc))
             log.error("job failed", job_id=job_id, reason=reason)
             await journal.failed(reason)
             return
@@ -129,7 +181,8 @@ async def execute(ctx: LearnerContext, job_id: str, *, deliveries: int) -> None:
 
 def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsBroker:
     """The learner's broker: the create_job request handler and the job consumer."""
-    broker = make_broker(settings, max_deliver=MAX_DELIVER)
+    limit = max_deliver()
+    broker = make_broker(settings, max_deliver=limit)
     every_s = ack_wait_s() / 3
 
     def context() -> LearnerContext:
@@ -155,8 +208,32 @@ def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsB
     async def run_job(work: JobWork, message: NatsMessage) -> None:
         """Run a job while telling JetStream we are still on it; ack when it ended."""
         raw = message.raw_message
+        deliveries = raw.metadata.num_delivered
+        if deliveries > limit:
+            # Each earlier attempt ended without a verdict: its replica was gone. Dead-letter
+            # the item; the dead-letter consumer below then fails the job with the reason.
+            reason = abandoned_reason(deliveries)
+            await record_dead_letter(jetstream(broker), raw, reason)
+            await raw.term()
+            log.error("job abandoned", job_id=work.job_id, reason=reason)
+            return
         async with working_on(raw, every_s=every_s):
-            await execute(context(), work.job_id, deliveries=raw.metadata.num_delivered)
+            await execute(context(), work.job_id, deliveries=deliveries, limit=limit)
+
+    @broker.subscriber(
+        subjects.event_filter("deadletter", "deadletter.recorded"),
+        stream=JStream(subjects.EVENTS_STREAM, declare=False),
+        durable=DEADLETTER_DURABLE,
+        pull_sub=PullSub(batch_size=1, timeout=1.0),
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+        title="learner/dead-lettered-jobs",
+        description="Ends a job whose work item was dead-lettered with job.failed and the reason.",
+    )
+    async def dead_lettered(event: EventEnvelope) -> None:
+        """Fail the job a dead-lettered work item belonged to (other dead letters: ignored)."""
+        body = event.body()
+        if isinstance(body, DeadLettered):
+            await fail_dead_lettered_job(jetstream(broker), body, WORK_KIND)
 
     return broker
 
@@ -168,6 +245,8 @@ async def serve(settings: Settings) -> None:
     try:
         js = nc.jetstream()
         await ensure_streams(js)
+        # Unlimited at the JetStream level: the learner counts deliveries itself (run_job),
+        # so a job whose replicas keep dying is dead-lettered with a reason, never dropped.
         await ensure_consumer(
             js,
             subjects.WORK_STREAM,
@@ -175,8 +254,15 @@ async def serve(settings: Settings) -> None:
                 DURABLE,
                 subjects.work_filter(WORK_KIND),
                 ack_wait_s=ack_wait_s(),
-                max_deliver=MAX_DELIVER,
+                max_deliver=-1,
                 max_ack_pending=64,
+            ),
+        )
+        await ensure_consumer(
+            js,
+            subjects.EVENTS_STREAM,
+            pull_consumer_config(
+                DEADLETTER_DURABLE, subjects.event_filter("deadletter", "deadletter.recorded")
             ),
         )
         ctx = LearnerContext(nc=nc, js=js, store=store, work_dir=settings.home / "learner" / "jobs")

@@ -4,7 +4,8 @@ Up to `max_staleness + 1` runs are in flight at once: while the learner trains o
 actors generate the next ones with whatever policy version they have loaded (each rollout
 records it). With `max_staleness 0` the loop is synchronous: one run, one step, the next run
 on the new version. Every new version goes to the object store and is announced with
-`policy.updated`, so actors load it without restarting.
+`policy.updated`, so actors load it without restarting. The groups of each finished run come
+from the buffer, which drops completions more than `max_staleness` versions behind.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.errors import RolloutError
-from rollout.services.learner.artifacts import publish_policy, restore_checkpoint, save_checkpoint
+from rollout.services.learner import training_sets
+from rollout.services.learner.artifacts import (
+    announced_version,
+    publish_policy,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from rollout.services.learner.basemodels import local_dir
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.data import RunData, ToolCatalog, load_run, with_trajectories
+from rollout.services.learner.data import wait_for_run_end
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
 from rollout.services.learner.planning import GrpoOptions, JobPlan, train_task_indices
@@ -59,47 +66,6 @@ class Timing:
         }
 
 
-def prompt_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages before the model's first turn (system and user)."""
-    for i, message in enumerate(messages):
-        if message.get("role") == "assistant":
-            return messages[:i]
-    return list(messages)
-
-
-async def groups_of(
-    ctx: LearnerContext, catalog: ToolCatalog, run: RunData
-) -> tuple[list[dict[str, Any]], int]:
-    """One group per task of the run (completions with tokens and rewards), and the skipped."""
-    rollouts = await with_trajectories(ctx.store, list(run.rollouts.values()))
-    groups: dict[int, dict[str, Any]] = {}
-    skipped = 0
-    for r in sorted(rollouts, key=lambda r: (r["task_index"], r["sample_index"])):
-        trajectory = r.get("trajectory") or {}
-        if not trajectory.get("token_ids") or r.get("score") is None:
-            skipped += 1  # a failed generation has no tokens to train on
-            continue
-        prompt = prompt_of(trajectory.get("messages") or [])
-        group = groups.setdefault(
-            r["task_index"],
-            {
-                "prompt": prompt,
-                "tools": await catalog.tools(run.request, r["task_index"]),
-                "completions": [],
-            },
-        )
-        group["completions"].append(
-            {
-                "token_ids": trajectory["token_ids"],
-                "logprobs": trajectory.get("logprobs"),
-                "messages": (trajectory.get("messages") or [])[len(prompt) :],
-                "reward": float(r["score"]),
-                "policy_version": int(r.get("policy_version") or 0),
-            }
-        )
-    return [g for g in groups.values() if len(g["completions"]) >= 2], skipped
-
-
 class OnlineGRPO:
     """One GRPO job: runs in flight, steps, versions."""
 
@@ -113,14 +79,14 @@ class OnlineGRPO:
         self.journal.last_step = history.last_step
         self.out_dir = ctx.job_dir(self.job_id)
         self.timing = Timing()
-        self.catalog = ToolCatalog(ctx.js)
         self.learner: Any = None
 
-    async def _publish(self) -> None:
+    async def _publish(self, *, checkpoint: bool = True) -> None:
         """Save the learner's current version: checkpoint (resume) and policy (actors)."""
         path = await asyncio.to_thread(self.learner.save)
         version = int(self.learner.policy_version)
-        await save_checkpoint(self.ctx.store, self.journal, self.out_dir, path, version)
+        if checkpoint:
+            await save_checkpoint(self.ctx.store, self.journal, self.out_dir, path, version)
         await publish_policy(
             self.ctx.store, self.journal, model=self.model, version=version, model_dir=path,
             base_model=self.plan.event.base_model,
@@ -155,9 +121,13 @@ class OnlineGRPO:
         self.learner = await asyncio.to_thread(
             GRPOLearner, base_dir, self.out_dir, self.config, resume=True
         )
-        latest = await trained.latest_record(self.ctx.store, self.model)
-        if latest is None or latest.version < self.learner.policy_version:
-            await self._publish()  # actors need the starting version by this name
+        version = int(self.learner.policy_version)
+        announced = await announced_version(self.ctx.js, self.model)
+        if announced is None or announced < version:
+            # Actors need the starting version by this name; after a kill between a
+            # checkpoint and its announcement, the resumed version is announced now.
+            saved = {c.step for c in self.history.checkpoints}
+            await self._publish(checkpoint=version not in saved)
         env, _ = await env_versions.latest(self.ctx.js, self.plan.event.env_slug or "")
         if env is None:
             raise RolloutError(f"environment {self.plan.event.env_slug!r} is gone")
@@ -175,15 +145,19 @@ class OnlineGRPO:
                 in_flight.append(await self._start_run(sorted(rng.sample(train_tasks, k))))
             run_id = in_flight.popleft()
             waited = time.monotonic()
-            run = await load_run(
-                self.ctx.js, run_id, follow=True, timeout_s=self.options.run_deadline_s + 30
+            run = await wait_for_run_end(
+                self.ctx.js, run_id, timeout_s=self.options.run_deadline_s + 30
             )
+            if run.status != "completed":
+                raise RolloutError(f"GRPO run {run_id} did not complete: {run.reason}")
+            found = await training_sets.grpo_groups(
+                self.ctx.nc, self.ctx.store, run_id,
+                current_version=int(self.learner.policy_version),
+                max_staleness=self.config.max_staleness, after_seq=run.seq,
+            )  # fmt: skip
             self.timing.waiting_s += time.monotonic() - waited
-            if run is None or run.status != "completed":
-                reason = run.reason if run is not None else "it was never recorded"
-                raise RolloutError(f"GRPO run {run_id} did not complete: {reason}")
-            groups, _ = await groups_of(self.ctx, self.catalog, run)
-            fresh = self._fresh(groups)
+            self.timing.stale_dropped += int(found.stats.get("stale_dropped", 0))
+            fresh = self._fresh(found.items)
             if not fresh:
                 empty += 1
                 if empty > MAX_EMPTY_RUNS:
@@ -196,15 +170,18 @@ class OnlineGRPO:
             empty = 0
             trained_at = time.monotonic()
             progress = await asyncio.to_thread(self.learner.step, fresh)
-            await self._publish()
-            self.timing.training_s += time.monotonic() - trained_at
             done = int(self.learner.policy_version) - first_version
             elapsed = time.monotonic() - started
             eta = (target - self.learner.policy_version) * elapsed / done if done else None
+            # Reported before its checkpoint: a checkpoint's step is always on the log, so a
+            # learner resumed from it never leaves a hole; a step redone after a kill between
+            # the two is not reported again (the journal skips steps it has seen).
             await self.journal.progress(
                 int(self.learner.policy_version), target, loss=progress.loss,
                 reward=progress.reward, tokens_per_s=progress.tokens_per_s, eta_s=eta,
             )  # fmt: skip
+            await self._publish()
+            self.timing.training_s += time.monotonic() - trained_at
         metrics = self.timing.metrics()
         metrics.update(steps=float(self.learner.policy_version), version=float(target))
         if resumed is not None:

@@ -6,12 +6,15 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.errors import RolloutError
+from rollout.services.learner import training_sets
 from rollout.services.learner.basemodels import TrainBase, resolve_base, validate_local
-from rollout.services.learner.data import RunData, by_task, load_run, with_trajectories
+from rollout.services.learner.context import LearnerContext
+from rollout.services.learner.data import RunInfo, run_info
 from rollout.shared import subjects
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
@@ -64,14 +67,19 @@ _OPTIONS: dict[str, type[_Options]] = {"sft": SftOptions, "dpo": DpoOptions, "gr
 
 @dataclass
 class JobPlan:
-    """A validated job: its request event, base model, settings and training data."""
+    """A validated job: its request event, base model, settings and training data.
+
+    `rows` are the buffer's items as it sent them: SFT examples (`messages`, `tools`) or DPO
+    pairs (`prompt`, `chosen`, `rejected`, `tools`, with `pair_meta` aligned to them).
+    """
 
     event: JobRequested
     base: TrainBase
     config: TrainConfig | None
     options: Any
-    run: RunData | None = None
-    rollouts: list[dict[str, Any]] | None = None
+    run: RunInfo | None = None
+    rows: list[dict[str, Any]] | None = None
+    pair_meta: list[dict[str, Any]] | None = None
     pairs: int = 0
 
 
@@ -111,9 +119,8 @@ def settings(method: str, base: TrainBase, hyperparams: dict[str, Any]) -> tuple
     return config, options
 
 
-async def _run_data(
-    js: JetStreamContext, store: ObjectStore, cmd: CreateTrainingJob
-) -> tuple[RunData, list[dict[str, Any]]]:
+async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunInfo:
+    """The completed run a job trains on (every problem with it named)."""
     run_id = cmd.source_run_id
     if not run_id:
         raise RolloutError(
@@ -123,7 +130,7 @@ async def _run_data(
         subjects.token(run_id, "source_run_id")
     except subjects.SubjectError as exc:
         raise RolloutError(str(exc)) from None
-    run = await load_run(js, run_id)
+    run = await run_info(js, run_id)
     if run is None:
         raise RolloutError(f"source_run_id: no run {run_id!r} (see `rollout runs`)")
     if run.status != "completed":
@@ -131,28 +138,50 @@ async def _run_data(
         raise RolloutError(
             f"run {run_id} is {run.status}{why}; only completed runs can be trained on"
         )
+    return run
+
+
+async def _training_rows(
+    nc: Client, store: ObjectStore, cmd: CreateTrainingJob, run: RunInfo, options: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows, meta) from the buffer; RolloutError when there is nothing to train on."""
     ids = cmd.rollout_ids
-    if ids is not None:
-        unknown = [i for i in ids if i not in run.rollouts]
-        if unknown:
-            shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+    if cmd.method == "sft":
+        found = await training_sets.sft_set(nc, store, run.run_id, ids, after_seq=run.seq)
+        if not found.items:
+            considered = int(found.stats.get("examples", 0) + found.stats.get("skipped", 0))
             raise RolloutError(
-                f"rollout_ids: {len(unknown)} id(s) are not rollouts of run {run_id}: {shown}"
+                f"run {run.run_id} has no passing rollouts to fine-tune on",
+                problems=[
+                    f"{considered} rollout(s) considered, none passed its verifier; run a "
+                    "stronger model, or pick rollouts with rollout_ids"
+                ],
             )
-        if not ids:
-            raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
-    return run, run.selected(ids)
-
-
-def sft_rows(run: RunData, cmd_ids: list[str] | None) -> list[dict[str, Any]]:
-    """The rollouts SFT trains on: the passing ones (of those named, when named)."""
-    return [r for r in run.passing(cmd_ids) if r.get("trajectory") or r.get("trajectory_uri")]
+        return found.items, found.meta
+    margin = options.min_margin if isinstance(options, DpoOptions) else 0.0
+    found = await training_sets.dpo_pairs(
+        nc, store, run.run_id, ids, min_margin=margin, after_seq=run.seq
+    )
+    if not found.items:
+        raise RolloutError(
+            f"run {run.run_id} has no preference pairs for DPO",
+            problems=[
+                f"DPO needs two rollouts of the same task whose scores differ by more than "
+                f"{margin} (min_margin); run with -n 2 or more on tasks the model sometimes "
+                "fails"
+            ],
+        )
+    return found.items, found.meta
 
 
 async def plan_job(
-    js: JetStreamContext, store: ObjectStore, cmd: CreateTrainingJob, *, job_id: str | None = None
+    ctx: LearnerContext, cmd: CreateTrainingJob, *, job_id: str | None = None
 ) -> JobPlan:
-    """Validate `cmd`; return the plan or raise RolloutError listing what is wrong."""
+    """Validate `cmd`; return the plan or raise RolloutError listing what is wrong.
+
+    SFT and DPO data come from the buffer, asked once the run is known to have completed.
+    """
+    js = ctx.js
     if cmd.method not in SUPPORTED:
         raise RolloutError(
             f"method: {cmd.method!r} is not supported by the learner; use one of "
@@ -192,34 +221,12 @@ async def plan_job(
     if cmd.method == "grpo":
         await _check_env(js, cmd.env_slug)
         return plan
-    plan.run, selected = await _run_data(js, store, cmd)
-    if cmd.method == "sft":
-        rows = sft_rows(plan.run, cmd.rollout_ids)
-        if not rows:
-            raise RolloutError(
-                f"run {plan.run.request.run_id} has no passing rollouts to fine-tune on",
-                problems=[
-                    f"{len(selected)} rollout(s) considered, none passed its verifier; run a "
-                    "stronger model, or pick rollouts with rollout_ids"
-                ],
-            )
-        plan.rollouts = rows
-    else:
-        from rollout.shared.learning.data import dpo_pairs
-
-        await with_trajectories(store, selected)
-        margin = options.min_margin if isinstance(options, DpoOptions) else 0.0
-        pairs = dpo_pairs(by_task(selected), min_margin=margin)
-        if not pairs:
-            raise RolloutError(
-                f"run {plan.run.request.run_id} has no preference pairs for DPO",
-                problems=[
-                    f"DPO needs two rollouts of the same task whose scores differ by more than "
-                    f"{margin} (min_margin); run with -n 2 or more on tasks the model sometimes "
-                    "fails"
-                ],
-            )
-        plan.rollouts, plan.pairs = selected, len(pairs)
+    plan.run = await _source_run(js, cmd)
+    if cmd.rollout_ids is not None and not cmd.rollout_ids:
+        raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
+    plan.rows, meta = await _training_rows(ctx.nc, ctx.store, cmd, plan.run, options)
+    if cmd.method == "dpo":
+        plan.pair_meta, plan.pairs = meta, len(plan.rows)
     return plan
 
 

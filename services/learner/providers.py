@@ -3,9 +3,9 @@
 OpenAI: `POST /files` (purpose=fine-tune), `POST /fine_tuning/jobs`, then
 `GET /fine_tuning/jobs/{id}` and its `/events` for progress. Together: `POST /files/upload`,
 `POST /fine-tunes`, then `GET /fine-tunes/{id}`. The data is the run's passing rollouts in the
-provider's chat format with tools (Together DPO: preference rows). The provider's job id is
-kept in the object store first, so a redelivered job tracks the same provider job instead of
-starting another one.
+provider's chat format with tools (Together DPO: preference rows), built from the buffer's
+SFT set and DPO pairs. The provider's job id is kept in the object store first, so a
+redelivered job tracks the same provider job instead of starting another one.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import httpx
 from rollout.errors import RolloutError
 from rollout.services.learner.basemodels import TrainBase
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.data import ToolCatalog, by_task, with_trajectories
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
 from rollout.services.learner.planning import JobPlan, ProviderOptions
+from rollout.services.learner.training_sets import as_rollout
 from rollout.shared.models import trained
 from rollout.shared.objectstore import ObjectNotFound, get_json, put_json
 from rollout.shared.observability import get_logger
@@ -43,35 +43,39 @@ def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def chat_rows(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chat_rows(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat fine-tuning rows (OpenAI's format, which Together also reads): messages + tools."""
     from rollout.shared.learning.data import conversation
 
     rows = []
-    for r in rollouts:
-        messages = [_wire_message(m) for m in conversation(r)]
+    for example in examples:
+        rollout = as_rollout(example["messages"], example.get("tools"))
+        messages = [_wire_message(m) for m in conversation(rollout)]
         if not any(m["role"] == "assistant" for m in messages):
             continue
         row: dict[str, Any] = {"messages": messages}
-        if r.get("tools"):
-            row["tools"] = r["tools"]
+        if example.get("tools"):
+            row["tools"] = example["tools"]
         rows.append(row)
     return rows
 
 
-def preference_rows(rollouts: list[dict[str, Any]], min_margin: float) -> list[dict[str, Any]]:
+def preference_rows(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Together's preference format: a prompt, one preferred and one non-preferred reply."""
-    from rollout.shared.learning.data import dpo_pairs
+    from rollout.shared.learning.data import conversation
 
     rows = []
-    for pair in dpo_pairs(by_task(rollouts), min_margin=min_margin):
+    for pair in pairs:
+        cut = len(pair["prompt"])
+        chosen = conversation(as_rollout(pair["prompt"] + pair["chosen"], None))
+        rejected = conversation(as_rollout(pair["prompt"] + pair["rejected"], None))
         row: dict[str, Any] = {
-            "input": {"messages": [_wire_message(m) for m in pair["prompt"]]},
-            "preferred_output": [_wire_message(pair["chosen"][0])],
-            "non_preferred_output": [_wire_message(pair["rejected"][0])],
+            "input": {"messages": [_wire_message(m) for m in chosen[:cut]]},
+            "preferred_output": [_wire_message(chosen[cut])],
+            "non_preferred_output": [_wire_message(rejected[cut])],
         }
         if pair.get("tools"):
-            row["input"]["tools"] = json.loads(pair["tools"])
+            row["input"]["tools"] = pair["tools"]
         rows.append(row)
     return rows
 
@@ -211,13 +215,8 @@ async def run_provider_job(ctx: LearnerContext, plan: JobPlan, history: JobHisto
 async def _start(
     ctx: LearnerContext, api: ProviderAPI, plan: JobPlan, options: ProviderOptions
 ) -> dict[str, Any]:
-    assert plan.run is not None and plan.rollouts is not None
-    rollouts = await with_trajectories(ctx.store, plan.rollouts)
-    await ToolCatalog(ctx.js).attach(plan.run.request, rollouts)
-    if plan.event.method == "dpo":
-        rows = preference_rows(rollouts, 0.0)
-    else:
-        rows = chat_rows(rollouts)
+    assert plan.rows is not None
+    rows = preference_rows(plan.rows) if plan.event.method == "dpo" else chat_rows(plan.rows)
     if not rows:
         raise RolloutError("nothing to upload: no rollout has an assistant turn")
     filename = f"rollout-{plan.event.job_id}.jsonl"

@@ -60,6 +60,7 @@ SERVICE_DURABLES: tuple[str, ...] = (
     "verifier",
     "buffer",
     "learner",
+    "learner-deadletters",
     "actors",
 )
 

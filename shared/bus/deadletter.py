@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from rollout.errors import RolloutError
+from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import DeadLettered
@@ -31,6 +32,9 @@ _POISON = (
     json.JSONDecodeError,
     UnicodeDecodeError,
 )
+# Decoding errors that count as poison only when the message's own bytes fail to decode: the
+# handler's work may decode other things (a reply, a file) whose failure a retry can fix.
+_DECODING = (json.JSONDecodeError, UnicodeDecodeError)
 
 log = get_logger(__name__)
 
@@ -51,6 +55,27 @@ def error_reply(exc: BaseException) -> Reply:
         ]
         return Reply.failure("invalid request", problems)
     return Reply.failure(describe(exc))
+
+
+def is_poison(exc: BaseException, data: bytes) -> bool:
+    """True when `exc` says the message itself is malformed (no retry can help)."""
+    if not isinstance(exc, _POISON):
+        return False
+    if isinstance(exc, _DECODING):
+        try:
+            json.loads(data)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+            return True
+        return False
+    return True
+
+
+def _is_event(subject: str) -> bool:
+    try:
+        subjects.parse_event_subject(subject)
+    except subjects.SubjectError:
+        return False
+    return True
 
 
 def describe(exc: BaseException) -> str:
@@ -117,12 +142,17 @@ class _DeadLetterMiddleware(BaseMiddleware):
             return False  # core NATS message without a reply: nothing to redeliver
         msg = self.msg
         if not msg.reply.startswith("$JS.ACK."):
+            if _is_event(msg.subject):
+                # An event seen by a core subscriber: its reply subject is the publisher's
+                # wait for JetStream's ack, which an answer from us would stand in for.
+                log.warning("event handler failed", subject=msg.subject, error=describe(exc_val))
+                return True
             # A request: the caller gets the reason instead of a timeout.
             await msg.respond(error_reply(exc_val).model_dump_json().encode())
             log.warning("request failed", subject=msg.subject, error=describe(exc_val))
             return True
         deliveries = msg.metadata.num_delivered
-        poison = isinstance(exc_val, _POISON)
+        poison = is_poison(exc_val, msg.data)
         if poison or deliveries >= self.policy.max_deliver:
             reason = describe(exc_val)
             if not poison:

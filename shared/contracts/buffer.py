@@ -22,6 +22,8 @@ DEFAULT_INLINE_LIMIT = 256 * 1024
 MIN_INLINE_LIMIT = 1024
 
 Kind = Literal["sft_set", "dpo_pairs", "grpo_groups"]
+# How a buffer reply that could not wait for `after_seq` begins: the caller may ask again.
+BEHIND = "the buffer has not caught up with the events stream"
 
 
 class BufferQuery(Request):
@@ -31,6 +33,12 @@ class BufferQuery(Request):
         DEFAULT_INLINE_LIMIT,
         ge=MIN_INLINE_LIMIT,
         description="items whose JSON is larger than this many bytes come back as an object ref",
+    )
+    after_seq: int | None = Field(
+        None,
+        ge=0,
+        description="answer only once the buffer has applied the events stream up to this "
+        "sequence (e.g. a run's run.completed), so the answer holds every rollout before it",
     )
 
 
@@ -51,6 +59,9 @@ class DpoPairsQuery(BufferQuery):
     """Best vs worst rollout of each task's group, where the score margin is at least `min_margin`."""
 
     run_ids: list[str] = Field(min_length=1)
+    rollout_ids: list[str] | None = Field(
+        None, description="only these rollouts (of the one run in run_ids) are paired"
+    )
     min_margin: float = Field(0.0, ge=0.0, le=1.0)
 
 

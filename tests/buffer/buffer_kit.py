@@ -31,9 +31,13 @@ class BufferPlatform(Platform):
         super().__init__(settings)
         self.store = store
 
-    def start_buffer(self, *, inline_bytes: int = 64 * 1024, key: str = "buffer") -> None:
+    def start_buffer(
+        self, *, inline_bytes: int = 64 * 1024, key: str = "buffer", catch_up_s: float = 10.0
+    ) -> None:
         """Start one buffer replica."""
-        serve = buffer_main.serve(self.settings, inline_bytes=inline_bytes, store=self.store)
+        serve = buffer_main.serve(
+            self.settings, inline_bytes=inline_bytes, store=self.store, catch_up_s=catch_up_s
+        )
         self.tasks[key] = asyncio.create_task(serve, name=key)
 
 

@@ -88,3 +88,14 @@ def test_queries_and_settings_are_validated_with_the_field_named() -> None:
     assert inline_bytes_from_env({INLINE_BYTES_ENV: "0"}) == 0
     with pytest.raises(RolloutError, match=f"{INLINE_BYTES_ENV}='lots'"):
         inline_bytes_from_env({INLINE_BYTES_ENV: "lots"})
+
+
+async def test_a_buffer_behind_the_asked_position_says_so_after_a_bounded_wait() -> None:
+    from rollout.services.buffer.queries import BufferQueries
+
+    async def applied() -> int:
+        return 4  # a buffer stuck at sequence 4 (nothing else is reached before the wait)
+
+    queries = BufferQueries(None, None, None, applied, catch_up_s=0.2)  # type: ignore[arg-type]
+    with pytest.raises(RolloutError, match="applied events up to sequence 4, this request needs 9"):
+        await queries.sft_set(SftSetQuery(run_id="r", after_seq=9))

@@ -20,6 +20,7 @@ from pipeline.kit import refund_env, wait_until
 from rollout.errors import RolloutError
 from rollout.services.buffer import main as buffer_main
 from rollout.shared import subjects
+from rollout.shared.bus.reader import last_sequence
 from rollout.shared.contracts.buffer import (
     DpoPairsQuery,
     GrpoGroupsQuery,
@@ -285,7 +286,7 @@ async def test_bad_queries_get_clear_errors(bare, settings) -> None:
         await ask(settings, "sft_set", SftSetQuery(run_id="nope"))
     with pytest.raises(RolloutError, match="rollout_ids: 1 unknown to the buffer: ghost"):
         await ask(settings, "sft_set", SftSetQuery(rollout_ids=["known-0-0", "ghost"]))
-    with pytest.raises(RolloutError, match="do not belong to run 'other'"):
+    with pytest.raises(RolloutError, match=r"1 id\(s\) are not rollouts of run other: known-0-0"):
         await publish_and_ask_foreign(settings)
     with pytest.raises(RolloutError, match="min_margin"):
         await _raw(settings, "dpo_pairs", {"run_ids": ["known"], "min_margin": -1})
@@ -352,3 +353,34 @@ async def test_nul_bytes_from_a_babbling_model_do_not_stall_the_buffer(
         await pool.close()
     assert await store.exists(uri)
     assert reason == "bad \ufffd reason"
+
+
+async def test_a_query_after_a_stream_position_gets_every_verdict_up_to_it(bare, settings) -> None:
+    await push_env(settings, bare, refund_env(tasks=2))
+    bare.start_buffer()
+    await wait_answering(settings, bare)
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        await publish_run(js, "fresh", refund_env(tasks=2), {0: [1.0, 0.0], 1: [1.0, 1.0]})
+        end = await last_sequence(js)
+        # Asked as soon as the run's last event is on the stream: the buffer answers once it
+        # has applied that far, so the answer has all three passing rollouts.
+        found = await ask(settings, "sft_set", SftSetQuery(run_id="fresh", after_seq=end))
+        assert found.count == 3
+    finally:
+        await nc.close()
+
+
+async def wait_answering(settings, platform) -> None:
+    """Wait until the buffer answers requests (any answer, an error included)."""
+
+    async def answering() -> bool:
+        platform.check()
+        try:
+            await ask(settings, "sft_set", SftSetQuery(run_id="nothing-yet"))
+        except RolloutError as exc:
+            return "no service answers" not in str(exc)
+        return True
+
+    await wait_until(answering, "the buffer to answer")

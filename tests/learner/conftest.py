@@ -48,9 +48,9 @@ def learner_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings
 
 @pytest.fixture
 async def platform(learner_env: Settings) -> AsyncIterator[Platform]:
-    """Registry, tracker, an actor, a verifier and a learner in this test's event loop."""
+    """Registry, tracker, an actor, a verifier, the buffer and a learner in this test's loop."""
     p = Platform(learner_env)
-    for name in ("env-registry", "tracker", "verifier", "actor", "learner"):
+    for name in ("env-registry", "tracker", "verifier", "actor", "buffer", "learner"):
         p.start(name)
     yield p
     p.check()

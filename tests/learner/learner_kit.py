@@ -26,6 +26,7 @@ SERVICES = {
     "actor": "rollout.services.actor.main",
     "verifier": "rollout.services.verifier.main",
     "learner": "rollout.services.learner.main",
+    "buffer": "rollout.services.buffer.main",
 }
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
@@ -88,6 +89,15 @@ def refund_env(tasks: int = 3, slug: str = "refunds") -> dict[str, Any]:
             for i in range(tasks)
         ],
     }
+
+
+def letters_env(tasks: int = 4) -> dict[str, Any]:
+    """The refund env scored by how many common letters the answer has: rewards vary."""
+    env = refund_env(tasks=tasks, slug="letters")
+    env["verifier"] = {
+        "primitives": [{"name": "letters", "type": "contains_terms", "terms": list("etaoinsrhl")}]
+    }
+    return env
 
 
 def refund_agent(body: dict[str, Any]) -> Reply:

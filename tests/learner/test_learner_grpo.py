@@ -5,22 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from learner_kit import job_events, refund_env, wait_for_event
+from learner_kit import job_events, letters_env, wait_for_event
 
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 
 pytestmark = pytest.mark.slow
-
-
-def letters_env() -> dict:
-    """The refund env scored by how many common letters the answer has: rewards vary."""
-    env = refund_env(tasks=4, slug="letters")
-    env["verifier"] = {
-        "primitives": [{"name": "letters", "type": "contains_terms", "terms": list("etaoinsrhl")}]
-    }
-    return env
 
 
 async def test_grpo_job_drives_actors_and_publishes_each_version(

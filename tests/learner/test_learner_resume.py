@@ -28,7 +28,7 @@ async def test_sigkill_mid_job_resumes_from_the_object_store_and_completes(
     learner_env, agent_server, tiny_model: Path, tmp_path: Path
 ) -> None:
     platform = Platform(learner_env)
-    for name in ("env-registry", "tracker", "verifier", "actor"):
+    for name in ("env-registry", "tracker", "verifier", "actor", "buffer"):
         platform.start(name)
     log = tmp_path / "learner.log"
     # A short AckWait: the dead learner's job is redelivered within seconds.

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from learner_kit import job_events, scripted_run, wait_for_event, wait_until
 
+from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -76,7 +77,12 @@ async def test_sft_job_trains_publishes_and_the_trained_name_runs(
     assert (policy.payload["model"], policy.payload["version"]) == (f"{base}:v1", 1)
 
     async def projected() -> bool:
-        row = await client.get_training_job(job["id"])
+        try:
+            row = await client.get_training_job(job["id"])
+        except RolloutError as exc:
+            if "no training job" in str(exc):
+                return False  # the tracker has not projected the job's events yet
+            raise
         return row["status"] == "completed"
 
     await wait_until(projected, "the job's read model")

@@ -1,0 +1,163 @@
+"""Training data from the buffer: SFT examples, DPO pairs and GRPO groups over request/reply.
+
+The buffer keeps every scored rollout with its trajectory (large ones in the object store)
+and builds the sets; its answer may itself be a claim check, which is fetched and verified by
+sha256 here. Every question names the stream sequence at which the run ended, so the buffer
+answers only once it holds all of that run's verdicts. A buffer that is not running is said
+so at once (no responders), and one that does not answer is given up on after a bounded wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.contracts.buffer import (
+    BEHIND,
+    SERVICE,
+    BufferData,
+    BufferQuery,
+    DpoPairsQuery,
+    GrpoGroupsQuery,
+    SftSetQuery,
+)
+from rollout.shared.contracts.requests import Reply
+from rollout.shared.objectstore import ObjectStore
+
+# Below the CLI's request timeout (30 s), so a job request gets the buffer's problem back.
+BUFFER_TIMEOUT_S = 25.0
+_START_IT = (
+    "training data comes from the buffer: start it with `rollout up` (or `rollout serve buffer`)"
+)
+
+
+class BufferUnavailable(RolloutError):
+    """The buffer could not give the data now (not running, too slow, or behind the log)."""
+
+
+@dataclass
+class TrainingSet:
+    """A buffer answer: its items, their aligned metadata, and the buffer's counts."""
+
+    items: list[dict[str, Any]]
+    meta: list[dict[str, Any]]
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+async def ask(
+    nc: Client,
+    store: ObjectStore,
+    verb: str,
+    query: BufferQuery,
+    *,
+    timeout_s: float = BUFFER_TIMEOUT_S,
+) -> TrainingSet:
+    """One buffer question; items fetched from the store (sha256-verified) when a ref comes."""
+    subject = subjects.request(SERVICE, verb)
+    try:
+        msg = await nc.request(subject, query.model_dump_json().encode(), timeout=timeout_s)
+    except nats.errors.NoRespondersError:
+        raise BufferUnavailable(
+            f"the buffer service is not running (no one answers {subject})", problems=[_START_IT]
+        ) from None
+    except nats.errors.TimeoutError:
+        raise BufferUnavailable(
+            f"the buffer service did not answer {verb} within {timeout_s:.0f}s",
+            problems=["check its health with `rollout status`", _START_IT],
+        ) from None
+    reply = Reply.model_validate_json(msg.data)
+    if not reply.ok and (reply.error or "").startswith(BEHIND):
+        # Lagging, not wrong: a job asking this is retried (from its checkpoint) later.
+        raise BufferUnavailable(reply.error or BEHIND, problems=reply.problems)
+    if not reply.ok:
+        raise RolloutError(reply.error or f"the buffer refused {verb}", problems=reply.problems)
+    data = BufferData.model_validate(reply.data)
+    items, meta = await data.load(store)
+    return TrainingSet(items=items, meta=meta, stats=dict(data.stats))
+
+
+async def sft_set(
+    nc: Client, store: ObjectStore, run_id: str, rollout_ids: list[str] | None, *, after_seq: int
+) -> TrainingSet:
+    """The run's passing rollouts (of `rollout_ids`, when given) as chat examples with tools."""
+    query = SftSetQuery(run_id=run_id, rollout_ids=rollout_ids, after_seq=after_seq)
+    return await ask(nc, store, "sft_set", query)
+
+
+async def dpo_pairs(
+    nc: Client,
+    store: ObjectStore,
+    run_id: str,
+    rollout_ids: list[str] | None,
+    *,
+    min_margin: float,
+    after_seq: int,
+) -> TrainingSet:
+    """Best-vs-worst preference pairs per task of the run."""
+    query = DpoPairsQuery(
+        run_ids=[run_id], rollout_ids=rollout_ids, min_margin=min_margin, after_seq=after_seq
+    )
+    return await ask(nc, store, "dpo_pairs", query)
+
+
+async def grpo_groups(
+    nc: Client,
+    store: ObjectStore,
+    run_id: str,
+    *,
+    current_version: int,
+    max_staleness: int,
+    after_seq: int,
+) -> TrainingSet:
+    """The run's groups with sampled tokens and rewards, none older than `max_staleness`."""
+    query = GrpoGroupsQuery(
+        run_ids=[run_id],
+        current_policy_version=current_version,
+        max_staleness=max_staleness,
+        min_group_size=2,
+        require_tokens=True,
+        after_seq=after_seq,
+    )
+    return await ask(nc, store, "grpo_groups", query)
+
+
+# --- the trainers' row shapes ----------------------------------------------------------------
+
+
+def as_rollout(messages: list[dict[str, Any]], tools: Any) -> dict[str, Any]:
+    """A buffer conversation in the shape shared.learning.data normalises (a rollout)."""
+    return {"trajectory": {"messages": messages}, "tools": tools or None}
+
+
+def sft_rows(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """SFT examples as the trainer takes them (conversations normalised, tools as JSON)."""
+    from rollout.shared.learning.data import sft_examples
+
+    return sft_examples([as_rollout(e["messages"], e.get("tools")) for e in examples])
+
+
+def dpo_rows(pairs: TrainingSet) -> list[dict[str, Any]]:
+    """DPO pairs as the trainer takes them: normalised prompt/chosen/rejected, tools, margin."""
+    from rollout.shared.learning.data import conversation, tools_json
+
+    rows = []
+    for i, (pair, meta) in enumerate(zip(pairs.items, pairs.meta, strict=True)):
+        cut = len(pair["prompt"])
+        where = f"dpo_pairs[{i}]"
+        chosen = conversation(as_rollout(pair["prompt"] + pair["chosen"], None), where=where)
+        rejected = conversation(as_rollout(pair["prompt"] + pair["rejected"], None), where=where)
+        rows.append(
+            {
+                "prompt": chosen[:cut],
+                "chosen": chosen[cut:],
+                "rejected": rejected[cut:],
+                "tools": tools_json(pair.get("tools") or None),
+                "margin": float(meta.get("margin", 0.0)),
+            }
+        )
+    return rows

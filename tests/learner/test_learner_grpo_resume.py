@@ -1,0 +1,97 @@
+"""Crash safety for online GRPO: SIGKILL the learner mid-job; a new one resumes and completes."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+from pathlib import Path
+
+from learner_kit import (
+    Platform,
+    job_events,
+    letters_env,
+    ready_client,
+    start_learner,
+    wait_for_event,
+)
+
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.learning.checkpoints import read_step_log
+
+STEPS = 6
+PLATFORM = ("env-registry", "tracker", "verifier", "actor", "buffer")
+
+
+async def policy_versions(js, model: str) -> list[int]:
+    """The versions policy.updated announced for `model`, in stream order."""
+    found = []
+    async for msg in read_events(js, subjects.aggregate_events("policy")):
+        payload = EventEnvelope.from_bytes(msg.data).payload
+        if payload["model"] == model:
+            found.append(payload["version"])
+    return found
+
+
+async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_completes(
+    learner_env, tiny_model: Path, tmp_path: Path
+) -> None:
+    platform = Platform(learner_env)
+    for name in PLATFORM:
+        platform.start(name)
+    log = tmp_path / "learner.log"
+    # A short AckWait: the dead learner's job is redelivered within seconds.
+    learner = start_learner(learner_env, log, ROLLOUT_LEARNER_ACK_WAIT_S="3")
+    client = await ready_client(learner_env, platform.check)
+    base = f"hf:{tiny_model}"
+    try:
+        await client.push_environment(letters_env())
+        job = await client.create_training_job(
+            base_model=base, method="grpo", env_slug="letters", suffix="rl",
+            hyperparams={"max_steps": STEPS, "group_size": 3, "max_staleness": 1,
+                         "tasks_per_step": 2, "max_tokens": 12, "max_tool_calls": 1,
+                         "learning_rate": 1e-3},
+        )  # fmt: skip
+        js = await client.jetstream()
+        # Version 0 is saved before any step: wait for a checkpoint of a trained version.
+        first = await wait_for_event(
+            js, job["id"], "checkpoint.saved", limit_s=180, where=lambda c: c.step >= 1
+        )
+        learner.send_signal(signal.SIGKILL)
+        assert await asyncio.to_thread(learner.wait, 30) == -signal.SIGKILL
+        before = await job_events(js, job["id"])
+        assert "job.completed" not in {e.type for e in before}, "finished before the kill"
+        reported = [e.payload["step"] for e in before if e.type == "job.progress"]
+        # The machine's copy is gone too: the checkpoint must come from the object store.
+        out_dir = learner_env.home / "learner" / "jobs" / job["id"]
+        shutil.rmtree(out_dir)
+
+        learner = start_learner(learner_env, log, ROLLOUT_LEARNER_ACK_WAIT_S="3")
+        done = await wait_for_event(js, job["id"], "job.completed", limit_s=300)
+        events = await job_events(js, job["id"])
+        versions = await policy_versions(js, f"{base}:rl")
+    finally:
+        if learner.poll() is None:
+            learner.terminate()
+            await asyncio.to_thread(learner.wait, 30)
+        await client.close()
+        for key in list(platform.tasks):
+            await platform.stop(key)
+
+    metrics = done.payload["metrics"]
+    assert metrics["steps"] == STEPS, log.read_text()[-3000:]
+    resumed = int(metrics["resumed_from_step"])
+    assert first.payload["step"] <= resumed < STEPS
+    steps = [e.payload["step"] for e in events if e.type == "job.progress"]
+    # No step is reported twice, and the steps reported before the kill stay as they were.
+    assert steps == list(range(1, STEPS + 1)), steps
+    assert steps[: len(reported)] == reported
+    saved = [e.payload["step"] for e in events if e.type == "checkpoint.saved"]
+    assert saved == sorted(set(saved)) and saved[-1] == STEPS
+    # Versions only go up, each announced once: actors never see an older policy again.
+    assert versions == list(range(STEPS + 1)), versions
+    # The resumed learner's own step log starts right after the checkpoint it resumed from.
+    logged = [entry["policy_version"] for entry in read_step_log(out_dir)]
+    assert logged == list(range(resumed + 1, STEPS + 1))
