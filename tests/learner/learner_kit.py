@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
 import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from fakes.openai_server import Reply, text_reply, tool_reply
+from fakes.openai_server import Reply, text_reply
+
+# One platform kit for every test folder; re-exported for the learner tests.
+from pipeline.kit import Platform as Platform
+from pipeline.kit import refund_agent as refund_agent
+from pipeline.kit import refund_env
+from pipeline.kit import wait_until as wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -20,75 +24,7 @@ from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.settings import Settings
 from rollout.shared.stack.supervisor import cli_command
 
-SERVICES = {
-    "env-registry": "rollout.services.env_registry.main",
-    "tracker": "rollout.services.tracker.main",
-    "actor": "rollout.services.actor.main",
-    "verifier": "rollout.services.verifier.main",
-    "learner": "rollout.services.learner.main",
-    "buffer": "rollout.services.buffer.main",
-}
 TESTS_DIR = Path(__file__).resolve().parent.parent
-
-
-class Platform:
-    """Services as tasks of the test's event loop: start and stop them by name."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-
-    def start(self, name: str, key: str | None = None) -> None:
-        """Start service `name` (under `key`, for several replicas)."""
-        serve = importlib.import_module(SERVICES[name]).serve
-        self.tasks[key or name] = asyncio.create_task(serve(self.settings), name=key or name)
-
-    async def stop(self, key: str) -> None:
-        """Cancel one service task and wait for it."""
-        task = self.tasks.pop(key)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    def check(self) -> None:
-        """Fail loudly if a service crashed."""
-        for key, task in self.tasks.items():
-            if task.done() and not task.cancelled() and task.exception():
-                raise AssertionError(f"service {key} crashed") from task.exception()
-
-
-def refund_env(tasks: int = 3, slug: str = "refunds") -> dict[str, Any]:
-    """A workflow env: refund order O-i for amount 10*i (task 0 is the test split)."""
-    return {
-        "slug": slug,
-        "name": "Refunds",
-        "template": "workflow",
-        "config": {
-            "tools": [
-                {
-                    "name": "lookup_order",
-                    "kind": "lookup",
-                    "fixturePath": "orders.${args.order_id}",
-                },
-                {
-                    "name": "refund",
-                    "kind": "action",
-                    "appendTo": "refunds",
-                    "value": {"order_id": "${args.order_id}", "amount": "${args.amount}"},
-                },
-            ],
-            "fixtures": {"orders": {f"O-{i}": {"amount": 10 * i} for i in range(tasks)}},
-            "initialMutableState": {"refunds": []},
-        },
-        "tasks": [
-            {
-                "instruction": f"Refund order O-{i} in full",
-                "hiddenGroundTruth": {"refunds": [{"order_id": f"O-{i}", "amount": 10 * i}]},
-                "split": "test" if i == 0 else "train",
-            }
-            for i in range(tasks)
-        ],
-    }
 
 
 def letters_env(tasks: int = 4) -> dict[str, Any]:
@@ -98,19 +34,6 @@ def letters_env(tasks: int = 4) -> dict[str, Any]:
         "primitives": [{"name": "letters", "type": "contains_terms", "terms": list("etaoinsrhl")}]
     }
     return env
-
-
-def refund_agent(body: dict[str, Any]) -> Reply:
-    """A scripted agent: refunds correctly unless its seed is divisible by 4 (then 1 too much)."""
-    messages = body["messages"]
-    user = next(m["content"] for m in messages if m["role"] == "user")
-    order = user.split()[2]
-    if not any(m["role"] == "tool" for m in messages):
-        index = int(order.split("-")[1])
-        wrong = (body.get("seed") or 0) % 4 == 0
-        amount = 10 * index + (1 if wrong else 0)
-        return tool_reply(("refund", {"order_id": order, "amount": amount}))
-    return text_reply("refunded")
 
 
 def hopeless_agent(body: dict[str, Any]) -> Reply:
@@ -152,16 +75,6 @@ async def wait_for_event(
         return await asyncio.wait_for(follow(), timeout=limit_s)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {event_type} of job {job_id}") from None
-
-
-async def wait_until(predicate: Any, what: str, limit_s: float = 60.0) -> None:
-    """Await an async predicate until true or the deadline passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not await predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:

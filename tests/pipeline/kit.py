@@ -18,6 +18,8 @@ SERVICES = {
     "tracker": "rollout.services.tracker.main",
     "actor": "rollout.services.actor.main",
     "verifier": "rollout.services.verifier.main",
+    "learner": "rollout.services.learner.main",
+    "buffer": "rollout.services.buffer.main",
 }
 
 
@@ -47,10 +49,10 @@ class Platform:
                 raise AssertionError(f"service {key} crashed") from task.exception()
 
 
-def refund_env(tasks: int = 3) -> dict[str, Any]:
-    """A workflow env: refund order O-i for amount 10*i."""
+def refund_env(tasks: int = 3, slug: str = "refunds") -> dict[str, Any]:
+    """A workflow env: refund order O-i for amount 10*i (task 0 is the test split)."""
     return {
-        "slug": "refunds",
+        "slug": slug,
         "name": "Refunds",
         "template": "workflow",
         "config": {
