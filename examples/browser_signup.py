@@ -31,7 +31,10 @@ PAGES = [
     browser_page("https://shop.test/welcome", title="Welcome", text="Account created."),
 ]
 
-PEOPLE = [("ana", "free"), ("ben", "pro"), ("cai", "free"), ("dev", "team"), ("eli", "pro")]
+NAMES = ["ana", "ben", "cai", "dev", "eli", "fay", "gus", "hal", "ivy", "jo", "kim"]
+PLANS = ["free", "pro", "team"]
+# 33 generated signups (every name on every plan); every fourth is a test task.
+PEOPLE = [(who, PLANS[(i + j) % 3]) for i, who in enumerate(NAMES) for j in range(3)]
 
 env = Environment(
     slug="shop-signup",
@@ -45,7 +48,7 @@ env = Environment(
                 "form": "signup",
                 "fields": {"email": f"{who}@example.com", "plan": plan},
             },
-            split="train" if i < 3 else "test",
+            split="test" if i % 4 == 3 else "train",
         )
         for i, (who, plan) in enumerate(PEOPLE)
     ],

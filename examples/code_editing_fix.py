@@ -1,5 +1,7 @@
 """Code-editing template: fix a function; hidden tests run in the bubblewrap sandbox."""
 
+import random
+
 from rollout import Environment, Task, code_editing_config
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef scale(x, k):\n    return x + k\n"
@@ -14,16 +16,18 @@ CASES = [
     ),
 ]
 
+# 24 tasks: either function, checked on generated arguments; every fourth is a test task.
+rng = random.Random(9)
 tasks = []
-for i in range(6):
+for i in range(24):
     name, template, op = CASES[i % 2]
-    a, b = i + 2, i + 3
+    a, b = rng.randint(2, 40), rng.randint(2, 40)
     result = a + b if op == "+" else a * b
     tasks.append(
         Task(
             instruction=f"`{name}` in calc.py is wrong; fix it so the tests pass.",
             hidden_ground_truth={"tests": {"test_hidden.py": template.format(a=a, b=b, r=result)}},
-            split="train" if i < 4 else "test",
+            split="test" if i % 4 == 3 else "train",
         )
     )
 

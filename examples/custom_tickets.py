@@ -2,7 +2,18 @@
 
 from rollout import Environment, Task, custom_config, custom_tool
 
-TICKETS = {f"T-{i}": {"title": f"Printer {i} jammed", "status": "open"} for i in range(1, 9)}
+COUNT = 32
+PROBLEMS = [
+    ("Printer {i} jammed", "the printer was fixed"),
+    ("VPN down on laptop {i}", "the VPN profile was reinstalled"),
+    ("Badge {i} does not open the door", "the badge was re-enabled"),
+    ("Monitor {i} flickers", "the cable was replaced"),
+]
+# T-1..T-32, problems in turn; every fourth ticket is a test task (one distribution).
+TICKETS = {
+    f"T-{i}": {"title": PROBLEMS[(i - 1) % 4][0].format(i=i), "status": "open"}
+    for i in range(1, COUNT + 1)
+}
 
 env = Environment(
     slug="ticket-desk",
@@ -34,10 +45,11 @@ env = Environment(
     ),
     tasks=[
         Task(
-            instruction=f"Close ticket T-{i}; the printer was fixed.",
+            instruction=f"Close ticket T-{i} ({TICKETS[f'T-{i}']['title']}); "
+            f"{PROBLEMS[(i - 1) % 4][1]}.",
             hidden_ground_truth={f"tickets.T-{i}.status": "closed", "closed.length": 1},
-            split="train" if i <= 6 else "test",
+            split="test" if i % 4 == 0 else "train",
         )
-        for i in range(1, 9)
+        for i in range(1, COUNT + 1)
     ],
 )

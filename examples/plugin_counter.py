@@ -2,6 +2,12 @@
 
 from rollout import Environment, Task, plugin_config
 
+PHRASINGS = [
+    "Increment the counter until it reaches {n}.",
+    "Bring the counter to {n}.",
+    "The counter should read {n}; increment it.",
+]
+
 env = Environment(
     slug="counter-plugin",
     name="Counter (plugin)",
@@ -9,11 +15,12 @@ env = Environment(
     config=plugin_config("example_plugins.counter:make_env", {"step": 1}),
     tasks=[
         Task(
-            instruction=f"Increment the counter until it reaches {n}.",
+            instruction=phrasing.format(n=n),
             input={"target": n},
             hidden_ground_truth={"value": n},
-            split="train" if n <= 5 else "test",
+            split="test" if (n + k) % 4 == 3 else "train",
         )
-        for n in range(2, 9)
+        for k, phrasing in enumerate(PHRASINGS)
+        for n in range(2, 10)
     ],
 )

@@ -1,5 +1,7 @@
 """SQL template: answer questions about a small sales database with one query."""
 
+import random
+
 from rollout import Environment, Task
 
 SCHEMA = """
@@ -22,24 +24,39 @@ SEED = "\n".join(
     ]
 )
 
-QUESTIONS = [
-    (
-        "How many customers are there per country?",
-        "SELECT country, COUNT(*) FROM customers GROUP BY country",
-    ),
-    ("List the ids of orders over 50.", "SELECT id FROM orders WHERE amount > 50"),
-    (
-        "What is the total order amount per customer name?",
-        "SELECT c.name, SUM(o.amount) FROM customers c JOIN orders o ON o.customer_id = c.id "
-        "GROUP BY c.name",
-    ),
-    ("Which customers (names) are from Japan?", "SELECT name FROM customers WHERE country = 'JP'"),
-    (
-        "How many orders were placed in March 2024?",
-        "SELECT COUNT(*) FROM orders WHERE placed_on LIKE '2024-03-%'",
-    ),
-    ("What is the largest single order amount?", "SELECT MAX(amount) FROM orders"),
-]
+NAMES = {"DE": "Germany", "FR": "France", "US": "the United States", "JP": "Japan"}
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September"]
+
+# Questions from a few templates with generated parameters; shuffled (seeded) and split every
+# fourth to test, so train and test ask the same kinds of question about other values.
+QUESTIONS = (
+    [
+        (f"How many customers are from {NAMES[c]}?",
+         f"SELECT COUNT(*) FROM customers WHERE country = '{c}'")
+        for c in COUNTRIES
+    ]
+    + [
+        (f"Which customers (names) are from {NAMES[c]}?",
+         f"SELECT name FROM customers WHERE country = '{c}'")
+        for c in COUNTRIES
+    ]
+    + [
+        (f"List the ids of orders over {x}.", f"SELECT id FROM orders WHERE amount > {x}")
+        for x in (20, 30, 40, 50, 60)
+    ]
+    + [
+        (f"How many orders were placed in {MONTHS[m - 1]} 2024?",
+         f"SELECT COUNT(*) FROM orders WHERE placed_on LIKE '2024-0{m}-%'")
+        for m in range(1, 10)
+    ]
+    + [
+        (f"What is the total order amount of customer c{i}?",
+         "SELECT SUM(o.amount) FROM orders o JOIN customers c ON o.customer_id = c.id "
+         f"WHERE c.name = 'c{i}'")
+        for i in range(1, 13)
+    ]
+)  # fmt: skip
+random.Random(3).shuffle(QUESTIONS)
 
 env = Environment(
     slug="sales-sql",
@@ -52,7 +69,7 @@ env = Environment(
         Task(
             instruction=q + " Submit the query that answers it.",
             hidden_ground_truth={"query": sql},
-            split="train" if i < 4 else "test",
+            split="test" if i % 4 == 3 else "train",
         )
         for i, (q, sql) in enumerate(QUESTIONS)
     ],

@@ -1,5 +1,7 @@
 """Workflow template, built with the SDK helpers: look up orders, refund the right amount."""
 
+import random
+
 from rollout import (
     Environment,
     Task,
@@ -11,10 +13,17 @@ from rollout import (
     workflow_config,
 )
 
-CUSTOMERS = ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo"]
+CUSTOMERS = ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo", "Iris", "Jon"]
+rng = random.Random(5)
+# 32 generated orders; every fourth is a test task: train and test from one distribution.
 ORDERS = [
-    {"id": f"O-{i}", "customer": name, "amount": 20 * i + 5, "status": "shipped"}
-    for i, name in enumerate(CUSTOMERS, start=1)
+    {
+        "id": f"O-{i}",
+        "customer": CUSTOMERS[(i * 3) % len(CUSTOMERS)],
+        "amount": 5 * rng.randint(2, 60),
+        "status": "shipped",
+    }
+    for i in range(1, 33)
 ]
 
 env = Environment(
@@ -51,7 +60,7 @@ env = Environment(
         Task(
             instruction=f"{o['customer']} wants a full refund for order {o['id']}.",
             hidden_ground_truth={"refunds": [{"order_id": o["id"], "amount": o["amount"]}]},
-            split="train" if i < 6 else "test",
+            split="test" if i % 4 == 3 else "train",
             id=o["id"],
         )
         for i, o in enumerate(ORDERS)

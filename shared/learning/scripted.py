@@ -175,9 +175,10 @@ def plan_for(spec: Any, task: Any, runtime: Any) -> Plan | None:
 
 
 async def scripted_rollouts(
-    env_files: Iterable[Path], *, split: str = "train"
+    env_files: Iterable[Path], *, split: str = "train", per_env: int | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
-    """Passing scripted rollouts of every `split` task, and per-env counts (tasks/planned/passed)."""
+    """Passing scripted rollouts of the `split` tasks (the first `per_env` planned ones of each
+    env, all when None), and per-env counts (tasks/planned/passed)."""
     from rollout.shared.agent.loop import run_episode
     from rollout.shared.envs.engine import build_runtime, score
     from rollout.shared.envs.loader import load_environments
@@ -192,6 +193,8 @@ async def scripted_rollouts(
                 if task.split != split:
                     continue
                 tally["tasks"] += 1
+                if per_env is not None and tally["planned"] >= per_env:
+                    continue  # enough demonstrations of this env: skip running (and scoring) it
                 runtime = build_runtime(spec, task)
                 try:
                     plan = plan_for(spec, task, runtime)

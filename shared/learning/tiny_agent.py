@@ -133,18 +133,11 @@ def build_tiny_agent(
 async def _demonstrations(files: list[Path]) -> tuple[list[dict], dict]:
     from rollout.shared.learning.scripted import scripted_rollouts
 
-    rollouts, counts = await scripted_rollouts(files, split="train")
-    kept: list[dict] = []
-    for rollout in rollouts:
-        if sum(1 for r in kept if r["env"] == rollout["env"]) < MAX_DEMOS_PER_ENV:
-            kept.append(rollout)
-    for slug, tally in counts.items():
-        tally["used"] = sum(1 for r in kept if r["env"] == slug)
-    return kept, counts
+    return await scripted_rollouts(files, split="train", per_env=MAX_DEMOS_PER_ENV)
 
 
 def _summary(counts: dict[str, dict[str, int]]) -> str:
-    return ", ".join(f"{slug} {c['used']}/{c['tasks']}" for slug, c in sorted(counts.items()))
+    return ", ".join(f"{slug} {c['passed']}/{c['tasks']}" for slug, c in sorted(counts.items()))
 
 
 def _digest(examples: Path, seed: int, recipe: dict[str, Any]) -> str:
