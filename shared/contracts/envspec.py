@@ -194,6 +194,9 @@ class PluginConfig(CamelModel):
 
     entrypoint: str
     options: dict[str, Any] = Field(default_factory=dict)
+    # The entrypoint's own .py files (relative path -> text), bundled by `push` when the module
+    # is the user's code rather than an installed package, so services can import it.
+    sources: dict[str, str] = Field(default_factory=dict)
 
 
 TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {

@@ -40,12 +40,29 @@ def raw_environment(env: Any) -> dict[str, Any]:
     if isinstance(env, EnvironmentSpec):
         return env.to_json_dict()
     if hasattr(env, "to_raw") and callable(env.to_raw):
-        return env.to_raw()
+        raw = env.to_raw()
+        _bundle_plugin_sources(raw)
+        return raw
     if isinstance(env, dict):
         return env
     raise RolloutError(
         f"expected an Environment, an EnvironmentSpec or a dict, got {type(env).__name__}"
     )
+
+
+def _bundle_plugin_sources(raw: dict[str, Any]) -> None:
+    # An SDK Environment of the plugin template carries its own module's source (see
+    # plugin_sources): the services that import it run elsewhere.
+    config = raw.get("config")
+    if raw.get("template") != "plugin" or not isinstance(config, dict) or "sources" in config:
+        return
+    entrypoint = config.get("entrypoint")
+    if isinstance(entrypoint, str) and ":" in entrypoint:
+        from rollout.shared.envs.plugin_sources import bundle_sources
+
+        sources = bundle_sources(entrypoint)
+        if sources:
+            config["sources"] = sources
 
 
 def as_spec(env: Any) -> EnvironmentSpec:

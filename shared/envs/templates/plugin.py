@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, PluginConfig, TaskSpec
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError, json_safe
 
@@ -51,10 +52,18 @@ def check_entrypoint(value: object) -> str:
     return value
 
 
-def resolve_entrypoint(value: object) -> Callable[..., Any]:
-    """Import the module and return the factory; every failure is a PluginError naming it."""
+def resolve_entrypoint(value: object, sources: dict[str, str] | None = None) -> Callable[..., Any]:
+    """Import the module (from its bundled sources when given) and return the factory; every
+    failure is a PluginError naming it."""
     spec = check_entrypoint(value)
     module_path, _, fn_name = spec.partition(":")
+    if sources:
+        from rollout.shared.envs.plugin_sources import materialize
+
+        try:
+            materialize(sources, module_path.split(".")[0])
+        except RolloutError as exc:
+            raise PluginError(exc.message) from None
     try:
         module = importlib.import_module(module_path)
     except ImportError as exc:
@@ -73,7 +82,7 @@ def resolve_entrypoint(value: object) -> Callable[..., Any]:
 
 def make_plugin_env(config: PluginConfig) -> Any:
     """Call the factory and check the result implements the protocol."""
-    factory = resolve_entrypoint(config.entrypoint)
+    factory = resolve_entrypoint(config.entrypoint, config.sources)
     try:
         env = factory(dict(config.options))
     except Exception as exc:

@@ -1,0 +1,128 @@
+"""A plugin env's own Python source travels with its spec, so services can import it.
+
+`rollout push` runs in the user's folder, where `example_plugins.counter` imports; the
+registry, actors and verifiers run elsewhere (other processes, other machines). When the
+entrypoint's top-level module is the user's own code (not an installed package), its `.py`
+files are bundled into `config.sources` at push time; a service materialises them once per
+content hash and imports from there. Installed packages are dependencies: they must be
+installed where the services run, like any other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import shutil
+import site
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from rollout.errors import RolloutError
+
+MAX_SOURCE_BYTES = 2 * 1024 * 1024
+MAX_SOURCE_FILES = 200
+
+
+def _installed_roots() -> list[Path]:
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    roots.add(site.getusersitepackages())
+    return [Path(r).resolve() for r in roots if r]
+
+
+def _is_installed(path: Path) -> bool:
+    return any(path.is_relative_to(root) for root in _installed_roots())
+
+
+def bundle_sources(entrypoint: str) -> dict[str, str]:
+    """The `.py` files of the entrypoint's top-level module when it is the user's own code."""
+    top = entrypoint.partition(":")[0].split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return {}  # validation names the import problem
+    if spec is None:
+        return {}
+    locations = list(spec.submodule_search_locations or [])
+    if spec.origin in (None, "namespace") and locations:
+        origin = Path(locations[0]).resolve() / "__init__.py"  # a namespace package's folder
+    elif not spec.origin or spec.origin in ("built-in", "frozen"):
+        return {}
+    else:
+        origin = Path(spec.origin).resolve()
+    if _is_installed(origin):
+        return {}
+    if locations:
+        package = origin.parent
+        files = sorted(
+            p for p in package.rglob("*.py") if "__pycache__" not in p.relative_to(package).parts
+        )
+        base = package.parent
+    else:
+        files, base = [origin], origin.parent
+    if len(files) > MAX_SOURCE_FILES:
+        raise RolloutError(
+            f"config.entrypoint: package {top!r} has {len(files)} .py files; at most "
+            f"{MAX_SOURCE_FILES} are bundled with a plugin env (install it on the services instead)"
+        )
+    sources = {p.relative_to(base).as_posix(): p.read_text(encoding="utf-8") for p in files}
+    size = sum(len(text.encode()) for text in sources.values())
+    if size > MAX_SOURCE_BYTES:
+        raise RolloutError(
+            f"config.entrypoint: package {top!r} is {size} bytes of source; at most "
+            f"{MAX_SOURCE_BYTES} are bundled with a plugin env (install it on the services instead)"
+        )
+    return sources
+
+
+def check_sources(sources: object) -> dict[str, str]:
+    """Relative `.py` paths to text, nothing that could write outside its folder."""
+    if not isinstance(sources, dict):
+        raise RolloutError(f"config.sources must be a mapping, got {type(sources).__name__}")
+    for path, text in sources.items():
+        pure = PurePosixPath(str(path))
+        if (
+            not isinstance(text, str)
+            or pure.is_absolute()
+            or ".." in pure.parts
+            or pure.suffix != ".py"
+            or "\x00" in str(path)
+        ):
+            raise RolloutError(
+                f"config.sources[{path!r}]: must be a relative .py path inside the plugin "
+                "and its text"
+            )
+    return sources
+
+
+def materialize(sources: dict[str, str], top: str) -> Path:
+    """Write the sources once per content hash and make `top` import from there."""
+    check_sources(sources)
+    digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "rollout-plugins" / digest
+    if not (folder / ".complete").exists():
+        staging = folder.with_name(f"{digest}.{id(sources)}.tmp")
+        for rel, text in sources.items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        (staging / ".complete").write_text(digest)
+        try:
+            staging.rename(folder)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)  # another process got there first
+    loaded = sys.modules.get(top)
+    where = getattr(loaded, "__file__", None)
+    if loaded is not None and (where is None or not Path(where).resolve().is_relative_to(folder)):
+        # Another version (or the pusher's own copy) was imported: this spec's code wins.
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+    if str(folder) in sys.path:
+        sys.path.remove(str(folder))
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    return folder
