@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from buffer_kit import BufferPlatform
 from fakes.openai_server import FakeOpenAI
-from pipeline.kit import refund_agent
+from pipeline.kit import refund_agent, wait_for_platform
 
 from rollout.client import AsyncClient
-from rollout.errors import RolloutError
 from rollout.shared.objectstore import LocalObjectStore
 from rollout.shared.settings import Settings
 
@@ -31,8 +29,7 @@ async def platform(settings: Settings, store: LocalObjectStore) -> AsyncIterator
         p.start(name)
     yield p
     p.check()
-    for key in list(p.tasks):
-        await p.stop(key)
+    await p.stop_all()
 
 
 @pytest.fixture
@@ -42,26 +39,14 @@ async def bare(settings: Settings, store: LocalObjectStore) -> AsyncIterator[Buf
     p.start("env-registry")
     yield p
     p.check()
-    for key in list(p.tasks):
-        await p.stop(key)
+    await p.stop_all()
 
 
 @pytest.fixture
 async def client(settings: Settings, platform: BufferPlatform) -> AsyncIterator[AsyncClient]:
     """A client of the in-process platform, once the registry and tracker answer."""
     c = AsyncClient(settings, timeout_s=20)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
-        try:
-            await c.list_environments()
-            await c.list_runs()
-            break
-        except RolloutError:
-            platform.check()
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+    await wait_for_platform(c, platform)
     yield c
     await c.close()
 

@@ -36,5 +36,4 @@ async def stack(demo_env: Settings) -> AsyncIterator[Platform]:
         platform.start(name)
     yield platform
     platform.check()
-    for name in list(platform.tasks):
-        await platform.stop(name)
+    await platform.stop_all()

@@ -54,8 +54,7 @@ async def platform(learner_env: Settings) -> AsyncIterator[Platform]:
         p.start(name)
     yield p
     p.check()
-    for key in list(p.tasks):
-        await p.stop(key)
+    await p.stop_all()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,21 @@ async def wait_for_event(
         return await asyncio.wait_for(follow(), timeout=limit_s)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {event_type} of job {job_id}") from None
+
+
+async def kill(learner: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a `rollout serve learner` child and wait until it is gone."""
+    learner.send_signal(signal.SIGKILL)
+    assert await asyncio.to_thread(learner.wait, 30) == -signal.SIGKILL
+
+
+async def shut_down(learner: subprocess.Popen[bytes], client: AsyncClient, platform: Any) -> None:
+    """End a SIGKILL test: the learner child (if still up), the client and every service."""
+    if learner.poll() is None:
+        learner.terminate()
+        await asyncio.to_thread(learner.wait, 30)
+    await client.close()
+    await platform.stop_all()
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -32,12 +32,6 @@ def messages_of(rows: list[dict]) -> list[list[dict]]:
     return [row["messages"] for row in rows]
 
 
-async def stop_all(platform: Platform) -> None:
-    """Stop every service task of the platform."""
-    for key in list(platform.tasks):
-        await platform.stop(key)
-
-
 async def test_without_the_buffer_jobs_say_so_at_once_and_nothing_hangs(
     learner_env, agent_server, tiny_model: Path, monkeypatch
 ) -> None:
@@ -71,7 +65,7 @@ async def test_without_the_buffer_jobs_say_so_at_once_and_nothing_hangs(
         assert "the buffer service is not running" in failed.payload["reason"]
     finally:
         await client.close()
-        await stop_all(platform)
+        await platform.stop_all()
 
 
 async def test_sft_rows_from_the_buffer_are_the_runs_whole_verified_trajectories(
@@ -118,4 +112,4 @@ async def test_sft_rows_from_the_buffer_are_the_runs_whole_verified_trajectories
         await store.close()
         await nc.close()
         await client.close()
-        await stop_all(platform)
+        await platform.stop_all()

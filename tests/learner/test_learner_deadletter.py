@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from pathlib import Path
 
 import nats.errors
@@ -12,8 +11,10 @@ from faststream.nats import JStream, PullSub
 from learner_kit import (
     Platform,
     job_events,
+    kill,
     ready_client,
     refund_env,
+    shut_down,
     start_learner,
     wait_for_event,
     wait_until,
@@ -141,8 +142,7 @@ async def test_job_whose_learner_is_killed_on_every_attempt_ends_failed(
         )  # fmt: skip
         js = await client.jetstream()
         await wait_for_event(js, job["id"], "checkpoint.saved", limit_s=120)
-        learner.send_signal(signal.SIGKILL)
-        assert await asyncio.to_thread(learner.wait, 30) == -signal.SIGKILL
+        await kill(learner)
 
         # The one attempt allowed ended with its replica gone: the next delivery gives up.
         learner = start_learner(learner_env, log, **limits)
@@ -153,12 +153,7 @@ async def test_job_whose_learner_is_killed_on_every_attempt_ends_failed(
         letters = [x for x in await dead_letters(js) if x.consumer == learner_main.DURABLE]
         kinds = [e.type for e in await job_events(js, job["id"])]
     finally:
-        if learner.poll() is None:
-            learner.terminate()
-            await asyncio.to_thread(learner.wait, 30)
-        await client.close()
-        for key in list(platform.tasks):
-            await platform.stop(key)
+        await shut_down(learner, client, platform)
 
     reason = failed.payload["reason"]
     assert "dead-lettered after 2 deliveries" in reason, reason

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import signal
 from pathlib import Path
 
 from learner_kit import (
     Platform,
     job_events,
+    kill,
     letters_env,
     ready_client,
+    shut_down,
     start_learner,
     wait_for_event,
 )
@@ -59,8 +59,7 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
         first = await wait_for_event(
             js, job["id"], "checkpoint.saved", limit_s=180, where=lambda c: c.step >= 1
         )
-        learner.send_signal(signal.SIGKILL)
-        assert await asyncio.to_thread(learner.wait, 30) == -signal.SIGKILL
+        await kill(learner)
         before = await job_events(js, job["id"])
         assert "job.completed" not in {e.type for e in before}, "finished before the kill"
         reported = [e.payload["step"] for e in before if e.type == "job.progress"]
@@ -73,12 +72,7 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
         events = await job_events(js, job["id"])
         versions = await policy_versions(js, f"{base}:rl")
     finally:
-        if learner.poll() is None:
-            learner.terminate()
-            await asyncio.to_thread(learner.wait, 30)
-        await client.close()
-        for key in list(platform.tasks):
-            await platform.stop(key)
+        await shut_down(learner, client, platform)
 
     metrics = done.payload["metrics"]
     assert metrics["steps"] == STEPS, log.read_text()[-3000:]

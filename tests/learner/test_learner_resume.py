@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 from learner_kit import (
     Platform,
     job_events,
+    kill,
     ready_client,
     scripted_run,
+    shut_down,
     start_learner,
     wait_for_event,
 )
@@ -43,8 +43,7 @@ async def test_sigkill_mid_job_resumes_from_the_object_store_and_completes(
         )  # fmt: skip
         js = await client.jetstream()
         first = await wait_for_event(js, job["id"], "checkpoint.saved", limit_s=180)
-        learner.send_signal(signal.SIGKILL)
-        assert await asyncio.to_thread(learner.wait, 30) == -signal.SIGKILL
+        await kill(learner)
         before = await job_events(js, job["id"])
         assert "job.completed" not in {e.type for e in before}, "finished before the kill"
         reported = max(e.payload["step"] for e in before if e.type == "job.progress")
@@ -56,12 +55,7 @@ async def test_sigkill_mid_job_resumes_from_the_object_store_and_completes(
         done = await wait_for_event(js, job["id"], "job.completed", limit_s=300)
         events = await job_events(js, job["id"])
     finally:
-        if learner.poll() is None:
-            learner.terminate()
-            await asyncio.to_thread(learner.wait, 30)
-        await client.close()
-        for key in list(platform.tasks):
-            await platform.stop(key)
+        await shut_down(learner, client, platform)
 
     metrics = done.payload["metrics"]
     assert metrics["steps"] == STEPS, log.read_text()[-3000:]

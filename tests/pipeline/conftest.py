@@ -22,8 +22,7 @@ async def platform(settings: Settings) -> AsyncIterator[Platform]:
     p.start("actor", key="actor-2")
     yield p
     p.check()
-    for key in list(p.tasks):
-        await p.stop(key)
+    await p.stop_all()
 
 
 @pytest.fixture

@@ -42,6 +42,11 @@ class Platform:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+    async def stop_all(self) -> None:
+        """Cancel every service task and wait for them."""
+        for key in list(self.tasks):
+            await self.stop(key)
+
     def check(self) -> None:
         """Fail loudly if a service crashed."""
         for key, task in self.tasks.items():

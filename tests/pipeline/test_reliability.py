@@ -108,8 +108,7 @@ async def test_sigkill_one_of_two_actors_mid_run_loses_and_doubles_nothing(
                 p.terminate()
                 p.wait(timeout=30)
         await client.close()
-        for key in list(platform.tasks):
-            await platform.stop(key)
+        await platform.stop_all()
 
 
 async def test_restarting_the_tracker_mid_run_completes_and_matches_a_rebuild(
@@ -149,8 +148,7 @@ async def test_restarting_the_tracker_mid_run_completes_and_matches_a_rebuild(
         await nc.close()
         await pool.close()
         await client.close()
-        for key in list(platform.tasks):
-            await platform.stop(key)
+        await platform.stop_all()
 
 
 async def test_a_verifier_that_raises_on_one_rollout_marks_it_errored_and_the_run_completes(
@@ -217,5 +215,4 @@ async def test_a_verifier_that_raises_on_one_rollout_marks_it_errored_and_the_ru
     finally:
         await nc.close()
         await client.close()
-        for key in list(platform.tasks):
-            await platform.stop(key)
+        await platform.stop_all()
