@@ -159,24 +159,28 @@ async def execute(
             await run_local_job(ctx, plan, history)
     except BufferUnavailable as exc:
         # Most likely a buffer restarting: retried with backoff, from the last checkpoint.
-        if deliveries >= limit:
-            reason = gave_up(deliveries, str(exc))
-            log.error("job failed", job_id=job_id, reason=reason)
-            await journal.failed(reason)
-            return
-        raise
+        if not await _failed_on_last_attempt(journal, deliveries, limit, str(exc)):
+            raise
     except RolloutError as exc:
         log.warning("job failed", job_id=job_id, reason=str(exc))
         await journal.failed(str(exc))
     except (JobCancelled, asyncio.CancelledError):
         raise  # the learner is stopping: the job comes back to a replica later
     except Exception as exc:
-        if deliveries >= limit:
-            reason = gave_up(deliveries, describe(exc))
-            log.error("job failed", job_id=job_id, reason=reason)
-            await journal.failed(reason)
-            return
-        raise  # retried with backoff by the broker's dead-letter policy
+        if not await _failed_on_last_attempt(journal, deliveries, limit, describe(exc)):
+            raise  # retried with backoff by the broker's dead-letter policy
+
+
+async def _failed_on_last_attempt(
+    journal: JobJournal, deliveries: int, limit: int, what: str
+) -> bool:
+    """On the last allowed attempt, end the job with job.failed (True); else leave it (False)."""
+    if deliveries < limit:
+        return False
+    reason = gave_up(deliveries, what)
+    log.error("job failed", job_id=journal.job_id, reason=reason)
+    await journal.failed(reason)
+    return True
 
 
 def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsBroker:

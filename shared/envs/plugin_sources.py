@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 import site
 import sys
@@ -99,13 +100,19 @@ def check_sources(sources: object) -> dict[str, str]:
     return sources
 
 
+# Top-level module name -> the folder it is imported from in this process now.
+_ACTIVE: dict[str, Path] = {}
+
+
 def materialize(sources: dict[str, str], top: str) -> Path:
     """Write the sources once per content hash and make `top` import from there."""
     check_sources(sources)
     digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / "rollout-plugins" / digest
+    if _ACTIVE.get(top) == folder and top in sys.modules:
+        return folder  # every episode of this version after the first: already importable
     if not (folder / ".complete").exists():
-        staging = folder.with_name(f"{digest}.{id(sources)}.tmp")
+        staging = folder.with_name(f"{digest}.{os.getpid()}.tmp")
         for rel, text in sources.items():
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -115,14 +122,14 @@ def materialize(sources: dict[str, str], top: str) -> Path:
             staging.rename(folder)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)  # another process got there first
-    loaded = sys.modules.get(top)
-    where = getattr(loaded, "__file__", None)
-    if loaded is not None and (where is None or not Path(where).resolve().is_relative_to(folder)):
-        # Another version (or the pusher's own copy) was imported: this spec's code wins.
-        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
-            del sys.modules[name]
-    if str(folder) in sys.path:
-        sys.path.remove(str(folder))
+    # Another version (or the pusher's own copy) may be imported: this spec's code wins.
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
+    previous = _ACTIVE.get(top)
+    for stale in {str(folder), str(previous) if previous else None} - {None}:
+        if stale in sys.path:
+            sys.path.remove(stale)
     sys.path.insert(0, str(folder))
     importlib.invalidate_caches()
+    _ACTIVE[top] = folder
     return folder

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -272,11 +271,6 @@ def register() -> None:
     from rollout.shared.models.registry import register_backend
 
     register_backend(NAME, _backend, example=NAME)
-    # Trained names (`local/tiny-agent:SUFFIX`) wrap every form registered before them; when
-    # that module was imported first, wrap this form too, whatever the import order.
-    trained = sys.modules.get("rollout.shared.models.trained")
-    if trained is not None:
-        trained.install()
 
 
 async def evaluate(

@@ -27,6 +27,9 @@ class BackendForm:
 
 
 _FORMS: list[BackendForm] = []
+# Tried on every name before the forms (trained policies: `BASE:SUFFIX` for any base's form).
+NameResolver = Callable[[str], ModelBackend | None]
+_RESOLVERS: list[NameResolver] = []
 
 
 def register_backend(
@@ -35,6 +38,18 @@ def register_backend(
     """Accept model names starting with `prefix`; a later registration wins over an earlier."""
     _FORMS[:] = [f for f in _FORMS if f.prefix != prefix]
     _FORMS.append(BackendForm(prefix, example, factory, whole_name))
+
+
+def register_resolver(resolver: NameResolver) -> None:
+    """Ask `resolver` first for every name (it returns a backend, or None to pass); it covers
+    forms registered before and after it alike."""
+    if resolver not in _RESOLVERS:
+        _RESOLVERS.append(resolver)
+
+
+def name_resolvers() -> list[NameResolver]:
+    """The resolvers asked before the forms, in registration order."""
+    return list(_RESOLVERS)
 
 
 def backend_forms() -> list[BackendForm]:
@@ -46,6 +61,10 @@ def resolve_backend(model: str) -> ModelBackend:
     """Build the backend for a model name, or raise RolloutError listing the valid forms."""
     name = (model or "").strip()
     if name:
+        for resolver in _RESOLVERS:
+            backend = resolver(name)
+            if backend is not None:
+                return backend
         for form in backend_forms():
             if name.startswith(form.prefix):
                 return form.factory(name if form.whole_name else name[len(form.prefix) :])
@@ -102,5 +121,5 @@ _vllm.register()
 # `local/tiny-agent`: the model this repo builds itself (torch is imported only on first use).
 from rollout.shared.learning import tiny_agent as _tiny_agent  # noqa: E402, F401
 
-# Trained policies (`BASE:SUFFIX`, job ids): wraps the forms above, so it comes last.
+# Trained policies (`BASE:SUFFIX`, job ids): a resolver asked before every form.
 from rollout.shared.models import trained as _trained  # noqa: E402, F401

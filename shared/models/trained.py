@@ -7,9 +7,9 @@ newest. Resolving a name reads that record, fetches the checkpoint into a local 
 `hf` backend. Records of provider fine-tunes (`openai/...`, `together/...`) resolve to the
 provider's fine-tuned model instead.
 
-`install()` makes the names resolvable through `rollout.shared.models.registry`: a trained name
-starts with its base's prefix (`hf:`, `local/tiny-agent`, `openai/`), so each existing form is
-wrapped to look for a trained policy first; job ids (`job-...`) get a form of their own.
+`install()` makes the names resolvable through `rollout.shared.models.registry`: a resolver asked
+before every form looks for a trained policy of that name (whatever its base's form, registered
+before or after); job ids (`job-...`) get a form of their own.
 """
 
 from __future__ import annotations
@@ -352,35 +352,20 @@ def apply_update(backend: Any, payload: Any) -> bool:
 # --- registration ----------------------------------------------------------------------------------
 
 
-def _wrap(form: Any) -> Callable[[str], ModelBackend]:
-    def factory(name: str) -> ModelBackend:
-        record = find_trained(name)
-        if record is not None:
-            return backend_for(record)
-        return form.factory(name if form.whole_name else name[len(form.prefix) :])
-
-    factory.trained_wrapper = True  # type: ignore[attr-defined]
-    return factory
+def resolve_trained_name(name: str) -> ModelBackend | None:
+    """A trained policy's backend for `BASE:SUFFIX`, or None (then the base's form decides)."""
+    if name.startswith(JOB_PREFIX):
+        return None  # the `job-` form resolves (and reports) job ids
+    record = find_trained(name)
+    return backend_for(record) if record is not None else None
 
 
 def install() -> None:
-    """Make trained names resolvable: wrap every registered form, add the `job-` form."""
-    from rollout.shared.models.registry import backend_forms, register_backend
+    """Make trained names resolvable: a resolver before every form, and the `job-` form."""
+    from rollout.shared.models.registry import register_backend, register_resolver
 
-    for form in backend_forms():
-        if getattr(form.factory, "trained_wrapper", False) or form.prefix == JOB_PREFIX:
-            continue
-        register_backend(form.prefix, _wrap(form), example=form.example, whole_name=True)
+    register_resolver(resolve_trained_name)
     register_backend(JOB_PREFIX, resolve_trained, example="job-3f2a9c1d0b7e4a55", whole_name=True)
 
 
-def _install_after_builtin_forms() -> None:
-    # The tiny-agent form registers on import of its module; wrap it too when it is there.
-    try:
-        import rollout.shared.learning.tiny_agent  # noqa: F401
-    except ImportError:
-        pass
-    install()
-
-
-_install_after_builtin_forms()
+install()

@@ -63,9 +63,10 @@ def test_trained_tiny_agent_names_resolve_whatever_the_import_order(order: tuple
     code = (
         "import importlib, sys\n"
         f"for name in {list(order)!r}: importlib.import_module(name)\n"
-        "from rollout.shared.models.registry import backend_forms\n"
-        "[form] = [f for f in backend_forms() if f.prefix == 'local/tiny-agent']\n"
-        "sys.exit(0 if getattr(form.factory, 'trained_wrapper', False) else 3)\n"
+        "from rollout.shared.models.registry import backend_forms, name_resolvers\n"
+        "from rollout.shared.models.trained import resolve_trained_name\n"
+        "assert any(f.prefix == 'local/tiny-agent' for f in backend_forms())\n"
+        "sys.exit(0 if resolve_trained_name in name_resolvers() else 3)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

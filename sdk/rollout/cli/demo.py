@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -274,11 +275,11 @@ async def sft_selection(client: AsyncClient, run_id: str) -> list[str]:
         (r for r in rollouts if r["passed"]),
         key=lambda r: (r["taskIndex"], -(r["score"] or 0.0), r["sampleIndex"]),
     )
+    taken: Counter[int] = Counter()
     chosen: list[str] = []
-    per_task: dict[int, int] = {}
     for r in passing:
-        if per_task.get(r["taskIndex"], 0) < SFT_PER_TASK:
-            per_task[r["taskIndex"]] = per_task.get(r["taskIndex"], 0) + 1
+        if taken[r["taskIndex"]] < SFT_PER_TASK:
+            taken[r["taskIndex"]] += 1
             chosen.append(r["rolloutId"])
     return chosen
 
