@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import structlog
@@ -210,6 +210,7 @@ def _bwrap_argv(
     workdir: Path,
     limits: SandboxLimits,
     sandbox_uid: int,
+    binds: Sequence[tuple[Path, bool]] = (),
 ) -> list[str]:
     """Assemble the bwrap command line: namespaces, mounts, then the launcher and command."""
     argv = [bwrap, "--die-with-parent", "--new-session"]
@@ -232,6 +233,8 @@ def _bwrap_argv(
         if not layout.covered(prefix):
             layout.mount("--ro-bind", prefix.resolve(), prefix)
     layout.mount("--bind", workdir, workdir)
+    for host, writable in binds:
+        layout.mount("--bind" if writable else "--ro-bind", host, host)
     # The root itself is a tmpfs owned by the sandbox user in a user namespace: freeze it so
     # /tmp (size-capped) and the work dir are the only writable places.
     argv += [*layout.args, "--remount-ro", "/"]
@@ -404,16 +407,23 @@ async def run_sandboxed(
     workdir: Path,
     limits: SandboxLimits | None = None,
     env: dict[str, str] | None = None,
+    *,
+    binds: Sequence[tuple[Path, bool]] = (),
 ) -> SandboxResult:
-    """Run command in a bubblewrap sandbox with workdir as its writable cwd."""
+    """Run command in a bubblewrap sandbox with workdir as its writable cwd.
+
+    `binds` adds host directories outside the work dir at the same path inside, each
+    read-only or (True) read-write: the code-editing verifier's private tests and report dir.
+    """
     if not command or not all(isinstance(a, str) for a in command):
         raise RolloutError("sandbox command must be a non-empty list of strings")
     limits = limits or SandboxLimits()
     workdir = _resolve_workdir(workdir)
+    binds = [(_resolve_workdir(host), bool(writable)) for host, writable in binds]
     bwrap = find_bwrap()
     await _check_usable(bwrap, workdir)
     async with _sandbox_user(workdir) as uid:
-        return await _run(bwrap, command, workdir, limits, _sandbox_env(workdir, env), uid)
+        return await _run(bwrap, command, workdir, limits, _sandbox_env(workdir, env), uid, binds)
 
 
 async def _run(
@@ -423,9 +433,10 @@ async def _run(
     limits: SandboxLimits,
     env: dict[str, str],
     uid: int,
+    binds: Sequence[tuple[Path, bool]] = (),
 ) -> SandboxResult:
     """Start bwrap, pump its output, enforce the wall and output limits, collect the result."""
-    argv = _bwrap_argv(bwrap, command, workdir, limits, uid)
+    argv = _bwrap_argv(bwrap, command, workdir, limits, uid, binds)
     started = time.monotonic()
     spawning = asyncio.ensure_future(
         asyncio.create_subprocess_exec(

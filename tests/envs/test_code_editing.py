@@ -72,7 +72,9 @@ async def test_tests_pass_uses_hidden_tests() -> None:
     cheat = "def add(a, b):\n    return 5\n"
     cheated = await run_tool_script(e, 0, [("write_file", {"path": "calc.py", "content": cheat})])
     result = await score(e, 0, cheated)
-    assert not result.passed and "tests failed" in result.primitives[0].reason
+    reason = result.primitives[0].reason
+    assert not result.passed and reason.startswith("hidden test test_hidden.py::test_more failed")
+    assert "assert 5 == 0" in reason
 
 
 async def test_sandbox_blocks_writes_outside_and_network() -> None:

@@ -2,17 +2,26 @@
 
 Tools: `list_files`, `read_file`, `write_file`, `delete_file`, and `run_tests` when the config has
 a `testCommand`. The final state is `{"files": {path: content}, "testRuns": n}`. Hidden tests
-from the task's ground truth (`tests`: path -> content) are only added by the `tests_pass`
-verifier primitive, never shown to the agent.
+from the task's ground truth (`tests`: path -> content) are only run by the `tests_pass`
+verifier primitive (`run_hidden_tests`), never shown to the agent nor placed in its work dir.
 """
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import copy
+import fnmatch
+import json
+import os
 import posixpath
+import secrets
 import shlex
+import shutil
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +104,362 @@ async def run_tests_in_sandbox(
         "stderr": _tail(result.stderr),
         "durationS": round(result.duration_s, 3),
     }
+
+
+# ---------------------------------------------------------------- hidden tests (tests_pass)
+
+TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
+MAX_REPORT_BYTES = 20_000_000
+PROBE_SOURCE = Path(__file__).with_name("_pytest_probe.py")
+
+# Runs as `python -I -c`: no cwd, PYTHONPATH or user site on sys.path, so no file of the model's
+# can stand in for pytest or the probe; the probe is registered before pytest is imported.
+_BOOTSTRAP = r"""
+import importlib.util, sys
+harness = sys.argv[1]
+spec = importlib.util.spec_from_file_location("_rollout_probe", harness + "/_rollout_probe.py")
+probe = importlib.util.module_from_spec(spec)
+sys.modules["_rollout_probe"] = probe
+spec.loader.exec_module(probe)
+import pytest
+raise SystemExit(int(pytest.main(sys.argv[2:], plugins=[probe])))
+"""
+
+
+def is_pytest_command(argv: list[str]) -> bool:
+    """True when the test command runs pytest (`pytest ...` or `python -m pytest ...`)."""
+    if not argv:
+        return False
+    if posixpath.basename(argv[0]) in ("pytest", "py.test"):
+        return True
+    return any(a == "-m" and b == "pytest" for a, b in zip(argv, argv[1:], strict=False))
+
+
+def trusted_test_files(config_files: dict[str, str], hidden: dict[str, str]) -> dict[str, str]:
+    """The tests the verifier trusts: the config's own test files as the author wrote them, then
+    the hidden ones (which win on the same path). The model's versions play no part."""
+    out = {
+        path: content
+        for path, content in config_files.items()
+        if any(fnmatch.fnmatch(posixpath.basename(path), pat) for pat in TEST_FILE_PATTERNS)
+    }
+    out.update(hidden)
+    return out
+
+
+@dataclass
+class HiddenTest:
+    """One test function found in a hidden file by parsing it (never by importing it)."""
+
+    fid: str  # path::[Class::]name, as pytest's node id without parameters
+    path: list[str]  # attribute path inside the module
+    junit: tuple[str, str]  # (classname, name) as pytest's JUnit report spells it
+
+
+def _is_test_class(node: ast.ClassDef) -> bool:
+    if node.name.startswith("Test"):
+        return not any(isinstance(n, ast.FunctionDef) and n.name == "__init__" for n in node.body)
+    names = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+    return any(n.endswith("TestCase") for n in names)
+
+
+def collect_hidden_tests(path: str, source: str) -> list[HiddenTest]:
+    """The test functions and methods of one file, from its AST (SyntaxError if it has none)."""
+    tree = ast.parse(source, filename=path)
+    module = path[:-3].replace("/", ".") if path.endswith(".py") else path.replace("/", ".")
+    found: list[HiddenTest] = []
+
+    def visit(body: list[ast.stmt], prefix: list[str]) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if node.name.startswith("test"):
+                    parts = [*prefix, node.name]
+                    found.append(
+                        HiddenTest(
+                            fid="::".join([path, *parts]),
+                            path=parts,
+                            junit=(".".join([module, *prefix]), node.name),
+                        )
+                    )
+            elif isinstance(node, ast.ClassDef) and _is_test_class(node):
+                visit(node.body, [*prefix, node.name])
+
+    visit(tree.body, [])
+    return found
+
+
+def instrument(source: str, tests: list[HiddenTest]) -> str:
+    """The source with lines appended that wrap each test to record its completion.
+
+    Appended, so line numbers in failures stay the author's; the `assert False` is compiled with
+    the module, so a module compiled without asserts is caught.
+    """
+    lines = [
+        "",
+        "# rollout: record that each hidden test's body ran to its end (added by the verifier).",
+        "import _rollout_probe as __rollout_probe__",
+    ]
+    lines += [f"__rollout_probe__.wrap(globals(), {t.path!r}, {t.fid!r})" for t in tests]
+    lines += [
+        "try:",
+        "    assert False",
+        "except AssertionError:",
+        "    pass",
+        "else:",
+        "    __rollout_probe__.asserts_compiled_out(__name__)",
+        "",
+    ]
+    return source + ("" if source.endswith("\n") else "\n") + "\n".join(lines)
+
+
+@dataclass
+class HiddenRun:
+    """The verdict of one hidden test run and the evidence behind it."""
+
+    passed: bool
+    reason: str
+    passed_ids: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    output_tail: str = ""
+
+
+def _write_tree(root: Path, files: dict[str, str], mode: int = 0o644) -> None:
+    for rel, content in files.items():
+        target = root / check_file_path(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+        target.chmod(mode)
+    for dirpath, _, _ in os.walk(root):
+        os.chmod(dirpath, 0o755)
+
+
+def _ini(workdir: Path, nonce: str) -> str:
+    # Pinned: nothing here comes from the model's files (its pytest.ini, pyproject.toml,
+    # setup.cfg, tox.ini are never read because -c names this file).
+    return (
+        "[pytest]\n"
+        f"pythonpath = {workdir}\n"
+        "addopts =\n"
+        "python_files = test_*.py *_test.py\n"
+        "python_classes = Test\n"
+        "python_functions = test\n"
+        "xfail_strict = true\n"
+        "junit_family = xunit2\n"
+        f"junit_suite_name = {nonce}\n"
+        "junit_logging = no\n"
+        "console_output_style = classic\n"
+    )
+
+
+def _read_markers(path: Path, nonce: str) -> tuple[dict[str, int], list[str]]:
+    """Completion counts per test id and tampering records from the probe's marker file."""
+    done: dict[str, int] = {}
+    tampered: list[str] = []
+    if not path.is_file():
+        return done, ["the probe's marker file is missing"]
+    with path.open(encoding="utf-8", errors="replace") as f:
+        text = f.read(MAX_REPORT_BYTES)
+    for line in text.splitlines():
+        parts = line.split("\t", 2)
+        if len(parts) != 3 or parts[0] != nonce:
+            tampered.append("the marker file holds a line the probe did not write")
+            continue
+        if parts[1] == "done":
+            done[parts[2]] = done.get(parts[2], 0) + 1
+        elif parts[1] == "tampered":
+            tampered.append(parts[2])
+    return done, tampered
+
+
+def _testcases(report: Path, nonce: str) -> list[tuple[str, str, str, str]] | str:
+    """(classname, name, outcome, message) of each test in the report, or why it is unusable."""
+    if not report.is_file():
+        return "missing"
+    if report.stat().st_size > MAX_REPORT_BYTES:
+        return f"over {MAX_REPORT_BYTES} bytes"
+    try:
+        root = ET.parse(report).getroot()
+    except ET.ParseError as exc:
+        return f"not valid XML ({exc})"
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    suites = [s for s in suites if s.get("name") == nonce]
+    if len(suites) != 1:
+        return "not written by this run (its test suite name is wrong)"
+    cases = []
+    for case in suites[0].iter("testcase"):
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "errored", "skipped": "skipped"}[child.tag]
+                message = (child.get("message") or (child.text or "")).strip()
+                break
+        cases.append((case.get("classname") or "", case.get("name") or "", outcome, message))
+    return cases
+
+
+def _judge(
+    expected: list[HiddenTest],
+    cases: list[tuple[str, str, str, str]],
+    done: dict[str, int],
+    tampered: list[str],
+) -> tuple[bool, str, list[str]]:
+    """Every expected test reported, each exactly once per parameter set, all passed, each
+    body completed, nothing tampered; anything else reported must pass too."""
+    if tampered:
+        return False, "the code under test tampered with the test run: " + tampered[0], []
+    if not cases:
+        return False, "no hidden test was collected", []
+    by_key = {t.junit: t for t in expected}
+    seen: dict[tuple[str, str, str], int] = {}
+    counts: dict[str, int] = {}
+    failed: set[str] = set()
+    problems: list[str] = []
+    for classname, name, outcome, message in cases:
+        key = (classname, name.split("[", 1)[0])
+        test = by_key.get(key)
+        label = (test.fid + name[len(key[1]) :]) if test else f"{classname}::{name}"
+        seen[(classname, name, "")] = seen.get((classname, name, ""), 0) + 1
+        if seen[(classname, name, "")] == 2:
+            problems.append(f"hidden test {label} was reported more than once")
+        if outcome != "passed":
+            why = f": {short_message(message)}" if message else ""
+            problems.append(f"hidden test {label} {outcome}{why}")
+        if test is not None:
+            counts[test.fid] = counts.get(test.fid, 0) + 1
+            if outcome != "passed":
+                failed.add(test.fid)
+    for test in expected:
+        if test.fid not in counts:
+            problems.append(f"hidden test {test.fid} did not run")
+        elif test.fid not in failed and done.get(test.fid, 0) < counts[test.fid]:
+            problems.append(
+                f"hidden test {test.fid} was reported passed but its body never finished"
+            )
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return False, problems[0] + more, []
+    return True, "", sorted(counts)
+
+
+def short_message(text: str, limit: int = 200) -> str:
+    """The first line of a failure message, capped."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+async def run_hidden_tests(
+    files: dict[str, str],
+    tests: dict[str, str],
+    *,
+    timeout_s: float = 60.0,
+    memory_mb: int = 512,
+) -> HiddenRun:
+    """Run the trusted `tests` against the model's `files` with pytest, isolated from the files.
+
+    The tests live in a private directory outside the work dir, bound read-only into the
+    sandbox; pytest runs as `python -I` with a pinned config, rootdir and plugin set (no
+    conftest, ini or plugin of the model's is read); the JUnit report and the probe's markers go
+    to a private directory with random names and are read after the run. The exit code alone
+    never passes. Raises SandboxUnavailable when bubblewrap cannot be used.
+    """
+    from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
+
+    expected: list[HiddenTest] = []
+    runnable: dict[str, str] = {}
+    for path, source in tests.items():
+        check_file_path(path)
+        if not path.endswith(".py"):
+            runnable[path] = source
+            continue
+        try:
+            found = collect_hidden_tests(path, source)
+        except SyntaxError as exc:
+            return HiddenRun(
+                False, f"hidden test file {path} does not parse: {exc.msg} (line {exc.lineno})"
+            )
+        expected += found
+        runnable[path] = instrument(source, found) if found else source
+    if not expected:
+        return HiddenRun(False, "the hidden test files define no test functions")
+    nonce = secrets.token_hex(12)
+    limits = SandboxLimits(
+        cpu_seconds=max(1, int(timeout_s)), memory_mb=memory_mb, wall_seconds=timeout_s
+    )
+    private = Path(tempfile.mkdtemp(prefix="rollout-hidden-"))
+    work = Path(tempfile.mkdtemp(prefix="rollout-code-"))
+    try:
+        tests_dir = private / f"tests-{secrets.token_hex(6)}"
+        harness = private / f"harness-{secrets.token_hex(6)}"
+        out = private / f"out-{secrets.token_hex(6)}"
+        for d in (tests_dir, harness, out):
+            d.mkdir()
+        for rel, content in files.items():
+            target = work / check_file_path(rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+        _write_tree(tests_dir, runnable)
+        report, markers = out / f"{nonce}.xml", out / f"{nonce}.markers"
+        _write_tree(
+            harness,
+            {
+                "pytest.ini": _ini(work, nonce),
+                "_rollout_probe.py": PROBE_SOURCE.read_text(encoding="utf-8"),
+                "probe.json": json.dumps({"nonce": nonce, "markers": str(markers)}),
+            },
+        )
+        # The sandbox may run as a fresh uid: it must be able to write its report here.
+        out.chmod(0o777)
+        conftest = any(posixpath.basename(p) == "conftest.py" for p in runnable)
+        test_paths = [
+            str(tests_dir / p)
+            for p in sorted(runnable)
+            if p.endswith(".py") and posixpath.basename(p) not in ("conftest.py", "__init__.py")
+        ]
+        argv = [sys.executable, "-I", "-c", _BOOTSTRAP, str(harness)]
+        argv += ["-c", str(harness / "pytest.ini"), "--rootdir", str(tests_dir)]
+        argv += ["--confcutdir", str(tests_dir), "-p", "no:cacheprovider", "-q"]
+        argv += [] if conftest else ["--noconftest"]
+        argv += ["--junitxml", str(report), *test_paths]
+        result = await run_sandboxed(
+            argv,
+            work,
+            limits,
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+            binds=[(tests_dir, False), (harness, False), (out, True)],
+        )
+        tail = _tail((result.stdout + "\n" + result.stderr).strip())
+        run = HiddenRun(
+            False, "", exit_code=result.exit_code, duration_s=result.duration_s, output_tail=tail
+        )
+        if result.timed_out:
+            run.reason = f"tests timed out after {timeout_s:g}s"
+            return run
+        if result.killed_reason:
+            run.reason = f"the test run was stopped ({result.killed_reason})"
+            return run
+        cases = _testcases(report, nonce)
+        done, tampered = _read_markers(markers, nonce)
+        if isinstance(cases, str):
+            if cases == "missing":
+                run.reason = (
+                    f"report missing: the test process exited early (code {result.exit_code})"
+                )
+            else:
+                run.reason = f"report unusable: {cases}"
+            return run
+        ok, why, passed_ids = _judge(expected, cases, done, tampered)
+        if ok and result.exit_code != 0:
+            ok, why = (
+                False,
+                f"every hidden test passed but pytest exited with code {result.exit_code}",
+            )
+        run.passed, run.passed_ids = ok, passed_ids
+        run.reason = why or f"{len(passed_ids)} hidden test(s) passed in {result.duration_s:.1f}s"
+        return run
+    finally:
+        await asyncio.to_thread(shutil.rmtree, private, True)
+        await asyncio.to_thread(shutil.rmtree, work, True)
 
 
 class CodeEditingRuntime(BaseRuntime):
