@@ -318,13 +318,20 @@ def _judge(
     for classname, name, outcome, message in cases:
         key = (classname, name.split("[", 1)[0])
         test = by_key.get(key)
-        label = (test.fid + name[len(key[1]) :]) if test else f"{classname}::{name}"
+        if test is not None:
+            label = "hidden test " + test.fid + name[len(key[1]) :]
+        elif (classname, name) == ("pytest", "internal"):
+            label = "pytest"  # an INTERNALERROR: the session itself broke
+        elif not classname:
+            label = f"collecting hidden file {name}"  # a module that failed to import
+        else:
+            label = f"hidden test {classname}::{name}"
         seen[(classname, name, "")] = seen.get((classname, name, ""), 0) + 1
         if seen[(classname, name, "")] == 2:
-            problems.append(f"hidden test {label} was reported more than once")
+            problems.append(f"{label} was reported more than once")
         if outcome != "passed":
             why = f": {short_message(message)}" if message else ""
-            problems.append(f"hidden test {label} {outcome}{why}")
+            problems.append(f"{label} {outcome}{why}")
         if test is not None:
             counts[test.fid] = counts.get(test.fid, 0) + 1
             if outcome != "passed":
