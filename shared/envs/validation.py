@@ -7,7 +7,6 @@ a list of `path: message` strings (e.g. `config.tools[1].fromArray: no fixture '
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -292,20 +291,14 @@ def _check_custom(config: CustomConfig, out: list[str]) -> None:
 
 
 def _check_sql(config: SqlConfig, out: list[str]) -> None:
-    conn = sqlite3.connect(":memory:")
+    # The same authorizer and time limit as the runtime: a schema or seed that ATTACHes a file
+    # or loads an extension is refused here, with its config path.
+    from rollout.shared.envs.templates.sql import SqlConfigError, open_database
+
     try:
-        try:
-            conn.executescript(config.schema_)
-        except sqlite3.Error as exc:
-            out.append(f"config.schema: {exc}")
-            return
-        if config.seed.strip():
-            try:
-                conn.executescript(config.seed)
-            except sqlite3.Error as exc:
-                out.append(f"config.seed: {exc}")
-    finally:
-        conn.close()
+        open_database(config).close()
+    except SqlConfigError as exc:
+        out.append(str(exc))
 
 
 def _check_code_editing(config: CodeEditingConfig, out: list[str]) -> None:
@@ -548,14 +541,14 @@ def _check_reference_query(config: SqlConfig, query: Any, where: str, out: list[
     if not isinstance(query, str) or not query.strip():
         out.append(f"{where}: must be a non-empty SQL string")
         return
-    from rollout.shared.envs.templates.sql import open_database, run_query
+    from rollout.shared.envs.templates.sql import SqlConfigError, open_database, run_query
 
     try:
         conn = open_database(config)
-    except sqlite3.Error:
+    except SqlConfigError:
         try:  # a broken seed is reported on its own; the query can still be checked
             conn = open_database(config.model_copy(update={"seed": ""}))
-        except sqlite3.Error:
+        except SqlConfigError:
             return  # reported under config.schema
     try:
         run_query(conn, query, config.query_timeout_seconds * 5, 1)

@@ -220,7 +220,7 @@ async def test_sql_result_match_multiset_and_order() -> None:
     )
     assert (await score(rows_env, 0, t)).passed
     none = await run_tool_script(env, 0, [])
-    assert "no query submitted" in (await score(env, 0, none)).primitives[0].reason
+    assert "nothing submitted" in (await score(env, 0, none)).primitives[0].reason
 
 
 # ------------------------------------------------------------------ browser

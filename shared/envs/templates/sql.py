@@ -1,11 +1,18 @@
-"""The `sql` template: an in-memory SQLite database per rollout, built from `schema` + `seed`."""
+"""The `sql` template: an in-memory SQLite database per rollout, built from `schema` + `seed`.
+
+Schema, seed, the agent's queries and the verifier's reference queries all run under one
+authorizer (no ATTACH or VACUUM INTO, no file-touching pragma, no extension loading) with a
+time limit; queries run in a worker thread, never on the event loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from typing import Any
 
+from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, SqlConfig, TaskSpec
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 
@@ -14,30 +21,130 @@ STATE_ROWS_PER_TABLE = 500
 SUBMIT_ROW_CAP = 10_000
 
 
-def _deny_files(action: int, *_: Any) -> int:
-    # ATTACH would let a query create or read files on the host; nothing else touches disk.
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
+# Pragmas that only read or set per-connection behaviour; anything else (e.g. one naming a file
+# or directory, or changing how data is written to disk) is refused.
+_ALLOWED_PRAGMAS = frozenset(
+    {
+        "table_info",
+        "table_xinfo",
+        "table_list",
+        "index_list",
+        "index_info",
+        "index_xinfo",
+        "foreign_key_list",
+        "foreign_key_check",
+        "foreign_keys",
+        "recursive_triggers",
+        "case_sensitive_like",
+        "defer_foreign_keys",
+        "integrity_check",
+        "quick_check",
+        "collation_list",
+        "function_list",
+        "user_version",
+    }
+)
+_DENIED_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"})
+# A single string or blob this large means a runaway expression (zeroblob(1e9)), not data.
+MAX_VALUE_BYTES = 10_000_000
 
 
-def open_database(config: SqlConfig) -> sqlite3.Connection:
-    """A fresh in-memory db from the config's DDL and seed (raises sqlite3.Error if they fail)."""
-    conn = sqlite3.connect(":memory:", check_same_thread=False)
-    conn.executescript(config.schema_)
-    if config.seed.strip():
-        conn.executescript(config.seed)
+class SqlConfigError(RolloutError):
+    """The config's `schema` or `seed` failed or was refused; `where` names which."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+        self.detail = message
+
+
+def quote_ident(name: str) -> str:
+    """An SQLite identifier quoted so any name (`a"b`, `drop table`) is taken literally."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _authorizer(denied: list[str]) -> Any:
+    """The one authorizer for schema, seed, queries and references: no files, no extensions."""
+
+    def check(action: int, arg1: str | None, arg2: str | None, *_: Any) -> int:
+        # ATTACH (and VACUUM INTO, which SQLite authorizes as ATTACH) would create or read
+        # files on the host; nothing else an in-memory database does touches disk.
+        if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+            denied.append("ATTACH/DETACH (and VACUUM INTO) are not allowed: no file access")
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() not in _ALLOWED_PRAGMAS:
+            denied.append(f"PRAGMA {arg1} is not allowed")
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
+            denied.append(f"{arg2}() is not allowed: no extensions or file access")
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    return check
+
+
+class GuardedConnection(sqlite3.Connection):
+    """A connection that remembers what its authorizer refused, to name it in the error."""
+
+    denied: list[str]
+
+
+def _explain(exc: Exception, denied: list[str]) -> str:
+    """The error as a person can act on it: what the authorizer refused, when it did."""
+    if denied and "not authorized" in str(exc):
+        return f"not authorized: {denied[-1]}"
+    return str(exc)
+
+
+def _with_deadline(conn: sqlite3.Connection, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+
+
+def open_database(config: SqlConfig) -> GuardedConnection:
+    """A fresh in-memory db from the config's DDL and seed, run under the query authorizer.
+
+    Raises SqlConfigError naming `config.schema` or `config.seed` when either fails, is refused
+    (ATTACH, a file-touching pragma, load_extension) or runs past its time limit.
+    """
+    conn = sqlite3.connect(":memory:", check_same_thread=False, factory=GuardedConnection)
+    denied = conn.denied = []
+    conn.set_authorizer(_authorizer(denied))
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    limit = config.query_timeout_seconds * 5
+    for where, script in (("config.schema", config.schema_), ("config.seed", config.seed)):
+        if not script.strip():
+            continue
+        denied.clear()
+        _with_deadline(conn, limit)
+        try:
+            conn.executescript(script)
+            problem = None
+        except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as exc:
+            if "interrupted" in str(exc):
+                problem = f"took longer than {limit:g}s and was stopped"
+            else:
+                problem = _explain(exc, denied)
+        conn.set_progress_handler(None, 0)
+        if problem is not None:
+            conn.close()
+            raise SqlConfigError(where, problem)
     conn.commit()
-    conn.set_authorizer(_deny_files)
     return conn
 
 
 def run_query(
     conn: sqlite3.Connection, query: str, timeout_s: float, max_rows: int
 ) -> tuple[list[str], list[list[Any]], bool]:
-    """Run one statement under a time limit; return (columns, rows, truncated)."""
-    deadline = time.monotonic() + timeout_s
-    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+    """Run one statement under a time limit; return (columns, rows, truncated).
+
+    Blocking (the progress handler stops it at the deadline): call it from a worker thread,
+    e.g. `asyncio.to_thread`, never on the event loop.
+    """
+    denied: list[str] = getattr(conn, "denied", [])
+    denied.clear()
+    _with_deadline(conn, timeout_s)
     try:
         cur = conn.execute(query)
         columns = [d[0] for d in cur.description or []]
@@ -46,9 +153,9 @@ def run_query(
     except sqlite3.OperationalError as exc:
         if "interrupted" in str(exc):
             raise ToolError(f"query took longer than {timeout_s:g}s and was stopped") from None
-        raise ToolError(f"sql error: {exc}") from None
+        raise ToolError(f"sql error: {_explain(exc, denied)}") from None
     except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as exc:
-        raise ToolError(f"sql error: {exc}") from None
+        raise ToolError(f"sql error: {_explain(exc, denied)}") from None
     finally:
         conn.set_progress_handler(None, 0)
     truncated = len(rows) > max_rows
@@ -64,7 +171,7 @@ def describe(conn: sqlite3.Connection) -> dict[str, Any]:
     ):
         cols = [
             {"name": c[1], "type": c[2], "notNull": bool(c[3]), "primaryKey": bool(c[5])}
-            for c in conn.execute(f'PRAGMA table_info("{name}")')
+            for c in conn.execute(f"PRAGMA table_info({quote_ident(name)})")
         ]
         tables.append({"name": name, "sql": sql, "columns": cols})
     return {"tables": tables}
@@ -80,6 +187,7 @@ class SqlRuntime(BaseRuntime):
         super().__init__(spec, task)
         self.config = config
         self.conn = open_database(config)
+        self._lock = asyncio.Lock()
         self.submission: dict[str, Any] | None = None
         self.add_tool(
             "describe_schema",
@@ -111,22 +219,26 @@ class SqlRuntime(BaseRuntime):
             self._submit,
         )
 
-    def _run_sql(self, args: dict[str, Any]) -> dict[str, Any]:
-        cols, rows, truncated = run_query(
-            self.conn, args["query"], self.config.query_timeout_seconds, self.config.max_rows
-        )
+    async def _query(self, query: str, max_rows: int) -> tuple[list[str], list[list[Any]], bool]:
+        # Off the event loop: a slow query holds only a worker thread until its deadline, and
+        # one statement at a time per connection.
+        async with self._lock:
+            return await asyncio.to_thread(
+                run_query, self.conn, query, self.config.query_timeout_seconds, max_rows
+            )
+
+    async def _run_sql(self, args: dict[str, Any]) -> dict[str, Any]:
+        cols, rows, truncated = await self._query(args["query"], self.config.max_rows)
         return {"columns": cols, "rows": rows, "rowCount": len(rows), "truncated": truncated}
 
-    def _submit(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _submit(self, args: dict[str, Any]) -> dict[str, Any]:
         if "query" not in args and "answer" not in args:
             raise ToolError("submit_answer needs `query` or `answer`")
         submission: dict[str, Any] = {}
         if "query" in args:
             if not isinstance(args["query"], str):
                 raise ToolError("argument 'query' must be string")
-            cols, rows, truncated = run_query(
-                self.conn, args["query"], self.config.query_timeout_seconds, SUBMIT_ROW_CAP
-            )
+            cols, rows, truncated = await self._query(args["query"], SUBMIT_ROW_CAP)
             submission.update(query=args["query"], columns=cols, rows=rows, truncated=truncated)
         if "answer" in args:
             submission["answer"] = args["answer"]
@@ -144,10 +256,11 @@ class SqlRuntime(BaseRuntime):
             )
         ]
         for name in names:
-            cur = self.conn.execute(f'SELECT * FROM "{name}" LIMIT {STATE_ROWS_PER_TABLE}')
+            table = quote_ident(name)
+            cur = self.conn.execute(f"SELECT * FROM {table} LIMIT {STATE_ROWS_PER_TABLE}")
             cols = [d[0] for d in cur.description]
             tables[name] = [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
-            counts[name] = self.conn.execute(f'SELECT COUNT(*) FROM "{name}"').fetchone()[0]
+            counts[name] = self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
         return {"submission": self.submission, "tables": tables, "rowCounts": counts}
 
     async def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -223,6 +224,7 @@ def _rows_as(rows: list[Any], columns: list[str], like: list[Any]) -> list[Any]:
 
 
 def _expected_rows(p: SqlResultMatchParams, ctx: ScoreContext) -> tuple[list[Any], str]:
+    """The reference rows (given, or from the reference query: blocking, run it in a thread)."""
     gt = ctx.ground_truth if isinstance(ctx.ground_truth, dict) else {}
     rows = p.rows if p.rows is not None else gt.get("rows")
     query = p.query or (gt.get("query") if rows is None else None)
@@ -242,16 +244,74 @@ def _expected_rows(p: SqlResultMatchParams, ctx: ScoreContext) -> tuple[list[Any
     return ref, "the reference query's rows"
 
 
+def _one_value(rows: list[Any]) -> tuple[bool, Any]:
+    """(True, value) when the rows are exactly one row of one column."""
+    if len(rows) != 1:
+        return False, None
+    row = rows[0]
+    values = list(row.values()) if isinstance(row, dict) else list(row)
+    return (True, values[0]) if len(values) == 1 else (False, None)
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().replace(",", ""))
+        except ValueError:
+            return None
+    return None
+
+
+def _literal_matches(answer: Any, expected: Any) -> bool:
+    """Numbers by value (`125` == `125.0` == `"125"`), strings trimmed, NULL as null."""
+    if expected is None:
+        return answer is None or (isinstance(answer, str) and answer.strip().upper() == "NULL")
+    if isinstance(expected, int | float) and not isinstance(expected, bool):
+        got = _as_number(answer)
+        return got is not None and math.isclose(got, float(expected), rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(expected, bytes):
+        return False
+    text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+    return text.strip() == str(expected).strip()
+
+
+def _shape(rows: list[Any]) -> str:
+    width = len(rows[0]) if rows and isinstance(rows[0], list | dict) else 0
+    return f"{len(rows)} row(s) of {width} column(s)"
+
+
 @register("sql_result_match", templates=("sql",))
-def sql_result_match(p: SqlResultMatchParams, ctx: ScoreContext) -> Outcome:
-    """The submitted query's rows equal the reference rows (as a multiset unless order matters)."""
+async def sql_result_match(p: SqlResultMatchParams, ctx: ScoreContext) -> Outcome:
+    """The submitted query's rows equal the reference rows (as a multiset unless order matters).
+
+    A literal `answer` (no query) is compared with the reference when the reference is one
+    value: numbers by value (`125` matches `125.0`), strings trimmed.
+    """
     sub = ctx.state.get("submission")
-    if not isinstance(sub, dict) or "rows" not in sub:
-        return _binary(False, "no query submitted (submit_answer with `query`)")
+    literal = isinstance(sub, dict) and "rows" not in sub and "answer" in sub
+    if not isinstance(sub, dict) or ("rows" not in sub and not literal):
+        return _binary(False, "nothing submitted (submit_answer with `query` or `answer`)")
     try:
-        expected, what = _expected_rows(p, ctx)
+        expected, what = await asyncio.to_thread(_expected_rows, p, ctx)
     except Exception as exc:  # a broken reference is the env author's bug: say so
         return _binary(False, f"reference failed: {exc}")
+    if literal:
+        single, value = _one_value(expected)
+        answer = sub.get("answer")
+        if not single:
+            return _binary(
+                False,
+                f"a literal answer can only match a one-value result, but {what} are "
+                f"{_shape(expected)}: submit the query instead",
+            )
+        ok = _literal_matches(answer, value)
+        return _binary(
+            ok, f"answer {short(answer, 80)} {'==' if ok else '!='} {short(value, 80)} ({what})"
+        )
     actual = _rows_as(sub.get("rows") or [], sub.get("columns") or [], expected)
     gt = ctx.ground_truth if isinstance(ctx.ground_truth, dict) else {}
     ordered = p.order_matters if p.order_matters is not None else bool(gt.get("orderMatters"))
