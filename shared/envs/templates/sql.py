@@ -91,7 +91,7 @@ class GuardedConnection(sqlite3.Connection):
 
 def _explain(exc: Exception, denied: list[str]) -> str:
     """The error as a person can act on it: what the authorizer refused, when it did."""
-    if denied and "not authorized" in str(exc):
+    if denied and ("not authorized" in str(exc) or "authorization denied" in str(exc)):
         return f"not authorized: {denied[-1]}"
     return str(exc)
 
