@@ -129,3 +129,80 @@ def test_validation_of_paths_and_command() -> None:
     with pytest.raises(RolloutError) as err:
         build_runtime(broken, 0)
     assert "config.files: Input should be a valid dictionary" in str(err.value)
+
+
+def hidden_env(tests: dict[str, str], command: object = None) -> Environment:
+    config = code_editing_config({"calc.py": BUGGY}, test_command=command)
+    return Environment(
+        slug="calc",
+        template="code-editing",
+        config=config,
+        tasks=[Task(instruction="fix add", hidden_ground_truth={"tests": tests})],
+    )
+
+
+async def hidden_verdict(e: Environment, content: str = FIXED) -> tuple[bool, str]:
+    t = await run_tool_script(e, 0, [("write_file", {"path": "calc.py", "content": content})])
+    result = await score(e, 0, t)
+    assert result.error is None, result
+    return result.passed, result.primitives[0].reason
+
+
+async def test_non_pytest_command_keeps_exit_code_semantics() -> None:
+    check = "from calc import add\nassert add(2, 3) == 5\n"
+    e = hidden_env({"check.py": check}, command=["python3", "check.py"])
+    ok, reason = await hidden_verdict(e)
+    assert ok and "exit code of ['python3', 'check.py']" in reason, reason
+    ok, reason = await hidden_verdict(e, BUGGY)
+    assert not ok and reason.startswith("tests failed (exit code 1)"), reason
+
+
+async def test_hidden_test_problems_are_named() -> None:
+    ok, reason = await hidden_verdict(hidden_env({"test_h.py": "def test_x(:\n"}))
+    assert not ok and reason.startswith("hidden test file test_h.py does not parse"), reason
+    ok, reason = await hidden_verdict(hidden_env({"test_h.py": "X = 1\n"}))
+    assert not ok and reason == "the hidden test files define no test functions"
+
+
+async def test_a_skipped_or_xfailed_hidden_test_is_not_a_pass() -> None:
+    skipped = "import pytest\n\n\n@pytest.mark.skip\ndef test_x():\n    pass\n"
+    ok, reason = await hidden_verdict(hidden_env({"test_h.py": skipped}))
+    assert not ok and reason.startswith("hidden test test_h.py::test_x skipped"), reason
+    xfail = "import pytest\n\n\n@pytest.mark.xfail\ndef test_x():\n    assert False\n"
+    ok, reason = await hidden_verdict(hidden_env({"test_h.py": xfail}))
+    assert not ok and reason.startswith("hidden test test_h.py::test_x skipped"), reason
+
+
+async def test_hidden_conftest_classes_unittest_and_subdirs_are_honoured() -> None:
+    tests = {
+        "tests/conftest.py": "import pytest\n\n\n@pytest.fixture\ndef two():\n    return 2\n",
+        "tests/test_fixture.py": "from calc import add\n\n\ndef test_two(two):\n"
+        "    assert add(two, two) == 4\n",
+        "tests/test_cls.py": "import unittest\n\nfrom calc import add\n\n\n"
+        "class Adds(unittest.TestCase):\n    def test_one(self):\n"
+        "        self.assertEqual(add(1, 0), 1)\n\n\n"
+        "class TestNested:\n    class TestInner:\n        @staticmethod\n"
+        "        def test_inner():\n            assert add(3, 4) == 7\n",
+    }
+    e = hidden_env(tests)
+    ok, reason = await hidden_verdict(e)
+    assert ok and reason.startswith("3 hidden test(s) passed"), reason
+    ok, reason = await hidden_verdict(e, BUGGY)
+    assert not ok and "hidden test tests/test_cls.py::TestNested::TestInner::test_inner" in reason
+
+
+def test_hidden_ids_come_from_the_ast() -> None:
+    from rollout.shared.envs.templates.code_editing import collect_hidden_tests
+
+    source = (
+        "def test_a(): pass\ndef helper(): pass\nasync def test_b(): pass\n"
+        "class TestC:\n    def test_d(self): pass\n    def other(self): pass\n"
+        "class TestWithInit:\n    def __init__(self): pass\n    def test_e(self): pass\n"
+    )
+    found = collect_hidden_tests("pkg/test_m.py", source)
+    assert [t.fid for t in found] == [
+        "pkg/test_m.py::test_a",
+        "pkg/test_m.py::test_b",
+        "pkg/test_m.py::TestC::test_d",
+    ]
+    assert found[2].junit == ("pkg.test_m.TestC", "test_d")
