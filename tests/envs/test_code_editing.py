@@ -187,8 +187,21 @@ async def test_hidden_conftest_classes_unittest_and_subdirs_are_honoured() -> No
     e = hidden_env(tests)
     ok, reason = await hidden_verdict(e)
     assert ok and reason.startswith("3 hidden test(s) passed"), reason
-    ok, reason = await hidden_verdict(e, BUGGY)
-    assert not ok and "hidden test tests/test_cls.py::TestNested::TestInner::test_inner" in reason
+    # The author's conftest is loaded; the model's (next to its code) still has no say.
+    skip_all = (
+        "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n"
+        "    for item in items:\n        item.add_marker(pytest.mark.skip('no'))\n"
+    )
+    steps = [
+        ("write_file", {"path": "conftest.py", "content": skip_all}),
+        ("write_file", {"path": "tests/conftest.py", "content": skip_all}),
+    ]
+    result = await score(e, 0, await run_tool_script(e, 0, steps))
+    reason = result.primitives[0].reason
+    assert not result.passed
+    assert reason.startswith(
+        "hidden test tests/test_cls.py::TestNested::TestInner::test_inner failed"
+    )
 
 
 def test_hidden_ids_come_from_the_ast() -> None:
