@@ -71,6 +71,11 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         problems.append(f"deadline_s: must be positive, got {cmd.deadline_s}")
     if (problem := check_model_name(cmd.model)) is not None:
         problems.append(problem)
+    # Postgres text cannot hold NUL: such a run would be appended and then never projected.
+    for field in ("name", "split", "parent_run_id", "model"):
+        value = getattr(cmd, field)
+        if isinstance(value, str) and "\x00" in value:
+            problems.append(f"{field}: must not contain NUL characters")
     try:
         subjects.token(cmd.env_slug, "environment slug")
     except subjects.SubjectError as exc:
