@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 # File names inside ROLLOUT_HOME; the stack launcher writes them, settings only read them.
 STATE_FILE = "state.json"
 CREDENTIALS_FILE = "credentials.json"
+# The operator's model endpoint allow-list (see rollout.shared.models.endpoints); the
+# ROLLOUT_MODEL_ENDPOINTS setting points elsewhere.
+MODEL_ENDPOINTS_FILE = "model_endpoints.toml"
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 # API keys (see rollout.shared.auth.keys) are NATS users named `rk_<role>_<id>`.

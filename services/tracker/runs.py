@@ -24,6 +24,7 @@ from rollout.shared.contracts.events import (
 )
 from rollout.shared.contracts.requests import CreateRun, Reply
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
+from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.models.registry import backend_forms
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.store import env_versions
@@ -49,7 +50,8 @@ def check_model_name(model: str) -> str | None:
         name == f.prefix.rstrip("/:") or (name.startswith(f.prefix) and len(name) > len(f.prefix))
         for f in backend_forms()
     ):
-        return None
+        # The operator's endpoint policy: no credential options, no endpoint nobody allowed.
+        return check_endpoint_policy(name)
     forms = ", ".join(f"{f.prefix}... (e.g. {f.example})" for f in backend_forms())
     return f"model: unknown model backend {model!r}; valid forms: {forms}"
 
@@ -69,6 +71,11 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         problems.append(f"deadline_s: must be positive, got {cmd.deadline_s}")
     if (problem := check_model_name(cmd.model)) is not None:
         problems.append(problem)
+    # Postgres text cannot hold NUL: such a run would be appended and then never projected.
+    for field in ("name", "split", "parent_run_id", "model"):
+        value = getattr(cmd, field)
+        if isinstance(value, str) and "\x00" in value:
+            problems.append(f"{field}: must not contain NUL characters")
     try:
         subjects.token(cmd.env_slug, "environment slug")
     except subjects.SubjectError as exc:

@@ -75,6 +75,13 @@ def validate_environment(env_or_spec: Any) -> list[str]:
 
     for key in ("config", "tasks", "verifier"):
         problems.extend(_non_json(raw.get(key), key))
+    for key, value in raw.items():
+        if (
+            key not in ("config", "tasks", "verifier")
+            and isinstance(value, str)
+            and "\x00" in value
+        ):
+            problems.append(f"{key}: contains a NUL character")
 
     template = raw.get("template")
     if isinstance(template, str):
@@ -126,9 +133,15 @@ def _non_json(value: Any, where: str, limit: int = 5) -> list[str]:
                 if not isinstance(k, str):
                     found.append(f"{format_path(segs)}: key {k!r} is not a string")
                     continue
+                if "\x00" in k:
+                    # Postgres text and jsonb cannot hold NUL: the spec could not be stored.
+                    found.append(f"{format_path(segs)}: key {k!r} contains a NUL character")
+                    continue
                 stack.append((v, [*segs, k]))
         elif isinstance(node, list | tuple):
             stack.extend((v, [*segs, i]) for i, v in enumerate(node))
+        elif isinstance(node, str) and "\x00" in node:
+            found.append(f"{format_path(segs)}: contains a NUL character")
         elif hasattr(node, "model_dump"):
             continue  # pydantic models (Task, specs) are dumped to JSON by the SDK
         elif not isinstance(node, _JSON_SCALARS):

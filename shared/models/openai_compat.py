@@ -6,12 +6,14 @@ Model names this module understands (see `registry.py`):
 - ``together/<model>``: ``TOGETHER_API_KEY``; ``TOGETHER_BASE_URL`` overrides
   https://api.together.xyz/v1.
 - ``openai-compatible:<base_url>#<model>`` or just ``<base_url>#<model>`` with an http(s) base
-  URL, e.g. ``http://localhost:8000/v1#Qwen/Qwen2.5-0.5B-Instruct`` for ``vllm serve``. The key,
-  if the endpoint needs one, comes from ``OPENAI_COMPATIBLE_API_KEY``. Options go in the base
-  URL's query string and are removed before the request: ``timeout`` (s), ``retries``,
-  ``concurrency``, ``logprobs=1`` (ask for token logprobs), ``token_ids=1`` (vLLM's
-  ``return_tokens_as_token_ids``, so token ids come back too), ``key_env=NAME`` (read the key
-  from another variable).
+  URL, e.g. ``http://localhost:8000/v1#Qwen/Qwen2.5-0.5B-Instruct`` for ``vllm serve``. Options
+  go in the base URL's query string and are removed before the request: ``timeout`` (s),
+  ``retries``, ``concurrency``, ``logprobs=1`` (ask for token logprobs), ``token_ids=1`` (vLLM's
+  ``return_tokens_as_token_ids``, so token ids come back too).
+
+Which endpoints may be called and which key each gets is the operator's policy
+(`rollout.shared.models.endpoints`), never the name's: a URL outside the allow-list, or an
+option naming a credential (``key_env``...), is refused before anything is sent.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
-import os
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -30,11 +32,20 @@ import structlog
 
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall, Usage
+from rollout.shared.models.endpoints import (
+    NAME_OPTIONS,
+    OPENAI_DEFAULT_BASE,
+    TOGETHER_DEFAULT_BASE,
+    Endpoint,
+    EndpointPolicy,
+    credential_options,
+    credential_refusal,
+    load_policy,
+    url_problem,
+)
 
 log = structlog.get_logger(__name__)
 
-OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
-TOGETHER_DEFAULT_BASE = "https://api.together.xyz/v1"
 ENDPOINT_PREFIX = "openai-compatible:"
 
 # 408/409/425/429 and every 5xx are worth another try; other 4xx will fail the same way again.
@@ -69,8 +80,11 @@ class OpenAICompatBackend:
         logprobs: bool = False,
         token_ids: bool = False,
         extra_headers: dict[str, str] | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:
         self.model = model
+        # The operator's entry this backend was allowed under (None: built directly by code).
+        self.endpoint = endpoint
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.key_env = key_env
@@ -139,9 +153,24 @@ class OpenAICompatBackend:
                 headers=headers,
                 timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
                 limits=limits,
+                # A redirect could point the key at another host; a 3xx is an answer, not a hop.
+                follow_redirects=False,
+                event_hooks={"request": [self._stay_on_endpoint]},
             )
             self._client_loop = loop
         return self._client
+
+    async def _stay_on_endpoint(self, request: httpx.Request) -> None:
+        # Defence in depth: whatever builds a request, it goes under the allowed base URL only.
+        base = httpx.URL(self.base_url + "/")
+        url = request.url
+        if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port) or not (
+            url.path.startswith(base.path)
+        ):
+            raise RolloutError(
+                f"{self.name}: refused to send a request to {url.scheme}://{url.host}"
+                f"{url.path}: not under the endpoint {self.base_url}"
+            )
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON body of a chat completions call for one request."""
@@ -349,38 +378,52 @@ def _error_response(message: str) -> ChatResponse:
 
 
 def openai_backend(model: str) -> OpenAICompatBackend:
-    """`openai/<model>`: OPENAI_API_KEY, and OPENAI_BASE_URL when set."""
-    return _provider_backend(
-        "openai", model, "OPENAI_API_KEY", "OPENAI_BASE_URL", OPENAI_DEFAULT_BASE
-    )
+    """`openai/<model>`: the operator's `openai` endpoint (OPENAI_API_KEY, OPENAI_BASE_URL)."""
+    return _provider_backend("openai", model)
 
 
 def together_backend(model: str) -> OpenAICompatBackend:
-    """`together/<model>`: TOGETHER_API_KEY, and TOGETHER_BASE_URL when set."""
-    return _provider_backend(
-        "together", model, "TOGETHER_API_KEY", "TOGETHER_BASE_URL", TOGETHER_DEFAULT_BASE
-    )
+    """`together/<model>`: the operator's `together` endpoint (TOGETHER_API_KEY)."""
+    return _provider_backend("together", model)
 
 
-def _provider_backend(
-    provider: str, model: str, key_env: str, base_env: str, default_base: str
-) -> OpenAICompatBackend:
+def _provider_backend(provider: str, model: str) -> OpenAICompatBackend:
     label = f"{provider}/{model}"
     if not model.strip():
         raise RolloutError(f"model '{label}': missing the model name after '{provider}/'")
-    base = os.environ.get(base_env, "").strip() or default_base
-    key = os.environ.get(key_env, "").strip() or None
-    if key is None and base.rstrip("/") == default_base:
+    endpoint = load_policy().named(provider)
+    key = endpoint.api_key()
+    default = OPENAI_DEFAULT_BASE if provider == "openai" else TOGETHER_DEFAULT_BASE
+    if key is None and endpoint.base_url == default:
+        base_env = f"{provider.upper()}_BASE_URL"
         raise RolloutError(
-            f"model '{label}' needs an API key: set {key_env} "
+            f"model '{label}' needs an API key: set {endpoint.key_source()} "
             f"(or point {base_env} at an endpoint that needs none)"
         )
-    _check_base_url(base, f"{base_env}")
-    return OpenAICompatBackend(model, base, api_key=key, key_env=key_env, label=label)
+    return OpenAICompatBackend(
+        model,
+        endpoint.base_url,
+        api_key=key,
+        key_env=endpoint.key_env,
+        label=label,
+        endpoint=endpoint,
+    )
 
 
-def endpoint_backend(spec: str) -> OpenAICompatBackend:
-    """`openai-compatible:<base_url>#<model>` or `<base_url>#<model>` (http/https)."""
+@dataclass(frozen=True)
+class EndpointName:
+    """A parsed `<base_url>#<model>` name: where it points, its options, the endpoint allowed."""
+
+    base_url: str
+    model: str
+    options: dict[str, str]
+    endpoint: Endpoint
+
+
+def parse_endpoint_name(spec: str, policy: EndpointPolicy | None = None) -> EndpointName:
+    """Parse and police `openai-compatible:<base_url>#<model>` / `<base_url>#<model>`: a name
+    that chooses a credential or names an endpoint outside the operator's list is refused."""
+    policy = load_policy() if policy is None else policy
     raw = spec[len(ENDPOINT_PREFIX) :] if spec.startswith(ENDPOINT_PREFIX) else spec
     example = "http://localhost:8000/v1#my-model"
     if "#" not in raw:
@@ -391,18 +434,30 @@ def endpoint_backend(spec: str) -> OpenAICompatBackend:
     model = model.strip()
     if not model:
         raise RolloutError(f"model '{spec}': empty model name after '#', e.g. {example}")
+    problem = url_problem(url.strip())
+    if problem:
+        raise RolloutError(f"model '{spec}': {problem}")
     parts = urlsplit(url.strip())
-    options = dict(parse_qsl(parts.query))
-    known = {"timeout", "retries", "concurrency", "logprobs", "token_ids", "key_env"}
-    unknown = sorted(set(options) - known)
+    credentials = credential_options(parts.query)
+    if credentials:
+        raise RolloutError(credential_refusal(spec, credentials, policy))
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - NAME_OPTIONS)
     if unknown:
         raise RolloutError(
             f"model '{spec}': unknown endpoint option(s) {', '.join(unknown)}; "
-            f"valid: {', '.join(sorted(known))}"
+            f"valid: {', '.join(sorted(NAME_OPTIONS))}"
         )
     base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    _check_base_url(base, f"model '{spec}'")
-    key_env = options.get("key_env", "OPENAI_COMPATIBLE_API_KEY")
+    endpoint = policy.for_url(base, f"model '{spec}'")
+    return EndpointName(base, model, options, endpoint)
+
+
+def endpoint_backend(spec: str) -> OpenAICompatBackend:
+    """`openai-compatible:<base_url>#<model>` or `<base_url>#<model>` (http/https), on an
+    endpoint the operator allowed, with the key the operator gave that endpoint."""
+    name = parse_endpoint_name(spec)
+    options = name.options
     kwargs: dict[str, Any] = {}
     try:
         if "timeout" in options:
@@ -414,33 +469,44 @@ def endpoint_backend(spec: str) -> OpenAICompatBackend:
     except ValueError as exc:
         raise RolloutError(f"model '{spec}': bad endpoint option value: {exc}") from None
     return OpenAICompatBackend(
-        model,
-        base,
-        api_key=os.environ.get(key_env, "").strip() or None,
-        key_env=key_env,
-        label=f"{base}#{model}" if not parts.query else spec,
+        name.model,
+        name.base_url,
+        api_key=name.endpoint.api_key(),
+        key_env=name.endpoint.key_env,
+        label=f"{name.base_url}#{name.model}" if not options else spec,
         logprobs=_truthy(options.get("logprobs")),
         token_ids=_truthy(options.get("token_ids")),
+        endpoint=name.endpoint,
         **kwargs,
     )
+
+
+def check_endpoint_policy(model: str) -> str | None:
+    """Why the operator's endpoint policy refuses a model name, or None (other forms pass).
+
+    Reads no key: the tracker checks names at run creation without holding any secret."""
+    name = (model or "").strip()
+    try:
+        if name.startswith(("openai/", "together/")):
+            load_policy().named(name.partition("/")[0])
+        elif name.startswith((ENDPOINT_PREFIX, "http://", "https://")):
+            parse_endpoint_name(name)
+    except RolloutError as exc:
+        return f"model: {exc}"
+    return None
 
 
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _check_base_url(url: str, where: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise RolloutError(
-            f"{where}: '{url}' is not an http(s) base URL (e.g. http://localhost:8000/v1)"
-        )
-
-
 __all__ = [
     "ENDPOINT_PREFIX",
+    "EndpointName",
     "OpenAICompatBackend",
+    "check_endpoint_policy",
     "endpoint_backend",
     "openai_backend",
+    "parse_endpoint_name",
     "together_backend",
 ]

@@ -27,8 +27,13 @@ SERVICE_ENV = [
     "ROLLOUT_NATS_URL",
     "ROLLOUT_NATS_USER",
     "ROLLOUT_NATS_PASSWORD",
-    "ROLLOUT_DATABASE_URL",
 ]
+# The only services that talk to Postgres (read models; the rollout store).
+DATABASE_SERVICES = {"tracker", "buffer"}
+# The services that run model-written code under bubblewrap.
+SANDBOX_SERVICES = {"actor", "verifier", "actor-gpu"}
+SECCOMP = ROOT / "infra" / "compose" / "sandbox-seccomp.json"
+APPARMOR = ROOT / "infra" / "compose" / "apparmor-rollout-sandbox"
 ROLLOUT_OUTPUTS = {
     "rollout_nats_url": False,
     "rollout_nats_user": False,
@@ -200,7 +205,8 @@ def test_rollout_services_share_one_image_and_settings(compose: dict[str, Any]) 
         for variable in SERVICE_ENV:
             assert env.get(variable), f"{name} lacks {variable}"
         assert env["ROLLOUT_NATS_URL"] == "nats://nats:4222"
-        assert "@postgres:5432/" in env["ROLLOUT_DATABASE_URL"]
+        if name in DATABASE_SERVICES:
+            assert "@postgres:5432/" in env["ROLLOUT_DATABASE_URL"]
         for dependency in ("nats", "postgres"):
             assert service["depends_on"][dependency]["condition"] == "service_healthy"
 
@@ -209,6 +215,7 @@ def test_secrets_must_be_given(compose: dict[str, Any]) -> None:
     """No default passwords: compose refuses to start and says which variable to set."""
     env = compose["services"]["tracker"]["environment"]
     assert env["ROLLOUT_NATS_PASSWORD"].startswith("${ROLLOUT_NATS_PASSWORD:?")
+    assert "ROLLOUT_DATABASE_URL" in env
     assert "${ROLLOUT_POSTGRES_PASSWORD:?" in env["ROLLOUT_DATABASE_URL"]
     postgres_env = compose["services"]["postgres"]["environment"]
     assert postgres_env["POSTGRES_PASSWORD"].startswith("${ROLLOUT_POSTGRES_PASSWORD:?")
@@ -236,12 +243,82 @@ def test_nats_and_postgres_are_durable_and_checked(compose: dict[str, Any]) -> N
 def test_actors_scale_and_sandboxes_can_run(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert "ROLLOUT_ACTOR_REPLICAS" in str(services["actor"]["deploy"]["replicas"])
-    for name in ("actor", "verifier", "actor-gpu"):
-        assert "seccomp=unconfined" in services[name]["security_opt"], f"{name}: bwrap needs userns"
+    for name in SANDBOX_SERVICES:
+        options = services[name]["security_opt"]
+        assert "seccomp=./infra/compose/sandbox-seccomp.json" in options, f"{name}: bwrap profile"
+        assert "apparmor=rollout-sandbox" in options, f"{name}: bwrap needs mount and userns"
     for name in ("actor", "actor-gpu"):
         env = services[name]["environment"]
         assert env["OPENAI_API_KEY"] == "${OPENAI_API_KEY:-}", "hosted-model keys pass through"
         assert set(SERVICE_ENV) <= set(env)
+        # No catch-all key that a model name could send to any URL.
+        assert "OPENAI_COMPATIBLE_API_KEY" not in env
+        assert env["ROLLOUT_MODEL_ENDPOINTS"] == "${ROLLOUT_MODEL_ENDPOINTS:-}"
+    # The tracker checks names against the same endpoint policy at run creation.
+    assert "ROLLOUT_MODEL_ENDPOINTS" in services["tracker"]["environment"]
+
+
+def test_no_credentialed_service_runs_unconfined(compose: dict[str, Any]) -> None:
+    """Every service holds the NATS password; none may drop seccomp or AppArmor."""
+    for name in [*ROLLOUT_SERVICES, *GPU_SERVICES]:
+        service = compose["services"][name]
+        options = service.get("security_opt") or []
+        assert "ROLLOUT_NATS_PASSWORD" in service["environment"]
+        assert not [o for o in options if "unconfined" in o], f"{name} runs unconfined"
+        assert "no-new-privileges:true" in options, f"{name} may gain privileges"
+        assert service.get("cap_drop") == ["ALL"], f"{name} keeps capabilities"
+        assert not service.get("privileged"), f"{name} is privileged"
+        assert not service.get("cap_add"), f"{name} adds capabilities"
+
+
+def test_only_the_database_services_hold_the_database_url(compose: dict[str, Any]) -> None:
+    for name in [*ROLLOUT_SERVICES, *GPU_SERVICES]:
+        env = compose["services"][name]["environment"]
+        holds = any(
+            "ROLLOUT_POSTGRES_PASSWORD" in str(v) or "DATABASE" in k for k, v in env.items()
+        )
+        assert holds == (name in DATABASE_SERVICES), f"{name}: database URL held={holds}"
+
+
+def test_the_sandbox_profiles_allow_bwrap_and_refuse_the_kernel_surface() -> None:
+    import json
+
+    profile = json.loads(SECCOMP.read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    denied = {
+        n
+        for rule in profile["syscalls"]
+        if rule["action"] == "SCMP_ACT_ERRNO"
+        for n in rule["names"]
+    }
+    for call in (
+        "bpf",
+        "kexec_load",
+        "init_module",
+        "finit_module",
+        "ptrace",
+        "keyctl",
+        "perf_event_open",
+        "io_uring_setup",
+        "open_by_handle_at",
+        "userfaultfd",
+    ):
+        assert call in denied, f"{call} must be refused"
+    for call in ("unshare", "clone", "clone3", "mount", "umount2", "pivot_root", "setns"):
+        assert call not in denied, f"bubblewrap needs {call}"
+    text = APPARMOR.read_text()
+    assert "profile rollout-sandbox" in text
+    rules = [line.strip() for line in text.splitlines() if not line.strip().startswith("#")]
+    for rule in (
+        "mount,",
+        "pivot_root,",
+        "userns,",
+        "deny ptrace,",
+        "deny /sys/firmware/** rwklx,",
+        "deny @{PROC}/sysrq-trigger rwklx,",
+    ):
+        assert rule in rules, rule
+    assert "deny mount," not in rules
 
 
 def test_gpu_profile_reserves_nvidia_devices(compose: dict[str, Any]) -> None:

@@ -13,7 +13,10 @@ from rollout.shared.models.registry import register_backend, resolve_backend
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # No operator endpoint file: the built-in policy (see rollout.shared.models.endpoints).
+    monkeypatch.setenv("ROLLOUT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ROLLOUT_MODEL_ENDPOINTS", raising=False)
     for name in (
         "OPENAI_API_KEY",
         "OPENAI_BASE_URL",
@@ -83,7 +86,11 @@ def test_together_without_key_is_an_error() -> None:
 
 
 def test_endpoint_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENAI_COMPATIBLE_API_KEY", "gw-key")
+    monkeypatch.setenv("GPU_BOX_KEY", "gw-key")
+    monkeypatch.setenv(
+        "ROLLOUT_MODEL_ENDPOINTS",
+        '{"endpoints": {"gpu": {"url": "http://gpu-box:8000/v1", "key_env": "GPU_BOX_KEY"}}}',
+    )
     a = resolve_backend("openai-compatible:http://gpu-box:8000/v1#Qwen/Qwen2.5-7B-Instruct")
     b = resolve_backend("http://gpu-box:8000/v1#Qwen/Qwen2.5-7B-Instruct")
     for backend in (a, b):
@@ -94,8 +101,12 @@ def test_endpoint_forms(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_endpoint_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_KEY", "k2")
+    monkeypatch.setenv(
+        "ROLLOUT_MODEL_ENDPOINTS",
+        '{"endpoints": {"gw": {"url": "https://gw.example.com", "key_env": "MY_KEY"}}}',
+    )
     backend = resolve_backend(
-        "https://gw.example.com/v1?timeout=5&retries=2&concurrency=64&token_ids=1&key_env=MY_KEY#m"
+        "https://gw.example.com/v1?timeout=5&retries=2&concurrency=64&token_ids=1#m"
     )
     assert backend.base_url == "https://gw.example.com/v1"
     assert (backend.timeout, backend.max_retries, backend.concurrency) == (5.0, 2, 64)
@@ -109,7 +120,7 @@ def test_endpoint_options(monkeypatch: pytest.MonkeyPatch) -> None:
         ("http://gpu-box:8000/v1#", "empty model name"),
         ("openai-compatible:gpu-box#m", "is not an http(s) base URL"),
         ("http://h/v1?colour=red#m", "unknown endpoint option(s) colour"),
-        ("http://h/v1?timeout=soon#m", "bad endpoint option value"),
+        ("http://localhost:8000/v1?timeout=soon#m", "bad endpoint option value"),
         ("hf:", "missing the model directory"),
         ("openai/", "missing the model name"),
     ],
