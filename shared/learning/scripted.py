@@ -142,13 +142,14 @@ def _browser_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
     return None
 
 
-# The example code-editing env's bug cannot be read off its hidden tests: its fix is written
-# down here (used for the train split's demonstrations only).
-_CALC_FIX = "def add(a, b):\n    return a + b\n\n\ndef scale(x, k):\n    return x * k\n"
-
-
 def _fix_calc_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
-    return [("write_file", {"path": "calc.py", "content": _CALC_FIX})]
+    # The bug cannot be read off the hidden tests: each task's fix is in its ground truth
+    # (`solution`: path -> fixed content), which only the verifier and this script see.
+    truth = task.hidden_ground_truth
+    solution = truth.get("solution") if isinstance(truth, dict) else None
+    if not isinstance(solution, dict) or not solution:
+        return None
+    return [("write_file", {"path": path, "content": text}) for path, text in solution.items()]
 
 
 def _counter_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
