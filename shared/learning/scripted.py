@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 
 log = structlog.get_logger(__name__)
@@ -211,6 +212,12 @@ async def scripted_rollouts(
     results = await asyncio.gather(*(score(spec, task, tr) for _, _, spec, task, tr, _ in done))
     rollouts: list[dict[str, Any]] = []
     for (slug, index, _, _, trajectory, tools), result in zip(done, results, strict=True):
+        if result.error:
+            # The verifier could not run (no sandbox): a demonstration set missing a whole env
+            # would train a different model silently, so stop with the verifier's reason.
+            raise RolloutError(
+                f"scripted demonstrations of {slug} could not be checked: {result.error}"
+            )
         if not result.passed:
             log.warning("scripted plan failed its verifier", env=slug, task=index)
             continue

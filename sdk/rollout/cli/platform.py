@@ -116,8 +116,20 @@ async def _envs(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _require_local_sandbox(client: AsyncClient, slug: str) -> None:
+    """On the local stack (its verifier runs here), refuse a code-editing run without a sandbox."""
+    from rollout.shared.envs.sandbox_check import require_sandbox
+    from rollout.shared.settings import load_settings
+
+    if load_settings().external_nats:
+        return  # the services run elsewhere; their sandbox is theirs to report
+    envs = await client.list_environments()
+    await require_sandbox({e["template"] for e in envs if e["slug"] == slug})
+
+
 async def _run_cmd(args: argparse.Namespace) -> int:
     async def go(client: AsyncClient) -> dict[str, Any]:
+        await _require_local_sandbox(client, args.slug)
         run = await client.create_run(
             args.slug,
             args.model,
