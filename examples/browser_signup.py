@@ -1,4 +1,8 @@
-"""Browser template: find the signup form on a mock site and submit it."""
+"""Browser template: find the signup form on a mock site and submit it.
+
+Train and test signups come from one family (an email on a plan) but from disjoint pools of
+people and phrasings; the plans are the form's options and so are shared.
+"""
 
 from rollout import Environment, Task, browser_config, browser_page, primitive, verifier_config
 
@@ -31,10 +35,22 @@ PAGES = [
     browser_page("https://shop.test/welcome", title="Welcome", text="Account created."),
 ]
 
-NAMES = ["ana", "ben", "cai", "dev", "eli", "fay", "gus", "hal", "ivy", "jo", "kim"]
+NAMES = {
+    "train": ["ana", "ben", "cai", "dev", "eli", "fay", "gus", "hal"],
+    "test": ["ivy", "jo", "kim"],
+}
 PLANS = ["free", "pro", "team"]
-# 33 generated signups (every name on every plan); every fourth is a test task.
-PEOPLE = [(who, PLANS[(i + j) % 3]) for i, who in enumerate(NAMES) for j in range(3)]
+PHRASING = {
+    "train": "Sign up {email} on the {plan} plan.",
+    "test": "Create a {plan} account for {email}.",
+}
+# Every person on every plan: 24 train signups, 9 test ones.
+PEOPLE = [
+    (split, f"{who}@example.com", plan)
+    for split in ("train", "test")
+    for who in NAMES[split]
+    for plan in PLANS
+]
 
 env = Environment(
     slug="shop-signup",
@@ -43,14 +59,11 @@ env = Environment(
     config=browser_config(PAGES, initial_url="https://shop.test/"),
     tasks=[
         Task(
-            instruction=f"Sign up {who}@example.com on the {plan} plan.",
-            hidden_ground_truth={
-                "form": "signup",
-                "fields": {"email": f"{who}@example.com", "plan": plan},
-            },
-            split="test" if i % 4 == 3 else "train",
+            instruction=PHRASING[split].format(email=email, plan=plan),
+            hidden_ground_truth={"form": "signup", "fields": {"email": email, "plan": plan}},
+            split=split,
         )
-        for i, (who, plan) in enumerate(PEOPLE)
+        for split, email, plan in PEOPLE
     ],
     verifier=verifier_config(
         primitive("submitted", "form_submitted", weight=2),

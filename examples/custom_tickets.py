@@ -1,19 +1,40 @@
-"""Custom template: a ticket desk whose tools template responses and mutate state."""
+"""Custom template: a ticket desk whose tools template responses and mutate state.
+
+Train and test tickets come from one family (close the named ticket with a resolution note)
+but from disjoint pools: other ticket numbers, other problems and other phrasings.
+"""
 
 from rollout import Environment, Task, custom_config, custom_tool
 
-COUNT = 32
-PROBLEMS = [
-    ("Printer {i} jammed", "the printer was fixed"),
-    ("VPN down on laptop {i}", "the VPN profile was reinstalled"),
-    ("Badge {i} does not open the door", "the badge was re-enabled"),
-    ("Monitor {i} flickers", "the cable was replaced"),
-]
-# T-1..T-32, problems in turn; every fourth ticket is a test task (one distribution).
-TICKETS = {
-    f"T-{i}": {"title": PROBLEMS[(i - 1) % 4][0].format(i=i), "status": "open"}
-    for i in range(1, COUNT + 1)
+# (title, resolution) per split: a test ticket's problem never occurs in train.
+PROBLEMS = {
+    "train": [
+        ("Printer {i} jammed", "the printer was fixed"),
+        ("VPN down on laptop {i}", "the VPN profile was reinstalled"),
+        ("Badge {i} does not open the door", "the badge was re-enabled"),
+        ("Monitor {i} flickers", "the cable was replaced"),
+    ],
+    "test": [
+        ("Projector {i} shows no picture", "its lamp got swapped"),
+        ("Headset {i} has no sound", "a new driver went in"),
+    ],
 }
+PHRASING = {
+    "train": "Close ticket {id} ({title}); {resolution}.",
+    "test": "For {id} ({title}): {resolution}, so mark that ticket closed.",
+}
+# T-101..T-124 are train tickets, T-901..T-908 test tickets.
+NUMBERS = {"train": range(101, 125), "test": range(901, 909)}
+TICKETS = [
+    {
+        "id": f"T-{i}",
+        "title": PROBLEMS[split][k % len(PROBLEMS[split])][0].format(i=i),
+        "resolution": PROBLEMS[split][k % len(PROBLEMS[split])][1],
+        "split": split,
+    }
+    for split in ("train", "test")
+    for k, i in enumerate(NUMBERS[split])
+]
 
 env = Environment(
     slug="ticket-desk",
@@ -41,15 +62,18 @@ env = Environment(
                 response={"closed": "${args.ticket_id}"},
             ),
         ],
-        initial_state={"tickets": TICKETS, "closed": []},
+        initial_state={
+            "tickets": {t["id"]: {"title": t["title"], "status": "open"} for t in TICKETS},
+            "closed": [],
+        },
     ),
     tasks=[
         Task(
-            instruction=f"Close ticket T-{i} ({TICKETS[f'T-{i}']['title']}); "
-            f"{PROBLEMS[(i - 1) % 4][1]}.",
-            hidden_ground_truth={f"tickets.T-{i}.status": "closed", "closed.length": 1},
-            split="test" if i % 4 == 0 else "train",
+            instruction=PHRASING[t["split"]].format(**t),
+            hidden_ground_truth={f"tickets.{t['id']}.status": "closed", "closed.length": 1},
+            split=t["split"],
+            id=t["id"],
         )
-        for i in range(1, COUNT + 1)
+        for t in TICKETS
     ],
 )

@@ -1,12 +1,24 @@
-"""Plugin environment: the env is Python code behind a `module:function` entrypoint."""
+"""Plugin environment: the env is Python code behind a `module:function` entrypoint.
+
+Train and test tasks ask for other targets in other words: a test target is never a train one.
+"""
 
 from rollout import Environment, Task, plugin_config
 
-PHRASINGS = [
-    "Increment the counter until it reaches {n}.",
-    "Bring the counter to {n}.",
-    "The counter should read {n}; increment it.",
-]
+PHRASINGS = {
+    "train": [
+        "Increment the counter until it reaches {n}.",
+        "Bring the counter to {n}.",
+        "The counter should read {n}; increment it.",
+        "Count up to {n}.",
+    ],
+    "test": [
+        "Make the counter show {n}.",
+        "Raise the counter to exactly {n}.",
+        "Get the counter up to {n}.",
+    ],
+}
+TARGETS = {"train": [2, 3, 5, 6, 8], "test": [4, 7]}
 
 env = Environment(
     slug="counter-plugin",
@@ -18,9 +30,10 @@ env = Environment(
             instruction=phrasing.format(n=n),
             input={"target": n},
             hidden_ground_truth={"value": n},
-            split="test" if (n + k) % 4 == 3 else "train",
+            split=split,
         )
-        for k, phrasing in enumerate(PHRASINGS)
-        for n in range(2, 10)
+        for split in ("train", "test")
+        for phrasing in PHRASINGS[split]
+        for n in TARGETS[split]
     ],
 )

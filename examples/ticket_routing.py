@@ -1,57 +1,105 @@
 """Workflow template, generated tasks: route each support ticket to the team that owns it.
 
-Train and test tickets are drawn from one distribution (seeded: the same complaints, other
-customers and combinations), so what a model learns on the train split can show on the test
-split. This is the env `rollout demo` learns on by default.
+Held out means held out: the train and test splits are drawn from one family (a customer, a
+one-sentence complaint holding a team's cue word) but from disjoint POOLS: other customers and
+other sentences, so no test instruction, customer or ticket text (nor any 6-word span of one)
+occurs in train. What carries over is the per-team cue vocabulary (`CUES`: 'invoice' and
+'refund' mean billing in either split), which is what a model has to learn from the train
+split to route a ticket it has never seen. This is the env `rollout demo` learns on by default.
 """
 
 import random
 
 from rollout import Environment, Task, action_tool, primitive, verifier_config, workflow_config
 
-COMPLAINTS = {
-    "billing": [
-        "I was charged twice this month",
-        "my invoice shows the wrong amount",
-        "please refund the extra fee",
-        "my card was billed after I cancelled",
-    ],
-    "shipping": [
-        "my parcel never arrived",
-        "the box came damaged",
-        "the tracking number does not work",
-        "my order went to the wrong address",
-    ],
-    "technical": [
-        "the app crashes when I open it",
-        "the website shows an error page",
-        "I cannot upload my photos",
-        "the sync button does nothing",
-    ],
-    "account": [
-        "I forgot my password",
-        "please change the email on my account",
-        "I want to delete my account",
-        "my login code never comes",
-    ],
+# The cue words of each team: every complaint holds one of its own team's and none of the
+# others'; tests/envs/test_heldout.py checks that each test complaint's cue also occurs in a
+# train complaint of the same team (learnable) and that nothing else is shared.
+CUES = {
+    "billing": ["invoice", "refund", "charged", "charge", "payment", "receipt", "bill", "fee"],
+    "shipping": ["parcel", "package", "tracking", "courier", "delivery", "shipment"],
+    "technical": ["app", "website", "error", "upload", "sync", "crashes", "update"],
+    "account": ["password", "login", "username", "account", "profile", "email"],
 }
-CUSTOMERS = ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo", "Iris", "Jon"]
-TEAMS = sorted(COMPLAINTS)
-COPIES = 4  # tickets per complaint: three train, one test
+COMPLAINTS = {
+    "train": {
+        "billing": [
+            "I was charged twice for my last invoice",
+            "please refund the extra fee on my bill",
+            "my card payment went through two times",
+            "the receipt shows a price I never agreed to",
+            "I cancelled but the charge still appeared",
+            "can I get a refund for the unused month",
+        ],
+        "shipping": [
+            "my parcel never arrived at my door",
+            "the package came damaged and wet",
+            "the tracking number does not show anything",
+            "the courier left my delivery at the wrong house",
+            "my shipment has been stuck for ten days",
+            "the delivery date keeps moving back every week",
+        ],
+        "technical": [
+            "the app crashes every time I open it",
+            "the website shows a blank error page",
+            "I cannot upload photos from my phone",
+            "the sync button does nothing at all",
+            "the app freezes on the loading screen",
+            "every upload stops at ninety percent",
+        ],
+        "account": [
+            "I forgot my password and cannot get in",
+            "please change the email on my profile",
+            "I want to close my account for good",
+            "my login code never comes through",
+            "someone else changed my username last night",
+            "the password reset link has expired again",
+        ],
+    },
+    "test": {
+        "billing": [
+            "why does my bill list a charge I do not recognise",
+            "the invoice total is higher than the quoted price",
+            "I need a refund because the payment was taken by mistake",
+            "a second payment left my bank yesterday",
+        ],
+        "shipping": [
+            "the courier says it was dropped off but nothing is here",
+            "my package was sent to my old street",
+            "tracking has not moved since last monday",
+            "half of the shipment is missing from the box",
+        ],
+        "technical": [
+            "after the update the app will not start",
+            "the website keeps logging an error in the console",
+            "files never sync between my two laptops",
+            "the app crashes as soon as I tap settings",
+        ],
+        "account": [
+            "my account is locked after three wrong tries",
+            "how do I change the email tied to my login",
+            "I would like a new username please",
+            "the password rules will not accept anything I type",
+        ],
+    },
+}
+CUSTOMERS = {
+    "train": ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo", "Iris", "Jon"],
+    "test": ["Kofi", "Lena", "Mateo", "Nadia", "Omar", "Priya"],
+}
+TEAMS = sorted(CUES)
+# Each train complaint is filed twice (by two customers), each test complaint once: 48 / 16.
+COPIES = {"train": 2, "test": 1}
 
 rng = random.Random(11)
-# Ticket k of complaint j of every team, teams interleaved: every team shows up early in
-# the train split, and each complaint has one held-out (test) ticket from another customer.
+# Teams interleaved: every team shows up early in the train split.
 TICKETS = [
-    {
-        "team": team,
-        "customer": rng.choice(CUSTOMERS),
-        "text": COMPLAINTS[team][j],
-        "split": "test" if k == (j % COPIES) else "train",
-    }
-    for k in range(COPIES)
-    for j in range(4)
+    {"team": team, "customer": rng.choice(CUSTOMERS[split]), "text": text, "split": split}
+    for split in ("train", "test")
+    for _ in range(COPIES[split])
+    for j in range(len(COMPLAINTS[split][TEAMS[0]]))
     for team in TEAMS
+    for text in [COMPLAINTS[split][team][j]]
 ]
 
 env = Environment(
@@ -73,6 +121,7 @@ env = Environment(
     tasks=[
         Task(
             instruction=f'Route this ticket from {t["customer"]}: "{t["text"]}."',
+            input={"customer": t["customer"], "ticket": t["text"]},
             hidden_ground_truth={"routed": [{"team": t["team"]}]},
             split=t["split"],
         )

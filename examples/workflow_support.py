@@ -1,4 +1,8 @@
-"""Workflow template, built with the SDK helpers: look up orders, refund the right amount."""
+"""Workflow template, built with the SDK helpers: look up orders, refund the right amount.
+
+Train and test orders come from one family (a customer asks for a full refund of an order) but
+from disjoint pools: other customers, order numbers, amounts and phrasings.
+"""
 
 import random
 
@@ -13,17 +17,30 @@ from rollout import (
     workflow_config,
 )
 
-CUSTOMERS = ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo", "Iris", "Jon"]
+CUSTOMERS = {
+    "train": ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo"],
+    "test": ["Ines", "Jamal", "Keiko"],
+}
+# O-1001.. train orders, O-9001.. test orders.
+FIRST_NUMBER = {"train": 1001, "test": 9001}
+COUNT = {"train": 24, "test": 8}
+PHRASING = {
+    "train": "{customer} wants a full refund for order {id}.",
+    "test": "Please give back everything paid on {id}; the customer is {customer}.",
+}
 rng = random.Random(5)
-# 32 generated orders; every fourth is a test task: train and test from one distribution.
+# Every order a different amount (multiples of 5), so no amount occurs in both splits.
+AMOUNTS = iter(5 * a for a in rng.sample(range(2, 200), COUNT["train"] + COUNT["test"]))
 ORDERS = [
     {
-        "id": f"O-{i}",
-        "customer": CUSTOMERS[(i * 3) % len(CUSTOMERS)],
-        "amount": 5 * rng.randint(2, 60),
+        "id": f"O-{FIRST_NUMBER[split] + k}",
+        "customer": CUSTOMERS[split][(k * 3) % len(CUSTOMERS[split])],
+        "amount": next(AMOUNTS),
         "status": "shipped",
+        "split": split,
     }
-    for i in range(1, 33)
+    for split in ("train", "test")
+    for k in range(COUNT[split])
 ]
 
 env = Environment(
@@ -53,17 +70,17 @@ env = Environment(
                 params_schema={"customer": "string"},
             ),
         ],
-        fixtures={"orders": ORDERS},
+        fixtures={"orders": [{k: v for k, v in o.items() if k != "split"} for o in ORDERS]},
         initial_mutable_state={"refunds": []},
     ),
     tasks=[
         Task(
-            instruction=f"{o['customer']} wants a full refund for order {o['id']}.",
+            instruction=PHRASING[o["split"]].format(**o),
             hidden_ground_truth={"refunds": [{"order_id": o["id"], "amount": o["amount"]}]},
-            split="test" if i % 4 == 3 else "train",
+            split=o["split"],
             id=o["id"],
         )
-        for i, o in enumerate(ORDERS)
+        for o in ORDERS
     ],
     verifier=verifier_config(
         primitive("looked_up", "tool_was_called", tool="get_order", weight=1),

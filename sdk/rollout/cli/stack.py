@@ -167,17 +167,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _print_status(*, as_json: bool) -> int:
+    from rollout.shared.envs.sandbox_check import check_sandbox_sync
     from rollout.shared.settings import load_settings
     from rollout.shared.stack.status import as_json as to_json
     from rollout.shared.stack.status import as_table, collect_status
 
     settings = load_settings()
     components = asyncio.run(collect_status(settings))
+    # Not a stack component (the stack runs without it), but code-editing envs need it here:
+    # its absence is said in one line, with the fix, instead of failing every such task.
+    sandbox = check_sandbox_sync()
     if as_json:
         doc = to_json(components) | {"home": str(settings.home)}
+        doc["sandbox"] = {"ok": sandbox.ok, "bwrap": sandbox.bwrap, "problem": sandbox.problem}
         print(json.dumps(doc, indent=2))
     else:
         print(as_table(components))
+        print(sandbox.line())
     healthy = all(c.healthy for c in components)
     return 0 if healthy else 1
 

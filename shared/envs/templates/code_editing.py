@@ -1,9 +1,11 @@
 """The `code-editing` template: files in memory; tests run in the bubblewrap sandbox.
 
 Tools: `list_files`, `read_file`, `write_file`, `delete_file`, and `run_tests` when the config has
-a `testCommand`. The final state is `{"files": {path: content}, "testRuns": n}`. Hidden tests
-from the task's ground truth (`tests`: path -> content) are only run by the `tests_pass`
-verifier primitive (`run_hidden_tests`), never shown to the agent nor placed in its work dir.
+a `testCommand`. The project is the config's `files` plus the task's own `input.files` (a task's
+files win), so every task can bring its own code. The final state is
+`{"files": {path: content}, "testRuns": n}`. Hidden tests from the task's ground truth (`tests`:
+path -> content) are only run by the `tests_pass` verifier primitive (`run_hidden_tests`), never
+shown to the agent nor placed in its work dir.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ def test_command(value: list[str] | str | None) -> list[str]:
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     return argv
+
+
+def task_files(task: TaskSpec) -> dict[str, str]:
+    """The task's own files (`input.files`: path -> content), added to the config's."""
+    files = (task.input or {}).get("files") or {}
+    return dict(files) if isinstance(files, dict) else {}
 
 
 def _tail(text: str) -> str:
@@ -477,7 +485,7 @@ class CodeEditingRuntime(BaseRuntime):
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: CodeEditingConfig) -> None:
         super().__init__(spec, task)
         self.config = config
-        self.files: dict[str, str] = dict(config.files)
+        self.files: dict[str, str] = {**config.files, **task_files(task)}
         self.test_runs = 0
         obj = "object"
         path_prop = {"path": {"type": "string", "description": "path relative to the project"}}

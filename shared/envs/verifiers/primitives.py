@@ -334,7 +334,8 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
     """The trusted tests pass on the final files, run in the sandbox, judged by their own results.
 
     With a pytest command (the default), the trusted tests (the hidden ones from the ground
-    truth `tests` or params.files, plus the config's own test files as the author wrote them)
+    truth `tests` or params.files, plus the config's and the task's own test files as the author
+    wrote them)
     run from a private read-only directory, never the work dir, under `python -I` with a pinned
     config, rootdir and plugin set, so none of the model's files (conftest.py, pytest.ini,
     pyproject.toml, setup.cfg, tox.ini, pytest.py, sitecustomize.py, .pth) has a say. It passes
@@ -355,6 +356,7 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
         is_pytest_command,
         run_hidden_tests,
         run_tests_in_sandbox,
+        task_files,
         test_command,
         trusted_test_files,
     )
@@ -370,7 +372,7 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
     command = p.command or gt.get("testCommand") or config.test_command
     try:
         if is_pytest_command(test_command(command)):
-            trusted = trusted_test_files(config.files, overlay)
+            trusted = trusted_test_files({**config.files, **task_files(ctx.task)}, overlay)
             run = await run_hidden_tests(
                 files,
                 trusted,

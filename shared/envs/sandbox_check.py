@@ -1,0 +1,79 @@
+"""Can a sandbox run here? One probe, answered as one plain line with the fix.
+
+`rollout up`, `rollout status`, `rollout test` and the scripted demonstrations ask this before
+they depend on the sandbox, so a machine without a usable bubblewrap is told so in one line
+instead of code-editing tasks failing their verifier one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollout.errors import RolloutError
+from rollout.shared.envs.sandbox import (
+    SANDBOX_FIX,
+    SandboxLimits,
+    SandboxUnavailable,
+    find_bwrap,
+    run_sandboxed,
+)
+
+# Templates whose tools or verifier run code in the sandbox.
+SANDBOXED_TEMPLATES = frozenset({"code-editing"})
+
+
+@dataclass(frozen=True)
+class SandboxCheck:
+    """The outcome of one probe: which bwrap, and the one-line problem when none can run."""
+
+    bwrap: str | None
+    problem: str | None
+
+    @property
+    def ok(self) -> bool:
+        """True when a sandboxed command ran."""
+        return self.problem is None
+
+    def line(self) -> str:
+        """`sandbox: ok (bwrap at ...)` or the problem with its fix, on one line."""
+        return f"sandbox: ok (bwrap at {self.bwrap})" if self.ok else str(self.problem)
+
+
+def one_line(message: str) -> str:
+    """The message on one line, naming the fix (added when the message has none)."""
+    text = " ".join(message.split())
+    if not text.startswith("no sandbox"):
+        text = f"no sandbox: {text}"
+    return text if "fix:" in text else f"{text} ({SANDBOX_FIX})"
+
+
+async def check_sandbox() -> SandboxCheck:
+    """Run `true` in the sandbox once; the bwrap used, or why nothing can run."""
+    bwrap = None
+    try:
+        bwrap = find_bwrap()
+        with tempfile.TemporaryDirectory(prefix="rollout-sandbox-check-") as tmp:
+            result = await run_sandboxed(["true"], Path(tmp), SandboxLimits(wall_seconds=30))
+    except SandboxUnavailable as exc:
+        return SandboxCheck(bwrap, one_line(exc.message))
+    if result.exit_code != 0:
+        why = result.killed_reason or result.stderr.strip() or f"exit code {result.exit_code}"
+        return SandboxCheck(bwrap, one_line(f"a sandboxed `true` failed ({why})"))
+    return SandboxCheck(bwrap, None)
+
+
+def check_sandbox_sync() -> SandboxCheck:
+    """check_sandbox for code without an event loop."""
+    return asyncio.run(check_sandbox())
+
+
+async def require_sandbox(templates: set[str]) -> None:
+    """RolloutError with the one-line problem when any of `templates` needs a missing sandbox."""
+    if not templates & SANDBOXED_TEMPLATES:
+        return
+    check = await check_sandbox()
+    if not check.ok:
+        raise RolloutError(check.line())

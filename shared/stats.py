@@ -1,0 +1,48 @@
+"""Confidence intervals for pass rates: Wilson for one proportion, Newcombe for a difference.
+
+A pass rate measured on a few dozen tasks moves by several points from luck alone; these
+intervals say how much. Both are the score-interval methods recommended over the Wald interval
+for small samples and rates near 0 or 1 (Newcombe, Statistics in Medicine 1998, methods 3
+and 10).
+"""
+
+from __future__ import annotations
+
+import math
+
+Z95 = 1.959963984540054
+"""The two-sided 95% standard normal quantile."""
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of `successes` out of `n` (0..1 when n is 0: nothing known)."""
+    if n < 0 or not 0 <= successes <= max(n, 0):
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    denominator = 1 + z2 / n
+    return max(0.0, (centre - spread) / denominator), min(1.0, (centre + spread) / denominator)
+
+
+def newcombe_interval(
+    base_successes: int, base_n: int, other_successes: int, other_n: int, z: float = Z95
+) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of other rate - base rate (independent samples)."""
+    p1 = base_successes / base_n if base_n else 0.0
+    p2 = other_successes / other_n if other_n else 0.0
+    l1, u1 = wilson_interval(base_successes, base_n, z)
+    l2, u2 = wilson_interval(other_successes, other_n, z)
+    d = p2 - p1
+    lower = d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2)
+    upper = d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
+    return max(-1.0, lower), min(1.0, upper)
+
+
+def format_interval(interval: tuple[float, float], *, signed: bool = False) -> str:
+    """`[41%, 63%]` (or `[+3%, +28%]` for a difference)."""
+    spec = "+.0%" if signed else ".0%"
+    return f"[{interval[0]:{spec}}, {interval[1]:{spec}}]"
