@@ -21,12 +21,14 @@ glibc falls back to ``clone``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -629,3 +631,92 @@ def run_sandboxed_sync(
 ) -> SandboxResult:
     """Blocking wrapper around run_sandboxed for code without an event loop."""
     return asyncio.run(run_sandboxed(command, workdir, limits, env))
+
+
+class SandboxedProcess:
+    """A long-lived command in the sandbox, its stdin/stdout piped to the caller (plugin hosts)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], uid: int, workdir: Path) -> None:
+        self.proc = proc
+        self.uid = uid
+        self.workdir = workdir
+
+    def kill(self) -> None:
+        """SIGKILL the whole sandbox and wait until nothing of it runs (idempotent)."""
+        below = _descendants(self.proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(_DRAIN_AFTER_KILL_S)
+        if self.uid >= 0:
+            _wait_uid_gone(self.uid, _DRAIN_AFTER_KILL_S)
+            _uids_in_use.discard(self.uid)
+            self.uid = -1
+
+
+def start_sandboxed(
+    command: list[str],
+    workdir: Path,
+    limits: SandboxLimits | None = None,
+    env: dict[str, str] | None = None,
+    stderr: int | None = None,
+) -> SandboxedProcess:
+    """Start command in the sandbox without waiting; the caller talks to it over its pipes.
+
+    The wall limit is the caller's to enforce (SandboxedProcess.kill); the kernel limits apply
+    to the process's whole life. In root mode workdir is handed to the run's own uid for good.
+    """
+    if not command or not all(isinstance(a, str) for a in command):
+        raise RolloutError("sandbox command must be a non-empty list of strings")
+    limits = limits or SandboxLimits()
+    workdir = _resolve_workdir(workdir)
+    bwrap = find_bwrap()
+    _check_usable_sync(bwrap, workdir)
+    uid = -1
+    if os.geteuid() == 0:
+        while True:
+            uid = _UID_BASE + random.randrange(_UID_SPAN)
+            if uid not in _uids_in_use:
+                break
+        _uids_in_use.add(uid)
+        _chown_tree(workdir, uid, uid)
+    seccomp = _seccomp_fd()
+    try:
+        proc = subprocess.Popen(
+            _bwrap_argv(bwrap, command, workdir, limits, uid, seccomp),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=_sandbox_env(workdir, env),
+            start_new_session=True,
+            pass_fds=() if seccomp is None else (seccomp,),
+            preexec_fn=die_with_parent,
+        )
+    except OSError:
+        _uids_in_use.discard(uid)
+        raise
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)
+    return SandboxedProcess(proc, uid, workdir)
+
+
+def _check_usable_sync(bwrap: str, probe_dir: Path) -> None:
+    """The blocking form of _check_usable, for callers that may run inside an event loop."""
+    if (bwrap, os.geteuid()) not in _usable:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, _check_usable(bwrap, probe_dir)).result()
+    else:
+        _raise_unusable(bwrap)
+
+
+def _raise_unusable(bwrap: str) -> None:
+    problem = _usable[(bwrap, os.geteuid())]
+    if problem is not None:
+        raise SandboxUnavailable(
+            f"bubblewrap at {bwrap!r} cannot create a sandbox on this machine ({problem}); "
+            "user or network namespaces may be disabled. Refusing to run unsandboxed."
+        )
