@@ -42,6 +42,8 @@ log = structlog.get_logger(__name__)
 
 _WORKER_SOURCE = (Path(__file__).parent / "worker.py").read_text(encoding="utf-8")
 _READ_CHUNK = 1 << 16
+# A version whose host crashed or hung while importing is not retried before this long.
+BROKEN_HOST_RETRY_S = 60.0
 _STDERR_TAIL = 600
 
 
@@ -120,6 +122,7 @@ class PluginHost:
         self.cpu_s = 0.0
         self.idle_since = time.monotonic()
         self._buf = bytearray()
+        self._out_closed = False
         self._next_id = 0
         self._workdir = Path(tempfile.mkdtemp(prefix="host-", dir=_private_root()))
         self._stderr = tempfile.TemporaryFile(dir=_private_root())
@@ -185,6 +188,7 @@ class PluginHost:
         if self.dead is None:
             self.dead = "plugin host closed"
         self.process.kill()
+        self._out_closed = True
         for stream in (self.process.proc.stdin, self.process.proc.stdout):
             with contextlib.suppress(OSError):
                 if stream is not None:
@@ -278,24 +282,33 @@ class PluginHost:
 
     async def areceive(self, rid: int, op: str, limit_s: float) -> dict[str, Any]:
         """receive() for async callers: the event loop waits on the pipe, nothing blocks."""
+        reply = self._pop(rid, op)
+        if reply is not None:
+            return reply
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
-        while True:
-            reply = self._pop(rid, op)
-            if reply is not None:
-                return reply
-            left = deadline - loop.time()
-            if left <= 0:
-                raise self.fail(self._timeout_reason(op, limit_s))
-            ready = loop.create_future()
-            loop.add_reader(self._out, _set_once, ready)
-            try:
-                await asyncio.wait_for(ready, left)
-            except TimeoutError:
-                pass
-            finally:
+        # No wait_for (a task and a timer per step): one future, the reader and a timer wake it.
+        waiter: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(self._out, _set_once, waiter)
+        timer = loop.call_at(deadline, _set_once, waiter)
+        try:
+            while True:
+                await waiter
+                self._read_available(op)
+                reply = self._pop(rid, op)
+                if reply is not None:
+                    return reply
+                if loop.time() >= deadline:
+                    raise self.fail(self._timeout_reason(op, limit_s))
+                waiter = loop.create_future()
+                timer.cancel()
                 loop.remove_reader(self._out)
-            self._read_available(op)
+                loop.add_reader(self._out, _set_once, waiter)
+                timer = loop.call_at(deadline, _set_once, waiter)
+        finally:
+            timer.cancel()
+            if not self._out_closed:
+                loop.remove_reader(self._out)
 
     def _timeout_for(self, op: str) -> float:
         return self.settings.start_timeout_s if op == "load" else self.settings.step_timeout_s
@@ -352,7 +365,7 @@ class HostPool:
     def __init__(self, settings: HostSettings | None = None) -> None:
         self.settings = settings or HostSettings.from_env()
         self._idle: OrderedDict[str, list[PluginHost]] = OrderedDict()
-        self._broken: dict[str, str] = {}
+        self._broken: dict[str, tuple[str, str, float]] = {}
         self._lock = threading.Lock()
         self.started = 0  # hosts ever started (tests and benchmarks read it)
 
@@ -363,8 +376,9 @@ class HostPool:
         key = host_key(entrypoint, sources)
         host = None
         with self._lock:
-            if key in self._broken:
-                raise PluginError(self._broken[key])
+            broken = self._broken.get(key)
+            if broken is not None and broken[2] > time.monotonic():
+                raise (PluginError if broken[0] == "config" else HostFailed)(broken[1])
             idle = self._idle.get(key, [])
             while idle and host is None:
                 candidate = idle.pop()
@@ -383,11 +397,20 @@ class HostPool:
         try:
             host.ensure_loaded()
         except PluginError as exc:
-            with self._lock:
-                self._broken[key] = str(exc)  # the same sources never import: do not retry
+            # The same sources never import: later episodes fail at once, not one by one.
+            self._remember(key, "config", str(exc), float("inf"))
             host.close()
             raise
+        except HostFailed as exc:  # it crashed or hung importing: may be transient, retry later
+            self._remember(key, "host", str(exc), time.monotonic() + BROKEN_HOST_RETRY_S)
+            raise
         return host
+
+    def _remember(self, key: str, kind: str, message: str, until: float) -> None:
+        with self._lock:
+            self._broken[key] = (kind, message, until)
+            for spare in self._idle.pop(key, []):
+                spare.close()
 
     def _start(self, key: str, entrypoint: str, sources: dict[str, str] | None) -> PluginHost:
         host = PluginHost(key, entrypoint, sources, self.settings)

@@ -98,7 +98,9 @@ def make_env(factory: Callable[..., Any], entrypoint: str, options: dict[str, An
     try:
         env = factory(dict(options))
     except Exception as exc:
-        raise PluginError(f"{entrypoint!r} raised {type(exc).__name__} when called: {exc}") from None
+        raise PluginError(
+            f"{entrypoint!r} raised {type(exc).__name__} when called: {exc}"
+        ) from None
     missing = [m for m in PROTOCOL if not callable(getattr(env, m, None))]
     if missing:
         raise PluginError(
@@ -233,7 +235,9 @@ class Worker:
         except Exception as exc:
             return {"state": {"_stateError": f"{type(exc).__name__}: {exc}"}}
         if not isinstance(state, dict):
-            return {"state": {"_stateError": f"state() returned {type(state).__name__}, not a dict"}}
+            return {
+                "state": {"_stateError": f"state() returned {type(state).__name__}, not a dict"}
+            }
         return {"state": state}
 
     def close(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -246,7 +250,6 @@ class Worker:
             except Exception as exc:
                 raise _Failure("episode", f"close() raised {type(exc).__name__}: {exc}") from None
         return {"cpu_s": _cpu_seconds()}
-
 
     def close_quietly(self) -> None:
         """close() whose failure does not matter (a probe instance)."""
@@ -265,7 +268,11 @@ def _reply(worker: Worker, msg: dict[str, Any]) -> bytes:
     rid = msg.get("id")
     op = msg.get("op")
     try:
-        handler = getattr(worker, op) if op in ("load", "reset", "tools", "step", "state", "close") else None
+        handler = (
+            getattr(worker, op)
+            if op in ("load", "reset", "tools", "step", "state", "close")
+            else None
+        )
         if handler is None:
             raise _Failure("config", f"unknown operation {op!r}")
         body: dict[str, Any] = {"id": rid, "ok": True, "result": handler(msg)}

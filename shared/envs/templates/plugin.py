@@ -54,7 +54,9 @@ def shadowing_problems(config: PluginConfig) -> list[str]:
         parts = PurePosixPath(str(path)).parts
         name = parts[0].removesuffix(".py") if parts else ""
         if name in RESERVED_TOP_LEVEL:
-            kind = "the platform's own package" if name == "rollout" else "a standard-library module"
+            kind = (
+                "the platform's own package" if name == "rollout" else "a standard-library module"
+            )
             problems.append(
                 f"config.sources[{path!r}]: top-level module {name!r} would shadow {kind}; "
                 "rename it"
@@ -62,7 +64,9 @@ def shadowing_problems(config: PluginConfig) -> list[str]:
     return problems
 
 
-def lease_host(config: PluginConfig, pool: HostPool | None = None, *, spare: bool = False) -> PluginHost:
+def lease_host(
+    config: PluginConfig, pool: HostPool | None = None, *, spare: bool = False
+) -> PluginHost:
     """A host that imported this plugin (PluginError naming any config problem)."""
     check_entrypoint(config.entrypoint)
     problems = shadowing_problems(config)
@@ -94,7 +98,12 @@ class PluginRuntime(BaseRuntime):
         super().__init__(spec, task)
         self._pool = pool or default_pool()
         self._failure: str | None = None
-        self._host: PluginHost | None = lease_host(config, self._pool, spare=True)
+        self._host: PluginHost | None = None
+        try:
+            self._host = lease_host(config, self._pool, spare=True)
+        except HostFailed as exc:  # crashed or hung importing: this episode ends, errored
+            self._failure = str(exc)
+            return
         task_view = {
             "instruction": task.instruction,
             "input": task.input or {},
