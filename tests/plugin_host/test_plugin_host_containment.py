@@ -129,8 +129,8 @@ async def test_hostile_plugin_gets_nothing(
     seen = out.output
     dumped = json.dumps(seen) + json.dumps(state)
     assert SECRET not in dumped
-    assert not host_file.exists()
-    assert not Path("/etc/pwned").exists()
+    assert not await asyncio.to_thread(host_file.exists)
+    assert not await asyncio.to_thread(os.path.exists, "/etc/pwned")
     assert connections == []
     assert seen["creds"].startswith("refused") and seen["step_creds"].startswith("refused")
     assert seen["home_listing"].startswith("refused")

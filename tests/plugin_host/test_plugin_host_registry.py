@@ -40,15 +40,18 @@ async def registry(settings: Settings, pool: HostPool) -> AsyncIterator[AsyncCli
 
 def _marking(marker: Path, body: str) -> str:
     # On import: leave a marker where this (unsandboxed) test process can write.
-    return textwrap.dedent(
-        f"""
+    return (
+        textwrap.dedent(
+            f"""
         import pathlib, sys
         try:
             pathlib.Path({str(marker)!r}).write_text("imported in " + sys.executable)
         except OSError:
             pass
         """
-    ) + body
+        )
+        + body
+    )
 
 
 async def test_push_of_a_plugin_whose_import_raises_names_the_problem(
@@ -79,7 +82,9 @@ async def test_push_of_a_good_plugin_validates_in_a_host_only(
     assert pool.started >= 1
     # A new version (new content) is validated by a new host, same registry process.
     started = pool.started
-    raw2 = spec(_marking(marker, COUNTER.replace('"v1"', '"v2"')), module="good_plugin", slug="good")
+    raw2 = spec(
+        _marking(marker, COUNTER.replace('"v1"', '"v2"')), module="good_plugin", slug="good"
+    )
     out2 = await registry.push_environment(raw2)
     assert out2["version"] == 2 and pool.started > started
     assert not marker.exists()
