@@ -123,6 +123,9 @@ class PluginHost:
         self.idle_since = time.monotonic()
         self._buf = bytearray()
         self._out_closed = False
+        self._eof = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._next_id = 0
         self._workdir = Path(tempfile.mkdtemp(prefix="host-", dir=_private_root()))
         self._stderr = tempfile.TemporaryFile(dir=_private_root())
@@ -187,6 +190,7 @@ class PluginHost:
         """Kill the worker and remove its files (idempotent)."""
         if self.dead is None:
             self.dead = "plugin host closed"
+        self.unwatch()
         self.process.kill()
         self._out_closed = True
         for stream in (self.process.proc.stdin, self.process.proc.stdout):
@@ -257,6 +261,8 @@ class PluginHost:
             # An earlier reply nobody waits for any more (never happens in order): skip it.
 
     def _read_available(self, op: str) -> None:
+        if self._eof:
+            raise self.fail(self._crash_reason(op))
         while True:
             try:
                 chunk = os.read(self._out, _READ_CHUNK)
@@ -286,29 +292,56 @@ class PluginHost:
         if reply is not None:
             return reply
         loop = asyncio.get_running_loop()
+        self._watch(loop)
         deadline = loop.time() + limit_s
-        # No wait_for (a task and a timer per step): one future, the reader and a timer wake it.
-        waiter: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(self._out, _set_once, waiter)
-        timer = loop.call_at(deadline, _set_once, waiter)
-        try:
-            while True:
+        while True:
+            # No wait_for (a task per step): one future, woken by the reader or the deadline.
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiter = waiter
+            timer = loop.call_at(deadline, _set_once, waiter)
+            try:
                 await waiter
-                self._read_available(op)
-                reply = self._pop(rid, op)
-                if reply is not None:
-                    return reply
-                if loop.time() >= deadline:
-                    raise self.fail(self._timeout_reason(op, limit_s))
-                waiter = loop.create_future()
+            finally:
                 timer.cancel()
-                loop.remove_reader(self._out)
-                loop.add_reader(self._out, _set_once, waiter)
-                timer = loop.call_at(deadline, _set_once, waiter)
-        finally:
-            timer.cancel()
-            if not self._out_closed:
-                loop.remove_reader(self._out)
+                self._waiter = None
+            if self._eof:
+                raise self.fail(self._crash_reason(op))
+            reply = self._pop(rid, op)
+            if reply is not None:
+                return reply
+            if loop.time() >= deadline:
+                raise self.fail(self._timeout_reason(op, limit_s))
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The reader stays registered while the host is leased in this loop: no epoll_ctl
+        # pair per step. A host moved to another loop (asyncio.run per call) re-registers.
+        if self._loop is loop:
+            return
+        self.unwatch()
+        loop.add_reader(self._out, self._on_readable)
+        self._loop = loop
+
+    def unwatch(self) -> None:
+        """Stop watching the pipe from an event loop (on release and close)."""
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed() and not self._out_closed:
+            loop.remove_reader(self._out)
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._out, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._eof = True
+                self.unwatch()
+                break
+            self._buf += chunk
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def _timeout_for(self, op: str) -> float:
         return self.settings.start_timeout_s if op == "load" else self.settings.step_timeout_s
@@ -441,6 +474,7 @@ class HostPool:
 
     def release(self, host: PluginHost) -> None:
         """Take a host back after an episode: kept warm when healthy, else closed."""
+        host.unwatch()
         host.episodes += 1
         worn = (
             host.episodes >= self.settings.max_episodes_per_host
