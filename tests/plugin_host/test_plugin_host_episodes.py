@@ -132,3 +132,31 @@ def test_package_folder_named_like_stdlib_is_refused(pool: HostPool) -> None:
     raw["config"]["sources"]["email/__init__.py"] = "x = 1\n"
     problems = validate_environment(raw)
     assert any("config.sources['email/__init__.py']" in p and "shadow" in p for p in problems)
+
+
+async def test_actor_batch_records_the_crash_reason_on_that_rollout_only(pool: HostPool) -> None:
+    from rollout.services.actor.generate import generate_batch
+    from rollout.shared.contracts.envspec import EnvironmentSpec
+    from rollout.shared.contracts.work import RolloutItem, RolloutWork
+
+    spec_ = EnvironmentSpec.model_validate(spec(modes=("ok", "exit", "hang")))
+    work = RolloutWork(
+        work_item_id="w1",
+        run_id="r1",
+        env_slug=spec_.slug,
+        env_version=1,
+        env_hash=spec_.spec_hash(),
+        model="scripted",
+        items=[
+            RolloutItem(rollout_id=f"ro-{i}", task_index=i, sample_index=0, seed=i)
+            for i in range(3)
+        ],
+        trace_id="t",
+        correlation_id="c",
+        causation_id="c",
+    )
+    ok, crashed, hung = await generate_batch(work, spec_, ScriptedBackend(PLAN), actor_id="a1")
+    assert ok.error is None and ok.trajectory["final_state"] == {"calls": 2, "mode": "ok"}
+    assert "died during step (exit code 3)" in crashed.error
+    assert "did not finish step within" in hung.error
+    assert crashed.trajectory["finish_reason"] == hung.trajectory["finish_reason"] == "error"

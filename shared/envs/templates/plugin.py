@@ -155,10 +155,10 @@ class PluginRuntime(BaseRuntime):
             host = self._live_host()
             try:
                 result = await host.acall("step", {"name": name, "arguments": args})
-            except HostFailed as exc:
+            except HostFailed as exc:  # call_tool turns this into the episode's end
                 self._failure = str(exc)
                 self._host = None
-                raise
+                raise ToolError(str(exc)) from None
             except ReplyError as exc:
                 if exc.error_type in (None, "ToolError"):
                     raise ToolError(str(exc)) from None
