@@ -44,6 +44,8 @@ COUNTER = textwrap.dedent(
                 ctypes.string_at(0)
             if self.mode == "raise":
                 raise KeyError("no such thing")
+            if self.mode == "alloc":
+                return len(bytearray(4_000_000_000))
             if self.mode == "huge":
                 return "x" * 3_000_000
             return {"version": VERSION, "calls": self.calls}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 
 import pytest
@@ -160,3 +162,48 @@ async def test_actor_batch_records_the_crash_reason_on_that_rollout_only(pool: H
     assert "died during step (exit code 3)" in crashed.error
     assert "did not finish step within" in hung.error
     assert crashed.trajectory["finish_reason"] == hung.trajectory["finish_reason"] == "error"
+
+
+async def test_memory_limit_is_a_tool_error_and_the_host_lives_on(pool: HostPool) -> None:
+    rt = build_runtime(spec(modes=("alloc",)), 0)
+    try:
+        out = await rt.call_tool("go", {})
+        assert out.error == "go failed: MemoryError: "
+        assert (await rt.call_tool("slow", {})).output == {"async": True, "calls": 2}
+    finally:
+        await rt.close()
+
+
+def test_bundled_sources_cannot_shadow_the_stdlib_even_unvalidated(pool: HostPool) -> None:
+    # Straight to the pool, past validation: the worker still imports the real json.
+    sources = {
+        "json.py": "raise SystemExit('the shadow was imported')\n",
+        "which_json.py": "import json\n\ndef make_env(options):\n    return json.__file__\n",
+    }
+    host = pool.lease("which_json:make_env", sources)
+    try:
+        with pytest.raises(ValueError, match="returned str"):
+            host.call("reset", {"options": {}, "probe": True})
+    finally:
+        pool.release(host)
+
+
+def test_sources_are_materialised_privately(pool: HostPool) -> None:
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    from rollout.shared.envs.plugin_host import client
+
+    shared = Path(tempfile.gettempdir()) / "rollout-plugins"
+    before = set(shared.iterdir()) if shared.exists() else set()
+    rt = build_runtime(spec(), 0)
+    try:
+        root = client._private_root()
+        assert stat.S_IMODE(root.stat().st_mode) == 0o700 and root.stat().st_uid == os.geteuid()
+        # Nothing of the plugin's source is written on the host: it lives in the sandbox's /tmp.
+        assert not list(root.rglob("hostplug.py"))
+    finally:
+        asyncio.run(rt.close())
+    after = set(shared.iterdir()) if shared.exists() else set()
+    assert after == before
