@@ -209,7 +209,7 @@ async def _episodes(make: Any, n: int, concurrency: int) -> float:
                 result = await rt.call_tool("read", {})
                 assert result.ok, result.error
                 done += 1
-            await rt.close() if hasattr(rt, "close") else None
+            await rt.close()
 
     start = time.perf_counter()
     await asyncio.gather(*(lane(k) for k in range(concurrency)))
