@@ -216,6 +216,29 @@ async def _episodes(make: Any, n: int, concurrency: int) -> float:
     return per_lane * concurrency / (time.perf_counter() - start)
 
 
+def pipe_floor(n: int) -> float:
+    """Round trips/s of one line to a sandboxed echo process: the IPC floor of any host."""
+    import os
+
+    from rollout.shared.envs.sandbox import start_sandboxed
+
+    echo = "import os, sys\nfor line in sys.stdin.buffer:\n    os.write(1, line)\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        box = start_sandboxed([sys.executable, "-I", "-S", "-c", echo], Path(tmp))
+        try:
+            assert box.proc.stdin is not None and box.proc.stdout is not None
+            inp, out = box.proc.stdin.fileno(), box.proc.stdout.fileno()
+            os.write(inp, b"{}\n")
+            os.read(out, 64)
+            start = time.perf_counter()
+            for _ in range(n):
+                os.write(inp, b'{"id": 1}\n')
+                os.read(out, 64)
+            return n / (time.perf_counter() - start)
+        finally:
+            box.kill()
+
+
 async def plugin_steps(n: int, concurrency: int) -> tuple[float, float, int]:
     """(host steps/s, in-process steps/s, hosts started) for the counter plugin."""
     from rollout.shared.envs.plugin_host.client import default_pool
@@ -242,6 +265,7 @@ async def main() -> None:
     args = parser.parse_args()
 
     if args.plugin_steps > 0:
+        print(f"sandboxed pipe round trips/s (IPC floor): {pipe_floor(args.plugin_steps):,.0f}")
         for lanes in (1, 16):
             hosted, inproc, hosts = await plugin_steps(args.plugin_steps, lanes)
             print(
