@@ -208,8 +208,8 @@ class PluginHost:
 
     def send(self, op: str, payload: dict[str, Any], timeout: float) -> int:
         """Write one request (the worker may still be busy: replies come in order)."""
-        if not self.alive:
-            raise HostFailed(self.dead or "plugin host is gone")
+        if self.dead is not None:  # (a crash since is seen on the pipe: no waitpid per step)
+            raise HostFailed(self.dead)
         self._next_id += 1
         view = memoryview(protocol.encode(self._next_id, op, payload))
         deadline = time.monotonic() + timeout
@@ -340,6 +340,8 @@ class PluginHost:
                 self.unwatch()
                 break
             self._buf += chunk
+            if len(chunk) < _READ_CHUNK:
+                break  # drained (a short read): no second read just to hear EAGAIN
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 

@@ -25,9 +25,13 @@ KINDS = ("config", "episode", "tool")
 LINE_SLACK = 64 * 1024
 
 
+# One encoder for every request (json.dumps with options builds a new one per call).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def encode(rid: int, op: str, payload: dict[str, Any]) -> bytes:
     """One request line."""
-    return json.dumps({"id": rid, "op": op, **payload}, ensure_ascii=False).encode() + b"\n"
+    return _ENCODE({"id": rid, "op": op, **payload}).encode() + b"\n"
 
 
 def decode(line: bytes) -> dict[str, Any]:
