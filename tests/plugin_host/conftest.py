@@ -7,14 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from host_plugins import STEP_TIMEOUT_S
 
 from rollout.shared.envs.plugin_host import client
 from rollout.shared.envs.plugin_host.client import HostPool, HostSettings
 
 # The in-process platform kit of the pipeline tests (registry service on real NATS).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
-
-STEP_TIMEOUT_S = 2.0
 
 
 @pytest.fixture

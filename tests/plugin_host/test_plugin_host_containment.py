@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from plugins import spec
+from host_plugins import spec
 
 from rollout.shared.envs import build_runtime
 from rollout.shared.envs.plugin_host.client import HostPool

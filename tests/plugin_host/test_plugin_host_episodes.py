@@ -7,8 +7,7 @@ import os
 import time
 
 import pytest
-from conftest import STEP_TIMEOUT_S
-from plugins import COUNTER, spec
+from host_plugins import COUNTER, STEP_TIMEOUT_S, spec
 
 from rollout.errors import RolloutError
 from rollout.shared.agent.loop import Episode, run_episodes

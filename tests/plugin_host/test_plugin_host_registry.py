@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from host_plugins import COUNTER, spec
 from kit import Platform, wait_until
-from plugins import COUNTER, spec
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError

@@ -5,6 +5,9 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+# The step deadline of the tests' pool (conftest.pool).
+STEP_TIMEOUT_S = 2.0
+
 COUNTER = textwrap.dedent(
     """
     import asyncio, ctypes, os, time
