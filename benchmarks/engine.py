@@ -1,7 +1,8 @@
 """Engine overhead: workflow tool steps/s and verifier scores/s against plain Python doing the
-same dict operations in the same process; sandboxed test runs/s against the bare command.
+same dict operations in the same process; sandboxed test runs/s against the bare command;
+plugin steps/s through the sandboxed plugin host against the same plugin called in-process.
 
-Run: `python benchmarks/engine.py [--steps N] [--scores N] [--sandbox-runs N]`.
+Run: `python benchmarks/engine.py [--steps N] [--scores N] [--sandbox-runs N] [--plugin-steps N]`.
 """
 
 from __future__ import annotations
@@ -157,13 +158,130 @@ async def sandbox_runs(n: int) -> tuple[float, float] | None:
     return boxed, bare
 
 
+# ---------------------------------------------------------------- plugin host
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+PLUGIN_EPISODE_STEPS = 20
+
+
+def _plugin_spec() -> Any:
+    from rollout.shared.envs import load_environments
+
+    (env,) = load_environments(EXAMPLES / "plugin_counter.py")
+    return env.to_spec()
+
+
+class _InProcessPlugin:
+    """The baseline: the same plugin imported here and called through BaseRuntime.call_tool,
+    as PluginRuntime did before the host (fresh env object per episode, JSON-safe outputs)."""
+
+    def __init__(self, spec: Any, task_index: int) -> None:
+        from rollout.shared.envs.plugin_host import worker
+        from rollout.shared.envs.templates.base import BaseRuntime
+
+        config = spec.typed_config()
+        factory = worker.resolve_entrypoint(config.entrypoint)
+        self.env = worker.make_env(factory, config.entrypoint, config.options)
+        task = spec.tasks[task_index]
+        self.env.reset({"instruction": task.instruction, "input": task.input or {}})
+        self.rt = BaseRuntime(spec, task)
+        self.rt.sanitize_outputs = True
+        for tool in worker.tool_dicts(self.env):
+            name = tool["name"]
+            self.rt.add_tool(name, tool["description"], tool["parameters"], self._handler(name))
+
+    def _handler(self, name: str) -> Any:
+        async def run(args: dict[str, Any]) -> Any:
+            return self.env.step(name, args)
+
+        return run
+
+
+async def _episodes(make: Any, n: int, concurrency: int) -> float:
+    """Steps/s of `concurrency` episodes stepping together, PLUGIN_EPISODE_STEPS each."""
+    per_lane = max(1, n // concurrency)
+
+    async def lane(k: int) -> None:
+        done = 0
+        while done < per_lane:
+            rt = make(k)
+            for _ in range(min(PLUGIN_EPISODE_STEPS, per_lane - done)):
+                result = await rt.call_tool("read", {})
+                assert result.ok, result.error
+                done += 1
+            await rt.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane(k) for k in range(concurrency)))
+    return per_lane * concurrency / (time.perf_counter() - start)
+
+
+def pipe_floor(n: int) -> float:
+    """Round trips/s of one line to a sandboxed echo process: the IPC floor of any host."""
+    import os
+
+    from rollout.shared.envs.sandbox import start_sandboxed
+
+    echo = "import os, sys\nfor line in sys.stdin.buffer:\n    os.write(1, line)\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        box = start_sandboxed([sys.executable, "-I", "-S", "-c", echo], Path(tmp))
+        try:
+            assert box.proc.stdin is not None and box.proc.stdout is not None
+            inp, out = box.proc.stdin.fileno(), box.proc.stdout.fileno()
+            os.write(inp, b"{}\n")
+            os.read(out, 64)
+            start = time.perf_counter()
+            for _ in range(n):
+                os.write(inp, b'{"id": 1}\n')
+                os.read(out, 64)
+            return n / (time.perf_counter() - start)
+        finally:
+            box.kill()
+
+
+async def plugin_steps(n: int, concurrency: int) -> tuple[float, float, int]:
+    """(host steps/s, in-process steps/s, hosts started) for the counter plugin."""
+    from rollout.shared.envs.plugin_host.client import default_pool
+
+    sys.path.insert(0, str(EXAMPLES))
+    spec = _plugin_spec()
+    started = default_pool().started
+    # Warm: one host per lane exists before timing (a service keeps them warm across batches).
+    await _episodes(lambda k: build_runtime(spec, k % len(spec.tasks)), concurrency, concurrency)
+    # Alternate short rounds of both: on a shared machine both see the same load.
+    hosted_s = inproc_s = 0.0
+    rounds = 5
+    for _ in range(rounds):
+        rate = await _episodes(
+            lambda k: build_runtime(spec, k % len(spec.tasks)), n // rounds, concurrency
+        )
+        hosted_s += (n // rounds) / rate
+        rate = await _episodes(
+            lambda k: _InProcessPlugin(spec, k % len(spec.tasks)).rt, n // rounds, concurrency
+        )
+        inproc_s += (n // rounds) / rate
+    total = rounds * (n // rounds)
+    return total / hosted_s, total / inproc_s, default_pool().started - started
+
+
 async def main() -> None:
     """Run every measurement and print numbers and ratios."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--scores", type=int, default=5_000)
     parser.add_argument("--sandbox-runs", type=int, default=10)
+    parser.add_argument("--plugin-steps", type=int, default=5_000)
     args = parser.parse_args()
+
+    if args.plugin_steps > 0:
+        print(f"sandboxed pipe round trips/s (IPC floor): {pipe_floor(args.plugin_steps):,.0f}")
+        for lanes in (1, 16):
+            hosted, inproc, hosts = await plugin_steps(args.plugin_steps, lanes)
+            print(
+                f"plugin steps/s ({lanes:>2} episode{'s' if lanes > 1 else ' '} at once): "
+                f"host {hosted:,.0f}  in-process {inproc:,.0f}  ratio {hosted / inproc:.3f}  "
+                f"(target >= 0.2; {hosts} hosts started)"
+            )
 
     eng, base = await engine_steps(args.steps), baseline_steps(args.steps)
     print(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from faststream.nats import NatsBroker
 
 from rollout.errors import RolloutError
@@ -41,7 +43,8 @@ def register(broker: NatsBroker) -> None:
     @broker.subscriber(subjects.request("registry", "push"), queue=QUEUE, title="registry/push")
     async def push(cmd: PushEnvironment) -> Reply:
         """Validate a spec; append a new version unless the newest has the same content."""
-        problems = validate_environment(cmd.spec)
+        # A plugin env is imported in a sandboxed plugin host: wait for it off the event loop.
+        problems = await asyncio.to_thread(validate_environment, cmd.spec)
         if problems:
             slug = cmd.spec.get("slug") if isinstance(cmd.spec, dict) else None
             raise RolloutError(f"environment {slug or '?'!r} is invalid", problems=problems)

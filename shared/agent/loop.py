@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from rollout.errors import RolloutError
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
-from rollout.shared.envs.runtime import EnvRuntime, ToolResult
+from rollout.shared.envs.runtime import EnvironmentFailed, EnvRuntime, ToolResult
 from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend, ToolCall
 
 DEFAULT_MAX_TOOL_CALLS = 20
@@ -144,7 +144,19 @@ def _start(
     if prompt:
         messages.append({"role": "system", "content": prompt})
     messages.append({"role": "user", "content": episode.instruction})
-    specs = episode.runtime.tool_specs()
+    try:
+        specs = episode.runtime.tool_specs()
+    except EnvironmentFailed as exc:  # e.g. its plugin host died in reset: only this episode
+        state = _State(
+            episode=episode,
+            sampling=episode.sampling or sampling or SamplingParams(),
+            max_tool_calls=max_tool_calls,
+            messages=messages,
+            tools=[],
+            tool_names=[],
+        )
+        state.error, state.finish_reason, state.done = str(exc), "error", True
+        return state
     return _State(
         episode=episode,
         sampling=episode.sampling or sampling or SamplingParams(),
@@ -174,6 +186,9 @@ async def _apply(state: _State, response: ChatResponse) -> None:
         state.done = True
         return
     for call in response.tool_calls:
+        if state.finish_reason == "error":  # the environment failed on an earlier call
+            state.messages.append(_tool_message(call, None, "not run: the environment failed"))
+            continue
         if len(state.records) >= state.max_tool_calls:
             # Every call id still needs an answer for the conversation to stay well formed.
             state.messages.append(
@@ -218,6 +233,9 @@ async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolR
         )
     try:
         result = await state.episode.runtime.call_tool(call.name, arguments)
+    except EnvironmentFailed as exc:  # its host crashed or hung: this episode ends, errored
+        state.error, state.finish_reason, state.done = str(exc), "error", True
+        result = ToolResult(error=str(exc))
     except Exception as exc:  # a runtime must not raise, but a plugin might: record it
         result = ToolResult(error=f"tool '{call.name}' failed: {type(exc).__name__}: {exc}")
     return arguments, result

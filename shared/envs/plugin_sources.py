@@ -3,23 +3,18 @@
 `rollout push` runs in the user's folder, where `example_plugins.counter` imports; the
 registry, actors and verifiers run elsewhere (other processes, other machines). When the
 entrypoint's top-level module is the user's own code (not an installed package), its `.py`
-files are bundled into `config.sources` at push time; a service materialises them once per
-content hash and imports from there. Installed packages are dependencies: they must be
-installed where the services run, like any other.
+files are bundled into `config.sources` at push time. No service imports them: a plugin host
+(plugin_host/) writes them into its sandbox's own private /tmp and imports them there, after
+the standard library on sys.path. Installed packages are dependencies: they must be installed
+where the services run, like any other.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
-import json
-import os
-import shutil
 import site
-import sys
 import sysconfig
-import tempfile
 from pathlib import Path, PurePosixPath
 
 from rollout.errors import RolloutError
@@ -98,38 +93,3 @@ def check_sources(sources: object) -> dict[str, str]:
                 "and its text"
             )
     return sources
-
-
-# Top-level module name -> the folder it is imported from in this process now.
-_ACTIVE: dict[str, Path] = {}
-
-
-def materialize(sources: dict[str, str], top: str) -> Path:
-    """Write the sources once per content hash and make `top` import from there."""
-    check_sources(sources)
-    digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / "rollout-plugins" / digest
-    if _ACTIVE.get(top) == folder and top in sys.modules:
-        return folder  # every episode of this version after the first: already importable
-    if not (folder / ".complete").exists():
-        staging = folder.with_name(f"{digest}.{os.getpid()}.tmp")
-        for rel, text in sources.items():
-            target = staging / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-        (staging / ".complete").write_text(digest)
-        try:
-            staging.rename(folder)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)  # another process got there first
-    # Another version (or the pusher's own copy) may be imported: this spec's code wins.
-    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
-        del sys.modules[name]
-    previous = _ACTIVE.get(top)
-    for stale in {str(folder), str(previous) if previous else None} - {None}:
-        if stale in sys.path:
-            sys.path.remove(stale)
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    _ACTIVE[top] = folder
-    return folder

@@ -6,6 +6,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from rollout.errors import RolloutError
+
 
 class ToolSpec(BaseModel):
     """A tool as offered to the model (OpenAI function shape)."""
@@ -56,3 +58,8 @@ class EnvRuntime(Protocol):
     async def close(self) -> None:
         """Release temp dirs, db handles and the like."""
         ...
+
+
+class EnvironmentFailed(RolloutError):
+    """The environment itself failed (its plugin host crashed or hung): the episode ends as
+    errored with this reason; raised by tool_specs / call_tool / final_state."""

@@ -9,17 +9,26 @@ RLIMIT_NPROC is counted per user and never enforced for root, so when the caller
 command is dropped to a fresh unprivileged uid inside the sandbox (the work directory is handed to
 that uid for the run and given back afterwards). A missing or unusable ``bwrap`` raises
 :class:`SandboxUnavailable`; nothing ever runs unsandboxed.
+
+No process inside may create a user namespace (in one it holds every capability over its own
+mounts and namespaces: kernel attack surface). Unprivileged callers get bwrap's
+``--disable-userns``; that option needs ``--unshare-user``, which a root caller cannot use (the
+sandbox would map to root outside), so every sandbox also gets a seccomp filter refusing
+``unshare``/``clone`` with ``CLONE_NEWUSER`` (and ``clone3``, whose flags a filter cannot read:
+glibc falls back to ``clone``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -49,6 +58,14 @@ _DRAIN_AFTER_KILL_S = 5.0
 _UID_BASE = 1_500_000_000
 _UID_SPAN = 1 << 24
 _uids_in_use: set[int] = set()
+
+# seccomp: (AUDIT_ARCH, clone, unshare, clone3) syscall numbers of the native ABIs we filter.
+_SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, 56, 272, 435),
+    "aarch64": (0xC00000B7, 220, 97, 435),
+}
+_CLONE_NEWUSER = 0x10000000
+_X32_SYSCALL_BIT = 0x40000000
 
 # Runs inside the sandbox (as root only when the caller is root, with just CAP_SETUID/SETGID):
 # apply the rlimits, drop to the sandbox uid, then exec the user's command.
@@ -221,6 +238,52 @@ _ETC_ENTRIES = (
 )
 
 
+@functools.cache
+def _seccomp_program() -> bytes | None:
+    """Classic BPF refusing new user namespaces (None on an architecture we do not know)."""
+    import errno
+    import platform
+    import struct
+
+    arch = _SECCOMP_ARCHES.get(platform.machine())
+    if arch is None:
+        return None
+    audit_arch, nr_clone, nr_unshare, nr_clone3 = arch
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
+    nosys = 0x00050000 | errno.ENOSYS
+    # (code, jt, jf, k); jumps are relative to the next instruction.
+    program = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, audit_arch),
+        (ret, 0, 0, deny),  # another ABI (i386, x32 tricks): nothing at all
+        (ld, 0, 0, 0),  # seccomp_data.nr
+        (jge, 7, 0, _X32_SYSCALL_BIT),  # -> deny
+        (jeq, 7, 0, nr_clone3),  # -> nosys
+        (jeq, 2, 0, nr_unshare),  # -> flags
+        (jeq, 1, 0, nr_clone),  # -> flags
+        (ret, 0, 0, allow),
+        (ld, 0, 0, 16),  # low 32 bits of args[0]: the flags of clone and unshare
+        (jset, 1, 0, _CLONE_NEWUSER),  # -> deny
+        (ret, 0, 0, allow),
+        (ret, 0, 0, deny),
+        (ret, 0, 0, nosys),
+    ]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
+
+
+def _seccomp_fd() -> int | None:
+    """A fresh file holding the filter for bwrap's --seccomp (the caller closes it)."""
+    program = _seccomp_program()
+    if program is None:
+        log.warning("sandbox.no_seccomp_filter", reason="unknown architecture")
+        return None
+    fd = os.memfd_create("rollout-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _python_prefixes() -> list[Path]:
     """The interpreter's installation and the virtualenv, so sys.executable works inside."""
     prefixes = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
@@ -237,9 +300,12 @@ def _bwrap_argv(
     limits: SandboxLimits,
     sandbox_uid: int,
     binds: Sequence[tuple[Path, bool]] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """Assemble the bwrap command line: namespaces, mounts, then the launcher and command."""
     argv = [bwrap, "--die-with-parent", "--new-session"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     if os.geteuid() == 0:
         # Root: no user namespace (it would map to root, which RLIMIT_NPROC ignores); keep only
         # what the launcher needs to drop to the sandbox uid. bwrap sets no_new_privs.
@@ -462,7 +528,8 @@ async def _run(
     binds: Sequence[tuple[Path, bool]] = (),
 ) -> SandboxResult:
     """Start bwrap, pump its output, enforce the wall and output limits, collect the result."""
-    argv = _bwrap_argv(bwrap, command, workdir, limits, uid, binds)
+    seccomp = _seccomp_fd()
+    argv = _bwrap_argv(bwrap, command, workdir, limits, uid, binds, seccomp_fd=seccomp)
     started = time.monotonic()
     spawning = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
@@ -472,11 +539,14 @@ async def _run(
             stderr=asyncio.subprocess.PIPE,
             env=env,
             start_new_session=True,
+            pass_fds=() if seccomp is None else (seccomp,),
             # If this process dies before it can clean up, the kernel kills bwrap (and bwrap's
             # --die-with-parent takes the sandbox down), so no sandbox outlives its caller.
             preexec_fn=die_with_parent,
         )
     )
+    if seccomp is not None:
+        spawning.add_done_callback(lambda _: os.close(seccomp))
     try:
         proc = await asyncio.shield(spawning)
     except asyncio.CancelledError:
@@ -555,17 +625,23 @@ async def _check_usable(bwrap: str, probe_dir: Path) -> None:
     """Probe once per binary that bwrap can build our sandbox here (namespaces allowed)."""
     key = (bwrap, os.geteuid())
     if key not in _usable:
-        argv = _bwrap_argv(bwrap, ["true"], probe_dir, SandboxLimits(), -1)
+        seccomp = _seccomp_fd()
+        argv = _bwrap_argv(bwrap, ["true"], probe_dir, SandboxLimits(), -1, seccomp_fd=seccomp)
         # The launcher is not needed to know whether the namespaces and mounts work.
         argv = argv[: argv.index("--") + 1] + ["/bin/true"]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env=_sandbox_env(probe_dir, None),
-            start_new_session=True,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=_sandbox_env(probe_dir, None),
+                start_new_session=True,
+                pass_fds=() if seccomp is None else (seccomp,),
+            )
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         try:
             _, err = await asyncio.wait_for(proc.communicate(), 30)
         except TimeoutError:
@@ -589,3 +665,92 @@ def run_sandboxed_sync(
 ) -> SandboxResult:
     """Blocking wrapper around run_sandboxed for code without an event loop."""
     return asyncio.run(run_sandboxed(command, workdir, limits, env))
+
+
+class SandboxedProcess:
+    """A long-lived command in the sandbox, its stdin/stdout piped to the caller (plugin hosts)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], uid: int, workdir: Path) -> None:
+        self.proc = proc
+        self.uid = uid
+        self.workdir = workdir
+
+    def kill(self) -> None:
+        """SIGKILL the whole sandbox and wait until nothing of it runs (idempotent)."""
+        below = _descendants(self.proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(_DRAIN_AFTER_KILL_S)
+        if self.uid >= 0:
+            _wait_uid_gone(self.uid, _DRAIN_AFTER_KILL_S)
+            _uids_in_use.discard(self.uid)
+            self.uid = -1
+
+
+def start_sandboxed(
+    command: list[str],
+    workdir: Path,
+    limits: SandboxLimits | None = None,
+    env: dict[str, str] | None = None,
+    stderr: int | None = None,
+) -> SandboxedProcess:
+    """Start command in the sandbox without waiting; the caller talks to it over its pipes.
+
+    The wall limit is the caller's to enforce (SandboxedProcess.kill); the kernel limits apply
+    to the process's whole life. In root mode workdir is handed to the run's own uid for good.
+    """
+    if not command or not all(isinstance(a, str) for a in command):
+        raise RolloutError("sandbox command must be a non-empty list of strings")
+    limits = limits or SandboxLimits()
+    workdir = _resolve_workdir(workdir)
+    bwrap = find_bwrap()
+    _check_usable_sync(bwrap, workdir)
+    uid = -1
+    if os.geteuid() == 0:
+        while True:
+            uid = _UID_BASE + random.randrange(_UID_SPAN)
+            if uid not in _uids_in_use:
+                break
+        _uids_in_use.add(uid)
+        _chown_tree(workdir, uid, uid)
+    seccomp = _seccomp_fd()
+    try:
+        proc = subprocess.Popen(
+            _bwrap_argv(bwrap, command, workdir, limits, uid, seccomp_fd=seccomp),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=_sandbox_env(workdir, env),
+            start_new_session=True,
+            pass_fds=() if seccomp is None else (seccomp,),
+            preexec_fn=die_with_parent,
+        )
+    except OSError:
+        _uids_in_use.discard(uid)
+        raise
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)
+    return SandboxedProcess(proc, uid, workdir)
+
+
+def _check_usable_sync(bwrap: str, probe_dir: Path) -> None:
+    """The blocking form of _check_usable, for callers that may run inside an event loop."""
+    if (bwrap, os.geteuid()) not in _usable:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, _check_usable(bwrap, probe_dir)).result()
+    else:
+        _raise_unusable(bwrap)
+
+
+def _raise_unusable(bwrap: str) -> None:
+    problem = _usable[(bwrap, os.geteuid())]
+    if problem is not None:
+        raise SandboxUnavailable(
+            f"bubblewrap at {bwrap!r} cannot create a sandbox on this machine ({problem}); "
+            "user or network namespaces may be disabled. Refusing to run unsandboxed."
+        )

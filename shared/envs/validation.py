@@ -39,7 +39,7 @@ from rollout.shared.envs.paths import (
 from rollout.shared.envs.templates import static_tool_names
 from rollout.shared.envs.templates.base import ToolError
 from rollout.shared.envs.templates.code_editing import check_file_path
-from rollout.shared.envs.templates.plugin import PluginError, make_plugin_env, plugin_tool_dicts
+from rollout.shared.envs.templates.plugin import PluginError, lease_host, shadowing_problems
 from rollout.shared.envs.verifiers import REGISTRY, known_types
 from rollout.shared.envs.verifiers.engine import default_verifier
 
@@ -357,18 +357,29 @@ _CONFIG_CHECKS: dict[str, Callable[[Any, list[str]], None]] = {
 
 
 def _plugin_tools(config: PluginConfig, problems: _Problems) -> list[str] | None:
+    # The plugin is imported only inside a sandboxed plugin host, never in this process.
+    from rollout.shared.envs.plugin_host.client import HostFailed, ReplyError, default_pool
+
+    refused = shadowing_problems(config)
+    if refused:
+        problems.extend(refused)
+        return None
     try:
-        env = make_plugin_env(config)
-        names = [t["name"] for t in plugin_tool_dicts(env)]
+        host = lease_host(config)
+        try:
+            result = host.call("reset", {"options": dict(config.options), "probe": True})
+        finally:
+            default_pool().release(host)
     except PluginError as exc:
         problems.append(f"config.entrypoint: {exc}")
         return None
-    close = getattr(env, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:  # closing a probe instance is best effort
-            pass
+    except (HostFailed, ReplyError) as exc:
+        problems.append(f"config.entrypoint: {exc}")
+        return None
+    except RolloutError as exc:  # no sandbox here: say so, never import it unsandboxed
+        problems.append(f"config.entrypoint: the plugin host cannot start: {exc.message}")
+        return None
+    names = [t["name"] for t in result.get("tools") or []]
     _duplicates(names, lambda i: f"config.entrypoint: tools()[{i}].name", "tool", problems)
     return names
 

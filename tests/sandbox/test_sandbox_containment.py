@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -112,3 +115,34 @@ async def test_host_secrets_and_home_are_not_visible(tmp_path: Path) -> None:
     assert "SHADOW" not in result.stdout
     assert "shadow" not in result.stdout
     assert ".ssh" not in result.stdout
+
+
+async def test_no_nested_user_namespace_inside_the_sandbox(tmp_path: Path) -> None:
+    # Outside the sandbox an unprivileged user may create user namespaces on this kernel, so a
+    # refusal inside is the sandbox's doing (root mode: its seccomp filter; else --disable-userns).
+    as_user = {"user": 65534} if os.geteuid() == 0 else {}
+    outside = await asyncio.to_thread(
+        subprocess.run, ["unshare", "-U", "true"], check=False, **as_user
+    )
+    assert outside.returncode == 0, "this kernel refuses user namespaces: the test proves nothing"
+    assert shutil.which("unshare")
+    result = await run_python(
+        tmp_path,
+        """
+        import ctypes, os, subprocess
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("unshare", libc.unshare(0x10000000), ctypes.get_errno())
+        # clone(CLONE_NEWUSER) is the other way in; os.fork still works (plain clone).
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        print("fork", os.waitpid(pid, 0)[1] >> 8)
+        cmd = subprocess.run(["unshare", "-U", "id"], capture_output=True, text=True)
+        print("cmd", cmd.returncode, cmd.stderr.strip())
+        """,
+    )
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "unshare -1 1"  # EPERM
+    assert lines[1] == "fork 7"
+    assert lines[2].startswith("cmd 1 ") and "Operation not permitted" in lines[2]

@@ -11,129 +11,99 @@ The function is a factory: `factory(options: dict) -> env`, where `env` implemen
 `tools`, `reset` and `state` are synchronous. The entrypoint is validated like the seed's
 `rollout_func`: a string of shape `module.path:function`, no null bytes, at most 260 characters,
 and import failures named clearly.
+
+Plugin code never runs in this process: every call goes to a plugin host (plugin_host/), a
+sandboxed worker process leased for the episode. A step that raises is a tool error the model
+reads; a host that crashes or hangs ends the episode as errored with the reason.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import re
-from collections.abc import Callable
+import sys
+from pathlib import PurePosixPath
 from typing import Any
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, PluginConfig, TaskSpec
-from rollout.shared.envs.templates.base import BaseRuntime, ToolError, json_safe
+from rollout.shared.envs.plugin_host.client import (
+    HostFailed,
+    HostPool,
+    PluginHost,
+    ReplyError,
+    default_pool,
+)
+from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
+from rollout.shared.envs.runtime import EnvironmentFailed
+from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 
-MAX_ENTRYPOINT_LEN = 260
-ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}:[A-Za-z_][A-Za-z0-9_]{0,127}$")
-PROTOCOL = ("tools", "reset", "step", "state")
+# A plugin's own top-level module may not take these names: they would shadow the platform or
+# the standard library for whatever imports them after it.
+RESERVED_TOP_LEVEL = frozenset(sys.stdlib_module_names) | {"rollout"}
 
 
-class PluginError(ValueError):
-    """An entrypoint that is malformed, does not import, or breaks the protocol."""
-
-
-def check_entrypoint(value: object) -> str:
-    """Validate the shape of a `module.path:function` entrypoint (no import)."""
-    if not isinstance(value, str):
-        raise PluginError(f"entrypoint must be a string, got {type(value).__name__}")
-    if not value:
-        raise PluginError("entrypoint must not be empty")
-    if "\x00" in value:
-        raise PluginError("entrypoint must not contain null bytes")
-    if len(value) > MAX_ENTRYPOINT_LEN:
-        raise PluginError(f"entrypoint must be <= {MAX_ENTRYPOINT_LEN} chars")
-    if not ENTRYPOINT_RE.match(value) or ".." in value or value.split(":")[0].endswith("."):
-        raise PluginError(
-            f"entrypoint {value!r} must match 'module.path:function_name' "
-            "(letters / digits / underscore / dot only)"
+def shadowing_problems(config: PluginConfig) -> list[str]:
+    """Problems (with their config path) of a plugin that would shadow rollout or the stdlib."""
+    problems = []
+    top = config.entrypoint.partition(":")[0].split(".")[0] if config.entrypoint else ""
+    if top == "rollout" or (config.sources and top in RESERVED_TOP_LEVEL):
+        problems.append(
+            f"config.entrypoint: top-level module {top!r} is reserved ("
+            + ("the platform's own package" if top == "rollout" else "a standard-library module")
+            + "); name your plugin's package something else"
         )
-    return value
+    for path in sorted(config.sources or {}):
+        parts = PurePosixPath(str(path)).parts
+        name = parts[0].removesuffix(".py") if parts else ""
+        if name in RESERVED_TOP_LEVEL:
+            kind = (
+                "the platform's own package" if name == "rollout" else "a standard-library module"
+            )
+            problems.append(
+                f"config.sources[{path!r}]: top-level module {name!r} would shadow {kind}; "
+                "rename it"
+            )
+    return problems
 
 
-def resolve_entrypoint(value: object, sources: dict[str, str] | None = None) -> Callable[..., Any]:
-    """Import the module (from its bundled sources when given) and return the factory; every
-    failure is a PluginError naming it."""
-    spec = check_entrypoint(value)
-    module_path, _, fn_name = spec.partition(":")
-    if sources:
-        from rollout.shared.envs.plugin_sources import materialize
+def lease_host(
+    config: PluginConfig, pool: HostPool | None = None, *, spare: bool = False
+) -> PluginHost:
+    """A host that imported this plugin (PluginError naming any config problem)."""
+    check_entrypoint(config.entrypoint)
+    problems = shadowing_problems(config)
+    if problems:
+        raise PluginError(problems[0].partition(": ")[2])
+    if config.sources:
+        from rollout.errors import RolloutError
+        from rollout.shared.envs.plugin_sources import check_sources
 
         try:
-            materialize(sources, module_path.split(".")[0])
+            check_sources(config.sources)
         except RolloutError as exc:
             raise PluginError(exc.message) from None
-    try:
-        module = importlib.import_module(module_path)
-    except ImportError as exc:
-        raise PluginError(f"module {module_path!r} could not be imported: {exc}") from None
-    except Exception as exc:  # user code failing at import time: name it, no traceback
-        raise PluginError(
-            f"module {module_path!r} raised {type(exc).__name__} on import: {exc}"
-        ) from None
-    if not hasattr(module, fn_name):
-        raise PluginError(f"{spec!r}: module {module_path!r} has no attribute {fn_name!r}")
-    fn = getattr(module, fn_name)
-    if not callable(fn):
-        raise PluginError(f"{spec!r}: {fn_name!r} is not callable ({type(fn).__name__})")
-    return fn
-
-
-def make_plugin_env(config: PluginConfig) -> Any:
-    """Call the factory and check the result implements the protocol."""
-    factory = resolve_entrypoint(config.entrypoint, config.sources)
-    try:
-        env = factory(dict(config.options))
-    except Exception as exc:
-        raise PluginError(
-            f"{config.entrypoint!r} raised {type(exc).__name__} when called: {exc}"
-        ) from None
-    missing = [m for m in PROTOCOL if not callable(getattr(env, m, None))]
-    if missing:
-        raise PluginError(
-            f"{config.entrypoint!r} returned {type(env).__name__}, which lacks "
-            f"{', '.join(missing)} (needs tools/reset/step/state)"
-        )
-    return env
-
-
-def plugin_tool_dicts(env: Any) -> list[dict[str, Any]]:
-    """The plugin's tools as validated dicts (PluginError when malformed)."""
-    try:
-        tools = env.tools()
-    except Exception as exc:
-        raise PluginError(f"tools() raised {type(exc).__name__}: {exc}") from None
-    if not isinstance(tools, list | tuple):
-        raise PluginError(f"tools() must return a list, got {type(tools).__name__}")
-    out = []
-    for i, tool in enumerate(tools):
-        if hasattr(tool, "model_dump"):
-            tool = tool.model_dump()
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise PluginError(f"tools()[{i}] must be a dict with a string 'name'")
-        params = tool.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(params, dict):
-            raise PluginError(f"tools()[{i}].parameters must be an object")
-        out.append(
-            {
-                "name": tool["name"],
-                "description": str(tool.get("description", "")),
-                "parameters": params,
-            }
-        )
-    return out
+    return (pool or default_pool()).lease(config.entrypoint, config.sources, spare=spare)
 
 
 class PluginRuntime(BaseRuntime):
-    """One episode of a plugin environment."""
+    """One episode of a plugin environment, played in a leased plugin host."""
 
     template = "plugin"
-    sanitize_outputs = True
 
-    def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: PluginConfig) -> None:
+    def __init__(
+        self,
+        spec: EnvironmentSpec,
+        task: TaskSpec,
+        config: PluginConfig,
+        pool: HostPool | None = None,
+    ) -> None:
         super().__init__(spec, task)
-        self.env = make_plugin_env(config)
+        self._pool = pool or default_pool()
+        self._failure: str | None = None
+        self._host: PluginHost | None = None
+        try:
+            self._host = lease_host(config, self._pool, spare=True)
+        except HostFailed as exc:  # crashed or hung importing: this episode ends, errored
+            self._failure = str(exc)
+            return
         task_view = {
             "instruction": task.instruction,
             "input": task.input or {},
@@ -141,40 +111,105 @@ class PluginRuntime(BaseRuntime):
             "id": task.id,
         }
         try:
-            self.env.reset(task_view)
-        except Exception as exc:
-            raise PluginError(f"reset() raised {type(exc).__name__}: {exc}") from None
-        for tool in plugin_tool_dicts(self.env):
+            result = self._host.call("reset", {"options": dict(config.options), "task": task_view})
+        except PluginError:
+            self._give_back()
+            raise
+        except HostFailed as exc:
+            self._failure = str(exc)
+            self._host = None
+            return
+        except ReplyError as exc:  # reset() raised: this episode cannot start
+            self._failure = f"plugin {str(exc)}"
+            self._give_back()
+            return
+        self.host_cpu_s = result.get("cpu_s")
+        for tool in result.get("tools") or []:
             self.add_tool(
                 tool["name"], tool["description"], tool["parameters"], self._handler(tool["name"])
             )
 
-    def _handler(self, name: str):
+    @property
+    def failure(self) -> str | None:
+        """Why this episode ended early (host crash/timeout, reset raised), or None."""
+        return self._failure
+
+    def _give_back(self) -> None:
+        host, self._host = self._host, None
+        if host is not None:
+            self._pool.release(host)
+
+    def _live_host(self) -> PluginHost:
+        if self._host is None or self._failure is not None:
+            raise EnvironmentFailed(self._failure or "the episode is closed")
+        return self._host
+
+    def tool_specs(self):  # type: ignore[no-untyped-def]
+        """Tools the model may call (EnvironmentFailed when the episode could not start)."""
+        if self._failure is not None:
+            raise EnvironmentFailed(self._failure)
+        return super().tool_specs()
+
+    def _handler(self, name: str):  # type: ignore[no-untyped-def]
         async def run(args: dict[str, Any]) -> Any:
-            out = self.env.step(name, args)
-            if inspect.isawaitable(out):
-                out = await out
-            return out
+            host = self._live_host()
+            try:
+                result = await host.acall("step", {"name": name, "arguments": args})
+            except HostFailed as exc:  # call_tool turns this into the episode's end
+                self._failure = str(exc)
+                self._host = None
+                raise ToolError(str(exc)) from None
+            except ReplyError as exc:
+                if exc.error_type in (None, "ToolError"):
+                    raise ToolError(str(exc)) from None
+                raise ToolError(f"{name} failed: {exc.error_type}: {exc}") from None
+            return result.get("output")
 
         return run
 
+    async def call_tool(self, name: str, arguments: dict[str, Any]):  # type: ignore[no-untyped-def]
+        """BaseRuntime.call_tool, except that a failed host ends the episode (raises)."""
+        if self._failure is not None:
+            raise EnvironmentFailed(self._failure)
+        result = await super().call_tool(name, arguments)
+        if self._failure is not None:
+            raise EnvironmentFailed(self._failure)
+        return result
+
     def final_state(self) -> dict[str, Any]:
-        """The plugin's state() (an error marker if it fails, so scoring still happens)."""
+        """The plugin's state() (EnvironmentFailed when its host is gone)."""
+        host = self._live_host()
         try:
-            state = self.env.state()
-        except Exception as exc:
-            return {"_stateError": f"{type(exc).__name__}: {exc}"}
-        if not isinstance(state, dict):
-            return {"_stateError": f"state() returned {type(state).__name__}, not a dict"}
-        return json_safe(state)
+            state = host.call("state", {}).get("state")
+        except HostFailed as exc:
+            self._failure = str(exc)
+            self._host = None
+            raise
+        except ReplyError as exc:
+            return {"_stateError": str(exc)}
+        return state if isinstance(state, dict) else {"_stateError": "state() is not a dict"}
 
     async def close(self) -> None:
-        """Call the plugin's close() when it has one."""
-        close = getattr(self.env, "close", None)
-        if callable(close):
-            out = close()
-            if inspect.isawaitable(out):
-                await out
+        """End the episode in the host (its close()) and give the host back."""
+        host = self._host
+        if host is None:
+            return
+        try:
+            result = await host.acall("close", {})
+            host.cpu_s = float(result.get("cpu_s") or 0.0)
+        except HostFailed:
+            self._host = None
+            return
+        except ReplyError:
+            pass  # close() raised: the episode is over anyway; the env object is dropped
+        self._give_back()
 
 
-__all__ = ["PluginError", "PluginRuntime", "ToolError", "check_entrypoint", "resolve_entrypoint"]
+__all__ = [
+    "PluginError",
+    "PluginRuntime",
+    "ToolError",
+    "check_entrypoint",
+    "lease_host",
+    "shadowing_problems",
+]

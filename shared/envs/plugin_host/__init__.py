@@ -1,0 +1,1 @@
+"""The plugin host: plugin code runs in sandboxed worker processes, never in a service."""

@@ -1,0 +1,528 @@
+"""Services' side of the plugin host: sandboxed worker processes, pooled per plugin version.
+
+A host is one worker process in the bubblewrap sandbox (no network, read-only system, private
+/tmp, a scrubbed environment, rlimits) that has imported one plugin version. An episode leases
+a host for its whole life and gives it back at close; a warm host then serves the next episode
+of the same version (every reset builds a fresh env object). Hosts are keyed by the content
+hash of (entrypoint, sources), so a new version gets new hosts while old ones age out. A host
+that crashes, or misses a deadline (it is then killed), fails only the episode that held it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, Field, ValidationError
+
+from rollout.errors import RolloutError
+from rollout.shared.envs.plugin_host import protocol
+from rollout.shared.envs.plugin_host.worker import PluginError
+from rollout.shared.envs.runtime import EnvironmentFailed
+from rollout.shared.envs.sandbox import SandboxedProcess, SandboxLimits, start_sandboxed
+
+log = structlog.get_logger(__name__)
+
+_WORKER_SOURCE = (Path(__file__).parent / "worker.py").read_text(encoding="utf-8")
+_READ_CHUNK = 1 << 16
+# A version whose host crashed or hung while importing is not retried before this long.
+BROKEN_HOST_RETRY_S = 60.0
+_STDERR_TAIL = 600
+
+
+class HostFailed(EnvironmentFailed):
+    """The plugin's host crashed or missed a deadline (and was killed): the episode ends."""
+
+
+class HostSettings(BaseModel):
+    """Limits of every plugin host (operator settings, from ROLLOUT_PLUGIN_* variables)."""
+
+    step_timeout_s: float = Field(30.0, gt=0, le=3600, description="Per reset/step/state/close.")
+    start_timeout_s: float = Field(60.0, gt=0, le=3600, description="Start and plugin import.")
+    memory_mb: int = Field(1024, ge=64, description="Address space of the worker; its /tmp.")
+    cpu_seconds: int = Field(600, ge=1, description="CPU over a host's life; recycled at half.")
+    max_processes: int = Field(32, ge=1)
+    max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_result_bytes: int = Field(1_000_000, ge=1024, description="Largest reply (JSON bytes).")
+    max_episodes_per_host: int = Field(1000, ge=1)
+    max_idle_per_version: int = Field(32, ge=0)
+    max_versions: int = Field(8, ge=1, description="Versions whose idle hosts are kept warm.")
+    idle_ttl_s: float = Field(300.0, gt=0)
+
+    @classmethod
+    def from_env(cls) -> HostSettings:
+        """Settings with ROLLOUT_PLUGIN_<FIELD> overrides; a bad value names its variable."""
+        values: dict[str, str] = {}
+        for name in cls.model_fields:
+            raw = os.environ.get(f"ROLLOUT_PLUGIN_{name.upper()}")
+            if raw is not None:
+                values[name] = raw
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            var = f"ROLLOUT_PLUGIN_{str(err['loc'][0]).upper()}"
+            raise RolloutError(f"{var}: {err['msg']}") from None
+
+    def limits(self) -> SandboxLimits:
+        """The sandbox's kernel limits for one host."""
+        return SandboxLimits(
+            cpu_seconds=self.cpu_seconds,
+            memory_mb=self.memory_mb,
+            max_processes=self.max_processes,
+            max_file_bytes=self.max_file_bytes,
+            wall_seconds=self.start_timeout_s,
+        )
+
+
+def host_key(entrypoint: str, sources: dict[str, str] | None) -> str:
+    """The content hash a host is keyed by: one host serves one plugin version."""
+    body = json.dumps({"entrypoint": entrypoint, "sources": sources or {}}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code > 128 and code - 128 in signal.valid_signals():
+        return f"killed by {signal.Signals(code - 128).name}"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class PluginHost:
+    """One sandboxed worker serving one plugin version, an episode at a time."""
+
+    def __init__(
+        self, key: str, entrypoint: str, sources: dict[str, str] | None, settings: HostSettings
+    ) -> None:
+        self.key = key
+        self.entrypoint = entrypoint
+        self.settings = settings
+        self.dead: str | None = None
+        self.episodes = 0
+        self.cpu_s = 0.0
+        self.idle_since = time.monotonic()
+        self._buf = bytearray()
+        self._out_closed = False
+        self._eof = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._next_id = 0
+        self._workdir = Path(tempfile.mkdtemp(prefix="host-", dir=_private_root()))
+        self._stderr = tempfile.TemporaryFile(dir=_private_root())
+        try:
+            self.process: SandboxedProcess = start_sandboxed(
+                [sys.executable, "-I", "-c", _WORKER_SOURCE],
+                self._workdir,
+                settings.limits(),
+                stderr=self._stderr.fileno(),
+            )
+        except BaseException:
+            self._cleanup()
+            raise
+        assert self.process.proc.stdin is not None and self.process.proc.stdout is not None
+        self._in = self.process.proc.stdin.fileno()
+        self._out = self.process.proc.stdout.fileno()
+        for fd in (self._in, self._out):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        self._started = time.monotonic()
+        self._load = self.send(
+            "load",
+            {
+                "entrypoint": entrypoint,
+                "sources": sources or {},
+                "max_result_bytes": settings.max_result_bytes,
+            },
+            settings.start_timeout_s,
+        )
+        self.loaded = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def alive(self) -> bool:
+        """False once it failed, exited or was closed."""
+        if self.dead is None and self.process.proc.poll() is not None:
+            self.dead = f"plugin host exited while idle ({self._exit_info()})"
+        return self.dead is None
+
+    def _exit_info(self) -> str:
+        info = _describe_exit(self.process.proc.poll())
+        tail = self._stderr_tail()
+        return f"{info}; its stderr ends: {tail!r}" if tail else info
+
+    def _stderr_tail(self) -> str:
+        try:
+            size = os.fstat(self._stderr.fileno()).st_size
+            self._stderr.seek(max(0, size - _STDERR_TAIL))
+            return self._stderr.read().decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def fail(self, reason: str) -> HostFailed:
+        """Kill the host and return the error naming why (raise it)."""
+        if self.dead is None:
+            self.dead = reason
+            log.warning("plugin_host.failed", entrypoint=self.entrypoint, reason=reason)
+        self.close()
+        return HostFailed(self.dead)
+
+    def close(self) -> None:
+        """Kill the worker and remove its files (idempotent)."""
+        if self.dead is None:
+            self.dead = "plugin host closed"
+        self.unwatch()
+        self.process.kill()
+        self._out_closed = True
+        for stream in (self.process.proc.stdin, self.process.proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stderr.close()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    # ------------------------------------------------------------ wire
+
+    def send(self, op: str, payload: dict[str, Any], timeout: float) -> int:
+        """Write one request (the worker may still be busy: replies come in order)."""
+        if self.dead is not None:  # (a crash since is seen on the pipe: no waitpid per step)
+            raise HostFailed(self.dead)
+        self._next_id += 1
+        view = memoryview(protocol.encode(self._next_id, op, payload))
+        deadline = time.monotonic() + timeout
+        while view:
+            try:
+                view = view[os.write(self._in, view) :]
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self.fail(self._timeout_reason(op, timeout)) from None
+                select.select([], [self._in], [], left)
+            except (BrokenPipeError, OSError):
+                raise self.fail(self._crash_reason(op)) from None
+        return self._next_id
+
+    def _timeout_reason(self, op: str, timeout: float) -> str:
+        what = "importing it" if op == "load" else f"{op}"
+        return (
+            f"plugin {self.entrypoint!r} did not finish {what} within {timeout:g}s "
+            "(its host was killed)"
+        )
+
+    def _crash_reason(self, op: str) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.proc.wait(1)
+        what = "while importing it" if op == "load" else f"during {op}"
+        return f"plugin host of {self.entrypoint!r} died {what} ({self._exit_info()})"
+
+    def _pop(self, rid: int, op: str) -> dict[str, Any] | None:
+        while True:
+            end = self._buf.find(b"\n")
+            if end < 0:
+                if len(self._buf) > self.settings.max_result_bytes + protocol.LINE_SLACK:
+                    raise self.fail(
+                        f"plugin host of {self.entrypoint!r} sent a reply over "
+                        f"{self.settings.max_result_bytes} bytes during {op} (killed)"
+                    )
+                return None
+            line = bytes(self._buf[:end])
+            del self._buf[: end + 1]
+            try:
+                reply = protocol.decode(line)
+            except ValueError:
+                raise self.fail(
+                    f"plugin host of {self.entrypoint!r} sent a malformed reply during {op}"
+                ) from None
+            if reply["id"] == rid:
+                return reply
+            # An earlier reply nobody waits for any more (never happens in order): skip it.
+
+    def _read_available(self, op: str) -> None:
+        if self._eof:
+            raise self.fail(self._crash_reason(op))
+        while True:
+            try:
+                chunk = os.read(self._out, _READ_CHUNK)
+            except BlockingIOError:
+                return
+            if not chunk:
+                raise self.fail(self._crash_reason(op))
+            self._buf += chunk
+
+    def receive(self, rid: int, op: str, timeout: float) -> dict[str, Any]:
+        """Block until reply rid (HostFailed on a crash or after timeout, the host killed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._pop(rid, op)
+            if reply is not None:
+                return reply
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self.fail(self._timeout_reason(op, timeout))
+            ready, _, _ = select.select([self._out], [], [], left)
+            if ready:
+                self._read_available(op)
+
+    async def areceive(self, rid: int, op: str, limit_s: float) -> dict[str, Any]:
+        """receive() for async callers: the event loop waits on the pipe, nothing blocks."""
+        reply = self._pop(rid, op)
+        if reply is not None:
+            return reply
+        loop = asyncio.get_running_loop()
+        self._watch(loop)
+        deadline = loop.time() + limit_s
+        while True:
+            # No wait_for (a task per step): one future, woken by the reader or the deadline.
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiter = waiter
+            timer = loop.call_at(deadline, _set_once, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if self._eof:
+                raise self.fail(self._crash_reason(op))
+            reply = self._pop(rid, op)
+            if reply is not None:
+                return reply
+            if loop.time() >= deadline:
+                raise self.fail(self._timeout_reason(op, limit_s))
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The reader stays registered while the host is leased in this loop: no epoll_ctl
+        # pair per step. A host moved to another loop (asyncio.run per call) re-registers.
+        if self._loop is loop:
+            return
+        self.unwatch()
+        loop.add_reader(self._out, self._on_readable)
+        self._loop = loop
+
+    def unwatch(self) -> None:
+        """Stop watching the pipe from an event loop (on release and close)."""
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed() and not self._out_closed:
+            loop.remove_reader(self._out)
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._out, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._eof = True
+                self.unwatch()
+                break
+            self._buf += chunk
+            if len(chunk) < _READ_CHUNK:
+                break  # drained (a short read): no second read just to hear EAGAIN
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _timeout_for(self, op: str) -> float:
+        return self.settings.start_timeout_s if op == "load" else self.settings.step_timeout_s
+
+    def ensure_loaded(self) -> None:
+        """Wait for the import (PluginError when the plugin does not import)."""
+        if not self.loaded:
+            reply = self.receive(self._load, "load", self.settings.start_timeout_s)
+            self._check(reply)
+            self.loaded = True
+
+    def _check(self, reply: dict[str, Any]) -> dict[str, Any]:
+        if reply.get("ok"):
+            result = reply.get("result")
+            return result if isinstance(result, dict) else {}
+        message = str(reply.get("error"))
+        if reply.get("kind") == "config":
+            raise PluginError(message)
+        raise ReplyError(str(reply.get("kind")), message, reply.get("type"))
+
+    def call(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One blocking round trip (after the import)."""
+        self.ensure_loaded()
+        timeout = self._timeout_for(op)
+        return self._check(self.receive(self.send(op, payload, timeout), op, timeout))
+
+    async def acall(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One round trip that does not block the event loop."""
+        self.ensure_loaded()
+        timeout = self._timeout_for(op)
+        return self._check(await self.areceive(self.send(op, payload, timeout), op, timeout))
+
+
+class ReplyError(Exception):
+    """A reply with ok=false of kind episode or tool (the host itself is fine)."""
+
+    def __init__(self, kind: str, message: str, error_type: object) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.error_type = error_type if isinstance(error_type, str) else None
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# ---------------------------------------------------------------- the pool
+
+
+class HostPool:
+    """Warm hosts per plugin version; an episode leases one and gives it back at close."""
+
+    def __init__(self, settings: HostSettings | None = None) -> None:
+        self.settings = settings or HostSettings.from_env()
+        self._idle: OrderedDict[str, list[PluginHost]] = OrderedDict()
+        self._broken: dict[str, tuple[str, str, float]] = {}
+        self._lock = threading.Lock()
+        self.started = 0  # hosts ever started (tests and benchmarks read it)
+
+    def lease(
+        self, entrypoint: str, sources: dict[str, str] | None, *, spare: bool = False
+    ) -> PluginHost:
+        """A host of this plugin version that has imported it (PluginError if it does not)."""
+        key = host_key(entrypoint, sources)
+        host = None
+        with self._lock:
+            broken = self._broken.get(key)
+            if broken is not None and broken[2] > time.monotonic():
+                raise (PluginError if broken[0] == "config" else HostFailed)(broken[1])
+            idle = self._idle.get(key, [])
+            while idle and host is None:
+                candidate = idle.pop()
+                if candidate.alive:
+                    host = candidate
+                else:
+                    candidate.close()
+            if key in self._idle:
+                self._idle.move_to_end(key)
+            want_spare = spare and not idle and self.settings.max_idle_per_version > 0
+        if host is None:
+            host = self._start(key, entrypoint, sources)
+        if want_spare:
+            # Boots while this episode waits on its own host: a batch's starts overlap.
+            self._put(self._start(key, entrypoint, sources))
+        try:
+            host.ensure_loaded()
+        except PluginError as exc:
+            # The same sources never import: later episodes fail at once, not one by one.
+            self._remember(key, "config", str(exc), float("inf"))
+            host.close()
+            raise
+        except HostFailed as exc:  # it crashed or hung importing: may be transient, retry later
+            self._remember(key, "host", str(exc), time.monotonic() + BROKEN_HOST_RETRY_S)
+            raise
+        return host
+
+    def _remember(self, key: str, kind: str, message: str, until: float) -> None:
+        with self._lock:
+            self._broken[key] = (kind, message, until)
+            for spare in self._idle.pop(key, []):
+                spare.close()
+
+    def _start(self, key: str, entrypoint: str, sources: dict[str, str] | None) -> PluginHost:
+        host = PluginHost(key, entrypoint, sources, self.settings)
+        self.started += 1
+        return host
+
+    def _put(self, host: PluginHost) -> None:
+        evicted: list[PluginHost] = []
+        with self._lock:
+            idle = self._idle.setdefault(host.key, [])
+            self._idle.move_to_end(host.key)
+            if len(idle) < self.settings.max_idle_per_version:
+                host.idle_since = time.monotonic()
+                idle.append(host)
+            else:
+                evicted.append(host)
+            while len(self._idle) > self.settings.max_versions:
+                _, old = self._idle.popitem(last=False)
+                evicted.extend(old)
+            now = time.monotonic()
+            for hosts in self._idle.values():
+                stale = [h for h in hosts if now - h.idle_since > self.settings.idle_ttl_s]
+                for h in stale:
+                    hosts.remove(h)
+                evicted.extend(stale)
+        for h in evicted:
+            h.close()
+
+    def release(self, host: PluginHost) -> None:
+        """Take a host back after an episode: kept warm when healthy, else closed."""
+        host.unwatch()
+        host.episodes += 1
+        worn = (
+            host.episodes >= self.settings.max_episodes_per_host
+            or host.cpu_s > self.settings.cpu_seconds / 2
+        )
+        if not host.alive or worn:
+            host.close()
+            return
+        self._put(host)
+
+    def idle_count(self, entrypoint: str, sources: dict[str, str] | None) -> int:
+        """Idle hosts of one version (tests)."""
+        with self._lock:
+            return len(self._idle.get(host_key(entrypoint, sources), []))
+
+    def close(self) -> None:
+        """Close every idle host."""
+        with self._lock:
+            hosts = [h for hs in self._idle.values() for h in hs]
+            self._idle.clear()
+            self._broken.clear()
+        for h in hosts:
+            h.close()
+
+
+_pool: HostPool | None = None
+_pool_lock = threading.Lock()
+_root: Path | None = None
+_root_lock = threading.Lock()
+
+
+def default_pool() -> HostPool:
+    """This process's pool (settings read from the environment on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = HostPool()
+            atexit.register(_pool.close)
+        return _pool
+
+
+def _private_root() -> Path:
+    """A 0700 folder of this process only (mkdtemp: unpredictable name, created atomically)."""
+    global _root
+    with _root_lock:
+        if _root is None or not _root.is_dir():
+            _root = Path(tempfile.mkdtemp(prefix=f"rollout-plugin-hosts-{os.getpid()}-"))
+            atexit.register(shutil.rmtree, _root, True)
+        return _root

@@ -1,0 +1,322 @@
+"""The plugin host's worker: imports one plugin and serves its episodes over stdin/stdout.
+
+It runs inside the sandbox (``python -I -c <this file>``) and imports nothing of rollout, so it
+needs nothing of the service's files. Protocol: one JSON object per line each way (see
+protocol.py). The plugin's own prints go to stderr; the protocol streams are private dups.
+Episodes run one after another: every ``reset`` builds a fresh env object with the factory.
+
+The same functions serve the in-process baseline of benchmarks/engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import re
+import resource
+import sys
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Any
+
+MAX_ENTRYPOINT_LEN = 260
+ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}:[A-Za-z_][A-Za-z0-9_]{0,127}$")
+PROTOCOL = ("tools", "reset", "step", "state")
+SOURCES_DIR = "/tmp/rollout-plugin"
+_OPS = frozenset(("load", "reset", "tools", "step", "state", "close"))
+
+
+class PluginError(ValueError):
+    """An entrypoint that is malformed, does not import, or breaks the protocol."""
+
+
+def check_entrypoint(value: object) -> str:
+    """Validate the shape of a `module.path:function` entrypoint (no import)."""
+    if not isinstance(value, str):
+        raise PluginError(f"entrypoint must be a string, got {type(value).__name__}")
+    if not value:
+        raise PluginError("entrypoint must not be empty")
+    if "\x00" in value:
+        raise PluginError("entrypoint must not contain null bytes")
+    if len(value) > MAX_ENTRYPOINT_LEN:
+        raise PluginError(f"entrypoint must be <= {MAX_ENTRYPOINT_LEN} chars")
+    if not ENTRYPOINT_RE.match(value) or ".." in value or value.split(":")[0].endswith("."):
+        raise PluginError(
+            f"entrypoint {value!r} must match 'module.path:function_name' "
+            "(letters / digits / underscore / dot only)"
+        )
+    return value
+
+
+def write_sources(sources: dict[str, str], folder: str) -> None:
+    """Write bundled sources under folder (relative .py paths only, checked again here)."""
+    for rel, text in sources.items():
+        pure = PurePosixPath(rel)
+        if pure.is_absolute() or ".." in pure.parts or pure.suffix != ".py":
+            raise PluginError(f"config.sources[{rel!r}]: must be a relative .py path")
+        target = os.path.join(folder, *pure.parts)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def add_after_stdlib(folder: str) -> None:
+    """Put folder on sys.path after the standard library, so it can shadow none of it."""
+    for i, entry in enumerate(sys.path):
+        if "site-packages" in entry or "dist-packages" in entry:
+            sys.path.insert(i, folder)
+            break
+    else:
+        sys.path.append(folder)
+    importlib.invalidate_caches()
+
+
+def resolve_entrypoint(value: object) -> Callable[..., Any]:
+    """Import the module and return the factory; every failure is a PluginError naming it."""
+    spec = check_entrypoint(value)
+    module_path, _, fn_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as exc:
+        raise PluginError(f"module {module_path!r} could not be imported: {exc}") from None
+    except BaseException as exc:  # user code failing at import time (even SystemExit): name it
+        raise PluginError(
+            f"module {module_path!r} raised {type(exc).__name__} on import: {exc}"
+        ) from None
+    if not hasattr(module, fn_name):
+        raise PluginError(f"{spec!r}: module {module_path!r} has no attribute {fn_name!r}")
+    fn = getattr(module, fn_name)
+    if not callable(fn):
+        raise PluginError(f"{spec!r}: {fn_name!r} is not callable ({type(fn).__name__})")
+    return fn
+
+
+def make_env(factory: Callable[..., Any], entrypoint: str, options: dict[str, Any]) -> Any:
+    """Call the factory and check the result implements the protocol."""
+    try:
+        env = factory(dict(options))
+    except Exception as exc:
+        raise PluginError(
+            f"{entrypoint!r} raised {type(exc).__name__} when called: {exc}"
+        ) from None
+    missing = [m for m in PROTOCOL if not callable(getattr(env, m, None))]
+    if missing:
+        raise PluginError(
+            f"{entrypoint!r} returned {type(env).__name__}, which lacks "
+            f"{', '.join(missing)} (needs tools/reset/step/state)"
+        )
+    return env
+
+
+def tool_dicts(env: Any) -> list[dict[str, Any]]:
+    """The plugin's tools as validated dicts (PluginError when malformed)."""
+    try:
+        tools = env.tools()
+    except Exception as exc:
+        raise PluginError(f"tools() raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(tools, list | tuple):
+        raise PluginError(f"tools() must return a list, got {type(tools).__name__}")
+    out = []
+    for i, tool in enumerate(tools):
+        if hasattr(tool, "model_dump"):
+            tool = tool.model_dump()
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise PluginError(f"tools()[{i}] must be a dict with a string 'name'")
+        params = tool.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise PluginError(f"tools()[{i}].parameters must be an object")
+        out.append(
+            {
+                "name": tool["name"],
+                "description": str(tool.get("description", "")),
+                "parameters": json.loads(json.dumps(params, default=str)),
+            }
+        )
+    return out
+
+
+class _Failure(Exception):
+    """A reply with ok=false: kind is config (the env is broken), episode or tool."""
+
+    def __init__(self, kind: str, message: str, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.error_type = error_type
+
+
+class Worker:
+    """One plugin's factory and the live env of the current episode."""
+
+    def __init__(self) -> None:
+        self.entrypoint = ""
+        self.factory: Callable[..., Any] | None = None
+        self.env: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.max_result_bytes = 1_000_000
+
+    def _await(self, value: Any) -> Any:
+        # One loop for the host's life: an async plugin may keep loop-bound objects across steps.
+        if inspect.isawaitable(value):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            return self.loop.run_until_complete(value)
+        return value
+
+    def load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Materialise the sources in the sandbox's own /tmp and import the entrypoint."""
+        self.max_result_bytes = int(msg.get("max_result_bytes") or self.max_result_bytes)
+        self.entrypoint = msg["entrypoint"]
+        try:
+            if msg.get("sources"):
+                write_sources(msg["sources"], SOURCES_DIR)
+                add_after_stdlib(SOURCES_DIR)
+            self.factory = resolve_entrypoint(self.entrypoint)
+        except PluginError as exc:
+            raise _Failure("config", str(exc)) from None
+        return {}
+
+    def reset(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A fresh env for a new episode; its tools."""
+        if self.factory is None:
+            raise _Failure("config", "the plugin is not loaded")
+        self.close({})
+        try:
+            env = make_env(self.factory, self.entrypoint, msg.get("options") or {})
+        except PluginError as exc:
+            raise _Failure("config", str(exc)) from None
+        if msg.get("probe"):
+            # Validation: the tools of a fresh env, without an episode.
+            self.env = env
+            try:
+                return {"tools": tool_dicts(env), "cpu_s": _cpu_seconds()}
+            except PluginError as exc:
+                raise _Failure("config", str(exc)) from None
+            finally:
+                self.close_quietly()
+        try:
+            self._await(env.reset(msg.get("task") or {}))
+        except Exception as exc:
+            raise _Failure("episode", f"reset() raised {type(exc).__name__}: {exc}") from None
+        self.env = env
+        try:
+            tools = tool_dicts(env)
+        except PluginError as exc:
+            raise _Failure("config", str(exc)) from None
+        return {"tools": tools, "cpu_s": _cpu_seconds()}
+
+    def _live(self) -> Any:
+        if self.env is None:
+            raise _Failure("episode", "no episode: reset first")
+        return self.env
+
+    def tools(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The current env's tools."""
+        try:
+            return {"tools": tool_dicts(self._live())}
+        except PluginError as exc:
+            raise _Failure("config", str(exc)) from None
+
+    def step(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run one tool; an exception is a tool error (its type and message)."""
+        env = self._live()
+        try:
+            out = self._await(env.step(msg["name"], msg.get("arguments") or {}))
+        except Exception as exc:
+            raise _Failure("tool", str(exc), type(exc).__name__) from None
+        return {"output": out}
+
+    def state(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The env's state() (an error marker if it fails, so scoring still happens)."""
+        env = self._live()
+        try:
+            state = self._await(env.state())
+        except Exception as exc:
+            return {"state": {"_stateError": f"{type(exc).__name__}: {exc}"}}
+        if not isinstance(state, dict):
+            return {
+                "state": {"_stateError": f"state() returned {type(state).__name__}, not a dict"}
+            }
+        return {"state": state}
+
+    def close(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """End the episode: the env's close() when it has one."""
+        env, self.env = self.env, None
+        close = getattr(env, "close", None)
+        if callable(close):
+            try:
+                self._await(close())
+            except Exception as exc:
+                raise _Failure("episode", f"close() raised {type(exc).__name__}: {exc}") from None
+        return {"cpu_s": _cpu_seconds()}
+
+    def close_quietly(self) -> None:
+        """close() whose failure does not matter (a probe instance)."""
+        try:
+            self.close({})
+        except _Failure:
+            pass
+
+
+# ASCII output (the C encoder's fastest path); one encoder, not one per reply.
+_ENCODE = json.JSONEncoder(default=str, separators=(",", ":")).encode
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _reply(worker: Worker, msg: dict[str, Any]) -> bytes:
+    rid = msg.get("id")
+    op = msg.get("op")
+    try:
+        handler = getattr(worker, op) if op in _OPS else None
+        if handler is None:
+            raise _Failure("config", f"unknown operation {op!r}")
+        body: dict[str, Any] = {"id": rid, "ok": True, "result": handler(msg)}
+    except _Failure as exc:
+        body = {"id": rid, "ok": False, "kind": exc.kind, "error": str(exc), "type": exc.error_type}
+    try:
+        line = _ENCODE(body).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        body = {"id": rid, "ok": False, "kind": "tool", "error": f"result is not JSON: {exc}"}
+        line = json.dumps(body).encode()
+    if len(line) > worker.max_result_bytes:
+        body = {
+            "id": rid,
+            "ok": False,
+            "kind": "tool",
+            "error": f"{op} result is {len(line)} bytes of JSON; at most "
+            f"{worker.max_result_bytes} are returned (return less)",
+        }
+        line = json.dumps(body).encode()
+    return line + b"\n"
+
+
+def main() -> None:
+    """Serve requests until stdin closes."""
+    proto_in = os.fdopen(os.dup(0), "rb")
+    proto_out = os.dup(1)
+    # The plugin's print() and reads of stdin must not touch the protocol.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    worker = Worker()
+    for raw in proto_in:
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(msg, dict):
+            continue
+        data = _reply(worker, msg)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(proto_out, view) :]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Plugin sources the host tests push into specs (each a module's text)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+# The step deadline of the tests' pool (conftest.pool).
+STEP_TIMEOUT_S = 2.0
+
+COUNTER = textwrap.dedent(
+    """
+    import asyncio, ctypes, os, time
+
+    VERSION = "v1"
+
+
+    class Env:
+        def __init__(self, options):
+            self.options = options
+            self.calls = 0
+
+        def tools(self):
+            return [
+                {"name": "go", "description": "Do the task's thing.",
+                 "parameters": {"type": "object", "properties": {}}},
+                {"name": "slow", "description": "Async step.",
+                 "parameters": {"type": "object", "properties": {}}},
+            ]
+
+        def reset(self, task):
+            self.mode = task["input"].get("mode", "ok")
+            if self.mode == "hang_reset":
+                while True:
+                    pass
+
+        def step(self, name, arguments):
+            self.calls += 1
+            if name == "slow":
+                return self._slow()
+            if self.mode == "hang":
+                while True:
+                    pass
+            if self.mode == "exit":
+                os._exit(3)
+            if self.mode == "segv":
+                ctypes.string_at(0)
+            if self.mode == "raise":
+                raise KeyError("no such thing")
+            if self.mode == "alloc":
+                return len(bytearray(4_000_000_000))
+            if self.mode == "huge":
+                return "x" * 3_000_000
+            return {"version": VERSION, "calls": self.calls}
+
+        async def _slow(self):
+            await asyncio.sleep(0.01)
+            return {"async": True, "calls": self.calls}
+
+        def state(self):
+            return {"calls": self.calls, "mode": self.mode}
+
+
+    def make_env(options):
+        return Env(options)
+    """
+)
+
+
+def spec(
+    source: str = COUNTER,
+    *,
+    module: str = "hostplug",
+    modes: tuple[str, ...] = ("ok",),
+    slug: str = "hostplug",
+) -> dict[str, Any]:
+    """A plugin env whose module is bundled in config.sources, one task per mode."""
+    return {
+        "slug": slug,
+        "template": "plugin",
+        "config": {"entrypoint": f"{module}:make_env", "sources": {f"{module}.py": source}},
+        "tasks": [
+            {"instruction": f"mode {m}", "input": {"mode": m}, "hiddenGroundTruth": {}}
+            for m in modes
+        ],
+        "verifier": {"primitives": [{"name": "called", "type": "tool_was_called", "tool": "go"}]},
+    }
