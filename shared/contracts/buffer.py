@@ -14,11 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollout.errors import RolloutError
 from rollout.shared.contracts.requests import Request
 from rollout.shared.objectstore.base import ObjectRef, ObjectStore
-from rollout.shared.objectstore.claimcheck import get_json
+from rollout.shared.objectstore.claimcheck import DEFAULT_INLINE_LIMIT, get_json
 
 SERVICE = "buffer"
-# Replies go over NATS (1 MiB max payload by default): larger item lists go to the object store.
-DEFAULT_INLINE_LIMIT = 256 * 1024
+# Replies go over NATS (1 MiB max payload by default): item lists larger than the one
+# claim-check threshold (DEFAULT_INLINE_LIMIT, defined in the claim-check module) go to the
+# object store.
 MIN_INLINE_LIMIT = 1024
 
 Kind = Literal["sft_set", "dpo_pairs", "grpo_groups"]

@@ -1,0 +1,73 @@
+"""No message over the server's max payload: big tool outputs, split batches, paged replies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
+
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts import EventEnvelope
+from rollout.shared.settings import connect_nats
+
+BIG = 150 * 1024
+
+
+def big_doc_env(slug: str = "bigdocs") -> dict[str, Any]:
+    """A workflow env whose one lookup tool returns 150 KB."""
+    return {
+        "slug": slug,
+        "name": "Big documents",
+        "template": "workflow",
+        "config": {
+            "tools": [{"name": "read_doc", "kind": "lookup", "fixturePath": "docs.${args.name}"}],
+            "fixtures": {"docs": {"manual": "x" * BIG}},
+            "initialMutableState": {"notes": []},
+        },
+        "tasks": [
+            {
+                "instruction": "Read the manual",
+                "hiddenGroundTruth": {"notes": []},
+                "split": "train",
+            }
+        ],
+    }
+
+
+def reader_agent(body: dict[str, Any]) -> Reply:
+    """Reads the big document once, then answers."""
+    if not any(m["role"] == "tool" for m in body["messages"]):
+        return tool_reply(("read_doc", {"name": "manual"}))
+    return text_reply("read it")
+
+
+async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(client, settings) -> None:
+    await client.push_environment(big_doc_env())
+    with FakeOpenAI(reader_agent) as server:
+        run = await client.create_run("bigdocs", f"{server.base_url}#m", n=32, batch_size=16)
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert done["status"] == "completed", done["reason"]
+    assert done["scored"] == 32 and done["errored"] == 0 and done["passed"] == 32
+
+    full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
+    assert len(full["rollouts"]) == 32
+    assert len({r["rolloutId"] for r in full["rollouts"]}) == 32
+    for r in full["rollouts"]:
+        [call] = r["trajectory"]["tool_calls"]
+        assert len(call["result"]) == BIG
+
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        limit = nc.max_payload
+        sizes: dict[str, list[int]] = {"rollout.generated": [], "rollout.scored": []}
+        async for msg in read_events(js, subjects.run_events(run["runId"])):
+            event = EventEnvelope.from_bytes(msg.data)
+            if event.type in sizes:
+                sizes[event.type].append(len(msg.data))
+    finally:
+        await nc.close()
+    # Two work items of 16 rollouts, each ~2.7 MB of trajectories: split into several events.
+    assert len(sizes["rollout.generated"]) > 2
+    assert all(size < limit for size in sizes["rollout.generated"] + sizes["rollout.scored"])
