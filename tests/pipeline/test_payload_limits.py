@@ -9,6 +9,7 @@ from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import EventEnvelope
+from rollout.shared.contracts.requests import GetRun
 from rollout.shared.settings import connect_nats
 
 BIG = 150 * 1024
@@ -56,6 +57,17 @@ async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(client, set
     for r in full["rollouts"]:
         [call] = r["trajectory"]["tool_calls"]
         assert len(call["result"]) == BIG
+
+    # One reply cannot hold 32 x 150 KB: the first page stops short and names the next.
+    first = await client.request(
+        "tracker",
+        "get_run",
+        GetRun(run_id=run["runId"], include_rollouts=True, include_trajectories=True),
+    )
+    assert 0 < len(first["rollouts"]) < 32 and first["rolloutsCursor"]
+    assert [r["rolloutId"] for r in full["rollouts"][: len(first["rollouts"])]] == [
+        r["rolloutId"] for r in first["rollouts"]
+    ]
 
     nc = await connect_nats(settings)
     try:
