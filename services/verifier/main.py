@@ -8,6 +8,7 @@ import os
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 
+from rollout.errors import RolloutError
 from rollout.services.verifier.scoring import ScoringUnavailable, errored_verdict, score_rollout
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
@@ -33,8 +34,21 @@ GENERATED = subjects.event_filter("run", "rollout.generated")
 # How long a silent verifier holds a generated batch before another replica gets it. While it
 # scores (sandboxed test suites can take minutes) it sends in-progress acks, so a long batch
 # is not redelivered; tests shorten the wait to show that.
-ACK_WAIT_S = float(os.environ.get("ROLLOUT_VERIFIER_ACK_WAIT_S", "60"))
-KEEPALIVE_S = min(10.0, ACK_WAIT_S / 3)
+ACK_WAIT_ENV = "ROLLOUT_VERIFIER_ACK_WAIT_S"
+DEFAULT_ACK_WAIT_S = 60.0
+
+
+def ack_wait_s() -> float:
+    """The verifier consumer's AckWait in seconds (ROLLOUT_VERIFIER_ACK_WAIT_S, else 60)."""
+    raw = os.environ.get(ACK_WAIT_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_ACK_WAIT_S
+    except ValueError:
+        raise RolloutError(f"{ACK_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise RolloutError(f"{ACK_WAIT_ENV} must be > 0, got {value:g}")
+    return value
+
 
 log = get_logger(__name__)
 
@@ -50,6 +64,7 @@ async def run_of(js, run_id: str) -> RunRequested:
 def build_broker(settings: Settings) -> NatsBroker:
     """The verifier's broker and its handler."""
     broker = make_broker(settings)
+    keepalive_s = min(10.0, ack_wait_s() / 3)
     state: dict[str, SpecCache] = {}
     stores: dict[str, ObjectStore] = {}
 
@@ -76,7 +91,7 @@ def build_broker(settings: Settings) -> NatsBroker:
         raw = message.raw_message
         attempt = raw.metadata.num_delivered
         with event_context(event):
-            async with working_on(raw, every_s=KEEPALIVE_S):
+            async with working_on(raw, every_s=keepalive_s):
                 run = await run_of(js, generated.run_id)
                 spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
                 scored: list[ScoredRollout] = []
@@ -88,10 +103,9 @@ def build_broker(settings: Settings) -> NatsBroker:
                         # the last attempt the rollout is errored with the cause.
                         if attempt < DEFAULT_MAX_DELIVER:
                             raise
-                        log.warning(
-                            "rollout errored", rollout_id=rollout.rollout_id, cause=str(exc)
-                        )
-                        scored.append(errored_verdict(rollout, str(exc), "infra"))
+                        cause = f"{exc} (after {attempt} attempts)"
+                        log.warning("rollout errored", rollout_id=rollout.rollout_id, cause=cause)
+                        scored.append(errored_verdict(rollout, cause, "infra"))
 
                 def part(items: list[ScoredRollout], start: int, end: int) -> EventEnvelope:
                     whole = start == 0 and end == len(scored)
@@ -141,7 +155,7 @@ async def serve(settings: Settings) -> None:
             js,
             subjects.EVENTS_STREAM,
             pull_consumer_config(
-                DURABLE, GENERATED, ack_wait_s=ACK_WAIT_S, max_deliver=DEFAULT_MAX_DELIVER
+                DURABLE, GENERATED, ack_wait_s=ack_wait_s(), max_deliver=DEFAULT_MAX_DELIVER
             ),
         )
     finally:
