@@ -83,3 +83,56 @@ async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(client, set
     # Two work items of 16 rollouts, each ~2.7 MB of trajectories: split into several events.
     assert len(sizes["rollout.generated"]) > 2
     assert all(size < limit for size in sizes["rollout.generated"] + sizes["rollout.scored"])
+
+
+def chatty_agent(size: int) -> Any:
+    """Answers at once with `size` characters of text (a trajectory of about that size)."""
+
+    def answer(body: dict[str, Any]) -> Reply:
+        return text_reply("y" * size)
+
+    return answer
+
+
+async def test_a_rollout_too_large_even_after_the_claim_check_is_errored_not_retried(
+    client, settings, monkeypatch
+) -> None:
+    from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
+
+    # A claim-check threshold above the server's max payload: a 1.5 MB trajectory stays
+    # inline and cannot travel in any message.
+    monkeypatch.setenv(INLINE_LIMIT_ENV, str(64 * 1024 * 1024))
+    await client.push_environment(big_doc_env("chatty"))
+    with FakeOpenAI(chatty_agent(1_500_000)) as server:
+        run = await client.create_run("chatty", f"{server.base_url}#m", n=2)
+        done = await client.wait_for_run(run["runId"], timeout_s=60)
+    assert done["status"] == "completed"
+    assert done["errored"] == 2 and done["passed"] == 0
+    full = await client.get_run(run["runId"], include_rollouts=True)
+    for r in full["rollouts"]:
+        assert r["outcome"] == "errored" and r["errorKind"] == "infra"
+        assert "bytes a message may carry" in r["error"], r["error"]
+    nc = await connect_nats(settings)
+    try:
+        generated = [
+            EventEnvelope.from_bytes(m.data)
+            async for m in read_events(nc.jetstream(), subjects.run_events(run["runId"]))
+            if m.subject.endswith("rollout_generated")
+        ]
+    finally:
+        await nc.close()
+    # Recorded on the first attempt: a size no retry can fix is not retried.
+    assert [r["delivery_attempt"] for e in generated for r in e.payload["rollouts"]] == [1, 1]
+
+
+async def test_a_large_trajectory_goes_to_the_object_store_and_comes_back(client) -> None:
+    await client.push_environment(big_doc_env("chatty"))
+    with FakeOpenAI(chatty_agent(1_500_000)) as server:
+        run = await client.create_run("chatty", f"{server.base_url}#m", n=2)
+        done = await client.wait_for_run(run["runId"], timeout_s=60)
+    assert done["passed"] == 2, done
+    full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
+    for r in full["rollouts"]:
+        assert r["trajectoryUri"] and r["outcome"] == "passed"
+        # 1.5 MB cannot ride in a reply either: it is omitted there, saying where it is.
+        assert r["trajectory"] is None and r["trajectoryUri"] in r["trajectoryOmitted"]
