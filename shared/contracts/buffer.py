@@ -35,6 +35,13 @@ class BufferQuery(Request):
         ge=MIN_INLINE_LIMIT,
         description="items whose JSON is larger than this many bytes come back as an object ref",
     )
+    offset: int = Field(0, ge=0, description="the first item of the page (0: from the start)")
+    page_size: int | None = Field(
+        None,
+        ge=1,
+        description="at most this many items per reply; the reply's next_offset asks for the "
+        "next page (none: every item in one reply, by object ref when large)",
+    )
     after_seq: int | None = Field(
         None,
         ge=0,
@@ -145,6 +152,10 @@ class BufferData(BaseModel):
 
     kind: Kind
     count: int
+    # Every item of the answer (count is this page's), where this page starts, the next one.
+    total: int | None = None
+    offset: int = 0
+    next_offset: int | None = None
     items: list[dict[str, Any]] | None = None
     meta: list[dict[str, Any]] | None = None
     ref: ObjectRef | None = None

@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
 
+from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import EventEnvelope
+from rollout.shared.contracts.buffer import BufferData, SftSetQuery
 from rollout.shared.contracts.requests import GetRun
 from rollout.shared.settings import connect_nats
+from rollout.shared.store.trajectories import object_store
 
 BIG = 150 * 1024
+
+
+async def sft_set(client: Any, query: SftSetQuery, total: int) -> BufferData:
+    """Ask the buffer, once it has ingested the run's `total` passing rollouts (it may lag)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        try:
+            data = BufferData.model_validate(await client.request("buffer", "sft_set", query))
+        except RolloutError:
+            data = None
+        if data is not None and data.total == total:
+            return data
+        if loop.time() > deadline:
+            raise AssertionError(f"the buffer did not answer with {total} items: {data}")
+        await asyncio.sleep(0.2)
 
 
 def big_doc_env(slug: str = "bigdocs") -> dict[str, Any]:
@@ -43,7 +63,10 @@ def reader_agent(body: dict[str, Any]) -> Reply:
     return text_reply("read it")
 
 
-async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(client, settings) -> None:
+async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(
+    client, platform, settings
+) -> None:
+    platform.start("buffer")
     await client.push_environment(big_doc_env())
     with FakeOpenAI(reader_agent) as server:
         run = await client.create_run("bigdocs", f"{server.base_url}#m", n=32, batch_size=16)
@@ -68,6 +91,18 @@ async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(client, set
     assert [r["rolloutId"] for r in full["rollouts"][: len(first["rollouts"])]] == [
         r["rolloutId"] for r in first["rollouts"]
     ]
+
+    # The buffer's SFT set of those 32, a page of 4 at a time, each page inline.
+    whole = await sft_set(client, SftSetQuery(run_id=run["runId"]), 32)
+    paged, offset = [], 0
+    while offset is not None:
+        query = SftSetQuery(run_id=run["runId"], offset=offset, page_size=4)
+        page = await sft_set(client, query, 32)
+        assert page.items is not None and page.count == 4
+        paged.extend(page.items)
+        offset = page.next_offset
+    async with object_store(settings) as store:
+        assert paged == (await whole.load(store))[0]
 
     nc = await connect_nats(settings)
     try:
@@ -125,7 +160,10 @@ async def test_a_rollout_too_large_even_after_the_claim_check_is_errored_not_ret
     assert [r["delivery_attempt"] for e in generated for r in e.payload["rollouts"]] == [1, 1]
 
 
-async def test_a_large_trajectory_goes_to_the_object_store_and_comes_back(client) -> None:
+async def test_a_large_trajectory_goes_to_the_object_store_and_comes_back(
+    client, platform, settings
+) -> None:
+    platform.start("buffer")
     await client.push_environment(big_doc_env("chatty"))
     with FakeOpenAI(chatty_agent(1_500_000)) as server:
         run = await client.create_run("chatty", f"{server.base_url}#m", n=2)
@@ -136,3 +174,15 @@ async def test_a_large_trajectory_goes_to_the_object_store_and_comes_back(client
         assert r["trajectoryUri"] and r["outcome"] == "passed"
         # 1.5 MB cannot ride in a reply either: it is omitted there, saying where it is.
         assert r["trajectory"] is None and r["trajectoryUri"] in r["trajectoryOmitted"]
+
+    # Its SFT set (2 x 1.5 MB) cannot be one reply, whatever inline_limit asks: by claim check.
+    async with object_store(settings) as store:
+        query = SftSetQuery(run_id=run["runId"], inline_limit=64 << 20)
+        whole = await sft_set(client, query, 2)
+        assert whole.items is None and whole.ref is not None
+        items, _ = await whole.load(store)
+        assert len(items[0]["messages"][-1]["content"]) == 1_500_000
+        # A page of one is still too large to ride inline: it comes by claim check too.
+        page = await sft_set(client, SftSetQuery(run_id=run["runId"], page_size=1), 2)
+        assert page.ref is not None and page.next_offset == 1
+        assert (await page.load(store))[0] == items[:1]
