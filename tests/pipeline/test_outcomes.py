@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
-from kit import Platform, refund_agent, refund_env, wait_for_platform, wait_until
+from fakes.openai_server import FakeOpenAI
+from kit import Platform, fix_env, fixer, refund_agent, refund_env, wait_for_platform, wait_until
 
 from rollout.client import AsyncClient
 from rollout.services.verifier.main import ACK_WAIT_ENV, DURABLE
@@ -22,33 +22,6 @@ from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-
-FIXED = "def add(a, b):\n    return a + b\n"
-
-
-def fix_env(slug: str = "fix-add", *, sleep_s: float = 0.0) -> dict[str, Any]:
-    """A code-editing env whose hidden pytest suite (optionally slow) decides the verdict."""
-    hidden = "import time\nfrom calc import add\n\n\ndef test_add():\n"
-    hidden += f"    time.sleep({sleep_s})\n    assert add(2, 3) == 5\n"
-    return {
-        "slug": slug,
-        "name": "Fix add",
-        "template": "code-editing",
-        "config": {"files": {"calc.py": "def add(a, b):\n    return a - b\n"}},
-        "tasks": [
-            {
-                "instruction": "add() in calc.py is wrong; fix it.",
-                "hiddenGroundTruth": {"tests": {"test_hidden.py": hidden}},
-            }
-        ],
-    }
-
-
-def fixer(body: dict[str, Any]) -> Reply:
-    """Writes the fix, then says so (never runs the tests itself: only the verifier does)."""
-    if not any(m["role"] == "tool" for m in body["messages"]):
-        return tool_reply(("write_file", {"path": "calc.py", "content": FIXED}))
-    return text_reply("fixed")
 
 
 async def verifier_deliveries(settings: Settings) -> int:
