@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from fakes.openai_server import FakeOpenAI
-from kit import Platform, fix_env, fixer, refund_agent, refund_env, wait_for_platform, wait_until
+from kit import Platform, fix_env, fixer, refund_env, wait_for_platform, wait_until
 
 from rollout.client import AsyncClient
 from rollout.services.verifier.main import ACK_WAIT_ENV, DURABLE
@@ -165,6 +165,3 @@ async def test_refund_rollouts_still_get_verdicts(client, agent_server) -> None:
     assert full["passed"] + full["failed"] == 8 and full["errored"] == 0
     for r in full["rollouts"]:
         assert r["outcome"] == ("passed" if r["seed"] % 4 != 0 else "failed")
-
-
-_ = refund_agent  # the agent_server fixture's script
