@@ -18,6 +18,7 @@ from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import EventEnvelope
 from rollout.shared.envs.sandbox import BWRAP_ENV_VAR
 from rollout.shared.objectstore.factory import OBJECT_STORE_ENV
+from rollout.shared.replay import replay_run
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
 
@@ -75,6 +76,13 @@ async def test_sandbox_unavailable_is_retried_then_errored_with_its_cause(
     assert done["errored"] == 2
     # One generated batch, delivered to the verifier five times before it gave up.
     assert await verifier_deliveries(settings) == 5
+    # A replay from the log alone counts them the same way: errored, not failed.
+    nc = await connect_nats(settings)
+    try:
+        summary = (await replay_run(nc.jetstream(), run["runId"])).summary()
+    finally:
+        await nc.close()
+    assert (summary["errored"], summary["failed"], summary["passed"]) == (2, 0, 0)
 
 
 @needs_bwrap
