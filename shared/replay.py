@@ -35,7 +35,9 @@ class ReplayedRun:
     def summary(self) -> dict[str, Any]:
         """Counts as the read model would show them."""
         verdicts = list(self.scored.values())
-        passed = sum(v.passed for v in verdicts)
+        passed = sum(v.outcome == "passed" for v in verdicts)
+        # Errored rollouts have no verdict: rates are over the judged ones, like the read model.
+        judged = [v for v in verdicts if v.outcome != "errored"]
         return {
             "runId": self.request.run_id,
             "envSlug": self.request.env_slug,
@@ -48,9 +50,10 @@ class ReplayedRun:
             "generated": len(self.generated),
             "scored": len(verdicts),
             "passed": passed,
-            "errored": sum(1 for v in verdicts if v.error),
-            "passRate": passed / len(verdicts) if verdicts else 0.0,
-            "meanScore": sum(v.score for v in verdicts) / len(verdicts) if verdicts else 0.0,
+            "errored": len(verdicts) - len(judged),
+            "failed": len(judged) - passed,
+            "passRate": passed / len(judged) if judged else 0.0,
+            "meanScore": sum(v.score for v in judged) / len(judged) if judged else 0.0,
         }
 
 

@@ -92,16 +92,25 @@ class AsyncClient:
     async def get_run(
         self, run_id: str, include_rollouts: bool = False, include_trajectories: bool = False
     ) -> dict[str, Any]:
-        """A run's summary and per-task table (and rollouts when asked)."""
-        return await self.request(
-            "tracker",
-            "get_run",
-            rq.GetRun(
-                run_id=run_id,
-                include_rollouts=include_rollouts,
-                include_trajectories=include_trajectories,
-            ),
+        """A run's summary and per-task table (and every rollout when asked, page by page)."""
+        query = rq.GetRun(
+            run_id=run_id,
+            include_rollouts=include_rollouts,
+            include_trajectories=include_trajectories,
         )
+        run = await self.request("tracker", "get_run", query)
+        # Rollouts come in pages that fit a message; follow them until the last one.
+        seen: set[str] = set()
+        while cursor := run.pop("rolloutsCursor", None):
+            if cursor in seen:
+                raise RolloutError(f"the tracker repeated rollouts cursor {cursor!r} for {run_id}")
+            seen.add(cursor)
+            page = await self.request(
+                "tracker", "get_run", query.model_copy(update={"rollouts_cursor": cursor})
+            )
+            run["rollouts"].extend(page["rollouts"])
+            run["rolloutsCursor"] = page.get("rolloutsCursor")
+        return run
 
     async def list_runs(self, limit: int = 20, env_slug: str | None = None) -> list[dict]:
         """Recent runs, newest first."""

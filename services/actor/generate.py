@@ -6,7 +6,7 @@ import time
 
 from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
 from rollout.shared.contracts.envspec import EnvironmentSpec
-from rollout.shared.contracts.events import GeneratedRollout
+from rollout.shared.contracts.events import ErrorKind, GeneratedRollout
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.envs.engine import build_runtime
 from rollout.shared.models.base import ModelBackend
@@ -56,6 +56,7 @@ async def generate_batch(
             actor_id=actor_id,
             duration_s=elapsed,
             error=trajectory.error,
+            error_kind=trajectory.error_kind if trajectory.error else None,
             delivery_attempt=delivery_attempt,
         )
         for item, trajectory in zip(work.items, trajectories, strict=True)
@@ -63,7 +64,12 @@ async def generate_batch(
 
 
 def failed_batch(
-    work: RolloutWork, reason: str, *, actor_id: str, delivery_attempt: int = 1
+    work: RolloutWork,
+    reason: str,
+    *,
+    actor_id: str,
+    delivery_attempt: int = 1,
+    kind: ErrorKind = "model",
 ) -> list[GeneratedRollout]:
     """Rollouts that could not be generated at all, each carrying the reason."""
     return [
@@ -78,7 +84,21 @@ def failed_batch(
             seed=item.seed,
             actor_id=actor_id,
             error=reason,
+            error_kind=kind,
             delivery_attempt=delivery_attempt,
         )
         for item in work.items
     ]
+
+
+def without_trajectory(rollout: GeneratedRollout, cause: str) -> GeneratedRollout:
+    """The rollout errored (kind infra) because its trajectory could not travel: why is kept."""
+    return rollout.model_copy(
+        update={
+            "trajectory": None,
+            "trajectory_uri": None,
+            "trajectory_sha256": None,
+            "error": cause,
+            "error_kind": "infra",
+        }
+    )

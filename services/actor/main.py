@@ -10,7 +10,7 @@ from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 
 from rollout.errors import RolloutError
-from rollout.services.actor.generate import failed_batch, generate_batch
+from rollout.services.actor.generate import failed_batch, generate_batch, without_trajectory
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
@@ -18,17 +18,23 @@ from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import PolicyUpdated, RolloutsGenerated
+from rollout.shared.contracts.events import (
+    ErrorKind,
+    GeneratedRollout,
+    PolicyUpdated,
+    RolloutsGenerated,
+)
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.registry import resolve_backend
 from rollout.shared.models.trained import apply_update, refresh_policy
-from rollout.shared.objectstore import ObjectStore
+from rollout.shared.objectstore import ObjectStore, to_json_bytes
+from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import default_replica_id
 from rollout.shared.store.spec_cache import SpecCache
-from rollout.shared.store.trajectories import object_store, offload
+from rollout.shared.store.trajectories import inline_limit, object_store, offload
 
 DURABLE = "actors"
 # How long a silent replica holds a work item before another one gets it (in-progress acks
@@ -54,6 +60,27 @@ class Backends:
     def loaded(self, model: str) -> ModelBackend | None:
         """The backend for `model` if this replica has loaded it."""
         return self._backends.get(model)
+
+
+def _unstored(rollouts: list[GeneratedRollout], cause: str) -> list[GeneratedRollout]:
+    """After the last attempt to claim-check: rollouts too large to ride inline are errored."""
+    limit = inline_limit()
+    return [
+        without_trajectory(r, cause)
+        if r.trajectory is not None and len(to_json_bytes(r.trajectory)) > limit
+        else r
+        for r in rollouts
+    ]
+
+
+def _too_large(rollout: GeneratedRollout, size: int, budget: int) -> GeneratedRollout:
+    """A rollout that alone exceeds a message, even claim-checked, is errored (never retried)."""
+    return without_trajectory(
+        rollout,
+        f"rollout is {size} bytes encoded after the claim check, over the {budget} bytes a "
+        "message may carry on this server (raise the server's max_payload or lower "
+        "ROLLOUT_INLINE_TRAJECTORY_BYTES)",
+    )
 
 
 def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBroker:
@@ -84,9 +111,12 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
         js = jetstream(broker)
         cache = caches.setdefault("specs", SpecCache(js))
         raw = message.raw_message
+        attempt = raw.metadata.num_delivered
         async with working_on(raw, every_s=KEEPALIVE_S):
+            stage: ErrorKind = "env"
             try:
                 spec = await cache.get(work.env_slug, work.env_version, work.env_hash)
+                stage = "model"
                 backend = backends.get(work.model)
                 # A trained policy catches up with its newest version before generating.
                 await asyncio.to_thread(refresh_policy, backend)
@@ -104,28 +134,47 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
             except (RolloutError, httpx.HTTPError, OSError) as exc:
                 # Retry a few times (a flaky endpoint); then record the failure on each rollout
                 # so the run still finishes and says why.
-                if raw.metadata.num_delivered < DEFAULT_MAX_DELIVER:
+                if attempt < DEFAULT_MAX_DELIVER:
                     raise
+                kind: ErrorKind = "infra" if isinstance(exc, OSError | ObjectStoreError) else stage
                 rollouts = failed_batch(
                     work,
                     f"generation failed: {describe(exc)}",
                     actor_id=me,
-                    delivery_attempt=raw.metadata.num_delivered,
+                    delivery_attempt=attempt,
+                    kind=kind,
                 )
-        rollouts = await offload(store(), rollouts)
-        event = EventEnvelope.new(
-            RolloutsGenerated(
-                run_id=work.run_id, work_item_id=work.work_item_id, rollouts=rollouts
-            ),
-            aggregate_id=work.run_id,
-            id_parts=(work.work_item_id,),
+            try:
+                rollouts = await offload(store(), rollouts)
+            except (ObjectStoreError, OSError) as exc:
+                if attempt < DEFAULT_MAX_DELIVER:
+                    raise
+                rollouts = _unstored(rollouts, f"object store failed: {describe(exc)}")
+
+        def part(items: list[GeneratedRollout], start: int, end: int) -> EventEnvelope:
+            # One event when the batch fits; else parts named by the rollouts they hold, so a
+            # redelivery that splits differently never collides with a part it did not send.
+            whole = start == 0 and end == len(rollouts)
+            return EventEnvelope.new(
+                RolloutsGenerated(
+                    run_id=work.run_id, work_item_id=work.work_item_id, rollouts=items
+                ),
+                aggregate_id=work.run_id,
+                id_parts=(work.work_item_id,) if whole else (work.work_item_id, start, end),
+                run_id=work.run_id,
+                trace_id=work.trace_id,
+                correlation_id=work.correlation_id,
+                causation_id=work.causation_id,
+            )
+
+        published = await EventPublisher(js).publish_fitted(rollouts, part, shrink=_too_large)
+        log.info(
+            "rollouts generated",
             run_id=work.run_id,
-            trace_id=work.trace_id,
-            correlation_id=work.correlation_id,
-            causation_id=work.causation_id,
+            count=len(rollouts),
+            events=len(published),
+            actor=me,
         )
-        await EventPublisher(js).publish(event)
-        log.info("rollouts generated", run_id=work.run_id, count=len(rollouts), actor=me)
 
     @broker.subscriber(
         subjects.event_filter("policy", "policy.updated"),

@@ -26,6 +26,7 @@ from rollout.services.buffer.tools import TaskTools
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import describe, retry_delay
+from rollout.shared.bus.publisher import payload_budget
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.buffer import (
     SERVICE,
@@ -122,7 +123,15 @@ def build_broker(
         """How far along the events stream the buffer has applied."""
         return await runner.position()
 
-    queries = BufferQueries(pool, store, tools, applied, catch_up_s=catch_up_s)
+    queries = BufferQueries(
+        pool,
+        store,
+        tools,
+        applied,
+        catch_up_s=catch_up_s,
+        # No reply may exceed what the connected server accepts, whatever inline_limit says.
+        reply_budget=lambda: payload_budget(jetstream(broker)),
+    )
 
     @broker.subscriber(
         subjects.ALL_EVENTS,

@@ -16,12 +16,19 @@ import asyncpg
 from rollout.shared import subjects
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.objectstore import ObjectStore, content_key, sha256_bytes, to_json_bytes
+from rollout.shared.objectstore import (
+    DEFAULT_INLINE_LIMIT,
+    ObjectStore,
+    content_key,
+    sha256_bytes,
+    to_json_bytes,
+)
 from rollout.shared.observability import get_logger
 
 NAME = "buffer"
 TRAJECTORY_PREFIX = "buffer/trajectories"
-DEFAULT_INLINE_BYTES = 64 * 1024
+# The platform's one claim-check threshold (defined in shared/objectstore/claimcheck.py).
+DEFAULT_INLINE_BYTES = DEFAULT_INLINE_LIMIT
 _NUL_JSON = b"\\u0000"
 # The only events the buffer reads; everything else just advances its position unparsed,
 # so event types added by other services never stop it.

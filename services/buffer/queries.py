@@ -2,6 +2,8 @@
 
 A reply whose items are larger than the query's `inline_limit` goes to the object store
 (content-addressed, so asking twice stores once) and the caller gets its URI and sha256.
+No reply exceeds the server's max payload: the threshold is capped by what the connection
+allows, and a query with `page_size` gets its items a page at a time (`next_offset`).
 A query with `after_seq` is answered only once the buffer has applied the events stream up to
 that sequence: the buffer is a projection that may lag, and a caller that knows a run ended
 at sequence N must not get an answer missing that run's last verdicts.
@@ -53,6 +55,7 @@ class BufferQueries:
         position: Callable[[], Awaitable[int]] | None = None,
         *,
         catch_up_s: float = CATCH_UP_S,
+        reply_budget: Callable[[], int] | None = None,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -60,6 +63,8 @@ class BufferQueries:
         # The stream sequence the buffer has applied up to (its projection position).
         self.position = position
         self.catch_up_s = catch_up_s
+        # The largest reply the connected server accepts (none known: the query's limit).
+        self.reply_budget = reply_budget
 
     async def sft_set(self, query: SftSetQuery) -> BufferData:
         """Passing rollouts of a run (or of the given ids) as chat examples with tools."""
@@ -75,7 +80,7 @@ class BufferQueries:
             conditions.append(f"rollout_id = any(${len(args)}::text[])")
         rows = await self._select(conditions, args)
         items, meta, stats = datasets.sft_set(rows)
-        return await self._reply("sft_set", items, meta, stats, query.inline_limit)
+        return await self._reply("sft_set", items, meta, stats, query)
 
     async def dpo_pairs(self, query: DpoPairsQuery) -> BufferData:
         """Best vs worst of each task's group with a score margin of at least `min_margin`."""
@@ -89,7 +94,7 @@ class BufferQueries:
             conditions.append(f"rollout_id = any(${len(args)}::text[])")
         rows = await self._select(conditions, args)
         items, meta, stats = datasets.dpo_pairs(rows, query.min_margin)
-        return await self._reply("dpo_pairs", items, meta, stats, query.inline_limit)
+        return await self._reply("dpo_pairs", items, meta, stats, query)
 
     async def grpo_groups(self, query: GrpoGroupsQuery) -> BufferData:
         """Groups by (run, task) with tokens, logprobs and rewards; stale completions dropped."""
@@ -107,7 +112,7 @@ class BufferQueries:
             conditions.append(f"policy_version = any(${len(args)}::int[])")
         rows = await self._select(conditions, args)
         items, meta, stats = datasets.grpo_groups(rows, query)
-        return await self._reply("grpo_groups", items, meta, stats, query.inline_limit)
+        return await self._reply("grpo_groups", items, meta, stats, query)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -207,10 +212,26 @@ class BufferQueries:
         items: list[dict[str, Any]],
         meta: list[dict[str, Any]],
         stats: dict[str, float],
-        inline_limit: int,
+        query: BufferQuery,
     ) -> BufferData:
+        total = len(items)
+        start = min(query.offset, total)
+        end = total if query.page_size is None else min(total, start + query.page_size)
+        items, meta = items[start:end], meta[start:end]
+        page = {
+            "kind": kind,
+            "count": len(items),
+            "total": total,
+            "offset": start,
+            "next_offset": end if end < total else None,
+            "stats": stats,
+        }
+        limit = query.inline_limit
+        if self.reply_budget is not None:
+            # Room for the reply's other fields and the Reply wrapper around it.
+            limit = min(limit, self.reply_budget() - len(to_json_bytes(page)) - 1024)
         data = to_json_bytes({"items": items, "meta": meta})
-        if len(data) <= inline_limit:
-            return BufferData(kind=kind, count=len(items), items=items, meta=meta, stats=stats)
+        if len(data) <= limit:
+            return BufferData(**page, items=items, meta=meta)
         ref = await self.store.put(content_key(EXPORT_PREFIX, sha256_bytes(data)), data)
-        return BufferData(kind=kind, count=len(items), ref=ref, stats=stats)
+        return BufferData(**page, ref=ref)

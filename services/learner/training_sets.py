@@ -78,6 +78,16 @@ async def ask(
         raise RolloutError(reply.error or f"the buffer refused {verb}", problems=reply.problems)
     data = BufferData.model_validate(reply.data)
     items, meta = await data.load(store)
+    if data.next_offset is not None and data.next_offset > query.offset:
+        # A paged answer: the rest follows from where this page ended.
+        rest = await ask(
+            nc,
+            store,
+            verb,
+            query.model_copy(update={"offset": data.next_offset}),
+            timeout_s=timeout_s,
+        )
+        items, meta = items + rest.items, meta + rest.meta
     return TrainingSet(items=items, meta=meta, stats=dict(data.stats))
 
 

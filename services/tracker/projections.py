@@ -66,17 +66,18 @@ async def _generated(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGene
     inserted = await c.fetchval(
         "with ins as (insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
         " model, policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
-        " generated_at) select u.id, $2, u.task, u.sample, 'generated', u.model, u.policy,"
-        " u.seed, u.trajectory::jsonb, u.uri, u.sha, u.error, $3"
+        " error_kind, generated_at) select u.id, $2, u.task, u.sample, 'generated', u.model,"
+        " u.policy, u.seed, u.trajectory::jsonb, u.uri, u.sha, u.error, u.kind, $3"
         " from unnest($1::text[], $4::int[], $5::int[], $6::text[], $7::int[], $8::bigint[],"
-        " $9::text[], $10::text[], $11::text[], $12::text[])"
-        " as u(id, task, sample, model, policy, seed, trajectory, uri, sha, error)"
+        " $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])"
+        " as u(id, task, sample, model, policy, seed, trajectory, uri, sha, error, kind)"
         " on conflict (rollout_id) do nothing returning 1) select count(*) from ins",
         [r.rollout_id for r in rs], p.run_id, e.time,
         [r.task_index for r in rs], [r.sample_index for r in rs], [r.model for r in rs],
         [r.policy_version for r in rs], [r.seed for r in rs],
         [None if r.trajectory is None else _json(r.trajectory) for r in rs],
         [r.trajectory_uri for r in rs], [r.trajectory_sha256 for r in rs], [r.error for r in rs],
+        [r.error_kind for r in rs],
     )  # fmt: skip
     await c.execute(
         "update runs set generated = generated + $2 where run_id = $1", p.run_id, inserted
@@ -87,20 +88,22 @@ async def _generated(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGene
 async def _scored(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored) -> None:
     rs = p.rollouts
     # Only the first verdict per rollout counts, so a re-scored batch never double-counts.
+    # An errored rollout has no verdict: it is neither passed nor failed, and adds no score.
     row = await c.fetchrow(
         "with upd as (update rollouts r set score = u.score, passed = u.passed,"
         " primitives = u.primitives::jsonb, error = coalesce(u.error, r.error), scored_at = $7,"
-        " status = case when u.error is null then 'scored' else 'errored' end"
-        " from unnest($1::text[], $2::float8[], $3::bool[], $4::text[], $5::text[])"
-        " as u(id, score, passed, primitives, error)"
+        " error_kind = coalesce(u.kind, r.error_kind),"
+        " status = case when u.outcome = 'errored' then 'errored' else 'scored' end"
+        " from unnest($1::text[], $2::float8[], $3::bool[], $4::text[], $5::text[], $8::text[],"
+        " $9::text[]) as u(id, score, passed, primitives, error, outcome, kind)"
         " where r.rollout_id = u.id and r.run_id = $6 and r.scored_at is null"
-        " returning u.score, u.passed, u.error)"
-        " select count(*) as n, count(*) filter (where passed) as passed,"
-        " count(*) filter (where error is not null) as errored,"
-        " coalesce(sum(score), 0) as score_sum from upd",
+        " returning u.score, u.passed, u.outcome)"
+        " select count(*) as n, count(*) filter (where outcome = 'passed') as passed,"
+        " count(*) filter (where outcome = 'errored') as errored,"
+        " coalesce(sum(score) filter (where outcome <> 'errored'), 0) as score_sum from upd",
         [r.rollout_id for r in rs], [r.score for r in rs], [r.passed for r in rs],
         [_json([x.model_dump() for x in r.primitives]) for r in rs], [r.error for r in rs],
-        p.run_id, e.time,
+        p.run_id, e.time, [r.outcome for r in rs], [r.error_kind for r in rs],
     )  # fmt: skip
     await c.execute(
         "update runs set scored = scored + $2, passed = passed + $3, errored = errored + $4,"

@@ -1,4 +1,9 @@
-"""Read-side queries the CLI and Client ask the tracker (answers come from the read models)."""
+"""Read-side queries the CLI and Client ask the tracker (answers come from the read models).
+
+No reply exceeds the server's max payload: a run's rollouts come in pages that fit (keyset
+cursor on task and sample index), and a rollout whose trajectory alone would not fit comes
+without it, saying where it is (`trajectoryOmitted`, `trajectoryUri`).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,15 @@ from faststream.nats import NatsBroker
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.bus.broker import jetstream
+from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM, payload_budget
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns, Reply
-from rollout.shared.objectstore import ObjectStore
+from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.store.trajectories import load_trajectory
 
 QUEUE = "tracker"
+# Bytes kept free in a reply for the Reply wrapper and the keys around the rollouts.
+_REPLY_ROOM = 4 * 1024
 
 _RUN_COLUMNS = (
     "run_id, name, env_slug, env_version, env_hash, model, n, split, parent_run_id, sampling,"
@@ -30,6 +39,8 @@ def _iso(value: Any) -> str | None:
 def run_summary(row: asyncpg.Record) -> dict[str, Any]:
     """A run as the Client sees it (camelCase keys, like the seed's API)."""
     scored = row["scored"]
+    # Errored rollouts got no verdict: rates are over the verdicts only.
+    judged = scored - row["errored"]
     return {
         "runId": row["run_id"],
         "name": row["name"],
@@ -49,14 +60,24 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
         "scored": scored,
         "passed": row["passed"],
         "errored": row["errored"],
-        "passRate": row["passed"] / scored if scored else 0.0,
-        "meanScore": row["score_sum"] / scored if scored else 0.0,
+        "failed": judged - row["passed"],
+        "passRate": row["passed"] / judged if judged > 0 else 0.0,
+        "meanScore": row["score_sum"] / judged if judged > 0 else 0.0,
         "reason": row["reason"],
         "taskCount": row["task_count"],
         "createdAt": _iso(row["created_at"]),
         "startedAt": _iso(row["started_at"]),
         "finishedAt": _iso(row["finished_at"]),
     }
+
+
+def outcome_of(row: asyncpg.Record) -> str | None:
+    """passed / failed / errored, or None while the rollout awaits its verdict."""
+    if row["status"] == "errored":
+        return "errored"
+    if row["scored_at"] is None:
+        return None
+    return "passed" if row["passed"] else "failed"
 
 
 def rollout_row(row: asyncpg.Record, *, with_trajectory: bool) -> dict[str, Any]:
@@ -73,6 +94,8 @@ def rollout_row(row: asyncpg.Record, *, with_trajectory: bool) -> dict[str, Any]
         "score": row["score"],
         "passed": row["passed"],
         "error": row["error"],
+        "outcome": outcome_of(row),
+        "errorKind": row["error_kind"],
         "primitives": json.loads(row["primitives"]) if row["primitives"] else [],
         "trajectoryUri": row["trajectory_uri"],
         "trajectorySha256": row["trajectory_sha256"],
@@ -83,10 +106,15 @@ def rollout_row(row: asyncpg.Record, *, with_trajectory: bool) -> dict[str, Any]
 
 
 async def get_run(
-    pool: asyncpg.Pool, query: GetRun, store: ObjectStore | None = None
+    pool: asyncpg.Pool,
+    query: GetRun,
+    store: ObjectStore | None = None,
+    *,
+    budget: int = DEFAULT_MAX_PAYLOAD - HEADER_ROOM,
 ) -> dict[str, Any]:
-    """A run with its per-task table (and its rollouts when asked)."""
+    """A run with its per-task table (and a page of its rollouts, at most `budget` bytes)."""
     subjects.token(query.run_id, "run id")
+    after = _parse_cursor(query.rollouts_cursor)
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
             f"select {_RUN_COLUMNS} from runs where run_id = $1", query.run_id
@@ -94,17 +122,24 @@ async def get_run(
         if row is None:
             raise RolloutError(f"no run {query.run_id!r} (see `rollout runs`)")
         tasks = await conn.fetch(
-            "select task_index, count(*) as n, count(*) filter (where passed) as passed,"
+            "select task_index, count(*) as n,"
+            " count(*) filter (where passed and status <> 'errored') as passed,"
             " count(*) filter (where status = 'errored') as errored,"
-            " coalesce(avg(score), 0) as mean_score, count(score) as scored"
+            " coalesce(avg(score) filter (where status <> 'errored'), 0) as mean_score,"
+            " count(score) as scored"
             " from rollouts where run_id = $1 group by task_index order by task_index",
             query.run_id,
         )
         rollouts = []
         if query.include_rollouts:
+            # One more than a page: whether another page follows.
             rollouts = await conn.fetch(
-                "select * from rollouts where run_id = $1 order by task_index, sample_index",
+                "select * from rollouts where run_id = $1 and (task_index, sample_index) > ($2, $3)"
+                " order by task_index, sample_index limit $4",
                 query.run_id,
+                after[0],
+                after[1],
+                query.page_size + 1,
             )
     out = run_summary(row)
     out["tasks"] = [
@@ -114,21 +149,65 @@ async def get_run(
             "scored": t["scored"],
             "passed": t["passed"],
             "errored": t["errored"],
-            "passRate": t["passed"] / t["scored"] if t["scored"] else 0.0,
+            "failed": t["scored"] - t["errored"] - t["passed"],
+            "passRate": t["passed"] / judged if (judged := t["scored"] - t["errored"]) else 0.0,
             "meanScore": float(t["mean_score"]),
         }
         for t in tasks
     ]
     if query.include_rollouts:
-        out["rollouts"] = [
-            rollout_row(r, with_trajectory=query.include_trajectories) for r in rollouts
-        ]
-        if query.include_trajectories and store is not None:
-            for row in out["rollouts"]:
-                row["trajectory"] = await load_trajectory(
-                    store, row["trajectory"], row["trajectoryUri"], row["trajectorySha256"]
-                )
+        room = budget - len(to_json_bytes(out)) - _REPLY_ROOM
+        page, more = await _rollout_page(rollouts, query, store, room)
+        out["rollouts"] = page
+        last = page[-1] if page else None
+        out["rolloutsCursor"] = (
+            f"{last['taskIndex']}.{last['sampleIndex']}" if more and last is not None else None
+        )
     return out
+
+
+def _parse_cursor(cursor: str | None) -> tuple[int, int]:
+    """(task_index, sample_index) after which the page starts; before everything when None."""
+    if cursor is None:
+        return (-1, -1)
+    task, _, sample = cursor.partition(".")
+    try:
+        return (int(task), int(sample))
+    except ValueError:
+        raise RolloutError(
+            f"rollouts_cursor {cursor!r} is not a cursor this tracker gave out",
+            problems=[
+                "pass the `rolloutsCursor` of the previous reply, or none for the first page"
+            ],
+        ) from None
+
+
+async def _rollout_page(
+    rows: list[asyncpg.Record], query: GetRun, store: ObjectStore | None, room: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """As many rows as fit in `room` bytes (at most a page), and whether more follow."""
+    page: list[dict[str, Any]] = []
+    used = 0
+    for record in rows[: query.page_size]:
+        item = rollout_row(record, with_trajectory=query.include_trajectories)
+        if query.include_trajectories and store is not None:
+            item["trajectory"] = await load_trajectory(
+                store, item["trajectory"], item["trajectoryUri"], item["trajectorySha256"]
+            )
+        size = len(to_json_bytes(item)) + 1
+        if size > room and query.include_trajectories:
+            # Alone too large for any reply: it comes without its trajectory, saying so.
+            item["trajectory"] = None
+            item["trajectoryOmitted"] = (
+                f"the trajectory is {size} bytes, more than one reply may carry; "
+                + (f"it is at {item['trajectoryUri']}" if item["trajectoryUri"] else "replay it")
+            )
+            size = len(to_json_bytes(item)) + 1
+        if page and used + size > room:
+            return page, True
+        page.append(item)
+        used += size
+    return page, len(rows) > query.page_size
 
 
 async def list_runs(pool: asyncpg.Pool, query: ListRuns) -> list[dict[str, Any]]:
@@ -181,7 +260,8 @@ def register(broker: NatsBroker, pool: asyncpg.Pool, store: ObjectStore | None =
     @broker.subscriber(subjects.request("tracker", "get_run"), queue=QUEUE, title="runs/get")
     async def get_run_handler(query: GetRun) -> Reply:
         """One run: summary, per-task table, optionally rollouts."""
-        return Reply(data=await get_run(pool, query, store))
+        budget = payload_budget(jetstream(broker))
+        return Reply(data=await get_run(pool, query, store, budget=budget))
 
     @broker.subscriber(subjects.request("tracker", "list_runs"), queue=QUEUE, title="runs/list")
     async def list_runs_handler(query: ListRuns) -> Reply:

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 
-from rollout.services.verifier.scoring import score_rollout
+from rollout.errors import RolloutError
+from rollout.services.verifier.scoring import ScoringUnavailable, errored_verdict, score_rollout
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
+from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER
+from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import RolloutsGenerated, RolloutsScored, RunRequested
+from rollout.shared.contracts.events import (
+    RolloutsGenerated,
+    RolloutsScored,
+    RunRequested,
+    ScoredRollout,
+)
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.settings import Settings, connect_nats
@@ -22,6 +31,24 @@ from rollout.shared.store.trajectories import object_store
 
 DURABLE = "verifier"
 GENERATED = subjects.event_filter("run", "rollout.generated")
+# How long a silent verifier holds a generated batch before another replica gets it. While it
+# scores (sandboxed test suites can take minutes) it sends in-progress acks, so a long batch
+# is not redelivered; tests shorten the wait to show that.
+ACK_WAIT_ENV = "ROLLOUT_VERIFIER_ACK_WAIT_S"
+DEFAULT_ACK_WAIT_S = 60.0
+
+
+def ack_wait_s() -> float:
+    """The verifier consumer's AckWait in seconds (ROLLOUT_VERIFIER_ACK_WAIT_S, else 60)."""
+    raw = os.environ.get(ACK_WAIT_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_ACK_WAIT_S
+    except ValueError:
+        raise RolloutError(f"{ACK_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise RolloutError(f"{ACK_WAIT_ENV} must be > 0, got {value:g}")
+    return value
+
 
 log = get_logger(__name__)
 
@@ -37,6 +64,7 @@ async def run_of(js, run_id: str) -> RunRequested:
 def build_broker(settings: Settings) -> NatsBroker:
     """The verifier's broker and its handler."""
     broker = make_broker(settings)
+    keepalive_s = min(10.0, ack_wait_s() / 3)
     state: dict[str, SpecCache] = {}
     stores: dict[str, ObjectStore] = {}
 
@@ -54,28 +82,67 @@ def build_broker(settings: Settings) -> NatsBroker:
         title="verifier/score",
         description="Scores a generated batch with the environment's verifier.",
     )
-    async def score_batch(event: EventEnvelope) -> None:
+    async def score_batch(event: EventEnvelope, message: NatsMessage) -> None:
         """Score every rollout of the batch; ack after the scored event is stored."""
         js = jetstream(broker)
         cache = state.setdefault("specs", SpecCache(js))
         generated = event.body()
         assert isinstance(generated, RolloutsGenerated)
+        raw = message.raw_message
+        attempt = raw.metadata.num_delivered
         with event_context(event):
-            run = await run_of(js, generated.run_id)
-            spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
-            scored = [await score_rollout(spec, r, store()) for r in generated.rollouts]
-            out = EventEnvelope.new(
-                RolloutsScored(
-                    run_id=generated.run_id, work_item_id=generated.work_item_id, rollouts=scored
-                ),
-                aggregate_id=generated.run_id,
-                id_parts=(event.id,),
-                parent=event,
+            async with working_on(raw, every_s=keepalive_s):
+                run = await run_of(js, generated.run_id)
+                spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
+                scored: list[ScoredRollout] = []
+                for rollout in generated.rollouts:
+                    try:
+                        scored.append(await score_rollout(spec, rollout, store()))
+                    except ScoringUnavailable as exc:
+                        # Retried with backoff (the whole batch: scoring is idempotent); on
+                        # the last attempt the rollout is errored with the cause.
+                        if attempt < DEFAULT_MAX_DELIVER:
+                            raise
+                        cause = f"{exc} (after {attempt} attempts)"
+                        log.warning("rollout errored", rollout_id=rollout.rollout_id, cause=cause)
+                        scored.append(errored_verdict(rollout, cause, "infra"))
+
+                def part(items: list[ScoredRollout], start: int, end: int) -> EventEnvelope:
+                    whole = start == 0 and end == len(scored)
+                    return EventEnvelope.new(
+                        RolloutsScored(
+                            run_id=generated.run_id,
+                            work_item_id=generated.work_item_id,
+                            rollouts=items,
+                        ),
+                        aggregate_id=generated.run_id,
+                        id_parts=(event.id,) if whole else (event.id, start, end),
+                        parent=event,
+                    )
+
+                await EventPublisher(js).publish_fitted(scored, part, shrink=_too_large)
+            log.info(
+                "rollouts scored",
+                count=len(scored),
+                passed=sum(s.outcome == "passed" for s in scored),
+                errored=sum(s.outcome == "errored" for s in scored),
             )
-            await EventPublisher(js).publish(out)
-            log.info("rollouts scored", count=len(scored), passed=sum(s.passed for s in scored))
 
     return broker
+
+
+def _too_large(verdict: ScoredRollout, size: int, budget: int) -> ScoredRollout:
+    """A verdict too large for one message (huge reasons) becomes errored, saying so."""
+    return ScoredRollout(
+        rollout_id=verdict.rollout_id,
+        task_index=verdict.task_index,
+        sample_index=verdict.sample_index,
+        score=0.0,
+        passed=False,
+        error=f"its verdict is {size} bytes encoded, over the {budget} bytes a message may carry",
+        outcome="errored",
+        error_kind="infra",
+    )
 
 
 async def serve(settings: Settings) -> None:
@@ -85,7 +152,11 @@ async def serve(settings: Settings) -> None:
         js = nc.jetstream()
         await ensure_streams(js)
         await ensure_consumer(
-            js, subjects.EVENTS_STREAM, pull_consumer_config(DURABLE, GENERATED, ack_wait_s=60.0)
+            js,
+            subjects.EVENTS_STREAM,
+            pull_consumer_config(
+                DURABLE, GENERATED, ack_wait_s=ack_wait_s(), max_deliver=DEFAULT_MAX_DELIVER
+            ),
         )
     finally:
         await nc.close()

@@ -1,42 +1,86 @@
-"""Scoring one generated batch: a raising verifier marks its rollout errored, never the batch."""
+"""Scoring one generated batch: a raising verifier marks its rollout errored, never the batch.
+
+Errors are typed. A rollout the actor could not generate stays errored with its cause and
+kind. A verifier that raises is the environment's fault: errored (kind `env`) at once. When
+the platform fails the verifier (no sandbox for `tests_pass`, an object store that cannot
+give back a claim-checked trajectory) `score_rollout` raises ScoringUnavailable, so the
+caller retries the batch and records the rollout errored (kind `infra`) only on its last
+attempt: never a reward of 0 or a failed verdict for something nobody judged.
+"""
 
 from __future__ import annotations
 
+from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
-from rollout.shared.contracts.events import GeneratedRollout, PrimitiveScore, ScoredRollout
+from rollout.shared.contracts.events import (
+    ErrorKind,
+    GeneratedRollout,
+    PrimitiveScore,
+    ScoredRollout,
+)
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.engine import score
 from rollout.shared.objectstore import ObjectStore
+from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.store.trajectories import load_trajectory
+
+
+class ScoringUnavailable(RolloutError):
+    """The platform could not score a rollout right now (sandbox, object store): retry."""
+
+
+def errored_verdict(rollout: GeneratedRollout, cause: str, kind: ErrorKind) -> ScoredRollout:
+    """The record of a rollout that got no verdict, with what broke."""
+    return ScoredRollout(
+        rollout_id=rollout.rollout_id,
+        task_index=rollout.task_index,
+        sample_index=rollout.sample_index,
+        score=0.0,
+        passed=False,
+        error=cause,
+        outcome="errored",
+        error_kind=kind,
+    )
 
 
 async def score_rollout(
     spec: EnvironmentSpec, rollout: GeneratedRollout, store: ObjectStore | None = None
 ) -> ScoredRollout:
     """The verdict on one rollout (its trajectory fetched from `store` when claim-checked)."""
-    base = {
-        "rollout_id": rollout.rollout_id,
-        "task_index": rollout.task_index,
-        "sample_index": rollout.sample_index,
-    }
     if rollout.error and rollout.trajectory is None and rollout.trajectory_uri is None:
-        return ScoredRollout(**base, score=0.0, passed=False, error=rollout.error)
-    try:
-        raw = rollout.trajectory
-        if raw is None and rollout.trajectory_uri and store is not None:
+        return errored_verdict(rollout, rollout.error, rollout.error_kind or "env")
+    raw = rollout.trajectory
+    if raw is None and rollout.trajectory_uri:
+        if store is None:
+            raise ScoringUnavailable(
+                f"rollout {rollout.rollout_id}'s trajectory is at {rollout.trajectory_uri}, "
+                "but this verifier has no object store"
+            )
+        try:
             raw = await load_trajectory(
                 store, None, rollout.trajectory_uri, rollout.trajectory_sha256
             )
+        except (ObjectStoreError, OSError) as exc:
+            raise ScoringUnavailable(f"object store: {exc}") from exc
+    try:
         trajectory = Trajectory.model_validate(raw or {})
         result = await score(spec, rollout.task_index, trajectory)
     except Exception as exc:  # noqa: BLE001 (a user's verifier may raise anything: record it)
-        return ScoredRollout(
-            **base, score=0.0, passed=False, error=f"verifier raised {type(exc).__name__}: {exc}"
-        )
+        return errored_verdict(rollout, f"verifier raised {type(exc).__name__}: {exc}", "env")
+    if result.error:
+        # A primitive could not run (InfraError: e.g. the sandbox is unavailable).
+        raise ScoringUnavailable(f"verifier could not run: {result.error}")
+    primitives = [PrimitiveScore(**p.model_dump()) for p in result.primitives]
+    if rollout.error:
+        # The episode was cut short (the model endpoint failed, the env broke): the verdict
+        # on what it left is kept for reading, but it is no verdict on the model.
+        errored = errored_verdict(rollout, rollout.error, rollout.error_kind or "env")
+        return errored.model_copy(update={"primitives": primitives})
     return ScoredRollout(
-        **base,
+        rollout_id=rollout.rollout_id,
+        task_index=rollout.task_index,
+        sample_index=rollout.sample_index,
         score=result.score,
         passed=result.passed,
-        primitives=[PrimitiveScore(**p.model_dump()) for p in result.primitives],
-        error=result.error or rollout.error,
+        primitives=primitives,
     )

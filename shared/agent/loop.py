@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from rollout.errors import RolloutError
+from rollout.shared.contracts.events import ErrorKind
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs.runtime import EnvironmentFailed, EnvRuntime, ToolResult
 from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend, ToolCall
@@ -65,6 +66,7 @@ class _State:
     final_output: str | None = None
     finish_reason: str = "stop"
     error: str | None = None
+    error_kind: ErrorKind | None = None
     done: bool = False
     turn: int = 0
 
@@ -170,7 +172,9 @@ def _start(
 async def _apply(state: _State, response: ChatResponse) -> None:
     state.turn += 1
     if response.error is not None:
+        # The backend gave up on this request (endpoint down, retries exhausted): no verdict.
         state.error = response.error
+        state.error_kind = "model"
         state.finish_reason = "error"
         state.done = True
         return
@@ -262,11 +266,12 @@ def _clip(text: str, limit: int) -> str:
 
 def _finish(state: _State) -> Trajectory:
     final_state: dict[str, Any] = {}
-    error = state.error
+    error, kind = state.error, state.error_kind
     try:
         final_state = state.episode.runtime.final_state()
     except Exception as exc:  # the verifier still gets the trajectory and the reason
-        error = error or f"final_state failed: {type(exc).__name__}: {exc}"
+        if error is None:
+            error, kind = f"final_state failed: {type(exc).__name__}: {exc}", "env"
     return Trajectory(
         messages=state.messages,
         tool_calls=state.records,
@@ -274,6 +279,7 @@ def _finish(state: _State) -> Trajectory:
         final_state=final_state,
         finish_reason=state.finish_reason,
         error=error,
+        error_kind=kind,
         token_ids=state.token_ids if state.has_tokens and state.token_ids else None,
         logprobs=state.logprobs if state.has_tokens and state.logprobs else None,
     )

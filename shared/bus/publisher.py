@@ -1,9 +1,15 @@
-"""Publishing events: deterministic Nats-Msg-Id, many in flight, optimistic concurrency."""
+"""Publishing events: deterministic Nats-Msg-Id, many in flight, optimistic concurrency.
+
+No message goes over the server's max_payload (1 MiB by default, as the connection reports
+it): `publish` refuses one with a clear error, and `publish_fitted` splits a batch event into
+as many parts as it takes, each named by the items it holds.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
@@ -13,10 +19,74 @@ from rollout.shared.contracts.envelope import EventEnvelope
 
 # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence check.
 _WRONG_LAST_SEQUENCE = 10071
+# Room kept under max_payload for the headers (Nats-Msg-Id, Rollout-Type, expected sequence,
+# trace headers) that count against the same limit as the body.
+HEADER_ROOM = 8 * 1024
+# What a connection that has not yet read the server's INFO is assumed to allow (NATS' default).
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+T = TypeVar("T")
+# Builds the event for items[start:end] of a batch (its id must name start and end).
+BuildPart = Callable[[list[T], int, int], EventEnvelope]
+# Replaces one item that alone is too large (size, budget) with one that fits, e.g. errored.
+Shrink = Callable[[T, int, int], T]
 
 
 class ConcurrencyConflict(RolloutError):
     """Someone appended to the aggregate since we read it."""
+
+
+class PayloadTooLarge(RolloutError):
+    """An event is larger than the server's max_payload allows, and cannot be split further."""
+
+
+def payload_budget(js: JetStreamContext) -> int:
+    """The largest event body the connected server accepts, less room for the headers."""
+    nc = getattr(js, "_nc", None)
+    max_payload = getattr(nc, "max_payload", 0) or DEFAULT_MAX_PAYLOAD
+    return max(1024, max_payload - HEADER_ROOM)
+
+
+def fit_to_payload(
+    items: Sequence[T], build: BuildPart[T], budget: int, *, shrink: Shrink[T] | None = None
+) -> list[EventEnvelope]:
+    """The events that carry `items` in order, each at most `budget` bytes encoded.
+
+    A batch that does not fit is halved until every part does; an item too large on its own
+    is given to `shrink` (without one, or when what it returns still does not fit, this
+    raises PayloadTooLarge naming the sizes).
+    """
+    work = list(items)
+    out: list[EventEnvelope] = []
+
+    def place(start: int, end: int) -> None:
+        event = build(work[start:end], start, end)
+        size = len(event.to_bytes())
+        if size <= budget:
+            out.append(event)
+            return
+        if end - start > 1:
+            middle = (start + end) // 2
+            place(start, middle)
+            place(middle, end)
+            return
+        if shrink is not None:
+            work[start] = shrink(work[start], size, budget)
+            event = build(work[start:end], start, end)
+            smaller = len(event.to_bytes())
+            if smaller <= budget:
+                out.append(event)
+                return
+            size = smaller
+        raise PayloadTooLarge(
+            f"{event.type} item {start} is {size} bytes encoded, over the {budget} bytes a "
+            "message may carry on this server (max_payload less room for headers)",
+            problems=["large values must go to the object store (claim check) first"],
+        )
+
+    if work:
+        place(0, len(work))
+    return out
 
 
 class PublishResult:
@@ -48,11 +118,18 @@ class EventPublisher:
         self, envelope: EventEnvelope, *, expected_last_subject_seq: int | None = None
     ) -> PublishResult:
         """Append one event; with `expected_last_subject_seq` the append is conditional."""
+        data = envelope.to_bytes()
+        budget = payload_budget(self._js)
+        if len(data) > budget:
+            # Said here, with the sizes, instead of nats' bare MaxPayloadError on every retry.
+            raise PayloadTooLarge(
+                f"{envelope.type} on {envelope.subject} is {len(data)} bytes encoded, over the "
+                f"{budget} bytes a message may carry on this server",
+                problems=["split the batch or claim-check large values (object store)"],
+            )
         try:
             ack = await self._js.publish(
-                envelope.subject,
-                envelope.to_bytes(),
-                headers=_headers(envelope, expected_last_subject_seq),
+                envelope.subject, data, headers=_headers(envelope, expected_last_subject_seq)
             )
         except APIError as exc:
             if exc.err_code == _WRONG_LAST_SEQUENCE:
@@ -63,6 +140,13 @@ class EventPublisher:
                 ) from None
             raise
         return PublishResult(envelope.id, ack.seq, bool(ack.duplicate))
+
+    async def publish_fitted(
+        self, items: Sequence[T], build: BuildPart[T], *, shrink: Shrink[T] | None = None
+    ) -> list[PublishResult]:
+        """Append a batch event in as many parts as the server's max_payload needs (see fit_to_payload)."""
+        events = fit_to_payload(items, build, payload_budget(self._js), shrink=shrink)
+        return [await self.publish(event) for event in events]
 
     async def publish_batch(self, envelopes: Sequence[EventEnvelope]) -> list[PublishResult]:
         """Append many events with up to `max_in_flight` publishes awaiting their acks."""

@@ -14,11 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollout.errors import RolloutError
 from rollout.shared.contracts.requests import Request
 from rollout.shared.objectstore.base import ObjectRef, ObjectStore
-from rollout.shared.objectstore.claimcheck import get_json
+from rollout.shared.objectstore.claimcheck import DEFAULT_INLINE_LIMIT, get_json
 
 SERVICE = "buffer"
-# Replies go over NATS (1 MiB max payload by default): larger item lists go to the object store.
-DEFAULT_INLINE_LIMIT = 256 * 1024
+# Replies go over NATS (1 MiB max payload by default): item lists larger than the one
+# claim-check threshold (DEFAULT_INLINE_LIMIT, defined in the claim-check module) go to the
+# object store.
 MIN_INLINE_LIMIT = 1024
 
 Kind = Literal["sft_set", "dpo_pairs", "grpo_groups"]
@@ -33,6 +34,13 @@ class BufferQuery(Request):
         DEFAULT_INLINE_LIMIT,
         ge=MIN_INLINE_LIMIT,
         description="items whose JSON is larger than this many bytes come back as an object ref",
+    )
+    offset: int = Field(0, ge=0, description="the first item of the page (0: from the start)")
+    page_size: int | None = Field(
+        None,
+        ge=1,
+        description="at most this many items per reply; the reply's next_offset asks for the "
+        "next page (none: every item in one reply, by object ref when large)",
     )
     after_seq: int | None = Field(
         None,
@@ -144,6 +152,10 @@ class BufferData(BaseModel):
 
     kind: Kind
     count: int
+    # Every item of the answer (count is this page's), where this page starts, the next one.
+    total: int | None = None
+    offset: int = 0
+    next_offset: int | None = None
     items: list[dict[str, Any]] | None = None
     meta: list[dict[str, Any]] | None = None
     ref: ObjectRef | None = None

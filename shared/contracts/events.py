@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollout.shared.contracts.envelope import Payload, register
 
 Method = Literal["sft", "dpo", "grpo", "ppo"]
+# How a rollout ended: a verdict (passed / failed), or none at all (errored, with its cause).
+RolloutOutcome = Literal["passed", "failed", "errored"]
+# What kept an errored rollout from a verdict: the platform (sandbox, object store, bus), the
+# environment's own code (a plugin, a verifier that raised), or the model endpoint.
+ErrorKind = Literal["infra", "env", "model"]
 
 
 class SamplingParams(Payload):
@@ -97,6 +102,8 @@ class GeneratedRollout(Payload):
     error: str | None = None
     # Which delivery of the work item produced it (>1: a replica died or timed out first).
     delivery_attempt: int = 1
+    # What broke, when `error` says the rollout could not be generated or stored.
+    error_kind: ErrorKind | None = None
 
 
 @register
@@ -132,6 +139,20 @@ class ScoredRollout(Payload):
     passed: bool
     primitives: list[PrimitiveScore] = Field(default_factory=list)
     error: str | None = None
+    # errored: no verdict (score and passed mean nothing), `error` and `error_kind` say why.
+    # Events written before this field existed get it from `error` and `passed`.
+    outcome: RolloutOutcome | None = None
+    error_kind: ErrorKind | None = None
+
+    @model_validator(mode="after")
+    def _typed_outcome(self) -> ScoredRollout:
+        if self.outcome is None:
+            self.outcome = "errored" if self.error else ("passed" if self.passed else "failed")
+        if self.outcome == "errored":
+            # An errored rollout is never a failed verdict nor a reward of anything.
+            self.passed = False
+            self.score = 0.0
+        return self
 
 
 @register

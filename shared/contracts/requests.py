@@ -78,6 +78,10 @@ class GetRun(Request):
     run_id: str
     include_rollouts: bool = False
     include_trajectories: bool = False
+    # Rollouts come a page at a time, so no reply exceeds the server's max payload: pass the
+    # previous reply's `rolloutsCursor` for the next page (the Client follows them for you).
+    rollouts_cursor: str | None = None
+    page_size: int = Field(500, ge=1, le=1000)
 
 
 class ListRuns(Request):

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.shared.contracts.events import ErrorKind
+
 
 class ToolCallRecord(BaseModel):
     """One tool call the agent made and what came back."""
@@ -28,6 +30,8 @@ class Trajectory(BaseModel):
     final_state: dict[str, Any] = Field(default_factory=dict)
     finish_reason: str = "stop"
     error: str | None = None
+    # What broke when `error` is set: the model endpoint ("model") or the env's code ("env").
+    error_kind: ErrorKind | None = None
     # Kept when the backend gives them, so training sees exactly the sampled tokens.
     token_ids: list[list[int]] | None = None
     logprobs: list[list[float]] | None = None

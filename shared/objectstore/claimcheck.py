@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -14,10 +15,29 @@ from rollout.shared.objectstore.errors import ObjectStoreError
 
 T = TypeVar("T")
 
-# NATS' default max_payload is 1 MiB; inline payloads stay well under it so the event
-# envelope, headers and a batch of other fields always fit.
+# The one claim-check threshold: a value (a trajectory, a buffer reply) whose JSON is larger
+# goes to the object store. NATS' default max_payload is 1 MiB; inline values stay well under
+# it so one of them, with its envelope and headers, always fits in a message (batches of
+# several are split by size when they are published: see shared/bus/publisher.py).
 DEFAULT_INLINE_LIMIT = 256 * 1024
+INLINE_LIMIT_ENV = "ROLLOUT_INLINE_TRAJECTORY_BYTES"
 DEFAULT_CLAIM_PREFIX = "claims"
+
+
+def inline_limit() -> int:
+    """The claim-check threshold in bytes: ROLLOUT_INLINE_TRAJECTORY_BYTES, else 256 KiB."""
+    raw = os.environ.get(INLINE_LIMIT_ENV)
+    if raw is None:
+        return DEFAULT_INLINE_LIMIT
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ObjectStoreError(
+            f"{INLINE_LIMIT_ENV} must be a whole number of bytes, got {raw!r}"
+        ) from None
+    if value < 0:
+        raise ObjectStoreError(f"{INLINE_LIMIT_ENV} must be >= 0, got {value}")
+    return value
 
 
 class Inline(BaseModel):

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rollout.shared.contracts.events import GeneratedRollout
 from rollout.shared.objectstore import ObjectRef, ObjectStore, default_store_url, open_store
-from rollout.shared.objectstore.claimcheck import get_json, store_if_large
+from rollout.shared.objectstore.claimcheck import (
+    DEFAULT_INLINE_LIMIT,
+    INLINE_LIMIT_ENV,
+    get_json,
+    inline_limit,
+    store_if_large,
+)
 from rollout.shared.settings import Settings
 
-INLINE_LIMIT_ENV = "ROLLOUT_INLINE_TRAJECTORY_BYTES"
-DEFAULT_INLINE_LIMIT = 256 * 1024
-
-
-def inline_limit() -> int:
-    """Trajectories whose JSON is larger than this many bytes go to the object store."""
-    return int(os.environ.get(INLINE_LIMIT_ENV, DEFAULT_INLINE_LIMIT))
+# The threshold is defined once, in the claim-check module; re-exported for callers here.
+__all__ = [
+    "DEFAULT_INLINE_LIMIT",
+    "INLINE_LIMIT_ENV",
+    "inline_limit",
+    "load_trajectory",
+    "object_store",
+    "offload",
+]
 
 
 def object_store(settings: Settings) -> ObjectStore:

@@ -230,8 +230,37 @@ async def test_backend_error_ends_only_that_episode(fake_openai) -> None:
         [Episode(ShopRuntime(), "doomed"), Episode(ShopRuntime(), "fine")], http_backend(server)
     )
     assert doomed.finish_reason == "error" and "context length exceeded" in doomed.error
+    assert doomed.error_kind == "model"  # typed: the model endpoint, not the env, failed
     assert doomed.final_state == {"refunds": []}
     assert fine.finish_reason == "stop" and fine.final_output == "ok"
+    assert fine.error is None and fine.error_kind is None
+
+
+class BrokenStateRuntime(ShopRuntime):
+    """A runtime whose final_state raises (an env bug)."""
+
+    def final_state(self) -> dict[str, Any]:
+        raise KeyError("state")
+
+
+async def test_an_env_whose_final_state_raises_errors_as_env(fake_openai) -> None:
+    server = fake_openai([text_reply("done")])
+    trajectory = await run_episode(BrokenStateRuntime(), http_backend(server), "go")
+    assert trajectory.error_kind == "env" and "final_state failed: KeyError" in trajectory.error
+
+
+async def test_an_endpoint_that_is_down_errors_as_model_after_retries() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = OpenAICompatBackend(
+        "down", f"http://127.0.0.1:{port}/v1", backoff_base=0.01, max_retries=2
+    )
+    trajectory = await run_episode(ShopRuntime(), backend, "go")
+    assert trajectory.finish_reason == "error" and trajectory.error_kind == "model"
+    assert "after 3 attempts" in trajectory.error, trajectory.error
 
 
 async def test_token_ids_and_logprobs_are_kept_per_turn(fake_openai) -> None:

@@ -10,6 +10,7 @@ from rollout.errors import RolloutError
 from rollout.services.buffer import datasets
 from rollout.services.buffer.main import INLINE_BYTES_ENV, inline_bytes_from_env
 from rollout.shared.contracts.buffer import GrpoGroupsQuery, SftSetQuery
+from rollout.shared.objectstore import DEFAULT_INLINE_LIMIT
 
 PROMPT = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
 
@@ -84,7 +85,8 @@ def test_queries_and_settings_are_validated_with_the_field_named() -> None:
         SftSetQuery()
     with pytest.raises(ValueError, match="inline_limit"):
         SftSetQuery(run_id="r", inline_limit=10)
-    assert inline_bytes_from_env({}) == 64 * 1024
+    # The buffer keeps the platform's one claim-check threshold unless told otherwise.
+    assert inline_bytes_from_env({}) == DEFAULT_INLINE_LIMIT == 256 * 1024
     assert inline_bytes_from_env({INLINE_BYTES_ENV: "0"}) == 0
     with pytest.raises(RolloutError, match=f"{INLINE_BYTES_ENV}='lots'"):
         inline_bytes_from_env({INLINE_BYTES_ENV: "lots"})

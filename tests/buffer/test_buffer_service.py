@@ -116,6 +116,20 @@ async def test_sft_set_has_only_passing_rollouts_with_tool_calls_intact(
         tool_msgs = [msg for msg in item["messages"] if msg["role"] == "tool"]
         assert [msg["tool_call_id"] for msg in tool_msgs] == [call["id"]]
 
+    # Paged: two items a page, every page names the next, and together they are the set.
+    pages, offset = [], 0
+    while offset is not None:
+        page = await ask(
+            settings, "sft_set", SftSetQuery(run_id=run_id, offset=offset, page_size=2)
+        )
+        assert page.count <= 2 and page.total == len(items) and page.offset == offset
+        pages.append(page)
+        offset = page.next_offset
+    assert len(pages) == -(-len(items) // 2)
+    paged = [await p.load() for p in pages]
+    assert [i for p_items, _ in paged for i in p_items] == items
+    assert [m for _, p_meta in paged for m in p_meta] == meta
+
     # A subset by id: only the passing ones among them come back.
     chosen = sorted(r["rolloutId"] for r in await client.get_rollouts(run_id, False))[:6]
     subset = await ask(settings, "sft_set", SftSetQuery(rollout_ids=chosen))

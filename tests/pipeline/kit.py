@@ -101,6 +101,34 @@ def refund_agent(body: dict[str, Any]) -> Reply:
     return text_reply("refunded")
 
 
+FIXED = "def add(a, b):\n    return a + b\n"
+
+
+def fix_env(slug: str = "fix-add", *, sleep_s: float = 0.0) -> dict[str, Any]:
+    """A code-editing env whose hidden pytest suite (optionally slow) decides the verdict."""
+    hidden = "import time\nfrom calc import add\n\n\ndef test_add():\n"
+    hidden += f"    time.sleep({sleep_s})\n    assert add(2, 3) == 5\n"
+    return {
+        "slug": slug,
+        "name": "Fix add",
+        "template": "code-editing",
+        "config": {"files": {"calc.py": "def add(a, b):\n    return a - b\n"}},
+        "tasks": [
+            {
+                "instruction": "add() in calc.py is wrong; fix it.",
+                "hiddenGroundTruth": {"tests": {"test_hidden.py": hidden}},
+            }
+        ],
+    }
+
+
+def fixer(body: dict[str, Any]) -> Reply:
+    """Writes the fix, then says so (never runs the tests itself: only the verifier does)."""
+    if not any(m["role"] == "tool" for m in body["messages"]):
+        return tool_reply(("write_file", {"path": "calc.py", "content": FIXED}))
+    return text_reply("fixed")
+
+
 async def snapshot(pool: asyncpg.Pool) -> dict[str, list[tuple]]:
     """Every read-model row, in a stable order."""
     out = {}

@@ -88,6 +88,14 @@ async def test_push_run_compare_replay_through_the_cli(
 
     code, out, err = await rollout(settings, "show", base["runId"])
     assert code == 0 and base["runId"] in out and "TASK" in out
+    code, out, err = await rollout(settings, "show", base["runId"], "--rollouts")
+    assert code == 0, err
+    # Each rollout with its typed outcome (the scripted agent's seeds decide which pass).
+    lines = [line for line in out.splitlines() if " task " in line]
+    assert len(lines) == 8 and not any("  ERR   " in line for line in lines)
+    assert sum("  PASS  " in line for line in lines) == base["passed"]
+    assert sum("  FAIL  " in line for line in lines) == 8 - base["passed"]
+    assert f"failed {8 - base['passed']}  errored 0" in out
 
 
 async def test_cli_errors_are_clear_and_exit_1_or_2(client, settings) -> None:

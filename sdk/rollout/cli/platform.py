@@ -218,9 +218,11 @@ def print_run(run: dict[str, Any]) -> None:
           f"  model {run['model']}  n={run['n']}")  # fmt: skip
     if run.get("reason"):
         print(f"  reason: {run['reason']}")
+    # Rates are over verdicts: errored rollouts (no verdict) are counted on their own.
     print(f"  scored {run['scored']}/{run['total']}  passed {run['passed']}"
-          f"  pass rate {run['passRate']:.1%}  mean score {run['meanScore']:.3f}"
-          f"  errored {run['errored']}")  # fmt: skip
+          f"  failed {run.get('failed', run['scored'] - run['passed'] - run['errored'])}"
+          f"  errored {run['errored']}"
+          f"  pass rate {run['passRate']:.1%}  mean score {run['meanScore']:.3f}")  # fmt: skip
     if run.get("tasks"):
         print(f"  {'TASK':>5} {'N':>4} {'PASS':>6} {'SCORE':>7} {'ERR':>4}")
         for t in run["tasks"]:
@@ -234,10 +236,14 @@ async def _show(args: argparse.Namespace) -> int:
         print_json(run)
         return 0
     print_run(run)
+    verdicts = {"passed": "PASS", "failed": "FAIL", "errored": "ERR ", None: "... "}
     for r in run.get("rollouts", []):
-        verdict = "PASS" if r["passed"] else ("ERR " if r["error"] else "FAIL")
+        verdict = verdicts.get(r.get("outcome"), "?   ")
+        # An errored rollout has no score: what broke (infra/env/model) and why instead.
+        score = "-" if r.get("outcome") in ("errored", None) else r["score"]
+        cause = f"[{r['errorKind']}] {r['error']}" if r.get("errorKind") else (r["error"] or "")
         print(f"    {r['rolloutId']}  task {r['taskIndex']} #{r['sampleIndex']}  {verdict}"
-              f"  {r['score'] if r['score'] is not None else '-'}  {r['error'] or ''}")  # fmt: skip
+              f"  {score}  {cause}")  # fmt: skip
     return 0
 
 

@@ -1,0 +1,71 @@
+"""Splitting a batch event by encoded size, and refusing one that cannot fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout.shared.bus.publisher import EventPublisher, PayloadTooLarge, fit_to_payload
+from rollout.shared.bus.streams import ensure_streams
+from rollout.shared.contracts import EventEnvelope
+from rollout.shared.contracts.events import GeneratedRollout, RolloutsGenerated
+
+
+def rollout(i: int, size: int) -> GeneratedRollout:
+    return GeneratedRollout(
+        rollout_id=f"r{i}",
+        task_index=0,
+        sample_index=i,
+        model="m",
+        trajectory={"final_output": "z" * size},
+    )
+
+
+def build(items: list[GeneratedRollout], start: int, end: int) -> EventEnvelope:
+    return EventEnvelope.new(
+        RolloutsGenerated(run_id="run", work_item_id="w", rollouts=items),
+        aggregate_id="run",
+        id_parts=("w", start, end),
+    )
+
+
+def test_a_batch_over_the_budget_is_split_in_order_into_parts_that_fit() -> None:
+    items = [rollout(i, 10_000) for i in range(16)]
+    budget = 45_000
+    events = fit_to_payload(items, build, budget)
+    assert len(events) > 1
+    assert all(len(e.to_bytes()) <= budget for e in events)
+    carried = [r["rollout_id"] for e in events for r in e.payload["rollouts"]]
+    assert carried == [f"r{i}" for i in range(16)]
+    assert len({e.id for e in events}) == len(events)
+
+
+def test_a_batch_that_fits_is_one_event() -> None:
+    items = [rollout(i, 100) for i in range(4)]
+    [event] = fit_to_payload(items, build, 1_000_000)
+    assert len(event.payload["rollouts"]) == 4
+
+
+def test_an_item_too_large_alone_is_shrunk_or_refused_with_the_sizes() -> None:
+    items = [rollout(0, 100), rollout(1, 50_000), rollout(2, 100)]
+    with pytest.raises(PayloadTooLarge, match=r"item 1 is \d+ bytes encoded, over the 20000"):
+        fit_to_payload(items, build, 20_000)
+
+    def drop(item: GeneratedRollout, size: int, budget: int) -> GeneratedRollout:
+        return item.model_copy(update={"trajectory": None, "error": f"{size} > {budget}"})
+
+    events = fit_to_payload(items, build, 20_000, shrink=drop)
+    rollouts = [r for e in events for r in e.payload["rollouts"]]
+    assert [r["rollout_id"] for r in rollouts] == ["r0", "r1", "r2"]
+    assert rollouts[1]["trajectory"] is None and "> 20000" in rollouts[1]["error"]
+
+
+async def test_publish_refuses_an_event_over_the_servers_max_payload(nats_client) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    big = build([rollout(0, nats_client.max_payload + 1)], 0, 1)
+    with pytest.raises(PayloadTooLarge, match="bytes a message may carry on this server"):
+        await EventPublisher(js).publish(big)
+    results = await EventPublisher(js).publish_fitted(
+        [rollout(i, 300_000) for i in range(8)], build
+    )
+    assert len(results) > 2 and not any(r.duplicate for r in results)

@@ -1,0 +1,175 @@
+"""Typed outcomes: a platform failure is retried, then errored with its cause, never a verdict."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.openai_server import FakeOpenAI
+from kit import Platform, fix_env, fixer, refund_env, wait_for_platform, wait_until
+
+from rollout.client import AsyncClient
+from rollout.services.verifier.main import ACK_WAIT_ENV, DURABLE
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts import EventEnvelope
+from rollout.shared.envs.sandbox import BWRAP_ENV_VAR
+from rollout.shared.objectstore.factory import OBJECT_STORE_ENV
+from rollout.shared.replay import replay_run
+from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+async def verifier_deliveries(settings: Settings) -> int:
+    """How many deliveries the verifier's consumer has made (redeliveries included)."""
+    nc = await connect_nats(settings)
+    try:
+        info = await nc.jetstream().consumer_info(subjects.EVENTS_STREAM, DURABLE)
+    finally:
+        await nc.close()
+    return info.delivered.consumer_seq
+
+
+async def run_events(settings: Settings, run_id: str, event_type: str) -> list[EventEnvelope]:
+    """Every event of `event_type` on the run's subject."""
+    nc = await connect_nats(settings)
+    try:
+        return [
+            e
+            async for msg in read_events(nc.jetstream(), subjects.run_events(run_id))
+            if (e := EventEnvelope.from_bytes(msg.data)).type == event_type
+        ]
+    finally:
+        await nc.close()
+
+
+def assert_errored(run: dict[str, Any], kind: str, *causes: str) -> None:
+    """Every rollout errored (no verdict) with `kind` and a cause naming each of `causes`."""
+    assert run["status"] == "completed", run["reason"]
+    assert run["errored"] == run["total"] and run["passed"] == 0 and run["failed"] == 0
+    assert run["passRate"] == 0.0 and run["meanScore"] == 0.0
+    for r in run["rollouts"]:
+        assert r["outcome"] == "errored" and r["status"] == "errored", r
+        assert r["errorKind"] == kind, r
+        assert r["passed"] is False
+        for cause in causes:
+            assert cause in r["error"], r["error"]
+
+
+@needs_bwrap
+async def test_sandbox_unavailable_is_retried_then_errored_with_its_cause(
+    client, settings, monkeypatch, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-bwrap"
+    monkeypatch.setenv(BWRAP_ENV_VAR, str(missing))
+    await client.push_environment(fix_env())
+    with FakeOpenAI(fixer) as server:
+        run = await client.create_run("fix-add", f"{server.base_url}#m", n=2)
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+    full = await client.get_run(run["runId"], include_rollouts=True)
+    assert_errored(full, "infra", str(missing), "after 5 attempts")
+    assert done["errored"] == 2
+    # One generated batch, delivered to the verifier five times before it gave up.
+    assert await verifier_deliveries(settings) == 5
+    # A replay from the log alone counts them the same way: errored, not failed.
+    nc = await connect_nats(settings)
+    try:
+        summary = (await replay_run(nc.jetstream(), run["runId"])).summary()
+    finally:
+        await nc.close()
+    assert (summary["errored"], summary["failed"], summary["passed"]) == (2, 0, 0)
+
+
+@needs_bwrap
+async def test_a_sandbox_back_before_the_last_attempt_gives_a_real_verdict(
+    client, settings, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(BWRAP_ENV_VAR, str(tmp_path / "no-such-bwrap"))
+    await client.push_environment(fix_env())
+    with FakeOpenAI(fixer) as server:
+        run = await client.create_run("fix-add", f"{server.base_url}#m", n=2)
+
+        async def retried() -> bool:
+            return await verifier_deliveries(settings) >= 2
+
+        await wait_until(retried, "the verifier to retry the batch")
+        monkeypatch.delenv(BWRAP_ENV_VAR)
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert done["status"] == "completed"
+    assert done["passed"] == 2 and done["errored"] == 0 and done["passRate"] == 1.0
+
+
+async def test_an_object_store_failure_is_retried_then_errored_with_its_cause(
+    client, agent_server, settings, monkeypatch, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the store's folder should be")
+    monkeypatch.setenv(OBJECT_STORE_ENV, (blocker / "objects").as_uri())
+    monkeypatch.setenv(INLINE_LIMIT_ENV, "10")  # every trajectory needs the store
+    await client.push_environment(refund_env(tasks=1))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=2)
+    await client.wait_for_run(run["runId"], timeout_s=120)
+    full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
+    assert_errored(full, "infra", "object store failed")
+    assert all(r["trajectory"] is None for r in full["rollouts"])
+
+
+def closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_model_endpoint_that_is_down_is_errored_after_retries(client) -> None:
+    await client.push_environment(refund_env(tasks=1))
+    url = f"http://127.0.0.1:{closed_port()}/v1?retries=1&timeout=2#m"
+    run = await client.create_run("refunds", url, n=2)
+    await client.wait_for_run(run["runId"], timeout_s=120)
+    full = await client.get_run(run["runId"], include_rollouts=True)
+    assert_errored(full, "model", "after 2 attempts")
+
+
+@needs_bwrap
+async def test_a_scoring_batch_longer_than_ack_wait_is_not_redelivered(
+    settings, monkeypatch
+) -> None:
+    monkeypatch.setenv(ACK_WAIT_ENV, "1.5")
+    platform = Platform(settings)
+    for name in ("env-registry", "tracker", "actor", "verifier"):
+        platform.start(name)
+    client = AsyncClient(settings, timeout_s=20)
+    try:
+        await wait_for_platform(client, platform)
+        # The hidden test takes 4 s: well past the verifier's 1.5 s AckWait.
+        await client.push_environment(fix_env("slow-fix", sleep_s=4.0))
+        with FakeOpenAI(fixer) as server:
+            run = await client.create_run("slow-fix", f"{server.base_url}#m", n=2)
+            done = await client.wait_for_run(run["runId"], timeout_s=120)
+        assert done["status"] == "completed" and done["passed"] == 2
+        generated = await run_events(settings, run["runId"], "rollout.generated")
+        scored = await run_events(settings, run["runId"], "rollout.scored")
+        assert len(scored) == len(generated) == 1
+        # Each generated batch went to the verifier once: no redelivery while it scored.
+        assert await verifier_deliveries(settings) == len(generated)
+        platform.check()
+    finally:
+        await client.close()
+        await platform.stop_all()
+
+
+async def test_refund_rollouts_still_get_verdicts(client, agent_server) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=4)
+    await client.wait_for_run(run["runId"], timeout_s=120)
+    full = await client.get_run(run["runId"], include_rollouts=True)
+    outcomes = {r["rolloutId"]: r["outcome"] for r in full["rollouts"]}
+    assert set(outcomes.values()) == {"passed", "failed"}
+    assert full["passed"] + full["failed"] == 8 and full["errored"] == 0
+    for r in full["rollouts"]:
+        assert r["outcome"] == ("passed" if r["seed"] % 4 != 0 else "failed")

@@ -1,0 +1,188 @@
+"""No message over the server's max payload: big tool outputs, split batches, paged replies."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
+
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts import EventEnvelope
+from rollout.shared.contracts.buffer import BufferData, SftSetQuery
+from rollout.shared.contracts.requests import GetRun
+from rollout.shared.settings import connect_nats
+from rollout.shared.store.trajectories import object_store
+
+BIG = 150 * 1024
+
+
+async def sft_set(client: Any, query: SftSetQuery, total: int) -> BufferData:
+    """Ask the buffer, once it has ingested the run's `total` passing rollouts (it may lag)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        try:
+            data = BufferData.model_validate(await client.request("buffer", "sft_set", query))
+        except RolloutError:
+            data = None
+        if data is not None and data.total == total:
+            return data
+        if loop.time() > deadline:
+            raise AssertionError(f"the buffer did not answer with {total} items: {data}")
+        await asyncio.sleep(0.2)
+
+
+def big_doc_env(slug: str = "bigdocs") -> dict[str, Any]:
+    """A workflow env whose one lookup tool returns 150 KB."""
+    return {
+        "slug": slug,
+        "name": "Big documents",
+        "template": "workflow",
+        "config": {
+            "tools": [{"name": "read_doc", "kind": "lookup", "fixturePath": "docs.${args.name}"}],
+            "fixtures": {"docs": {"manual": "x" * BIG}},
+            "initialMutableState": {"notes": []},
+        },
+        "tasks": [
+            {
+                "instruction": "Read the manual",
+                "hiddenGroundTruth": {"notes": []},
+                "split": "train",
+            }
+        ],
+    }
+
+
+def reader_agent(body: dict[str, Any]) -> Reply:
+    """Reads the big document once, then answers."""
+    if not any(m["role"] == "tool" for m in body["messages"]):
+        return tool_reply(("read_doc", {"name": "manual"}))
+    return text_reply("read it")
+
+
+async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(
+    client, platform, settings
+) -> None:
+    platform.start("buffer")
+    await client.push_environment(big_doc_env())
+    with FakeOpenAI(reader_agent) as server:
+        run = await client.create_run("bigdocs", f"{server.base_url}#m", n=32, batch_size=16)
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert done["status"] == "completed", done["reason"]
+    assert done["scored"] == 32 and done["errored"] == 0 and done["passed"] == 32
+
+    full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
+    assert len(full["rollouts"]) == 32
+    assert len({r["rolloutId"] for r in full["rollouts"]}) == 32
+    for r in full["rollouts"]:
+        [call] = r["trajectory"]["tool_calls"]
+        assert len(call["result"]) == BIG
+
+    # One reply cannot hold 32 x 150 KB: the first page stops short and names the next.
+    first = await client.request(
+        "tracker",
+        "get_run",
+        GetRun(run_id=run["runId"], include_rollouts=True, include_trajectories=True),
+    )
+    assert 0 < len(first["rollouts"]) < 32 and first["rolloutsCursor"]
+    assert [r["rolloutId"] for r in full["rollouts"][: len(first["rollouts"])]] == [
+        r["rolloutId"] for r in first["rollouts"]
+    ]
+
+    # The buffer's SFT set of those 32, a page of 4 at a time, each page inline.
+    whole = await sft_set(client, SftSetQuery(run_id=run["runId"]), 32)
+    paged, offset = [], 0
+    while offset is not None:
+        query = SftSetQuery(run_id=run["runId"], offset=offset, page_size=4)
+        page = await sft_set(client, query, 32)
+        assert page.items is not None and page.count == 4
+        paged.extend(page.items)
+        offset = page.next_offset
+    async with object_store(settings) as store:
+        assert paged == (await whole.load(store))[0]
+
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        limit = nc.max_payload
+        sizes: dict[str, list[int]] = {"rollout.generated": [], "rollout.scored": []}
+        async for msg in read_events(js, subjects.run_events(run["runId"])):
+            event = EventEnvelope.from_bytes(msg.data)
+            if event.type in sizes:
+                sizes[event.type].append(len(msg.data))
+    finally:
+        await nc.close()
+    # Two work items of 16 rollouts, each ~2.7 MB of trajectories: split into several events.
+    assert len(sizes["rollout.generated"]) > 2
+    assert all(size < limit for size in sizes["rollout.generated"] + sizes["rollout.scored"])
+
+
+def chatty_agent(size: int) -> Any:
+    """Answers at once with `size` characters of text (a trajectory of about that size)."""
+
+    def answer(body: dict[str, Any]) -> Reply:
+        return text_reply("y" * size)
+
+    return answer
+
+
+async def test_a_rollout_too_large_even_after_the_claim_check_is_errored_not_retried(
+    client, settings, monkeypatch
+) -> None:
+    from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
+
+    # A claim-check threshold above the server's max payload: a 1.5 MB trajectory stays
+    # inline and cannot travel in any message.
+    monkeypatch.setenv(INLINE_LIMIT_ENV, str(64 * 1024 * 1024))
+    await client.push_environment(big_doc_env("chatty"))
+    with FakeOpenAI(chatty_agent(1_500_000)) as server:
+        run = await client.create_run("chatty", f"{server.base_url}#m", n=2)
+        done = await client.wait_for_run(run["runId"], timeout_s=60)
+    assert done["status"] == "completed"
+    assert done["errored"] == 2 and done["passed"] == 0
+    full = await client.get_run(run["runId"], include_rollouts=True)
+    for r in full["rollouts"]:
+        assert r["outcome"] == "errored" and r["errorKind"] == "infra"
+        assert "bytes a message may carry" in r["error"], r["error"]
+    nc = await connect_nats(settings)
+    try:
+        generated = [
+            EventEnvelope.from_bytes(m.data)
+            async for m in read_events(nc.jetstream(), subjects.run_events(run["runId"]))
+            if m.subject.endswith("rollout_generated")
+        ]
+    finally:
+        await nc.close()
+    # Recorded on the first attempt: a size no retry can fix is not retried.
+    assert [r["delivery_attempt"] for e in generated for r in e.payload["rollouts"]] == [1, 1]
+
+
+async def test_a_large_trajectory_goes_to_the_object_store_and_comes_back(
+    client, platform, settings
+) -> None:
+    platform.start("buffer")
+    await client.push_environment(big_doc_env("chatty"))
+    with FakeOpenAI(chatty_agent(1_500_000)) as server:
+        run = await client.create_run("chatty", f"{server.base_url}#m", n=2)
+        done = await client.wait_for_run(run["runId"], timeout_s=60)
+    assert done["passed"] == 2, done
+    full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
+    for r in full["rollouts"]:
+        assert r["trajectoryUri"] and r["outcome"] == "passed"
+        # 1.5 MB cannot ride in a reply either: it is omitted there, saying where it is.
+        assert r["trajectory"] is None and r["trajectoryUri"] in r["trajectoryOmitted"]
+
+    # Its SFT set (2 x 1.5 MB) cannot be one reply, whatever inline_limit asks: by claim check.
+    async with object_store(settings) as store:
+        query = SftSetQuery(run_id=run["runId"], inline_limit=64 << 20)
+        whole = await sft_set(client, query, 2)
+        assert whole.items is None and whole.ref is not None
+        items, _ = await whole.load(store)
+        assert len(items[0]["messages"][-1]["content"]) == 1_500_000
+        # A page of one is still too large to ride inline: it comes by claim check too.
+        page = await sft_set(client, SftSetQuery(run_id=run["runId"], page_size=1), 2)
+        assert page.ref is not None and page.next_offset == 1
+        assert (await page.load(store))[0] == items[:1]
