@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from rollout.errors import RolloutError
 from rollout.shared.envs import load_environments
+from rollout.shared.envs.coerce import raw_environment
 from rollout.shared.envs.engine import build_runtime
 from rollout.shared.envs.runtime import ToolResult
 from rollout.shared.envs.validation import validate_environment
@@ -77,7 +78,7 @@ def _examples() -> list[dict[str, Any]]:
     raws = []
     for path in sorted((ROOT / "examples").glob("*.py")):
         for env in load_environments(path):
-            raw = env.to_raw()
+            raw = raw_environment(env)  # as pushed: a plugin carries its own sources
             raw["tasks"] = raw["tasks"][:2]
             raws.append(raw)
     return raws
