@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import asyncpg
 import nats.errors
@@ -253,4 +254,40 @@ async def test_model_output_with_nul_characters_does_not_stall_the_read_models(p
             literal = await conn.fetchval("select trajectory->>'note' from rollouts")
         assert stored == "oddbytes" and literal == "keep \\u0000 literal"
     finally:
+        await pool.close()
+
+
+def _as_version(event: EventEnvelope, version: str, **extra_payload: object) -> bytes:
+    data = event.model_dump(mode="json")
+    data["schema_version"] = version
+    data["payload"] = {**data["payload"], **extra_payload}
+    return json.dumps(data).encode()
+
+
+async def test_tracker_reads_a_newer_minor_and_dead_letters_a_new_major(
+    settings, nats_client, pg_dsn
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    minor, major, after = new_id(), new_id(), new_id()
+    minor_req, major_req, after_req = (
+        run_history(r, tasks=1, n=1)[0] for r in (minor, major, after)
+    )
+    await js.publish(minor_req.subject, _as_version(minor_req, "1.3", priority="high"))
+    await js.publish(major_req.subject, _as_version(major_req, "2.0"))
+    await EventPublisher(js).publish(after_req)
+
+    task = asyncio.create_task(serve_tracker(settings.with_database(pg_dsn)))
+    pool = await create_pool(pg_dsn)
+    try:
+        await wait_position_or_crash(task, pool, js)
+        async with pool.acquire() as conn:
+            runs = {r["run_id"] for r in await conn.fetch("select run_id from runs")}
+            reasons = [r["reason"] for r in await conn.fetch("select reason from dead_letters")]
+        assert runs == {minor, after}
+        assert len(reasons) == 1
+        assert reasons[0].startswith("unsupported schema version 2.0 of run.requested event")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await pool.close()
