@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from datetime import UTC, datetime
 
 import asyncpg
 from faststream import AckPolicy
@@ -11,10 +12,11 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js import JetStreamContext, api
 
 from rollout.errors import RolloutError
+from rollout.services.tracker.aggregate import Ending, RunState, load_run, rollout_id
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
-from rollout.shared.bus.publisher import EventPublisher
-from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
+from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
+from rollout.shared.contracts.envelope import EventEnvelope, Payload, deterministic_id, new_id
 from rollout.shared.contracts.events import (
     RunCompleted,
     RunFailed,
@@ -32,13 +34,10 @@ QUEUE = "tracker"
 FANOUT_DURABLE = "tracker-fanout"
 MAX_N = 10_000
 MAX_BATCH = 1_024
+# How often a decision is re-made after the run's history moved under it.
+CONFLICT_RETRIES = 8
 
 log = get_logger(__name__)
-
-
-def rollout_id(run_id: str, task_index: int, sample_index: int) -> str:
-    """Stable id of one rollout of a run."""
-    return deterministic_id("rollout", run_id, task_index, sample_index)[:24]
 
 
 def check_model_name(model: str) -> str | None:
@@ -158,8 +157,23 @@ def work_items(event: EventEnvelope, run: RunRequested) -> list[RolloutWork]:
     ]
 
 
-async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted:
-    """Queue a run's work items (many publishes in flight) and mark it started."""
+async def append_to_run(js: JetStreamContext, state: RunState, payload: Payload) -> None:
+    """Append an event the run's state decided, only if no event of the run came since."""
+    envelope = EventEnvelope.new(
+        payload,
+        aggregate_id=state.run_id,
+        id_parts=(state.run_id,),
+        parent=state.requested_event,
+    )
+    await EventPublisher(js).publish(
+        envelope,
+        expected_last_subject_seq=state.version,
+        expected_subject=subjects.run_events(state.run_id),
+    )
+
+
+async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | None:
+    """Mark a run started and queue its work items; None when the run already ended."""
     run = event.body()
     assert isinstance(run, RunRequested)
     batches = work_items(event, run)
@@ -168,11 +182,23 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted:
         work_items=len(batches),
         total_rollouts=sum(len(w.items) for w in batches),
     )
-    # Started first, so the total is known before any verdict can arrive; a crash between the
-    # two publishes retries both, and their derived ids make the retry a no-op where done.
-    await EventPublisher(js).publish(
-        EventEnvelope.new(started, aggregate_id=run.run_id, id_parts=(run.run_id,), parent=event)
-    )
+    # Started first, so the total is known before any verdict can arrive. A redelivered
+    # request (a crash between the two steps) finds it started and queues the items again:
+    # their derived ids make that a no-op where they were queued.
+    for _ in range(CONFLICT_RETRIES):
+        state = await load_run(js, run.run_id)
+        if state.ended is not None:
+            log.info("run already ended; not fanned out", run_id=run.run_id)
+            return None
+        if state.total is not None:
+            break
+        try:
+            await append_to_run(js, state, started)
+        except ConcurrencyConflict:
+            continue  # its deadline, or another tracker, got in first: look again
+        break
+    else:
+        raise ConcurrencyConflict(f"run {run.run_id} kept changing while it was being started")
     futures = [
         await js.publish_async(
             subjects.work("rollouts", run.run_id),
@@ -181,69 +207,69 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted:
         )
         for w in batches
     ]
-    await asyncio.gather(*futures)
+    await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
     return started
 
 
-async def requested_event(js: JetStreamContext, run_id: str) -> EventEnvelope:
-    """The run's first event: what later lifecycle events carry their trace ids from."""
-    raw = await js.get_last_msg(
-        subjects.EVENTS_STREAM, subjects.event("run", run_id, subjects.event_name("run.requested"))
-    )
-    return EventEnvelope.from_bytes(raw.data)
+async def settle(
+    js: JetStreamContext, run_id: str, *, now: datetime | None = None
+) -> Ending | None:
+    """Load the run, decide whether it ends now, append that ending; None while it goes on.
+
+    The append expects the run's history to be where it was read: if a verdict, or another
+    tracker's ending, got in first, the run is read again and decided again. So a last
+    rollout racing the deadline ends the run once, never as both completed and failed.
+    """
+    for _ in range(CONFLICT_RETRIES):
+        state = await load_run(js, run_id)
+        ending = state.decide(now or datetime.now(UTC))
+        if ending is None:
+            return None
+        try:
+            await append_to_run(js, state, ending)
+        except ConcurrencyConflict:
+            continue
+        if isinstance(ending, RunCompleted):
+            log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
+        else:
+            log.warning("run failed", run_id=run_id, reason=ending.reason)
+        return ending
+    # Verdicts keep landing: the next one triggers this again (or the next deadline check).
+    log.info("run busy; its ending is decided on the next trigger", run_id=run_id)
+    return None
 
 
 async def complete_if_done(js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
-    """Emit run.completed once every rollout of a running run is scored."""
+    """Complete a run once every rollout is scored; True when this call completed it.
+
+    The read model only says when to look (so a busy run is not reloaded per verdict); the
+    run's own events decide.
+    """
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
-            "select status, total, scored, passed, errored, score_sum from runs where run_id = $1",
-            run_id,
+            "select status, total, scored from runs where run_id = $1", run_id
         )
     if row is None or row["status"] != "running" or row["scored"] < row["total"]:
         return False
-    total = row["total"]
-    done = RunCompleted(
-        run_id=run_id,
-        total=total,
-        passed=row["passed"],
-        errored=row["errored"],
-        pass_rate=row["passed"] / total if total else 0.0,
-        mean_score=row["score_sum"] / total if total else 0.0,
-    )
-    await EventPublisher(js).publish(
-        EventEnvelope.new(
-            done, aggregate_id=run_id, id_parts=(run_id,), parent=await requested_event(js, run_id)
-        )
-    )
-    log.info("run completed", run_id=run_id, pass_rate=done.pass_rate)
-    return True
+    return isinstance(await settle(js, run_id), RunCompleted)
 
 
 async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
-    """Fail every unfinished run past its deadline, saying how far it got."""
+    """Fail every unfinished run past its deadline, saying how far it got; return their ids.
+
+    Candidates come from the read model; each run's own events decide (one that turns out to
+    be complete is completed instead).
+    """
     async with pool.acquire() as conn:
         rows = await conn.fetch(
-            "select run_id, total, scored, deadline_s from runs"
-            " where status in ('queued', 'running')"
+            "select run_id from runs where status in ('queued', 'running')"
             " and created_at + make_interval(secs => deadline_s) < now()"
         )
+    failed = []
     for row in rows:
-        reason = (
-            f"deadline of {row['deadline_s']:.0f}s passed with {row['scored']}/{row['total']}"
-            " rollouts scored (are actors and verifiers running? see `rollout status`)"
-        )
-        failed = RunFailed(run_id=row["run_id"], reason=reason)
-        await EventPublisher(js).publish(
-            EventEnvelope.new(
-                failed,
-                aggregate_id=row["run_id"],
-                id_parts=(row["run_id"],),
-                parent=await requested_event(js, row["run_id"]),
-            )
-        )
-        log.warning("run failed", run_id=row["run_id"], reason=reason)
-    return [r["run_id"] for r in rows]
+        if isinstance(await settle(js, row["run_id"]), RunFailed):
+            failed.append(row["run_id"])
+    return failed
 
 
 def register(broker: NatsBroker) -> None:
@@ -274,4 +300,5 @@ def register(broker: NatsBroker) -> None:
         """Queue a requested run's work items, then mark it started."""
         with event_context(event):
             started = await fan_out(jetstream(broker), event)
-            log.info("run fanned out", work_items=started.work_items)
+            if started is not None:
+                log.info("run fanned out", work_items=started.work_items)

@@ -291,3 +291,48 @@ async def test_tracker_reads_a_newer_minor_and_dead_letters_a_new_major(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await pool.close()
+
+
+async def test_a_lifecycle_event_never_moves_an_ended_run_or_job_back(pg_dsn) -> None:
+    run_id, job = new_id(), new_id()
+    history = run_history(run_id, tasks=1, n=1)
+    requested = history[0]
+    late = [
+        ev.RunFailed(run_id=run_id, reason="deadline"),
+        ev.RunStarted(run_id=run_id, work_items=1, total_rollouts=1),
+    ]
+    job_events = [
+        ev.JobRequested(job_id=job, method="sft", base_model="hf:tiny"),
+        ev.JobCompleted(job_id=job, model_id="ft:x"),
+        ev.JobFailed(job_id=job, reason="late"),
+        ev.JobProgress(job_id=job, step=9, total_steps=10),
+    ]
+    events = [
+        *history,
+        *(
+            EventEnvelope.new(
+                p, aggregate_id=run_id, id_parts=(run_id, "late", i), parent=requested
+            )
+            for i, p in enumerate(late)
+        ),
+        *(
+            EventEnvelope.new(p, aggregate_id=job, id_parts=(job, i))
+            for i, p in enumerate(job_events)
+        ),
+    ]
+    pool = await create_pool(pg_dsn)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels())
+        assert await runner.handle_batch([(e, i) for i, e in enumerate(events, start=1)]) == len(
+            events
+        )
+        async with pool.acquire() as conn:
+            run = await conn.fetchrow("select * from runs where run_id = $1", run_id)
+            row = await conn.fetchrow("select * from jobs where job_id = $1", job)
+        assert (run["status"], run["reason"]) == ("completed", None)
+        assert (row["status"], row["reason"], row["model_id"], row["step"]) == (
+            "completed", None, "ft:x", 0,
+        )  # fmt: skip
+    finally:
+        await pool.close()
