@@ -10,6 +10,7 @@ import asyncpg
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
 
 from rollout.errors import RolloutError
 from rollout.services.tracker.aggregate import Ending, RunState, load_run, rollout_id
@@ -24,7 +25,7 @@ from rollout.shared.contracts.events import (
     RunStarted,
     SamplingParams,
 )
-from rollout.shared.contracts.requests import CreateRun, Reply
+from rollout.shared.contracts.requests import CreateRun, Reply, request_fingerprint
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.models.registry import backend_forms
 from rollout.shared.observability import event_context, get_logger
@@ -272,20 +273,74 @@ async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
     return failed
 
 
+def run_id_for(cmd: CreateRun) -> str:
+    """The run's id: derived from the client request id (so a retry names the same run)."""
+    if cmd.client_request_id is None:
+        return new_id()[:16]
+    return deterministic_id("run-request", cmd.client_request_id)[:16]
+
+
+async def recorded_request(js: JetStreamContext, run_id: str) -> RunRequested | None:
+    """The run.requested already on the log for `run_id`, or None."""
+    name = subjects.event_name(RunRequested.event_type)
+    try:
+        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.event("run", run_id, name))
+    except NotFoundError:
+        return None
+    body = EventEnvelope.from_bytes(raw.data).body()
+    assert isinstance(body, RunRequested)
+    return body
+
+
+def same_request(recorded: RunRequested, cmd: CreateRun) -> RunRequested:
+    """The recorded run if `cmd` is a retry of the command that made it, else a clear error."""
+    if recorded.request_hash == request_fingerprint(cmd):
+        return recorded
+    raise RolloutError(
+        f"client_request_id: {cmd.client_request_id!r} was already used for another run "
+        f"request (run {recorded.run_id}); send a fresh id with each new command"
+    )
+
+
+async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
+    """Plan and append run.requested once per client request id; a retry gets the same run.
+
+    The first append for a run id expects an empty history, so of two attempts racing (a
+    retry overtaking a slow first try, two replicas) one records the run and the other reads
+    it back: never two runs, never an orphan.
+    """
+    run_id = run_id_for(cmd)
+    if cmd.client_request_id is not None and (found := await recorded_request(js, run_id)):
+        return same_request(found, cmd)
+    planned = await plan_run(js, cmd)
+    run = planned.model_copy(
+        update={
+            "run_id": run_id,
+            "request_id": cmd.client_request_id,
+            "request_hash": request_fingerprint(cmd),
+        }
+    )
+    event = EventEnvelope.new(run, aggregate_id=run_id, id_parts=(run_id,), run_id=run_id)
+    try:
+        result = await EventPublisher(js).publish(event, expected_last_subject_seq=0)
+    except ConcurrencyConflict:
+        result = None
+    if result is None or result.duplicate:
+        found = await recorded_request(js, run_id)
+        if found is None:
+            raise RolloutError(f"run {run_id} could not be recorded; retry the request")
+        return same_request(found, cmd)
+    log.info("run requested", run_id=run_id, env=run.env_slug, model=run.model)
+    return run
+
+
 def register(broker: NatsBroker) -> None:
     """Attach the run-lifecycle handlers to `broker`."""
 
     @broker.subscriber(subjects.request("tracker", "create_run"), queue=QUEUE, title="runs/create")
-    async def create_run(cmd: CreateRun) -> Reply:
+    async def create_run_handler(cmd: CreateRun) -> Reply:
         """Validate and record a run request; the fan-out happens from the event."""
-        js = jetstream(broker)
-        run = await plan_run(js, cmd)
-        event = EventEnvelope.new(
-            run, aggregate_id=run.run_id, id_parts=(run.run_id,), run_id=run.run_id
-        )
-        # A brand-new run id has no history: expecting sequence 0 guards against collisions.
-        await EventPublisher(js).publish(event, expected_last_subject_seq=0)
-        log.info("run requested", run_id=run.run_id, env=run.env_slug, model=run.model)
+        run = await create_run(jetstream(broker), cmd)
         return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
     @broker.subscriber(

@@ -7,9 +7,11 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from kit import wait_until
+import pytest
+from kit import refund_env, wait_until
 from nats.js.errors import NotFoundError
 
+from rollout.errors import RolloutError
 from rollout.services.tracker import runs
 from rollout.services.tracker.aggregate import load_run
 from rollout.services.tracker.main import serve as serve_tracker
@@ -180,3 +182,42 @@ async def test_a_run_decides_its_own_ending_from_its_events(nats_client) -> None
     await publisher.publish_batch(last_rollout(first, run_id))
     assert await runs.settle(js, run_id) is None
     assert [e.type for e in await terminal_events(js, run_id)] == ["run.failed"]
+
+
+async def test_a_repeated_create_run_returns_the_same_run_and_fans_out_once(
+    client, agent_server, settings
+) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    model = f"{agent_server.base_url}#scripted"
+    request_id = new_id()
+    # A retry racing the first attempt, then a late retry after it was recorded.
+    first, racing = await asyncio.gather(
+        client.create_run("refunds", model, n=2, client_request_id=request_id),
+        client.create_run("refunds", model, n=2, client_request_id=request_id),
+    )
+    late = await client.create_run("refunds", model, n=2, client_request_id=request_id)
+    assert first["runId"] == racing["runId"] == late["runId"]
+    done = await client.wait_for_run(first["runId"], timeout_s=120)
+    assert done["status"] == "completed" and done["total"] == 4
+    with pytest.raises(RolloutError, match="client_request_id: .* already used"):
+        await client.create_run("refunds", model, n=3, client_request_id=request_id)
+    # Without an id given, the client makes a fresh one per call: two calls, two runs.
+    other = await client.create_run("refunds", model, n=1)
+    assert other["runId"] != first["runId"]
+
+    nc = await connect_nats(settings)
+    try:
+        types = Counter(
+            [
+                EventEnvelope.from_bytes(m.data).type
+                async for m in read_events(nc.jetstream(), subjects.run_events(first["runId"]))
+            ]
+        )
+        work = await nc.jetstream().stream_info(subjects.WORK_STREAM)
+    finally:
+        await nc.close()
+    assert (types["run.requested"], types["run.started"], types["run.completed"]) == (1, 1, 1)
+    # One work item (4 rollouts, batch 16), generated once: a second fan-out would add more.
+    assert types["rollout.generated"] == 1 and work.state.messages <= 1  # the other run's
+    runs_listed = [r for r in await client.list_runs() if r["runId"] == first["runId"]]
+    assert len(runs_listed) == 1
