@@ -1,9 +1,15 @@
-"""A job ends exactly once: job.completed and job.failed racing, on a real nats-server."""
+"""A job ends exactly once and is created once per client request id, on real servers."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from pathlib import Path
 
+import pytest
+from learner_kit import job_events, scripted_run, wait_for_event
+
+from rollout.errors import RolloutError
 from rollout.services.learner.journal import JobJournal, end_job, fail_unless_finished
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
@@ -82,3 +88,37 @@ async def test_an_ended_job_keeps_its_ending(nats_client) -> None:
     assert not await JobJournal(js, job_id, first).completed("ft:other", None, {})
     assert not await end_job(js, JobCompleted(job_id=new_id()[:20], model_id="ft:m"))  # unknown
     assert await endings(js, job_id) == ["job.completed"]
+
+
+@pytest.mark.slow
+async def test_a_repeated_create_training_job_returns_the_same_job_and_trains_once(
+    client, agent_server, tiny_model: Path
+) -> None:
+    run = await scripted_run(client, agent_server, n=2, tasks=2)
+    base = f"hf:{tiny_model}"
+    job = {
+        "base_model": base, "method": "sft", "source_run_id": run["runId"], "suffix": "once",
+        "hyperparams": {"max_steps": 2, "save_every": 2, "batch_size": 2},
+        "client_request_id": new_id(),
+    }  # fmt: skip
+    first, racing = await asyncio.gather(
+        client.create_training_job(**job), client.create_training_job(**job)
+    )
+    assert first["id"] == racing["id"] and first["model"] == racing["model"] == f"{base}:once"
+    js = await client.jetstream()
+    await wait_for_event(js, first["id"], "job.completed", limit_s=240)
+    late = await client.create_training_job(**job)  # a retry after the job ended
+    assert late["id"] == first["id"]
+    with pytest.raises(RolloutError, match="client_request_id: .* already used"):
+        await client.create_training_job(**{**job, "suffix": "other"})
+
+    kinds = Counter(e.type for e in await job_events(js, first["id"]))
+    assert (kinds["job.requested"], kinds["job.completed"], kinds["job.failed"]) == (1, 1, 0)
+    assert kinds["checkpoint.saved"] == 1
+    policies = [
+        EventEnvelope.from_bytes(m.data).payload
+        async for m in read_events(js, subjects.aggregate_events("policy"))
+    ]
+    assert [p["version"] for p in policies if p["model"] == f"{base}:once"] == [1]
+    work = await js.stream_info(subjects.WORK_STREAM)
+    assert work.state.messages == 0  # no second work item was queued for the retries
