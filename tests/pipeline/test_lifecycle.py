@@ -25,7 +25,7 @@ from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.store.db import create_pool
 
 RACES = 100
-AT_ONCE = 20
+AT_ONCE = 10
 TERMINAL = ("run.completed", "run.failed")
 
 
@@ -112,7 +112,7 @@ async def test_last_rollout_racing_the_deadline_ends_each_run_exactly_once(
                 return await status_of(pool, run_id) in ("running", "completed", "failed")
 
             # Fanned out (as before any verdict can exist), and already past its deadline.
-            await wait_until(started, f"run {run_id} to start", limit_s=30)
+            await wait_until(started, f"run {run_id} to start", limit_s=90)
             # Now overdue. Its last rollout lands while a second tracker's deadline watcher
             # decides; the tracker under test decides too, on the verdict and on its watch.
             steps = [
@@ -124,7 +124,7 @@ async def test_last_rollout_racing_the_deadline_ends_each_run_exactly_once(
             async def ended() -> bool:
                 return await status_of(pool, run_id) in ("completed", "failed")
 
-            await wait_until(ended, f"run {run_id} to end", limit_s=30)
+            await wait_until(ended, f"run {run_id} to end", limit_s=90)
 
         import time
 
