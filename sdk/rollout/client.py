@@ -13,10 +13,13 @@ from rollout.shared.auth.credentials import client_settings, with_credentials
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts import requests as rq
+from rollout.shared.contracts.envelope import new_id
 from rollout.shared.envs.coerce import raw_environment
 from rollout.shared.settings import Settings, connect_nats
 
 T = TypeVar("T")
+# How often an unanswered create is resent (with its client request id: never a second run).
+CREATE_RETRIES = 1
 
 
 class AsyncClient:
@@ -49,11 +52,15 @@ class AsyncClient:
             )
         return self._nc
 
-    async def request(self, service: str, verb: str, body: rq.Request) -> dict[str, Any]:
+    async def request(
+        self, service: str, verb: str, body: rq.Request, *, retries: int = 0
+    ) -> dict[str, Any]:
         """One request/reply to a service; RolloutError with its problems on failure."""
         subject = subjects.request(service, verb)
         nc = await self._conn()
-        return await self._denials.guard(subject, call(nc, subject, body, timeout_s=self.timeout_s))
+        return await self._denials.guard(
+            subject, call(nc, subject, body, timeout_s=self.timeout_s, retries=retries)
+        )
 
     async def jetstream(self) -> Any:
         """The JetStream context (for following events)."""
@@ -82,12 +89,19 @@ class AsyncClient:
     # --- runs --------------------------------------------------------------------------------
 
     async def create_run(self, env_slug: str, model: str, n: int = 1, **options: Any) -> dict:
-        """Start a run; returns a dict with `runId`."""
+        """Start a run; returns a dict with `runId`.
+
+        Each call sends a fresh `client_request_id` (or the one given, to retry a call whose
+        answer was lost): the tracker answers a repeat with the run the first one created.
+        """
+        options.setdefault("client_request_id", None)
+        options["client_request_id"] = options["client_request_id"] or new_id()
         try:
             body = rq.CreateRun(env_slug=env_slug, model=model, n=n, **options)
         except ValueError as exc:
             raise RolloutError(f"invalid run options: {exc}") from None
-        return await self.request("tracker", "create_run", body)
+        # Unanswered, it is sent again with the same id: the retry returns the same run.
+        return await self.request("tracker", "create_run", body, retries=CREATE_RETRIES)
 
     async def get_run(
         self, run_id: str, include_rollouts: bool = False, include_trajectories: bool = False
@@ -167,8 +181,12 @@ class AsyncClient:
         suffix: str | None = None,
         hyperparams: dict[str, Any] | None = None,
         env_slug: str | None = None,
+        client_request_id: str | None = None,
     ) -> dict[str, Any]:
-        """Start a training job; returns a dict with `id`."""
+        """Start a training job; returns a dict with `id`.
+
+        Like `create_run`, each call sends a fresh `client_request_id` unless given one.
+        """
         try:
             body = rq.CreateTrainingJob(
                 base_model=base_model,
@@ -178,10 +196,11 @@ class AsyncClient:
                 suffix=suffix,
                 hyperparams=hyperparams or {},
                 env_slug=env_slug,
+                client_request_id=client_request_id or new_id(),
             )
         except ValueError as exc:
             raise RolloutError(f"invalid training job: {exc}") from None
-        return await self.request("learner", "create_job", body)
+        return await self.request("learner", "create_job", body, retries=CREATE_RETRIES)
 
     async def get_training_job(self, job_id: str) -> dict[str, Any]:
         """One training job."""

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.js import JetStreamContext, api
-from nats.js.errors import APIError
+import pydantic
+from nats.js import JetStreamContext
 
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
@@ -22,13 +22,12 @@ from rollout.shared.contracts.events import (
     PolicyUpdated,
 )
 from rollout.shared.models.trained import policy_key
+from rollout.shared.observability import get_logger
 
-# JetStream checks an expected last sequence against every subject matching this header's
-# filter (nats-server 2.11+): the whole job aggregate, not just the one event's subject.
-_EXPECTED_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
-_WRONG_LAST_SEQUENCE = 10071
-# How often a conditional job.failed is retried after another event of the job got in first.
+# How often a job's ending is decided again after another event of the job got in first.
 _CONFLICT_RETRIES = 5
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -57,9 +56,14 @@ class JobHistory:
 async def job_history(js: JetStreamContext, job_id: str) -> JobHistory:
     """Replay one job's events from the stream."""
     history = JobHistory()
-    async for msg in read_events(js, subjects.aggregate_events("job", job_id)):
+    async for msg in read_events(
+        js, subjects.aggregate_events("job", job_id), delete_consumer=True
+    ):
         history.last_seq = max(history.last_seq, msg.metadata.sequence.stream)
-        event = EventEnvelope.from_bytes(msg.data)
+        try:
+            event = EventEnvelope.from_bytes(msg.data)
+        except pydantic.ValidationError:
+            continue  # dead-lettered by the tracker; it is no part of the job's history
         body = event.body()
         if isinstance(body, JobRequested):
             history.requested, history.envelope = body, event
@@ -134,49 +138,48 @@ class JobJournal:
 
     async def completed(
         self, model_id: str, checkpoint_uri: str | None, metrics: dict[str, float]
-    ) -> None:
-        """The job produced `model_id`."""
+    ) -> bool:
+        """The job produced `model_id`; False when the job had already ended (kept as it was)."""
         clean = {k: v for k, v in metrics.items() if _finite(v) is not None}
         payload = JobCompleted(job_id=self.job_id, model_id=model_id,
                                checkpoint_uri=checkpoint_uri, metrics=clean)  # fmt: skip
-        await self.publisher.publish(self._envelope(payload, self.job_id))
+        return await end_job(self.js, payload)
 
-    async def failed(self, reason: str, *, after_seq: int | None = None) -> None:
-        """The job stopped for `reason`; with `after_seq`, only if no job event came since."""
-        envelope = self._envelope(JobFailed(job_id=self.job_id, reason=reason), self.job_id)
-        if after_seq is None:
-            await self.publisher.publish(envelope)
-            return
-        headers = {
-            api.Header.MSG_ID: envelope.id,
-            "Rollout-Type": envelope.type,
-            api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(after_seq),
-            _EXPECTED_SUBJECT: subjects.aggregate_events("job", self.job_id),
-        }
-        try:
-            await self.js.publish(envelope.subject, envelope.to_bytes(), headers=headers)
-        except APIError as exc:
-            if exc.err_code == _WRONG_LAST_SEQUENCE:
-                raise ConcurrencyConflict(
-                    f"job {self.job_id} moved on past sequence {after_seq}"
-                ) from None
-            raise
+    async def failed(self, reason: str) -> bool:
+        """The job stopped for `reason`; False when the job had already ended."""
+        return await end_job(self.js, JobFailed(job_id=self.job_id, reason=reason))
 
 
-async def fail_unless_finished(js: JetStreamContext, job_id: str, reason: str) -> bool:
-    """Append job.failed unless the job is unknown or already ended; True when appended.
+async def end_job(js: JetStreamContext, ending: JobCompleted | JobFailed) -> bool:
+    """Append a job's one ending unless it is unknown or already ended; True when appended.
 
-    The append is conditional on the job's history not having moved since it was read, so a
-    job.completed that gets in first always wins (no job ends twice).
+    Decided from the job's own history and appended on the condition that the history has not
+    moved since it was read, so whichever ending gets in first is the only one.
     """
+    job_id = ending.job_id
     for _ in range(_CONFLICT_RETRIES):
         history = await job_history(js, job_id)
         if history.requested is None or history.finished:
+            if history.finished:
+                log.info("job already ended; ending not recorded", job_id=job_id,
+                         kept="completed" if history.completed else "failed",
+                         dropped=ending.event_type)  # fmt: skip
             return False
-        journal = JobJournal(js, job_id, history.envelope)
+        envelope = EventEnvelope.new(
+            ending, aggregate_id=job_id, id_parts=(job_id,), parent=history.envelope
+        )
         try:
-            await journal.failed(reason, after_seq=history.last_seq)
+            await EventPublisher(js).publish(
+                envelope,
+                expected_last_subject_seq=history.last_seq,
+                expected_subject=subjects.aggregate_events("job", job_id),
+            )
         except ConcurrencyConflict:
-            continue  # progress or an end arrived meanwhile: look again
+            continue  # progress or another ending arrived meanwhile: look again
         return True
-    raise ConcurrencyConflict(f"job {job_id} kept changing while it was being marked failed")
+    raise ConcurrencyConflict(f"job {job_id} kept changing while its ending was being recorded")
+
+
+async def fail_unless_finished(js: JetStreamContext, job_id: str, reason: str) -> bool:
+    """Append job.failed unless the job is unknown or already ended; True when appended."""
+    return await end_job(js, JobFailed(job_id=job_id, reason=reason))

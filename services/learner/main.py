@@ -21,7 +21,8 @@ import os
 
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
-from nats.js import api
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict
 
 from rollout.errors import RolloutError
@@ -36,11 +37,12 @@ from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import describe, record_dead_letter
 from rollout.shared.bus.keepalive import working_on
-from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
-from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import DeadLettered
-from rollout.shared.contracts.requests import CreateTrainingJob, Reply
+from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
+from rollout.shared.contracts.events import DeadLettered, JobRequested
+from rollout.shared.contracts.requests import CreateTrainingJob, Reply, request_fingerprint
+from rollout.shared.models.trained import JOB_PREFIX, new_job_id
 from rollout.shared.objectstore import open_store
 from rollout.shared.objectstore.factory import default_store_url
 from rollout.shared.observability import get_logger
@@ -106,27 +108,89 @@ class JobWork(BaseModel):
     job_id: str
 
 
-async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
-    """Validate, append job.requested, queue the work item; the reply names the job."""
-    plan = await plan_job(ctx, cmd)
-    job_id = plan.event.job_id
-    event = EventEnvelope.new(plan.event, aggregate_id=job_id, id_parts=(job_id,))
-    # A brand-new job id has no history: expecting sequence 0 guards against collisions.
-    await EventPublisher(ctx.js).publish(event, expected_last_subject_seq=0)
+def job_id_for(cmd: CreateTrainingJob) -> str:
+    """The job's id: derived from the client request id (so a retry names the same job)."""
+    if cmd.client_request_id is None:
+        return new_job_id()
+    return f"{JOB_PREFIX}{deterministic_id('job-request', cmd.client_request_id)[:16]}"
+
+
+async def recorded_job(js: JetStreamContext, job_id: str) -> JobRequested | None:
+    """The job.requested already on the log for `job_id`, or None."""
+    name = subjects.event_name(JobRequested.event_type)
+    try:
+        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.event("job", job_id, name))
+    except NotFoundError:
+        return None
+    body = EventEnvelope.from_bytes(raw.data).body()
+    assert isinstance(body, JobRequested)
+    return body
+
+
+def _check_same(recorded: JobRequested, cmd: CreateTrainingJob) -> None:
+    if recorded.request_hash != request_fingerprint(cmd):
+        raise RolloutError(
+            f"client_request_id: {cmd.client_request_id!r} was already used for another "
+            f"training job (job {recorded.job_id}); send a fresh id with each new command"
+        )
+
+
+async def _queue(ctx: LearnerContext, job_id: str) -> None:
+    """Queue the job's work item (its id is the job's: JetStream drops a repeat in its window)."""
     await ctx.js.publish(
         subjects.work(WORK_KIND, job_id),
         JobWork(job_id=job_id).model_dump_json().encode(),
         headers={api.Header.MSG_ID: job_id},
     )
-    model = model_name(plan)
-    log.info("job requested", job_id=job_id, method=cmd.method, base=cmd.base_model, model=model)
+
+
+async def _requeue_if_lost(ctx: LearnerContext, job_id: str) -> None:
+    """A retry after a first attempt that recorded the job but died before queueing it."""
+    history = await job_history(ctx.js, job_id)
+    if history.finished or history.last_step > 0 or history.checkpoints:
+        return  # it ended, or a replica has it
+    try:
+        await ctx.js.get_last_msg(subjects.WORK_STREAM, subjects.work(WORK_KIND, job_id))
+    except NotFoundError:
+        # Work-queue retention: no item means none was queued (items leave only once the job
+        # ended, which the history above would show).
+        await _queue(ctx, job_id)
+        log.warning("job had no work item; queued it again", job_id=job_id)
+
+
+async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
+    """Validate, append job.requested, queue the work item; the reply names the job.
+
+    Once per client request id: the append expects the job's history to be empty, so a retry
+    (or a racing duplicate) reads the recorded job back and gets the same reply.
+    """
+    job_id = job_id_for(cmd)
+    plan = await plan_job(ctx, cmd, job_id=job_id)
+    requested = plan.event.model_copy(
+        update={"request_id": cmd.client_request_id, "request_hash": request_fingerprint(cmd)}
+    )
+    event = EventEnvelope.new(requested, aggregate_id=job_id, id_parts=(job_id,))
+    try:
+        result = await EventPublisher(ctx.js).publish(event, expected_last_subject_seq=0)
+    except ConcurrencyConflict:
+        result = None
+    if result is None or result.duplicate:
+        recorded = await recorded_job(ctx.js, job_id)
+        if recorded is None:
+            raise RolloutError(f"job {job_id} could not be recorded; retry the request")
+        _check_same(recorded, cmd)
+        await _requeue_if_lost(ctx, job_id)
+        log.info("job request repeated; same job", job_id=job_id)
+    else:
+        await _queue(ctx, job_id)
+        log.info("job requested", job_id=job_id, method=cmd.method, base=cmd.base_model)
     return {
         "id": job_id,
         "jobId": job_id,
         "status": "queued",
         "method": plan.event.method,
         "baseModel": plan.event.base_model,
-        "model": model,
+        "model": model_name(plan),
         "sourceRunId": plan.event.source_run_id,
         "envSlug": plan.event.env_slug,
         "trainingRows": len(plan.rows or []),

@@ -6,6 +6,7 @@ import asyncio
 from contextlib import suppress
 
 import asyncpg
+import nats.errors
 import pydantic
 from faststream import AckPolicy, Context
 from faststream.nats import JStream, NatsBroker, PullSub
@@ -13,6 +14,7 @@ from faststream.nats.message import NatsBatchMessage
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from rollout.errors import RolloutError
 from rollout.services.tracker import queries, runs
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
@@ -87,7 +89,7 @@ def build_broker(
         failed: BaseException | None = None
         try:
             settled = await _project_batch(runner, jetstream(broker), pool, msgs)
-        except (asyncpg.PostgresError, OSError, RuntimeError) as exc:
+        except (asyncpg.PostgresError, OSError, RuntimeError, nats.errors.Error) as exc:
             settled, failed = 0, exc
             log.warning("projection failed; retrying", error=describe(exc))
         for msg in msgs[:settled]:
@@ -110,7 +112,8 @@ async def _watch_deadlines(js: JetStreamContext, pool: asyncpg.Pool) -> None:
     while True:
         try:
             await runs.fail_overdue(js, pool)
-        except (asyncpg.PostgresError, OSError) as exc:
+        except (asyncpg.PostgresError, OSError, nats.errors.Error, RolloutError) as exc:
+            # The next check decides again from the runs' events: nothing is lost by waiting.
             log.warning("deadline check failed", error=describe(exc))
         await asyncio.sleep(DEADLINE_CHECK_S)
 

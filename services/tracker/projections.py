@@ -28,6 +28,11 @@ def _json(value: object) -> str:
     return jsonb_text(value)
 
 
+# Lifecycle updates apply only to what has not ended: the first ending in stream order stays,
+# and a late or repeated run.started / job.progress never moves an ended one back.
+_OPEN = "status not in ('completed', 'failed')"
+
+
 @on("env.registered")
 async def _env_registered(c: asyncpg.Connection, e: EventEnvelope, p: ev.EnvRegistered) -> None:
     await c.execute(
@@ -54,7 +59,8 @@ async def _run_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunReque
 @on("run.started")
 async def _run_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunStarted) -> None:
     await c.execute(
-        "update runs set status = 'running', total = $2, started_at = $3 where run_id = $1",
+        f"update runs set status = 'running', total = $2, started_at = $3 where run_id = $1"
+        f" and {_OPEN}",
         p.run_id, p.total_rollouts, e.time,
     )  # fmt: skip
 
@@ -115,14 +121,16 @@ async def _scored(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored)
 @on("run.completed")
 async def _run_completed(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunCompleted) -> None:
     await c.execute(
-        "update runs set status = 'completed', finished_at = $2 where run_id = $1", p.run_id, e.time
-    )
+        f"update runs set status = 'completed', finished_at = $2 where run_id = $1 and {_OPEN}",
+        p.run_id, e.time,
+    )  # fmt: skip
 
 
 @on("run.failed")
 async def _run_failed(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunFailed) -> None:
     await c.execute(
-        "update runs set status = 'failed', reason = $2, finished_at = $3 where run_id = $1",
+        "update runs set status = 'failed', reason = $2, finished_at = $3 where run_id = $1"
+        f" and {_OPEN}",
         p.run_id, p.reason, e.time,
     )  # fmt: skip
 
@@ -142,7 +150,7 @@ async def _job_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobReque
 async def _job_progress(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobProgress) -> None:
     await c.execute(
         "update jobs set status = 'running', step = $2, total_steps = $3, loss = $4, reward = $5,"
-        " tokens_per_s = $6, eta_s = $7, updated_at = $8 where job_id = $1",
+        f" tokens_per_s = $6, eta_s = $7, updated_at = $8 where job_id = $1 and {_OPEN}",
         p.job_id, p.step, p.total_steps, p.loss, p.reward, p.tokens_per_s, p.eta_s, e.time,
     )  # fmt: skip
 
@@ -151,7 +159,7 @@ async def _job_progress(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobProgre
 async def _job_completed(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobCompleted) -> None:
     await c.execute(
         "update jobs set status = 'completed', model_id = $2, checkpoint_uri = $3,"
-        " updated_at = $4 where job_id = $1",
+        f" updated_at = $4 where job_id = $1 and {_OPEN}",
         p.job_id, p.model_id, p.checkpoint_uri, e.time,
     )  # fmt: skip
 
@@ -159,7 +167,8 @@ async def _job_completed(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobCompl
 @on("job.failed")
 async def _job_failed(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobFailed) -> None:
     await c.execute(
-        "update jobs set status = 'failed', reason = $2, updated_at = $3 where job_id = $1",
+        "update jobs set status = 'failed', reason = $2, updated_at = $3 where job_id = $1"
+        f" and {_OPEN}",
         p.job_id, p.reason, e.time,
     )  # fmt: skip
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import random
+from datetime import UTC, datetime
 
 import asyncpg
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
 
 from rollout.errors import RolloutError
+from rollout.services.tracker.aggregate import Ending, RunState, load_run, rollout_id
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
-from rollout.shared.bus.publisher import EventPublisher
-from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
+from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
+from rollout.shared.contracts.envelope import EventEnvelope, Payload, deterministic_id, new_id
 from rollout.shared.contracts.events import (
     RunCompleted,
     RunFailed,
@@ -22,7 +25,7 @@ from rollout.shared.contracts.events import (
     RunStarted,
     SamplingParams,
 )
-from rollout.shared.contracts.requests import CreateRun, Reply
+from rollout.shared.contracts.requests import CreateRun, Reply, request_fingerprint
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.models.registry import backend_forms
@@ -33,13 +36,10 @@ QUEUE = "tracker"
 FANOUT_DURABLE = "tracker-fanout"
 MAX_N = 10_000
 MAX_BATCH = 1_024
+# How often a decision is re-made after the run's history moved under it.
+CONFLICT_RETRIES = 8
 
 log = get_logger(__name__)
-
-
-def rollout_id(run_id: str, task_index: int, sample_index: int) -> str:
-    """Stable id of one rollout of a run."""
-    return deterministic_id("rollout", run_id, task_index, sample_index)[:24]
 
 
 def check_model_name(model: str) -> str | None:
@@ -165,8 +165,23 @@ def work_items(event: EventEnvelope, run: RunRequested) -> list[RolloutWork]:
     ]
 
 
-async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted:
-    """Queue a run's work items (many publishes in flight) and mark it started."""
+async def append_to_run(js: JetStreamContext, state: RunState, payload: Payload) -> None:
+    """Append an event the run's state decided, only if no event of the run came since."""
+    envelope = EventEnvelope.new(
+        payload,
+        aggregate_id=state.run_id,
+        id_parts=(state.run_id,),
+        parent=state.requested_event,
+    )
+    await EventPublisher(js).publish(
+        envelope,
+        expected_last_subject_seq=state.version,
+        expected_subject=subjects.run_events(state.run_id),
+    )
+
+
+async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | None:
+    """Mark a run started and queue its work items; None when the run already ended."""
     run = event.body()
     assert isinstance(run, RunRequested)
     batches = work_items(event, run)
@@ -175,11 +190,23 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted:
         work_items=len(batches),
         total_rollouts=sum(len(w.items) for w in batches),
     )
-    # Started first, so the total is known before any verdict can arrive; a crash between the
-    # two publishes retries both, and their derived ids make the retry a no-op where done.
-    await EventPublisher(js).publish(
-        EventEnvelope.new(started, aggregate_id=run.run_id, id_parts=(run.run_id,), parent=event)
-    )
+    # Started first, so the total is known before any verdict can arrive. A redelivered
+    # request (a crash between the two steps) finds it started and queues the items again:
+    # their derived ids make that a no-op where they were queued.
+    for _ in range(CONFLICT_RETRIES):
+        state = await load_run(js, run.run_id)
+        if state.ended is not None:
+            log.info("run already ended; not fanned out", run_id=run.run_id)
+            return None
+        if state.total is not None:
+            break
+        try:
+            await append_to_run(js, state, started)
+        except ConcurrencyConflict:
+            continue  # its deadline, or another tracker, got in first: look again
+        break
+    else:
+        raise ConcurrencyConflict(f"run {run.run_id} kept changing while it was being started")
     futures = [
         await js.publish_async(
             subjects.work("rollouts", run.run_id),
@@ -188,85 +215,139 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted:
         )
         for w in batches
     ]
-    await asyncio.gather(*futures)
+    await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
     return started
 
 
-async def requested_event(js: JetStreamContext, run_id: str) -> EventEnvelope:
-    """The run's first event: what later lifecycle events carry their trace ids from."""
-    raw = await js.get_last_msg(
-        subjects.EVENTS_STREAM, subjects.event("run", run_id, subjects.event_name("run.requested"))
-    )
-    return EventEnvelope.from_bytes(raw.data)
+async def settle(
+    js: JetStreamContext, run_id: str, *, now: datetime | None = None
+) -> Ending | None:
+    """Load the run, decide whether it ends now, append that ending; None while it goes on.
+
+    The append expects the run's history to be where it was read: if a verdict, or another
+    tracker's ending, got in first, the run is read again and decided again. So a last
+    rollout racing the deadline ends the run once, never as both completed and failed.
+    """
+    for _ in range(CONFLICT_RETRIES):
+        state = await load_run(js, run_id)
+        ending = state.decide(now or datetime.now(UTC))
+        if ending is None:
+            return None
+        try:
+            await append_to_run(js, state, ending)
+        except ConcurrencyConflict:
+            continue
+        if isinstance(ending, RunCompleted):
+            log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
+        else:
+            log.warning("run failed", run_id=run_id, reason=ending.reason)
+        return ending
+    # Verdicts keep landing: the next one triggers this again (or the next deadline check).
+    log.info("run busy; its ending is decided on the next trigger", run_id=run_id)
+    return None
 
 
 async def complete_if_done(js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
-    """Emit run.completed once every rollout of a running run is scored."""
+    """Complete a run once every rollout is scored; True when this call completed it.
+
+    The read model only says when to look (so a busy run is not reloaded per verdict); the
+    run's own events decide.
+    """
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
-            "select status, total, scored, passed, errored, score_sum from runs where run_id = $1",
-            run_id,
+            "select status, total, scored from runs where run_id = $1", run_id
         )
     if row is None or row["status"] != "running" or row["scored"] < row["total"]:
         return False
-    total = row["total"]
-    done = RunCompleted(
-        run_id=run_id,
-        total=total,
-        passed=row["passed"],
-        errored=row["errored"],
-        pass_rate=row["passed"] / total if total else 0.0,
-        mean_score=row["score_sum"] / total if total else 0.0,
-    )
-    await EventPublisher(js).publish(
-        EventEnvelope.new(
-            done, aggregate_id=run_id, id_parts=(run_id,), parent=await requested_event(js, run_id)
-        )
-    )
-    log.info("run completed", run_id=run_id, pass_rate=done.pass_rate)
-    return True
+    return isinstance(await settle(js, run_id), RunCompleted)
 
 
 async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
-    """Fail every unfinished run past its deadline, saying how far it got."""
+    """Fail every unfinished run past its deadline, saying how far it got; return their ids.
+
+    Candidates come from the read model; each run's own events decide (one that turns out to
+    be complete is completed instead).
+    """
     async with pool.acquire() as conn:
         rows = await conn.fetch(
-            "select run_id, total, scored, deadline_s from runs"
-            " where status in ('queued', 'running')"
+            "select run_id from runs where status in ('queued', 'running')"
             " and created_at + make_interval(secs => deadline_s) < now()"
         )
+    failed = []
     for row in rows:
-        reason = (
-            f"deadline of {row['deadline_s']:.0f}s passed with {row['scored']}/{row['total']}"
-            " rollouts scored (are actors and verifiers running? see `rollout status`)"
-        )
-        failed = RunFailed(run_id=row["run_id"], reason=reason)
-        await EventPublisher(js).publish(
-            EventEnvelope.new(
-                failed,
-                aggregate_id=row["run_id"],
-                id_parts=(row["run_id"],),
-                parent=await requested_event(js, row["run_id"]),
-            )
-        )
-        log.warning("run failed", run_id=row["run_id"], reason=reason)
-    return [r["run_id"] for r in rows]
+        if isinstance(await settle(js, row["run_id"]), RunFailed):
+            failed.append(row["run_id"])
+    return failed
+
+
+def run_id_for(cmd: CreateRun) -> str:
+    """The run's id: derived from the client request id (so a retry names the same run)."""
+    if cmd.client_request_id is None:
+        return new_id()[:16]
+    return deterministic_id("run-request", cmd.client_request_id)[:16]
+
+
+async def recorded_request(js: JetStreamContext, run_id: str) -> RunRequested | None:
+    """The run.requested already on the log for `run_id`, or None."""
+    name = subjects.event_name(RunRequested.event_type)
+    try:
+        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.event("run", run_id, name))
+    except NotFoundError:
+        return None
+    body = EventEnvelope.from_bytes(raw.data).body()
+    assert isinstance(body, RunRequested)
+    return body
+
+
+def same_request(recorded: RunRequested, cmd: CreateRun) -> RunRequested:
+    """The recorded run if `cmd` is a retry of the command that made it, else a clear error."""
+    if recorded.request_hash == request_fingerprint(cmd):
+        return recorded
+    raise RolloutError(
+        f"client_request_id: {cmd.client_request_id!r} was already used for another run "
+        f"request (run {recorded.run_id}); send a fresh id with each new command"
+    )
+
+
+async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
+    """Plan and append run.requested once per client request id; a retry gets the same run.
+
+    The first append for a run id expects an empty history, so of two attempts racing (a
+    retry overtaking a slow first try, two replicas) one records the run and the other reads
+    it back: never two runs, never an orphan.
+    """
+    run_id = run_id_for(cmd)
+    if cmd.client_request_id is not None and (found := await recorded_request(js, run_id)):
+        return same_request(found, cmd)
+    planned = await plan_run(js, cmd)
+    run = planned.model_copy(
+        update={
+            "run_id": run_id,
+            "request_id": cmd.client_request_id,
+            "request_hash": request_fingerprint(cmd),
+        }
+    )
+    event = EventEnvelope.new(run, aggregate_id=run_id, id_parts=(run_id,), run_id=run_id)
+    try:
+        result = await EventPublisher(js).publish(event, expected_last_subject_seq=0)
+    except ConcurrencyConflict:
+        result = None
+    if result is None or result.duplicate:
+        found = await recorded_request(js, run_id)
+        if found is None:
+            raise RolloutError(f"run {run_id} could not be recorded; retry the request")
+        return same_request(found, cmd)
+    log.info("run requested", run_id=run_id, env=run.env_slug, model=run.model)
+    return run
 
 
 def register(broker: NatsBroker) -> None:
     """Attach the run-lifecycle handlers to `broker`."""
 
     @broker.subscriber(subjects.request("tracker", "create_run"), queue=QUEUE, title="runs/create")
-    async def create_run(cmd: CreateRun) -> Reply:
+    async def create_run_handler(cmd: CreateRun) -> Reply:
         """Validate and record a run request; the fan-out happens from the event."""
-        js = jetstream(broker)
-        run = await plan_run(js, cmd)
-        event = EventEnvelope.new(
-            run, aggregate_id=run.run_id, id_parts=(run.run_id,), run_id=run.run_id
-        )
-        # A brand-new run id has no history: expecting sequence 0 guards against collisions.
-        await EventPublisher(js).publish(event, expected_last_subject_seq=0)
-        log.info("run requested", run_id=run.run_id, env=run.env_slug, model=run.model)
+        run = await create_run(jetstream(broker), cmd)
         return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
     @broker.subscriber(
@@ -281,4 +362,5 @@ def register(broker: NatsBroker) -> None:
         """Queue a requested run's work items, then mark it started."""
         with event_context(event):
             started = await fan_out(jetstream(broker), event)
-            log.info("run fanned out", work_items=started.work_items)
+            if started is not None:
+                log.info("run fanned out", work_items=started.work_items)

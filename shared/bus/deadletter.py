@@ -18,7 +18,11 @@ from nats.js import JetStreamContext
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
-from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
+from rollout.shared.contracts.envelope import (
+    UNSUPPORTED_SCHEMA_VERSION,
+    EventEnvelope,
+    deterministic_id,
+)
 from rollout.shared.contracts.events import DeadLettered
 from rollout.shared.contracts.requests import Reply
 from rollout.shared.observability import get_logger
@@ -80,8 +84,14 @@ def _is_event(subject: str) -> bool:
 
 def describe(exc: BaseException) -> str:
     """A one-line reason for a failure."""
+    if isinstance(exc, DependsValidationError) and isinstance(
+        exc.original_error, pydantic.ValidationError
+    ):
+        exc = exc.original_error  # a typed handler argument: the model's own reason
     if isinstance(exc, pydantic.ValidationError):
         first = exc.errors()[0]
+        if first.get("type") == UNSUPPORTED_SCHEMA_VERSION:
+            return str(first.get("msg"))
         where = ".".join(str(p) for p in first.get("loc", ())) or "message"
         return f"invalid payload: {where}: {first.get('msg')} ({exc.error_count()} error(s))"
     return f"{type(exc).__name__}: {exc}"

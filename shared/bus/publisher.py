@@ -30,6 +30,11 @@ T = TypeVar("T")
 BuildPart = Callable[[list[T], int, int], EventEnvelope]
 # Replaces one item that alone is too large (size, budget) with one that fits, e.g. errored.
 Shrink = Callable[[T, int, int], T]
+# Makes the expected last sequence hold for every subject matching this filter (nats-server
+# 2.11+): a whole aggregate's history, not just the one event's subject.
+EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
+# How long a batch of async publishes may wait for its acks.
+ACK_TIMEOUT_S = 30.0
 
 
 class ConcurrencyConflict(RolloutError):
@@ -100,10 +105,16 @@ class PublishResult:
         self.duplicate = duplicate
 
 
-def _headers(envelope: EventEnvelope, expected_last_subject_seq: int | None) -> dict[str, str]:
+def _headers(
+    envelope: EventEnvelope,
+    expected_last_subject_seq: int | None,
+    expected_subject: str | None = None,
+) -> dict[str, str]:
     headers = {api.Header.MSG_ID: envelope.id, "Rollout-Type": envelope.type}
     if expected_last_subject_seq is not None:
         headers[api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_last_subject_seq)
+        if expected_subject is not None:
+            headers[EXPECTED_SUBJECT_HEADER] = expected_subject
     return headers
 
 
@@ -115,9 +126,18 @@ class EventPublisher:
         self._max_in_flight = max_in_flight
 
     async def publish(
-        self, envelope: EventEnvelope, *, expected_last_subject_seq: int | None = None
+        self,
+        envelope: EventEnvelope,
+        *,
+        expected_last_subject_seq: int | None = None,
+        expected_subject: str | None = None,
     ) -> PublishResult:
-        """Append one event; with `expected_last_subject_seq` the append is conditional."""
+        """Append one event; with `expected_last_subject_seq` the append is conditional.
+
+        The expectation is on the event's own subject, or with `expected_subject` (a filter
+        such as one aggregate's `rollout.evt.run.<id>.*`) on the newest message of any subject
+        it matches: no event of the aggregate may have landed since the one we decided from.
+        """
         data = envelope.to_bytes()
         budget = payload_budget(self._js)
         if len(data) > budget:
@@ -129,14 +149,16 @@ class EventPublisher:
             )
         try:
             ack = await self._js.publish(
-                envelope.subject, data, headers=_headers(envelope, expected_last_subject_seq)
+                envelope.subject,
+                data,
+                headers=_headers(envelope, expected_last_subject_seq, expected_subject),
             )
         except APIError as exc:
             if exc.err_code == _WRONG_LAST_SEQUENCE:
                 raise ConcurrencyConflict(
-                    f"conflict appending {envelope.type} to {envelope.subject}: expected last "
-                    f"subject sequence {expected_last_subject_seq}, but the aggregate has moved "
-                    f"on ({exc.description})"
+                    f"conflict appending {envelope.type} to {expected_subject or envelope.subject}"
+                    f": expected last subject sequence {expected_last_subject_seq}, but the "
+                    f"aggregate has moved on ({exc.description})"
                 ) from None
             raise
         return PublishResult(envelope.id, ack.seq, bool(ack.duplicate))
@@ -157,7 +179,9 @@ class EventPublisher:
                 await self._js.publish_async(e.subject, e.to_bytes(), headers=_headers(e, None))
                 for e in chunk
             ]
-            acks = await asyncio.gather(*futures)
+            # nats-py's async publishes wait for their acks without a limit: one lost ack would
+            # hang the caller for good, so the batch gets one.
+            acks = await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
             results.extend(
                 PublishResult(e.id, ack.seq, bool(ack.duplicate))
                 for e, ack in zip(chunk, acks, strict=True)

@@ -18,15 +18,22 @@ async def last_sequence(js: JetStreamContext, stream: str = subjects.EVENTS_STRE
 
 async def read_events(
     js: JetStreamContext,
-    filter_subject: str = subjects.ALL_EVENTS,
+    filter_subject: str | list[str] = subjects.ALL_EVENTS,
     *,
     start_seq: int = 1,
     follow: bool = False,
     batch: int = 256,
     idle_timeout_s: float = 1.0,
     stream: str = subjects.EVENTS_STREAM,
+    delete_consumer: bool = False,
 ) -> AsyncIterator[Msg]:
-    """Yield stored messages in order from `start_seq`; with `follow`, keep waiting for new ones."""
+    """Yield stored messages in order from `start_seq`; with `follow`, keep waiting for new ones.
+
+    `filter_subject` may be a list of filters (one aggregate's chosen event types, say).
+    With `delete_consumer` the read's consumer is deleted at the end instead of idling out
+    (services loading an aggregate per decision would otherwise pile them up; API keys may not
+    delete consumers, so readers with one leave it to the server's inactive threshold).
+    """
     stop_at = await last_sequence(js, stream)
     if stop_at < start_seq and not follow:
         return
@@ -37,6 +44,9 @@ async def read_events(
         inactive_threshold=60.0,
         mem_storage=True,
     )
+    if isinstance(filter_subject, list):
+        config.filter_subjects = list(filter_subject)
+        filter_subject = subjects.ALL_EVENTS
     sub = await js.pull_subscribe(filter_subject, stream=stream, config=config)
     try:
         while True:
@@ -53,3 +63,5 @@ async def read_events(
                     return
     finally:
         await sub.unsubscribe()
+        if delete_consumer and config.name:
+            await js.delete_consumer(stream, config.name)

@@ -9,17 +9,27 @@ from rollout.errors import RolloutError
 from rollout.shared.contracts.requests import Reply, Request
 
 
-async def call(nc: Client, subject: str, request: Request, *, timeout_s: float = 30.0) -> dict:
-    """Send `request`, return the reply's data; raise RolloutError with the service's reasons."""
-    try:
-        msg = await nc.request(subject, request.model_dump_json().encode(), timeout=timeout_s)
-    except nats.errors.NoRespondersError:
-        raise RolloutError(
-            f"no service answers {subject}",
-            problems=["start the stack with `rollout up` (or `rollout serve <service>`)"],
-        ) from None
-    except nats.errors.TimeoutError:
-        raise RolloutError(f"{subject} did not answer within {timeout_s:.0f}s") from None
+async def call(
+    nc: Client, subject: str, request: Request, *, timeout_s: float = 30.0, retries: int = 0
+) -> dict:
+    """Send `request`, return the reply's data; raise RolloutError with the service's reasons.
+
+    With `retries`, an unanswered request is sent again, unchanged: only for commands that are
+    idempotent (they carry a client request id), where a repeat returns the first's result.
+    """
+    payload = request.model_dump_json().encode()
+    for attempt in range(retries + 1):
+        try:
+            msg = await nc.request(subject, payload, timeout=timeout_s)
+            break
+        except nats.errors.NoRespondersError:
+            raise RolloutError(
+                f"no service answers {subject}",
+                problems=["start the stack with `rollout up` (or `rollout serve <service>`)"],
+            ) from None
+        except nats.errors.TimeoutError:
+            if attempt == retries:
+                raise RolloutError(f"{subject} did not answer within {timeout_s:.0f}s") from None
     reply = Reply.model_validate_json(msg.data)
     if not reply.ok:
         raise RolloutError(reply.error or "request failed", problems=reply.problems)

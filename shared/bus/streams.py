@@ -12,7 +12,12 @@ DEDUP_WINDOW_S = 120.0
 
 
 def events_stream_config() -> api.StreamConfig:
-    """The append-only events stream: file storage, limits retention, dedup on."""
+    """The append-only events stream: file storage, limits retention, dedup on, no erasing.
+
+    Denying message deletes and purges makes the log the source of truth for good: no
+    connection (a service's included) can rewrite history; `rollout admin rebuild` truncates
+    the read models, never the stream. JetStream lets an update set these but never unset them.
+    """
     return api.StreamConfig(
         name=subjects.EVENTS_STREAM,
         subjects=[subjects.ALL_EVENTS],
@@ -20,6 +25,8 @@ def events_stream_config() -> api.StreamConfig:
         storage=api.StorageType.FILE,
         duplicate_window=DEDUP_WINDOW_S,
         allow_direct=True,
+        deny_delete=True,
+        deny_purge=True,
     )
 
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic_core import PydanticCustomError
 
 from rollout.shared import subjects
 
-SCHEMA_VERSION = 1
+# MAJOR.MINOR. A minor version only adds fields, so an older reader keeps what it knows; a new
+# major changes meaning, so a reader of another major must not guess (it dead-letters the event).
+SCHEMA_MAJOR = 1
+SCHEMA_MINOR = 0
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
+# The pydantic error type of an event from a major version this reader cannot read.
+UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
+_VERSION = re.compile(r"^(\d{1,4})(?:\.(\d{1,4}))?$")
 # Fixed namespace so the same command always yields the same event ids (JetStream dedup).
 _ID_NAMESPACE = uuid.UUID("6f1c1d0e-6b0b-4a57-9a43-2c0f3f1f9a11")
 
@@ -50,6 +59,36 @@ def payload_types() -> dict[str, type[Payload]]:
     return dict(_REGISTRY)
 
 
+def parse_schema_version(raw: object) -> tuple[int, int]:
+    """(major, minor) of an envelope's `schema_version`: "1.2", "1", or a bare 1 (before 1.0)."""
+    text = str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
+    match = _VERSION.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise PydanticCustomError(
+            "schema_version",
+            "schema_version must look like MAJOR.MINOR (e.g. {current}), got {raw}",
+            {"current": SCHEMA_VERSION, "raw": repr(raw)},
+        )
+    return int(match[1]), int(match[2] or 0)
+
+
+def _check_readable(data: dict[str, Any]) -> tuple[int, int]:
+    """The event's version, or an error naming it when its major is not the one we read."""
+    major, minor = parse_schema_version(data.get("schema_version", SCHEMA_VERSION))
+    if major != SCHEMA_MAJOR:
+        raise PydanticCustomError(
+            UNSUPPORTED_SCHEMA_VERSION,
+            "unsupported schema version {version} of {type} event: this reader understands "
+            "major version {major} only (upgrade the service that reads it)",
+            {
+                "version": f"{major}.{minor}",
+                "type": str(data.get("type", "?")),
+                "major": SCHEMA_MAJOR,
+            },
+        )
+    return major, minor
+
+
 class EventEnvelope(BaseModel):
     """An event as stored on the events stream."""
 
@@ -59,7 +98,11 @@ class EventEnvelope(BaseModel):
     type: str
     subject: str
     time: datetime
-    schema_version: int = SCHEMA_VERSION
+    schema_version: str = Field(
+        default=SCHEMA_VERSION,
+        pattern=r"^\d+\.\d+$",
+        description="MAJOR.MINOR: readers skip unknown fields of a newer minor, refuse a new major",
+    )
     correlation_id: str
     causation_id: str | None = None
     run_id: str | None = None
@@ -69,12 +112,27 @@ class EventEnvelope(BaseModel):
 
     _parsed: Payload | None = PrivateAttr(default=None)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _check_version(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        major, minor = _check_readable(data)
+        data = {**data, "schema_version": f"{major}.{minor}"}
+        if minor > SCHEMA_MINOR:
+            # A newer minor may add envelope fields too: keep what this reader knows.
+            data = {k: v for k, v in data.items() if k in cls.model_fields}
+        return data
+
     @model_validator(mode="after")
     def _check_payload(self) -> EventEnvelope:
         model = _REGISTRY.get(self.type)
         if model is None:
             raise ValueError(f"unknown event type {self.type!r}")
-        self._parsed = model.model_validate(self.payload)
+        # Fields this reader does not know are a mistake at our version, news at a newer minor.
+        _, minor = parse_schema_version(self.schema_version)
+        extra = "ignore" if minor > SCHEMA_MINOR else None
+        self._parsed = model.model_validate(self.payload, extra=extra)
         return self
 
     def body(self) -> Payload:

@@ -69,6 +69,9 @@ class RunRequested(Payload):
     batch_size: int = 16
     deadline_s: float = 3600.0
     policy_version: int = 0
+    # The command's client request id and fingerprint: a retry gets this run back.
+    request_id: str | None = None
+    request_hash: str | None = None
 
 
 @register
@@ -211,6 +214,9 @@ class JobRequested(Payload):
     env_slug: str | None = None
     suffix: str | None = None
     hyperparams: dict[str, Any] = Field(default_factory=dict)
+    # The command's client request id and fingerprint: a retry gets this job back.
+    request_id: str | None = None
+    request_hash: str | None = None
 
 
 @register

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,6 +14,23 @@ class Request(BaseModel):
     """Base of every request."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+def _client_request_id() -> Any:
+    # A command's idempotency key: the client makes one per command and resends it on a retry,
+    # so the service answers the retry with what the first attempt created.
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="a fresh id per command (e.g. a uuid), the same on every retry of it",
+    )
+
+
+def request_fingerprint(request: Request) -> str:
+    """A hash of what a command asks for (its request id aside): tells a retry from a reuse."""
+    body = request.model_dump_json(exclude={"client_request_id"})
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 class Reply(BaseModel):
@@ -70,6 +88,7 @@ class CreateRun(Request):
     task_indices: list[int] | None = None
     batch_size: int = 16
     deadline_s: float = 3600.0
+    client_request_id: str | None = _client_request_id()
 
 
 class GetRun(Request):
@@ -104,6 +123,7 @@ class CreateTrainingJob(Request):
     env_slug: str | None = None
     suffix: str | None = None
     hyperparams: dict[str, Any] = Field(default_factory=dict)
+    client_request_id: str | None = _client_request_id()
 
 
 class GetJob(Request):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from faststream.nats import JStream, PullSub
+from nats.js import api
+from nats.js.errors import APIError
 
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
@@ -183,3 +186,65 @@ async def test_in_progress_acks_keep_long_work_from_redelivery(settings, nats_cl
     await msg.ack_sync()
     info = await js.consumer_info(subjects.WORK_STREAM, durable)
     assert info.num_redelivered == 0 and info.num_ack_pending == 0 and info.num_pending == 0
+
+
+def _versioned(event: EventEnvelope, version: str, **extra_payload: object) -> bytes:
+    """`event` as a producer of schema `version` would write it (extra fields included)."""
+    data = event.model_dump(mode="json")
+    data["schema_version"] = version
+    data["payload"] = {**data["payload"], **extra_payload}
+    return json.dumps(data).encode()
+
+
+async def test_a_major_version_event_is_dead_lettered_with_the_reason_and_next_is_handled(
+    settings, nats_client
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    key = new_id()
+    subject = subjects.work("bustest", key)
+    durable = f"bustest-{key}"
+    await ensure_consumer(js, subjects.WORK_STREAM, pull_consumer_config(durable, subject))
+    handled: list[str] = []
+    broker = make_broker(settings)
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(subjects.WORK_STREAM, declare=False),
+        durable=durable,
+        pull_sub=PullSub(batch_size=4, timeout=0.5),
+    )
+    async def handle(event: EventEnvelope) -> None:
+        handled.append(event.body().reason)
+
+    await js.publish(subject, _versioned(failed(key, 1, reason="from v2"), "2.0"))
+    # A newer minor with a field this reader does not know: read, the field ignored.
+    await js.publish(subject, _versioned(failed(key, 2, reason="minor"), "1.7", severity="high"))
+    async with broker:
+        await broker.start()
+        await wait_for(lambda: handled == ["minor"], "the newer-minor message")
+        letters = await _dead_letters(js, key_subject=subject)
+    assert len(letters) == 1
+    assert letters[0].reason.startswith("unsupported schema version 2.0 of run.failed event")
+    assert "major version 1" in letters[0].reason
+
+
+async def test_the_events_stream_refuses_purge_and_delete_even_for_a_service(nats_client) -> None:
+    js = nats_client.jetstream()
+    # A stream made before the rule (no denies) is brought to it by the next service start.
+    await js.add_stream(
+        config=api.StreamConfig(name=subjects.EVENTS_STREAM, subjects=[subjects.ALL_EVENTS])
+    )
+    await ensure_streams(js)
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    assert info.config.deny_delete and info.config.deny_purge
+    run_id = new_id()
+    first = await EventPublisher(js).publish(failed(run_id, 0))
+    with pytest.raises(APIError, match="purge"):
+        await js.purge_stream(subjects.EVENTS_STREAM)
+    with pytest.raises(APIError, match="purge"):
+        await js.purge_stream(subjects.EVENTS_STREAM, subject=subjects.run_events(run_id))
+    with pytest.raises(APIError, match="delete"):
+        await js.delete_msg(subjects.EVENTS_STREAM, first.seq)
+    assert [e.id for e in await collect(js, subjects.run_events(run_id))] == [failed(run_id, 0).id]
+    await ensure_streams(js)  # idempotent with the denies set

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pydantic
 import pytest
 
 from rollout.shared import subjects
+from rollout.shared.bus.deadletter import describe
 from rollout.shared.contracts import EventEnvelope
 from rollout.shared.contracts.events import RunFailed, RunRequested
 from rollout.shared.contracts.export import asyncapi_document, stale_schemas
@@ -61,3 +63,47 @@ def test_schemas_folder_matches_the_models() -> None:
 
 def test_asyncapi_document_matches_the_handlers() -> None:
     assert (ROOT / "docs" / "asyncapi.json").read_text() == asyncapi_document()
+
+
+def test_a_newer_minor_keeps_what_it_knows_and_our_own_version_stays_strict() -> None:
+    good = EventEnvelope.new(
+        RunRequested(run_id="r1", env_slug="e", env_version=1, env_hash="h", model="m", n=1),
+        aggregate_id="r1",
+        id_parts=("c",),
+    ).model_dump(mode="json")
+    assert good["schema_version"] == "1.0"
+    newer = {
+        **good,
+        "schema_version": "1.4",
+        "tenant": "acme",  # an envelope field added in 1.4
+        "payload": {
+            **good["payload"],
+            "priority": 3,
+            "sampling": {**good["payload"]["sampling"], "min_p": 0.1},
+        },
+    }
+    read = EventEnvelope.model_validate_json(json.dumps(newer))
+    body = read.body()
+    assert isinstance(body, RunRequested) and (body.run_id, body.n) == ("r1", 1)
+    assert read.schema_version == "1.4"
+    # Events written before versions were MAJOR.MINOR carry a bare 1.
+    assert EventEnvelope.model_validate({**good, "schema_version": 1}).schema_version == "1.0"
+    # At this reader's own version an unknown field is a producer's mistake, not news.
+    own = {k: v for k, v in newer.items() if k != "tenant"}
+    with pytest.raises(pydantic.ValidationError, match="priority"):
+        EventEnvelope.model_validate({**own, "schema_version": "1.0"})
+    with pytest.raises(pydantic.ValidationError, match="tenant"):
+        EventEnvelope.model_validate({**newer, "schema_version": "1.0"})
+
+
+@pytest.mark.parametrize("version", ["2.0", "0.9", 2, "3"])
+def test_another_major_is_refused_with_a_reason_naming_it(version: object) -> None:
+    good = EventEnvelope.new(
+        RunFailed(run_id="r1", reason="x"), aggregate_id="r1", id_parts=("c",)
+    ).model_dump(mode="json")
+    with pytest.raises(pydantic.ValidationError) as caught:
+        EventEnvelope.model_validate({**good, "schema_version": version})
+    assert describe(caught.value).startswith("unsupported schema version")
+    assert "run.failed" in describe(caught.value)
+    with pytest.raises(pydantic.ValidationError, match="MAJOR.MINOR"):
+        EventEnvelope.model_validate({**good, "schema_version": "one"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import asyncpg
 import nats.errors
@@ -252,5 +253,86 @@ async def test_model_output_with_nul_characters_does_not_stall_the_read_models(p
             stored = await conn.fetchval("select trajectory->>'final_output' from rollouts")
             literal = await conn.fetchval("select trajectory->>'note' from rollouts")
         assert stored == "oddbytes" and literal == "keep \\u0000 literal"
+    finally:
+        await pool.close()
+
+
+def _as_version(event: EventEnvelope, version: str, **extra_payload: object) -> bytes:
+    data = event.model_dump(mode="json")
+    data["schema_version"] = version
+    data["payload"] = {**data["payload"], **extra_payload}
+    return json.dumps(data).encode()
+
+
+async def test_tracker_reads_a_newer_minor_and_dead_letters_a_new_major(
+    settings, nats_client, pg_dsn
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    minor, major, after = new_id(), new_id(), new_id()
+    minor_req, major_req, after_req = (
+        run_history(r, tasks=1, n=1)[0] for r in (minor, major, after)
+    )
+    await js.publish(minor_req.subject, _as_version(minor_req, "1.3", priority="high"))
+    await js.publish(major_req.subject, _as_version(major_req, "2.0"))
+    await EventPublisher(js).publish(after_req)
+
+    task = asyncio.create_task(serve_tracker(settings.with_database(pg_dsn)))
+    pool = await create_pool(pg_dsn)
+    try:
+        await wait_position_or_crash(task, pool, js)
+        async with pool.acquire() as conn:
+            runs = {r["run_id"] for r in await conn.fetch("select run_id from runs")}
+            reasons = [r["reason"] for r in await conn.fetch("select reason from dead_letters")]
+        assert runs == {minor, after}
+        assert len(reasons) == 1
+        assert reasons[0].startswith("unsupported schema version 2.0 of run.requested event")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pool.close()
+
+
+async def test_a_lifecycle_event_never_moves_an_ended_run_or_job_back(pg_dsn) -> None:
+    run_id, job = new_id(), new_id()
+    history = run_history(run_id, tasks=1, n=1)
+    requested = history[0]
+    late = [
+        ev.RunFailed(run_id=run_id, reason="deadline"),
+        ev.RunStarted(run_id=run_id, work_items=1, total_rollouts=1),
+    ]
+    job_events = [
+        ev.JobRequested(job_id=job, method="sft", base_model="hf:tiny"),
+        ev.JobCompleted(job_id=job, model_id="ft:x"),
+        ev.JobFailed(job_id=job, reason="late"),
+        ev.JobProgress(job_id=job, step=9, total_steps=10),
+    ]
+    events = [
+        *history,
+        *(
+            EventEnvelope.new(
+                p, aggregate_id=run_id, id_parts=(run_id, "late", i), parent=requested
+            )
+            for i, p in enumerate(late)
+        ),
+        *(
+            EventEnvelope.new(p, aggregate_id=job, id_parts=(job, i))
+            for i, p in enumerate(job_events)
+        ),
+    ]
+    pool = await create_pool(pg_dsn)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels())
+        assert await runner.handle_batch([(e, i) for i, e in enumerate(events, start=1)]) == len(
+            events
+        )
+        async with pool.acquire() as conn:
+            run = await conn.fetchrow("select * from runs where run_id = $1", run_id)
+            row = await conn.fetchrow("select * from jobs where job_id = $1", job)
+        assert (run["status"], run["reason"]) == ("completed", None)
+        assert (row["status"], row["reason"], row["model_id"], row["step"]) == (
+            "completed", None, "ft:x", 0,
+        )  # fmt: skip
     finally:
         await pool.close()
