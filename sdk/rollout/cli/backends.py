@@ -54,8 +54,10 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rollout.shared.interop.openenv_server import resolve_spec, serve
+    from rollout.shared.interop.specs import resolve_spec
 
-    spec = resolve_spec(args.env, args.slug)
+    spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
+    from rollout.shared.interop.openenv_server import serve
+
     serve(spec, host=args.host, port=args.port)
     return 0
