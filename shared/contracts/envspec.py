@@ -332,6 +332,24 @@ class ToolCallOrderParams(CamelModel):
     exact: bool = False
 
 
+RULER_DEFAULT_RUBRIC = (
+    "- A trajectory that achieves its goal scores higher than one that does not.\n"
+    "- Among those that achieve it, a more efficient one (fewer, more direct steps) scores "
+    "higher.\n- A trajectory that makes progress scores higher than one that does not.\n"
+    "- Scores are between 0 and 1."
+)
+
+
+class RulerParams(CamelModel):
+    """`ruler`: an OpenAI-compatible judge scores the n samples of one task against a rubric,
+    relative to each other (RULER); a group of one is judged on its own."""
+
+    judge_model: str = Field(min_length=1, description="A model name, e.g. openai/gpt-4o-mini.")
+    rubric: str = Field(default=RULER_DEFAULT_RUBRIC, min_length=1)
+    pass_threshold: float = Field(default=0.5, ge=0, le=1)
+    max_tokens: int = Field(default=2048, ge=16, le=32768)
+
+
 PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "state_match": StateMatchParams,
     "contains_terms": ContainsTermsParams,
@@ -343,6 +361,7 @@ PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "url_reached": UrlReachedParams,
     "form_submitted": FormSubmittedParams,
     "tool_call_order": ToolCallOrderParams,
+    "ruler": RulerParams,
 }
 
 

@@ -500,6 +500,7 @@ def test_every_primitive_is_exercised_here() -> None:
         "tests_pass",
         "url_reached",
         "form_submitted",
+        "ruler",
     }
     assert set(known_types()) <= exercised, set(known_types()) - exercised
 
@@ -547,3 +548,52 @@ def test_batched_tasks_each_follow_their_own_script(rollout_test) -> None:
     one = rollout_test(source, script, "--task", "3")
     assert [t["index"] for t in one.report["environments"][0]["tasks"]] == [3]
     assert json.loads(one.stdout)["summary"]["passed"] == 1
+
+
+def _ruler_judge(body: dict) -> dict:
+    """A scripted RULER judge: trajectories that refunded O-1 score 0.9, others 0.1."""
+    import re
+
+    text = body["messages"][-1]["content"]
+    found = re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', text, re.DOTALL)
+    scores = [
+        {
+            "trajectory_id": i,
+            "explanation": "refunded" if "O-1" in t else "did nothing",
+            "score": 0.9 if "refund" in t and "O-1" in t else 0.1,
+        }
+        for i, t in found
+    ]
+    return text_reply(json.dumps({"scores": scores}))
+
+
+def test_ruler_primitive_scores_with_a_judge_model(rollout_test, fake_openai) -> None:
+    judge = fake_openai(_ruler_judge)
+    source = f"""
+        from rollout import Environment, Task
+
+        env = Environment(
+            slug="refund-ruler",
+            template="workflow",
+            config={{
+                "tools": [{{"name": "refund", "kind": "action", "appendTo": "refunds",
+                           "value": {{"order_id": "${{args.order_id}}"}}}}],
+                "initialMutableState": {{"refunds": []}},
+            }},
+            tasks=[Task(instruction="Refund order O-1")],
+            verifier=[{{"name": "judge", "type": "ruler",
+                       "judgeModel": "{judge.base_url}#judge",
+                       "rubric": "Refunding the right order is what counts."}}],
+        )
+    """
+    run = rollout_test(
+        source, [tool_reply(("refund", {"order_id": "O-1"})), text_reply("Refunded.")]
+    )
+    assert run.code == 0, run.stdout + run.stderr
+    task = run.task()
+    assert task["status"] == "PASS", verdicts(task)
+    assert task["score"] == pytest.approx(0.9)
+    assert "refunded" in verdicts(task)["judge"][1]
+    [body] = judge.chat_bodies
+    assert "Refunding the right order is what counts." in body["messages"][0]["content"]
+    assert body["model"] == "judge"

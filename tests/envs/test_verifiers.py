@@ -246,5 +246,6 @@ def test_registry_has_every_primitive() -> None:
             "url_reached",
             "form_submitted",
             "tool_call_order",
+            "ruler",
         ]
     )

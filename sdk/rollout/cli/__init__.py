@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "rollout.cli.replay",
     "rollout.cli.admin",
     "rollout.cli.schemas",
+    "rollout.cli.backends",
 ]
 
 

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rollout.shared.contracts.envspec import EnvironmentSpec, PrimitiveSpec, TaskSpec, VerifierSpec
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
 from rollout.shared.envs.verifiers import primitives as _primitives  # noqa: F401  (registers)
+from rollout.shared.envs.verifiers import ruler as _ruler  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers.registry import REGISTRY, InfraError, Outcome, ScoreContext
 
 log = structlog.get_logger(__name__)

@@ -1,0 +1,120 @@
+"""OpenEnv serving overhead: episode steps/s through our OpenEnv server (openenv-core's client
+over /ws, real uvicorn on loopback) against the same env's runtime in-process.
+
+Each episode: reset, `--steps` tool calls, a final answer (scored by our verifier). Run:
+`python benchmarks/openenv_serve.py [--episodes N] [--steps N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import threading
+import time
+
+import uvicorn
+from openenv.core.generic_client import GenericEnvClient
+
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
+from rollout.shared.envs import build_runtime, score
+from rollout.shared.interop.openenv_server import create_app
+
+SPEC = {
+    "slug": "bench-openenv",
+    "template": "workflow",
+    "config": {
+        "tools": [
+            {"name": "get", "kind": "lookup", "fixturePath": "orders.${args.id}"},
+            {
+                "name": "refund",
+                "kind": "action",
+                "appendTo": "refunds",
+                "value": {"id": "${args.id}"},
+            },
+        ],
+        "fixtures": {"orders": {f"O-{i}": {"amount": i} for i in range(50)}},
+        "initialMutableState": {"refunds": []},
+    },
+    "tasks": [{"instruction": "refund O-1", "hiddenGroundTruth": {"refunds": [{"id": "O-1"}]}}],
+}
+
+
+def _action(i: int) -> tuple[str, dict]:
+    return ("refund", {"id": "O-1"}) if i == 0 else ("get", {"id": f"O-{i % 50}"})
+
+
+async def in_process(spec: EnvironmentSpec, episodes: int, steps: int) -> tuple[float, float]:
+    """(steps/s, mean reward) playing the runtime directly."""
+    rewards = 0.0
+    t0 = time.perf_counter()
+    for _ in range(episodes):
+        rt = build_runtime(spec, 0)
+        calls = []
+        for i in range(steps):
+            name, args = _action(i)
+            r = await rt.call_tool(name, args)
+            calls.append(
+                ToolCallRecord(index=i, name=name, arguments=args, result=r.output, error=r.error)
+            )
+        state = rt.final_state()
+        await rt.close()
+        verdict = await score(
+            spec, 0, Trajectory(tool_calls=calls, final_output="ok", final_state=state)
+        )
+        rewards += verdict.score
+    return episodes * steps / (time.perf_counter() - t0), rewards / episodes
+
+
+async def over_openenv(url: str, episodes: int, steps: int) -> tuple[float, float]:
+    """(steps/s, mean reward) through the server with openenv-core's GenericEnvClient."""
+    rewards = 0.0
+    async with GenericEnvClient(base_url=url) as env:
+        t0 = time.perf_counter()
+        for _ in range(episodes):
+            await env.reset(task=0)
+            for i in range(steps):
+                name, args = _action(i)
+                await env.step({"tool": name, "arguments": args})
+            done = await env.step({"answer": "ok"})
+            rewards += float(done.reward or 0.0)
+        return episodes * steps / (time.perf_counter() - t0), rewards / episodes
+
+
+def main() -> None:
+    """Print both rates and their ratio."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    spec = EnvironmentSpec.model_validate(SPEC)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(spec), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        asyncio.run(in_process(spec, 3, args.steps))  # warm-up
+        asyncio.run(over_openenv(f"http://127.0.0.1:{port}", 3, args.steps))
+        base, base_r = asyncio.run(in_process(spec, args.episodes, args.steps))
+        served, served_r = asyncio.run(
+            over_openenv(f"http://127.0.0.1:{port}", args.episodes, args.steps)
+        )
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    print(f"episodes={args.episodes} steps/episode={args.steps}")
+    print(f"in-process runtime:      {base:10.0f} steps/s  (mean reward {base_r:.2f})")
+    print(f"OpenEnv server over /ws: {served:10.0f} steps/s  (mean reward {served_r:.2f})")
+    print(f"ratio served / in-process: {served / base:.3f}  ({base / served:.1f}x slower)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The `ruler` primitive: RULER's group-relative scoring by an OpenAI-compatible judge.
+
+One judge call sees every sample of one task (rendered as numbered trajectories) and the
+rubric, and answers JSON `{"scores": [{"trajectory_id", "explanation", "score"}]}`: a score in
+[0, 1] and a reason per sample. Relative scores are what GRPO needs (its advantage is already
+group-relative), so `score_group` gives each sample's reward in one call. Scoring a single
+trajectory (`rollout test`, the per-rollout verifier) is a group of one.
+
+The judge is a model name resolved like any other (`openai/...`, `<url>#<model>`), so its
+endpoint and key come from the operator's endpoint policy, never from the env's config. A judge
+that fails or answers malformed JSON is an infrastructure error (no verdict), not a score.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import (
+    EnvironmentSpec,
+    PrimitiveSpec,
+    RulerParams,
+    TaskSpec,
+    VerifierSpec,
+)
+from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
+from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
+
+MAX_TRAJECTORY_CHARS = 20_000
+
+SYSTEM = """All of the trajectories below were given the same goal. Your job is to judge how \
+well each one achieved it, relative to the others, using the rubric.
+
+Rubric:
+{rubric}
+
+Answer with JSON only: {{"scores": [{{"trajectory_id": "1", "explanation": "...", \
+"score": 0.0}}, ...]}} with exactly one entry per trajectory, each score between 0 and 1."""
+
+
+class JudgedScore(BaseModel):
+    """One entry of the judge's answer."""
+
+    trajectory_id: str
+    explanation: str = ""
+    score: float = Field(ge=0, le=1)
+
+
+class JudgeAnswer(BaseModel):
+    """The judge's whole answer."""
+
+    scores: list[JudgedScore]
+
+
+def render(trajectory: Trajectory) -> str:
+    """A trajectory as the judge reads it: messages, tool calls and the final answer."""
+    body: dict[str, Any] = {}
+    if trajectory.messages:
+        body["messages"] = trajectory.messages
+    else:
+        body["tool_calls"] = [
+            {"name": c.name, "arguments": c.arguments, "result": c.result, "error": c.error}
+            for c in trajectory.tool_calls
+        ]
+    body["final_answer"] = trajectory.final_output
+    if trajectory.error:
+        body["error"] = trajectory.error
+    text = json.dumps(body, ensure_ascii=False, default=str)
+    return text if len(text) <= MAX_TRAJECTORY_CHARS else text[:MAX_TRAJECTORY_CHARS] + "…"
+
+
+def judge_messages(params: RulerParams, task: TaskSpec, group: list[Trajectory]) -> list[dict]:
+    """The chat messages of one judge call."""
+    parts = [f"Goal: {task.instruction}", ""]
+    for i, trajectory in enumerate(group, start=1):
+        parts.append(f'<trajectory id="{i}">\n{render(trajectory)}\n</trajectory>')
+    return [
+        {"role": "system", "content": SYSTEM.format(rubric=params.rubric)},
+        {"role": "user", "content": "\n".join(parts)},
+    ]
+
+
+def parse_answer(text: str | None, n: int) -> list[JudgedScore]:
+    """The judge's scores in trajectory order (InfraError naming what is wrong)."""
+    raw = (text or "").strip()
+    fenced = re.search(r"\{.*\}", raw, re.DOTALL)
+    if fenced is None:
+        raise InfraError(f"the judge's answer is not JSON: {raw[:200]!r}")
+    try:
+        answer = JudgeAnswer.model_validate_json(fenced.group(0))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise InfraError(f"the judge's answer is malformed at {where}: {err['msg']}") from None
+    by_id = {s.trajectory_id.strip(): s for s in answer.scores}
+    missing = [str(i) for i in range(1, n + 1) if str(i) not in by_id]
+    if missing:
+        raise InfraError(f"the judge gave no score for trajectory {', '.join(missing)}")
+    return [by_id[str(i)] for i in range(1, n + 1)]
+
+
+async def judge_group(
+    params: RulerParams, task: TaskSpec, group: list[Trajectory]
+) -> list[Outcome]:
+    """One judge call over the group: an Outcome (score, passed, reason) per trajectory."""
+    from rollout.shared.models.base import ChatRequest
+    from rollout.shared.models.registry import resolve_backend
+
+    try:
+        backend = resolve_backend(params.judge_model)
+        request = ChatRequest(
+            messages=judge_messages(params, task, group),
+            temperature=0.0,
+            max_tokens=params.max_tokens,
+        )
+        [response] = await backend.generate([request])
+    except RolloutError as exc:
+        raise InfraError(f"judge {params.judge_model!r}: {exc.message}") from None
+    if response.error:
+        raise InfraError(f"judge {params.judge_model!r}: {response.error}")
+    scores = parse_answer(response.content, len(group))
+    return [
+        Outcome(
+            s.score,
+            s.score >= params.pass_threshold,
+            f"judge {s.score:.2f} (rank {rank}/{len(group)}): {s.explanation}",
+        )
+        for s, rank in zip(scores, _ranks([s.score for s in scores]), strict=True)
+    ]
+
+
+def _ranks(values: list[float]) -> list[int]:
+    order = sorted(set(values), reverse=True)
+    return [order.index(v) + 1 for v in values]
+
+
+@register("ruler")
+async def ruler(params: RulerParams, ctx: ScoreContext) -> Outcome:
+    """A group of one: the judge scores this trajectory against the rubric alone."""
+    [outcome] = await judge_group(params, ctx.task, [ctx.trajectory])
+    return outcome
+
+
+async def score_group(
+    spec: EnvironmentSpec, task: TaskSpec, group: list[Trajectory]
+) -> list[VerifierResult]:
+    """Score the n samples of one task: `ruler` primitives judge the whole group in one call
+    (relative scores, usable as GRPO rewards); every other primitive scores each sample."""
+    from rollout.shared.envs.verifiers.engine import default_verifier, run_primitive
+
+    verifier: VerifierSpec = (
+        spec.verifier
+        if spec.verifier and spec.verifier.primitives
+        else default_verifier(spec, task)
+    )
+    try:
+        config = spec.typed_config()
+    except (ValidationError, ValueError):
+        config = None
+    per_sample: list[list[PrimitiveResult]] = [[] for _ in group]
+    errors: list[list[str]] = [[] for _ in group]
+    for prim in verifier.primitives:
+        if prim.type == "ruler":
+            for i, (result, infra) in enumerate(await _ruler_group(prim, task, group)):
+                per_sample[i].append(result)
+                if infra:
+                    errors[i].append(infra)
+            continue
+        for i, trajectory in enumerate(group):
+            ctx = ScoreContext(spec=spec, task=task, trajectory=trajectory, config=config)
+            result, infra = await run_primitive(prim, ctx)
+            per_sample[i].append(result)
+            if infra:
+                errors[i].append(infra)
+    out = []
+    for results, errs in zip(per_sample, errors, strict=True):
+        total = sum(r.weight for r in results)
+        if total > 0:
+            value = sum(r.weight * r.score for r in results) / total
+        else:
+            value = 1.0 if results and all(r.passed for r in results) else 0.0
+        out.append(
+            VerifierResult(
+                score=value,
+                passed=bool(results) and all(r.passed for r in results),
+                primitives=results,
+                error="; ".join(errs) or None,
+            )
+        )
+    return out
+
+
+async def _ruler_group(
+    prim: PrimitiveSpec, task: TaskSpec, group: list[Trajectory]
+) -> list[tuple[PrimitiveResult, str | None]]:
+    def result(outcome: Outcome) -> PrimitiveResult:
+        return PrimitiveResult(
+            name=prim.name,
+            type=prim.type,
+            weight=prim.weight,
+            score=min(1.0, max(0.0, float(outcome.score))),
+            passed=outcome.passed,
+            reason=outcome.reason,
+        )
+
+    try:
+        params = RulerParams.model_validate(prim.params)
+    except ValidationError as exc:
+        bad = Outcome(0.0, False, f"invalid params: {exc.errors()[0]['msg']}")
+        return [(result(bad), None) for _ in group]
+    try:
+        outcomes = await judge_group(params, task, group)
+    except InfraError as exc:
+        failed = Outcome(0.0, False, f"could not run: {exc}")
+        return [(result(failed), f"{prim.name}: {exc}") for _ in group]
+    return [(result(o), None) for o in outcomes]

@@ -1,0 +1,110 @@
+"""RULER: one judge call scores a task's group of samples relative to each other."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from fakes.openai_server import FakeOpenAI, text_reply
+
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
+from rollout.shared.envs import validate_environment
+from rollout.shared.envs.verifiers.ruler import score_group
+
+
+def _spec(judge: str, extra: list | None = None) -> EnvironmentSpec:
+    return EnvironmentSpec.model_validate(
+        {
+            "slug": "ruler-env",
+            "template": "workflow",
+            "config": {
+                "tools": [
+                    {
+                        "name": "refund",
+                        "kind": "action",
+                        "appendTo": "refunds",
+                        "value": {"order_id": "${args.order_id}"},
+                    }
+                ],
+                "initialMutableState": {"refunds": []},
+            },
+            "tasks": [{"instruction": "Refund order O-1"}],
+            "verifier": [
+                {"name": "judge", "type": "ruler", "judgeModel": judge, "weight": 3},
+                *(extra or []),
+            ],
+        }
+    )
+
+
+def _sample(order: str | None) -> Trajectory:
+    calls = (
+        [ToolCallRecord(index=0, name="refund", arguments={"order_id": order}, result=None)]
+        if order
+        else []
+    )
+    return Trajectory(
+        tool_calls=calls,
+        final_output="done",
+        final_state={"refunds": [{"order_id": order}] if order else []},
+    )
+
+
+def _ranking_judge(body: dict) -> object:
+    text = body["messages"][-1]["content"]
+    found = re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', text, re.DOTALL)
+    score = {"O-1": 1.0, "O-2": 0.4}
+    out = []
+    for i, t in found:
+        order = next((o for o in score if o in t), None)
+        out.append(
+            {"trajectory_id": i, "explanation": f"refunded {order}", "score": score.get(order, 0.0)}
+        )
+    return text_reply("```json\n" + json.dumps({"scores": out}) + "\n```")
+
+
+async def test_a_group_is_judged_in_one_call_relative_to_each_other() -> None:
+    with FakeOpenAI(_ranking_judge) as judge:
+        spec = _spec(
+            f"{judge.base_url}#judge",
+            [{"name": "any", "type": "tool_was_called", "tool": "refund"}],
+        )
+        group = [_sample("O-2"), _sample("O-1"), _sample(None)]
+        results = await score_group(spec, spec.tasks[0], group)
+        assert len(judge.chat_bodies) == 1  # one call for the whole group
+    judged = [r.primitives[0] for r in results]
+    assert [p.score for p in judged] == [0.4, 1.0, 0.0]
+    assert "rank 2/3" in judged[0].reason and "rank 1/3" in judged[1].reason
+    assert [p.passed for p in judged] == [False, True, False]
+    # Other primitives still score each sample; the weights combine them.
+    assert [r.primitives[1].passed for r in results] == [True, True, False]
+    assert results[1].score == 1.0 and results[1].passed
+    assert results[0].score == (3 * 0.4 + 1.0) / 4
+
+
+async def test_a_malformed_judge_answer_is_an_error_not_a_score() -> None:
+    replies = [
+        text_reply("I think they are all fine."),
+        text_reply(json.dumps({"scores": [{"trajectory_id": "1", "score": 7}]})),
+        text_reply(json.dumps({"scores": [{"trajectory_id": "1", "score": 0.5}]})),
+    ]
+    with FakeOpenAI(replies) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        for expected in ("not JSON", "malformed at scores.0.score", "no score for trajectory 2"):
+            results = await score_group(spec, spec.tasks[0], [_sample("O-1"), _sample(None)])
+            assert all(r.score == 0.0 and not r.passed for r in results)
+            assert expected in (results[0].error or ""), results[0].error
+
+
+async def test_a_judge_the_policy_refuses_is_named() -> None:
+    spec = _spec("https://judge.example.com/v1#j")
+    [result] = await score_group(spec, spec.tasks[0], [_sample("O-1")])
+    assert result.error and "judge 'https://judge.example.com/v1#j'" in result.error
+
+
+def test_validation_requires_a_judge_model() -> None:
+    spec = _spec("x").model_dump(by_alias=True)
+    del spec["verifier"]["primitives"][0]["judgeModel"]
+    problems = validate_environment(spec)
+    assert any("judgeModel" in p or "judge_model" in p for p in problems), problems
