@@ -1,0 +1,97 @@
+"""Live updates: one follower of the events stream fans events out to server-sent-event clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import asyncpg
+from nats.js import JetStreamContext
+
+from rollout.shared import subjects
+from rollout.shared.bus.reader import last_sequence, read_events
+from rollout.shared.observability import get_logger
+
+log = get_logger(__name__)
+
+# The tracker records how far its read models have applied the stream under this name.
+TRACKER_VIEW = "tracker"
+
+
+@dataclass(frozen=True)
+class Change:
+    """An event the viewer heard of: where it sits in the stream and what it is about."""
+
+    seq: int
+    aggregate: str
+    aggregate_id: str
+    name: str
+
+
+class EventHub:
+    """Follows the events stream from its end; every subscriber gets the changes it asked for."""
+
+    def __init__(self, js: JetStreamContext, pool: asyncpg.Pool) -> None:
+        self.js = js
+        self.pool = pool
+        self._queues: dict[asyncio.Queue[Change], frozenset[str]] = {}
+
+    @contextlib.contextmanager
+    def subscribe(self, topics: set[str]) -> Iterator[asyncio.Queue[Change]]:
+        """A queue of changes to `topics` (`run`, `run:<id>`, `job`, `job:<id>`), while held."""
+        queue: asyncio.Queue[Change] = asyncio.Queue(maxsize=10_000)
+        self._queues[queue] = frozenset(topics)
+        try:
+            yield queue
+        finally:
+            self._queues.pop(queue, None)
+
+    def publish(self, change: Change) -> None:
+        """Hand `change` to every subscriber of its aggregate or its instance."""
+        keys = {change.aggregate, f"{change.aggregate}:{change.aggregate_id}"}
+        for queue, topics in self._queues.items():
+            if topics & keys and not queue.full():
+                queue.put_nowait(change)
+
+    async def follow(self) -> None:
+        """Read new events forever (until cancelled)."""
+        start = await last_sequence(self.js) + 1
+        async for msg in read_events(self.js, subjects.ALL_EVENTS, start_seq=start, follow=True):
+            try:
+                aggregate, agg_id, name = subjects.parse_event_subject(msg.subject)
+            except subjects.SubjectError:
+                continue
+            self.publish(Change(msg.metadata.sequence.stream, aggregate, agg_id, name))
+
+    async def caught_up(self, seq: int, limit_s: float = 5.0) -> bool:
+        """Wait until the tracker's read models have applied stream position `seq`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while True:
+            async with self.pool.acquire() as conn:
+                position = await conn.fetchval(
+                    "select position from projection_tracking where name = $1", TRACKER_VIEW
+                )
+            if position is not None and position >= seq:
+                return True
+            if loop.time() > deadline:
+                log.warning("read models lag the events stream", want=seq, have=position)
+                return False
+            # The tracker's projection commits within milliseconds of the event; this waits on
+            # the server side so the browser never polls.
+            await asyncio.sleep(0.05)
+
+
+async def drain(queue: asyncio.Queue[Change], first: Change, window_s: float = 0.2) -> list[Change]:
+    """`first` plus whatever else arrives within `window_s`: one page update per burst."""
+    changes = [first]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + window_s
+    while (left := deadline - loop.time()) > 0:
+        try:
+            changes.append(await asyncio.wait_for(queue.get(), left))
+        except TimeoutError:
+            break
+    return changes

@@ -1,0 +1,69 @@
+"""Serve the viewer with uvicorn on a socket bound up front, so its URL is known before it runs."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from rollout.errors import RolloutError
+from rollout.services.ui.app import create_app
+from rollout.shared.auth.keys import ApiKey
+from rollout.shared.settings import Settings
+from rollout.shared.store.trajectories import object_store
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8321
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: any free one), or a clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RolloutError(
+            f"cannot listen on {host}:{port}: {exc.strerror}",
+            problems=["pick another port with --port, or stop what holds this one"],
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The http URL a bound socket answers on."""
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}"
+
+
+async def serve_ui(
+    settings: Settings,
+    sock: socket.socket,
+    *,
+    login_key: ApiKey | None = None,
+    announce: Callable[[str], None] = lambda url: None,
+) -> None:
+    """Run the viewer on `sock` until cancelled; `announce` gets the URL to open (with a one-time
+    login token for `login_key`, once the server has accepted that key)."""
+    store = object_store(settings)
+    app = create_app(settings, store=store)
+    url = url_of(sock)
+    if login_key is not None:
+        auth = app.state.ui.auth
+        viewer = await auth.check_key(login_key.text)
+        url = f"{url}/login?token={auth.one_time_token(viewer)}"
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False
+    )
+    server = uvicorn.Server(config)
+    announce(url)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await store.close()
