@@ -483,7 +483,11 @@ async def live(request: Request) -> Response:
                 except TimeoutError:
                     yield b": keepalive\n\n"
                     continue
+                if first is None:
+                    return
                 changes = await drain(queue, first)
+                if changes is None:
+                    return
                 await hub.caught_up(max(c.seq for c in changes))
                 html = await _fragments(state, request, changes)
                 if html:

@@ -36,17 +36,24 @@ class EventHub:
     def __init__(self, js: JetStreamContext, pool: asyncpg.Pool) -> None:
         self.js = js
         self.pool = pool
-        self._queues: dict[asyncio.Queue[Change], frozenset[str]] = {}
+        self._queues: dict[asyncio.Queue[Change | None], frozenset[str]] = {}
 
     @contextlib.contextmanager
-    def subscribe(self, topics: set[str]) -> Iterator[asyncio.Queue[Change]]:
+    def subscribe(self, topics: set[str]) -> Iterator[asyncio.Queue[Change | None]]:
         """A queue of changes to `topics` (`run`, `run:<id>`, `job`, `job:<id>`), while held."""
-        queue: asyncio.Queue[Change] = asyncio.Queue(maxsize=10_000)
+        queue: asyncio.Queue[Change | None] = asyncio.Queue(maxsize=10_000)
         self._queues[queue] = frozenset(topics)
         try:
             yield queue
         finally:
             self._queues.pop(queue, None)
+
+    def close(self) -> None:
+        """End every subscription (a None in its queue): open streams finish, so a shutdown
+        does not wait on them."""
+        for queue in self._queues:
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(None)
 
     def publish(self, change: Change) -> None:
         """Hand `change` to every subscriber of its aggregate or its instance."""
@@ -84,14 +91,20 @@ class EventHub:
             await asyncio.sleep(0.05)
 
 
-async def drain(queue: asyncio.Queue[Change], first: Change, window_s: float = 0.2) -> list[Change]:
-    """`first` plus whatever else arrives within `window_s`: one page update per burst."""
+async def drain(
+    queue: asyncio.Queue[Change | None], first: Change, window_s: float = 0.2
+) -> list[Change] | None:
+    """`first` plus whatever else arrives within `window_s` (one page update per burst); None
+    when the hub closed meanwhile."""
     changes = [first]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + window_s
     while (left := deadline - loop.time()) > 0:
         try:
-            changes.append(await asyncio.wait_for(queue.get(), left))
+            more = await asyncio.wait_for(queue.get(), left)
         except TimeoutError:
             break
+        if more is None:
+            return None
+        changes.append(more)
     return changes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -35,6 +36,25 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class ViewerServer(uvicorn.Server):
+    """uvicorn, ending the viewer's live streams first so a shutdown does not wait on them."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Close the live hub, then shut down as uvicorn does."""
+        hub = self.config.app.state.ui.hub
+        if hub is not None:
+            hub.close()
+        await super().shutdown(sockets)
+
+
+def server_for(app: Any) -> ViewerServer:
+    """A quiet uvicorn server for the viewer app."""
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False
+    )
+    return ViewerServer(config)
+
+
 def url_of(sock: socket.socket) -> str:
     """The http URL a bound socket answers on."""
     host, port = sock.getsockname()[:2]
@@ -58,10 +78,7 @@ async def serve_ui(
         auth = app.state.ui.auth
         viewer = await auth.check_key(login_key.text)
         url = f"{url}/login?token={auth.one_time_token(viewer)}"
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False
-    )
-    server = uvicorn.Server(config)
+    server = server_for(app)
     announce(url)
     try:
         await server.serve(sockets=[sock])

@@ -12,10 +12,15 @@ from pipeline.kit import Platform, refund_env, wait_for_platform, wait_until
 from ui_kit import serve
 
 from rollout.client import AsyncClient
+from rollout.errors import RolloutError
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.settings import Settings, connect_nats
+
+expect = pytest.importorskip(
+    "playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')"
+).expect
 
 # Two sampled tokens on the final answer: one near-certain, one unlikely (shaded dark).
 TOKENS = [("token_id:11", -0.01), ("token_id:2042", -3.2)]
@@ -213,39 +218,44 @@ async def test_a_running_run_moves_without_a_reload(
         return scripted(body)
 
     with FakeOpenAI(held) as server:
-        run = await client.create_run("refunds", model_of(server), n=1, batch_size=1)
-        run_id = run["runId"]
-
-        async def running() -> bool:
-            return (await client.get_run(run_id))["status"] == "running"
-
-        await wait_until(running, "the run to start")
-        async with serve(settings) as ui:
-            context = await browser.new_context()
-            page = await context.new_page()
-            await page.goto(await ui.login_link(viewer_key))
-            await page.wait_for_selector(f"#run-{run_id}")
-            listing = await context.new_page()
-            await listing.goto(ui.url + "/")
-            await page.goto(f"{ui.url}/runs/{run_id}")
-            for p in (page, listing):
-                await p.wait_for_selector("body[data-live=on]")
-            assert "0/3 scored" in await page.inner_text("#run-progress")
-            await page.evaluate("window.__notReloaded = true")
+        try:
+            await watch_live_run(client, settings, browser, viewer_key, shoot, server, gate)
+        finally:
             gate.set()
-            await page.wait_for_function(
-                "document.getElementById('run-progress').textContent.includes('3/3')",
-                timeout=30_000,
-            )
-            await page.wait_for_function(
-                "document.getElementById('run-status').textContent.includes('completed')",
-                timeout=30_000,
-            )
-            await listing.wait_for_function(
-                f"document.getElementById('run-{run_id}').textContent.includes('3/3')",
-                timeout=30_000,
-            )
-            assert await page.evaluate("window.__notReloaded === true")
-            assert "100.0%" in await page.inner_text("#run-rate")
-            assert "3 scores" in (await page.locator("#run-hist svg").get_attribute("aria-label"))
-            await shoot(listing, "runs-live")
+
+
+async def watch_live_run(
+    client: AsyncClient, settings: Settings, browser: Any, viewer_key: Any, shoot: Any,
+    server: FakeOpenAI, gate: threading.Event,
+) -> None:  # fmt: skip
+    """Open the run's page and the runs list while it is held, then let it finish."""
+    run = await client.create_run("refunds", model_of(server), n=1, batch_size=1)
+    run_id = run["runId"]
+
+    async def running() -> bool:
+        try:
+            return (await client.get_run(run_id))["status"] == "running"
+        except RolloutError:  # not projected yet
+            return False
+
+    await wait_until(running, "the run to start")
+    async with serve(settings) as ui:
+        context = await browser.new_context()
+        page = await context.new_page()
+        await page.goto(await ui.login_link(viewer_key))
+        await page.wait_for_selector(f"#run-{run_id}")
+        listing = await context.new_page()
+        await listing.goto(ui.url + "/")
+        await page.goto(f"{ui.url}/runs/{run_id}")
+        for p in (page, listing):
+            await p.wait_for_selector("body[data-live=on]")
+        assert "0/3 scored" in await page.inner_text("#run-progress")
+        await page.evaluate("window.__notReloaded = true")
+        gate.set()
+        await expect(page.locator("#run-progress")).to_contain_text("3/3", timeout=30_000)
+        await expect(page.locator("#run-status")).to_contain_text("completed", timeout=30_000)
+        await expect(listing.locator(f"#run-{run_id}")).to_contain_text("3/3", timeout=30_000)
+        assert await page.evaluate("window.__notReloaded === true")
+        assert "100.0%" in await page.inner_text("#run-rate")
+        assert "3 scores" in (await page.locator("#run-hist svg").get_attribute("aria-label"))
+        await shoot(listing, "runs-live")

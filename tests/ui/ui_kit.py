@@ -8,10 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-
 from rollout.services.ui.app import create_app
-from rollout.services.ui.main import bind, url_of
+from rollout.services.ui.main import bind, server_for, url_of
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.settings import Settings
 from rollout.shared.store.trajectories import object_store
@@ -37,10 +35,7 @@ async def serve(settings: Settings) -> AsyncIterator[UiServer]:
     sock = bind("127.0.0.1", 0)
     store = object_store(settings)
     app = create_app(settings, store=store)
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, access_log=False
-    )
-    server = uvicorn.Server(config)
+    server = server_for(app)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="ui")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
