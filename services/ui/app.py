@@ -504,6 +504,16 @@ async def not_found(request: Request, exc: Exception) -> Response:
     return render("error.html", request, status, status=status, detail=detail)
 
 
+async def no_read_models(request: Request, exc: Exception) -> Response:
+    """The tracker has not created its tables in this database yet."""
+    detail = (
+        "the tracker's read models are not in this database yet: start the tracker"
+        " (`rollout up`, or `rollout serve tracker`) against it, or point ROLLOUT_DATABASE_URL"
+        " at the right one"
+    )
+    return render("error.html", request, 503, status=503, detail=detail)
+
+
 # --- the app ----------------------------------------------------------------------------------
 
 
@@ -550,7 +560,14 @@ def create_app(
         Route("/live", live),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            HTTPException: not_found,
+            asyncpg.exceptions.UndefinedTableError: no_read_models,
+        },
+    )
     app.state.ui = state
     app.add_middleware(AuthMiddleware, signer_of=lambda scope: state.signer)
     return app

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.services.ui.app import create_app
+from rollout.services.ui.auth import Viewer
 from rollout.services.ui.main import bind, server_for, url_of
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.settings import Settings
@@ -21,6 +22,10 @@ class UiServer:
 
     url: str
     app: Any
+
+    def viewer(self, user: str) -> Viewer:
+        """A viewer identity (to sign a session cookie with the app's own signer)."""
+        return Viewer(user=user, role="viewer")
 
     async def login_link(self, key: ApiKey) -> str:
         """A one-time login URL for `key`, as `rollout ui` prints it for the local key."""
