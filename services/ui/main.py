@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,9 @@ def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit this: a response's head and body are separate writes, and
+    # Nagle plus delayed ACKs would hold the body back ~40 ms.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -53,6 +57,25 @@ def server_for(app: Any) -> ViewerServer:
         app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False
     )
     return ViewerServer(config)
+
+
+async def start_in_loop(
+    app: Any, sock: socket.socket, limit_s: float = 20.0
+) -> tuple[ViewerServer, asyncio.Task[None]]:
+    """Serve `app` on `sock` as a task of this loop; return once it accepts connections."""
+    server = server_for(app)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="rollout-ui")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RolloutError("the viewer stopped while starting")
+        if loop.time() > deadline:
+            task.cancel()
+            raise RolloutError(f"the viewer did not start within {limit_s:.0f}s")
+        await asyncio.sleep(0.02)
+    return server, task
 
 
 def url_of(sock: socket.socket) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -10,7 +9,7 @@ from typing import Any
 
 from rollout.services.ui.app import create_app
 from rollout.services.ui.auth import Viewer
-from rollout.services.ui.main import bind, server_for, url_of
+from rollout.services.ui.main import bind, start_in_loop, url_of
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.settings import Settings
 from rollout.shared.store.trajectories import object_store
@@ -40,16 +39,7 @@ async def serve(settings: Settings) -> AsyncIterator[UiServer]:
     sock = bind("127.0.0.1", 0)
     store = object_store(settings)
     app = create_app(settings, store=store)
-    server = server_for(app)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="ui")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    while not server.started:
-        if task.done():
-            task.result()
-        if loop.time() > deadline:
-            raise AssertionError("the viewer did not start")
-        await asyncio.sleep(0.02)
+    server, task = await start_in_loop(app, sock)
     try:
         yield UiServer(url=url_of(sock), app=app)
     finally:
