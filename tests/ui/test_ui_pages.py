@@ -87,7 +87,7 @@ async def publish_job(settings: Settings, job_id: str, model_id: str) -> None:
         for step in range(1, 6):
             events.append(env(ev.JobProgress(
                 job_id=job_id, step=step, total_steps=5, loss=1.0 / step, reward=0.1 * step,
-                tokens_per_s=100.0 + step), job_id, step))  # fmt: skip
+                tokens_per_s=100.0 + step, kl=0.01 * step), job_id, step))  # fmt: skip
         events.append(env(ev.CheckpointSaved(job_id=job_id, step=5, uri="file:///ckpt/5",
                                              sha256="ab" * 32, size_bytes=1234), job_id, 5))  # fmt: skip
         events.append(env(ev.PolicyUpdated(model=model_id, version=1, checkpoint_uri="file:///ckpt/5",
@@ -185,9 +185,9 @@ async def test_every_page_renders_real_runs(
         labels = [await s.get_attribute("aria-label") for s in
                   await page.locator("#job-plots svg").all()]  # fmt: skip
         assert labels[0] == "loss: 5 points, last 0.2"
-        assert labels[2] == "KL: not reported" and "kl=0.0200" in await page.inner_text(
-            "#job-plots"
-        )
+        assert labels[2] == "KL: 5 points, last 0.05"
+        assert labels[3] == "tokens/s: 5 points, last 105"
+        assert "kl=0.0200" in await page.inner_text("#job-plots")
         assert "5/5" in await page.inner_text("#job-step")
         assert "file:///ckpt/5" in await page.inner_text("#checkpoints")
         assert "tiny:ui" in await page.inner_text("#policies")
