@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import asyncpg
+import nats.errors
 from nats.js import JetStreamContext
 
 from rollout.shared import subjects
@@ -62,15 +63,27 @@ class EventHub:
             if topics & keys and not queue.full():
                 queue.put_nowait(change)
 
-    async def follow(self) -> None:
-        """Read new events forever (until cancelled)."""
-        start = await last_sequence(self.js) + 1
-        async for msg in read_events(self.js, subjects.ALL_EVENTS, start_seq=start, follow=True):
+    async def follow(self, retry_s: float = 1.0) -> None:
+        """Read new events forever (until cancelled), waiting out a missing or lost stream."""
+        start: int | None = None
+        while True:
             try:
-                aggregate, agg_id, name = subjects.parse_event_subject(msg.subject)
-            except subjects.SubjectError:
-                continue
-            self.publish(Change(msg.metadata.sequence.stream, aggregate, agg_id, name))
+                if start is None:
+                    start = await last_sequence(self.js) + 1
+                async for msg in read_events(
+                    self.js, subjects.ALL_EVENTS, start_seq=start, follow=True
+                ):
+                    start = msg.metadata.sequence.stream + 1
+                    try:
+                        aggregate, agg_id, name = subjects.parse_event_subject(msg.subject)
+                    except subjects.SubjectError:
+                        continue
+                    self.publish(Change(start - 1, aggregate, agg_id, name))
+            except nats.errors.Error as exc:  # a missing stream is a NotFoundError
+                # Before `rollout up` made the stream, or while NATS restarts: pages still
+                # answer from the database; live updates resume where they stopped.
+                log.warning("events stream unavailable; retrying", error=str(exc))
+                await asyncio.sleep(retry_s)
 
     async def caught_up(self, seq: int, limit_s: float = 5.0) -> bool:
         """Wait until the tracker's read models have applied stream position `seq`."""
