@@ -107,6 +107,7 @@ class JobJournal:
         reward: float | None = None,
         tokens_per_s: float | None = None,
         eta_s: float | None = None,
+        kl: float | None = None,
     ) -> bool:
         """Report a step; a step at or below one already reported is not reported again."""
         if step <= self.last_step:
@@ -120,6 +121,7 @@ class JobJournal:
             reward=_finite(reward),
             tokens_per_s=_finite(tokens_per_s),
             eta_s=_finite(eta_s),
+            kl=_finite(kl),
         )
         await self.publisher.publish(self._envelope(payload, self.job_id, step))
         return True

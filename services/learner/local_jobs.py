@@ -48,7 +48,7 @@ def reporter(bridge: ThreadBridge, journal: JobJournal) -> Any:
         bridge.call(
             lambda: journal.progress(
                 p.step, p.total_steps, loss=p.loss, reward=p.reward,
-                tokens_per_s=p.tokens_per_s, eta_s=p.eta_s,
+                tokens_per_s=p.tokens_per_s, eta_s=p.eta_s, kl=p.kl,
             ),
             wait=False,
         )  # fmt: skip

@@ -179,6 +179,7 @@ class OnlineGRPO:
             await self.journal.progress(
                 int(self.learner.policy_version), target, loss=progress.loss,
                 reward=progress.reward, tokens_per_s=progress.tokens_per_s, eta_s=eta,
+                kl=progress.kl,
             )  # fmt: skip
             await self._publish()
             self.timing.training_s += time.monotonic() - trained_at

@@ -233,6 +233,8 @@ class JobProgress(Payload):
     reward: float | None = None
     tokens_per_s: float | None = None
     eta_s: float | None = None
+    # KL to the reference policy, where the method has one (GRPO, DPO).
+    kl: float | None = None
 
 
 @register

@@ -91,6 +91,7 @@ class Progress(BaseModel):
     tokens_per_s: float | None = None
     eta_s: float | None = None
     epoch: float | None = None
+    kl: float | None = None
 
 
 class TrainResult(BaseModel):

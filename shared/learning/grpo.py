@@ -203,6 +203,7 @@ class GRPOLearner:
         self._elapsed_total += elapsed
         self._steps_timed += 1
         progress = self._progress(loss, _mean(rewards), tokens / elapsed)
+        progress.kl = stats.get("last_kl")
         append_step_log(
             self.out_dir,
             progress.model_dump(mode="json")

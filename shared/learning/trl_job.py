@@ -226,6 +226,7 @@ def _reporter_class() -> type:
                 tokens_per_s=self.tokens_per_s,
                 eta_s=eta,
                 epoch=float(state.epoch) if state.epoch is not None else None,
+                kl=float(logs["kl"]) if _is_number(logs.get("kl")) else None,
             )
             append_step_log(self.out_dir, progress.model_dump(mode="json"))
             if self.on_progress is not None:

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "rollout.cli.demo",
     "rollout.cli.events",
     "rollout.cli.replay",
+    "rollout.cli.ui",
     "rollout.cli.admin",
     "rollout.cli.schemas",
     "rollout.cli.backends",

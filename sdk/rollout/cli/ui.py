@@ -1,0 +1,47 @@
+"""`rollout ui`: the web viewer (runs, trajectories, compare, training, replay), live."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from rollout.cli._common import client_settings_or_error, require_database
+from rollout.shared.auth.keys import read_local_key
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `ui` verb."""
+    from rollout.services.ui.main import DEFAULT_HOST, DEFAULT_PORT
+
+    p = sub.add_parser("ui", help="open the web viewer of runs, trajectories and training")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT}; 0: any)")
+    p.add_argument(
+        "--no-token",
+        action="store_true",
+        help="do not put a one-time login token for the local key in the printed URL",
+    )
+    p.set_defaults(func=_ui)
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from rollout.services.ui.main import bind, serve_ui
+
+    settings = client_settings_or_error()
+    require_database(settings)
+    if not 0 <= args.port <= 65535:
+        print(f"error: --port {args.port} is not a port (0-65535)", file=sys.stderr)
+        return 2
+    local = None if settings.external_nats or args.no_token else read_local_key(settings.home)
+    sock = bind(args.host, args.port)
+    if args.host not in ("127.0.0.1", "::1", "localhost"):
+        print(f"warning: listening on {args.host}, not only this machine", file=sys.stderr)
+
+    def announce(url: str) -> None:
+        print(f"rollout ui: open {url}", flush=True)
+        if local is None:
+            print("log in with an API key (`rollout keys create --role viewer`)", flush=True)
+
+    asyncio.run(serve_ui(settings, sock, login_key=local, announce=announce))
+    return 0

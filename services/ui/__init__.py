@@ -1,0 +1,1 @@
+"""`rollout ui`: a small web viewer over the tracker's read models, live from the events stream."""

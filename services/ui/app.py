@@ -1,0 +1,573 @@
+"""The viewer's ASGI app: pages over the read models, a login, and server-sent live updates."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+import asyncpg
+import jinja2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from rollout.errors import RolloutError
+from rollout.services.ui import events as ev_reads
+from rollout.services.ui import plots, queries
+from rollout.services.ui.auth import COOKIE, SESSION_S, Authenticator, SessionSigner, Viewer
+from rollout.services.ui.live import Change, EventHub, drain
+from rollout.shared import subjects
+from rollout.shared.objectstore import ObjectStore
+from rollout.shared.observability import get_logger
+from rollout.shared.replay import replay_run, reverify
+from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.store.db import create_pool
+from rollout.shared.store.trajectories import load_trajectory
+
+log = get_logger(__name__)
+HERE = Path(__file__).parent
+KEEPALIVE_S = 15.0
+PUBLIC = ("/login", "/static/")
+# Trajectories hold model-written text: nothing on a page may load or run code from elsewhere.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'"
+    " 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@dataclass
+class UiState:
+    """What the pages share: the database, the bus, the signer and the live hub."""
+
+    settings: Settings
+    store: ObjectStore | None = None
+    signer: SessionSigner = field(default_factory=SessionSigner)
+    auth: Authenticator | None = None
+    pool: asyncpg.Pool | None = None
+    js: Any = None
+    hub: EventHub | None = None
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=jinja2.select_autoescape(["html"]),
+    )
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
+    env.filters["num"] = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"
+    env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
+    env.filters["short"] = lambda v, n=12: "" if v is None else str(v)[:n]
+    env.filters["shade"] = _shade
+    env.globals["wilson_text"] = _wilson_text
+    return env
+
+
+def _shade(logprob: float) -> str:
+    """Background for a token: the less likely it was, the redder."""
+    import math
+
+    p = math.exp(min(0.0, logprob))
+    return f"rgba(220, 40, 40, {0.85 * (1 - p):.2f})"
+
+
+def _wilson_text(interval: tuple[float, float] | None) -> str:
+    if interval is None:
+        return ""
+    return f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+
+
+TEMPLATES = _templates()
+
+
+def render(name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """A page from its template, with the viewer and the current path."""
+    viewer: Viewer | None = request.scope.get("viewer")
+    html = TEMPLATES.get_template(name).render(viewer=viewer, path=request.url.path, **context)
+    return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
+
+
+def part(macro: str, *args: Any) -> str:
+    """One macro of _parts.html rendered alone (a live update's fragment)."""
+    return str(getattr(TEMPLATES.get_template("_parts.html").module, macro)(*args))
+
+
+def _int(request: Request, name: str, default: int | None = None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise HTTPException(400, f"query parameter {name!r} must be a whole number") from None
+
+
+def _text(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name)
+    return value.strip() or None if value else None
+
+
+def _state(request: Request) -> UiState:
+    return request.app.state.ui
+
+
+def _id(value: str, what: str) -> str:
+    try:
+        return subjects.token(value, what)
+    except subjects.SubjectError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+# --- auth -------------------------------------------------------------------------------------
+
+
+class AuthMiddleware:
+    """Every path but the login page and assets needs a valid session cookie."""
+
+    def __init__(self, app: Any, signer_of: Any) -> None:
+        self.app = app
+        self.signer_of = signer_of
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(PUBLIC):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        viewer = self.signer_of(scope).verify(request.cookies.get(COOKIE))
+        if viewer is None:
+            if scope["path"] == "/live":
+                response: Response = Response("log in first", status_code=401)
+            else:
+                target = scope["path"] + (f"?{scope['query_string'].decode()}"
+                                          if scope.get("query_string") else "")  # fmt: skip
+                response = RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+            await response(scope, receive, send)
+            return
+        scope["viewer"] = viewer
+        await self.app(scope, receive, send)
+
+
+def _safe_next(value: str | None) -> str:
+    # Only local paths: a login link must not bounce the browser to another site.
+    if not value or not value.startswith("/") or value.startswith("//"):
+        return "/"
+    return value
+
+
+def _logged_in(state: UiState, viewer: Viewer, target: str) -> Response:
+    # An HTML hop instead of a redirect: a SameSite=Strict cookie set while following a link
+    # from elsewhere is then sent on the next, same-site navigation.
+    html = TEMPLATES.get_template("hop.html").render(target=target)
+    response = HTMLResponse(html)
+    response.set_cookie(
+        COOKIE, state.signer.sign(viewer), max_age=SESSION_S, httponly=True, samesite="strict"
+    )
+    return response
+
+
+async def login_page(request: Request) -> Response:
+    """The login form; `?token=` (the link `rollout ui` prints) logs the local key in once."""
+    state = _state(request)
+    target = _safe_next(request.query_params.get("next"))
+    token = request.query_params.get("token")
+    if token and state.auth is not None:
+        try:
+            viewer = state.auth.redeem(token)
+        except RolloutError as exc:
+            return render("login.html", request, 401, error=str(exc), next=target)
+        return _logged_in(state, viewer, target)
+    return render("login.html", request, error=None, next=target)
+
+
+async def login_submit(request: Request) -> Response:
+    """Check the posted key against NATS; a session cookie when the server accepts it."""
+    state = _state(request)
+    form = parse_qs((await request.body()).decode(errors="replace"))
+    key = (form.get("key") or [""])[0]
+    target = _safe_next((form.get("next") or ["/"])[0])
+    if not key.strip():
+        return render("login.html", request, 401, error="paste an API key", next=target)
+    assert state.auth is not None
+    try:
+        viewer = await state.auth.check_key(key)
+    except RolloutError as exc:
+        # The message names the key's user at most, never its secret.
+        log.info("ui login refused", error=str(exc).split(":")[0])
+        return render("login.html", request, 401, error=_refusal(exc), next=target)
+    return _logged_in(state, viewer, target)
+
+
+def _refusal(exc: RolloutError) -> str:
+    text = str(exc)
+    if "refused" in text:
+        return "the server refused this key (mistyped or revoked)"
+    return text
+
+
+async def logout(request: Request) -> Response:
+    """Forget the session."""
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE)
+    return response
+
+
+# --- pages ------------------------------------------------------------------------------------
+
+
+async def runs_page(request: Request) -> Response:
+    """Runs: status, env and version, model, pass rate with its interval, live progress."""
+    state = _state(request)
+    filters = {k: _text(request, k) for k in ("env", "model", "status")}
+    page = _int(request, "page", 1) or 1
+    async with state.pool.acquire() as conn:
+        data = await queries.list_runs(conn, page=page, **filters)
+    return render("runs.html", request, page=page, filters=filters, **data)
+
+
+async def run_page(request: Request) -> Response:
+    """One run: per-task table, per-primitive pass rates, score histogram; live while running."""
+    state = _state(request)
+    run_id = _id(request.path_params["run_id"], "run id")
+    page = _int(request, "page", 1) or 1
+    task = _int(request, "task")
+    async with state.pool.acquire() as conn:
+        run = await queries.get_run(conn, run_id)
+        if run is None:
+            raise HTTPException(404, f"no run {run_id!r}")
+        tasks = await queries.run_tasks(conn, run_id, page=page)
+        prims = await queries.run_primitives(conn, run_id)
+        hist = await queries.score_histogram(conn, run_id)
+        samples = await queries.task_samples(conn, run_id, task) if task is not None else None
+    return render(
+        "run.html", request, run=run, page=page, prims=prims, task=task, samples=samples,
+        hist=_hist_svg(hist), **tasks,
+    )  # fmt: skip
+
+
+def _hist_svg(counts: list[int]) -> str:
+    return plots.histogram(counts, lo=0.0, hi=1.0, title="score histogram")
+
+
+async def trajectory_page(request: Request) -> Response:
+    """One rollout: every turn, tool calls, verifier breakdown, provenance, token logprobs."""
+    state = _state(request)
+    rollout_id = _id(request.path_params["rollout_id"], "rollout id")
+    async with state.pool.acquire() as conn:
+        rollout = await queries.get_rollout(conn, rollout_id)
+    if rollout is None:
+        raise HTTPException(404, f"no rollout {rollout_id!r}")
+    rollout["trajectory"] = await _trajectory(state, rollout)
+    return render("trajectory.html", request, r=rollout, turns=_turns(rollout["trajectory"]))
+
+
+async def _trajectory(state: UiState, rollout: dict[str, Any]) -> dict[str, Any] | None:
+    if rollout["trajectory"] is not None or not rollout["trajectory_uri"]:
+        return rollout["trajectory"]
+    if state.store is None:
+        return None
+    return await load_trajectory(
+        state.store, None, rollout["trajectory_uri"], rollout["trajectory_sha256"]
+    )
+
+
+def _turns(trajectory: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Messages with each assistant turn's tool calls and token logprobs attached."""
+    if not trajectory:
+        return []
+    calls = {c.get("index"): c for c in trajectory.get("tool_calls") or []}
+    logprobs = trajectory.get("logprobs") or []
+    token_ids = trajectory.get("token_ids") or []
+    turns, assistant, call_index = [], 0, 0
+    for message in trajectory.get("messages") or []:
+        turn = {"message": message, "calls": [], "tokens": None}
+        if message.get("role") == "assistant":
+            for _ in message.get("tool_calls") or []:
+                if call_index in calls:
+                    turn["calls"].append(calls[call_index])
+                call_index += 1
+            if assistant < len(logprobs) and logprobs[assistant]:
+                ids = token_ids[assistant] if assistant < len(token_ids) else None
+                turn["tokens"] = [
+                    {"id": ids[i] if ids and i < len(ids) else None, "logprob": lp}
+                    for i, lp in enumerate(logprobs[assistant])
+                ]
+            assistant += 1
+        turns.append(turn)
+    # Calls the messages do not mention (a template that records calls only) still show.
+    shown = {id(c) for t in turns for c in t["calls"]}
+    extra = [c for c in calls.values() if id(c) not in shown]
+    if extra:
+        turns.append({"message": {"role": "tools"}, "calls": extra, "tokens": None})
+    return turns
+
+
+async def provenance_part(request: Request) -> Response:
+    """The provenance the generated event alone holds (actor, delivery attempt), as a fragment."""
+    state = _state(request)
+    rollout_id = _id(request.path_params["rollout_id"], "rollout id")
+    async with state.pool.acquire() as conn:
+        run_id = await conn.fetchval(
+            "select run_id from rollouts where rollout_id = $1", rollout_id
+        )
+    if run_id is None:
+        raise HTTPException(404, f"no rollout {rollout_id!r}")
+    found = await ev_reads.provenance(state.js, run_id, rollout_id)
+    return HTMLResponse(part("provenance", found))
+
+
+async def compare_page(request: Request) -> Response:
+    """Two runs: per-task deltas, flipped tasks, one task's trajectories side by side."""
+    state = _state(request)
+    a, b = _text(request, "a"), _text(request, "b")
+    page = _int(request, "page", 1) or 1
+    task = _int(request, "task")
+    async with state.pool.acquire() as conn:
+        recent = (await queries.list_runs(conn))["runs"]
+        if not a or not b:
+            return render("compare.html", request, recent=recent, a=a, b=b, ready=False)
+        run_a = await queries.get_run(conn, _id(a, "run id"))
+        run_b = await queries.get_run(conn, _id(b, "run id"))
+        for rid, run in ((a, run_a), (b, run_b)):
+            if run is None:
+                raise HTTPException(404, f"no run {rid!r}")
+        data = await queries.compare_tasks(conn, a, b, page=page)
+        side = None
+        if task is not None:
+            side = [await queries.first_sample(conn, rid, task) for rid in (a, b)]
+    warnings = []
+    if (run_a["env_slug"], run_a["env_version"]) != (run_b["env_slug"], run_b["env_version"]):
+        warnings.append(
+            f"different environments: {run_a['env_slug']} v{run_a['env_version']} vs"
+            f" {run_b['env_slug']} v{run_b['env_version']}"
+        )
+    elif run_a["env_hash"] != run_b["env_hash"]:
+        warnings.append("same env version but different env hashes")
+    sets = data["sets"]
+    if not (sets["a_tasks"] == sets["b_tasks"] == sets["common"]):
+        warnings.append(
+            f"task sets differ: {sets['a_tasks']} tasks vs {sets['b_tasks']},"
+            f" {sets['common']} in common"
+        )
+    if side:
+        for rollout in side:
+            if rollout is not None:
+                rollout["trajectory"] = await _trajectory(state, rollout)
+                rollout["turns"] = _turns(rollout["trajectory"])
+    return render(
+        "compare.html", request, recent=recent, a=a, b=b, ready=True, run_a=run_a, run_b=run_b,
+        warnings=warnings, page=page, task=task, side=side, **data,
+    )  # fmt: skip
+
+
+async def jobs_page(request: Request) -> Response:
+    """Training jobs."""
+    state = _state(request)
+    page = _int(request, "page", 1) or 1
+    async with state.pool.acquire() as conn:
+        data = await queries.list_jobs(conn, page=page)
+    return render("jobs.html", request, page=page, **data)
+
+
+async def job_page(request: Request) -> Response:
+    """One job: loss, reward, KL, tokens/s per step; checkpoints, policy versions, their runs."""
+    state = _state(request)
+    job_id = _id(request.path_params["job_id"], "job id")
+    async with state.pool.acquire() as conn:
+        job = await queries.get_job(conn, job_id)
+    if job is None:
+        raise HTTPException(404, f"no training job {job_id!r}")
+    return render("job.html", request, job=job, plots=await _job_plots(state, job_id))
+
+
+async def _job_plots(state: UiState, job_id: str) -> dict[str, Any]:
+    curves = await ev_reads.job_curves(state.js, job_id)
+    titles = {"loss": "loss", "reward": "reward", "kl": "KL", "tokens_per_s": "tokens/s"}
+    return {
+        "svgs": [plots.line_plot(curves["series"][k], title=t) for k, t in titles.items()],
+        "metrics": curves["metrics"],
+    }
+
+
+async def replay_page(request: Request) -> Response:
+    """A run's events in order; with `reverify`, what today's verifier changed, as a diff."""
+    state = _state(request)
+    run_id = _id(request.path_params["run_id"], "run id")
+    after = _int(request, "after", 0) or 0
+    async with state.pool.acquire() as conn:
+        run = await queries.get_run(conn, run_id)
+    if run is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    page = await ev_reads.run_events(state.js, run_id, after=after)
+    diff = None
+    if request.query_params.get("reverify"):
+        try:
+            replayed = await replay_run(state.js, run_id)
+            version, rows = await reverify(state.js, replayed, store=state.store)
+        except RolloutError as exc:
+            diff = {"error": str(exc)}
+        else:
+            changed = [r for r in rows if r["changed"]]
+            diff = {"version": version, "checked": len(rows), "changed": changed}
+    return render("replay.html", request, run=run, after=after, diff=diff, **page)
+
+
+# --- live -------------------------------------------------------------------------------------
+
+
+def _topics(request: Request) -> set[str]:
+    topic = request.query_params.get("topic") or ""
+    kind, _, ident = topic.partition(":")
+    if kind == "runs" and not ident:
+        return {"run"}
+    if kind in ("run", "job") and ident:
+        return {f"{kind}:{_id(ident, f'{kind} id')}"}
+    raise HTTPException(400, "topic must be runs, run:<id> or job:<id>")
+
+
+async def _fragments(state: UiState, request: Request, changes: list[Change]) -> dict[str, str]:
+    """The page fragments these changes touch, rendered from the read models."""
+    topic = request.query_params.get("topic") or ""
+    out: dict[str, str] = {}
+    async with state.pool.acquire() as conn:
+        if topic == "runs":
+            for run_id in dict.fromkeys(c.aggregate_id for c in changes if c.aggregate == "run"):
+                run = await queries.get_run(conn, run_id)
+                if run is not None:
+                    out[f"run-{run_id}"] = part("run_cells", run)
+        elif topic.startswith("run:"):
+            run_id = topic[4:]
+            run = await queries.get_run(conn, run_id)
+            if run is not None:
+                page = _int(request, "page", 1) or 1
+                tasks = await queries.run_tasks(conn, run_id, page=page)
+                out["run-summary"] = part("run_summary", run)
+                out["run-tasks"] = part("task_rows", run, tasks["tasks"])
+                out["run-prims"] = part("prim_rows", await queries.run_primitives(conn, run_id))
+                out["run-hist"] = _hist_svg(await queries.score_histogram(conn, run_id))
+        elif topic.startswith("job:"):
+            job = await queries.get_job(conn, topic[4:])
+            if job is not None:
+                out["job-summary"] = part("job_summary", job)
+    if topic.startswith("job:") and out:
+        out["job-plots"] = part("job_plots", await _job_plots(state, topic[4:]))
+    return out
+
+
+def _sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def live(request: Request) -> Response:
+    """Server-sent events: page fragments re-rendered whenever the events stream moves."""
+    state = _state(request)
+    topics = _topics(request)
+    assert state.hub is not None
+    hub = state.hub
+
+    async def stream() -> AsyncIterator[bytes]:
+        with hub.subscribe(topics) as queue:
+            yield _sse("ready", {"topics": sorted(topics)})
+            while True:
+                try:
+                    first = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                if first is None:
+                    return
+                changes = await drain(queue, first)
+                if changes is None:
+                    return
+                await hub.caught_up(max(c.seq for c in changes))
+                html = await _fragments(state, request, changes)
+                if html:
+                    yield _sse("update", {"html": html, "seq": max(c.seq for c in changes)})
+
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """Errors as a page that says what went wrong."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    return render("error.html", request, status, status=status, detail=detail)
+
+
+async def no_read_models(request: Request, exc: Exception) -> Response:
+    """The tracker has not created its tables in this database yet."""
+    detail = (
+        "the tracker's read models are not in this database yet: start the tracker"
+        " (`rollout up`, or `rollout serve tracker`) against it, or point ROLLOUT_DATABASE_URL"
+        " at the right one"
+    )
+    return render("error.html", request, 503, status=503, detail=detail)
+
+
+# --- the app ----------------------------------------------------------------------------------
+
+
+def create_app(
+    settings: Settings, *, store: ObjectStore | None = None, signer: SessionSigner | None = None
+) -> Starlette:
+    """The viewer for `settings` (its NATS and database); start it with any ASGI server."""
+    state = UiState(settings=settings, store=store, signer=signer or SessionSigner())
+    state.auth = Authenticator(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if not settings.database_url:
+            raise RolloutError(
+                "the viewer needs the tracker's database",
+                problems=["start the stack with `rollout up`, or set ROLLOUT_DATABASE_URL"],
+            )
+        state.pool = await create_pool(settings.database_url, min_size=1, max_size=8)
+        nc = await connect_nats(settings)
+        state.js = nc.jetstream()
+        state.hub = EventHub(state.js, state.pool)
+        follower = asyncio.create_task(state.hub.follow(), name="ui-events")
+        try:
+            yield
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+            await nc.close()
+            await state.pool.close()
+
+    routes = [
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login_submit, methods=["POST"]),
+        Route("/logout", logout, methods=["GET", "POST"]),
+        Route("/", runs_page),
+        Route("/runs/{run_id}", run_page),
+        Route("/runs/{run_id}/replay", replay_page),
+        Route("/rollouts/{rollout_id}", trajectory_page),
+        Route("/rollouts/{rollout_id}/provenance", provenance_part),
+        Route("/compare", compare_page),
+        Route("/jobs", jobs_page),
+        Route("/jobs/{job_id}", job_page),
+        Route("/live", live),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            HTTPException: not_found,
+            asyncpg.exceptions.UndefinedTableError: no_read_models,
+        },
+    )
+    app.state.ui = state
+    app.add_middleware(AuthMiddleware, signer_of=lambda scope: state.signer)
+    return app

@@ -1,0 +1,168 @@
+"""No key, no data: the login page for a missing, wrong or forged credential; a key logs in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ui_kit import serve
+
+from rollout.services.ui.auth import COOKIE
+from rollout.shared.auth.keys import ApiKey
+from rollout.shared.settings import Settings
+from rollout.shared.stack.nats import NatsServer
+from rollout.shared.store.db import create_pool, migrate
+
+SECRET_NAME = "run-nobody-may-see"
+
+
+@pytest.fixture
+async def seeded(settings: Settings) -> AsyncIterator[str]:
+    """The read models with one run in them (rows written as the tracker would)."""
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        now = datetime.now(UTC)
+        await pool.execute(
+            "insert into runs(run_id, name, env_slug, env_version, env_hash, model, n, sampling,"
+            " max_tool_calls, policy_version, status, total, scored, passed, created_at)"
+            " values ('r1', $1, 'refunds', 1, 'h', 'm', 1, '{}', 4, 0, 'completed', 2, 2, 1, $2)",
+            SECRET_NAME,
+            now,
+        )
+        yield "r1"
+    finally:
+        await pool.close()
+
+
+async def test_missing_wrong_or_forged_credentials_get_the_login_page(
+    settings: Settings, seeded: str, browser: Any, viewer_key: ApiKey, shoot: Any
+) -> None:
+    async with serve(settings) as ui:
+        context = await browser.new_context()
+        page = await context.new_page()
+
+        # No cookie: any page sends the browser to the login form, with no data on it.
+        await page.goto(f"{ui.url}/runs/{seeded}")
+        assert page.url.startswith(f"{ui.url}/login")
+        assert SECRET_NAME not in await page.content()
+        await shoot(page, "login")
+
+        # A key of the right shape the server does not know is refused by NATS itself.
+        forged = ApiKey(role=viewer_key.role, key_id=viewer_key.key_id, secret="0" * 48)
+        for bad, says in ((forged.text, "refused"), ("hello", "not a rollout API key")):
+            await page.fill("#key", bad)
+            await page.click("button[type=submit]")
+            assert says in await page.inner_text("#login-error")
+            assert SECRET_NAME not in await page.content()
+            assert not [c for c in await context.cookies() if c["name"] == COOKIE]
+
+        # A forged session cookie is no session.
+        await context.add_cookies([{"name": COOKIE, "value": "e30.AAAA", "url": ui.url}])
+        await page.goto(f"{ui.url}/")
+        assert page.url.startswith(f"{ui.url}/login") and SECRET_NAME not in await page.content()
+
+        # The live stream answers 401 without a session, before any data.
+        async with httpx.AsyncClient(base_url=ui.url) as http:
+            live = await http.get("/live", params={"topic": "runs"})
+            assert live.status_code == 401 and SECRET_NAME not in live.text
+
+        # The viewer key logs in; the cookie is HttpOnly and SameSite=Strict.
+        await page.goto(f"{ui.url}/login?next=/runs/{seeded}")
+        await page.fill("#key", viewer_key.text)
+        await page.click("button[type=submit]")
+        await page.wait_for_selector("#run-summary")
+        assert SECRET_NAME in await page.inner_text("h1")
+        cookie = next(c for c in await context.cookies() if c["name"] == COOKIE)
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+        # A one-time login link works once.
+        link = await ui.login_link(viewer_key)
+        fresh = await (await browser.new_context()).new_page()
+        await fresh.goto(link)
+        await fresh.wait_for_selector("table#runs")
+        assert SECRET_NAME in await fresh.inner_text("#runs")
+        again = await (await browser.new_context()).new_page()
+        await again.goto(link)
+        assert "already used" in await again.inner_text("#login-error")
+        assert SECRET_NAME not in await again.content()
+
+
+async def test_rollout_ui_prints_a_one_time_link_for_the_local_key(
+    settings: Settings, seeded: str, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    # A home as `rollout up` leaves it: state.json, the service credentials, the local key.
+    home = tmp_path / "stack-home"
+    home.mkdir()
+    for name in ("credentials.json", "local_key.json"):
+        shutil.copy(nats_server.home / name, home / name)
+    state = {"nats": {"url": nats_server.url}, "postgres": {"url": settings.database_url}}
+    (home / "state.json").write_text(json.dumps(state))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")} | {
+        "ROLLOUT_HOME": str(home),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollout.cli", "ui", "--port", "0",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert line.startswith("rollout ui: open http://127.0.0.1:"), line
+        link = line.split("open ", 1)[1].strip()
+        assert "/login?token=" in link
+        async with httpx.AsyncClient() as http:
+            first = await http.get(link)
+            assert first.status_code == 200 and COOKIE in http.cookies
+            runs = await http.get(link.split("/login")[0] + "/")
+            assert runs.status_code == 200 and SECRET_NAME in runs.text
+        async with httpx.AsyncClient() as other:
+            second = await other.get(link)
+            assert second.status_code == 401 and SECRET_NAME not in second.text
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_a_taken_port_is_a_clear_error(settings: Settings, tmp_path: Path) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    env = {
+        "ROLLOUT_HOME": str(tmp_path / "home"),
+        "ROLLOUT_DATABASE_URL": settings.database_url,
+        "ROLLOUT_NATS_URL": settings.nats_url,
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "PATH": "/usr/bin:/bin",
+    }
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rollout.cli", "ui", "--port", str(port),
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        holder.close()
+    assert proc.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in err.decode() and "Traceback" not in err.decode()
+
+
+async def test_read_models_missing_is_a_page_that_says_so(settings: Settings) -> None:
+    # A database the tracker never migrated: the viewer says what is missing.
+    async with serve(settings) as ui:
+        key_free = ui.app.state.ui.signer.sign(ui.viewer("rk_viewer_test"))
+        async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: key_free}) as http:
+            page = await http.get("/")
+    assert page.status_code == 503
+    assert "read models" in page.text and "tracker" in page.text

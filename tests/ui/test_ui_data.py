@@ -1,0 +1,112 @@
+"""Pages over rows written straight into the read models: pagination, joins, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from ui_kit import serve
+
+from rollout.services.ui.auth import COOKIE
+from rollout.services.ui.queries import PAGE
+from rollout.shared.settings import Settings
+from rollout.shared.store.db import create_pool, migrate
+
+TASKS = 120
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+async def _seed(settings: Settings) -> None:
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        for run_id, model, version, wrong in (("ra", "tiny:v", 1, 7), ("rb", "tiny:v", 2, 3)):
+            await pool.execute(
+                "insert into runs(run_id, env_slug, env_version, env_hash, model, n, sampling,"
+                " max_tool_calls, policy_version, status, total, scored, passed, created_at)"
+                " values ($1, 'e', $2, 'h', $3, 1, '{}', 4, $4, 'completed', $5, $5, $6, $7)",
+                run_id, 1 if run_id == "ra" else 2, model, version, TASKS,
+                TASKS - TASKS // wrong, T0 + timedelta(minutes=version),
+            )  # fmt: skip
+            prims = json.dumps([{"name": "p", "type": "t", "weight": 1, "score": 1.0,
+                                 "passed": True, "reason": ""}])  # fmt: skip
+            await pool.executemany(
+                "insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
+                " model, policy_version, score, passed, primitives, generated_at)"
+                " values ($1, $2, $3, 0, 'scored', $4, $5, $6, $7, $8::jsonb, $9)",
+                [(f"{run_id}-{t}", run_id, t, model, version, float(t % wrong != 0),
+                  t % wrong != 0, prims, T0) for t in range(TASKS)],
+            )  # fmt: skip
+        await pool.execute(
+            "insert into jobs(job_id, method, base_model, hyperparams, status, created_at,"
+            " updated_at, model_id) values ('job-1', 'sft', 'tiny', '{}', 'completed', $1, $1,"
+            " 'tiny:v')",
+            T0,
+        )
+        await pool.executemany(
+            "insert into policies(model, version, checkpoint_uri, sha256, job_id, updated_at)"
+            " values ('tiny:v', $1, $2, 's', 'job-1', $3)",
+            [(v, f"file:///c/{v}", T0) for v in (1, 2)],
+        )
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client logged in to a viewer over the seeded read models."""
+    await _seed(settings)
+    async with serve(settings) as ui:
+        cookie = ui.app.state.ui.signer.sign(ui.viewer("rk_viewer_test"))
+        async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: cookie}) as client:
+            yield client
+
+
+def task_rows(html: str) -> list[int]:
+    return [int(x) for x in re.findall(r'<tr id="task-(\d+)"', html)]
+
+
+async def test_the_run_page_pages_its_tasks(http: httpx.AsyncClient) -> None:
+    first = await http.get("/runs/ra")
+    assert task_rows(first.text) == list(range(PAGE))
+    assert 'id="next-page"' in first.text
+    last = await http.get("/runs/ra", params={"page": 3})
+    assert task_rows(last.text) == list(range(2 * PAGE, TASKS))
+    assert 'id="next-page"' not in last.text
+
+
+async def test_compare_finds_flips_across_pages_and_warns_on_env_versions(
+    http: httpx.AsyncClient,
+) -> None:
+    page = await http.get("/compare", params={"a": "ra", "b": "rb", "page": 2})
+    flips = [int(x) for x in re.findall(r"task (\d+): ", page.text)]
+    expected = [t for t in range(TASKS) if (t % 7 != 0) != (t % 3 != 0)]
+    assert flips == expected  # every flip, not just this page's
+    assert "different environments: e v1 vs e v2" in page.text
+    assert len(re.findall(r"<td>task \d+</td>", page.text)) == PAGE
+
+
+async def test_the_job_page_names_the_runs_that_evaluated_each_version(
+    http: httpx.AsyncClient,
+) -> None:
+    page = await http.get("/jobs/job-1")
+    rows = re.findall(r"<td>v(\d)</td>.*?</tr>", page.text, re.S)
+    assert rows == ["1", "2"]
+    v1, v2 = page.text.split("<td>v2</td>")
+    assert 'href="/runs/ra"' in v1.split("<td>v1</td>")[1] and 'href="/runs/rb"' not in v1
+    assert 'href="/runs/rb"' in v2
+
+
+async def test_bad_input_is_a_page_that_says_what_is_wrong(http: httpx.AsyncClient) -> None:
+    missing = await http.get("/runs/nope")
+    assert missing.status_code == 404 and "no run &#39;nope&#39;" in missing.text
+    bad_page = await http.get("/runs/ra", params={"page": "two"})
+    assert bad_page.status_code == 400 and "&#39;page&#39; must be a whole number" in bad_page.text
+    bad_id = await http.get("/rollouts/a.b")
+    assert bad_id.status_code == 400 and "rollout id" in bad_id.text
+    topic = await http.get("/live", params={"topic": "everything"})
+    assert topic.status_code == 400 and "topic must be" in topic.text

@@ -1,0 +1,66 @@
+"""The viewer's small parts: the Wilson interval, the SVG plots, the session signer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rollout.services.ui.app import _turns
+from rollout.services.ui.auth import SESSION_S, SessionSigner, Viewer
+from rollout.services.ui.plots import histogram, line_plot
+from rollout.services.ui.stats import wilson_interval
+
+
+def test_wilson_interval_matches_known_values() -> None:
+    low, high = wilson_interval(4, 6)
+    assert (round(low, 4), round(high, 4)) == (0.3000, 0.9032)
+    assert wilson_interval(0, 10)[0] == 0.0 and round(wilson_interval(0, 10)[1], 4) == 0.2775
+    assert wilson_interval(10, 10)[1] == 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    # Narrower with more trials at the same rate.
+    wide, narrow = wilson_interval(5, 10), wilson_interval(500, 1000)
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+    with pytest.raises(ValueError, match="passed=7"):
+        wilson_interval(7, 5)
+
+
+def test_plots_are_inline_svg_that_say_what_they_show() -> None:
+    svg = line_plot([(1, 2.0), (2, 1.0), (3, math.nan)], title="loss")
+    assert svg.startswith("<svg") and 'aria-label="loss: 2 points, last 1"' in svg
+    assert "polyline" in svg
+    assert 'aria-label="KL: not reported"' in line_plot([], title="KL")
+    bars = histogram([0, 3, 1], lo=0, hi=1, title="scores")
+    assert bars.count("<rect") == 3 and 'aria-label="scores: 4 scores"' in bars
+    assert "<script" not in line_plot([(1, 1.0)], title="<script>x</script>")
+
+
+def test_session_cookies_cannot_be_forged_or_outlive_their_time() -> None:
+    signer = SessionSigner()
+    cookie = signer.sign(Viewer("rk_viewer_abc", "viewer"), now=1000.0)
+    assert signer.verify(cookie, now=1001.0) == Viewer("rk_viewer_abc", "viewer")
+    assert signer.verify(cookie, now=1000.0 + SESSION_S + 1) is None
+    body, mac = cookie.split(".")
+    assert signer.verify(body[:-2] + "xx." + mac, now=1001.0) is None
+    assert SessionSigner().verify(cookie, now=1001.0) is None  # another process's secret
+    assert signer.verify(None) is None and signer.verify("garbage") is None
+
+
+def test_turns_attach_tool_calls_and_token_logprobs_to_their_assistant_turn() -> None:
+    trajectory = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]},
+            {"role": "tool", "content": "1"},
+            {"role": "tool", "content": "2"},
+            {"role": "assistant", "content": "done"},
+        ],
+        "tool_calls": [{"index": 0, "name": "x"}, {"index": 1, "name": "y"}],
+        "token_ids": [[5], [6, 7]],
+        "logprobs": [[-0.1], [-1.0, -2.0]],
+    }
+    turns = _turns(trajectory)
+    assert [c["name"] for c in turns[1]["calls"]] == ["x", "y"]
+    assert turns[1]["tokens"] == [{"id": 5, "logprob": -0.1}]
+    assert [t["id"] for t in turns[4]["tokens"]] == [6, 7]
+    assert turns[0]["tokens"] is None and _turns(None) == []

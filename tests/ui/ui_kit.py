@@ -1,0 +1,49 @@
+"""The viewer served by uvicorn inside a test's event loop."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.services.ui.app import create_app
+from rollout.services.ui.auth import Viewer
+from rollout.services.ui.main import bind, start_in_loop, url_of
+from rollout.shared.auth.keys import ApiKey
+from rollout.shared.settings import Settings
+from rollout.shared.store.trajectories import object_store
+
+
+@dataclass
+class UiServer:
+    """The viewer on a free loopback port."""
+
+    url: str
+    app: Any
+
+    def viewer(self, user: str) -> Viewer:
+        """A viewer identity (to sign a session cookie with the app's own signer)."""
+        return Viewer(user=user, role="viewer")
+
+    async def login_link(self, key: ApiKey) -> str:
+        """A one-time login URL for `key`, as `rollout ui` prints it for the local key."""
+        auth = self.app.state.ui.auth
+        viewer = await auth.check_key(key.text)
+        return f"{self.url}/login?token={auth.one_time_token(viewer)}"
+
+
+@contextlib.asynccontextmanager
+async def serve(settings: Settings) -> AsyncIterator[UiServer]:
+    """Run the viewer against `settings` until the block ends."""
+    sock = bind("127.0.0.1", 0)
+    store = object_store(settings)
+    app = create_app(settings, store=store)
+    server, task = await start_in_loop(app, sock)
+    try:
+        yield UiServer(url=url_of(sock), app=app)
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+        await store.close()
