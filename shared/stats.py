@@ -25,7 +25,10 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     centre = p + z2 / (2 * n)
     spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
     denominator = 1 + z2 / n
-    return max(0.0, (centre - spread) / denominator), min(1.0, (centre + spread) / denominator)
+    # Exact at the ends (all or none passed), where rounding would leave 0.9999999999999999.
+    low = 0.0 if successes == 0 else max(0.0, (centre - spread) / denominator)
+    high = 1.0 if successes == n else min(1.0, (centre + spread) / denominator)
+    return low, high
 
 
 def newcombe_interval(

@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from rollout.services.ui.stats import wilson_interval
+from rollout.shared.stats import wilson_interval
 
 PAGE = 50
 HIST_BINS = 10

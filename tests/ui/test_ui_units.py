@@ -9,7 +9,7 @@ import pytest
 from rollout.services.ui.app import _turns
 from rollout.services.ui.auth import SESSION_S, SessionSigner, Viewer
 from rollout.services.ui.plots import histogram, line_plot
-from rollout.services.ui.stats import wilson_interval
+from rollout.shared.stats import wilson_interval
 
 
 def test_wilson_interval_matches_known_values() -> None:
@@ -21,7 +21,7 @@ def test_wilson_interval_matches_known_values() -> None:
     # Narrower with more trials at the same rate.
     wide, narrow = wilson_interval(5, 10), wilson_interval(500, 1000)
     assert narrow[1] - narrow[0] < wide[1] - wide[0]
-    with pytest.raises(ValueError, match="passed=7"):
+    with pytest.raises(ValueError, match="7 of 5"):
         wilson_interval(7, 5)
 
 
