@@ -17,6 +17,7 @@ import httpx
 from rollout.errors import RolloutError
 from rollout.shared.auth.keys import KeyStore, ensure_local_key
 from rollout.shared.auth.roles import permissions
+from rollout.shared.auth.services import SUPERVISOR, role_for, service_permissions
 from rollout.shared.settings import STATE_FILE, read_json_file
 from rollout.shared.stack.files import ensure_home, load_or_create_credentials, write_private
 from rollout.shared.stack.process import (
@@ -62,7 +63,11 @@ class NatsServer:
     port: int
     monitor_port: int
     user: str
-    password: str
+    password: str = field(repr=False)
+    # bcrypt of the admin password: the config never holds a password in clear.
+    password_hash: str = field(default="", repr=False)
+    # Each service's own user: name -> {user, password, password_hash} (credentials.json).
+    services: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     ref: ProcessRef | None = None
 
@@ -184,7 +189,7 @@ def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
 
 
 def render_config(server: NatsServer) -> str:
-    """The nats-server config: loopback listeners, JetStream on, the service user and API keys."""
+    """The nats-server config: loopback listeners, JetStream on, the admin, services and keys."""
     # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax.
     return "\n".join(
         [
@@ -205,8 +210,18 @@ def render_config(server: NatsServer) -> str:
 
 
 def config_users(server: NatsServer) -> list[dict[str, Any]]:
-    """The service user (no limits) and one user per API key (its role's permissions)."""
-    users: list[dict[str, Any]] = [{"user": server.user, "password": server.password}]
+    """The admin user (no limits), each service's user (its role) and one user per API key."""
+    users: list[dict[str, Any]] = [
+        {"user": server.user, "password": server.password_hash or server.password}
+    ]
+    for name, entry in sorted(server.services.items()):
+        users.append(
+            {
+                "user": entry["user"],
+                "password": entry.get("password_hash") or entry["password"],
+                "permissions": service_permissions(role_for(name)),
+            }
+        )
     for record in KeyStore(server.home).records():
         # Only the bcrypt hash: nats-server compares the presented secret against it.
         users.append(
@@ -219,20 +234,37 @@ def config_users(server: NatsServer) -> list[dict[str, Any]]:
     return users
 
 
+def service_names() -> list[str]:
+    """Every service that gets its own NATS user: the registry's (extras too), the supervisor."""
+    from rollout.shared.stack.services import registry
+
+    return [*registry(), SUPERVISOR]
+
+
+def _server_credentials(home: Path) -> dict[str, Any]:
+    """The admin and service credentials a server of `home` is configured with."""
+    creds = load_or_create_credentials(home, service_names())
+    nats_creds = creds["nats"]
+    return {
+        "user": nats_creds["user"],
+        "password": nats_creds["password"],
+        "password_hash": nats_creds.get("password_hash", ""),
+        "services": creds["services"],
+    }
+
+
 def running_nats(home: Path) -> NatsServer | None:
     """The embedded nats-server `rollout up` runs for `home`, as recorded; None when not running."""
     entry = read_json_file(home / STATE_FILE).get("nats") or {}
     ref = ProcessRef.from_dict(entry)
     if entry.get("external") or ref is None or not ref.alive():
         return None
-    creds = load_or_create_credentials(home)["nats"]
     return NatsServer(
         home=home,
         port=int(entry["port"]),
         monitor_port=int(entry["monitor_port"]),
-        user=creds["user"],
-        password=creds["password"],
         ref=ref,
+        **_server_credentials(home),
     )
 
 
@@ -260,7 +292,7 @@ def start_nats(
     `attached`: the server dies with this process (test fixtures).
     """
     ensure_home(home)
-    creds = load_or_create_credentials(home)["nats"]
+    creds = _server_credentials(home)
     # The local CLI and Client() use this runner key with no login (see shared/auth).
     ensure_local_key(home)
     previous = previous or {}
@@ -278,8 +310,7 @@ def start_nats(
             home=home,
             port=chosen,
             monitor_port=monitor,
-            user=creds["user"],
-            password=creds["password"],
+            **creds,
         )
         try:
             server.start(timeout=timeout, attached=attached)
