@@ -22,6 +22,7 @@ from typing import Any
 
 from rollout.shared import subjects
 from rollout.shared.settings import SERVICE_USER_PREFIX
+
 # The `rollout up` supervisor's own user: it only waits for the services' heartbeats.
 SUPERVISOR = "supervisor"
 

@@ -277,8 +277,10 @@ class Supervisor:
         if not self.children:
             return
         # Its own user (heartbeats only), not the admin one: the supervisor runs for days.
-        own = self.settings if self.settings.external_nats else load_settings(
-            self.env, service=SUPERVISOR
+        own = (
+            self.settings
+            if self.settings.external_nats
+            else load_settings(self.env, service=SUPERVISOR)
         )
         nc = await connect_nats(own, name="rollout-supervisor")
         try:

@@ -42,7 +42,9 @@ from rollout.shared.stack.services import SERVICES
 
 # How long a refusal may take: the server's -ERR comes back in milliseconds.
 REFUSED_WITHIN_S = 3.0
-_VIOLATION = re.compile(r'"\$G/user:(svc_[\w-]+)" - (Publish|Subscription) Violation - Subject "([^"]+)"')
+_VIOLATION = re.compile(
+    r'"\$G/user:(svc_[\w-]+)" - (Publish|Subscription) Violation - Subject "([^"]+)"'
+)
 
 
 # --- the declarations against the services' own handlers ---------------------------------
@@ -185,7 +187,9 @@ async def test_an_actor_cannot_append_lifecycle_events_or_erase_or_read_requests
             await actor.refused_request(subjects.js_api("STREAM", "PURGE", stream))
             await actor.refused_request(subjects.js_api("STREAM", "DELETE", stream))
             await actor.refused_request(subjects.js_api("STREAM", "UPDATE", stream), b"{}")
-        await actor.refused_request(subjects.js_api("STREAM", "MSG", "DELETE", subjects.EVENTS_STREAM))
+        await actor.refused_request(
+            subjects.js_api("STREAM", "MSG", "DELETE", subjects.EVENTS_STREAM)
+        )
         await actor.refused_request(
             subjects.js_api("CONSUMER", "DELETE", subjects.EVENTS_STREAM, "verifier")
         )
