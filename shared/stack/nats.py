@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,22 +191,80 @@ def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
 
 def render_config(server: NatsServer) -> str:
     """The nats-server config: loopback listeners, JetStream on, the admin, services and keys."""
-    # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax.
+    return _config_text(
+        [f"listen: {LOOPBACK}:{server.port}", f"http: {LOOPBACK}:{server.monitor_port}"],
+        "rollout",
+        server.store_dir,
+        config_users(server),
+    )
+
+
+def _config_text(
+    listeners: list[str], server_name: str, store_dir: Path | str, users: list[dict[str, Any]]
+) -> str:
+    # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax, so a
+    # digits-only password is still a string.
     return "\n".join(
         [
-            f"listen: {LOOPBACK}:{server.port}",
-            f"http: {LOOPBACK}:{server.monitor_port}",
-            "server_name: rollout",
+            *listeners,
+            f"server_name: {json.dumps(server_name)}",
             "jetstream {",
-            f"  store_dir: {json.dumps(str(server.store_dir))}",
+            f"  store_dir: {json.dumps(str(store_dir))}",
             "}",
             "authorization {",
             "  users = [",
-            *(f"    {json.dumps(user)}" for user in config_users(server)),
+            *(f"    {json.dumps(user)}" for user in users),
             "  ]",
             "}",
             "",
         ]
+    )
+
+
+def service_password_variable(service: str) -> str:
+    """The variable a deployment gives service `service`'s NATS password in."""
+    return "ROLLOUT_NATS_PASSWORD_" + service.upper().replace("-", "_")
+
+
+def deployment_config(
+    env: Mapping[str, str],
+    *,
+    services: list[str],
+    listen: str = "0.0.0.0",
+    port: int = DEFAULT_PORT,
+    http_port: int = DEFAULT_MONITOR_PORT,
+    store_dir: str = "/data",
+    server_name: str = "rollout-nats",
+) -> str:
+    """A nats-server config for a deployment (compose, Kubernetes): the admin user and one user
+    per service with its role's permissions, passwords read from `env` and kept only as bcrypt.
+    """
+    from rollout.shared.auth.keys import hash_secret
+    from rollout.shared.auth.services import service_user
+
+    wanted = ["ROLLOUT_NATS_PASSWORD", *(service_password_variable(name) for name in services)]
+    missing = [variable for variable in wanted if not env.get(variable)]
+    if missing:
+        raise RolloutError(
+            f"missing NATS password variable(s): {', '.join(missing)}",
+            problems=["each service gets its own password (openssl rand -hex 24 per variable)"],
+        )
+    users: list[dict[str, Any]] = [
+        {
+            "user": env.get("ROLLOUT_NATS_USER") or "rollout",
+            "password": hash_secret(env["ROLLOUT_NATS_PASSWORD"]),
+        }
+    ]
+    for name in services:
+        users.append(
+            {
+                "user": service_user(name),
+                "password": hash_secret(env[service_password_variable(name)]),
+                "permissions": service_permissions(role_for(name)),
+            }
+        )
+    return _config_text(
+        [f"listen: {listen}:{port}", f"http: {listen}:{http_port}"], server_name, store_dir, users
     )
 
 
