@@ -25,6 +25,8 @@ MODEL_ENDPOINTS_FILE = "model_endpoints.toml"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 # API keys (see rollout.shared.auth.keys) are NATS users named `rk_<role>_<id>`.
 API_KEY_PREFIX = "rk_"
+# Each service's own NATS user is `svc_<service>` (see rollout.shared.auth.services).
+SERVICE_USER_PREFIX = "svc_"
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,13 @@ def read_json_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Resolve settings from the environment, then from the embedded stack's files in the home."""
+def load_settings(env: Mapping[str, str] | None = None, *, service: str | None = None) -> Settings:
+    """Resolve settings from the environment, then from the embedded stack's files in the home.
+
+    With `service` (what `rollout serve NAME` runs), the embedded stack's credential of that
+    service is used instead of the admin one; an external NATS takes ROLLOUT_NATS_USER and
+    ROLLOUT_NATS_PASSWORD as given (a deployment gives each service its own).
+    """
     env = os.environ if env is None else env
     home = Path(env["ROLLOUT_HOME"]).expanduser() if env.get("ROLLOUT_HOME") else default_home(env)
     state = read_json_file(home / STATE_FILE)
@@ -102,6 +109,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     else:
         nats_url = str(state.get("nats", {}).get("url") or DEFAULT_NATS_URL)
         nats_creds = creds.get("nats", {})
+        if service is not None:
+            nats_creds = _service_credentials(home, creds, service)
         nats_user = nats_creds.get("user")
         nats_password = nats_creds.get("password")
         nats_token = None
@@ -124,6 +133,21 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         external_nats=external_nats,
         external_database=external_database,
     )
+
+
+def _service_credentials(home: Path, creds: dict[str, Any], service: str) -> dict[str, Any]:
+    """One service's own NATS user from credentials.json, or a clear error."""
+    entry = (creds.get("services") or {}).get(service)
+    if not isinstance(entry, dict) or not entry.get("user") or not entry.get("password"):
+        raise RolloutError(
+            f"{home / CREDENTIALS_FILE} holds no NATS credential for service {service!r}",
+            problems=[
+                "`rollout up` creates one per service (restart it after adding a service)",
+                "or point the service at a NATS of your own: ROLLOUT_NATS_URL,"
+                " ROLLOUT_NATS_USER, ROLLOUT_NATS_PASSWORD",
+            ],
+        )
+    return entry
 
 
 def _checked_url(url: str, variable: str, schemes: tuple[str, ...]) -> str:
@@ -156,12 +180,20 @@ def nats_connect_kwargs(settings: Settings) -> dict[str, Any]:
     if settings.nats_user is not None:
         kwargs["user"] = settings.nats_user
         kwargs["password"] = settings.nats_password or ""
-    if settings.api_key_user:
-        from rollout.shared import subjects
-
-        # A key may only subscribe to its own inbox prefix, so replies go there.
-        kwargs["inbox_prefix"] = subjects.inbox_prefix(settings.api_key_user)
+    prefix = inbox_prefix_of(settings)
+    if prefix:
+        kwargs["inbox_prefix"] = prefix
     return kwargs
+
+
+def inbox_prefix_of(settings: Settings) -> str | None:
+    """The private reply prefix of a key's or a service's user (they may subscribe only there)."""
+    from rollout.shared import subjects
+
+    user = settings.nats_user
+    if user and user.startswith((API_KEY_PREFIX, SERVICE_USER_PREFIX)):
+        return subjects.inbox_prefix(user)
+    return None
 
 
 async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Client:

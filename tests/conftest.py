@@ -12,7 +12,8 @@ import asyncpg
 import nats.aio.client
 import pytest
 
-from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.settings import CREDENTIALS_FILE, Settings, connect_nats
+from rollout.shared.stack.files import write_json
 from rollout.shared.stack.nats import NatsServer, start_nats
 from rollout.shared.stack.postgres import PostgresServer, start_postgres
 
@@ -67,7 +68,12 @@ def nats_creds(nats_server: NatsServer) -> dict[str, str]:
 def settings_for(
     home: Path, server: NatsServer, database_url: str | None, *, external: bool = True
 ) -> Settings:
-    """Settings pointing at `server` (and a database), with a private home dir."""
+    """Settings pointing at `server` (and a database), with a private home dir.
+
+    The home's credentials.json holds each service's own user on `server`, so the services a
+    test starts in-process (tests/pipeline/kit.py) connect as themselves, not as the admin.
+    """
+    write_json(home / CREDENTIALS_FILE, {"services": server.services}, private=True)
     return Settings(
         home=home,
         nats_url=server.url,

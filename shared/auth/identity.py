@@ -11,6 +11,7 @@ from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.auth.keys import key_id_of_user, role_of_user
 from rollout.shared.auth.roles import Role
+from rollout.shared.auth.services import is_service_user
 
 
 async def server_identity(nc: Any, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -29,8 +30,8 @@ async def server_identity(nc: Any, timeout_s: float = 5.0) -> dict[str, Any]:
     user = data.get("user")
     role = role_of_user(user)
     if role is None:
-        # Not an API key: the stack's own service user has no permission limits.
-        role = Role.SERVICE if not data.get("permissions") else None
+        # Not an API key: the admin (no limits) or a service's own user (its role's limits).
+        role = Role.SERVICE if not data.get("permissions") or is_service_user(user) else None
     return {
         "user": user,
         "keyId": key_id_of_user(user),

@@ -1,7 +1,9 @@
 """Roles and the NATS permissions that implement them.
 
-`service` may do everything (what `rollout serve` connects as); `runner` may query, follow the
-event log, push environments, start runs and training jobs; `viewer` may only query and follow.
+`service` is the platform's own side: the unrestricted admin user (`rollout admin`, `rollout
+keys`) and each service's own user, whose least permissions come from its declaration in
+shared/auth/services.py; `runner` may query, follow the event log, push environments, start runs
+and training jobs; `viewer` may only query and follow.
 Every (service, verb) request subject a service answers must be listed in QUERIES or MUTATIONS:
 tests/auth checks that, so a new verb cannot silently become unreachable or over-exposed.
 """
@@ -12,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from rollout.shared import subjects
+from rollout.shared.auth.services import all_durables
 
 
 class Role(StrEnum):
@@ -50,19 +53,11 @@ ROLE_REQUESTS: dict[Role, tuple[tuple[str, str], ...]] = {
     Role.RUNNER: (*QUERIES, *MUTATIONS),
 }
 
-# Durable consumers the services keep on the events stream. A key may create its own consumers
-# there and pull from them, but must never pull from these (a pulled, unacked message is
-# redelivered late and counts towards the service's max-deliver, then is dead-lettered) nor
-# recreate them with another config.
-SERVICE_DURABLES: tuple[str, ...] = (
-    "tracker-read-models",
-    "tracker-fanout",
-    "verifier",
-    "buffer",
-    "learner",
-    "learner-deadletters",
-    "actors",
-)
+# Durable consumers the services keep (declared with each service's role). A key may create its
+# own consumers on the events stream and pull from them, but must never pull from these (a
+# pulled, unacked message is redelivered late and counts towards the service's max-deliver,
+# then is dead-lettered) nor recreate them with another config.
+SERVICE_DURABLES: tuple[str, ...] = tuple(dict.fromkeys(d.name for d in all_durables()))
 
 
 def event_reader_subjects() -> list[str]:

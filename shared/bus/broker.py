@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from faststream.nats import NatsBroker, NatsToken, NatsUserPassword
 from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
 
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, DeadLetterPolicy
-from rollout.shared.settings import Settings
+from rollout.shared.settings import Settings, inbox_prefix_of
 
 
 def _security(settings: Settings) -> BaseSecurity | None:
@@ -27,6 +28,23 @@ def _faststream_logger() -> logging.Logger:
     return logger
 
 
+class _PrivateInboxBroker(NatsBroker):
+    """A broker whose pull subscriptions take their replies under the user's inbox prefix.
+
+    FastStream gives every pull subscriber `_INBOX.` unless told otherwise, which a service's
+    user may not subscribe to (see rollout.shared.auth.services).
+    """
+
+    def __init__(self, *args: Any, reply_prefix: str, **kwargs: Any) -> None:
+        super().__init__(*args, inbox_prefix=reply_prefix, **kwargs)
+        self._reply_prefix = f"{reply_prefix}.".encode()
+
+    def subscriber(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Register a subscriber; pull ones fetch into this user's own inbox."""
+        kwargs.setdefault("inbox_prefix", self._reply_prefix)
+        return super().subscriber(*args, **kwargs)
+
+
 def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -> NatsBroker:
     """A broker connected with the settings' credentials; failures retry, then dead-letter."""
     holder: dict[str, NatsBroker] = {}
@@ -34,9 +52,15 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
     def js() -> JetStreamContext:
         return holder["broker"].config.connection_state.stream
 
-    broker = NatsBroker(
+    prefix = inbox_prefix_of(settings)
+    options: dict[str, Any] = {}
+    if prefix:
+        # A service's user may only read replies under its own inbox prefix.
+        options["reply_prefix"] = prefix
+    broker = (_PrivateInboxBroker if prefix else NatsBroker)(
         settings.nats_url,
         security=_security(settings),
+        **options,
         middlewares=[DeadLetterPolicy(js, max_deliver=max_deliver)],
         connect_timeout=5,
         # A service rides out any NATS outage: with nats-py's default (60 attempts) the

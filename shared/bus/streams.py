@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import nats.errors
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
 from rollout.shared import subjects
+from rollout.shared.observability import get_logger
 
 # JetStream drops a second publish with the same Nats-Msg-Id inside this window.
 DEDUP_WINDOW_S = 120.0
+
+log = get_logger(__name__)
 
 
 def events_stream_config() -> api.StreamConfig:
@@ -42,9 +46,14 @@ def work_stream_config() -> api.StreamConfig:
 
 
 async def ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> api.StreamInfo:
-    """Create the stream, or bring an existing one to this config."""
+    """Create the stream, or bring an existing one to this config (untouched when it matches).
+
+    Only the stream manager's user may update a stream (see rollout.shared.auth.services):
+    another service that finds an older config goes on with it (the update is refused, which
+    nats-py sees as a timeout) and the manager brings it up to date when it starts.
+    """
     try:
-        await js.stream_info(config.name)
+        info = await js.stream_info(config.name)
     except NotFoundError:
         try:
             return await js.add_stream(config=config)
@@ -52,7 +61,23 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> api.S
             # Another replica created it between our lookup and our add.
             if exc.err_code != 10058:
                 raise
-    return await js.update_stream(config=config)
+        info = await js.stream_info(config.name)
+    if config_matches(info.config, config):
+        return info
+    try:
+        return await js.update_stream(config=config)
+    except nats.errors.TimeoutError:
+        log.warning(
+            "stream config differs and this user may not update it; the tracker does",
+            stream=config.name,
+        )
+        return info
+
+
+def config_matches(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
+    """True when every setting `wanted` names has that value in `current`."""
+    have = current.as_dict()
+    return all(have.get(key) == value for key, value in wanted.as_dict().items())
 
 
 async def ensure_streams(js: JetStreamContext) -> None:

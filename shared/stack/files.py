@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,18 @@ def write_json(path: Path, data: dict[str, Any], *, private: bool = False) -> No
     )
 
 
-def load_or_create_credentials(home: Path) -> dict[str, dict[str, str]]:
-    """The embedded servers' credentials, generated once and kept in ROLLOUT_HOME (0600)."""
+def load_or_create_credentials(
+    home: Path, services: Iterable[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """The embedded servers' credentials, generated once and kept in ROLLOUT_HOME (0600).
+
+    `nats` is the unrestricted admin user (the operator's CLI, `rollout admin`); `services`
+    holds one user per service named in `services` (see shared/auth/services.py). Each NATS
+    entry keeps its bcrypt hash too, which is all the server config ever holds.
+    """
+    from rollout.shared.auth.keys import hash_secret
+    from rollout.shared.auth.services import service_user
+
     path = home / CREDENTIALS_FILE
     creds = read_json_file(path)
     changed = False
@@ -51,6 +62,19 @@ def load_or_create_credentials(home: Path) -> dict[str, dict[str, str]]:
         entry = creds.get(server)
         if not isinstance(entry, dict) or not entry.get("user") or not entry.get("password"):
             creds[server] = {"user": user, "password": secrets.token_urlsafe(32)}
+            changed = True
+    users = creds.get("services")
+    if not isinstance(users, dict):
+        users = creds["services"] = {}
+        changed = True
+    for name in services:
+        entry = users.get(name)
+        if not isinstance(entry, dict) or not entry.get("user") or not entry.get("password"):
+            users[name] = {"user": service_user(name), "password": secrets.token_urlsafe(32)}
+            changed = True
+    for entry in (creds["nats"], *users.values()):
+        if isinstance(entry, dict) and entry.get("password") and not entry.get("password_hash"):
+            entry["password_hash"] = hash_secret(entry["password"])
             changed = True
     if changed:
         write_json(path, creds, private=True)

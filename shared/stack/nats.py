@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import httpx
 from rollout.errors import RolloutError
 from rollout.shared.auth.keys import KeyStore, ensure_local_key
 from rollout.shared.auth.roles import permissions
+from rollout.shared.auth.services import SUPERVISOR, role_for, service_permissions
 from rollout.shared.settings import STATE_FILE, read_json_file
 from rollout.shared.stack.files import ensure_home, load_or_create_credentials, write_private
 from rollout.shared.stack.process import (
@@ -62,7 +64,11 @@ class NatsServer:
     port: int
     monitor_port: int
     user: str
-    password: str
+    password: str = field(repr=False)
+    # bcrypt of the admin password: the config never holds a password in clear.
+    password_hash: str = field(default="", repr=False)
+    # Each service's own user: name -> {user, password, password_hash} (credentials.json).
+    services: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     ref: ProcessRef | None = None
 
@@ -184,19 +190,30 @@ def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
 
 
 def render_config(server: NatsServer) -> str:
-    """The nats-server config: loopback listeners, JetStream on, the service user and API keys."""
-    # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax.
+    """The nats-server config: loopback listeners, JetStream on, the admin, services and keys."""
+    return _config_text(
+        [f"listen: {LOOPBACK}:{server.port}", f"http: {LOOPBACK}:{server.monitor_port}"],
+        "rollout",
+        server.store_dir,
+        config_users(server),
+    )
+
+
+def _config_text(
+    listeners: list[str], server_name: str, store_dir: Path | str, users: list[dict[str, Any]]
+) -> str:
+    # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax, so a
+    # digits-only password is still a string.
     return "\n".join(
         [
-            f"listen: {LOOPBACK}:{server.port}",
-            f"http: {LOOPBACK}:{server.monitor_port}",
-            "server_name: rollout",
+            *listeners,
+            f"server_name: {json.dumps(server_name)}",
             "jetstream {",
-            f"  store_dir: {json.dumps(str(server.store_dir))}",
+            f"  store_dir: {json.dumps(str(store_dir))}",
             "}",
             "authorization {",
             "  users = [",
-            *(f"    {json.dumps(user)}" for user in config_users(server)),
+            *(f"    {json.dumps(user)}" for user in users),
             "  ]",
             "}",
             "",
@@ -204,9 +221,66 @@ def render_config(server: NatsServer) -> str:
     )
 
 
+def service_password_variable(service: str) -> str:
+    """The variable a deployment gives service `service`'s NATS password in."""
+    return "ROLLOUT_NATS_PASSWORD_" + service.upper().replace("-", "_")
+
+
+def deployment_config(
+    env: Mapping[str, str],
+    *,
+    services: list[str],
+    listen: str = "0.0.0.0",
+    port: int = DEFAULT_PORT,
+    http_port: int = DEFAULT_MONITOR_PORT,
+    store_dir: str = "/data",
+    server_name: str = "rollout-nats",
+) -> str:
+    """A nats-server config for a deployment (compose, Kubernetes): the admin user and one user
+    per service with its role's permissions, passwords read from `env` and kept only as bcrypt.
+    """
+    from rollout.shared.auth.keys import hash_secret
+    from rollout.shared.auth.services import service_user
+
+    wanted = ["ROLLOUT_NATS_PASSWORD", *(service_password_variable(name) for name in services)]
+    missing = [variable for variable in wanted if not env.get(variable)]
+    if missing:
+        raise RolloutError(
+            f"missing NATS password variable(s): {', '.join(missing)}",
+            problems=["each service gets its own password (openssl rand -hex 24 per variable)"],
+        )
+    users: list[dict[str, Any]] = [
+        {
+            "user": env.get("ROLLOUT_NATS_USER") or "rollout",
+            "password": hash_secret(env["ROLLOUT_NATS_PASSWORD"]),
+        }
+    ]
+    for name in services:
+        users.append(
+            {
+                "user": service_user(name),
+                "password": hash_secret(env[service_password_variable(name)]),
+                "permissions": service_permissions(role_for(name)),
+            }
+        )
+    return _config_text(
+        [f"listen: {listen}:{port}", f"http: {listen}:{http_port}"], server_name, store_dir, users
+    )
+
+
 def config_users(server: NatsServer) -> list[dict[str, Any]]:
-    """The service user (no limits) and one user per API key (its role's permissions)."""
-    users: list[dict[str, Any]] = [{"user": server.user, "password": server.password}]
+    """The admin user (no limits), each service's user (its role) and one user per API key."""
+    users: list[dict[str, Any]] = [
+        {"user": server.user, "password": server.password_hash or server.password}
+    ]
+    for name, entry in sorted(server.services.items()):
+        users.append(
+            {
+                "user": entry["user"],
+                "password": entry.get("password_hash") or entry["password"],
+                "permissions": service_permissions(role_for(name)),
+            }
+        )
     for record in KeyStore(server.home).records():
         # Only the bcrypt hash: nats-server compares the presented secret against it.
         users.append(
@@ -219,20 +293,37 @@ def config_users(server: NatsServer) -> list[dict[str, Any]]:
     return users
 
 
+def service_names() -> list[str]:
+    """Every service that gets its own NATS user: the registry's (extras too), the supervisor."""
+    from rollout.shared.stack.services import registry
+
+    return [*registry(), SUPERVISOR]
+
+
+def _server_credentials(home: Path) -> dict[str, Any]:
+    """The admin and service credentials a server of `home` is configured with."""
+    creds = load_or_create_credentials(home, service_names())
+    nats_creds = creds["nats"]
+    return {
+        "user": nats_creds["user"],
+        "password": nats_creds["password"],
+        "password_hash": nats_creds.get("password_hash", ""),
+        "services": creds["services"],
+    }
+
+
 def running_nats(home: Path) -> NatsServer | None:
     """The embedded nats-server `rollout up` runs for `home`, as recorded; None when not running."""
     entry = read_json_file(home / STATE_FILE).get("nats") or {}
     ref = ProcessRef.from_dict(entry)
     if entry.get("external") or ref is None or not ref.alive():
         return None
-    creds = load_or_create_credentials(home)["nats"]
     return NatsServer(
         home=home,
         port=int(entry["port"]),
         monitor_port=int(entry["monitor_port"]),
-        user=creds["user"],
-        password=creds["password"],
         ref=ref,
+        **_server_credentials(home),
     )
 
 
@@ -260,7 +351,7 @@ def start_nats(
     `attached`: the server dies with this process (test fixtures).
     """
     ensure_home(home)
-    creds = load_or_create_credentials(home)["nats"]
+    creds = _server_credentials(home)
     # The local CLI and Client() use this runner key with no login (see shared/auth).
     ensure_local_key(home)
     previous = previous or {}
@@ -278,8 +369,7 @@ def start_nats(
             home=home,
             port=chosen,
             monitor_port=monitor,
-            user=creds["user"],
-            password=creds["password"],
+            **creds,
         )
         try:
             server.start(timeout=timeout, attached=attached)

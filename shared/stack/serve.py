@@ -39,7 +39,9 @@ async def run_service(
 
 
 async def _main(name: str, replica_id: str | None) -> int:
-    settings = load_settings()
+    load_serve(name)  # an unknown name is the first thing to say
+    # The service's own NATS user, never the admin one (see rollout.shared.auth.services).
+    settings = load_settings(service=name)
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import nats.errors
 
 from rollout.errors import RolloutError
+from rollout.shared.auth.services import SUPERVISOR
 from rollout.shared.observability import get_logger
 from rollout.shared.settings import STATE_FILE, Settings, load_settings, read_json_file, redact_url
 from rollout.shared.stack.files import ensure_home, write_json
@@ -275,7 +276,13 @@ class Supervisor:
 
         if not self.children:
             return
-        nc = await connect_nats(self.settings, name="rollout-supervisor")
+        # Its own user (heartbeats only), not the admin one: the supervisor runs for days.
+        own = (
+            self.settings
+            if self.settings.external_nats
+            else load_settings(self.env, service=SUPERVISOR)
+        )
+        nc = await connect_nats(own, name="rollout-supervisor")
         try:
             js = nc.jetstream()
             while not self.stopping.is_set():

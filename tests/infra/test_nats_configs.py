@@ -28,6 +28,7 @@ USER = "rollout"
 PASSWORD = "0123456789"
 ROUTE_PASSWORD = "routeSecret42"
 READY_WITHIN_S = 30.0
+ROLLOUT_SERVICE_NAMES = ["env-registry", "tracker", "actor", "verifier", "learner", "buffer"]
 
 
 def _nats_server() -> str:
@@ -185,28 +186,50 @@ async def test_terraform_nats_nodes_form_a_jetstream_cluster(terraform_cluster: 
 # compose.yaml: one JetStream server with credentials from the environment
 
 
+SERVICE_PASSWORDS = {name: f"{index}0123456789" for index, name in enumerate(ROLLOUT_SERVICE_NAMES)}
+
+
 @pytest.fixture
 def compose_nats(tmp_path: Path) -> Iterator[tuple[int, int]]:
-    """The compose `nats` service's command, run through sh as in the container."""
-    service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["nats"]
-    assert service["entrypoint"] == ["/bin/sh", "-c"]
+    """compose's nats-config job (the real `rollout admin nats-config`), then its nats command."""
+    from rollout.shared.stack.nats import service_password_variable
+    from rollout.shared.stack.supervisor import cli_command
+
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    job, service = compose["nats-config"], compose["nats"]
     client_port, http_port = _free_port(), _free_port()
-    command = (
-        service["command"][0]
-        .replace("$$", "$")  # compose's escape for a literal $
-        .replace("exec nats-server", f"exec {_nats_server()}")
-        .replace("/data", str(tmp_path / "data"))
-        .replace("--addr 0.0.0.0", "--addr 127.0.0.1")
-        .replace("--port 4222", f"--port {client_port}")
-        .replace("--http_port 8222", f"--http_port {http_port}")
+    config = tmp_path / "nats.conf"
+    args = [
+        a.replace("/var/lib/rollout/nats-config/nats.conf", str(config)) for a in job["command"]
+    ]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "ROLLOUT_NATS_USER": USER,
+        "ROLLOUT_NATS_PASSWORD": PASSWORD,
+        **{service_password_variable(n): p for n, p in SERVICE_PASSWORDS.items()},
+    }
+    subprocess.run(
+        cli_command(
+            *args,
+            "--listen=127.0.0.1",
+            f"--port={client_port}",
+            f"--http-port={http_port}",
+            f"--store-dir={tmp_path / 'data'}",
+        ),
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
+    text = config.read_text()
+    assert PASSWORD not in text and not [p for p in SERVICE_PASSWORDS.values() if p in text]
+    assert service["entrypoint"] == ["nats-server"]
+    command = [
+        _nats_server(),
+        *(a.replace("/etc/nats/rollout/nats.conf", str(config)) for a in service["command"]),
+    ]
     log = (tmp_path / "nats.log").open("wb")
-    process = subprocess.Popen(
-        ["/bin/sh", "-c", command],
-        env={"NATS_USER": USER, "NATS_PASSWORD": PASSWORD, "PATH": "/usr/bin:/bin"},
-        stdout=log,
-        stderr=log,
-    )
+    process = subprocess.Popen(command, stdout=log, stderr=log)
     try:
         yield client_port, http_port
     finally:
@@ -229,3 +252,40 @@ async def test_compose_nats_has_jetstream_and_auth(compose_nats: tuple[int, int]
     async with httpx.AsyncClient() as http:
         reply = await http.get(f"http://127.0.0.1:{http_port}/healthz?js-enabled-only=true")
     assert reply.status_code == 200
+
+
+async def test_compose_nats_gives_each_service_its_own_least_permissions(
+    compose_nats: tuple[int, int],
+) -> None:
+    client_port, _ = compose_nats
+    admin = await _connect_when_up(client_port)
+    try:
+        await admin.jetstream().add_stream(
+            StreamConfig(name="ROLLOUT_EVENTS", subjects=["rollout.evt.>"])
+        )
+    finally:
+        await admin.close()
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    actor = await _connect(
+        client_port,
+        user="svc_actor",
+        password=SERVICE_PASSWORDS["actor"],
+        inbox_prefix="_INBOX_svc_actor",
+        error_cb=on_error,
+    )
+    try:
+        js = actor.jetstream()
+        ack = await js.publish("rollout.evt.run.r1.rollout_generated", b"{}")
+        assert ack.stream == "ROLLOUT_EVENTS"
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.publish("rollout.evt.run.r1.run_completed", b"{}", timeout=1)
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.purge_stream("ROLLOUT_EVENTS")
+    finally:
+        await actor.close()
+    assert any("run_completed" in e for e in errors) and any("purge" in e for e in errors)
+    assert await _refused(client_port, user="svc_actor", password=SERVICE_PASSWORDS["tracker"])

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
 from fakes.openai_server import Reply, text_reply, tool_reply
 
 from rollout.services.tracker.projections import ReadModels
-from rollout.shared.settings import Settings
+from rollout.shared.settings import CREDENTIALS_FILE, Settings, read_json_file
 
 SERVICES = {
     "env-registry": "rollout.services.env_registry.main",
@@ -31,9 +32,11 @@ class Platform:
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
     def start(self, name: str, key: str | None = None) -> None:
-        """Start service `name` (under `key`, for several replicas)."""
+        """Start service `name` (under `key`, for several replicas) as its own NATS user."""
         serve = importlib.import_module(SERVICES[name]).serve
-        self.tasks[key or name] = asyncio.create_task(serve(self.settings), name=key or name)
+        self.tasks[key or name] = asyncio.create_task(
+            serve(as_service(self.settings, name)), name=key or name
+        )
 
     async def stop(self, key: str) -> None:
         """Cancel one service task and wait for it."""
@@ -52,6 +55,15 @@ class Platform:
         for key, task in self.tasks.items():
             if task.done() and not task.cancelled() and task.exception():
                 raise AssertionError(f"service {key} crashed") from task.exception()
+
+
+def as_service(settings: Settings, name: str) -> Settings:
+    """`settings` with service `name`'s own NATS user (its least permissions), as `rollout serve
+    NAME` connects; the test's home holds the credentials (tests/conftest.py settings_for)."""
+    entry = read_json_file(settings.home / CREDENTIALS_FILE).get("services", {}).get(name)
+    if not entry:
+        raise AssertionError(f"no NATS credential for service {name!r} in {settings.home}")
+    return replace(settings, nats_user=entry["user"], nats_password=entry["password"])
 
 
 def refund_env(tasks: int = 3, slug: str = "refunds") -> dict[str, Any]:

@@ -33,6 +33,14 @@ def test_platform_survives_down_and_up(stack_home: Path) -> None:
         assert up.returncode == 0, up.stderr + up.stdout
         status = _json(cli, "status")
         assert {c["name"] for c in status["components"]} >= {"nats", "postgres", "tracker", "actor"}
+        assert all(c["healthy"] for c in status["components"]), status
+        # Every service runs as its own NATS user; the server config holds no password.
+        creds = json.loads((stack_home / "credentials.json").read_text())
+        config = (stack_home / "nats" / "nats.conf").read_text()
+        for name in SERVICES.split(","):
+            assert creds["services"][name]["user"] == f"svc_{name}"
+            assert creds["services"][name]["password"] not in config
+        assert creds["nats"]["password"] not in config
 
         pushed = _json(cli, "push", str(ROOT / "examples" / "refund_agent.py"))
         assert pushed["environments"][0]["slug"] == "refund-agent"
@@ -54,6 +62,9 @@ def test_platform_survives_down_and_up(stack_home: Path) -> None:
         }
         events_before = cli("events", "--json").stdout.splitlines()
         assert any('"run.completed"' in line for line in events_before)
+        # Nothing a service did on the way was refused by its least permissions.
+        log = (stack_home / "logs" / "nats.log").read_text()
+        assert "user:svc_" not in log, [line for line in log.splitlines() if "svc_" in line]
 
         down = cli("down")
         assert down.returncode == 0, down.stderr

@@ -20,6 +20,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     rebuild = verbs.add_parser("rebuild", help="drop the read models and replay them from the log")
     rebuild.add_argument("--json", action="store_true")
     rebuild.set_defaults(func=_rebuild)
+    config = verbs.add_parser(
+        "nats-config",
+        help="write a deployment's nats-server config: the admin and one user per service",
+        description="Passwords come from ROLLOUT_NATS_PASSWORD (admin) and"
+        " ROLLOUT_NATS_PASSWORD_<SERVICE> (one per service); the file keeps only bcrypt hashes.",
+    )
+    config.add_argument("--out", required=True, help="where to write the config")
+    config.add_argument("--listen", default="0.0.0.0")
+    config.add_argument("--port", type=int, default=4222)
+    config.add_argument("--http-port", type=int, default=8222)
+    config.add_argument("--store-dir", default="/data")
+    config.set_defaults(func=_nats_config)
 
 
 async def rebuild_read_models() -> int:
@@ -46,4 +58,31 @@ def _rebuild(args: argparse.Namespace) -> int:
         print_json({"events_applied": applied})
     else:
         print(f"read models rebuilt from {applied} events")
+    return 0
+
+
+def _nats_config(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from rollout.errors import RolloutError
+    from rollout.shared.stack.files import write_atomic
+    from rollout.shared.stack.nats import deployment_config
+    from rollout.shared.stack.services import SERVICES
+
+    text = deployment_config(
+        os.environ,
+        services=list(SERVICES),
+        listen=args.listen,
+        port=args.port,
+        http_port=args.http_port,
+        store_dir=args.store_dir,
+    )
+    out = Path(args.out)
+    try:
+        # Hashes only, no password: readable by the nats-server container's user.
+        write_atomic(out, text, mode=0o644)
+    except OSError as exc:
+        raise RolloutError(f"cannot write {out}: {exc.strerror}") from exc
+    print(f"wrote {out} (admin and {len(SERVICES)} service users)")
     return 0

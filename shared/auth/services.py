@@ -1,0 +1,259 @@
+"""Each platform service's own NATS user, and the least the server lets it do.
+
+One declaration per service (SERVICE_ROLES) says what it answers, what it asks other services,
+which event types it appends, which work it queues and which durable consumers it pulls from.
+The nats-server `permissions` block of its user is derived from that declaration alone
+(`service_permissions`), and tests/auth checks every handler a service's broker registers
+against it, so a handler the role does not cover fails a test before it fails in production.
+
+What every service may do besides: read and follow the events stream (like a viewer key, the
+other services' durables excepted), look up and create (never reconfigure) the platform
+streams, beat its own heartbeat key, receive replies only on its own inbox prefix, and answer
+the requests it received (`allow_responses`). Only the stream manager (the tracker) may update
+a stream's configuration; nothing here may delete or purge
+a stream, delete a message, or touch a consumer it does not own. The unrestricted admin user
+(`rollout admin ...`, `rollout keys ...`, tests) is held by no long-running service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.shared import subjects
+from rollout.shared.settings import SERVICE_USER_PREFIX
+
+# The `rollout up` supervisor's own user: it only waits for the services' heartbeats.
+SUPERVISOR = "supervisor"
+
+
+@dataclass(frozen=True)
+class Durable:
+    """A durable pull consumer a service owns: stream, name, and the filter it is made with."""
+
+    stream: str
+    name: str
+    filter: str
+
+
+@dataclass(frozen=True)
+class ServiceRole:
+    """What one service does on the bus; its NATS permissions are derived from this only."""
+
+    service: str
+    # (service, verb) requests it answers, as a queue group.
+    answers: tuple[tuple[str, str], ...] = ()
+    # (service, verb) requests it sends to other services.
+    calls: tuple[tuple[str, str], ...] = ()
+    # Event types it appends (`run.started`): only those subjects, for any aggregate id.
+    emits: tuple[str, ...] = ()
+    # Work kinds it queues on the work stream.
+    queues: tuple[str, ...] = ()
+    # Durable pull consumers it creates and pulls from (and acks on).
+    consumes: tuple[Durable, ...] = ()
+    # Core subscriptions to event subjects (live notifications, no consumer).
+    follows: tuple[str, ...] = ()
+    # May update the platform streams' configuration (others only create a missing stream).
+    manages_streams: bool = False
+    # May read every service's heartbeat (the supervisor waits on them).
+    reads_heartbeats: bool = False
+
+    @property
+    def user(self) -> str:
+        """The NATS user name: `svc_<service>`."""
+        return service_user(self.service)
+
+
+def service_user(service: str) -> str:
+    """The NATS user of a service (`svc_tracker`)."""
+    return f"{SERVICE_USER_PREFIX}{subjects.token(service, 'service')}"
+
+
+def is_service_user(user: str | None) -> bool:
+    """True for a service's own user name."""
+    return bool(user) and user.startswith(SERVICE_USER_PREFIX)  # type: ignore[union-attr]
+
+
+_EVENTS = subjects.EVENTS_STREAM
+_WORK = subjects.WORK_STREAM
+_DEAD_LETTER = "deadletter.recorded"
+
+SERVICE_ROLES: dict[str, ServiceRole] = {
+    role.service: role
+    for role in (
+        ServiceRole(
+            "env-registry",
+            answers=(("registry", "push"), ("registry", "get"), ("registry", "list")),
+            emits=("env.registered",),
+        ),
+        ServiceRole(
+            "tracker",
+            answers=(
+                ("tracker", "create_run"),
+                ("tracker", "get_run"),
+                ("tracker", "list_runs"),
+                ("tracker", "get_job"),
+                ("tracker", "list_jobs"),
+            ),
+            emits=("run.requested", "run.started", "run.completed", "run.failed", _DEAD_LETTER),
+            queues=("rollouts",),
+            consumes=(
+                Durable(_EVENTS, "tracker-read-models", subjects.ALL_EVENTS),
+                Durable(_EVENTS, "tracker-fanout", subjects.event_filter("run", "run.requested")),
+            ),
+            manages_streams=True,
+        ),
+        ServiceRole(
+            "actor",
+            emits=("rollout.generated", _DEAD_LETTER),
+            consumes=(Durable(_WORK, "actors", subjects.work_filter("rollouts")),),
+            follows=(subjects.event_filter("policy", "policy.updated"),),
+        ),
+        ServiceRole(
+            "verifier",
+            emits=("rollout.scored", _DEAD_LETTER),
+            consumes=(
+                Durable(_EVENTS, "verifier", subjects.event_filter("run", "rollout.generated")),
+            ),
+        ),
+        ServiceRole(
+            "buffer",
+            answers=(("buffer", "sft_set"), ("buffer", "dpo_pairs"), ("buffer", "grpo_groups")),
+            emits=(_DEAD_LETTER,),
+            consumes=(Durable(_EVENTS, "buffer", subjects.ALL_EVENTS),),
+        ),
+        ServiceRole(
+            "learner",
+            answers=(("learner", "create_job"),),
+            # Online GRPO starts its own generation runs and builds batches from the buffer.
+            calls=(
+                ("tracker", "create_run"),
+                ("buffer", "sft_set"),
+                ("buffer", "dpo_pairs"),
+                ("buffer", "grpo_groups"),
+            ),
+            emits=(
+                "job.requested",
+                "job.progress",
+                "job.completed",
+                "job.failed",
+                "checkpoint.saved",
+                "policy.updated",
+                _DEAD_LETTER,
+            ),
+            queues=("jobs",),
+            consumes=(
+                Durable(_WORK, "learner", subjects.work_filter("jobs")),
+                Durable(
+                    _EVENTS,
+                    "learner-deadletters",
+                    subjects.event_filter("deadletter", _DEAD_LETTER),
+                ),
+            ),
+        ),
+        ServiceRole(SUPERVISOR, reads_heartbeats=True),
+    )
+}
+
+# The streams every service may look up and create when missing (`ensure_streams`).
+PLATFORM_STREAMS: tuple[str, ...] = (_EVENTS, _WORK)
+
+
+def all_durables() -> list[Durable]:
+    """Every durable consumer some service owns."""
+    return [durable for role in SERVICE_ROLES.values() for durable in role.consumes]
+
+
+def role_for(service: str) -> ServiceRole:
+    """The declared role of `service`; an undeclared (extra) service only beats and reads."""
+    return SERVICE_ROLES.get(service) or ServiceRole(service)
+
+
+def _event_subject(event_type: str) -> str:
+    # The event models register themselves with the envelope on import.
+    import rollout.shared.contracts.events  # noqa: F401
+    from rollout.shared.contracts.envelope import payload_types
+
+    model = payload_types().get(event_type)
+    if model is None:
+        raise ValueError(f"service role names unknown event type {event_type!r}")
+    return subjects.event_filter(model.aggregate, event_type)
+
+
+def _consumer_subjects(durable: Durable) -> list[str]:
+    api = subjects.js_api
+    # nats-py puts the filter in the create subject (the server checks it matches the body),
+    # so the permission pins the filter too; `>` itself is sent without one.
+    create = (
+        api("CONSUMER", "CREATE", durable.stream, durable.name)
+        if durable.filter == ">"
+        else api("CONSUMER", "CREATE", durable.stream, durable.name, durable.filter)
+    )
+    return [
+        create,
+        api("CONSUMER", "INFO", durable.stream, durable.name),
+        api("CONSUMER", "MSG", "NEXT", durable.stream, durable.name),
+        # Acks, naks, in-progress and term of its own deliveries only.
+        f"$JS.ACK.{durable.stream}.{durable.name}.>",
+    ]
+
+
+def _heartbeat_subjects(role: ServiceRole) -> list[str]:
+    from rollout.shared.stack.health import beat_key
+
+    bucket = subjects.HEARTBEATS_BUCKET
+    stream = f"KV_{bucket}"
+    api = subjects.js_api
+    own = beat_key(role.service, "x").rsplit(".", 1)[0]
+    allowed = [
+        api("STREAM", "INFO", stream),
+        api("STREAM", "CREATE", stream),
+        # Its own beats only: a service cannot fake another one's health.
+        f"$KV.{bucket}.{own}.>",
+    ]
+    if role.reads_heartbeats:
+        allowed += [api("STREAM", "MSG", "GET", stream), api("DIRECT", "GET", stream, ">")]
+    return allowed
+
+
+def service_permissions(role: ServiceRole) -> dict[str, Any]:
+    """The nats-server `permissions` block of a service's user, from its declaration."""
+    from rollout.shared.auth.roles import event_reader_subjects
+
+    api = subjects.js_api
+    publish: list[str] = [subjects.request(s, v) for s, v in role.calls]
+    publish += [_event_subject(event_type) for event_type in role.emits]
+    publish += [subjects.work_filter(kind) for kind in role.queues]
+    publish += event_reader_subjects()
+    for stream in PLATFORM_STREAMS:
+        publish += [api("STREAM", "INFO", stream), api("STREAM", "CREATE", stream)]
+        if role.manages_streams:
+            publish.append(api("STREAM", "UPDATE", stream))
+    for durable in role.consumes:
+        publish += _consumer_subjects(durable)
+    publish += _heartbeat_subjects(role)
+    publish.append(subjects.USER_INFO)
+    own = {(d.stream, d.name) for d in role.consumes}
+    deny = [
+        subject
+        for d in all_durables()
+        if (d.stream, d.name) not in own
+        for subject in (
+            api("CONSUMER", "MSG", "NEXT", d.stream, d.name),
+            api("CONSUMER", "CREATE", d.stream, d.name),
+            api("CONSUMER", "CREATE", d.stream, d.name, ">"),
+        )
+    ]
+    subscribe = [subjects.inbox_filter(role.user)]
+    subscribe += [subjects.request(s, v) for s, v in role.answers]
+    subscribe += list(role.follows)
+    return {
+        "publish": {"allow": _unique(publish), "deny": _unique(deny)},
+        "subscribe": {"allow": _unique(subscribe)},
+        # Replies to the requests it received (and acks of the messages it was delivered).
+        "allow_responses": True,
+    }
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
