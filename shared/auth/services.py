@@ -57,6 +57,9 @@ class ServiceRole:
     manages_streams: bool = False
     # May read every service's heartbeat (the supervisor waits on them).
     reads_heartbeats: bool = False
+    # Loads aggregates from the events stream for its decisions (run or job endings), and so
+    # deletes the short-lived consumer of each load; no service's durable may be deleted.
+    loads_aggregates: bool = False
 
     @property
     def user(self) -> str:
@@ -102,6 +105,7 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 Durable(_EVENTS, "tracker-fanout", subjects.event_filter("run", "run.requested")),
             ),
             manages_streams=True,
+            loads_aggregates=True,
         ),
         ServiceRole(
             "actor",
@@ -150,6 +154,7 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                     subjects.event_filter("deadletter", _DEAD_LETTER),
                 ),
             ),
+            loads_aggregates=True,
         ),
         ServiceRole(SUPERVISOR, reads_heartbeats=True),
     )
@@ -233,6 +238,8 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
         publish += _consumer_subjects(durable)
     publish += _heartbeat_subjects(role)
     publish.append(subjects.USER_INFO)
+    if role.loads_aggregates:
+        publish.append(api("CONSUMER", "DELETE", _EVENTS, "*"))
     own = {(d.stream, d.name) for d in role.consumes}
     deny = [
         subject
@@ -244,6 +251,7 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
             api("CONSUMER", "CREATE", d.stream, d.name, ">"),
         )
     ]
+    deny += [api("CONSUMER", "DELETE", d.stream, d.name) for d in all_durables()]
     subscribe = [subjects.inbox_filter(role.user)]
     subscribe += [subjects.request(s, v) for s, v in role.answers]
     subscribe += list(role.follows)

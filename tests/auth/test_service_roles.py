@@ -99,8 +99,15 @@ def test_only_the_tracker_may_reconfigure_streams_and_nobody_may_erase() -> None
         allowed = service_permissions(role)["publish"]["allow"]
         text = " ".join(allowed)
         assert ("STREAM.UPDATE" in text) == (name == "tracker"), name
-        for verb in ("DELETE", "PURGE", "MSG.DELETE", "CONSUMER.DELETE"):
-            assert f".{verb}." not in text and not text.endswith(f".{verb}"), (name, verb)
+        for verb in ("DELETE", "PURGE", "MSG.DELETE"):
+            assert f".STREAM.{verb}." not in text and not text.endswith(f".{verb}"), (name, verb)
+        # Only the aggregate loaders delete consumers: the short-lived ones of their own loads,
+        # never a service's durable.
+        deletes = [a for a in allowed if ".CONSUMER.DELETE." in a]
+        assert bool(deletes) == role.loads_aggregates, name
+        denied = service_permissions(role)["publish"]["deny"]
+        for durable in all_durables():
+            assert f"$JS.API.CONSUMER.DELETE.{durable.stream}.{durable.name}" in denied
         assert ">" not in [a.split(".")[-1] for a in allowed if a.startswith("rollout.evt")]
 
 
