@@ -26,7 +26,7 @@ from typing import Any
 
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
-from rollout.shared.models.hermes import parse_tool_calls
+from rollout.shared.models.hermes import CLOSE_TAG, parse_tool_calls
 
 DEFAULT_MAX_NEW_TOKENS = 512
 
@@ -44,10 +44,13 @@ class HFBackend:
         max_batch_size: int = 16,
         threads: int | None = None,
         name: str | None = None,
+        stop_after_tool_call: bool = False,
     ) -> None:
         self.path = str(path)
         self.name = name or f"hf:{self.path}"
         self.threads = threads
+        # End a turn at `</tool_call>` (for models that otherwise write the tool's reply).
+        self.stop_after_tool_call = stop_after_tool_call
         # The base reference of the loaded adapter (None: plain weights).
         self.adapter_base: str | None = None
         self._adapters = 0
@@ -260,6 +263,10 @@ class HFBackend:
                     logprobs[i].append(float(policy_logp[i, token]))
                     if token in eos_ids:
                         done[i], finish[i] = True, "stop"
+                    elif self.stop_after_tool_call and _closes_tool_call(tok, tokens[i]):
+                        # A finished call ends the turn: small models otherwise go on to
+                        # invent the tool's response themselves.
+                        done[i], finish[i] = True, "tool_calls"
                     elif len(tokens[i]) >= budgets[i]:
                         done[i] = True
                 if all(done):
@@ -281,7 +288,7 @@ class HFBackend:
         responses = []
         for i in range(batch):
             ids = tokens[i]
-            text_ids = ids[:-1] if finish[i] == "stop" else ids
+            text_ids = ids[:-1] if finish[i] == "stop" and ids and ids[-1] in eos_ids else ids
             text = tok.decode(text_ids, skip_special_tokens=True)
             content, calls = parse_tool_calls(text)
             reason = finish[i]
@@ -303,6 +310,12 @@ class HFBackend:
                 )
             )
         return responses
+
+
+def _closes_tool_call(tokenizer: Any, ids: list[int]) -> bool:
+    # Only the last few tokens can complete the closing tag; decoding them is cheap next to
+    # a forward pass.
+    return ids[-1:] != [] and CLOSE_TAG in tokenizer.decode(ids[-6:], skip_special_tokens=False)
 
 
 def _error(message: str) -> ChatResponse:

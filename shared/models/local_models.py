@@ -35,6 +35,8 @@ class LocalModel:
     train_defaults: dict[str, Any] = field(default_factory=dict)
     # torch intra-op threads for sampling on CPU (None: leave torch's default).
     threads: int | None = None
+    # End a sampled turn at `</tool_call>`; trained policies of this base do the same.
+    stop_after_tool_call: bool = False
 
 
 def _tiny_agent() -> LocalModel:
@@ -126,20 +128,25 @@ def folder_size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
-def train_defaults(name: str) -> dict[str, Any]:
-    """Training defaults for a base called `name` (a local model or one trained from it)."""
+def root_model(name: str) -> LocalModel | None:
+    """The local model `name` is, or was trained from (`local/...:A:B` -> `local/...`)."""
     from rollout.shared.models.trained import split_trained_name
 
-    seen = 0
-    while name and seen < 8:
+    for _ in range(16):
         model = local_model(name)
         if model is not None:
-            return dict(model.train_defaults)
+            return model
         parts = split_trained_name(name)
         if parts is None:
-            return {}
-        name, seen = parts[0], seen + 1
-    return {}
+            return None
+        name = parts[0]
+    return None
+
+
+def train_defaults(name: str) -> dict[str, Any]:
+    """Training defaults for a base called `name` (a local model or one trained from it)."""
+    model = root_model(name)
+    return dict(model.train_defaults) if model else {}
 
 
 # --- adapters --------------------------------------------------------------------------------
@@ -206,7 +213,7 @@ def _smollm2_backend(rest: str) -> Any:
     if rest.strip():
         raise RolloutError(f"unknown model '{NAME}{rest}': did you mean '{NAME}'?")
     model = require(NAME)
-    return HFBackend(ensure_smollm2(), threads=model.threads, name=NAME)
+    return HFBackend(ensure_smollm2(), threads=model.threads, name=NAME, stop_after_tool_call=True)
 
 
 def register() -> None:
