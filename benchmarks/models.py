@@ -169,7 +169,9 @@ def _groups(learner: GRPOLearner, size: int) -> list[dict[str, Any]]:
 
 def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
     """Tokens/s of GRPOLearner.step vs a plain peft/torch step on the same rows."""
-    config = TrainConfig(method="grpo", **train_defaults(NAME), max_steps=100, beta=0.0,
+    # One micro-batch of all rows, as the plain step below does.
+    defaults = train_defaults(NAME) | {"batch_size": 16}
+    config = TrainConfig(method="grpo", **defaults, max_steps=100, beta=0.0,
                          threads=torch.get_num_threads())  # fmt: skip
     learner = GRPOLearner(base, work / "grpo", config, resume=False)
     groups = _groups(learner, 8)

@@ -171,13 +171,14 @@ async def test_lora_grpo_ships_adapters_the_actor_swaps_on_one_base(
 
     config = TrainConfig(method="grpo", learning_rate=2e-2, batch_size=32, beta=0.1,
                          max_steps=2, lora=True, lora_r=4)  # fmt: skip
+    base_ref = f"hf:{tiny_base.resolve()}"  # noqa: ASYNC240
     learner = GRPOLearner(tiny_base, tmp_path / "grpo", config, resume=False)
     actor = HFBackend(tiny_base)
     learner.step(await _groups(actor, 0, seed=1))
     first = learner.save()
     # The adapter alone, naming its base: no merged copy of the weights per version.
     assert (first / "adapter_config.json").exists() and not (first / "model.safetensors").exists()
-    assert adapter_base(first) == f"hf:{tiny_base.resolve()}"
+    assert adapter_base(first) == base_ref
     actor = HFBackend(first)
     base_weight = actor.model.get_base_model().model.embed_tokens.weight
     before = {k: v.clone() for k, v in actor.model.state_dict().items() if "lora_B" in k}
