@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rollout.errors import RolloutError
-from rollout.shared.models import trained
+from rollout.shared.models import local_models, trained
 from rollout.shared.models.openai_compat import OPENAI_DEFAULT_BASE, TOGETHER_DEFAULT_BASE
 
 TINY_AGENT = "local/tiny-agent"
@@ -16,7 +16,10 @@ PROVIDERS = {
     "openai/": ("openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", OPENAI_DEFAULT_BASE),
     "together/": ("together", "TOGETHER_API_KEY", "TOGETHER_BASE_URL", TOGETHER_DEFAULT_BASE),
 }
-LOCAL_FORMS = "hf:<dir>, local/tiny-agent, or a trained BASE:SUFFIX / job id"
+LOCAL_FORMS = (
+    "hf:<dir>, a local model (local/smollm2-135m, local/tiny-agent), "
+    "or a trained BASE:SUFFIX / job id"
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,18 @@ class TrainBase:
     def local(self) -> bool:
         """True when the weights are trained here (TRL), False for provider fine-tunes."""
         return self.kind == "local"
+
+    @property
+    def train_defaults(self) -> dict[str, Any]:
+        """Hyperparameters this base trains with unless the user sets them (e.g. LoRA)."""
+        if not self.local:
+            return {}
+        names = [self.name] + ([self.record.base_model] if self.record is not None else [])
+        for name in names:
+            defaults = local_models.train_defaults(name)
+            if defaults:
+                return defaults
+        return {}
 
 
 def tiny_agent_dir() -> Path:
@@ -73,7 +88,7 @@ def resolve_base(name: str) -> TrainBase:
             # A provider fine-tune trains further at the provider, from its fine-tuned model.
             return _provider(f"{record.kind}/{record.remote_model}", f"{record.kind}/")
         return TrainBase(name=name, kind="local", record=record)
-    if name == TINY_AGENT:
+    if local_models.local_model(name) is not None:
         return TrainBase(name=name, kind="local")
     hf_path = Path(name[3:].strip()).expanduser() if name.startswith("hf:") else None
     if name == "hf:" or (hf_path is not None and not name[3:].strip()):
@@ -131,11 +146,13 @@ def validate_local(base: TrainBase) -> None:
 
 
 async def local_dir(base: TrainBase) -> Path:
-    """The folder to train from: the path, the fetched trained policy, or the tiny agent."""
+    """The folder to train from: the path, the fetched trained policy, or a local model's."""
     import asyncio
 
     if base.record is not None:
         return await trained.materialize(base.record)
     if base.path is not None:
         return base.path
-    return await asyncio.to_thread(tiny_agent_dir)
+    if base.name == TINY_AGENT:
+        return await asyncio.to_thread(tiny_agent_dir)
+    return await asyncio.to_thread(local_models.ensure, base.name)

@@ -109,7 +109,8 @@ def settings(method: str, base: TrainBase, hyperparams: dict[str, Any]) -> tuple
         rest.pop("method")
     config = None
     try:
-        config = TrainConfig.model_validate({**rest, "method": method})
+        # The base's own defaults (LoRA for local/smollm2-135m) under what the user set.
+        config = TrainConfig.model_validate({**base.train_defaults, **rest, "method": method})
     except ValidationError as exc:
         problems += config_problems(exc, "hyperparams")
     if config is not None and method == "grpo" and config.max_steps is None:
@@ -195,7 +196,7 @@ async def plan_job(
     elif cmd.method == "grpo":
         raise RolloutError(
             f"base_model: online GRPO trains local weights; {cmd.base_model!r} is a "
-            f"{base.kind} model (use hf:<dir> or local/tiny-agent)"
+            f"{base.kind} model (use hf:<dir>, local/smollm2-135m or local/tiny-agent)"
         )
     elif cmd.method == "dpo" and base.kind != "together":
         raise RolloutError(

@@ -41,7 +41,13 @@ from rollout.shared.learning.checkpoints import (
     prepare_resume,
 )
 from rollout.shared.learning.config import Progress, TrainConfig
-from rollout.shared.learning.loading import device, load_base, quiet_libraries, torch_threads
+from rollout.shared.learning.loading import (
+    device,
+    is_peft,
+    load_policy,
+    quiet_libraries,
+    torch_threads,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +102,7 @@ class GRPOLearner:
         self.out_dir = Path(out_dir)
         self.device = device()
         self._lock = threading.Lock()
-        self.tokenizer, base = load_base(base_model)
+        self.tokenizer, base, self.base_ref = load_policy(base_model, lora=config.lora)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         state = prepare_resume(self.out_dir, resume)
         if state is not None and state.kind != "grpo":
@@ -150,22 +156,16 @@ class GRPOLearner:
 
         ref = None
         if self.config.lora:
-            from peft import LoraConfig, get_peft_model
+            from peft import get_peft_model
 
-            model = get_peft_model(
-                base,
-                LoraConfig(
-                    r=self.config.lora_r,
-                    lora_alpha=self.config.lora_alpha,
-                    lora_dropout=0.0,
-                    target_modules="all-linear",
-                    task_type="CAUSAL_LM",
-                ),
-            )
+            from rollout.shared.learning.trl_job import lora_config
+
+            # A base that is an adapter already (a trained name) trains that adapter on.
+            model = base if is_peft(base) else get_peft_model(base, lora_config(self.config))
             if checkpoint is not None:
-                from peft import set_peft_model_state_dict
+                from peft import load_peft_weights, set_peft_model_state_dict
 
-                adapter = torch.load(checkpoint / "adapter.pt", weights_only=True)
+                adapter = load_peft_weights(str(checkpoint), device="cpu")
                 set_peft_model_state_dict(model, adapter)
             # The reference is the same model with the adapter switched off: no copy.
         else:
@@ -392,16 +392,14 @@ class GRPOLearner:
         tmp = root / f".tmp-policy-{self.policy_version:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        if self.config.lora:
-            from peft import get_peft_model_state_dict
-
-            torch.save(get_peft_model_state_dict(self.model), tmp / "adapter.pt")
-            # Actors load plain weights: save a merged copy, leaving the trained adapter intact.
-            serving = copy.deepcopy(self.model).merge_and_unload()
-        else:
-            serving = self.model
-        serving.save_pretrained(tmp)
+        # With LoRA this is the adapter alone: actors load it onto the base without merging,
+        # and swap it for the next version's without reloading the base.
+        self.model.save_pretrained(tmp)
         self.tokenizer.save_pretrained(tmp)
+        if self.config.lora:
+            from rollout.shared.models.local_models import write_adapter_base
+
+            write_adapter_base(tmp, self.base_ref)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():

@@ -52,6 +52,41 @@ def load_base(base_model: str | Path, *, where: str = "base_model") -> tuple[Any
     return tokenizer, model
 
 
+def load_policy(
+    base_model: str | Path, *, lora: bool, where: str = "base_model"
+) -> tuple[Any, Any, str]:
+    """(tokenizer, model, base reference) to train from `base_model`.
+
+    A folder with a LoRA adapter loads onto the base it recorded: with `lora` the adapter
+    trains on (a PeftModel with only its weights trainable), without it the adapter is merged
+    and everything trains. The base reference is what a new adapter records as its base.
+    """
+    from rollout.shared.models.local_models import adapter_base, base_dir, base_ref_of, is_adapter
+
+    path = Path(str(base_model)).expanduser()
+    if not is_adapter(path):
+        tokenizer, model = load_base(path, where=where)
+        return tokenizer, model, base_ref_of(path)
+    from peft import PeftModel
+
+    ref = adapter_base(path)
+    _, model = load_base(base_dir(ref), where=where)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = PeftModel.from_pretrained(model, str(path), is_trainable=lora)
+    if not lora:
+        model = model.merge_and_unload()
+    return tokenizer, model, ref
+
+
+def is_peft(model: Any) -> bool:
+    """True when `model` is a peft model (it carries adapters)."""
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int | None, model: Any) -> Iterator[int]:
     """Use `threads` intra-op threads (None: 1 for small CPU models) and restore afterwards."""

@@ -3,8 +3,10 @@
 TRL's trainers (on transformers' Trainer) do the optimisation and write checkpoints with the
 weights, optimizer, LR scheduler, RNG states and step; this module picks the checkpoint to
 resume from, reports progress per optimizer step, logs each step exactly once, and saves the
-final model where HFBackend can load it. With LoRA the final model is the *merged* model
-(plain weights); intermediate checkpoints hold the adapter (plus optimizer state) only.
+final model where HFBackend can load it. With LoRA the final model is the adapter alone (plus
+the tokenizer and `rollout_adapter.json`, naming the base it loads onto): actors load it on
+the base without merging. A base that is itself an adapter trains on (LoRA) or is merged first
+(full fine-tuning).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from rollout.shared.learning.checkpoints import (
     replace_dir,
 )
 from rollout.shared.learning.config import Progress, TrainConfig, TrainResult
-from rollout.shared.learning.loading import device, load_base, quiet_libraries, torch_threads
+from rollout.shared.learning.loading import (
+    device,
+    is_peft,
+    load_policy,
+    quiet_libraries,
+    torch_threads,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +63,7 @@ def run_trl(
 
     quiet_libraries()
     out_dir = Path(out_dir)
-    tokenizer, model = load_base(base_model)
+    tokenizer, model, base_ref = load_policy(base_model, lora=config.lora)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = prepare_resume(out_dir, resume)
     try:
@@ -68,7 +76,12 @@ def run_trl(
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", UserWarning)
         trainer = build_trainer(
-            model, tokenizer, dataset, trl_kwargs(out_dir, config), [reporter], _peft(config)
+            model,
+            tokenizer,
+            dataset,
+            trl_kwargs(out_dir, config),
+            [reporter],
+            None if is_peft(model) else lora_config(config),
         )
         _silence_printer(trainer)
         if state is not None:
@@ -80,7 +93,7 @@ def run_trl(
         except (ValueError, RuntimeError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise RolloutError(f"{method}: training failed: {first}") from None
-        model_dir = _save_final(trainer, tokenizer, out_dir, method, base_model, config)
+        model_dir = _save_final(trainer, tokenizer, out_dir, method, base_ref, config)
     history = trainer.state.log_history
     losses = [h["loss"] for h in history if "loss" in h]
     metrics = {k: float(v) for k, v in (output.metrics or {}).items() if _is_number(v)}
@@ -137,7 +150,8 @@ def trl_kwargs(out_dir: Path, config: TrainConfig) -> dict[str, Any]:
     }
 
 
-def _peft(config: TrainConfig) -> Any:
+def lora_config(config: TrainConfig) -> Any:
+    """The peft LoRA config of `config` (None without LoRA): every linear layer, no dropout."""
     if not config.lora:
         return None
     from peft import LoraConfig
@@ -152,21 +166,23 @@ def _peft(config: TrainConfig) -> Any:
 
 
 def _save_final(
-    trainer: Any, tokenizer: Any, out_dir: Path, method: str, base: Path, config: TrainConfig
+    trainer: Any, tokenizer: Any, out_dir: Path, method: str, base: str, config: TrainConfig
 ) -> Path:
+    from rollout.shared.models.local_models import write_adapter_base
+
     model = trainer.model
-    if hasattr(model, "merge_and_unload"):
-        # LoRA: ship plain merged weights so any loader (HFBackend, vLLM) reads them as is.
-        model = model.merge_and_unload()
     tmp = out_dir / (FINAL_MODEL + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    # A peft model saves its adapter only: megabytes per policy version, not the base again.
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if is_peft(model):
+        write_adapter_base(tmp, base)
     (tmp / "rollout_training.json").write_text(
         json.dumps(
             {
                 "method": method,
-                "base_model": str(base),
+                "base_model": base,
                 "steps": int(trainer.state.global_step),
                 "config": config.model_dump(mode="json"),
             },

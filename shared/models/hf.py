@@ -4,9 +4,14 @@ Prompts are rendered with the tokenizer's chat template (tools included); tool c
 back from Hermes-style `<tool_call>{json}</tool_call>` blocks. Sampling is our own small loop
 over the KV cache rather than `model.generate`, so each request in a batch keeps its own
 temperature, top_p, max_tokens and seed. `ROLLOUT_HF_DEVICE` picks the device (default: cuda
-when available) and `ROLLOUT_HF_THREADS` torch's intra-op thread count. The logprobs returned are those of the sampled tokens
-under the model itself (log-softmax of the raw logits, before temperature/top_p), which is
-what policy-gradient training needs. Nothing is ever downloaded.
+when available) and `ROLLOUT_HF_THREADS` torch's intra-op thread count (else the `threads`
+argument, which local models set to what was measured fastest). The logprobs returned are
+those of the sampled tokens under the model itself (log-softmax of the raw logits, before
+temperature/top_p), which is what policy-gradient training needs. Nothing is ever downloaded.
+
+A folder holding a LoRA adapter (`adapter_config.json`) loads onto the base it recorded
+(`rollout_adapter.json`) without merging; `reload` with another adapter of the same base swaps
+adapters and keeps the base weights loaded.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
-from rollout.shared.models.hermes import parse_tool_calls
+from rollout.shared.models.hermes import CLOSE_TAG, parse_tool_calls
 
 DEFAULT_MAX_NEW_TOKENS = 512
 
@@ -37,9 +42,18 @@ class HFBackend:
         dtype: str | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         max_batch_size: int = 16,
+        threads: int | None = None,
+        name: str | None = None,
+        stop_after_tool_call: bool = False,
     ) -> None:
         self.path = str(path)
-        self.name = f"hf:{self.path}"
+        self.name = name or f"hf:{self.path}"
+        self.threads = threads
+        # End a turn at `</tool_call>` (for models that otherwise write the tool's reply).
+        self.stop_after_tool_call = stop_after_tool_call
+        # The base reference of the loaded adapter (None: plain weights).
+        self.adapter_base: str | None = None
+        self._adapters = 0
         self.max_new_tokens = max_new_tokens
         self.max_batch_size = max(1, max_batch_size)
         self.device = device or os.environ.get("ROLLOUT_HF_DEVICE") or _default_device()
@@ -60,11 +74,33 @@ class HFBackend:
 
     def reload(self, path: str | Path) -> None:
         """Swap in the weights (and tokenizer) saved at `path`, e.g. a new policy version."""
-        tokenizer, model = self._load(str(path))
+        from rollout.shared.models.local_models import adapter_base, is_adapter
+
+        target = Path(str(path))
+        if (
+            self.adapter_base is not None
+            and is_adapter(target)
+            and adapter_base(target) == self.adapter_base
+        ):
+            self._swap_adapter(target)
+        else:
+            tokenizer, model = self._load(str(path))
+            with self._lock:
+                self.tokenizer, self.model = tokenizer, model
         with self._lock:
-            self.tokenizer, self.model = tokenizer, model
             self.path = str(path)
             self.name = f"hf:{self.path}"
+
+    def _swap_adapter(self, path: Path) -> None:
+        # Same base: load the new adapter beside the old one, switch, drop the old one.
+        self._adapters += 1
+        name = f"policy_{self._adapters}"
+        with self._lock:
+            old = self.model.active_adapter
+            self.model.load_adapter(str(path), adapter_name=name)
+            self.model.set_adapter(name)
+            self.model.delete_adapter(old)
+            self.model.eval()
 
     async def aclose(self) -> None:
         """Drop the weights."""
@@ -90,12 +126,21 @@ class HFBackend:
         if not local.exists() and path.startswith((".", "/", "~")):
             raise RolloutError(f"hf:{path}: no model directory at {local}")
         source = str(local) if local.exists() else path
+        from rollout.shared.models.local_models import adapter_base, base_dir, is_adapter
+
+        adapter = local.exists() and is_adapter(local)
+        base_ref = adapter_base(local) if adapter else None
+        weights = str(base_dir(base_ref)) if base_ref is not None else source
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
             dtype = self.dtype or ("auto" if self.device.startswith("cuda") else "float32")
             model = AutoModelForCausalLM.from_pretrained(
-                source, local_files_only=True, dtype=_torch_dtype(torch, dtype)
+                weights, local_files_only=True, dtype=_torch_dtype(torch, dtype)
             )
+            if adapter:
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, source, adapter_name="policy_0")
         except (OSError, ValueError, KeyError) as exc:
             raise RolloutError(
                 f"hf:{path}: cannot load a causal LM from {source} (hf: loads local "
@@ -107,7 +152,8 @@ class HFBackend:
             # Left padding needs some pad id; it is always masked out.
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
-        threads = os.environ.get("ROLLOUT_HF_THREADS", "").strip()
+        self.adapter_base = base_ref
+        threads = os.environ.get("ROLLOUT_HF_THREADS", "").strip() or str(self.threads or "")
         if threads:
             # Small models on a few shared cores run faster with fewer intra-op threads.
             try:
@@ -217,6 +263,10 @@ class HFBackend:
                     logprobs[i].append(float(policy_logp[i, token]))
                     if token in eos_ids:
                         done[i], finish[i] = True, "stop"
+                    elif self.stop_after_tool_call and _closes_tool_call(tok, tokens[i]):
+                        # A finished call ends the turn: small models otherwise go on to
+                        # invent the tool's response themselves.
+                        done[i], finish[i] = True, "tool_calls"
                     elif len(tokens[i]) >= budgets[i]:
                         done[i] = True
                 if all(done):
@@ -238,7 +288,7 @@ class HFBackend:
         responses = []
         for i in range(batch):
             ids = tokens[i]
-            text_ids = ids[:-1] if finish[i] == "stop" else ids
+            text_ids = ids[:-1] if finish[i] == "stop" and ids and ids[-1] in eos_ids else ids
             text = tok.decode(text_ids, skip_special_tokens=True)
             content, calls = parse_tool_calls(text)
             reason = finish[i]
@@ -260,6 +310,12 @@ class HFBackend:
                 )
             )
         return responses
+
+
+def _closes_tool_call(tokenizer: Any, ids: list[int]) -> bool:
+    # Only the last few tokens can complete the closing tag; decoding them is cheap next to
+    # a forward pass.
+    return ids[-1:] != [] and CLOSE_TAG in tokenizer.decode(ids[-6:], skip_special_tokens=False)
 
 
 def _error(message: str) -> ChatResponse:

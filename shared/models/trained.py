@@ -266,7 +266,15 @@ class TrainedBackend(HFBackend):
     """An `hf` backend on a trained policy that follows new versions of its name."""
 
     def __init__(self, record: PolicyRecord, path: Path) -> None:
-        super().__init__(path)
+        from rollout.shared.models.local_models import root_model
+
+        # A policy trained from a local model samples as that model does.
+        root = root_model(record.model) or root_model(record.base_model)
+        super().__init__(
+            path,
+            threads=root.threads if root else None,
+            stop_after_tool_call=root.stop_after_tool_call if root else False,
+        )
         self.record = record
         self.model_name = record.model
         self.policy_version = record.version

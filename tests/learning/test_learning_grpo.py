@@ -162,3 +162,32 @@ def _log(out: Path) -> list[dict]:
 def test_learner_refuses_a_missing_base_model(tmp_path: Path) -> None:
     with pytest.raises(RolloutError, match="base_model: no model directory at"):
         GRPOLearner(tmp_path / "nope", tmp_path / "g", TrainConfig(method="grpo"))
+
+
+async def test_lora_grpo_ships_adapters_the_actor_swaps_on_one_base(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    from rollout.shared.models.local_models import adapter_base
+
+    config = TrainConfig(method="grpo", learning_rate=2e-2, batch_size=32, beta=0.1,
+                         max_steps=2, lora=True, lora_r=4)  # fmt: skip
+    base_ref = f"hf:{tiny_base.resolve()}"  # noqa: ASYNC240
+    learner = GRPOLearner(tiny_base, tmp_path / "grpo", config, resume=False)
+    actor = HFBackend(tiny_base)
+    learner.step(await _groups(actor, 0, seed=1))
+    first = learner.save()
+    # The adapter alone, naming its base: no merged copy of the weights per version.
+    assert (first / "adapter_config.json").exists() and not (first / "model.safetensors").exists()
+    assert adapter_base(first) == base_ref
+    actor = HFBackend(first)
+    base_weight = actor.model.get_base_model().model.embed_tokens.weight
+    before = {k: v.clone() for k, v in actor.model.state_dict().items() if "lora_B" in k}
+    learner.step(await _groups(actor, 1, seed=2))
+    actor.reload(learner.save())
+    # The base stayed loaded (same tensor); the adapter is the new version's.
+    assert actor.model.get_base_model().model.embed_tokens.weight is base_weight
+    after = {k: v for k, v in actor.model.state_dict().items() if "lora_B" in k}
+    assert len(after) == len(before)
+    assert any(not torch.equal(a, b) for a, b in zip(after.values(), before.values(), strict=True))
+    [reply] = await actor.generate([ChatRequest(messages=PROMPTS[0], max_tokens=4, seed=3)])
+    assert reply.error is None and reply.token_ids

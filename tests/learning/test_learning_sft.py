@@ -13,6 +13,7 @@ from rollout.shared.learning.sft import sft_trainer
 from rollout.shared.learning.trl_job import trl_kwargs
 from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.local_models import adapter_base
 
 
 def test_labels_cover_exactly_the_assistant_turns(tiny_base: Path, tmp_path: Path) -> None:
@@ -69,16 +70,27 @@ def test_sft_lowers_assistant_loss_and_changes_weights(tiny_base: Path, tmp_path
     assert reply.error is None and reply.token_ids
 
 
-def test_sft_with_lora_saves_merged_weights(tiny_base: Path, tmp_path: Path) -> None:
+def test_sft_with_lora_saves_an_adapter_that_loads_onto_its_base(
+    tiny_base: Path, tmp_path: Path
+) -> None:
     config = TrainConfig(
         method="sft", max_steps=4, learning_rate=5e-3, lora=True, lora_r=4, save_every=2
     )
+    before = weights(tiny_base)
     result = train_sft(tiny_base, sft_examples(refund_rollouts()), tmp_path / "o", config)
-    assert not (result.model_dir / "adapter_config.json").exists()
-    base, trained = weights(tiny_base), weights(result.model_dir)
-    assert set(base) == set(trained)
-    assert any(not torch.equal(base[k], trained[k]) for k in base)
-    HFBackend(result.model_dir)  # loads as a plain model
+    # The adapter alone is shipped, naming its base; the base's weights are untouched.
+    assert (result.model_dir / "adapter_config.json").exists()
+    assert not (result.model_dir / "model.safetensors").exists()
+    assert adapter_base(result.model_dir) == f"hf:{tiny_base.resolve()}"
+    after = weights(tiny_base)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    backend = HFBackend(result.model_dir)  # base + adapter, not merged
+    assert backend.adapter_base == f"hf:{tiny_base.resolve()}"
+    assert hasattr(backend.model, "peft_config")
+    [reply] = backend._generate_all(
+        [ChatRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=1)]
+    )
+    assert reply.error is None and reply.token_ids
 
 
 def _assert_dir(path: Path) -> None:

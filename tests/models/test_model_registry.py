@@ -178,6 +178,22 @@ def test_other_parts_can_register_forms() -> None:
             None,
             [("f", '{"name": "f", "arguments": {', True)],
         ),
+        # What small local models write instead of clean Hermes blocks.
+        ('<tool_call>{"name": "f", "arguments": {"a": 1}}', None, [("f", '{"a": 1}', False)]),
+        (
+            '<tool_call>[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]'
+            "</tool_call>",
+            None,
+            [("f", "{}", False), ("g", "{}", False)],
+        ),
+        ('On it: {"name": "f", "arguments": {"a": 1}}', "On it:", [("f", '{"a": 1}', False)]),
+        ('```json\n{"name": "f", "arguments": {"a": 2}}\n```', None, [("f", '{"a": 2}', False)]),
+        (
+            '{"name": "f", "arguments": {"team": billing}}',
+            None,
+            [("f", '{"name": "f", "arguments": {"team": billing}}', True)],
+        ),
+        ('The answer is {"name": "Paris"}.', 'The answer is {"name": "Paris"}.', []),
     ],
 )
 def test_hermes_parsing(text: str, content, calls) -> None:

@@ -32,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--learning-rate", type=float)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lora", action="store_true", default=None, help="train a LoRA adapter")
+    p.add_argument(
+        "--full-finetune",
+        dest="lora",
+        action="store_false",
+        help="train every weight (local/smollm2-135m trains a LoRA adapter by default)",
+    )
     p.add_argument("--env", dest="env_slug", help="environment to train on online (grpo)")
     p.add_argument("--steps", type=int, help="optimizer steps (grpo: policy versions)")
     p.add_argument("-n", "--group-size", type=int, help="rollouts per task and step (grpo)")

