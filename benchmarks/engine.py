@@ -2,16 +2,19 @@
 same dict operations in the same process; sandboxed test runs/s against the bare command;
 plugin steps/s through the sandboxed plugin host against the same plugin called in-process.
 
-Run: `python benchmarks/engine.py [--steps N] [--scores N] [--sandbox-runs N] [--plugin-steps N]`.
+Run: `python benchmarks/engine.py [--steps N] [--scores N] [--sandbox-runs N] [--plugin-steps N]
+[--plugin-rounds N]` (0 skips a section).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -239,29 +242,66 @@ def pipe_floor(n: int) -> float:
             box.kill()
 
 
-async def plugin_steps(n: int, concurrency: int) -> tuple[float, float, int]:
-    """(host steps/s, in-process steps/s, hosts started) for the counter plugin."""
+@dataclass
+class PluginNumbers:
+    """Per-round steps/s through the host and in-process, and their per-round ratios."""
+
+    hosted: list[float]
+    inproc: list[float]
+    ratios: list[float]
+    hosts_started: int
+
+    def line(self, lanes: int) -> str:
+        """One printed line: medians, [min-max] ranges, the target."""
+
+        def spread(values: list[float], fmt: str) -> str:
+            return (
+                f"{format(statistics.median(values), fmt)} "
+                f"[{format(min(values), fmt)}-{format(max(values), fmt)}]"
+            )
+
+        episodes = f"{lanes:>2} episode{'s' if lanes > 1 else ' '} at once"
+        return (
+            f"plugin steps/s ({episodes}): host {spread(self.hosted, ',.0f')}  "
+            f"in-process {spread(self.inproc, ',.0f')}  "
+            f"ratio {spread(self.ratios, '.3f')}  (median [range] of {len(self.ratios)} "
+            f"alternated rounds; target >= 0.2; {self.hosts_started} hosts started)"
+        )
+
+
+async def plugin_steps(n: int, concurrency: int, rounds: int = 7) -> PluginNumbers:
+    """Host and in-process steps/s of the counter plugin, measured in alternated rounds."""
     from rollout.shared.envs.plugin_host.client import default_pool
 
     sys.path.insert(0, str(EXAMPLES))
     spec = _plugin_spec()
     started = default_pool().started
+
+    def hosted(k: int) -> Any:
+        return build_runtime(spec, k % len(spec.tasks))
+
+    def inproc(k: int) -> Any:
+        return _InProcessPlugin(spec, k % len(spec.tasks)).rt
+
     # Warm: one host per lane exists before timing (a service keeps them warm across batches).
-    await _episodes(lambda k: build_runtime(spec, k % len(spec.tasks)), concurrency, concurrency)
-    # Alternate short rounds of both: on a shared machine both see the same load.
-    hosted_s = inproc_s = 0.0
-    rounds = 5
-    for _ in range(rounds):
-        rate = await _episodes(
-            lambda k: build_runtime(spec, k % len(spec.tasks)), n // rounds, concurrency
-        )
-        hosted_s += (n // rounds) / rate
-        rate = await _episodes(
-            lambda k: _InProcessPlugin(spec, k % len(spec.tasks)).rt, n // rounds, concurrency
-        )
-        inproc_s += (n // rounds) / rate
-    total = rounds * (n // rounds)
-    return total / hosted_s, total / inproc_s, default_pool().started - started
+    await _episodes(hosted, concurrency * PLUGIN_EPISODE_STEPS, concurrency)
+    await _episodes(inproc, concurrency * PLUGIN_EPISODE_STEPS, concurrency)
+    # Short rounds of both, in alternating order: on a shared machine both see the same load,
+    # and the per-round ratio is what the load leaves comparable.
+    per_round = max(concurrency * PLUGIN_EPISODE_STEPS, n // rounds)
+    out = PluginNumbers([], [], [], 0)
+    for r in range(rounds):
+        if r % 2:
+            inproc_rate = await _episodes(inproc, per_round, concurrency)
+            host_rate = await _episodes(hosted, per_round, concurrency)
+        else:
+            host_rate = await _episodes(hosted, per_round, concurrency)
+            inproc_rate = await _episodes(inproc, per_round, concurrency)
+        out.hosted.append(host_rate)
+        out.inproc.append(inproc_rate)
+        out.ratios.append(host_rate / inproc_rate)
+    out.hosts_started = default_pool().started - started
+    return out
 
 
 async def main() -> None:
@@ -271,27 +311,27 @@ async def main() -> None:
     parser.add_argument("--scores", type=int, default=5_000)
     parser.add_argument("--sandbox-runs", type=int, default=10)
     parser.add_argument("--plugin-steps", type=int, default=5_000)
+    parser.add_argument("--plugin-rounds", type=int, default=7)
     args = parser.parse_args()
 
     if args.plugin_steps > 0:
         print(f"sandboxed pipe round trips/s (IPC floor): {pipe_floor(args.plugin_steps):,.0f}")
         for lanes in (1, 16):
-            hosted, inproc, hosts = await plugin_steps(args.plugin_steps, lanes)
-            print(
-                f"plugin steps/s ({lanes:>2} episode{'s' if lanes > 1 else ' '} at once): "
-                f"host {hosted:,.0f}  in-process {inproc:,.0f}  ratio {hosted / inproc:.3f}  "
-                f"(target >= 0.2; {hosts} hosts started)"
-            )
+            numbers = await plugin_steps(args.plugin_steps, lanes, args.plugin_rounds)
+            print(numbers.line(lanes))
 
-    eng, base = await engine_steps(args.steps), baseline_steps(args.steps)
-    print(
-        f"workflow tool steps/s: engine {eng:,.0f}  plain python {base:,.0f}  ratio {eng / base:.3f}"
-    )
-    eng_s, base_s = await engine_scores(args.scores), baseline_scores(args.scores)
-    print(
-        f"verifier scores/s:     engine {eng_s:,.0f}  plain python {base_s:,.0f}  "
-        f"ratio {eng_s / base_s:.4f}"
-    )
+    if args.steps > 0:
+        eng, base = await engine_steps(args.steps), baseline_steps(args.steps)
+        print(
+            f"workflow tool steps/s: engine {eng:,.0f}  plain python {base:,.0f}  "
+            f"ratio {eng / base:.3f}"
+        )
+    if args.scores > 0:
+        eng_s, base_s = await engine_scores(args.scores), baseline_scores(args.scores)
+        print(
+            f"verifier scores/s:     engine {eng_s:,.0f}  plain python {base_s:,.0f}  "
+            f"ratio {eng_s / base_s:.4f}"
+        )
     if args.sandbox_runs > 0:
         runs = await sandbox_runs(args.sandbox_runs)
         if runs:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,6 +44,34 @@ def build_runtime(spec: Any, task: Any) -> EnvRuntime:
             f"environment {env.slug!r}: cannot start the {env.template} runtime: "
             f"{type(exc).__name__}: {exc}"
         ) from None
+
+
+async def start_runtime(spec: Any, task: Any) -> EnvRuntime:
+    """build_runtime for async callers: a plugin's host lease and reset run in a worker thread.
+
+    A cold plugin host takes a fraction of a second to start and import its plugin, and a
+    reset may take up to the step timeout: the caller's event loop goes on meanwhile.
+    """
+    env = as_spec(spec)
+    if env.template != "plugin":  # the others start in microseconds (and sqlite wants its thread)
+        return build_runtime(env, task)
+    return await asyncio.to_thread(build_runtime, env, task)
+
+
+async def start_runtimes(spec: Any, tasks: Sequence[Any]) -> list[EnvRuntime]:
+    """start_runtime for many tasks at once (cold starts overlap); all or none.
+
+    On an error the runtimes already started are closed and the first error is raised.
+    """
+    env = as_spec(spec)
+    results = await asyncio.gather(*(start_runtime(env, t) for t in tasks), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        for r in results:
+            if not isinstance(r, BaseException):
+                await r.close()
+        raise failures[0]
+    return list(results)  # type: ignore[arg-type]
 
 
 async def score(spec: Any, task: Any, trajectory: Trajectory) -> VerifierResult:

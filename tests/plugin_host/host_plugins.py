@@ -13,6 +13,7 @@ COUNTER = textwrap.dedent(
     import asyncio, ctypes, os, time
 
     VERSION = "v1"
+    NAP_S = 0.5
 
 
     class Env:
@@ -41,6 +42,8 @@ COUNTER = textwrap.dedent(
             if self.mode == "hang":
                 while True:
                     pass
+            if self.mode == "nap":
+                time.sleep(NAP_S)
             if self.mode == "exit":
                 os._exit(3)
             if self.mode == "segv":
@@ -85,3 +88,10 @@ def spec(
         ],
         "verifier": {"primitives": [{"name": "called", "type": "tool_was_called", "tool": "go"}]},
     }
+
+
+# Imports slowly, as a plugin with heavy dependencies does: a cold host takes IMPORT_S to start.
+IMPORT_S = 0.6
+SLOW_IMPORT = COUNTER.replace(
+    "import asyncio,", f"import time\ntime.sleep({IMPORT_S})\nimport asyncio,"
+)

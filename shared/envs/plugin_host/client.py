@@ -17,15 +17,17 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,13 @@ class HostSettings(BaseModel):
     max_idle_per_version: int = Field(32, ge=0)
     max_versions: int = Field(8, ge=1, description="Versions whose idle hosts are kept warm.")
     idle_ttl_s: float = Field(300.0, gt=0)
+    quick_wait_s: float = Field(
+        0.002,
+        ge=0,
+        le=0.1,
+        description="How long an async caller waits for a reply outside the event loop when "
+        "the loop has nothing else ready (0: always through the loop).",
+    )
 
     @classmethod
     def from_env(cls) -> HostSettings:
@@ -271,6 +280,8 @@ class PluginHost:
             if not chunk:
                 raise self.fail(self._crash_reason(op))
             self._buf += chunk
+            if len(chunk) < _READ_CHUNK:
+                return  # drained: no second read just to hear EAGAIN (an exception)
 
     def receive(self, rid: int, op: str, timeout: float) -> dict[str, Any]:
         """Block until reply rid (HostFailed on a crash or after timeout, the host killed)."""
@@ -374,7 +385,35 @@ class PluginHost:
         """One round trip that does not block the event loop."""
         self.ensure_loaded()
         timeout = self._timeout_for(op)
-        return self._check(await self.areceive(self.send(op, payload, timeout), op, timeout))
+        rid = self.send(op, payload, timeout)
+        quick = self.settings.quick_wait_s
+        if quick > 0 and _nothing_else_ready(asyncio.get_running_loop()):
+            # A fast step answers in well under a millisecond: waiting for it here costs one
+            # blocking select, where a trip through the loop costs a future, a reader callback,
+            # two epoll calls and a task wake-up (profiled: about a third of a step's CPU).
+            # Nothing else is ready, so nobody waits on the loop meanwhile (bounded anyway).
+            reply = self._receive_within(rid, op, min(quick, timeout))
+            if reply is not None:
+                return self._check(reply)
+        return self._check(await self.areceive(rid, op, timeout))
+
+    def _receive_within(self, rid: int, op: str, budget: float) -> dict[str, Any] | None:
+        """Reply rid if it comes within budget, else None (the host is fine; ask again)."""
+        reply = self._pop(rid, op)
+        if reply is not None:
+            return reply
+        deadline = time.monotonic() + budget
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._out], [], [], left)
+            if not ready:
+                return None
+            self._read_available(op)
+            reply = self._pop(rid, op)
+            if reply is not None:
+                return reply
 
 
 class ReplyError(Exception):
@@ -384,6 +423,14 @@ class ReplyError(Exception):
         super().__init__(message)
         self.kind = kind
         self.error_type = error_type if isinstance(error_type, str) else None
+
+
+def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """True when no other callback waits to run (asyncio's own loop; others: never known)."""
+    # BaseEventLoop keeps its runnable callbacks in `_ready`; a loop without it (uvloop) always
+    # takes the loop path, which is correct, only slower.
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and not ready
 
 
 def _set_once(future: asyncio.Future[None]) -> None:
@@ -400,14 +447,40 @@ class HostPool:
     def __init__(self, settings: HostSettings | None = None) -> None:
         self.settings = settings or HostSettings.from_env()
         self._idle: OrderedDict[str, list[PluginHost]] = OrderedDict()
+        self._leased: set[PluginHost] = set()
+        # Hosts of runtimes collected without close(): appended from a GC finalizer (a deque
+        # append takes no lock), killed at the pool's next lease, release or close.
+        self._abandoned: deque[PluginHost] = deque()
         self._broken: dict[str, tuple[str, str, float]] = {}
         self._lock = threading.Lock()
         self.started = 0  # hosts ever started (tests and benchmarks read it)
+
+    @property
+    def leased(self) -> int:
+        """Hosts leased to episodes and not given back yet."""
+        with self._lock:
+            return len(self._leased)
+
+    def abandon(self, host: PluginHost) -> None:
+        """A runtime was collected without close(): its host is killed soon (GC-safe)."""
+        self._abandoned.append(host)
+
+    def _reap(self) -> None:
+        while self._abandoned:
+            try:
+                host = self._abandoned.popleft()
+            except IndexError:
+                return
+            with self._lock:
+                self._leased.discard(host)
+            log.info("plugin_host.abandoned", entrypoint=host.entrypoint)
+            host.close()
 
     def lease(
         self, entrypoint: str, sources: dict[str, str] | None, *, spare: bool = False
     ) -> PluginHost:
         """A host of this plugin version that has imported it (PluginError if it does not)."""
+        self._reap()
         key = host_key(entrypoint, sources)
         host = None
         with self._lock:
@@ -439,6 +512,8 @@ class HostPool:
         except HostFailed as exc:  # it crashed or hung importing: may be transient, retry later
             self._remember(key, "host", str(exc), time.monotonic() + BROKEN_HOST_RETRY_S)
             raise
+        with self._lock:
+            self._leased.add(host)
         return host
 
     def _remember(self, key: str, kind: str, message: str, until: float) -> None:
@@ -449,7 +524,8 @@ class HostPool:
 
     def _start(self, key: str, entrypoint: str, sources: dict[str, str] | None) -> PluginHost:
         host = PluginHost(key, entrypoint, sources, self.settings)
-        self.started += 1
+        with self._lock:
+            self.started += 1
         return host
 
     def _put(self, host: PluginHost) -> None:
@@ -475,7 +551,10 @@ class HostPool:
             h.close()
 
     def release(self, host: PluginHost) -> None:
-        """Take a host back after an episode: kept warm when healthy, else closed."""
+        """Take a host back after an episode (or its failure): kept warm when healthy."""
+        with self._lock:
+            self._leased.discard(host)
+        self._reap()
         host.unwatch()
         host.episodes += 1
         worn = (
@@ -493,10 +572,12 @@ class HostPool:
             return len(self._idle.get(host_key(entrypoint, sources), []))
 
     def close(self) -> None:
-        """Close every idle host."""
+        """Close every host: idle, still leased and abandoned ones."""
+        self._reap()
         with self._lock:
-            hosts = [h for hs in self._idle.values() for h in hs]
+            hosts = [h for hs in self._idle.values() for h in hs] + list(self._leased)
             self._idle.clear()
+            self._leased.clear()
             self._broken.clear()
         for h in hosts:
             h.close()
@@ -518,11 +599,56 @@ def default_pool() -> HostPool:
         return _pool
 
 
+_ROOT_PREFIX = "rollout-plugin-hosts-"
+_ROOT_NAME = re.compile(rf"^{_ROOT_PREFIX}(\d+)-")
+
+
 def _private_root() -> Path:
     """A 0700 folder of this process only (mkdtemp: unpredictable name, created atomically)."""
     global _root
     with _root_lock:
         if _root is None or not _root.is_dir():
-            _root = Path(tempfile.mkdtemp(prefix=f"rollout-plugin-hosts-{os.getpid()}-"))
+            remove_stale_roots()
+            _root = Path(tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-"))
             atexit.register(shutil.rmtree, _root, True)
         return _root
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_roots(folder: str | None = None) -> list[Path]:
+    """Remove host folders left by processes of this user that died without their atexit
+    (SIGKILL, OOM): real folders of ours whose pid is gone. Returns what was removed."""
+    base = Path(folder or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _ROOT_NAME.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        # Only our own real folders (never a symlink someone planted in a shared /tmp).
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        if _pid_alive(int(match.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(Path(entry.path))
+    if removed:
+        log.info("plugin_host.stale_folders_removed", count=len(removed))
+    return removed

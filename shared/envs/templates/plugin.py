@@ -20,6 +20,7 @@ reads; a host that crashes or hangs ends the episode as errored with the reason.
 from __future__ import annotations
 
 import sys
+import weakref
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -99,11 +100,14 @@ class PluginRuntime(BaseRuntime):
         self._pool = pool or default_pool()
         self._failure: str | None = None
         self._host: PluginHost | None = None
+        self._finalizer: weakref.finalize | None = None
         try:
             self._host = lease_host(config, self._pool, spare=True)
         except HostFailed as exc:  # crashed or hung importing: this episode ends, errored
             self._failure = str(exc)
             return
+        # A runtime dropped without close() must not keep its host (a process) for good.
+        self._finalizer = weakref.finalize(self, self._pool.abandon, self._host)
         task_view = {
             "instruction": task.instruction,
             "input": task.input or {},
@@ -117,7 +121,7 @@ class PluginRuntime(BaseRuntime):
             raise
         except HostFailed as exc:
             self._failure = str(exc)
-            self._host = None
+            self._give_back()
             return
         except ReplyError as exc:  # reset() raised: this episode cannot start
             self._failure = f"plugin {str(exc)}"
@@ -135,7 +139,10 @@ class PluginRuntime(BaseRuntime):
         return self._failure
 
     def _give_back(self) -> None:
+        """Return the host to the pool (a failed one is closed there)."""
         host, self._host = self._host, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if host is not None:
             self._pool.release(host)
 
@@ -157,7 +164,7 @@ class PluginRuntime(BaseRuntime):
                 result = await host.acall("step", {"name": name, "arguments": args})
             except HostFailed as exc:  # call_tool turns this into the episode's end
                 self._failure = str(exc)
-                self._host = None
+                self._give_back()
                 raise ToolError(str(exc)) from None
             except ReplyError as exc:
                 if exc.error_type in (None, "ToolError"):
@@ -183,7 +190,7 @@ class PluginRuntime(BaseRuntime):
             state = host.call("state", {}).get("state")
         except HostFailed as exc:
             self._failure = str(exc)
-            self._host = None
+            self._give_back()
             raise
         except ReplyError as exc:
             return {"_stateError": str(exc)}
@@ -198,8 +205,7 @@ class PluginRuntime(BaseRuntime):
             result = await host.acall("close", {})
             host.cpu_s = float(result.get("cpu_s") or 0.0)
         except HostFailed:
-            self._host = None
-            return
+            pass  # the pool closes a failed host
         except ReplyError:
             pass  # close() raised: the episode is over anyway; the env object is dropped
         self._give_back()
