@@ -9,12 +9,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.envspec import TEMPLATES
+from rollout.shared.contracts.envspec import TEMPLATES, EnvironmentSpec, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory, VerifierResult
 from rollout.shared.envs.coerce import as_spec, as_task, pydantic_problems
+from rollout.shared.envs.plugin_host.client import HostPool, default_pool
 from rollout.shared.envs.runtime import EnvRuntime
 from rollout.shared.envs.templates import RUNTIMES
-from rollout.shared.envs.templates.plugin import PluginError
+from rollout.shared.envs.templates.plugin import PluginError, start_group
 from rollout.shared.envs.verifiers.engine import score_spec
 
 
@@ -28,13 +29,7 @@ def build_runtime(spec: Any, task: Any) -> EnvRuntime:
     runtime_cls = RUNTIMES.get(env.template)
     if runtime_cls is None:
         raise RolloutError(f"unknown template {env.template!r} (known: {', '.join(TEMPLATES)})")
-    try:
-        config = env.typed_config()
-    except ValidationError as exc:
-        raise RolloutError(
-            f"environment {env.slug!r}: invalid config",
-            problems=pydantic_problems(exc, "config"),
-        ) from None
+    config = _typed_config(env)
     try:
         return runtime_cls(env, t, config)
     except PluginError as exc:
@@ -43,6 +38,16 @@ def build_runtime(spec: Any, task: Any) -> EnvRuntime:
         raise RolloutError(
             f"environment {env.slug!r}: cannot start the {env.template} runtime: "
             f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _typed_config(env: EnvironmentSpec) -> Any:
+    try:
+        return env.typed_config()
+    except ValidationError as exc:
+        raise RolloutError(
+            f"environment {env.slug!r}: invalid config",
+            problems=pydantic_problems(exc, "config"),
         ) from None
 
 
@@ -58,20 +63,45 @@ async def start_runtime(spec: Any, task: Any) -> EnvRuntime:
     return await asyncio.to_thread(build_runtime, env, task)
 
 
-async def start_runtimes(spec: Any, tasks: Sequence[Any]) -> list[EnvRuntime]:
-    """start_runtime for many tasks at once (cold starts overlap); all or none.
+async def start_runtimes(
+    spec: Any, tasks: Sequence[Any], pool: HostPool | None = None
+) -> list[EnvRuntime]:
+    """start_runtime for one batch's tasks (cold starts overlap); all or none.
 
-    On an error the runtimes already started are closed and the first error is raised.
+    A plugin batch may share hosts (HostSettings.episodes_per_host; `pool` defaults to the
+    process's). On an error the runtimes already started are closed and the first is raised.
     """
     env = as_spec(spec)
-    results = await asyncio.gather(*(start_runtime(env, t) for t in tasks), return_exceptions=True)
+    if env.template == "plugin":
+        typed = [as_task(env, t) for t in tasks]
+        size = (pool or default_pool()).settings.episodes_per_host
+        chunks = [typed[i : i + size] for i in range(0, len(typed), size)]
+        starts = [asyncio.to_thread(_start_plugin_group, env, c, pool) for c in chunks]
+    else:
+        starts = [_start_one(env, t) for t in tasks]
+    results = await asyncio.gather(*starts, return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
         for r in results:
             if not isinstance(r, BaseException):
-                await r.close()
+                for rt in r:
+                    await rt.close()
         raise failures[0]
-    return list(results)  # type: ignore[arg-type]
+    return [rt for r in results for rt in r]  # type: ignore[union-attr]
+
+
+async def _start_one(env: EnvironmentSpec, task: Any) -> list[EnvRuntime]:
+    return [await start_runtime(env, task)]
+
+
+def _start_plugin_group(
+    env: EnvironmentSpec, tasks: list[TaskSpec], pool: HostPool | None
+) -> list[EnvRuntime]:
+    config = _typed_config(env)
+    try:
+        return list(start_group(env, tasks, config, pool))
+    except PluginError as exc:
+        raise RolloutError(f"environment {env.slug!r}: config.entrypoint: {exc}") from None
 
 
 async def score(spec: Any, task: Any, trajectory: Trajectory) -> VerifierResult:

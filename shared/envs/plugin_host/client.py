@@ -67,6 +67,14 @@ class HostSettings(BaseModel):
     max_idle_per_version: int = Field(32, ge=0)
     max_versions: int = Field(8, ge=1, description="Versions whose idle hosts are kept warm.")
     idle_ttl_s: float = Field(300.0, gt=0)
+    episodes_per_host: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Episodes of one batch that share a host; their steps of a turn go in one "
+        "message. A crash or hang of a shared host ends all of its episodes (not the rest of "
+        "the batch). 1: every episode has a host of its own.",
+    )
     quick_wait_s: float = Field(
         0.002,
         ge=0,
@@ -128,6 +136,12 @@ class PluginHost:
         self.settings = settings
         self.dead: str | None = None
         self.episodes = 0
+        # Episodes of one batch sharing this host (1: the usual, one episode at a time).
+        self.members = 1
+        self._queue: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        self._runner: asyncio.Task[None] | None = None
+        self._early: dict[int, dict[str, Any]] = {}
+        self.batches = 0  # messages that carried several episodes' calls (tests, benchmarks)
         self.cpu_s = 0.0
         self.idle_since = time.monotonic()
         self._buf = bytearray()
@@ -190,6 +204,8 @@ class PluginHost:
     def fail(self, reason: str) -> HostFailed:
         """Kill the host and return the error naming why (raise it)."""
         if self.dead is None:
+            if self.members > 1:
+                reason += f" (a host shared by {self.members} episodes of a batch: all end)"
             self.dead = reason
             log.warning("plugin_host.failed", entrypoint=self.entrypoint, reason=reason)
         self.close()
@@ -248,13 +264,17 @@ class PluginHost:
         return f"plugin host of {self.entrypoint!r} died {what} ({self._exit_info()})"
 
     def _pop(self, rid: int, op: str) -> dict[str, Any] | None:
+        early = self._early.pop(rid, None) if self._early else None
+        if early is not None:
+            return early
         while True:
             end = self._buf.find(b"\n")
             if end < 0:
-                if len(self._buf) > self.settings.max_result_bytes + protocol.LINE_SLACK:
+                limit = self.settings.max_result_bytes * max(1, self.members)
+                if len(self._buf) > limit + protocol.LINE_SLACK:
                     raise self.fail(
                         f"plugin host of {self.entrypoint!r} sent a reply over "
-                        f"{self.settings.max_result_bytes} bytes during {op} (killed)"
+                        f"{limit} bytes during {op} (killed)"
                     )
                 return None
             line = bytes(self._buf[:end])
@@ -267,7 +287,12 @@ class PluginHost:
                 ) from None
             if reply["id"] == rid:
                 return reply
-            # An earlier reply nobody waits for any more (never happens in order): skip it.
+            # Another caller's reply (a blocking call read past a shared host's batch): kept
+            # for it, and its waiter woken.
+            self._early[reply["id"]] = reply
+            while len(self._early) > 64:
+                del self._early[next(iter(self._early))]
+            self._wake_waiter()
 
     def _read_available(self, op: str) -> None:
         if self._eof:
@@ -322,6 +347,11 @@ class PluginHost:
                 return reply
             if loop.time() >= deadline:
                 raise self.fail(self._timeout_reason(op, limit_s))
+
+    def _wake_waiter(self) -> None:
+        waiter, loop = self._waiter, self._loop
+        if waiter is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(_set_once, waiter)
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         # The reader stays registered while the host is leased in this loop: no epoll_ctl
@@ -385,17 +415,80 @@ class PluginHost:
         """One round trip that does not block the event loop."""
         self.ensure_loaded()
         timeout = self._timeout_for(op)
-        rid = self.send(op, payload, timeout)
+        return self._check(await self._reply(self.send(op, payload, timeout), op, timeout))
+
+    async def _reply(self, rid: int, op: str, limit_s: float) -> dict[str, Any]:
+        """Reply rid: a quick wait outside the loop when it is idle, else through the loop."""
         quick = self.settings.quick_wait_s
         if quick > 0 and _nothing_else_ready(asyncio.get_running_loop()):
             # A fast step answers in well under a millisecond: waiting for it here costs one
             # blocking select, where a trip through the loop costs a future, a reader callback,
             # two epoll calls and a task wake-up (profiled: about a third of a step's CPU).
             # Nothing else is ready, so nobody waits on the loop meanwhile (bounded anyway).
-            reply = self._receive_within(rid, op, min(quick, timeout))
+            reply = self._receive_within(rid, op, min(quick, limit_s))
             if reply is not None:
-                return self._check(reply)
-        return self._check(await self.areceive(rid, op, timeout))
+                return reply
+        return await self.areceive(rid, op, limit_s)
+
+    async def aqueued(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """acall, except that on a shared host the calls of one loop turn go in one message."""
+        if self.members <= 1:
+            return await self.acall(op, payload)
+        self.ensure_loaded()
+        if self.dead is not None:
+            raise HostFailed(self.dead)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._queue.append(({"op": op, **payload}, future))
+        if self._runner is None:
+            # Runs after the callbacks already ready: the other episodes' steps of this turn
+            # join the queue first.
+            self._runner = loop.create_task(self._run_queue())
+        return self._check(await future)
+
+    async def _run_queue(self) -> None:
+        try:
+            while self._queue:
+                calls, self._queue = self._queue, []
+                # One batch at a time (replies come in order); later steps wait for the next.
+                # Each call keeps its own deadline: the batch gets their sum.
+                timeout = self.settings.step_timeout_s * len(calls)
+                ops = ", ".join(sorted({call["op"] for call, _ in calls}))
+                try:
+                    if len(calls) == 1:
+                        call = dict(calls[0][0])
+                        op = call.pop("op")
+                        replies = [await self._reply(self.send(op, call, timeout), op, timeout)]
+                    else:
+                        batch = {"calls": [call for call, _ in calls]}
+                        self.batches += 1
+                        reply = await self._reply(self.send("batch", batch, timeout), ops,
+                                                  timeout)  # fmt: skip
+                        replies = self._check(reply).get("replies") or []
+                        if len(replies) != len(calls):
+                            raise self.fail(
+                                f"plugin host of {self.entrypoint!r} answered {len(replies)} "
+                                f"of {len(calls)} steps (killed)"
+                            )
+                except (HostFailed, PluginError, ReplyError) as exc:
+                    for _, future in calls:
+                        if not future.done():
+                            future.set_exception(exc)
+                    if isinstance(exc, HostFailed):
+                        self._fail_queue(exc)
+                        return
+                    continue
+                for (_, future), sub in zip(calls, replies, strict=True):
+                    if not future.done():
+                        future.set_result(sub if isinstance(sub, dict) else {"ok": False})
+        finally:
+            self._runner = None
+
+    def _fail_queue(self, exc: HostFailed) -> None:
+        calls, self._queue = self._queue, []
+        for _, future in calls:
+            if not future.done():
+                future.set_exception(exc)
 
     def _receive_within(self, rid: int, op: str, budget: float) -> dict[str, Any] | None:
         """Reply rid if it comes within budget, else None (the host is fine; ask again)."""
@@ -472,6 +565,9 @@ class HostPool:
             except IndexError:
                 return
             with self._lock:
+                if host.members > 1:  # its batch's other episodes still use it
+                    host.members -= 1
+                    continue
                 self._leased.discard(host)
             log.info("plugin_host.abandoned", entrypoint=host.entrypoint)
             host.close()
@@ -550,11 +646,23 @@ class HostPool:
         for h in evicted:
             h.close()
 
+    def lease_shared(
+        self, entrypoint: str, sources: dict[str, str] | None, members: int
+    ) -> PluginHost:
+        """A host that `members` episodes of one batch share (each releases it once)."""
+        host = self.lease(entrypoint, sources, spare=True)
+        host.members = max(1, members)
+        return host
+
     def release(self, host: PluginHost) -> None:
         """Take a host back after an episode (or its failure): kept warm when healthy."""
-        with self._lock:
-            self._leased.discard(host)
         self._reap()
+        with self._lock:
+            if host.members > 1:  # other episodes of its batch still use it
+                host.members -= 1
+                host.episodes += 1
+                return
+            self._leased.discard(host)
         host.unwatch()
         host.episodes += 1
         worn = (

@@ -66,7 +66,7 @@ def shadowing_problems(config: PluginConfig) -> list[str]:
 
 
 def lease_host(
-    config: PluginConfig, pool: HostPool | None = None, *, spare: bool = False
+    config: PluginConfig, pool: HostPool | None = None, *, spare: bool = False, members: int = 1
 ) -> PluginHost:
     """A host that imported this plugin (PluginError naming any config problem)."""
     check_entrypoint(config.entrypoint)
@@ -81,7 +81,53 @@ def lease_host(
             check_sources(config.sources)
         except RolloutError as exc:
             raise PluginError(exc.message) from None
-    return (pool or default_pool()).lease(config.entrypoint, config.sources, spare=spare)
+    pool = pool or default_pool()
+    if members > 1:
+        return pool.lease_shared(config.entrypoint, config.sources, members)
+    return pool.lease(config.entrypoint, config.sources, spare=spare)
+
+
+def start_group(
+    spec: EnvironmentSpec,
+    tasks: list[TaskSpec],
+    config: PluginConfig,
+    pool: HostPool | None = None,
+) -> list[PluginRuntime]:
+    """Runtimes for one batch's episodes; with episodes_per_host > 1 they share hosts.
+
+    Blocking (call it from a thread). Episodes sharing a host send their steps of a turn in
+    one message; a crash or hang of that host ends those episodes only. A config error
+    (PluginError) closes what was started and is raised.
+    """
+    pool = pool or default_pool()
+    size = pool.settings.episodes_per_host
+    if size <= 1 or len(tasks) <= 1:
+        return [PluginRuntime(spec, t, config, pool) for t in tasks]
+    out: list[PluginRuntime] = []
+    for start in range(0, len(tasks), size):
+        chunk = tasks[start : start + size]
+        try:
+            host = lease_host(config, pool, members=len(chunk))
+        except HostFailed as exc:  # crashed or hung importing: these episodes end, errored
+            out.extend(PluginRuntime(spec, t, config, pool, failure=str(exc)) for t in chunk)
+            continue
+        except PluginError:
+            _give_up(out)
+            raise
+        for i, t in enumerate(chunk):
+            try:
+                out.append(PluginRuntime(spec, t, config, pool, shared=host, ep=i))
+            except PluginError:  # that member gave its share back; so do the rest
+                for _ in range(len(chunk) - i - 1):
+                    pool.release(host)
+                _give_up(out)
+                raise
+    return out
+
+
+def _give_up(runtimes: list[PluginRuntime]) -> None:
+    for rt in runtimes:
+        rt.abandon_now()
 
 
 class PluginRuntime(BaseRuntime):
@@ -95,17 +141,27 @@ class PluginRuntime(BaseRuntime):
         task: TaskSpec,
         config: PluginConfig,
         pool: HostPool | None = None,
+        *,
+        shared: PluginHost | None = None,
+        ep: int = 0,
+        failure: str | None = None,
     ) -> None:
         super().__init__(spec, task)
         self._pool = pool or default_pool()
-        self._failure: str | None = None
+        self._failure: str | None = failure
         self._host: PluginHost | None = None
         self._finalizer: weakref.finalize | None = None
-        try:
-            self._host = lease_host(config, self._pool, spare=True)
-        except HostFailed as exc:  # crashed or hung importing: this episode ends, errored
-            self._failure = str(exc)
+        self._ep = ep  # this episode's slot on a host shared by its batch (start_group)
+        if failure is not None:  # its batch's shared host could not start
             return
+        if shared is not None:
+            self._host = shared
+        else:
+            try:
+                self._host = lease_host(config, self._pool, spare=True)
+            except HostFailed as exc:  # crashed or hung importing: this episode ends, errored
+                self._failure = str(exc)
+                return
         # A runtime dropped without close() must not keep its host (a process) for good.
         self._finalizer = weakref.finalize(self, self._pool.abandon, self._host)
         task_view = {
@@ -115,7 +171,9 @@ class PluginRuntime(BaseRuntime):
             "id": task.id,
         }
         try:
-            result = self._host.call("reset", {"options": dict(config.options), "task": task_view})
+            result = self._host.call(
+                "reset", {"ep": ep, "options": dict(config.options), "task": task_view}
+            )
         except PluginError:
             self._give_back()
             raise
@@ -137,6 +195,10 @@ class PluginRuntime(BaseRuntime):
     def failure(self) -> str | None:
         """Why this episode ended early (host crash/timeout, reset raised), or None."""
         return self._failure
+
+    def abandon_now(self) -> None:
+        """Give the host back without an async close (the start of its batch failed)."""
+        self._give_back()
 
     def _give_back(self) -> None:
         """Return the host to the pool (a failed one is closed there)."""
@@ -161,7 +223,9 @@ class PluginRuntime(BaseRuntime):
         async def run(args: dict[str, Any]) -> Any:
             host = self._live_host()
             try:
-                result = await host.acall("step", {"name": name, "arguments": args})
+                result = await host.aqueued(
+                    "step", {"ep": self._ep, "name": name, "arguments": args}
+                )
             except HostFailed as exc:  # call_tool turns this into the episode's end
                 self._failure = str(exc)
                 self._give_back()
@@ -187,7 +251,7 @@ class PluginRuntime(BaseRuntime):
         """The plugin's state() (EnvironmentFailed when its host is gone)."""
         host = self._live_host()
         try:
-            state = host.call("state", {}).get("state")
+            state = host.call("state", {"ep": self._ep}).get("state")
         except HostFailed as exc:
             self._failure = str(exc)
             self._give_back()
@@ -202,7 +266,7 @@ class PluginRuntime(BaseRuntime):
         if host is None:
             return
         try:
-            result = await host.acall("close", {})
+            result = await host.aqueued("close", {"ep": self._ep})
             host.cpu_s = float(result.get("cpu_s") or 0.0)
         except HostFailed:
             pass  # the pool closes a failed host

@@ -1,0 +1,100 @@
+"""Episodes of one batch sharing a host (episodes_per_host > 1): one message per turn; a crash
+or hang of that host ends its episodes only, never the rest of the batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from host_plugins import STEP_TIMEOUT_S, spec
+
+from rollout.shared.agent.loop import Episode, run_episodes
+from rollout.shared.envs.engine import start_runtimes
+from rollout.shared.envs.plugin_host import client
+from rollout.shared.envs.plugin_host.client import HostPool, HostSettings
+from rollout.shared.learning.scripted import ScriptedBackend
+
+PLAN = [("go", {}), ("go", {})]
+
+
+def _pool(monkeypatch: pytest.MonkeyPatch, per_host: int) -> Iterator[HostPool]:
+    fresh = HostPool(
+        HostSettings(step_timeout_s=STEP_TIMEOUT_S, start_timeout_s=5.0, episodes_per_host=per_host)
+    )
+    monkeypatch.setattr(client, "_pool", fresh)
+    yield fresh
+    fresh.close()
+
+
+@pytest.fixture
+def shared3(monkeypatch: pytest.MonkeyPatch) -> Iterator[HostPool]:
+    """Three episodes per host."""
+    yield from _pool(monkeypatch, 3)
+
+
+@pytest.fixture
+def shared2(monkeypatch: pytest.MonkeyPatch) -> Iterator[HostPool]:
+    """Two episodes per host."""
+    yield from _pool(monkeypatch, 2)
+
+
+async def _run(raw: dict, pool: HostPool) -> list:
+    runtimes = await start_runtimes(raw, list(range(len(raw["tasks"]))), pool)
+    try:
+        episodes = [Episode(rt, raw["tasks"][i]["instruction"]) for i, rt in enumerate(runtimes)]
+        return await run_episodes(episodes, ScriptedBackend(PLAN))
+    finally:
+        for rt in runtimes:
+            await rt.close()
+
+
+async def test_a_batch_shares_hosts_and_each_episode_keeps_its_own_env(shared3: HostPool) -> None:
+    hosts: set[int] = set()
+    raw = spec(modes=("ok",) * 6)
+    runtimes = await start_runtimes(raw, list(range(6)), shared3)
+    try:
+        hosts = {id(rt._host) for rt in runtimes}
+        episodes = [Episode(rt, "go") for rt in runtimes]
+        done = await run_episodes(episodes, ScriptedBackend(PLAN))
+        shared = {rt._host for rt in runtimes}
+    finally:
+        for rt in runtimes:
+            await rt.close()
+    assert len(hosts) == 2  # 6 episodes, 3 per host
+    for t in done:
+        assert t.error is None
+        assert [c.result for c in t.tool_calls] == [
+            {"version": "v1", "calls": 1},
+            {"version": "v1", "calls": 2},
+        ]
+        assert t.final_state == {"calls": 2, "mode": "ok"}
+    # Each turn's three steps on a host went as one message, not three.
+    assert all(h is not None and h.batches >= 2 for h in shared)
+    assert shared3.leased == 0
+    # Given back warm: the next batch reuses them and its envs are fresh.
+    again = await _run(raw, shared3)
+    assert [c.result["calls"] for t in again for c in t.tool_calls] == [1, 2] * 6
+
+
+async def test_a_crash_or_hang_of_a_shared_host_ends_its_episodes_only(shared2: HostPool) -> None:
+    raw = spec(modes=("ok", "exit", "hang", "ok", "ok", "ok"))
+    crashed_ok, crashed, hung, hung_ok, fine1, fine2 = await _run(raw, shared2)
+    for t in (crashed_ok, crashed):
+        assert t.finish_reason == "error"
+        assert "died during step (exit code 3)" in t.error
+        assert "shared by 2 episodes" in t.error
+    for t in (hung, hung_ok):
+        assert t.finish_reason == "error"
+        assert "did not finish step within" in t.error
+    for t in (fine1, fine2):
+        assert t.error is None and t.final_state == {"calls": 2, "mode": "ok"}
+    assert shared2.leased == 0
+
+
+async def test_a_raising_step_on_a_shared_host_is_only_that_episodes_tool_error(
+    shared3: HostPool,
+) -> None:
+    ok1, raised, ok2 = await _run(spec(modes=("ok", "raise", "ok")), shared3)
+    assert [c.error for c in raised.tool_calls] == ["go failed: KeyError: 'no such thing'"] * 2
+    for t in (ok1, ok2):
+        assert t.error is None and [c.result["calls"] for c in t.tool_calls] == [1, 2]
