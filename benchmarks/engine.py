@@ -14,7 +14,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -242,66 +241,122 @@ def pipe_floor(n: int) -> float:
             box.kill()
 
 
-@dataclass
-class PluginNumbers:
-    """Per-round steps/s through the host and in-process, and their per-round ratios."""
-
-    hosted: list[float]
-    inproc: list[float]
-    ratios: list[float]
-    hosts_started: int
-
-    def line(self, lanes: int) -> str:
-        """One printed line: medians, [min-max] ranges, the target."""
-
-        def spread(values: list[float], fmt: str) -> str:
-            return (
-                f"{format(statistics.median(values), fmt)} "
-                f"[{format(min(values), fmt)}-{format(max(values), fmt)}]"
-            )
-
-        episodes = f"{lanes:>2} episode{'s' if lanes > 1 else ' '} at once"
-        return (
-            f"plugin steps/s ({episodes}): host {spread(self.hosted, ',.0f')}  "
-            f"in-process {spread(self.inproc, ',.0f')}  "
-            f"ratio {spread(self.ratios, '.3f')}  (median [range] of {len(self.ratios)} "
-            f"alternated rounds; target >= 0.2; {self.hosts_started} hosts started)"
-        )
+async def _lockstep(start: Any, n: int, size: int) -> float:
+    """Steps/s of batches of `size` episodes stepping together, as the agent loop does."""
+    done = 0
+    begin = time.perf_counter()
+    while done < n:
+        runtimes = await start(size)
+        for _ in range(PLUGIN_EPISODE_STEPS):
+            results = await asyncio.gather(*(rt.call_tool("read", {}) for rt in runtimes))
+            assert all(r.ok for r in results), [r.error for r in results]
+        done += size * PLUGIN_EPISODE_STEPS
+        for rt in runtimes:
+            await rt.close()
+    return done / (time.perf_counter() - begin)
 
 
-async def plugin_steps(n: int, concurrency: int, rounds: int = 7) -> PluginNumbers:
-    """Host and in-process steps/s of the counter plugin, measured in alternated rounds."""
-    from rollout.shared.envs.plugin_host.client import default_pool
+def _spread(values: list[float], fmt: str) -> str:
+    return (
+        f"{format(statistics.median(values), fmt)} "
+        f"[{format(min(values), fmt)}-{format(max(values), fmt)}]"
+    )
+
+
+async def _alternated(
+    measures: dict[str, Any], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Rates per measure over rounds (the order rotates each round) and per-round ratios of
+    each against the first one, the in-process baseline: on a shared machine the per-round
+    ratio is what the load leaves comparable."""
+    names = list(measures)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
+    for r in range(rounds):
+        this_round = {}
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            this_round[name] = await measures[name]()
+            rates[name].append(this_round[name])
+        for name in names[1:]:
+            ratios[name].append(this_round[name] / this_round[names[0]])
+    return rates, ratios
+
+
+async def plugin_steps(n: int, rounds: int = 7) -> list[str]:
+    """Printed lines: host against in-process steps/s of the counter plugin, one episode at a
+    time and a batch of 16 stepping together (own hosts, and one shared host)."""
+    from rollout.shared.envs.engine import start_runtimes
+    from rollout.shared.envs.plugin_host.client import HostPool, HostSettings, default_pool
 
     sys.path.insert(0, str(EXAMPLES))
     spec = _plugin_spec()
-    started = default_pool().started
+    tasks = len(spec.tasks)
+    lines = []
 
     def hosted(k: int) -> Any:
-        return build_runtime(spec, k % len(spec.tasks))
+        return build_runtime(spec, k % tasks)
 
     def inproc(k: int) -> Any:
-        return _InProcessPlugin(spec, k % len(spec.tasks)).rt
+        return _InProcessPlugin(spec, k % tasks).rt
 
-    # Warm: one host per lane exists before timing (a service keeps them warm across batches).
-    await _episodes(hosted, concurrency * PLUGIN_EPISODE_STEPS, concurrency)
-    await _episodes(inproc, concurrency * PLUGIN_EPISODE_STEPS, concurrency)
-    # Short rounds of both, in alternating order: on a shared machine both see the same load,
-    # and the per-round ratio is what the load leaves comparable.
-    per_round = max(concurrency * PLUGIN_EPISODE_STEPS, n // rounds)
-    out = PluginNumbers([], [], [], 0)
-    for r in range(rounds):
-        if r % 2:
-            inproc_rate = await _episodes(inproc, per_round, concurrency)
-            host_rate = await _episodes(hosted, per_round, concurrency)
-        else:
-            host_rate = await _episodes(hosted, per_round, concurrency)
-            inproc_rate = await _episodes(inproc, per_round, concurrency)
-        out.hosted.append(host_rate)
-        out.inproc.append(inproc_rate)
-        out.ratios.append(host_rate / inproc_rate)
-    out.hosts_started = default_pool().started - started
-    return out
+    per_round = max(PLUGIN_EPISODE_STEPS, n // rounds)
+    started = default_pool().started
+    # Warm: a service keeps its hosts warm across batches.
+    await _episodes(hosted, PLUGIN_EPISODE_STEPS, 1)
+    rates, ratios = await _alternated(
+        {
+            "in-process": lambda: _episodes(inproc, per_round, 1),
+            "host": lambda: _episodes(hosted, per_round, 1),
+        },
+        rounds,
+    )
+    lines.append(
+        f"plugin steps/s (1 episode): in-process {_spread(rates['in-process'], ',.0f')}  "
+        f"host {_spread(rates['host'], ',.0f')}  ratio {_spread(ratios['host'], '.3f')}  "
+        f"({default_pool().started - started} hosts started)"
+    )
+
+    batch = 16
+    pools = {
+        "own hosts": HostPool(HostSettings(episodes_per_host=1)),
+        "shared host": HostPool(HostSettings(episodes_per_host=batch)),
+    }
+
+    async def inproc_batch(size: int) -> list[Any]:
+        return [inproc(k) for k in range(size)]
+
+    def starter(pool: HostPool) -> Any:
+        async def start(size: int) -> list[Any]:
+            return await start_runtimes(spec, [k % tasks for k in range(size)], pool)
+
+        return start
+
+    per_batch_round = max(batch * PLUGIN_EPISODE_STEPS, n // rounds)
+    measures: dict[str, Any] = {
+        "in-process": lambda: _lockstep(inproc_batch, per_batch_round, batch)
+    }
+    for name, pool in pools.items():
+        await _lockstep(starter(pool), batch * PLUGIN_EPISODE_STEPS, batch)  # warm
+        start = starter(pool)
+        measures[name] = lambda start=start: _lockstep(start, per_batch_round, batch)
+    try:
+        rates, ratios = await _alternated(measures, rounds)
+    finally:
+        for pool in pools.values():
+            pool.close()
+    lines.append(f"plugin steps/s (batch of {batch} in lock step): in-process "
+                 f"{_spread(rates['in-process'], ',.0f')}")  # fmt: skip
+    for name, pool in pools.items():
+        per_host = pool.settings.episodes_per_host
+        lines.append(
+            f"    {name} (episodes_per_host={per_host}): {_spread(rates[name], ',.0f')}  "
+            f"ratio {_spread(ratios[name], '.3f')}  ({pool.started} hosts started)"
+        )
+    lines.append(
+        f"    (median [min-max] of {rounds} alternated rounds; target ratio >= 0.2; a shared "
+        "host's crash ends all its episodes)"
+    )
+    return lines
 
 
 async def main() -> None:
@@ -316,9 +371,8 @@ async def main() -> None:
 
     if args.plugin_steps > 0:
         print(f"sandboxed pipe round trips/s (IPC floor): {pipe_floor(args.plugin_steps):,.0f}")
-        for lanes in (1, 16):
-            numbers = await plugin_steps(args.plugin_steps, lanes, args.plugin_rounds)
-            print(numbers.line(lanes))
+        for line in await plugin_steps(args.plugin_steps, args.plugin_rounds):
+            print(line)
 
     if args.steps > 0:
         eng, base = await engine_steps(args.steps), baseline_steps(args.steps)
