@@ -6,6 +6,14 @@ a host for its whole life and gives it back at close; a warm host then serves th
 of the same version (every reset builds a fresh env object). Hosts are keyed by the content
 hash of (entrypoint, sources), so a new version gets new hosts while old ones age out. A host
 that crashes, or misses a deadline (it is then killed), fails only the episode that held it.
+
+Per step the costs are process switches, not JSON (profiled on a loaded 2-core machine: the
+client's Python ~40 µs, the worker's ~20 µs, two switches with their cold caches the rest of
+~160 µs). So an async caller whose loop has nothing else ready waits briefly for the reply
+with one select (quick_wait_s) instead of a trip through the loop; and with
+episodes_per_host > 1 the episodes of one batch share a host, their calls of a turn going in
+one message. That trades isolation for throughput: a crash or hang of a shared host ends all
+of its episodes (never the rest of the batch). The default, 1, keeps one host per episode.
 """
 
 from __future__ import annotations
