@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from host_plugins import IMPORT_S, SLOW_IMPORT, spec
+from host_plugins import COUNTER, IMPORT_S, SLOW_IMPORT, spec
 
 from rollout.cli import main as cli_main
 from rollout.errors import RolloutError
 from rollout.shared.envs import build_runtime
 from rollout.shared.envs.engine import start_runtime, start_runtimes
 from rollout.shared.envs.plugin_host import client
-from rollout.shared.envs.plugin_host.client import HostPool
+from rollout.shared.envs.plugin_host.client import HostPool, HostSettings
 from rollout.shared.envs.runtime import EnvironmentFailed
 
 T = TypeVar("T")
@@ -65,16 +65,34 @@ async def test_a_cold_host_starts_without_blocking_the_event_loop(pool: HostPool
         await rt.close()
 
 
-async def test_start_runtimes_closes_what_it_started_when_one_fails(pool: HostPool) -> None:
-    raw = spec(modes=("ok", "ok"))
-    with pytest.raises(RolloutError, match="task"):
-        await start_runtimes(raw, [0, 1, 99])
-    assert pool.leased == 0
-    runtimes = await start_runtimes(raw, [0, 1])
-    assert pool.leased == 2
-    for rt in runtimes:
-        await rt.close()
-    assert pool.leased == 0
+THIRD_ENV_REFUSED = COUNTER.replace(
+    "def make_env(options):\n    return Env(options)",
+    "CALLS = [0]\n\n\ndef make_env(options):\n    CALLS[0] += 1\n"
+    "    if CALLS[0] == 3:\n        raise RuntimeError('third env refused')\n"
+    "    return Env(options)",
+)
+
+
+async def test_start_runtimes_gives_back_what_it_started_when_one_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert THIRD_ENV_REFUSED != COUNTER
+    shared = HostPool(HostSettings(step_timeout_s=2.0, start_timeout_s=5.0, episodes_per_host=3))
+    monkeypatch.setattr(client, "_pool", shared)
+    try:
+        raw = spec(THIRD_ENV_REFUSED, modes=("ok", "ok", "ok"))
+        with pytest.raises(RolloutError, match="third env refused"):
+            await start_runtimes(raw, [0, 1, 2], shared)
+        assert shared.leased == 0
+        # The two envs made before the failure were given back with their host, warm.
+        assert shared.idle_count("hostplug:make_env", raw["config"]["sources"]) >= 1
+        runtimes = await start_runtimes(spec(modes=("ok", "ok")), [0, 1], shared)
+        assert shared.leased == 1  # one host shared by both
+        for rt in runtimes:
+            await rt.close()
+        assert shared.leased == 0
+    finally:
+        shared.close()
 
 
 async def test_waiting_for_a_slow_step_never_holds_the_loop(pool: HostPool) -> None:
