@@ -317,9 +317,11 @@ async def plugin_steps(n: int, rounds: int = 7) -> list[str]:
     )
 
     batch = 16
+    # ROLLOUT_PLUGIN_* settings apply (e.g. ROLLOUT_PLUGIN_QUICK_WAIT_S=0 to compare).
+    base = HostSettings.from_env()
     pools = {
-        "own hosts": HostPool(HostSettings(episodes_per_host=1)),
-        "shared host": HostPool(HostSettings(episodes_per_host=batch)),
+        "own hosts": HostPool(base.model_copy(update={"episodes_per_host": 1})),
+        "shared host": HostPool(base.model_copy(update={"episodes_per_host": batch})),
     }
 
     async def inproc_batch(size: int) -> list[Any]:
@@ -365,7 +367,7 @@ async def main() -> None:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--scores", type=int, default=5_000)
     parser.add_argument("--sandbox-runs", type=int, default=10)
-    parser.add_argument("--plugin-steps", type=int, default=5_000)
+    parser.add_argument("--plugin-steps", type=int, default=20_000)
     parser.add_argument("--plugin-rounds", type=int, default=7)
     args = parser.parse_args()
 
