@@ -3,6 +3,7 @@ or hang of that host ends its episodes only, never the rest of the batch."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -98,3 +99,27 @@ async def test_a_raising_step_on_a_shared_host_is_only_that_episodes_tool_error(
     assert [c.error for c in raised.tool_calls] == ["go failed: KeyError: 'no such thing'"] * 2
     for t in (ok1, ok2):
         assert t.error is None and [c.result["calls"] for c in t.tool_calls] == [1, 2]
+
+
+async def test_a_blocking_call_during_a_shared_hosts_batch_loses_no_reply(
+    shared2: HostPool,
+) -> None:
+    napper, other = await start_runtimes(spec(modes=("nap", "ok")), [0, 1], shared2)
+    try:
+        assert napper._host is other._host
+        step = asyncio.create_task(napper.call_tool("go", {}))
+        host = napper._host
+        assert host is not None
+        for _ in range(10_000):  # until the step is on the wire and awaited (a few loop turns)
+            if host._waiter is not None:
+                break
+            await asyncio.sleep(0)
+        assert host._waiter is not None
+        # final_state blocks and reads the napping step's reply before its own: it keeps it.
+        assert other.final_state() == {"calls": 0, "mode": "ok"}
+        out = await step
+        assert out.error is None and out.output == {"version": "v1", "calls": 1}
+    finally:
+        for rt in (napper, other):
+            await rt.close()
+    assert shared2.leased == 0
