@@ -355,8 +355,8 @@ async def plugin_steps(n: int, rounds: int = 7) -> list[str]:
             f"ratio {_spread(ratios[name], '.3f')}  ({pool.started} hosts started)"
         )
     lines.append(
-        f"    (median [min-max] of {rounds} alternated rounds; target ratio >= 0.2; a shared "
-        "host's crash ends all its episodes)"
+        f"    (median [min-max] of {rounds} alternated rounds; target ratio >= 0.2; when a "
+        "plugin kills a shared host its partners are replayed on hosts of their own)"
     )
     return lines
 

@@ -46,6 +46,10 @@ COUNTER = textwrap.dedent(
                 time.sleep(NAP_S)
             if self.mode == "exit":
                 os._exit(3)
+            if self.mode == "exit2" and self.calls == 2:
+                os._exit(3)
+            if self.mode == "rand":
+                return {"version": VERSION, "calls": self.calls, "r": os.urandom(8).hex()}
             if self.mode == "segv":
                 ctypes.string_at(0)
             if self.mode == "raise":

@@ -1,5 +1,5 @@
-"""Episodes of one batch sharing a host (episodes_per_host > 1): one message per turn; a crash
-or hang of that host ends its episodes only, never the rest of the batch."""
+"""Episodes of one batch sharing a host (episodes_per_host > 1): one message per turn; when a
+plugin kills that host, its partners are replayed on hosts of their own and go on."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rollout.shared.agent.loop import Episode, run_episodes
 from rollout.shared.envs.engine import start_runtimes
 from rollout.shared.envs.plugin_host import client
 from rollout.shared.envs.plugin_host.client import HostPool, HostSettings
+from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.learning.scripted import ScriptedBackend
 
 PLAN = [("go", {}), ("go", {})]
@@ -77,18 +78,33 @@ async def test_a_batch_shares_hosts_and_each_episode_keeps_its_own_env(shared3: 
     assert [c.result["calls"] for t in again for c in t.tool_calls] == [1, 2] * 6
 
 
-async def test_a_crash_or_hang_of_a_shared_host_ends_its_episodes_only(shared2: HostPool) -> None:
-    raw = spec(modes=("ok", "exit", "hang", "ok", "ok", "ok"))
-    crashed_ok, crashed, hung, hung_ok, fine1, fine2 = await _run(raw, shared2)
-    for t in (crashed_ok, crashed):
-        assert t.finish_reason == "error"
-        assert "died during step (exit code 3)" in t.error
-        assert "shared by 2 episodes" in t.error
-    for t in (hung, hung_ok):
-        assert t.finish_reason == "error"
-        assert "did not finish step within" in t.error
-    for t in (fine1, fine2):
-        assert t.error is None and t.final_state == {"calls": 2, "mode": "ok"}
+async def test_a_crash_or_hang_on_a_shared_host_ends_only_its_own_episode(
+    shared2: HostPool,
+) -> None:
+    # Hosts: (ok, exit2) (hang, ok) (ok, ok). exit2 kills its host on its second step, hang on
+    # its first: their partners are replayed on hosts of their own and go on.
+    raw = spec(modes=("ok", "exit2", "hang", "ok", "ok", "ok"))
+    partner1, crashed, hung, partner2, fine1, fine2 = await _run(raw, shared2)
+    assert crashed.finish_reason == "error"
+    assert "died during step (exit code 3)" in crashed.error
+    assert [c.result for c in crashed.tool_calls[:1]] == [{"version": "v1", "calls": 1}]
+    assert hung.finish_reason == "error" and "did not finish step within" in hung.error
+    for t in (partner1, partner2, fine1, fine2):
+        assert t.error is None and t.finish_reason == "stop"
+        assert [c.result for c in t.tool_calls] == [
+            {"version": "v1", "calls": 1},
+            {"version": "v1", "calls": 2},
+        ]
+        assert t.final_state == {"calls": 2, "mode": "ok"}
+    assert shared2.leased == 0
+
+
+async def test_a_partner_that_replays_differently_ends_with_the_reason(shared2: HostPool) -> None:
+    rand, crashed = await _run(spec(modes=("rand", "exit2")), shared2)
+    assert "died during step (exit code 3)" in crashed.error
+    assert rand.finish_reason == "error"
+    assert "gave a different result at step 1, so it cannot go on" in rand.error
+    assert "shared by 2 episodes" in rand.error
     assert shared2.leased == 0
 
 
@@ -121,5 +137,21 @@ async def test_a_blocking_call_during_a_shared_hosts_batch_loses_no_reply(
         assert out.error is None and out.output == {"version": "v1", "calls": 1}
     finally:
         for rt in (napper, other):
+            await rt.close()
+    assert shared2.leased == 0
+
+
+async def test_a_finished_partner_still_gets_its_final_state_after_the_crash(
+    shared2: HostPool,
+) -> None:
+    done, crasher = await start_runtimes(spec(modes=("ok", "exit")), [0, 1], shared2)
+    try:
+        assert (await done.call_tool("go", {})).output == {"version": "v1", "calls": 1}
+        with pytest.raises(EnvironmentFailed, match="died during step"):
+            await crasher.call_tool("go", {})
+        # Its host died after its last step: the state comes from a replay on a host of its own.
+        assert done.final_state() == {"calls": 1, "mode": "ok"}
+    finally:
+        for rt in (done, crasher):
             await rt.close()
     assert shared2.leased == 0

@@ -12,8 +12,10 @@ client's Python ~40 µs, the worker's ~20 µs, two switches with their cold cach
 ~160 µs). So an async caller whose loop has nothing else ready waits briefly for the reply
 with one select (quick_wait_s) instead of a trip through the loop; and with
 episodes_per_host > 1 the episodes of one batch share a host, their calls of a turn going in
-one message. That trades isolation for throughput: a crash or hang of a shared host ends all
-of its episodes (never the rest of the batch). The default, 1, keeps one host per episode.
+one message. When a plugin kills a shared host (crash, hang), its partners are replayed on
+hosts of their own (reset and their recorded steps) and go on; the culprit's step then fails
+again on its own host and ends only its episode. A partner whose replay gives different
+results (a non-deterministic plugin) ends, saying so. The default, 1, is one host per episode.
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ class HostSettings(BaseModel):
         ge=1,
         le=256,
         description="Episodes of one batch that share a host; their steps of a turn go in one "
-        "message. A crash or hang of a shared host ends all of its episodes (not the rest of "
-        "the batch). 1: every episode has a host of its own.",
+        "message. When a shared host dies, its episodes are replayed on hosts of their own "
+        "(one that replays differently ends). 1: every episode has a host of its own.",
     )
     quick_wait_s: float = Field(
         0.002,
@@ -213,7 +215,7 @@ class PluginHost:
         """Kill the host and return the error naming why (raise it)."""
         if self.dead is None:
             if self.members > 1:
-                reason += f" (a host shared by {self.members} episodes of a batch: all end)"
+                reason += f" (a host shared by {self.members} episodes of a batch)"
             self.dead = reason
             log.warning("plugin_host.failed", entrypoint=self.entrypoint, reason=reason)
         self.close()

@@ -19,10 +19,13 @@ reads; a host that crashes or hangs ends the episode as errored with the reason.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import weakref
 from pathlib import PurePosixPath
 from typing import Any
+
+import structlog
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, PluginConfig, TaskSpec
 from rollout.shared.envs.plugin_host.client import (
@@ -35,6 +38,8 @@ from rollout.shared.envs.plugin_host.client import (
 from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+
+log = structlog.get_logger(__name__)
 
 # A plugin's own top-level module may not take these names: they would shadow the platform or
 # the standard library for whatever imports them after it.
@@ -96,8 +101,8 @@ def start_group(
     """Runtimes for one batch's episodes; with episodes_per_host > 1 they share hosts.
 
     Blocking (call it from a thread). Episodes sharing a host send their steps of a turn in
-    one message; a crash or hang of that host ends those episodes only. A config error
-    (PluginError) closes what was started and is raised.
+    one message; when the host dies, each is replayed on a host of its own (PluginRuntime).
+    A config error (PluginError) gives back what was started and is raised.
     """
     pool = pool or default_pool()
     size = pool.settings.episodes_per_host
@@ -152,6 +157,17 @@ class PluginRuntime(BaseRuntime):
         self._host: PluginHost | None = None
         self._finalizer: weakref.finalize | None = None
         self._ep = ep  # this episode's slot on a host shared by its batch (start_group)
+        self._config = config
+        # On a shared host, what this episode's steps returned: when another episode's plugin
+        # kills the host, this one is replayed on a host of its own and goes on.
+        self._replayable = shared is not None
+        self._history: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
+        self._task_view = {
+            "instruction": task.instruction,
+            "input": task.input or {},
+            "split": task.split,
+            "id": task.id,
+        }
         if failure is not None:  # its batch's shared host could not start
             return
         if shared is not None:
@@ -164,16 +180,8 @@ class PluginRuntime(BaseRuntime):
                 return
         # A runtime dropped without close() must not keep its host (a process) for good.
         self._finalizer = weakref.finalize(self, self._pool.abandon, self._host)
-        task_view = {
-            "instruction": task.instruction,
-            "input": task.input or {},
-            "split": task.split,
-            "id": task.id,
-        }
         try:
-            result = self._host.call(
-                "reset", {"ep": ep, "options": dict(config.options), "task": task_view}
-            )
+            result = self._host.call("reset", self._reset_payload())
         except PluginError:
             self._give_back()
             raise
@@ -219,13 +227,14 @@ class PluginRuntime(BaseRuntime):
             raise EnvironmentFailed(self._failure)
         return super().tool_specs()
 
+    def _reset_payload(self) -> dict[str, Any]:
+        return {"ep": self._ep, "options": dict(self._config.options), "task": self._task_view}
+
     def _handler(self, name: str):  # type: ignore[no-untyped-def]
         async def run(args: dict[str, Any]) -> Any:
-            host = self._live_host()
+            call = {"name": name, "arguments": args}
             try:
-                result = await host.aqueued(
-                    "step", {"ep": self._ep, "name": name, "arguments": args}
-                )
+                result = await self._step(call)
             except HostFailed as exc:  # call_tool turns this into the episode's end
                 self._failure = str(exc)
                 self._give_back()
@@ -238,6 +247,57 @@ class PluginRuntime(BaseRuntime):
 
         return run
 
+    async def _step(self, call: dict[str, Any]) -> dict[str, Any]:
+        host = self._live_host()
+        try:
+            result = await host.aqueued("step", {"ep": self._ep, **call})
+        except ReplyError as exc:
+            self._remember(call, ("tool", str(exc), exc.kind, exc.error_type))
+            raise
+        except HostFailed as exc:
+            if not self._replayable:
+                raise
+            self._give_back()  # its share of the dead host (here, on the loop's thread)
+            await asyncio.to_thread(self._recover, exc)
+            return await self._step(call)  # on its own host now
+        self._remember(call, ("ok", result))
+        return result
+
+    def _remember(self, call: dict[str, Any], outcome: tuple[Any, ...]) -> None:
+        if self._replayable:
+            self._history.append((call, outcome))
+
+    def _recover(self, cause: HostFailed) -> None:
+        """Replay this episode on a host of its own after its shared host died (blocking).
+
+        The host may have died of another episode's plugin: a deterministic plugin gives the
+        same results again and the episode goes on; otherwise it ends, saying why.
+        """
+        self._replayable = False  # once: on its own host a crash is its own
+        steps = len(self._history)
+        try:
+            host = lease_host(self._config, self._pool)
+        except (HostFailed, PluginError) as exc:
+            raise HostFailed(f"{cause}; no host to replay this episode on: {exc}") from None
+        self._host, self._ep = host, 0
+        self._finalizer = weakref.finalize(self, self._pool.abandon, host)
+        try:
+            host.call("reset", self._reset_payload())
+            for i, (call, outcome) in enumerate(self._history, 1):
+                try:
+                    got: tuple[Any, ...] = ("ok", host.call("step", {"ep": 0, **call}))
+                except ReplyError as exc:
+                    got = ("tool", str(exc), exc.kind, exc.error_type)
+                if got != outcome:
+                    raise HostFailed(
+                        f"{cause}; replaying this episode's {steps} steps on a host of its own "
+                        f"gave a different result at step {i}, so it cannot go on"
+                    )
+        except (ReplyError, PluginError) as exc:
+            raise HostFailed(f"{cause}; replaying this episode failed: {exc}") from None
+        self._history.clear()
+        log.info("plugin_host.episode_replayed", entrypoint=self._config.entrypoint, steps=steps)
+
     async def call_tool(self, name: str, arguments: dict[str, Any]):  # type: ignore[no-untyped-def]
         """BaseRuntime.call_tool, except that a failed host ends the episode (raises)."""
         if self._failure is not None:
@@ -249,8 +309,14 @@ class PluginRuntime(BaseRuntime):
 
     def final_state(self) -> dict[str, Any]:
         """The plugin's state() (EnvironmentFailed when its host is gone)."""
-        host = self._live_host()
         try:
+            host = self._live_host()
+            if self._replayable and not host.alive:
+                # Its shared host died after this episode's last step: replay it first (this
+                # blocks, but only after a crash).
+                self._give_back()
+                self._recover(HostFailed(host.dead or "plugin host died"))
+                host = self._live_host()
             state = host.call("state", {"ep": self._ep}).get("state")
         except HostFailed as exc:
             self._failure = str(exc)
