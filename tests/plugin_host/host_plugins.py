@@ -31,6 +31,7 @@ COUNTER = textwrap.dedent(
 
         def reset(self, task):
             self.mode = task["input"].get("mode", "ok")
+            self.nap = task["input"].get("nap", NAP_S)
             if self.mode == "hang_reset":
                 while True:
                     pass
@@ -43,7 +44,7 @@ COUNTER = textwrap.dedent(
                 while True:
                     pass
             if self.mode == "nap":
-                time.sleep(NAP_S)
+                time.sleep(self.nap)
             if self.mode == "exit":
                 os._exit(3)
             if self.mode == "exit2" and self.calls == 2:

@@ -155,3 +155,18 @@ async def test_a_finished_partner_still_gets_its_final_state_after_the_crash(
         for rt in (done, crasher):
             await rt.close()
     assert shared2.leased == 0
+
+
+async def test_a_batch_that_is_only_slow_is_replayed_not_lost(shared2: HostPool) -> None:
+    # Each step fits the 2 s step timeout, the turn's two together do not.
+    raw = spec(modes=("nap", "nap"))
+    for task in raw["tasks"]:
+        task["input"]["nap"] = STEP_TIMEOUT_S * 0.6
+    runtimes = await start_runtimes(raw, [0, 1], shared2)
+    try:
+        outs = await asyncio.gather(*(rt.call_tool("go", {}) for rt in runtimes))
+    finally:
+        for rt in runtimes:
+            await rt.close()
+    assert [o.output for o in outs] == [{"version": "v1", "calls": 1}] * 2
+    assert shared2.leased == 0

@@ -461,8 +461,10 @@ class PluginHost:
             while self._queue:
                 calls, self._queue = self._queue, []
                 # One batch at a time (replies come in order); later steps wait for the next.
-                # Each call keeps its own deadline: the batch gets their sum.
-                timeout = self.settings.step_timeout_s * len(calls)
+                # One step timeout for the turn's calls together: a hang is found as soon as
+                # on a host of its own, and a batch that was only slow is not lost (its
+                # episodes are replayed each on a host of its own, where each has its own).
+                timeout = self.settings.step_timeout_s
                 ops = ", ".join(sorted({call["op"] for call, _ in calls}))
                 try:
                     if len(calls) == 1:
