@@ -12,7 +12,7 @@ from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import TEMPLATES, EnvironmentSpec, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory, VerifierResult
 from rollout.shared.envs.coerce import as_spec, as_task, pydantic_problems
-from rollout.shared.envs.plugin_host.client import HostPool, default_pool
+from rollout.shared.envs.plugin_host.client import HostPool, default_pool, starter
 from rollout.shared.envs.runtime import EnvRuntime
 from rollout.shared.envs.templates import RUNTIMES
 from rollout.shared.envs.templates.plugin import PluginError, start_group
@@ -60,7 +60,9 @@ async def start_runtime(spec: Any, task: Any) -> EnvRuntime:
     env = as_spec(spec)
     if env.template != "plugin":  # the others start in microseconds (and sqlite wants its thread)
         return build_runtime(env, task)
-    return await asyncio.to_thread(build_runtime, env, task)
+    # Not asyncio.to_thread: see client.starter (a host must not be spawned from a thread
+    # that ends with this loop).
+    return await asyncio.get_running_loop().run_in_executor(starter(), build_runtime, env, task)
 
 
 async def start_runtimes(
@@ -76,7 +78,10 @@ async def start_runtimes(
         typed = [as_task(env, t) for t in tasks]
         size = (pool or default_pool()).settings.episodes_per_host
         chunks = [typed[i : i + size] for i in range(0, len(typed), size)]
-        starts = [asyncio.to_thread(_start_plugin_group, env, c, pool) for c in chunks]
+        loop = asyncio.get_running_loop()
+        starts = [
+            loop.run_in_executor(starter(), _start_plugin_group, env, c, pool) for c in chunks
+        ]
     else:
         starts = [_start_one(env, t) for t in tasks]
     results = await asyncio.gather(*starts, return_exceptions=True)

@@ -225,3 +225,24 @@ def test_a_sigkilled_process_leaves_no_host_folder_behind(tmp_path: Path) -> Non
     mine = Path(proc.stdout.strip())
     assert not left.exists()
     assert not mine.exists()  # and its own went at its exit
+
+
+def test_hosts_started_off_the_loop_outlive_that_loop(pool: HostPool) -> None:
+    raw = spec()
+
+    async def episode(start: bool) -> Any:
+        rt = await start_runtime(raw, 0) if start else build_runtime(raw, 0)
+        try:
+            return (await rt.call_tool("go", {})).output
+        finally:
+            await rt.close()
+
+    # Started in a thread while that loop ran; the loop (and its default executor) then ends.
+    assert asyncio.run(episode(start=True)) == {"version": "v1", "calls": 1}
+    started = pool.started
+    idle = pool.idle_count("hostplug:make_env", raw["config"]["sources"])
+    assert idle >= 1
+    # The warm hosts are still alive for the next loop: nothing new is started.
+    for _ in range(idle):
+        assert asyncio.run(episode(start=False)) == {"version": "v1", "calls": 1}
+    assert pool.started == started

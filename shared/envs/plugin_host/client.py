@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -707,6 +708,25 @@ _pool: HostPool | None = None
 _pool_lock = threading.Lock()
 _root: Path | None = None
 _root_lock = threading.Lock()
+
+
+_starter: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def starter() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that start hosts and replay episodes off the event loop (this process's).
+
+    Long-lived on purpose: a host's sandbox gets SIGKILL when the *thread* that spawned it
+    ends (PR_SET_PDEATHSIG), so hosts are never spawned from a short-lived thread such as an
+    event loop's default executor, which ends with its loop.
+    """
+    global _starter
+    with _pool_lock:
+        if _starter is None:
+            _starter = concurrent.futures.ThreadPoolExecutor(
+                max_workers=8, thread_name_prefix="plugin-host-start"
+            )
+        return _starter
 
 
 def default_pool() -> HostPool:

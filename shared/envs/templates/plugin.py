@@ -34,6 +34,7 @@ from rollout.shared.envs.plugin_host.client import (
     PluginHost,
     ReplyError,
     default_pool,
+    starter,
 )
 from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
 from rollout.shared.envs.runtime import EnvironmentFailed
@@ -258,7 +259,7 @@ class PluginRuntime(BaseRuntime):
             if not self._replayable:
                 raise
             self._give_back()  # its share of the dead host (here, on the loop's thread)
-            await asyncio.to_thread(self._recover, exc)
+            await asyncio.get_running_loop().run_in_executor(starter(), self._recover, exc)
             return await self._step(call)  # on its own host now
         self._remember(call, ("ok", result))
         return result
