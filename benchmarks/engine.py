@@ -2,13 +2,15 @@
 same dict operations in the same process; sandboxed test runs/s against the bare command;
 plugin steps/s through the sandboxed plugin host against the same plugin called in-process.
 
-Run: `python benchmarks/engine.py [--steps N] [--scores N] [--sandbox-runs N] [--plugin-steps N]`.
+Run: `python benchmarks/engine.py [--steps N] [--scores N] [--sandbox-runs N] [--plugin-steps N]
+[--plugin-rounds N]` (0 skips a section).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -239,29 +241,124 @@ def pipe_floor(n: int) -> float:
             box.kill()
 
 
-async def plugin_steps(n: int, concurrency: int) -> tuple[float, float, int]:
-    """(host steps/s, in-process steps/s, hosts started) for the counter plugin."""
-    from rollout.shared.envs.plugin_host.client import default_pool
+async def _lockstep(start: Any, n: int, size: int) -> float:
+    """Steps/s of batches of `size` episodes stepping together, as the agent loop does."""
+    done = 0
+    begin = time.perf_counter()
+    while done < n:
+        runtimes = await start(size)
+        for _ in range(PLUGIN_EPISODE_STEPS):
+            results = await asyncio.gather(*(rt.call_tool("read", {}) for rt in runtimes))
+            assert all(r.ok for r in results), [r.error for r in results]
+        done += size * PLUGIN_EPISODE_STEPS
+        for rt in runtimes:
+            await rt.close()
+    return done / (time.perf_counter() - begin)
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return (
+        f"{format(statistics.median(values), fmt)} "
+        f"[{format(min(values), fmt)}-{format(max(values), fmt)}]"
+    )
+
+
+async def _alternated(
+    measures: dict[str, Any], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Rates per measure over rounds (the order rotates each round) and per-round ratios of
+    each against the first one, the in-process baseline: on a shared machine the per-round
+    ratio is what the load leaves comparable."""
+    names = list(measures)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
+    for r in range(rounds):
+        this_round = {}
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            this_round[name] = await measures[name]()
+            rates[name].append(this_round[name])
+        for name in names[1:]:
+            ratios[name].append(this_round[name] / this_round[names[0]])
+    return rates, ratios
+
+
+async def plugin_steps(n: int, rounds: int = 7) -> list[str]:
+    """Printed lines: host against in-process steps/s of the counter plugin, one episode at a
+    time and a batch of 16 stepping together (own hosts, and one shared host)."""
+    from rollout.shared.envs.engine import start_runtimes
+    from rollout.shared.envs.plugin_host.client import HostPool, HostSettings, default_pool
 
     sys.path.insert(0, str(EXAMPLES))
     spec = _plugin_spec()
+    tasks = len(spec.tasks)
+    lines = []
+
+    def hosted(k: int) -> Any:
+        return build_runtime(spec, k % tasks)
+
+    def inproc(k: int) -> Any:
+        return _InProcessPlugin(spec, k % tasks).rt
+
+    per_round = max(PLUGIN_EPISODE_STEPS, n // rounds)
     started = default_pool().started
-    # Warm: one host per lane exists before timing (a service keeps them warm across batches).
-    await _episodes(lambda k: build_runtime(spec, k % len(spec.tasks)), concurrency, concurrency)
-    # Alternate short rounds of both: on a shared machine both see the same load.
-    hosted_s = inproc_s = 0.0
-    rounds = 5
-    for _ in range(rounds):
-        rate = await _episodes(
-            lambda k: build_runtime(spec, k % len(spec.tasks)), n // rounds, concurrency
+    # Warm: a service keeps its hosts warm across batches.
+    await _episodes(hosted, PLUGIN_EPISODE_STEPS, 1)
+    rates, ratios = await _alternated(
+        {
+            "in-process": lambda: _episodes(inproc, per_round, 1),
+            "host": lambda: _episodes(hosted, per_round, 1),
+        },
+        rounds,
+    )
+    lines.append(
+        f"plugin steps/s (1 episode): in-process {_spread(rates['in-process'], ',.0f')}  "
+        f"host {_spread(rates['host'], ',.0f')}  ratio {_spread(ratios['host'], '.3f')}  "
+        f"({default_pool().started - started} hosts started)"
+    )
+
+    batch = 16
+    # ROLLOUT_PLUGIN_* settings apply (e.g. ROLLOUT_PLUGIN_QUICK_WAIT_S=0 to compare).
+    base = HostSettings.from_env()
+    pools = {
+        "own hosts": HostPool(base.model_copy(update={"episodes_per_host": 1})),
+        "shared host": HostPool(base.model_copy(update={"episodes_per_host": batch})),
+    }
+
+    async def inproc_batch(size: int) -> list[Any]:
+        return [inproc(k) for k in range(size)]
+
+    def starter(pool: HostPool) -> Any:
+        async def start(size: int) -> list[Any]:
+            return await start_runtimes(spec, [k % tasks for k in range(size)], pool)
+
+        return start
+
+    per_batch_round = max(batch * PLUGIN_EPISODE_STEPS, n // rounds)
+    measures: dict[str, Any] = {
+        "in-process": lambda: _lockstep(inproc_batch, per_batch_round, batch)
+    }
+    for name, pool in pools.items():
+        await _lockstep(starter(pool), batch * PLUGIN_EPISODE_STEPS, batch)  # warm
+        start = starter(pool)
+        measures[name] = lambda start=start: _lockstep(start, per_batch_round, batch)
+    try:
+        rates, ratios = await _alternated(measures, rounds)
+    finally:
+        for pool in pools.values():
+            pool.close()
+    lines.append(f"plugin steps/s (batch of {batch} in lock step): in-process "
+                 f"{_spread(rates['in-process'], ',.0f')}")  # fmt: skip
+    for name, pool in pools.items():
+        per_host = pool.settings.episodes_per_host
+        lines.append(
+            f"    {name} (episodes_per_host={per_host}): {_spread(rates[name], ',.0f')}  "
+            f"ratio {_spread(ratios[name], '.3f')}  ({pool.started} hosts started)"
         )
-        hosted_s += (n // rounds) / rate
-        rate = await _episodes(
-            lambda k: _InProcessPlugin(spec, k % len(spec.tasks)).rt, n // rounds, concurrency
-        )
-        inproc_s += (n // rounds) / rate
-    total = rounds * (n // rounds)
-    return total / hosted_s, total / inproc_s, default_pool().started - started
+    lines.append(
+        f"    (median [min-max] of {rounds} alternated rounds; target ratio >= 0.2; when a "
+        "plugin kills a shared host its partners are replayed on hosts of their own)"
+    )
+    return lines
 
 
 async def main() -> None:
@@ -270,28 +367,27 @@ async def main() -> None:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--scores", type=int, default=5_000)
     parser.add_argument("--sandbox-runs", type=int, default=10)
-    parser.add_argument("--plugin-steps", type=int, default=5_000)
+    parser.add_argument("--plugin-steps", type=int, default=20_000)
+    parser.add_argument("--plugin-rounds", type=int, default=7)
     args = parser.parse_args()
 
     if args.plugin_steps > 0:
         print(f"sandboxed pipe round trips/s (IPC floor): {pipe_floor(args.plugin_steps):,.0f}")
-        for lanes in (1, 16):
-            hosted, inproc, hosts = await plugin_steps(args.plugin_steps, lanes)
-            print(
-                f"plugin steps/s ({lanes:>2} episode{'s' if lanes > 1 else ' '} at once): "
-                f"host {hosted:,.0f}  in-process {inproc:,.0f}  ratio {hosted / inproc:.3f}  "
-                f"(target >= 0.2; {hosts} hosts started)"
-            )
+        for line in await plugin_steps(args.plugin_steps, args.plugin_rounds):
+            print(line)
 
-    eng, base = await engine_steps(args.steps), baseline_steps(args.steps)
-    print(
-        f"workflow tool steps/s: engine {eng:,.0f}  plain python {base:,.0f}  ratio {eng / base:.3f}"
-    )
-    eng_s, base_s = await engine_scores(args.scores), baseline_scores(args.scores)
-    print(
-        f"verifier scores/s:     engine {eng_s:,.0f}  plain python {base_s:,.0f}  "
-        f"ratio {eng_s / base_s:.4f}"
-    )
+    if args.steps > 0:
+        eng, base = await engine_steps(args.steps), baseline_steps(args.steps)
+        print(
+            f"workflow tool steps/s: engine {eng:,.0f}  plain python {base:,.0f}  "
+            f"ratio {eng / base:.3f}"
+        )
+    if args.scores > 0:
+        eng_s, base_s = await engine_scores(args.scores), baseline_scores(args.scores)
+        print(
+            f"verifier scores/s:     engine {eng_s:,.0f}  plain python {base_s:,.0f}  "
+            f"ratio {eng_s / base_s:.4f}"
+        )
     if args.sandbox_runs > 0:
         runs = await sandbox_runs(args.sandbox_runs)
         if runs:

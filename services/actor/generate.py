@@ -8,7 +8,7 @@ from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.events import ErrorKind, GeneratedRollout
 from rollout.shared.contracts.work import RolloutWork
-from rollout.shared.envs.engine import build_runtime
+from rollout.shared.envs.engine import start_runtimes
 from rollout.shared.models.base import ModelBackend
 
 
@@ -22,7 +22,8 @@ async def generate_batch(
 ) -> list[GeneratedRollout]:
     """Run every rollout of `work` together (one batched model call per turn)."""
     started = time.perf_counter()
-    runtimes = [build_runtime(spec, item.task_index) for item in work.items]
+    # Off the event loop: cold plugin hosts start in threads, and in parallel.
+    runtimes = await start_runtimes(spec, [item.task_index for item in work.items])
     try:
         episodes = [
             Episode(

@@ -7,7 +7,7 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
-from rollout.shared.envs.engine import build_runtime
+from rollout.shared.envs.engine import start_runtime
 from rollout.shared.store.spec_cache import SpecCache
 
 
@@ -30,7 +30,7 @@ class TaskTools:
                 self._specs = SpecCache(self._js())
             spec = await self._specs.get(env_slug, env_version, env_hash)
             # The runtime the actor built for this task is where the tool list comes from.
-            runtime = build_runtime(spec, task_index)
+            runtime = await start_runtime(spec, task_index)
             try:
                 self._tools[key] = [t.to_openai() for t in runtime.tool_specs()]
             finally:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.envspec import TEMPLATES
+from rollout.shared.contracts.envspec import TEMPLATES, EnvironmentSpec, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory, VerifierResult
 from rollout.shared.envs.coerce import as_spec, as_task, pydantic_problems
+from rollout.shared.envs.plugin_host.client import HostPool, default_pool, starter
 from rollout.shared.envs.runtime import EnvRuntime
 from rollout.shared.envs.templates import RUNTIMES
-from rollout.shared.envs.templates.plugin import PluginError
+from rollout.shared.envs.templates.plugin import PluginError, start_group
 from rollout.shared.envs.verifiers.engine import score_spec
 
 
@@ -27,13 +29,7 @@ def build_runtime(spec: Any, task: Any) -> EnvRuntime:
     runtime_cls = RUNTIMES.get(env.template)
     if runtime_cls is None:
         raise RolloutError(f"unknown template {env.template!r} (known: {', '.join(TEMPLATES)})")
-    try:
-        config = env.typed_config()
-    except ValidationError as exc:
-        raise RolloutError(
-            f"environment {env.slug!r}: invalid config",
-            problems=pydantic_problems(exc, "config"),
-        ) from None
+    config = _typed_config(env)
     try:
         return runtime_cls(env, t, config)
     except PluginError as exc:
@@ -43,6 +39,74 @@ def build_runtime(spec: Any, task: Any) -> EnvRuntime:
             f"environment {env.slug!r}: cannot start the {env.template} runtime: "
             f"{type(exc).__name__}: {exc}"
         ) from None
+
+
+def _typed_config(env: EnvironmentSpec) -> Any:
+    try:
+        return env.typed_config()
+    except ValidationError as exc:
+        raise RolloutError(
+            f"environment {env.slug!r}: invalid config",
+            problems=pydantic_problems(exc, "config"),
+        ) from None
+
+
+async def start_runtime(spec: Any, task: Any) -> EnvRuntime:
+    """build_runtime for async callers: a plugin's host lease and reset run in a worker thread.
+
+    A cold plugin host takes a fraction of a second to start and import its plugin, and a
+    reset may take up to the step timeout: the caller's event loop goes on meanwhile.
+    """
+    env = as_spec(spec)
+    if env.template != "plugin":  # the others start in microseconds (and sqlite wants its thread)
+        return build_runtime(env, task)
+    # Not asyncio.to_thread: see client.starter (a host must not be spawned from a thread
+    # that ends with this loop).
+    return await asyncio.get_running_loop().run_in_executor(starter(), build_runtime, env, task)
+
+
+async def start_runtimes(
+    spec: Any, tasks: Sequence[Any], pool: HostPool | None = None
+) -> list[EnvRuntime]:
+    """start_runtime for one batch's tasks (cold starts overlap); all or none.
+
+    A plugin batch may share hosts (HostSettings.episodes_per_host; `pool` defaults to the
+    process's). On an error the runtimes already started are closed and the first is raised.
+    """
+    env = as_spec(spec)
+    if env.template == "plugin":
+        typed = [as_task(env, t) for t in tasks]
+        size = (pool or default_pool()).settings.episodes_per_host
+        chunks = [typed[i : i + size] for i in range(0, len(typed), size)]
+        loop = asyncio.get_running_loop()
+        starts = [
+            loop.run_in_executor(starter(), _start_plugin_group, env, c, pool) for c in chunks
+        ]
+    else:
+        starts = [_start_one(env, t) for t in tasks]
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        for r in results:
+            if not isinstance(r, BaseException):
+                for rt in r:
+                    await rt.close()
+        raise failures[0]
+    return [rt for r in results for rt in r]  # type: ignore[union-attr]
+
+
+async def _start_one(env: EnvironmentSpec, task: Any) -> list[EnvRuntime]:
+    return [await start_runtime(env, task)]
+
+
+def _start_plugin_group(
+    env: EnvironmentSpec, tasks: list[TaskSpec], pool: HostPool | None
+) -> list[EnvRuntime]:
+    config = _typed_config(env)
+    try:
+        return list(start_group(env, tasks, config, pool))
+    except PluginError as exc:
+        raise RolloutError(f"environment {env.slug!r}: config.entrypoint: {exc}") from None
 
 
 async def score(spec: Any, task: Any, trajectory: Trajectory) -> VerifierResult:

@@ -13,6 +13,7 @@ COUNTER = textwrap.dedent(
     import asyncio, ctypes, os, time
 
     VERSION = "v1"
+    NAP_S = 0.5
 
 
     class Env:
@@ -30,6 +31,7 @@ COUNTER = textwrap.dedent(
 
         def reset(self, task):
             self.mode = task["input"].get("mode", "ok")
+            self.nap = task["input"].get("nap", NAP_S)
             if self.mode == "hang_reset":
                 while True:
                     pass
@@ -41,8 +43,14 @@ COUNTER = textwrap.dedent(
             if self.mode == "hang":
                 while True:
                     pass
+            if self.mode == "nap":
+                time.sleep(self.nap)
             if self.mode == "exit":
                 os._exit(3)
+            if self.mode == "exit2" and self.calls == 2:
+                os._exit(3)
+            if self.mode == "rand":
+                return {"version": VERSION, "calls": self.calls, "r": os.urandom(8).hex()}
             if self.mode == "segv":
                 ctypes.string_at(0)
             if self.mode == "raise":
@@ -85,3 +93,10 @@ def spec(
         ],
         "verifier": {"primitives": [{"name": "called", "type": "tool_was_called", "tool": "go"}]},
     }
+
+
+# Imports slowly, as a plugin with heavy dependencies does: a cold host takes IMPORT_S to start.
+IMPORT_S = 0.6
+SLOW_IMPORT = COUNTER.replace(
+    "import asyncio,", f"import time\ntime.sleep({IMPORT_S})\nimport asyncio,"
+)

@@ -45,7 +45,8 @@ def test_platform_survives_down_and_up(stack_home: Path) -> None:
         pushed = _json(cli, "push", str(ROOT / "examples" / "refund_agent.py"))
         assert pushed["environments"][0]["slug"] == "refund-agent"
         # A plugin env's module lives next to its file, not where the services run: it is
-        # pushed with the spec and the registry imports it from there.
+        # pushed with the spec, and the registry validates it inside a sandboxed plugin host
+        # (no service process imports it).
         plugin = _json(cli, "push", str(ROOT / "examples" / "plugin_counter.py"))
         assert plugin["environments"][0]["slug"] == "counter-plugin"
         with FakeOpenAI(refund_o1) as server:

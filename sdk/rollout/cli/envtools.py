@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections import Counter
@@ -40,9 +41,16 @@ def _summary(env: Any) -> dict[str, Any]:
     if spec.tasks:
         try:
             runtime = build_runtime(spec, 0)
-            tools = [t.name for t in runtime.tool_specs()]
         except RolloutError:
-            tools = []
+            runtime = None
+        if runtime is not None:
+            try:
+                tools = [t.name for t in runtime.tool_specs()]
+            except RolloutError:
+                tools = []
+            finally:
+                # A plugin runtime holds a sandboxed host process until it is closed.
+                asyncio.run(runtime.close())
     return {
         "slug": spec.slug,
         "template": spec.template,

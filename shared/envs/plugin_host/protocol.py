@@ -8,6 +8,11 @@ Reply: ``{"id": n, "ok": true, "result": {...}}`` or
 - ``reset {options, task}`` -> ``{tools, cpu_s}``: a fresh env object for a new episode;
   with ``probe: true`` (validation) only the fresh env's tools, no episode.
 - ``step {name, arguments}`` -> ``{output}``; ``state`` -> ``{state}``; ``close`` -> ``{cpu_s}``.
+- Every episode call may carry ``ep`` (default 0): the episode's slot on a host that several
+  episodes of one batch share.
+- ``batch {calls: [{op, ep, ...}, ...]}`` -> ``{replies: [reply, ...]}``: the calls of one turn
+  of several episodes in one message (one process switch for all); each reply is shaped as
+  above (its ``id`` null), capped on its own, in order.
 
 Kinds: ``config`` the env itself is broken (import, factory, protocol, tools()); ``episode``
 this episode cannot go on (reset raised); ``tool`` the step raised (the model sees it).
@@ -19,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-OPS = ("load", "reset", "tools", "step", "state", "close")
+OPS = ("load", "reset", "tools", "step", "state", "close", "batch")
 KINDS = ("config", "episode", "tool")
 # A reply line longer than the result limit plus this is not from an honest worker.
 LINE_SLACK = 64 * 1024

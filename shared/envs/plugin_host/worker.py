@@ -26,7 +26,7 @@ MAX_ENTRYPOINT_LEN = 260
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}:[A-Za-z_][A-Za-z0-9_]{0,127}$")
 PROTOCOL = ("tools", "reset", "step", "state")
 SOURCES_DIR = "/tmp/rollout-plugin"
-_OPS = frozenset(("load", "reset", "tools", "step", "state", "close"))
+_OPS = frozenset(("load", "reset", "tools", "step", "state", "close"))  # and "batch"
 
 
 class PluginError(ValueError):
@@ -148,12 +148,12 @@ class _Failure(Exception):
 
 
 class Worker:
-    """One plugin's factory and the live env of the current episode."""
+    """One plugin's factory and the live env of each episode it serves (by ``ep``, default 0)."""
 
     def __init__(self) -> None:
         self.entrypoint = ""
         self.factory: Callable[..., Any] | None = None
-        self.env: Any = None
+        self.envs: dict[int, Any] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.max_result_bytes = 1_000_000
 
@@ -182,46 +182,46 @@ class Worker:
         """A fresh env for a new episode; its tools."""
         if self.factory is None:
             raise _Failure("config", "the plugin is not loaded")
-        self.close({})
+        self.close(msg)
         try:
             env = make_env(self.factory, self.entrypoint, msg.get("options") or {})
         except PluginError as exc:
             raise _Failure("config", str(exc)) from None
         if msg.get("probe"):
             # Validation: the tools of a fresh env, without an episode.
-            self.env = env
             try:
                 return {"tools": tool_dicts(env), "cpu_s": _cpu_seconds()}
             except PluginError as exc:
                 raise _Failure("config", str(exc)) from None
             finally:
-                self.close_quietly()
+                self._close_env(env, quietly=True)
         try:
             self._await(env.reset(msg.get("task") or {}))
         except Exception as exc:
             raise _Failure("episode", f"reset() raised {type(exc).__name__}: {exc}") from None
-        self.env = env
+        self.envs[_ep(msg)] = env
         try:
             tools = tool_dicts(env)
         except PluginError as exc:
             raise _Failure("config", str(exc)) from None
         return {"tools": tools, "cpu_s": _cpu_seconds()}
 
-    def _live(self) -> Any:
-        if self.env is None:
+    def _live(self, msg: dict[str, Any]) -> Any:
+        env = self.envs.get(_ep(msg))
+        if env is None:
             raise _Failure("episode", "no episode: reset first")
-        return self.env
+        return env
 
     def tools(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The current env's tools."""
         try:
-            return {"tools": tool_dicts(self._live())}
+            return {"tools": tool_dicts(self._live(msg))}
         except PluginError as exc:
             raise _Failure("config", str(exc)) from None
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Run one tool; an exception is a tool error (its type and message)."""
-        env = self._live()
+        env = self._live(msg)
         try:
             out = self._await(env.step(msg["name"], msg.get("arguments") or {}))
         except Exception as exc:
@@ -230,7 +230,7 @@ class Worker:
 
     def state(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The env's state() (an error marker if it fails, so scoring still happens)."""
-        env = self._live()
+        env = self._live(msg)
         try:
             state = self._await(env.state())
         except Exception as exc:
@@ -243,21 +243,19 @@ class Worker:
 
     def close(self, msg: dict[str, Any]) -> dict[str, Any]:
         """End the episode: the env's close() when it has one."""
-        env, self.env = self.env, None
+        self._close_env(self.envs.pop(_ep(msg), None), quietly=False)
+        return {"cpu_s": _cpu_seconds()}
+
+    def _close_env(self, env: Any, *, quietly: bool) -> None:
         close = getattr(env, "close", None)
         if callable(close):
             try:
                 self._await(close())
             except Exception as exc:
-                raise _Failure("episode", f"close() raised {type(exc).__name__}: {exc}") from None
-        return {"cpu_s": _cpu_seconds()}
-
-    def close_quietly(self) -> None:
-        """close() whose failure does not matter (a probe instance)."""
-        try:
-            self.close({})
-        except _Failure:
-            pass
+                if not quietly:
+                    raise _Failure(
+                        "episode", f"close() raised {type(exc).__name__}: {exc}"
+                    ) from None
 
 
 # ASCII output (the C encoder's fastest path); one encoder, not one per reply.
@@ -269,10 +267,19 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _reply(worker: Worker, msg: dict[str, Any]) -> bytes:
-    rid = msg.get("id")
-    op = msg.get("op")
+def _ep(msg: dict[str, Any]) -> int:
+    ep = msg.get("ep", 0)
+    if not isinstance(ep, int):
+        raise _Failure("config", f"ep must be an integer, got {type(ep).__name__}")
+    return ep
+
+
+def _answer(worker: Worker, msg: dict[str, Any], rid: Any) -> bytes:
+    """One reply object (without its newline), capped at the result limit."""
+    op = msg.get("op") if isinstance(msg, dict) else None
     try:
+        if not isinstance(msg, dict):
+            raise _Failure("config", "a call must be an object")
         handler = getattr(worker, op) if op in _OPS else None
         if handler is None:
             raise _Failure("config", f"unknown operation {op!r}")
@@ -293,7 +300,21 @@ def _reply(worker: Worker, msg: dict[str, Any]) -> bytes:
             f"{worker.max_result_bytes} are returned (return less)",
         }
         line = json.dumps(body).encode()
-    return line + b"\n"
+    return line
+
+
+def _reply(worker: Worker, msg: dict[str, Any]) -> bytes:
+    rid = msg.get("id")
+    if msg.get("op") != "batch":
+        return _answer(worker, msg, rid) + b"\n"
+    # Several episodes' calls in one message (one process switch for all of them); each
+    # answer is capped on its own, in order, and one failing call does not stop the others.
+    calls = msg.get("calls")
+    if not isinstance(calls, list):
+        return _answer(worker, {"op": None}, rid) + b"\n"
+    parts = [_answer(worker, call, None) for call in calls]
+    rid = rid if isinstance(rid, int) else 0
+    return b'{"id":%d,"ok":true,"result":{"replies":[%s]}}\n' % (rid, b",".join(parts))
 
 
 def main() -> None:

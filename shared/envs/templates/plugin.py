@@ -19,9 +19,13 @@ reads; a host that crashes or hangs ends the episode as errored with the reason.
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import weakref
 from pathlib import PurePosixPath
 from typing import Any
+
+import structlog
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, PluginConfig, TaskSpec
 from rollout.shared.envs.plugin_host.client import (
@@ -30,10 +34,13 @@ from rollout.shared.envs.plugin_host.client import (
     PluginHost,
     ReplyError,
     default_pool,
+    starter,
 )
 from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+
+log = structlog.get_logger(__name__)
 
 # A plugin's own top-level module may not take these names: they would shadow the platform or
 # the standard library for whatever imports them after it.
@@ -65,7 +72,7 @@ def shadowing_problems(config: PluginConfig) -> list[str]:
 
 
 def lease_host(
-    config: PluginConfig, pool: HostPool | None = None, *, spare: bool = False
+    config: PluginConfig, pool: HostPool | None = None, *, spare: bool = False, members: int = 1
 ) -> PluginHost:
     """A host that imported this plugin (PluginError naming any config problem)."""
     check_entrypoint(config.entrypoint)
@@ -80,7 +87,53 @@ def lease_host(
             check_sources(config.sources)
         except RolloutError as exc:
             raise PluginError(exc.message) from None
-    return (pool or default_pool()).lease(config.entrypoint, config.sources, spare=spare)
+    pool = pool or default_pool()
+    if members > 1:
+        return pool.lease_shared(config.entrypoint, config.sources, members)
+    return pool.lease(config.entrypoint, config.sources, spare=spare)
+
+
+def start_group(
+    spec: EnvironmentSpec,
+    tasks: list[TaskSpec],
+    config: PluginConfig,
+    pool: HostPool | None = None,
+) -> list[PluginRuntime]:
+    """Runtimes for one batch's episodes; with episodes_per_host > 1 they share hosts.
+
+    Blocking (call it from a thread). Episodes sharing a host send their steps of a turn in
+    one message; when the host dies, each is replayed on a host of its own (PluginRuntime).
+    A config error (PluginError) gives back what was started and is raised.
+    """
+    pool = pool or default_pool()
+    size = pool.settings.episodes_per_host
+    if size <= 1 or len(tasks) <= 1:
+        return [PluginRuntime(spec, t, config, pool) for t in tasks]
+    out: list[PluginRuntime] = []
+    for start in range(0, len(tasks), size):
+        chunk = tasks[start : start + size]
+        try:
+            host = lease_host(config, pool, members=len(chunk))
+        except HostFailed as exc:  # crashed or hung importing: these episodes end, errored
+            out.extend(PluginRuntime(spec, t, config, pool, failure=str(exc)) for t in chunk)
+            continue
+        except PluginError:
+            _give_up(out)
+            raise
+        for i, t in enumerate(chunk):
+            try:
+                out.append(PluginRuntime(spec, t, config, pool, shared=host, ep=i))
+            except PluginError:  # that member gave its share back; so do the rest
+                for _ in range(len(chunk) - i - 1):
+                    pool.release(host)
+                _give_up(out)
+                raise
+    return out
+
+
+def _give_up(runtimes: list[PluginRuntime]) -> None:
+    for rt in runtimes:
+        rt.abandon_now()
 
 
 class PluginRuntime(BaseRuntime):
@@ -94,30 +147,48 @@ class PluginRuntime(BaseRuntime):
         task: TaskSpec,
         config: PluginConfig,
         pool: HostPool | None = None,
+        *,
+        shared: PluginHost | None = None,
+        ep: int = 0,
+        failure: str | None = None,
     ) -> None:
         super().__init__(spec, task)
         self._pool = pool or default_pool()
-        self._failure: str | None = None
+        self._failure: str | None = failure
         self._host: PluginHost | None = None
-        try:
-            self._host = lease_host(config, self._pool, spare=True)
-        except HostFailed as exc:  # crashed or hung importing: this episode ends, errored
-            self._failure = str(exc)
-            return
-        task_view = {
+        self._finalizer: weakref.finalize | None = None
+        self._ep = ep  # this episode's slot on a host shared by its batch (start_group)
+        self._config = config
+        # On a shared host, what this episode's steps returned: when another episode's plugin
+        # kills the host, this one is replayed on a host of its own and goes on.
+        self._replayable = shared is not None
+        self._history: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
+        self._task_view = {
             "instruction": task.instruction,
             "input": task.input or {},
             "split": task.split,
             "id": task.id,
         }
+        if failure is not None:  # its batch's shared host could not start
+            return
+        if shared is not None:
+            self._host = shared
+        else:
+            try:
+                self._host = lease_host(config, self._pool, spare=True)
+            except HostFailed as exc:  # crashed or hung importing: this episode ends, errored
+                self._failure = str(exc)
+                return
+        # A runtime dropped without close() must not keep its host (a process) for good.
+        self._finalizer = weakref.finalize(self, self._pool.abandon, self._host)
         try:
-            result = self._host.call("reset", {"options": dict(config.options), "task": task_view})
+            result = self._host.call("reset", self._reset_payload())
         except PluginError:
             self._give_back()
             raise
         except HostFailed as exc:
             self._failure = str(exc)
-            self._host = None
+            self._give_back()
             return
         except ReplyError as exc:  # reset() raised: this episode cannot start
             self._failure = f"plugin {str(exc)}"
@@ -134,8 +205,15 @@ class PluginRuntime(BaseRuntime):
         """Why this episode ended early (host crash/timeout, reset raised), or None."""
         return self._failure
 
+    def abandon_now(self) -> None:
+        """Give the host back without an async close (the start of its batch failed)."""
+        self._give_back()
+
     def _give_back(self) -> None:
+        """Return the host to the pool (a failed one is closed there)."""
         host, self._host = self._host, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if host is not None:
             self._pool.release(host)
 
@@ -150,14 +228,17 @@ class PluginRuntime(BaseRuntime):
             raise EnvironmentFailed(self._failure)
         return super().tool_specs()
 
+    def _reset_payload(self) -> dict[str, Any]:
+        return {"ep": self._ep, "options": dict(self._config.options), "task": self._task_view}
+
     def _handler(self, name: str):  # type: ignore[no-untyped-def]
         async def run(args: dict[str, Any]) -> Any:
-            host = self._live_host()
+            call = {"name": name, "arguments": args}
             try:
-                result = await host.acall("step", {"name": name, "arguments": args})
+                result = await self._step(call)
             except HostFailed as exc:  # call_tool turns this into the episode's end
                 self._failure = str(exc)
-                self._host = None
+                self._give_back()
                 raise ToolError(str(exc)) from None
             except ReplyError as exc:
                 if exc.error_type in (None, "ToolError"):
@@ -166,6 +247,57 @@ class PluginRuntime(BaseRuntime):
             return result.get("output")
 
         return run
+
+    async def _step(self, call: dict[str, Any]) -> dict[str, Any]:
+        host = self._live_host()
+        try:
+            result = await host.aqueued("step", {"ep": self._ep, **call})
+        except ReplyError as exc:
+            self._remember(call, ("tool", str(exc), exc.kind, exc.error_type))
+            raise
+        except HostFailed as exc:
+            if not self._replayable:
+                raise
+            self._give_back()  # its share of the dead host (here, on the loop's thread)
+            await asyncio.get_running_loop().run_in_executor(starter(), self._recover, exc)
+            return await self._step(call)  # on its own host now
+        self._remember(call, ("ok", result))
+        return result
+
+    def _remember(self, call: dict[str, Any], outcome: tuple[Any, ...]) -> None:
+        if self._replayable:
+            self._history.append((call, outcome))
+
+    def _recover(self, cause: HostFailed) -> None:
+        """Replay this episode on a host of its own after its shared host died (blocking).
+
+        The host may have died of another episode's plugin: a deterministic plugin gives the
+        same results again and the episode goes on; otherwise it ends, saying why.
+        """
+        self._replayable = False  # once: on its own host a crash is its own
+        steps = len(self._history)
+        try:
+            host = lease_host(self._config, self._pool)
+        except (HostFailed, PluginError) as exc:
+            raise HostFailed(f"{cause}; no host to replay this episode on: {exc}") from None
+        self._host, self._ep = host, 0
+        self._finalizer = weakref.finalize(self, self._pool.abandon, host)
+        try:
+            host.call("reset", self._reset_payload())
+            for i, (call, outcome) in enumerate(self._history, 1):
+                try:
+                    got: tuple[Any, ...] = ("ok", host.call("step", {"ep": 0, **call}))
+                except ReplyError as exc:
+                    got = ("tool", str(exc), exc.kind, exc.error_type)
+                if got != outcome:
+                    raise HostFailed(
+                        f"{cause}; replaying this episode's {steps} steps on a host of its own "
+                        f"gave a different result at step {i}, so it cannot go on"
+                    )
+        except (ReplyError, PluginError) as exc:
+            raise HostFailed(f"{cause}; replaying this episode failed: {exc}") from None
+        self._history.clear()
+        log.info("plugin_host.episode_replayed", entrypoint=self._config.entrypoint, steps=steps)
 
     async def call_tool(self, name: str, arguments: dict[str, Any]):  # type: ignore[no-untyped-def]
         """BaseRuntime.call_tool, except that a failed host ends the episode (raises)."""
@@ -178,12 +310,18 @@ class PluginRuntime(BaseRuntime):
 
     def final_state(self) -> dict[str, Any]:
         """The plugin's state() (EnvironmentFailed when its host is gone)."""
-        host = self._live_host()
         try:
-            state = host.call("state", {}).get("state")
+            host = self._live_host()
+            if self._replayable and not host.alive:
+                # Its shared host died after this episode's last step: replay it first (this
+                # blocks, but only after a crash).
+                self._give_back()
+                self._recover(HostFailed(host.dead or "plugin host died"))
+                host = self._live_host()
+            state = host.call("state", {"ep": self._ep}).get("state")
         except HostFailed as exc:
             self._failure = str(exc)
-            self._host = None
+            self._give_back()
             raise
         except ReplyError as exc:
             return {"_stateError": str(exc)}
@@ -195,11 +333,10 @@ class PluginRuntime(BaseRuntime):
         if host is None:
             return
         try:
-            result = await host.acall("close", {})
+            result = await host.aqueued("close", {"ep": self._ep})
             host.cpu_s = float(result.get("cpu_s") or 0.0)
         except HostFailed:
-            self._host = None
-            return
+            pass  # the pool closes a failed host
         except ReplyError:
             pass  # close() raised: the episode is over anyway; the env object is dropped
         self._give_back()
