@@ -423,6 +423,9 @@ async def replay_page(request: Request) -> Response:
 
 # --- live -------------------------------------------------------------------------------------
 
+# The event that adds a run to the runs list (the last token of its subject).
+NEW_RUN_EVENT = subjects.event_name("run.requested")
+
 
 def _topics(request: Request) -> set[str]:
     topic = request.query_params.get("topic") or ""
@@ -440,10 +443,20 @@ async def _fragments(state: UiState, request: Request, changes: list[Change]) ->
     out: dict[str, str] = {}
     async with state.pool.acquire() as conn:
         if topic == "runs":
-            for run_id in dict.fromkeys(c.aggregate_id for c in changes if c.aggregate == "run"):
-                run = await queries.get_run(conn, run_id)
-                if run is not None:
-                    out[f"run-{run_id}"] = part("run_cells", run)
+            if any(c.aggregate == "run" and c.name == NEW_RUN_EVENT for c in changes):
+                # A new run: the page's whole list (its filters and page) is read again, so it
+                # appears in its place without a reload.
+                filters = {k: _text(request, k) for k in ("env", "model", "status")}
+                page = _int(request, "page", 1) or 1
+                data = await queries.list_runs(conn, page=page, **filters)
+                out["runs-body"] = part("runs_body", data["runs"], filters)
+            else:
+                for run_id in dict.fromkeys(
+                    c.aggregate_id for c in changes if c.aggregate == "run"
+                ):
+                    run = await queries.get_run(conn, run_id)
+                    if run is not None:
+                        out[f"run-{run_id}"] = part("run_cells", run)
         elif topic.startswith("run:"):
             run_id = topic[4:]
             run = await queries.get_run(conn, run_id)

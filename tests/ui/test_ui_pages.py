@@ -251,6 +251,13 @@ async def watch_live_run(
             await p.wait_for_selector("body[data-live=on]")
         assert "0/3 scored" in await page.inner_text("#run-progress")
         await page.evaluate("window.__notReloaded = true")
+        await listing.evaluate("window.__notReloaded = true")
+        # A run created while the list is open appears in it, in its place, without a reload.
+        second = (await client.create_run("refunds", model_of(server), n=1, batch_size=3))["runId"]
+        await expect(listing.locator(f"#runs-body tr#run-{second}")).to_have_count(
+            1, timeout=30_000
+        )
+        assert await listing.evaluate("window.__notReloaded === true")
         gate.set()
         await expect(page.locator("#run-progress")).to_contain_text("3/3", timeout=30_000)
         await expect(page.locator("#run-status")).to_contain_text("completed", timeout=30_000)

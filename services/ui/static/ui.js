@@ -11,7 +11,9 @@ function applyFragments(html) {
 function followLive() {
   const topic = document.body.dataset.liveTopic;
   if (!topic || !window.EventSource) return;
-  const params = new URLSearchParams({ topic });
+  // The page's own filters and page number travel along, so a re-read list matches the page.
+  const params = new URLSearchParams(window.location.search);
+  params.set("topic", topic);
   if (document.body.dataset.livePage) params.set("page", document.body.dataset.livePage);
   const source = new EventSource("/live?" + params.toString());
   source.addEventListener("ready", () => { document.body.dataset.live = "on"; });
