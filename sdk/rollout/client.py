@@ -14,6 +14,7 @@ from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
+from rollout.shared.contracts.training import resolve_method
 from rollout.shared.envs.coerce import raw_environment
 from rollout.shared.settings import Settings, connect_nats
 
@@ -186,7 +187,9 @@ class AsyncClient:
         """Start a training job; returns a dict with `id`.
 
         Like `create_run`, each call sends a fresh `client_request_id` unless given one.
+        `method` is one of sft, dpo, kto, rm, grpo, or `ipo` (dpo with `loss_type="ipo"`).
         """
+        method, hyperparams = resolve_method(method, dict(hyperparams or {}))
         try:
             body = rq.CreateTrainingJob(
                 base_model=base_model,

@@ -1,4 +1,4 @@
-"""SFT and DPO jobs on local weights: data from the buffer, TRL in a worker thread, artifacts."""
+"""Offline jobs (SFT, DPO, KTO, reward models) on local weights: data from the buffer, TRL in a worker thread, artifacts."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from rollout.services.learner.bridge import JobCancelled, ThreadBridge, run_in_t
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.planning import JobPlan
-from rollout.services.learner.training_sets import TrainingSet, dpo_rows, sft_rows
+from rollout.services.learner.training_sets import TrainingSet, dpo_rows, kto_rows, sft_rows
 from rollout.shared.learning.config import Progress
 from rollout.shared.models.trained import trained_name
 from rollout.shared.observability import get_logger
@@ -57,17 +57,24 @@ def reporter(bridge: ThreadBridge, journal: JobJournal) -> Any:
 
 
 def training_data(plan: JobPlan) -> list[dict[str, Any]]:
-    """The trainer's rows from the buffer's answer: SFT examples or DPO pairs."""
+    """The trainer's rows from the buffer's answer: SFT examples, KTO examples or pairs."""
     assert plan.rows is not None
     if plan.event.method == "sft":
         return sft_rows(plan.rows)
+    if plan.event.method == "kto":
+        return kto_rows(plan.rows)
     return dpo_rows(TrainingSet(items=plan.rows, meta=plan.pair_meta or []))
+
+
+def trainer(method: str) -> Any:
+    """The shared.learning trainer module's entry point of an offline `method`."""
+    from rollout.shared.learning import train_dpo, train_kto, train_rm, train_sft
+
+    return {"sft": train_sft, "dpo": train_dpo, "kto": train_kto, "rm": train_rm}[method]
 
 
 async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
     """Train, checkpointing into the object store; publish the policy; complete the job."""
-    from rollout.shared.learning import train_dpo, train_sft
-
     job_id = plan.event.job_id
     journal = JobJournal(ctx.js, job_id, history.envelope)
     journal.last_step = history.last_step
@@ -83,7 +90,7 @@ async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory)
         # Waits for the upload: a checkpoint counts once the store holds it.
         bridge.call(lambda: save_checkpoint(ctx.store, journal, out_dir, path, step), wait=True)
 
-    train = train_sft if plan.event.method == "sft" else train_dpo
+    train = trainer(plan.event.method)
     log.info("training", job_id=job_id, method=plan.event.method, rows=len(rows),
              resumed_from=resumed)  # fmt: skip
     result = await run_in_thread(

@@ -30,10 +30,11 @@ from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.data import wait_for_run_end
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
-from rollout.services.learner.planning import GrpoOptions, JobPlan, train_task_indices
+from rollout.services.learner.planning import JobPlan, train_task_indices
 from rollout.shared import subjects
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts.requests import CreateRun
+from rollout.shared.learning.config import GrpoConfig
 from rollout.shared.models import trained
 from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
@@ -70,7 +71,7 @@ class OnlineGRPO:
     """One GRPO job: runs in flight, steps, versions."""
 
     def __init__(self, ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
-        assert plan.config is not None and isinstance(plan.options, GrpoOptions)
+        assert plan.config is not None and isinstance(plan.options, GrpoConfig)
         self.ctx, self.plan, self.history = ctx, plan, history
         self.config, self.options = plan.config, plan.options
         self.job_id = plan.event.job_id

@@ -18,36 +18,20 @@ from rollout.services.learner.data import RunInfo, run_info
 from rollout.shared import subjects
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
-from rollout.shared.learning.config import TrainConfig, config_problems
+from rollout.shared.learning.config import CONFIG_MODELS, TrainConfig, config_problems, parse_config
 from rollout.shared.models.trained import check_suffix, new_job_id
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.store import env_versions
 
-SUPPORTED = ("sft", "dpo", "grpo")
+# Methods the learner trains locally, offline from a run's rollouts or online on an env.
+OFFLINE = ("sft", "dpo", "kto", "rm")
+ONLINE = ("grpo",)
+SUPPORTED = OFFLINE + ONLINE
+_TITLES = {"sft": "SFT", "dpo": "DPO", "kto": "KTO", "rm": "a reward model", "grpo": "online GRPO"}
 
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class SftOptions(_Options):
-    """Learner settings of an SFT job beyond the trainer's (none yet)."""
-
-
-class DpoOptions(_Options):
-    """Which pairs DPO trains on."""
-
-    min_margin: float = Field(0.0, ge=0)
-
-
-class GrpoOptions(_Options):
-    """How the learner drives actors during online GRPO."""
-
-    tasks_per_step: int = Field(4, ge=1)
-    temperature: float = Field(1.0, gt=0, le=2)
-    max_tokens: int = Field(256, ge=1)
-    max_tool_calls: int = Field(8, ge=0)
-    run_deadline_s: float = Field(900.0, gt=0)
 
 
 class ProviderOptions(_Options):
@@ -62,15 +46,13 @@ class ProviderOptions(_Options):
     seed: int | None = Field(None, ge=0)
 
 
-_OPTIONS: dict[str, type[_Options]] = {"sft": SftOptions, "dpo": DpoOptions, "grpo": GrpoOptions}
-
-
 @dataclass
 class JobPlan:
     """A validated job: its request event, base model, settings and training data.
 
-    `rows` are the buffer's items as it sent them: SFT examples (`messages`, `tools`) or DPO
-    pairs (`prompt`, `chosen`, `rejected`, `tools`, with `pair_meta` aligned to them).
+    `rows` are the buffer's items as it sent them: SFT examples (`messages`, `tools`), DPO/RM
+    pairs (`prompt`, `chosen`, `rejected`, `tools`, with `pair_meta` aligned to them) or, for
+    KTO, every scored rollout grouped by task (`prompt`, `completions` with `passed`).
     """
 
     event: JobRequested
@@ -95,29 +77,29 @@ def settings(method: str, base: TrainBase, hyperparams: dict[str, Any]) -> tuple
                 f"invalid hyperparameters for a {base.kind} fine-tune",
                 problems=config_problems(exc, "hyperparams"),
             ) from None
-    options_cls = _OPTIONS[method]
-    own = {k: v for k, v in hyperparams.items() if k in options_cls.model_fields}
-    rest = {k: v for k, v in hyperparams.items() if k not in options_cls.model_fields}
     problems: list[str] = []
-    options = None
-    try:
-        options = options_cls.model_validate(own)
-    except ValidationError as exc:
-        problems += config_problems(exc, "hyperparams")
+    rest = dict(hyperparams)
     if "method" in rest:
         problems.append("hyperparams.method: set the method with `method`, not in hyperparams")
         rest.pop("method")
     config = None
+    # The base's own defaults (LoRA for local/smollm2-135m) under what the user set; a default
+    # the method has no field for (batch_size of ...) is not the user's mistake.
+    fields = CONFIG_MODELS[method].model_fields
+    defaults = {k: v for k, v in base.train_defaults.items() if k in fields}
+    if method == "rm":
+        # A reward model trains every weight, whatever LoRA default its base has for policies.
+        defaults = {k: v for k, v in defaults.items() if not k.startswith("lora")}
     try:
-        # The base's own defaults (LoRA for local/smollm2-135m) under what the user set.
-        config = TrainConfig.model_validate({**base.train_defaults, **rest, "method": method})
+        config = parse_config({**defaults, **rest, "method": method})
     except ValidationError as exc:
         problems += config_problems(exc, "hyperparams")
-    if config is not None and method == "grpo" and config.max_steps is None:
-        problems.append("hyperparams.max_steps: required for grpo (`--steps K`)")
+    if config is not None and method in ONLINE and config.max_steps is None:
+        problems.append(f"hyperparams.max_steps: required for {method} (`--steps K`)")
     if problems:
         raise RolloutError("invalid hyperparameters", problems=problems)
-    return config, options
+    # A local job's options are its config: one model holds every setting of the method.
+    return config, config
 
 
 async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunInfo:
@@ -159,15 +141,30 @@ async def _training_rows(
                 ],
             )
         return found.items, found.meta
-    margin = options.min_margin if isinstance(options, DpoOptions) else 0.0
+    if cmd.method == "kto":
+        found = await training_sets.labelled_set(nc, store, run.run_id, ids, after_seq=run.seq)
+        labels = {bool(c["passed"]) for g in found.items for c in g["completions"]}
+        if labels != {True, False}:
+            which = "passed" if True in labels else "failed" if labels else "was scored"
+            raise RolloutError(
+                f"run {run.run_id} has nothing for KTO to weigh: "
+                + ("no rollout was scored" if not labels else f"every rollout {which}"),
+                problems=[
+                    "KTO learns from passed (desirable) against failed (undesirable) rollouts; "
+                    "run more samples (-n) or a model that sometimes fails"
+                ],
+            )
+        return found.items, found.meta
+    margin = float(getattr(options, "min_margin", 0.0))
     found = await training_sets.dpo_pairs(
         nc, store, run.run_id, ids, min_margin=margin, after_seq=run.seq
     )
     if not found.items:
+        name = "a reward model" if cmd.method == "rm" else "DPO"
         raise RolloutError(
-            f"run {run.run_id} has no preference pairs for DPO",
+            f"run {run.run_id} has no preference pairs for {name}",
             problems=[
-                f"DPO needs two rollouts of the same task whose scores differ by more than "
+                f"{name} needs two rollouts of the same task whose scores differ by more than "
                 f"{margin} (min_margin); run with -n 2 or more on tasks the model sometimes "
                 "fails"
             ],
@@ -193,9 +190,9 @@ async def plan_job(
     base = await asyncio.to_thread(resolve_base, cmd.base_model)
     if base.local:
         await asyncio.to_thread(validate_local, base)
-    elif cmd.method == "grpo":
+    elif cmd.method not in ("sft", "dpo"):
         raise RolloutError(
-            f"base_model: online GRPO trains local weights; {cmd.base_model!r} is a "
+            f"base_model: {_TITLES[cmd.method]} trains local weights; {cmd.base_model!r} is a "
             f"{base.kind} model (use hf:<dir>, local/smollm2-135m or local/tiny-agent)"
         )
     elif cmd.method == "dpo" and base.kind != "together":
@@ -219,14 +216,14 @@ async def plan_job(
         config=config,
         options=options,
     )
-    if cmd.method == "grpo":
+    if cmd.method in ONLINE:
         await _check_env(js, cmd.env_slug)
         return plan
     plan.run = await _source_run(js, cmd)
     if cmd.rollout_ids is not None and not cmd.rollout_ids:
         raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
     plan.rows, meta = await _training_rows(ctx.nc, ctx.store, cmd, plan.run, options)
-    if cmd.method == "dpo":
+    if cmd.method in ("dpo", "rm"):
         plan.pair_meta, plan.pairs = meta, len(plan.rows)
     return plan
 

@@ -1,4 +1,5 @@
-"""Training data from the buffer: SFT examples, DPO pairs and GRPO groups over request/reply.
+"""Training data from the buffer: SFT examples, preference pairs (DPO, RM), labelled rollouts
+(KTO) and GRPO groups over request/reply.
 
 The buffer keeps every scored rollout with its trajectory (large ones in the object store)
 and builds the sets; its answer may itself be a claim check, which is fetched and verified by
@@ -136,6 +137,25 @@ async def grpo_groups(
     return await ask(nc, store, "grpo_groups", query)
 
 
+async def labelled_set(
+    nc: Client, store: ObjectStore, run_id: str, rollout_ids: list[str] | None, *, after_seq: int
+) -> TrainingSet:
+    """Every scored rollout of the run, grouped by task, each with `passed` (what KTO learns)."""
+    query = GrpoGroupsQuery(
+        run_ids=[run_id], min_group_size=1, require_tokens=False, after_seq=after_seq
+    )
+    found = await ask(nc, store, "grpo_groups", query)
+    if rollout_ids is None:
+        return found
+    wanted = set(rollout_ids)
+    items = []
+    for group in found.items:
+        kept = [c for c in group["completions"] if c["rollout_id"] in wanted]
+        if kept:
+            items.append({**group, "completions": kept})
+    return TrainingSet(items=items, meta=[{} for _ in items], stats=found.stats)
+
+
 # --- the trainers' row shapes ----------------------------------------------------------------
 
 
@@ -170,4 +190,27 @@ def dpo_rows(pairs: TrainingSet) -> list[dict[str, Any]]:
                 "margin": float(meta.get("margin", 0.0)),
             }
         )
+    return rows
+
+
+def kto_rows(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One unpaired KTO example per rollout: prompt, completion, label (= passed), tools."""
+    from rollout.shared.learning.data import conversation, tools_json
+
+    rows = []
+    for g, group in enumerate(groups):
+        cut = len(group["prompt"])
+        for c, completion in enumerate(group["completions"]):
+            where = f"labelled[{g}].completions[{c}]"
+            messages = conversation(
+                as_rollout(group["prompt"] + completion["messages"], None), where=where
+            )
+            rows.append(
+                {
+                    "prompt": messages[:cut],
+                    "completion": messages[cut:],
+                    "label": bool(completion["passed"]),
+                    "tools": tools_json(group.get("tools") or None),
+                }
+            )
     return rows

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from rollout.shared.contracts.envelope import Payload, register
 
-Method = Literal["sft", "dpo", "grpo", "ppo"]
+Method = Literal["sft", "dpo", "grpo", "ppo", "kto", "rm"]
 # How a rollout ended: a verdict (passed / failed), or none at all (errored, with its cause).
 RolloutOutcome = Literal["passed", "failed", "errored"]
 # What kept an errored rollout from a verdict: the platform (sandbox, object store, bus), the

@@ -16,6 +16,7 @@ EXTRA_MODELS: tuple[tuple[str, str, str], ...] = (
     ("environment.json", "rollout.shared.contracts.envspec", "EnvironmentSpec"),
     ("trajectory.json", "rollout.shared.contracts.trajectory", "Trajectory"),
     ("verifier_result.json", "rollout.shared.contracts.trajectory", "VerifierResult"),
+    ("training_config.json", "rollout.shared.contracts.training", "TrainingConfigSchema"),
 )
 
 

@@ -1,4 +1,4 @@
-"""The training core: SFT and DPO through TRL, online GRPO on torch, checkpoints and resume.
+"""The training core: SFT, DPO (IPO, ...), KTO and reward models through TRL, online GRPO on torch, checkpoints and resume.
 
 Heavy libraries (torch, transformers, TRL, peft) are imported inside the functions that need
 them, so importing this package stays cheap for services that only validate configs.
@@ -13,6 +13,8 @@ from rollout.shared.learning.config import METHODS, Progress, TrainConfig, Train
 from rollout.shared.learning.data import dpo_pairs, sft_examples
 from rollout.shared.learning.dpo import train_dpo
 from rollout.shared.learning.grpo import Group, GRPOLearner
+from rollout.shared.learning.kto import train_kto
+from rollout.shared.learning.rm import train_rm
 from rollout.shared.learning.sft import train_sft
 
 __all__ = [
@@ -28,5 +30,7 @@ __all__ = [
     "read_step_log",
     "sft_examples",
     "train_dpo",
+    "train_kto",
+    "train_rm",
     "train_sft",
 ]

@@ -1,4 +1,4 @@
-"""Direct preference optimisation on (prompt, chosen, rejected) chats with TRL's DPOTrainer."""
+"""Direct preference optimisation (and IPO, hinge, ...) with TRL's DPOTrainer: DpoConfig."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.errors import RolloutError
-from rollout.shared.learning.config import TrainConfig, TrainResult
+from rollout.shared.learning.config import DpoConfig, TrainConfig, TrainResult
 from rollout.shared.learning.trl_job import CheckpointHook, ProgressHook, run_trl
 
 
@@ -25,9 +25,12 @@ def train_dpo(
     """Train `base_model` to prefer `chosen` over `rejected` (the reference is the base model).
 
     Rows come from `dpo_pairs`: conversational `prompt`, `chosen`, `rejected` message lists
-    plus `tools`. `config.beta` is DPO's temperature.
+    plus `tools`. `config` is a DpoConfig: `beta` is the preference temperature, `loss_type`
+    picks TRL's loss (sigmoid: DPO, ipo: IPO, hinge, ...).
     """
     rows = _validated(pairs)
+    if not isinstance(config, DpoConfig):
+        raise RolloutError(f"dpo: needs a dpo config, got one for {config.method}")
 
     return run_trl(
         method="dpo",
@@ -35,7 +38,7 @@ def train_dpo(
         rows=rows,
         out_dir=Path(out_dir),
         config=config,
-        build_trainer=lambda *a: dpo_trainer(*a, beta=config.beta),
+        build_trainer=lambda *a: dpo_trainer(*a, config=config),
         on_progress=on_progress,
         on_checkpoint=on_checkpoint,
         resume=resume,
@@ -50,7 +53,7 @@ def dpo_trainer(
     callbacks: list,
     peft: Any,
     *,
-    beta: float,
+    config: DpoConfig,
 ) -> Any:
     """The TRL DPOTrainer train_dpo runs (reference: the base model, or LoRA switched off)."""
     from trl import DPOConfig, DPOTrainer
@@ -58,7 +61,12 @@ def dpo_trainer(
     with warnings.catch_warnings():
         # transformers flags TRL's own argument names as deprecated: not actionable here.
         warnings.simplefilter("ignore", FutureWarning)
-        args = DPOConfig(**kw, beta=beta)
+        args = DPOConfig(
+            **kw,
+            beta=config.beta,
+            loss_type=[config.loss_type],
+            label_smoothing=config.label_smoothing,
+        )
     return DPOTrainer(
         model=model,
         args=args,

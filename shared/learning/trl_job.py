@@ -1,4 +1,4 @@
-"""One TRL training run (SFT or DPO) with our progress, checkpoint and resume semantics.
+"""One TRL training run (SFT, DPO, KTO or a reward model) with our progress, checkpoint and resume semantics.
 
 TRL's trainers (on transformers' Trainer) do the optimisation and write checkpoints with the
 weights, optimizer, LR scheduler, RNG states and step; this module picks the checkpoint to
@@ -44,6 +44,8 @@ ProgressHook = Callable[[Progress], None]
 CheckpointHook = Callable[[Path, int], None]
 # (model, tokenizer, dataset, common TRL config kwargs, callbacks, peft config) -> trainer
 TrainerFactory = Callable[[Any, Any, Any, dict[str, Any], list[Any], Any], Any]
+# (base model dir, lora) -> (tokenizer, model, base reference); default: a causal LM policy
+ModelLoader = Callable[[Path, bool], tuple[Any, Any, str]]
 
 
 def run_trl(
@@ -57,13 +59,17 @@ def run_trl(
     on_progress: ProgressHook | None,
     on_checkpoint: CheckpointHook | None,
     resume: bool,
+    load_model: ModelLoader | None = None,
 ) -> TrainResult:
     """Train with the trainer `build_trainer` makes; resume, report, save the final model."""
     from datasets import Dataset
 
     quiet_libraries()
     out_dir = Path(out_dir)
-    tokenizer, model, base_ref = load_policy(base_model, lora=config.lora)
+    if load_model is None:
+        tokenizer, model, base_ref = load_policy(base_model, lora=config.lora)
+    else:
+        tokenizer, model, base_ref = load_model(Path(base_model), config.lora)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = prepare_resume(out_dir, resume)
     try:
@@ -120,8 +126,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def trl_kwargs(out_dir: Path, config: TrainConfig) -> dict[str, Any]:
-    """The TRL/Trainer arguments every method shares, from our TrainConfig."""
+def trl_kwargs(out_dir: Path, config: Any) -> dict[str, Any]:
+    """The TRL/Trainer arguments every offline method shares, from its config model."""
     import torch
 
     on_cpu = device() == "cpu"
@@ -259,6 +265,10 @@ def _reporter_class() -> type:
 
 
 def _reward(logs: dict[str, Any]) -> float | None:
-    # DPO's implicit reward margin is the closest thing to a reward it has.
-    value = logs.get("rewards/margins")
-    return float(value) if _is_number(value) else None
+    # DPO's and KTO's implicit reward margin is the closest thing to a reward they have; a
+    # reward model's is how often it ranks chosen above rejected.
+    for key in ("rewards/margins", "accuracy"):
+        value = logs.get(key)
+        if _is_number(value):
+            return float(value)
+    return None

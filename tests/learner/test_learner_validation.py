@@ -103,6 +103,46 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
             {"base_model": "openai/gpt-4o-mini", "method": "grpo", "env_slug": "refunds"},
             "online GRPO trains local weights",
         ),
+        # The methods beyond SFT/DPO/GRPO refuse what they cannot train on, by path.
+        (
+            {"base_model": base, "method": "kto", "source_run_id": bad["runId"]},
+            "nothing for KTO to weigh: every rollout failed",
+        ),
+        (
+            {"base_model": base, "method": "rm", "source_run_id": bad["runId"]},
+            "has no preference pairs for a reward model",
+        ),
+        (
+            {
+                "base_model": base,
+                "method": "kto",
+                "source_run_id": good["runId"],
+                "hyperparams": {"batch_size": 1},
+            },
+            "hyperparams.batch_size: KTO needs at least 2 examples per batch",
+        ),
+        (
+            {
+                "base_model": base,
+                "method": "dpo",
+                "source_run_id": good["runId"],
+                "hyperparams": {"loss_type": "magic"},
+            },
+            "hyperparams.loss_type: must be one of",
+        ),
+        (
+            {
+                "base_model": base,
+                "method": "sft",
+                "source_run_id": good["runId"],
+                "hyperparams": {"beta": 0.1},
+            },
+            "hyperparams.beta: unknown setting",
+        ),
+        (
+            {"base_model": "openai/gpt-4o-mini", "method": "rm", "source_run_id": good["runId"]},
+            "a reward model trains local weights",
+        ),
     ]
     for job, expected in cases:
         text = await refused(client, **job)

@@ -35,8 +35,10 @@ def test_example_without_an_assistant_turn(tiny_base: Path, tmp_path: Path) -> N
 
 def test_unknown_method() -> None:
     with pytest.raises(RolloutError) as err:
-        TrainConfig.from_user({"method": "ppo", "epochs": 1})
-    assert err.value.problems == ["hyperparams.method: must be one of sft, dpo, grpo (got 'ppo')"]
+        TrainConfig.from_user({"method": "xyz", "epochs": 1})
+    assert err.value.problems == [
+        "hyperparams.method: must be one of sft, dpo, kto, rm, grpo (got 'xyz')"
+    ]
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "garbage"])

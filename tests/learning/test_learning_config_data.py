@@ -17,10 +17,35 @@ def test_config_defaults_and_user_values() -> None:
     assert config.group_size == 4 and config.lora is False
 
 
+def test_each_method_has_its_own_model_and_beta_meaning() -> None:
+    from rollout.shared.contracts.training import DpoConfig, GrpoConfig, SftConfig
+
+    assert isinstance(TrainConfig(method="sft"), SftConfig)
+    assert isinstance(TrainConfig(method="grpo", beta=0.0), GrpoConfig)
+    dpo = TrainConfig.from_user({"method": "dpo", "loss_type": "ipo"})
+    assert isinstance(dpo, DpoConfig) and dpo.loss_type == "ipo"
+    assert "KL" in GrpoConfig.model_fields["beta"].description
+    assert "temperature" in DpoConfig.model_fields["beta"].description
+    assert "beta" not in SftConfig.model_fields
+    for model in (SftConfig, DpoConfig, GrpoConfig):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} is undocumented"
+
+
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
-        ({"method": "ppo"}, "hyperparams.method: must be one of sft, dpo, grpo (got 'ppo')"),
+        (
+            {"method": "xyz"},
+            "hyperparams.method: must be one of sft, dpo, kto, rm, grpo (got 'xyz')",
+        ),
+        ({"method": "sft", "beta": 0.1}, "hyperparams.beta: unknown setting"),
+        ({"method": "dpo", "beta": 0}, "hyperparams.beta: must be > 0"),
+        (
+            {"method": "kto", "batch_size": 1},
+            "hyperparams.batch_size: KTO needs at least 2 examples per batch",
+        ),
+        ({"method": "grpo", "temperature": 3}, "hyperparams.temperature: must be <= 2"),
         ({"method": "sft", "learning_rate": 0}, "hyperparams.learning_rate: must be > 0"),
         ({"method": "sft", "batch_size": 0}, "hyperparams.batch_size: must be >= 1"),
         ({"method": "sft", "lr": 0.1}, "hyperparams.lr: unknown setting"),

@@ -14,6 +14,7 @@ from rollout.cli._common import print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.contracts.training import METHOD_ALIASES, METHODS, resolve_method
 
 _FINAL = ("completed", "failed")
 
@@ -22,11 +23,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the training verbs."""
     p = sub.add_parser(
         "improve",
-        help="fine-tune a model on a run's rollouts (sft, dpo) or online on an env (grpo)",
+        help="fine-tune a model on a run's rollouts (sft, dpo, ipo, kto, rm) or online on an "
+        "env (grpo)",
     )
-    p.add_argument("--run", dest="run_id", help="source run (sft, dpo)")
+    p.add_argument("--run", dest="run_id", help="source run (sft, dpo, ipo, kto, rm)")
     p.add_argument("--model", required=True, help="base model, e.g. local/tiny-agent, hf:DIR")
-    p.add_argument("--method", choices=("sft", "dpo", "grpo"), default="sft")
+    p.add_argument(
+        "--method",
+        choices=(*METHODS, *METHOD_ALIASES),
+        default="sft",
+        help="sft, dpo (--set loss_type=ipo|hinge|...), ipo (dpo's IPO loss), kto (passed vs "
+        "failed rollouts), rm (a reward model), grpo (online); settings: schemas/"
+        "training_config.json",
+    )
     p.add_argument("--suffix", help="trained model name is MODEL:SUFFIX (default: the job id)")
     p.add_argument("--epochs", type=float)
     p.add_argument("--learning-rate", type=float)
@@ -104,9 +113,10 @@ def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _improve(args: argparse.Namespace) -> int:
-    if args.method in ("sft", "dpo") and not args.run_id:
+    online = resolve_method(args.method, {})[0] == "grpo"
+    if not online and not args.run_id:
         raise RolloutError(f"--run RUN is required for --method {args.method}")
-    if args.method == "grpo" and not args.env_slug:
+    if online and not args.env_slug:
         raise RolloutError("--env SLUG is required for --method grpo")
     client = AsyncClient()
     try:

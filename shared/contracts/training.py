@@ -1,0 +1,263 @@
+"""Training configuration: one documented model per method, a union discriminated on `method`.
+
+Each method's model holds every hyperparameter a local job of that method takes (the trainer's
+and the learner's), so `hyperparams` of `CreateTrainingJob` is exactly that model minus
+`method`. A name means one thing per method: `beta` is DPO's/KTO's preference temperature and
+GRPO's KL weight, and each model's field description says which. `TrainConfig(method=...)`
+builds the method's own model, so existing callers keep working.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter, model_validator
+
+# TRL's DPO loss functions (DPOConfig.loss_type), each a single loss; `ipo` is the IPO paper's.
+DpoLossType = Literal[
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sigmoid_norm",
+]
+DPO_LOSS_TYPES: tuple[str, ...] = DpoLossType.__args__  # type: ignore[attr-defined]
+# Method names that select another method's model with one setting fixed (`ipo` is DPO's IPO).
+METHOD_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {"ipo": ("dpo", {"loss_type": "ipo"})}
+
+
+class TrainConfig(BaseModel):
+    """Settings every local training method shares; `TrainConfig(method=M, ...)` builds M's."""
+
+    model_config = ConfigDict(extra="forbid")
+    method_name: ClassVar[str] = ""
+
+    method: str = Field(description="The training method this config is for.")
+    learning_rate: float = Field(5e-5, gt=0, le=1, description="Optimizer (AdamW) step size.")
+    batch_size: int = Field(
+        4, ge=1, le=4096, description="Examples (offline) or completions (online) per micro-batch."
+    )
+    max_steps: int | None = Field(
+        None, ge=1, le=1_000_000, description="Optimizer steps; None trains for `epochs`."
+    )
+    lora: bool = Field(False, description="Train a LoRA adapter instead of every weight.")
+    lora_r: int = Field(8, ge=1, le=1024, description="LoRA rank (with `lora`).")
+    lora_alpha: int = Field(16, ge=1, le=4096, description="LoRA scaling numerator (with `lora`).")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of data order and initialisation.")
+    save_every: int = Field(20, ge=1, description="Checkpoint every this many optimizer steps.")
+    max_seq_len: int = Field(
+        1024, ge=8, le=131_072, description="Longest tokenized sequence trained on."
+    )
+    threads: int | None = Field(
+        None, ge=1, le=1024, description="torch intra-op threads; None: 1 for tiny CPU models."
+    )
+
+    def __new__(cls, *args: Any, **data: Any) -> TrainConfig:
+        # The shared base is never built itself: `TrainConfig(method="dpo", ...)` is a DpoConfig.
+        if cls is TrainConfig:
+            method = data.get("method")
+            if method not in CONFIG_MODELS:
+                known = ", ".join(CONFIG_MODELS)
+                raise ValueError(f"method: must be one of {known} (got {method!r})")
+            cls = CONFIG_MODELS[method]
+        return super().__new__(cls)
+
+    @classmethod
+    def from_user(cls, data: dict[str, Any], *, where: str = "hyperparams") -> TrainConfig:
+        """Validate user input into its method's model; RolloutError naming `<where>.<field>`."""
+        from pydantic import ValidationError
+
+        from rollout.errors import RolloutError
+
+        if not isinstance(data, dict):
+            raise RolloutError(f"{where}: must be a mapping, got {type(data).__name__}")
+        try:
+            if cls is TrainConfig:
+                return parse_config(data)
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise RolloutError(
+                "invalid training configuration", problems=config_problems(exc, where)
+            ) from None
+
+
+class _OfflineConfig(TrainConfig):
+    """Settings of methods that train on a fixed data set for some epochs."""
+
+    epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the data set.")
+    grad_accum: int = Field(
+        1, ge=1, le=1024, description="Micro-batches accumulated per optimizer step."
+    )
+
+
+class SftConfig(_OfflineConfig):
+    """Supervised fine-tuning (TRL SFTTrainer) on passing rollouts, assistant tokens only."""
+
+    method_name: ClassVar[str] = "sft"
+    method: Literal["sft"] = Field(description="Supervised fine-tuning.")
+
+
+class DpoConfig(_OfflineConfig):
+    """Direct preference optimisation (TRL DPOTrainer) on the buffer's preference pairs."""
+
+    method_name: ClassVar[str] = "dpo"
+    method: Literal["dpo"] = Field(description="Direct preference optimisation and its family.")
+    beta: float = Field(
+        0.1,
+        gt=0,
+        le=100,
+        description="Preference temperature: how far the policy may move from the reference "
+        "(for `ipo`, the regularisation strength tau).",
+    )
+    loss_type: DpoLossType = Field(
+        "sigmoid", description="TRL's DPO loss: sigmoid (DPO), ipo (IPO), hinge (SLiC), ..."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Assumed label noise (robust and exo_pair losses)."
+    )
+    min_margin: float = Field(
+        0.0, ge=0, description="Pairs whose scores differ by no more than this are skipped."
+    )
+
+
+class KtoConfig(_OfflineConfig):
+    """Kahneman-Tversky optimisation (TRL KTOTrainer): passed rollouts desirable, failed not."""
+
+    method_name: ClassVar[str] = "kto"
+    method: Literal["kto"] = Field(description="KTO on verifier-labelled rollouts.")
+    beta: float = Field(
+        0.1, gt=0, le=100, description="Preference temperature: deviation from the reference."
+    )
+    desirable_weight: float = Field(
+        1.0, gt=0, le=100, description="Weight of passed (desirable) rollouts' losses."
+    )
+    undesirable_weight: float = Field(
+        1.0, gt=0, le=100, description="Weight of failed (undesirable) rollouts' losses."
+    )
+
+    @model_validator(mode="after")
+    def _kl_needs_pairs(self) -> KtoConfig:
+        # KTO's KL estimate pairs each completion with another prompt of the same batch.
+        if self.batch_size < 2:
+            raise ValueError("batch_size: KTO needs at least 2 examples per batch")
+        return self
+
+
+class RmConfig(_OfflineConfig):
+    """A reward model (TRL RewardTrainer): a sequence classifier on the buffer's pairs."""
+
+    method_name: ClassVar[str] = "rm"
+    method: Literal["rm"] = Field(description="Reward-model training.")
+    center_rewards_coefficient: float | None = Field(
+        None, ge=0, le=10, description="Weight pushing rewards towards mean zero (None: off)."
+    )
+    min_margin: float = Field(
+        0.0, ge=0, description="Pairs whose scores differ by no more than this are skipped."
+    )
+
+
+class GrpoConfig(TrainConfig):
+    """Online GRPO: actors sample groups asynchronously, the learner steps as they arrive."""
+
+    method_name: ClassVar[str] = "grpo"
+    method: Literal["grpo"] = Field(description="Group relative policy optimisation, online.")
+    beta: float = Field(
+        0.1, ge=0, le=100, description="Weight of the KL penalty to the base policy (0: none)."
+    )
+    group_size: int = Field(4, ge=2, le=256, description="Completions sampled per task and step.")
+    max_staleness: int = Field(
+        2, ge=0, le=64, description="Completions more policy versions old are not trained on."
+    )
+    tasks_per_step: int = Field(4, ge=1, le=4096, description="Tasks sampled per optimizer step.")
+    temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature of the actors.")
+    max_tokens: int = Field(256, ge=1, le=131_072, description="Tokens sampled per model turn.")
+    max_tool_calls: int = Field(8, ge=0, le=1024, description="Tool calls per episode.")
+    run_deadline_s: float = Field(
+        900.0, gt=0, le=86_400, description="Deadline of each sampling run, in seconds."
+    )
+
+
+TrainingConfig = Annotated[
+    SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig, Field(discriminator="method")
+]
+CONFIG_MODELS: dict[str, type[TrainConfig]] = {
+    m.method_name: m for m in (SftConfig, DpoConfig, KtoConfig, RmConfig, GrpoConfig)
+}
+METHODS: tuple[str, ...] = tuple(CONFIG_MODELS)
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(TrainingConfig)
+
+
+class TrainingConfigSchema(RootModel[TrainingConfig]):
+    """The hyperparameters of a local training job, by method (schemas/training_config.json)."""
+
+
+def parse_config(data: dict[str, Any]) -> TrainConfig:
+    """`data` validated into its method's model (pydantic ValidationError when invalid)."""
+    return _ADAPTER.validate_python(data)
+
+
+def resolve_method(method: str, hyperparams: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(method, hyperparams) with an alias (`ipo`) replaced by the method and setting it means."""
+    if method not in METHOD_ALIASES:
+        return method, hyperparams
+    real, fixed = METHOD_ALIASES[method]
+    return real, {**hyperparams, **fixed}
+
+
+def config_problems(exc: Any, where: str) -> list[str]:
+    """pydantic errors as '<where>.<field>: <what is wrong>' lines users can act on."""
+    problems = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        # The union's tag (`grpo`, ...) is not part of the path the user wrote.
+        if loc and loc[0] in CONFIG_MODELS and err.get("type") != "union_tag_invalid":
+            loc = loc[1:]
+        path = ".".join([where, *loc]) if loc else where
+        message = _message(err)
+        if err.get("type") in ("union_tag_invalid", "union_tag_not_found"):
+            path = f"{where}.method"
+        elif err.get("type") == "value_error" and (m := re.match(r"(\w+): (.*)", message)):
+            # A model-level check names its own field first ("batch_size: ...").
+            path, message = f"{path}.{m.group(1)}", m.group(2)
+        problems.append(f"{path}: {message}")
+    return problems
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    if kind == "greater_than":
+        return f"must be > {_number(ctx.get('gt'))}"
+    if kind == "greater_than_equal":
+        return f"must be >= {_number(ctx.get('ge'))}"
+    if kind == "less_than":
+        return f"must be < {_number(ctx.get('lt'))}"
+    if kind == "less_than_equal":
+        return f"must be <= {_number(ctx.get('le'))}"
+    if kind == "union_tag_invalid":
+        return f"must be one of {', '.join(METHODS)} (got {ctx.get('tag')!r})"
+    if kind == "union_tag_not_found":
+        return "required"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')} (got {err.get('input')!r})"
+    if kind == "extra_forbidden":
+        return "unknown setting"
+    if kind == "missing":
+        return "required"
+    if kind == "value_error":
+        return str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return str(err.get("msg", "invalid"))
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
