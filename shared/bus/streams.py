@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import nats.errors
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
+from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.observability import get_logger
 
@@ -14,13 +15,18 @@ DEDUP_WINDOW_S = 120.0
 
 log = get_logger(__name__)
 
+# JetStream's answers to more replicas than the servers can place: "replicas > 1 not
+# supported in non-clustered mode" and "insufficient resources" (too few peers).
+_REPLICA_ERRORS = (10074, 10023)
 
-def events_stream_config() -> api.StreamConfig:
+
+def events_stream_config(replicas: int = 1) -> api.StreamConfig:
     """The append-only events stream: file storage, limits retention, dedup on, no erasing.
 
     Denying message deletes and purges makes the log the source of truth for good: no
     connection (a service's included) can rewrite history; `rollout admin rebuild` truncates
     the read models, never the stream. JetStream lets an update set these but never unset them.
+    With `replicas` 3 (a cluster), an append is acknowledged once two servers hold it.
     """
     return api.StreamConfig(
         name=subjects.EVENTS_STREAM,
@@ -31,10 +37,11 @@ def events_stream_config() -> api.StreamConfig:
         allow_direct=True,
         deny_delete=True,
         deny_purge=True,
+        num_replicas=replicas,
     )
 
 
-def work_stream_config() -> api.StreamConfig:
+def work_stream_config(replicas: int = 1) -> api.StreamConfig:
     """Work items: work-queue retention, one pull consumer per kind shared by replicas."""
     return api.StreamConfig(
         name=subjects.WORK_STREAM,
@@ -42,6 +49,7 @@ def work_stream_config() -> api.StreamConfig:
         retention=api.RetentionPolicy.WORK_QUEUE,
         storage=api.StorageType.FILE,
         duplicate_window=DEDUP_WINDOW_S,
+        num_replicas=replicas,
     )
 
 
@@ -50,22 +58,26 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> api.S
 
     Only the stream manager's user may update a stream (see rollout.shared.auth.services):
     another service that finds an older config goes on with it (the update is refused, which
-    nats-py sees as a timeout) and the manager brings it up to date when it starts.
+    nats-py sees as a timeout) and the manager brings it up to date when it starts. An update
+    that only raises the replicas (R1 to R3 when a cluster forms) is applied by JetStream in
+    place: the new peers catch up from the leader.
     """
     try:
         info = await js.stream_info(config.name)
     except NotFoundError:
         try:
             return await js.add_stream(config=config)
-        except BadRequestError as exc:
+        except APIError as exc:
             # Another replica created it between our lookup and our add.
             if exc.err_code != 10058:
-                raise
+                raise _replica_error(config, exc) from exc
         info = await js.stream_info(config.name)
     if config_matches(info.config, config):
         return info
     try:
         return await js.update_stream(config=config)
+    except APIError as exc:
+        raise _replica_error(config, exc) from exc
     except nats.errors.TimeoutError:
         log.warning(
             "stream config differs and this user may not update it; the tracker does",
@@ -74,16 +86,30 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> api.S
         return info
 
 
+def _replica_error(config: api.StreamConfig, exc: APIError) -> Exception:
+    """A clear error for replicas the servers cannot place; any other API error unchanged."""
+    if exc.err_code not in _REPLICA_ERRORS:
+        return exc
+    return RolloutError(
+        f"stream {config.name}: JetStream cannot keep {config.num_replicas} replicas"
+        f" ({exc.description})",
+        problems=[
+            "a stream needs as many JetStream servers as replicas: `rollout up --cluster 3`",
+            "or lower ROLLOUT_STREAM_REPLICAS (1 on a single server)",
+        ],
+    )
+
+
 def config_matches(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
     """True when every setting `wanted` names has that value in `current`."""
     have = current.as_dict()
     return all(have.get(key) == value for key, value in wanted.as_dict().items())
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create or update every stream the platform uses."""
-    await ensure_stream(js, events_stream_config())
-    await ensure_stream(js, work_stream_config())
+async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
+    """Create or update every stream the platform uses, each with `replicas` copies."""
+    await ensure_stream(js, events_stream_config(replicas))
+    await ensure_stream(js, work_stream_config(replicas))
 
 
 def pull_consumer_config(
