@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import nats.errors
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
@@ -18,6 +22,11 @@ log = get_logger(__name__)
 # JetStream's answers to more replicas than the servers can place: "replicas > 1 not
 # supported in non-clustered mode" and "insufficient resources" (too few peers).
 _REPLICA_ERRORS = (10074, 10023)
+# How long a service waits for a cluster to answer its setup calls (see retry_api).
+API_RETRY_S = 60.0
+API_RETRY_PAUSE_S = 0.25
+
+T = TypeVar("T")
 
 
 def events_stream_config(replicas: int = 1) -> api.StreamConfig:
@@ -63,15 +72,15 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> api.S
     place: the new peers catch up from the leader.
     """
     try:
-        info = await js.stream_info(config.name)
+        info = await retry_api(lambda: js.stream_info(config.name), config.name)
     except NotFoundError:
         try:
-            return await js.add_stream(config=config)
+            return await retry_api(lambda: js.add_stream(config=config), config.name)
         except APIError as exc:
             # Another replica created it between our lookup and our add.
             if exc.err_code != 10058:
                 raise _replica_error(config, exc) from exc
-        info = await js.stream_info(config.name)
+        info = await retry_api(lambda: js.stream_info(config.name), config.name)
     if config_matches(info.config, config):
         return info
     try:
@@ -84,6 +93,30 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> api.S
             stream=config.name,
         )
         return info
+
+
+async def retry_api(call: Callable[[], Awaitable[T]], what: str) -> T:
+    """Run one JetStream API call, again while the servers cannot answer it yet.
+
+    A cluster answers stream and consumer requests through its meta leader: while it elects
+    one (just formed, or a server lost), or under load, a request times out or finds no
+    responder and succeeds a moment later. Any other error is the caller's.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + API_RETRY_S
+    while True:
+        try:
+            return await call()
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            ServiceUnavailableError,
+        ) as exc:
+            # Too few servers for the replicas is an answer, not a pause.
+            if loop.time() > deadline or getattr(exc, "err_code", None) in _REPLICA_ERRORS:
+                raise
+            log.warning("jetstream api not answering yet; retrying", subject=what)
+            await asyncio.sleep(API_RETRY_PAUSE_S)
 
 
 def _replica_error(config: api.StreamConfig, exc: APIError) -> Exception:
@@ -138,4 +171,6 @@ async def ensure_consumer(
     js: JetStreamContext, stream: str, config: api.ConsumerConfig
 ) -> api.ConsumerInfo:
     """Create the durable consumer, or update it in place (add_consumer is create-or-update)."""
-    return await js.add_consumer(stream, config=config)
+    return await retry_api(
+        lambda: js.add_consumer(stream, config=config), f"{stream} {config.name}"
+    )

@@ -19,6 +19,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
 from rollout.shared import subjects
+from rollout.shared.bus.streams import retry_api
 from rollout.shared.observability import get_logger
 
 log = get_logger(__name__)
@@ -73,14 +74,13 @@ async def heartbeat_bucket(js: JetStreamContext, replicas: int = 1) -> KeyValue:
     """The heartbeat bucket, created on first use (idempotent); `replicas` 3 on a cluster, so
     health stays readable while one server is down."""
     try:
-        return await js.key_value(BUCKET)
+        return await retry_api(lambda: js.key_value(BUCKET), BUCKET)
     except nats.js.errors.BucketNotFoundError:
         pass
+    config = KeyValueConfig(bucket=BUCKET, history=1, ttl=BUCKET_TTL, replicas=replicas)
     try:
         # ttl bounds how long a crashed replica's last beat lingers in the bucket.
-        return await js.create_key_value(
-            KeyValueConfig(bucket=BUCKET, history=1, ttl=BUCKET_TTL, replicas=replicas)
-        )
+        return await retry_api(lambda: js.create_key_value(config), BUCKET)
     except nats.js.errors.BadRequestError:
         # Another replica created it between our lookup and our create.
         return await js.key_value(BUCKET)
