@@ -607,8 +607,10 @@ def start_nats_cluster(
     """Start `size` nats-servers clustered on loopback, data under `home`, one store each.
 
     Ports: the previous run's (a second `up` keeps the addresses), else 4222+i / 8222+i /
-    6222+i when free, else any free port; `any_port` picks free ports only (test fixtures).
+    6222+i when free, else any free port; `any_port` (or ROLLOUT_NATS_PORT=0) picks free
+    ports only.
     """
+    any_port = any_port or env_port("ROLLOUT_NATS_PORT") == 0
     if size < 2:
         raise RolloutError(f"a NATS cluster needs at least 2 servers, not {size}")
     ensure_home(home)
