@@ -45,6 +45,7 @@ DEFAULT_CLUSTER_PORT = 6222
 CLUSTER_NAME = "rollout"
 # The replicas of every stream and bucket on a cluster: R3 survives one lost server.
 CLUSTER_REPLICAS = 3
+SYNC_ENV = "ROLLOUT_NATS_SYNC_INTERVAL"
 READY_LINE = "Server is ready"
 RELOADED_LINE = "Reloaded server configuration"
 RELOAD_FAILED_LINE = "Failed to reload server configuration"
@@ -86,6 +87,9 @@ class NatsServer:
     # Servers of the cluster authenticate each other's routes with this user.
     route_user: str = ""
     route_password: str = field(default="", repr=False)
+    # JetStream's fsync policy: "" is the server's default (every 2 minutes), "always" syncs
+    # before each ack (see docs/cluster.md); from ROLLOUT_NATS_SYNC_INTERVAL for `rollout up`.
+    sync_interval: str = field(default_factory=lambda: os.environ.get(SYNC_ENV, ""))
 
     @property
     def server_name(self) -> str:
@@ -134,6 +138,9 @@ class NatsServer:
         }
         if self.node:
             entry |= {"name": self.server_name, "cluster_port": self.cluster_port}
+        if self.sync_interval:
+            # A reload must render the same value: the server takes it only at a restart.
+            entry["sync_interval"] = self.sync_interval
         return entry
 
     def start(self, *, timeout: float = 30.0, attached: bool = False) -> None:
@@ -261,20 +268,28 @@ def render_config(server: NatsServer) -> str:
         server.server_name,
         server.store_dir,
         config_users(server),
+        sync_interval=server.sync_interval,
     )
 
 
 def _config_text(
-    listeners: list[str], server_name: str, store_dir: Path | str, users: list[dict[str, Any]]
+    listeners: list[str],
+    server_name: str,
+    store_dir: Path | str,
+    users: list[dict[str, Any]],
+    *,
+    sync_interval: str = "",
 ) -> str:
     # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax, so a
     # digits-only password is still a string.
+    sync = [f"  sync_interval: {json.dumps(sync_interval)}"] if sync_interval else []
     return "\n".join(
         [
             *listeners,
             f"server_name: {json.dumps(server_name)}",
             "jetstream {",
             f"  store_dir: {json.dumps(str(store_dir))}",
+            *sync,
             "}",
             "authorization {",
             "  users = [",
@@ -408,6 +423,7 @@ def running_nats_nodes(home: Path) -> list[NatsServer]:
                 node=str(node.get("node") or ""),
                 cluster_port=int(node.get("cluster_port") or 0),
                 peer_ports=[int(port) for port in node.get("peer_ports") or []],
+                sync_interval=str(node.get("sync_interval") or ""),
                 **creds,
             )
         )
@@ -601,6 +617,7 @@ def start_nats_cluster(
     previous: dict[str, Any] | None = None,
     any_port: bool = False,
     replicas: int | None = None,
+    sync_interval: str | None = None,
     attached: bool = False,
     timeout: float = 30.0,
 ) -> NatsCluster:
@@ -643,6 +660,7 @@ def start_nats_cluster(
                 cluster_port=route,
                 peer_ports=[other[2] for j, other in enumerate(picks) if j != i],
                 **creds,
+                **({} if sync_interval is None else {"sync_interval": sync_interval}),
             )
             for i, (client, monitor, route) in enumerate(picks)
         ]
