@@ -23,6 +23,8 @@ CREDENTIALS_FILE = "credentials.json"
 MODEL_ENDPOINTS_FILE = "model_endpoints.toml"
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+# JetStream's limit on a stream's replicas (R5 survives two lost servers).
+MAX_STREAM_REPLICAS = 5
 # API keys (see rollout.shared.auth.keys) are NATS users named `rk_<role>_<id>`.
 API_KEY_PREFIX = "rk_"
 # Each service's own NATS user is `svc_<service>` (see rollout.shared.auth.services).
@@ -44,6 +46,15 @@ class Settings:
     # Where the NATS URL and the credentials came from, named in connection errors.
     endpoint_source: str | None = None
     credential_source: str | None = None
+    # Every server of a cluster (nats_url is the first); empty for a single server.
+    nats_urls: tuple[str, ...] = ()
+    # Replicas of the streams and buckets this process creates: 3 on a cluster, 1 alone.
+    stream_replicas: int = 1
+
+    @property
+    def nats_servers(self) -> list[str]:
+        """The server URLs a client is given (it fails over between them)."""
+        return list(self.nats_urls) or [self.nats_url]
 
     @property
     def api_key_user(self) -> str | None:
@@ -99,15 +110,24 @@ def load_settings(env: Mapping[str, str] | None = None, *, service: str | None =
     creds = read_json_file(home / CREDENTIALS_FILE)
 
     external_nats = bool(env.get("ROLLOUT_NATS_URL"))
+    nats_urls: tuple[str, ...] = ()
     if external_nats:
-        nats_url = _checked_url(
-            env["ROLLOUT_NATS_URL"], "ROLLOUT_NATS_URL", ("nats", "tls", "ws", "wss")
+        # A cluster is a comma-separated list: the client fails over between its servers.
+        nats_urls = tuple(
+            _checked_url(part.strip(), "ROLLOUT_NATS_URL", ("nats", "tls", "ws", "wss"))
+            for part in env["ROLLOUT_NATS_URL"].split(",")
+            if part.strip()
         )
+        if not nats_urls:
+            raise RolloutError("ROLLOUT_NATS_URL names no server")
+        nats_url = nats_urls[0]
+        nats_urls = nats_urls if len(nats_urls) > 1 else ()
         nats_user = env.get("ROLLOUT_NATS_USER") or None
         nats_password = env.get("ROLLOUT_NATS_PASSWORD") or None
         nats_token = env.get("ROLLOUT_NATS_TOKEN") or None
     else:
         nats_url = str(state.get("nats", {}).get("url") or DEFAULT_NATS_URL)
+        nats_urls = tuple(str(url) for url in state.get("nats", {}).get("urls") or ())
         nats_creds = creds.get("nats", {})
         if service is not None:
             nats_creds = _service_credentials(home, creds, service)
@@ -132,7 +152,29 @@ def load_settings(env: Mapping[str, str] | None = None, *, service: str | None =
         nats_token=nats_token,
         external_nats=external_nats,
         external_database=external_database,
+        nats_urls=nats_urls,
+        stream_replicas=stream_replicas(env, state, home),
     )
+
+
+def stream_replicas(env: Mapping[str, str], state: Mapping[str, Any], home: Path) -> int:
+    """ROLLOUT_STREAM_REPLICAS, else what the embedded stack runs (3 as a cluster), else 1."""
+    raw = env.get("ROLLOUT_STREAM_REPLICAS")
+    if raw:
+        if not raw.strip().isdigit() or not 1 <= int(raw) <= MAX_STREAM_REPLICAS:
+            raise RolloutError(
+                f"ROLLOUT_STREAM_REPLICAS={raw!r} is not a replica count",
+                problems=[f"expected 1 to {MAX_STREAM_REPLICAS} (3 on a 3-node cluster)"],
+            )
+        return int(raw)
+    recorded = (state.get("nats") or {}).get("replicas")
+    if recorded is None:
+        return 1
+    if not isinstance(recorded, int) or not 1 <= recorded <= MAX_STREAM_REPLICAS:
+        raise RolloutError(
+            f"{home / STATE_FILE} records nats.replicas={recorded!r}; run `rollout up` again"
+        )
+    return recorded
 
 
 def _service_credentials(home: Path, creds: dict[str, Any], service: str) -> dict[str, Any]:
@@ -174,7 +216,7 @@ def redact_url(url: str) -> str:
 
 def nats_connect_kwargs(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for nats-py `connect` and FastStream's `NatsBroker`."""
-    kwargs: dict[str, Any] = {"servers": [settings.nats_url]}
+    kwargs: dict[str, Any] = {"servers": settings.nats_servers}
     if settings.nats_token:
         kwargs["token"] = settings.nats_token
     if settings.nats_user is not None:
@@ -244,8 +286,9 @@ async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Cl
         connected = True
         return client
     except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
+        where = ", ".join(redact_url(url) for url in settings.nats_servers)
         raise RolloutError(
-            f"cannot reach NATS at {redact_url(settings.nats_url)} (from {source}): {exc}",
+            f"cannot reach NATS at {where} (from {source}): {exc}",
             problems=["start the embedded stack with `rollout up`, or set ROLLOUT_NATS_URL"]
             if not settings.api_key_user
             else ["check the endpoint (`rollout login --endpoint URL`, or ROLLOUT_ENDPOINT)"],

@@ -14,7 +14,7 @@ import pytest
 
 from rollout.shared.settings import CREDENTIALS_FILE, Settings, connect_nats
 from rollout.shared.stack.files import write_json
-from rollout.shared.stack.nats import NatsServer, start_nats
+from rollout.shared.stack.nats import NatsCluster, NatsServer, start_nats, start_nats_cluster
 from rollout.shared.stack.postgres import PostgresServer, start_postgres
 
 
@@ -144,3 +144,41 @@ def fresh_nats(tmp_path: Path) -> Iterator[NatsServer]:
     server = start_nats(tmp_path / "fresh-nats", port=0, monitor_port=0, attached=True)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def nats_cluster(servers_root: Path) -> Iterator[NatsCluster]:
+    """Three nats-servers clustered on loopback (R3 streams), ready once JetStream has a meta
+    leader every node agrees on; a test may SIGKILL and restart its nodes (`.nodes[i]`)."""
+    home = Path(tempfile.mkdtemp(prefix="cluster-", dir=servers_root))
+    cluster = start_nats_cluster(home, 3, any_port=True, attached=True)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_nats_settings(tmp_path: Path, nats_cluster: NatsCluster) -> Settings:
+    """Settings for the test's cluster (every node, R3) and no database."""
+    return cluster_settings_for(tmp_path / "home", nats_cluster, None)
+
+
+@pytest.fixture
+def cluster_settings(tmp_path: Path, nats_cluster: NatsCluster, pg_dsn: str) -> Settings:
+    """Settings for the test's cluster (every node, R3) and a fresh database."""
+    return cluster_settings_for(tmp_path / "home", nats_cluster, pg_dsn)
+
+
+def cluster_settings_for(home: Path, cluster: NatsCluster, database_url: str | None) -> Settings:
+    """Settings for every node of `cluster` (clients fail over between them), R3 streams."""
+    write_json(home / CREDENTIALS_FILE, {"services": cluster.services}, private=True)
+    return Settings(
+        home=home,
+        nats_url=cluster.url,
+        nats_urls=tuple(cluster.urls),
+        stream_replicas=cluster.replicas,
+        database_url=database_url,
+        nats_user=cluster.user,
+        nats_password=cluster.password,
+        external_nats=True,
+        external_database=database_url is not None,
+    )

@@ -199,7 +199,7 @@ async def serve(settings: Settings) -> None:
     nc = await connect_nats(settings)
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, settings.stream_replicas)
         await ensure_consumer(
             js,
             subjects.WORK_STREAM,

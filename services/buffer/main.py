@@ -195,7 +195,7 @@ async def serve(
     nc = await connect_nats(settings)
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, settings.stream_replicas)
         # Unlimited deliveries: the buffer must never skip an event because Postgres was down.
         await ensure_consumer(
             js,

@@ -26,7 +26,7 @@ async def serve(settings: Settings) -> None:
     """Run the env registry until cancelled."""
     nc = await connect_nats(settings)
     try:
-        await ensure_streams(nc.jetstream())
+        await ensure_streams(nc.jetstream(), settings.stream_replicas)
     finally:
         await nc.close()
     broker = build_broker(settings)

@@ -312,7 +312,7 @@ async def serve(settings: Settings) -> None:
     store = open_store(default_store_url(settings.home), source="ROLLOUT_OBJECT_STORE_URL")
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, settings.stream_replicas)
         # Unlimited at the JetStream level: the learner counts deliveries itself (run_job),
         # so a job whose replicas keep dying is dead-lettered with a reason, never dropped.
         await ensure_consumer(

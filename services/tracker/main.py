@@ -125,7 +125,7 @@ async def serve(settings: Settings) -> None:
     nc = await connect_nats(settings)
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, settings.stream_replicas)
         # Unlimited deliveries: a read model must never skip an event because Postgres was down.
         await ensure_consumer(
             js,

@@ -150,7 +150,7 @@ async def serve(settings: Settings) -> None:
     nc = await connect_nats(settings)
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, settings.stream_replicas)
         await ensure_consumer(
             js,
             subjects.EVENTS_STREAM,

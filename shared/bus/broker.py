@@ -58,7 +58,8 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
         # A service's user may only read replies under its own inbox prefix.
         options["reply_prefix"] = prefix
     broker = (_PrivateInboxBroker if prefix else NatsBroker)(
-        settings.nats_url,
+        # Every server of a cluster: the connection fails over to another when one goes.
+        settings.nats_servers,
         security=_security(settings),
         **options,
         middlewares=[DeadLetterPolicy(js, max_deliver=max_deliver)],

@@ -9,6 +9,9 @@ from nats.js import JetStreamContext, api
 
 from rollout.shared import subjects
 
+# A one-off read fetches without pause; its consumer is inactive only once the read is over.
+ONE_OFF_INACTIVE_S = 10.0
+
 
 async def last_sequence(js: JetStreamContext, stream: str = subjects.EVENTS_STREAM) -> int:
     """The stream's last sequence number (0 when empty)."""
@@ -30,9 +33,11 @@ async def read_events(
     """Yield stored messages in order from `start_seq`; with `follow`, keep waiting for new ones.
 
     `filter_subject` may be a list of filters (one aggregate's chosen event types, say).
-    With `delete_consumer` the read's consumer is deleted at the end instead of idling out
-    (services loading an aggregate per decision would otherwise pile them up; API keys may not
-    delete consumers, so readers with one leave it to the server's inactive threshold).
+    With `delete_consumer` the read's consumer goes away soon after the read ends instead of
+    idling for a minute (services loading an aggregate per decision would otherwise pile them
+    up). The server removes it by its inactive threshold: neither API keys nor service users
+    may delete consumers (rollout.shared.auth.services), and a refused delete would only wait
+    for its timeout.
     """
     stop_at = await last_sequence(js, stream)
     if stop_at < start_seq and not follow:
@@ -41,7 +46,7 @@ async def read_events(
         ack_policy=api.AckPolicy.NONE,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
         opt_start_seq=start_seq,
-        inactive_threshold=60.0,
+        inactive_threshold=ONE_OFF_INACTIVE_S if delete_consumer else 60.0,
         mem_storage=True,
     )
     if isinstance(filter_subject, list):
@@ -63,5 +68,3 @@ async def read_events(
                     return
     finally:
         await sub.unsubscribe()
-        if delete_consumer and config.name:
-            await js.delete_consumer(stream, config.name)

@@ -58,7 +58,8 @@ def load_or_create_credentials(
     path = home / CREDENTIALS_FILE
     creds = read_json_file(path)
     changed = False
-    for server, user in (("nats", "rollout"), ("postgres", "rollout")):
+    # nats_route: the user a cluster's servers authenticate each other's routes with.
+    for server, user in (("nats", "rollout"), ("postgres", "rollout"), ("nats_route", "route")):
         entry = creds.get(server)
         if not isinstance(entry, dict) or not entry.get("user") or not entry.get("password"):
             creds[server] = {"user": user, "password": secrets.token_urlsafe(32)}

@@ -19,6 +19,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
 from rollout.shared import subjects
+from rollout.shared.bus.streams import retry_api
 from rollout.shared.observability import get_logger
 
 log = get_logger(__name__)
@@ -69,15 +70,17 @@ def default_replica_id() -> str:
     return _key_part(f"{socket.gethostname()}-{os.getpid()}")
 
 
-async def heartbeat_bucket(js: JetStreamContext) -> KeyValue:
-    """The heartbeat bucket, created on first use (idempotent)."""
+async def heartbeat_bucket(js: JetStreamContext, replicas: int = 1) -> KeyValue:
+    """The heartbeat bucket, created on first use (idempotent); `replicas` 3 on a cluster, so
+    health stays readable while one server is down."""
     try:
-        return await js.key_value(BUCKET)
+        return await retry_api(lambda: js.key_value(BUCKET), BUCKET)
     except nats.js.errors.BucketNotFoundError:
         pass
+    config = KeyValueConfig(bucket=BUCKET, history=1, ttl=BUCKET_TTL, replicas=replicas)
     try:
         # ttl bounds how long a crashed replica's last beat lingers in the bucket.
-        return await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1, ttl=BUCKET_TTL))
+        return await retry_api(lambda: js.create_key_value(config), BUCKET)
     except nats.js.errors.BadRequestError:
         # Another replica created it between our lookup and our create.
         return await js.key_value(BUCKET)
@@ -88,9 +91,10 @@ async def heartbeat(
     service: str,
     replica_id: str | None = None,
     interval: float = DEFAULT_INTERVAL,
+    replicas: int = 1,
 ) -> None:
     """Beat every `interval` seconds until cancelled; the beat is removed on a clean stop."""
-    kv = await heartbeat_bucket(js)
+    kv = await heartbeat_bucket(js, replicas)
     replica_id = replica_id or default_replica_id()
     key = beat_key(service, replica_id)
     beat = {"service": service, "replica_id": replica_id}

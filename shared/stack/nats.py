@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,8 @@ from rollout.shared.stack.process import (
     die_with_parent,
     env_port,
     file_size,
+    free_port,
+    port_is_free,
     read_from,
     stop_process,
     tail,
@@ -37,6 +41,11 @@ from rollout.shared.stack.process import (
 
 DEFAULT_PORT = 4222
 DEFAULT_MONITOR_PORT = 8222
+DEFAULT_CLUSTER_PORT = 6222
+CLUSTER_NAME = "rollout"
+# The replicas of every stream and bucket on a cluster: R3 survives one lost server.
+CLUSTER_REPLICAS = 3
+SYNC_ENV = "ROLLOUT_NATS_SYNC_INTERVAL"
 READY_LINE = "Server is ready"
 RELOADED_LINE = "Reloaded server configuration"
 RELOAD_FAILED_LINE = "Failed to reload server configuration"
@@ -71,6 +80,26 @@ class NatsServer:
     services: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     ref: ProcessRef | None = None
+    # Cluster mode (see NatsCluster): this node's name, its route port and its peers' ports.
+    node: str = ""
+    cluster_port: int = 0
+    peer_ports: list[int] = field(default_factory=list)
+    # Servers of the cluster authenticate each other's routes with this user.
+    route_user: str = ""
+    route_password: str = field(default="", repr=False)
+    # JetStream's fsync policy: "" is the server's default (every 2 minutes), "always" syncs
+    # before each ack (see docs/cluster.md); from ROLLOUT_NATS_SYNC_INTERVAL for `rollout up`.
+    sync_interval: str = field(default_factory=lambda: os.environ.get(SYNC_ENV, ""))
+
+    @property
+    def server_name(self) -> str:
+        """The name the server reports (unique in a cluster: JetStream's peers are these)."""
+        return f"{CLUSTER_NAME}-{self.node}" if self.node else CLUSTER_NAME
+
+    @property
+    def _node_dir(self) -> Path:
+        # A single server keeps the paths it always had; each cluster node gets its own store.
+        return self.home / "nats" / "cluster" / self.node if self.node else self.home / "nats"
 
     @property
     def url(self) -> str:
@@ -85,30 +114,46 @@ class NatsServer:
     @property
     def store_dir(self) -> Path:
         """JetStream file store."""
-        return self.home / "nats" / "jetstream"
+        return self._node_dir / "jetstream"
 
     @property
     def config_path(self) -> Path:
         """Generated server config (0600: it holds the password)."""
-        return self.home / "nats" / "nats.conf"
+        return self._node_dir / "nats.conf"
 
     @property
     def log_path(self) -> Path:
         """Server log."""
-        return self.home / "logs" / "nats.log"
+        name = f"nats-{self.node}.log" if self.node else "nats.log"
+        return self.home / "logs" / name
 
     def describe(self) -> dict[str, Any]:
         """The state-file entry for this server."""
-        return {
+        entry = {
             "url": self.url,
             "port": self.port,
             "monitor_port": self.monitor_port,
             "log": str(self.log_path),
             **(self.ref.to_dict() if self.ref else {}),
         }
+        if self.node:
+            entry |= {"name": self.server_name, "cluster_port": self.cluster_port}
+        if self.sync_interval:
+            # A reload must render the same value: the server takes it only at a restart.
+            entry["sync_interval"] = self.sync_interval
+        return entry
 
     def start(self, *, timeout: float = 30.0, attached: bool = False) -> None:
         """Start the server and return once it logs readiness (JetStream included)."""
+        offset = self.spawn(attached=attached)
+        self.wait_started(offset, timeout)
+
+    def spawn(self, *, attached: bool = False) -> int:
+        """Start the process without waiting; returns the log offset its readiness follows.
+
+        A cluster spawns every node before waiting on any: a node's JetStream waits for its
+        peers' routes.
+        """
         self.store_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_private(self.config_path, render_config(self))
         offset = file_size(self.log_path)
@@ -126,13 +171,17 @@ class NatsServer:
         finally:
             log.close()
         self.ref = ProcessRef.of(self.process.pid)
+        return offset
+
+    def wait_started(self, offset: int, timeout: float = 30.0) -> None:
+        """Wait for the readiness line after `offset`; stop the server when it fails."""
         try:
             wait_for_log(
                 self.log_path,
                 offset,
                 lambda text: READY_LINE in text,
                 self.process,
-                what="nats-server",
+                what=f"nats-server {self.server_name}",
                 timeout=timeout,
             )
         except ServerStartError:
@@ -190,26 +239,57 @@ def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
 
 
 def render_config(server: NatsServer) -> str:
-    """The nats-server config: loopback listeners, JetStream on, the admin, services and keys."""
+    """The nats-server config: loopback listeners, JetStream on, the admin, services and keys.
+
+    A cluster node adds its route listener (loopback too) and its peers' routes; routes
+    authenticate with the cluster's own user, so no other local process can join as a peer.
+    """
+    cluster: list[str] = []
+    if server.node:
+        routes = [
+            json.dumps(
+                f"nats-route://{server.route_user}:{server.route_password}@{LOOPBACK}:{port}"
+            )
+            for port in server.peer_ports
+        ]
+        cluster = [
+            "cluster {",
+            f"  name: {json.dumps(CLUSTER_NAME)}",
+            f"  listen: {LOOPBACK}:{server.cluster_port}",
+            "  authorization {",
+            f"    user: {json.dumps(server.route_user)}",
+            f"    password: {json.dumps(server.route_password)}",
+            "  }",
+            f"  routes: [{', '.join(routes)}]",
+            "}",
+        ]
     return _config_text(
-        [f"listen: {LOOPBACK}:{server.port}", f"http: {LOOPBACK}:{server.monitor_port}"],
-        "rollout",
+        [f"listen: {LOOPBACK}:{server.port}", f"http: {LOOPBACK}:{server.monitor_port}", *cluster],
+        server.server_name,
         server.store_dir,
         config_users(server),
+        sync_interval=server.sync_interval,
     )
 
 
 def _config_text(
-    listeners: list[str], server_name: str, store_dir: Path | str, users: list[dict[str, Any]]
+    listeners: list[str],
+    server_name: str,
+    store_dir: Path | str,
+    users: list[dict[str, Any]],
+    *,
+    sync_interval: str = "",
 ) -> str:
     # json.dumps gives correctly quoted strings (and maps) for the NATS config syntax, so a
     # digits-only password is still a string.
+    sync = [f"  sync_interval: {json.dumps(sync_interval)}"] if sync_interval else []
     return "\n".join(
         [
             *listeners,
             f"server_name: {json.dumps(server_name)}",
             "jetstream {",
             f"  store_dir: {json.dumps(str(store_dir))}",
+            *sync,
             "}",
             "authorization {",
             "  users = [",
@@ -309,31 +389,53 @@ def _server_credentials(home: Path) -> dict[str, Any]:
         "password": nats_creds["password"],
         "password_hash": nats_creds.get("password_hash", ""),
         "services": creds["services"],
+        "route_user": creds["nats_route"]["user"],
+        "route_password": creds["nats_route"]["password"],
     }
 
 
 def running_nats(home: Path) -> NatsServer | None:
-    """The embedded nats-server `rollout up` runs for `home`, as recorded; None when not running."""
+    """The embedded nats-server `rollout up` runs for `home`, as recorded; None when not running.
+
+    For a cluster, its first live node (see running_nats_nodes for all of them).
+    """
+    nodes = running_nats_nodes(home)
+    return nodes[0] if nodes else None
+
+
+def running_nats_nodes(home: Path) -> list[NatsServer]:
+    """Every live embedded nats-server of `home` (one, or each node of a cluster)."""
     entry = read_json_file(home / STATE_FILE).get("nats") or {}
-    ref = ProcessRef.from_dict(entry)
-    if entry.get("external") or ref is None or not ref.alive():
-        return None
-    return NatsServer(
-        home=home,
-        port=int(entry["port"]),
-        monitor_port=int(entry["monitor_port"]),
-        ref=ref,
-        **_server_credentials(home),
-    )
+    if entry.get("external"):
+        return []
+    creds = _server_credentials(home)
+    found = []
+    for node in entry.get("nodes") or [entry]:
+        ref = ProcessRef.from_dict(node)
+        if ref is None or not ref.alive():
+            continue
+        found.append(
+            NatsServer(
+                home=home,
+                port=int(node["port"]),
+                monitor_port=int(node["monitor_port"]),
+                ref=ref,
+                node=str(node.get("node") or ""),
+                cluster_port=int(node.get("cluster_port") or 0),
+                peer_ports=[int(port) for port in node.get("peer_ports") or []],
+                sync_interval=str(node.get("sync_interval") or ""),
+                **creds,
+            )
+        )
+    return found
 
 
 def reload_nats(home: Path, timeout: float = 15.0) -> bool:
-    """Apply changed API keys to the running embedded server; False when none runs."""
-    server = running_nats(home)
-    if server is None:
-        return False
-    server.reload(timeout)
-    return True
+    """Apply changed API keys to the running embedded server(s); False when none runs."""
+    servers = running_nats_nodes(home)
+    for server in servers:
+        server.reload(timeout)
+    return bool(servers)
 
 
 def start_nats(
@@ -381,3 +483,205 @@ def start_nats(
                 continue
             raise
     raise AssertionError("unreachable")
+
+
+@dataclass
+class NatsCluster:
+    """Several nats-servers on loopback routed into one JetStream cluster (`up --cluster N`)."""
+
+    nodes: list[NatsServer]
+    replicas: int = CLUSTER_REPLICAS
+
+    @property
+    def url(self) -> str:
+        """The first node's client URL."""
+        return self.nodes[0].url
+
+    @property
+    def urls(self) -> list[str]:
+        """Every node's client URL (what clients are given)."""
+        return [node.url for node in self.nodes]
+
+    @property
+    def user(self) -> str:
+        """The admin user (the same on every node)."""
+        return self.nodes[0].user
+
+    @property
+    def password(self) -> str:
+        """The admin password."""
+        return self.nodes[0].password
+
+    @property
+    def services(self) -> dict[str, dict[str, str]]:
+        """Each service's own user (the same on every node)."""
+        return self.nodes[0].services
+
+    def node(self, name: str) -> NatsServer:
+        """The node whose server name is `name`."""
+        for node in self.nodes:
+            if node.server_name == name:
+                return node
+        raise KeyError(name)
+
+    def describe(self) -> dict[str, Any]:
+        """The state-file entry: the URLs clients use, the replicas, each node."""
+        return {
+            "url": self.url,
+            "urls": self.urls,
+            "cluster": len(self.nodes),
+            "replicas": self.replicas,
+            "nodes": [
+                node.describe() | {"node": node.node, "peer_ports": node.peer_ports}
+                for node in self.nodes
+            ],
+        }
+
+    def start(self, *, timeout: float = 30.0, attached: bool = False) -> None:
+        """Start every node, then wait until JetStream has a meta leader all nodes agree on."""
+        offsets = [node.spawn(attached=attached) for node in self.nodes]
+        try:
+            for node, offset in zip(self.nodes, offsets, strict=True):
+                node.wait_started(offset, timeout)
+            wait_for_cluster(self.nodes, timeout=timeout)
+        except RolloutError:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop every node (in parallel: a lone last node waits for peers that never come)."""
+        for node in self.nodes:
+            if node.ref is not None and node.ref.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.ref.pid, signal.SIGTERM)
+        for node in self.nodes:
+            node.stop(timeout)
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        """True when every node answers its JetStream health check."""
+        return all(node.healthy(timeout) for node in self.nodes)
+
+
+def jetstream_report(monitor_url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The server's /jsz report (its JetStream and meta-cluster view); None when unreachable."""
+    try:
+        response = httpx.get(f"{monitor_url}/jsz", timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    report = response.json()
+    return report if isinstance(report, dict) else None
+
+
+def meta_leader(server: NatsServer, timeout: float = 2.0) -> str | None:
+    """The JetStream meta leader this node knows of (None: no quorum yet, or node down)."""
+    report = jetstream_report(server.monitor_url, timeout) or {}
+    leader = (report.get("meta_cluster") or {}).get("leader")
+    return str(leader) if leader else None
+
+
+def wait_for_cluster(nodes: list[NatsServer], *, timeout: float = 30.0) -> str:
+    """Wait until every node names the same meta leader and reports JetStream healthy.
+
+    Asks the servers (their /jsz and /healthz), step by step until the deadline; returns the
+    leader's server name.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        leaders = {meta_leader(node) for node in nodes}
+        (leader,) = leaders if len(leaders) == 1 else (None,)
+        if leader is not None and all(node.healthy() for node in nodes):
+            return leader
+        for node in nodes:
+            if node.process is not None and node.process.poll() is not None:
+                raise ServerStartError(
+                    f"nats-server {node.server_name}",
+                    f"exited with code {node.process.returncode}",
+                    read_from(node.log_path, 0),
+                )
+        if time.monotonic() > deadline:
+            raise RolloutError(
+                f"the NATS cluster has no JetStream leader after {timeout:.0f}s",
+                problems=[f"leaders seen: {sorted(map(str, leaders))}"]
+                + [f"log: {node.log_path}" for node in nodes],
+            )
+        # Leader election takes a few hundred ms; re-ask in short steps.
+        time.sleep(0.05)
+
+
+def start_nats_cluster(
+    home: Path,
+    size: int = 3,
+    *,
+    previous: dict[str, Any] | None = None,
+    any_port: bool = False,
+    replicas: int | None = None,
+    sync_interval: str | None = None,
+    attached: bool = False,
+    timeout: float = 30.0,
+) -> NatsCluster:
+    """Start `size` nats-servers clustered on loopback, data under `home`, one store each.
+
+    Ports: the previous run's (a second `up` keeps the addresses), else 4222+i / 8222+i /
+    6222+i when free, else any free port; `any_port` (or ROLLOUT_NATS_PORT=0) picks free
+    ports only.
+    """
+    any_port = any_port or env_port("ROLLOUT_NATS_PORT") == 0
+    if size < 2:
+        raise RolloutError(f"a NATS cluster needs at least 2 servers, not {size}")
+    ensure_home(home)
+    creds = _server_credentials(home)
+    ensure_local_key(home)
+    before = [node for node in (previous or {}).get("nodes") or [] if isinstance(node, dict)]
+    attempts = 3
+    for attempt in range(attempts):
+        picks: list[tuple[int, int, int]] = []
+        taken: set[int] = set()
+        for i in range(size):
+            old = before[i] if i < len(before) and attempt == 0 and not any_port else {}
+            ports = []
+            for key, default in (
+                ("port", DEFAULT_PORT),
+                ("monitor_port", DEFAULT_MONITOR_PORT),
+                ("cluster_port", DEFAULT_CLUSTER_PORT),
+            ):
+                preferred = [] if any_port or attempt else [int(old.get(key) or 0), default + i]
+                chosen = _free_port_not_in(preferred, taken)
+                taken.add(chosen)
+                ports.append(chosen)
+            picks.append((ports[0], ports[1], ports[2]))
+        nodes = [
+            NatsServer(
+                home=home,
+                port=client,
+                monitor_port=monitor,
+                node=str(i + 1),
+                cluster_port=route,
+                peer_ports=[other[2] for j, other in enumerate(picks) if j != i],
+                **creds,
+                **({} if sync_interval is None else {"sync_interval": sync_interval}),
+            )
+            for i, (client, monitor, route) in enumerate(picks)
+        ]
+        cluster = NatsCluster(nodes, replicas=replicas or min(size, CLUSTER_REPLICAS))
+        try:
+            cluster.start(timeout=timeout, attached=attached)
+            return cluster
+        except ServerStartError as exc:
+            # Another process can grab a free port between our check and the server's bind.
+            if "address already in use" in exc.log and attempt + 1 < attempts:
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+def _free_port_not_in(preferred: list[int], taken: set[int]) -> int:
+    """The first free preferred port not already given to another node, else any free one."""
+    for port in preferred:
+        if port and port not in taken and port_is_free(port):
+            return port
+    while True:
+        port = free_port()
+        if port not in taken:
+            return port

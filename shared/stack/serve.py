@@ -26,7 +26,9 @@ async def run_service(
     serve = load_serve(name)
     replica_id = replica_id or default_replica_id()
     nc = await connect_nats(settings, name=f"{name}-heartbeat")
-    beats = asyncio.create_task(heartbeat(nc.jetstream(), name, replica_id, interval))
+    beats = asyncio.create_task(
+        heartbeat(nc.jetstream(), name, replica_id, interval, settings.stream_replicas)
+    )
     log.info("service starting", replica_id=replica_id)
     try:
         await serve(settings)

@@ -11,7 +11,8 @@ import asyncpg
 from rollout.errors import RolloutError
 from rollout.shared.settings import Settings, connect_nats, redact_url
 from rollout.shared.stack.health import read_beats
-from rollout.shared.stack.process import ProcessRef
+from rollout.shared.stack.nats import jetstream_report, nats_healthy
+from rollout.shared.stack.process import LOOPBACK, ProcessRef
 from rollout.shared.stack.services import selected
 from rollout.shared.stack.supervisor import read_state
 
@@ -38,22 +39,42 @@ async def collect_status(settings: Settings) -> list[Component]:
     running = state.get("phase") in ("starting", "ready")
     components: list[Component] = []
 
-    nats_pid = _live_pid(state.get("nats"))
-    nats = Component(
-        "nats", "server", redact_url(settings.nats_url), False, nats_pid, "", settings.external_nats
-    )
-    components.append(nats)
+    nodes = [] if settings.external_nats else (state.get("nats") or {}).get("nodes") or []
     nc = None
-    if settings.external_nats or nats_pid is not None:
-        try:
-            nc = await connect_nats(settings, connect_timeout=PROBE_TIMEOUT, name="rollout-status")
-            info = await nc.jetstream().account_info()
-            nats.healthy = True
-            nats.detail = f"jetstream: {info.streams} streams"
-        except (RolloutError, Exception) as exc:  # any failure is just "unhealthy" here
-            nats.detail = str(exc).splitlines()[0]
+    if nodes:
+        # A cluster: one line per node, each asked directly (its health, the meta leader).
+        components += await asyncio.to_thread(_cluster_components, nodes)
+        if any(c.pid is not None for c in components):
+            try:
+                nc = await connect_nats(
+                    settings, connect_timeout=PROBE_TIMEOUT, name="rollout-status"
+                )
+            except RolloutError:
+                nc = None  # no node answers: the node lines say so; beats are unknown
     else:
-        nats.detail = "stopped (run `rollout up`)"
+        nats_pid = _live_pid(state.get("nats"))
+        nats = Component(
+            "nats",
+            "server",
+            redact_url(settings.nats_url),
+            False,
+            nats_pid,
+            "",
+            settings.external_nats,
+        )
+        components.append(nats)
+        if settings.external_nats or nats_pid is not None:
+            try:
+                nc = await connect_nats(
+                    settings, connect_timeout=PROBE_TIMEOUT, name="rollout-status"
+                )
+                info = await nc.jetstream().account_info()
+                nats.healthy = True
+                nats.detail = f"jetstream: {info.streams} streams"
+            except (RolloutError, Exception) as exc:  # any failure is just "unhealthy" here
+                nats.detail = str(exc).splitlines()[0]
+        else:
+            nats.detail = "stopped (run `rollout up`)"
 
     pg_pid = _live_pid(state.get("postgres"))
     url = settings.database_url
@@ -100,6 +121,31 @@ async def collect_status(settings: Settings) -> list[Component]:
             if entry.get("restarts"):
                 service.detail += f" (restarted {entry['restarts']}x; log: {entry.get('log')})"
         components.append(service)
+    return components
+
+
+def _cluster_components(nodes: list[dict[str, Any]]) -> list[Component]:
+    """One component per cluster node: healthy when its JetStream is current with the
+    cluster; the detail names its role and the meta leader it follows."""
+    components = []
+    for entry in nodes:
+        name = f"nats-{entry.get('node')}"
+        pid = _live_pid(entry)
+        node = Component(name, "server", str(entry.get("url") or "-"), False, pid)
+        components.append(node)
+        if pid is None:
+            node.detail = "stopped"
+            continue
+        monitor = f"http://{LOOPBACK}:{entry.get('monitor_port')}"
+        node.healthy = nats_healthy(monitor, PROBE_TIMEOUT)
+        report = jetstream_report(monitor, PROBE_TIMEOUT) or {}
+        leader = (report.get("meta_cluster") or {}).get("leader")
+        role = "meta leader" if leader and leader == entry.get("name") else "follower"
+        node.detail = (
+            f"{entry.get('name')}: {role} (leader {leader}), {report.get('streams', 0)} streams"
+            if leader
+            else f"{entry.get('name')}: no JetStream leader in reach"
+        )
     return components
 
 

@@ -23,7 +23,7 @@ from rollout.shared.observability import get_logger
 from rollout.shared.settings import STATE_FILE, Settings, load_settings, read_json_file, redact_url
 from rollout.shared.stack.files import ensure_home, write_json
 from rollout.shared.stack.health import read_beat
-from rollout.shared.stack.nats import NatsServer, start_nats
+from rollout.shared.stack.nats import NatsCluster, NatsServer, start_nats, start_nats_cluster
 from rollout.shared.stack.postgres import PostgresServer, start_postgres
 from rollout.shared.stack.process import ProcessRef, stop_process
 
@@ -174,7 +174,9 @@ class Supervisor:
     env: Mapping[str, str]
     token: str | None = None
     fast: bool = False
-    nats: NatsServer | None = None
+    # nats-servers to run: 1, or a cluster of 3 (or 5) on loopback with R3 streams.
+    cluster: int = 1
+    nats: NatsServer | NatsCluster | None = None
     postgres: PostgresServer | None = None
     children: dict[str, ServiceProcess] = field(default_factory=dict)
     phase: str = "starting"
@@ -205,9 +207,8 @@ class Supervisor:
                     )
                     self.children[name] = child
                     tasks.append(asyncio.create_task(child.supervise(self.stopping, self._save)))
-                for name, server in (("nats", self.nats), ("postgres", self.postgres)):
-                    if server is not None:
-                        tasks.append(asyncio.create_task(self._watch_server(name, server)))
+                for name, server in self._servers():
+                    tasks.append(asyncio.create_task(self._watch_server(name, server)))
                 await self._until_healthy()
                 if not self.stopping.is_set():
                     self._set_phase("ready")
@@ -231,10 +232,17 @@ class Supervisor:
         if orphans:
             log.warning("stopped leftovers of a previous run", components=orphans)
         if not self.settings.external_nats:
-            self.nats = await asyncio.to_thread(
-                start_nats, self.home, previous=previous.get("nats"), attached=False
-            )
-            log.info("nats started", url=self.nats.url, pid=self.nats.ref and self.nats.ref.pid)
+            check_nats_mode(self.home, self.cluster)
+            if self.cluster > 1:
+                self.nats = await asyncio.to_thread(
+                    start_nats_cluster, self.home, self.cluster, previous=previous.get("nats")
+                )
+                log.info("nats cluster started", urls=self.nats.urls)
+            else:
+                self.nats = await asyncio.to_thread(
+                    start_nats, self.home, previous=previous.get("nats"), attached=False
+                )
+                log.info("nats started", url=self.nats.url, pid=self.nats.ref and self.nats.ref.pid)
         if not self.settings.external_database:
             self.postgres = await asyncio.to_thread(
                 start_postgres,
@@ -246,6 +254,17 @@ class Supervisor:
         self._save()
         # Settings now resolve the embedded servers from the state file just written.
         self.settings = load_settings(self.env)
+
+    def _servers(self) -> list[tuple[str, NatsServer | PostgresServer]]:
+        """Each server process to watch: the nats-server (or each cluster node), Postgres."""
+        servers: list[tuple[str, NatsServer | PostgresServer]] = []
+        if isinstance(self.nats, NatsCluster):
+            servers += [(node.server_name, node) for node in self.nats.nodes]
+        elif self.nats is not None:
+            servers.append(("nats", self.nats))
+        if self.postgres is not None:
+            servers.append(("postgres", self.postgres))
+        return servers
 
     async def _watch_server(self, name: str, server: NatsServer | PostgresServer) -> None:
         """Restart a server that died on its own (same port and data), with backoff."""
@@ -358,7 +377,10 @@ class Supervisor:
         write_json(state_path(self.home), state, private=True)
 
     def _server_entry(
-        self, name: str, server: NatsServer | PostgresServer | None, previous: dict[str, Any]
+        self,
+        name: str,
+        server: NatsServer | NatsCluster | PostgresServer | None,
+        previous: dict[str, Any],
     ) -> dict[str, Any]:
         if name == "nats" and self.settings.external_nats:
             return {"external": True, "url": redact_url(self.settings.nats_url)}
@@ -366,12 +388,49 @@ class Supervisor:
             return {"external": True, "url": redact_url(self.settings.database_url or "")}
         if server is None or self.phase == "stopped":
             # Keep the ports (the next `up` prefers them) but no pid of a gone process.
-            kept = previous.get(name) or {}
-            return {k: v for k, v in kept.items() if k not in ("pid", "create_time")}
+            return without_pids(previous.get(name) or {})
         return {"external": False, **server.describe()}
 
     def _supervisor_log(self) -> str:
         return str(self.home / "logs" / "supervisor.log")
+
+
+def without_pids(entry: dict[str, Any]) -> dict[str, Any]:
+    """A server's state entry without process identities (its nodes' too): ports are kept."""
+    kept = {k: v for k, v in entry.items() if k not in ("pid", "create_time")}
+    if isinstance(kept.get("nodes"), list):
+        kept["nodes"] = [without_pids(node) for node in kept["nodes"] if isinstance(node, dict)]
+    return kept
+
+
+def check_nats_mode(home: Path, cluster: int) -> None:
+    """Refuse to start a NATS shape whose event log is not the one this home already holds.
+
+    A single server and each cluster node keep separate stores, and the read models in
+    Postgres follow one log's positions: switching would silently start a second history.
+    """
+    single = home / "nats" / "jetstream"
+    nodes = home / "nats" / "cluster"
+    existing = sorted(p.name for p in nodes.iterdir()) if nodes.is_dir() else []
+    has_single = single.is_dir() and any(single.iterdir())
+    if cluster > 1 and has_single:
+        raise RolloutError(
+            f"{home} holds the event log of a single nats-server ({single})",
+            problems=[
+                "`rollout up` without --cluster goes on with it",
+                "for a cluster, use a fresh ROLLOUT_HOME (the cluster keeps its own log)",
+            ],
+        )
+    if cluster == 1 and existing:
+        raise RolloutError(
+            f"{home} holds the event log of a {len(existing)}-node NATS cluster ({nodes})",
+            problems=[f"`rollout up --cluster {len(existing)}` goes on with it"],
+        )
+    if cluster > 1 and existing and len(existing) != cluster:
+        raise RolloutError(
+            f"{home} holds a {len(existing)}-node NATS cluster, not {cluster}",
+            problems=[f"`rollout up --cluster {len(existing)}`, or a fresh ROLLOUT_HOME"],
+        )
 
 
 def stop_recorded(state: dict[str, Any]) -> list[str]:
@@ -383,14 +442,19 @@ def stop_recorded(state: dict[str, Any]) -> list[str]:
         stopped.append(name)
         # Postgres: SIGINT is its "fast" shutdown; SIGTERM would wait for clients to leave.
         sig = signal.SIGINT if name == "postgres" else signal.SIGTERM
-        stop_process(ref, sig=sig, timeout=30.0 if name in ("nats", "postgres") else 15.0)
+        server = name == "postgres" or name.startswith("nats")
+        stop_process(ref, sig=sig, timeout=30.0 if server else 15.0)
     return stopped
 
 
 def _recorded(state: dict[str, Any]) -> list[tuple[str, ProcessRef]]:
-    """(name, process) for each service, then Postgres, then NATS, as the state names them."""
+    """(name, process) for each service, then Postgres, then NATS (each node of a cluster), as
+    the state names them."""
     entries = [*(state.get("services") or {}).items()]
-    entries += [("postgres", state.get("postgres")), ("nats", state.get("nats"))]
+    entries.append(("postgres", state.get("postgres")))
+    nats = state.get("nats") or {}
+    nodes = [node for node in nats.get("nodes") or [] if isinstance(node, dict)]
+    entries += [(f"nats-{node.get('node')}", node) for node in nodes] or [("nats", nats)]
     return [(name, ref) for name, entry in entries if (ref := ProcessRef.from_dict(entry))]
 
 
@@ -412,8 +476,7 @@ def down(home: Path, timeout: float = 60.0) -> list[str]:
         state["phase"] = "stopped"
         state["supervisor"] = {}
         for name in ("nats", "postgres"):
-            entry = state.get(name) or {}
-            state[name] = {k: v for k, v in entry.items() if k not in ("pid", "create_time")}
+            state[name] = without_pids(state.get(name) or {})
         for entry in (state.get("services") or {}).values():
             entry.pop("pid", None)
             entry.pop("create_time", None)

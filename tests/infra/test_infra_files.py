@@ -129,6 +129,8 @@ def test_outputs_give_the_rollout_settings(provider: str) -> None:
     env_map = outputs["rollout_env"]["value"]
     keys = set(env_map) if isinstance(env_map, dict) else set()
     assert {*SERVICE_ENV, "ROLLOUT_OBJECT_STORE_URL"} <= keys
+    # The 3-node cluster keeps three copies of the log, not one.
+    assert _unquote(env_map["ROLLOUT_STREAM_REPLICAS"]) == "3"
 
 
 def test_aws_has_the_parts() -> None:

@@ -29,10 +29,12 @@ output "rollout_object_store_url" {
 
 output "rollout_env" {
   description = "All ROLLOUT_* variables as one map, e.g. for a Kubernetes Secret."
+  # ROLLOUT_STREAM_REPLICAS: the three NATS nodes each keep every stream (R3 survives one loss).
   value = {
     ROLLOUT_NATS_URL         = "nats://${local.nats_host}:4222"
     ROLLOUT_NATS_USER        = var.nats_user
     ROLLOUT_NATS_PASSWORD    = random_password.nats.result
+    ROLLOUT_STREAM_REPLICAS  = "3"
     ROLLOUT_DATABASE_URL     = "postgresql://rollout:${random_password.postgres.result}@${aws_db_instance.postgres.address}:${aws_db_instance.postgres.port}/rollout?sslmode=require"
     ROLLOUT_OBJECT_STORE_URL = "s3://${aws_s3_bucket.artifacts.bucket}/rollout"
     AWS_REGION               = var.region

@@ -22,6 +22,14 @@ def register(sub: Any) -> None:
     up = sub.add_parser("up", help="start NATS, Postgres and the services; return when healthy")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops all")
     up.add_argument(
+        "--cluster",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N nats-servers clustered on loopback with R3 streams (3 or 5; default: what"
+        " this home ran last, else 1)",
+    )
+    up.add_argument(
         "--timeout",
         type=float,
         default=float(os.environ.get("ROLLOUT_UP_TIMEOUT", DEFAULT_UP_TIMEOUT)),
@@ -53,13 +61,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     from rollout.shared.settings import load_settings
     from rollout.shared.stack.files import ensure_home
     from rollout.shared.stack.services import selected
-    from rollout.shared.stack.supervisor import TOKEN_ENV, cli_command, supervisor_running
+    from rollout.shared.stack.supervisor import (
+        TOKEN_ENV,
+        check_nats_mode,
+        cli_command,
+        supervisor_running,
+    )
 
     settings = load_settings()
     services = selected()
     ensure_home(settings.home)
+    cluster = _cluster_size(args.cluster, settings)
+    if not settings.external_nats and not supervisor_running(settings.home):
+        check_nats_mode(settings.home, cluster)  # before a supervisor starts to find it out
     if args.foreground:
-        return _run_foreground(settings, services)
+        return _run_foreground(settings, services, cluster)
     if supervisor_running(settings.home):
         _wait_ready(settings.home, None, None, args.timeout)
         return _print_status(as_json=False)
@@ -68,7 +84,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     log_path = settings.home / "logs" / "supervisor.log"
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
-            cli_command("up", "--foreground"),
+            cli_command("up", "--foreground", "--cluster", str(cluster)),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -87,7 +103,27 @@ def cmd_up(args: argparse.Namespace) -> int:
     return _print_status(as_json=False)
 
 
-def _run_foreground(settings: Any, services: list[str]) -> int:
+def _cluster_size(requested: int | None, settings: Any) -> int:
+    """The nats-servers to run: as asked, else as this home last ran, else one."""
+    from rollout.shared.stack.supervisor import read_state
+
+    if requested is None:
+        recorded = (read_state(settings.home).get("nats") or {}).get("cluster")
+        return recorded if isinstance(recorded, int) and recorded > 1 else 1
+    if requested == 2 or not 1 <= requested <= 5:
+        raise RolloutError(
+            f"--cluster {requested}: a NATS cluster here is 3 or 5 servers (or 1, no cluster)",
+            problems=["two servers have no majority once one is down; three survive one loss"],
+        )
+    if requested > 1 and settings.external_nats:
+        raise RolloutError(
+            "--cluster starts nats-servers here, but ROLLOUT_NATS_URL points at another NATS",
+            problems=["unset ROLLOUT_NATS_URL, or drop --cluster"],
+        )
+    return requested
+
+
+def _run_foreground(settings: Any, services: list[str], cluster: int = 1) -> int:
     from rollout.shared.observability import configure_logging
     from rollout.shared.stack.supervisor import TOKEN_ENV, Supervisor
 
@@ -98,6 +134,7 @@ def _run_foreground(settings: Any, services: list[str]) -> int:
         env=dict(os.environ),
         token=os.environ.get(TOKEN_ENV),
         fast=_fast_postgres(),
+        cluster=cluster,
     )
     asyncio.run(supervisor.run())
     return 0

@@ -1,0 +1,87 @@
+"""Three nats-servers clustered on loopback: one JetStream, R3 streams, clients on every node."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from cluster_kit import kill_node, wait_for_stream_leaders
+
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.bus.streams import ensure_streams
+from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stack.health import heartbeat_bucket
+from rollout.shared.stack.nats import NatsCluster, NatsServer, meta_leader
+
+STREAMS = [subjects.EVENTS_STREAM, subjects.WORK_STREAM]
+
+
+def test_three_nodes_with_own_names_and_stores_agree_on_one_meta_leader(
+    nats_cluster: NatsCluster,
+) -> None:
+    nodes = nats_cluster.nodes
+    assert [n.server_name for n in nodes] == ["rollout-1", "rollout-2", "rollout-3"]
+    assert len({n.store_dir for n in nodes}) == 3
+    assert len({n.port for n in nodes} | {n.cluster_port for n in nodes}) == 6
+    leaders = {meta_leader(n) for n in nodes}
+    assert len(leaders) == 1 and leaders <= {n.server_name for n in nodes}
+    for node in nodes:
+        report = httpx.get(f"{node.monitor_url}/jsz").json()
+        assert report["meta_cluster"]["cluster_size"] == 3
+        config = node.config_path.read_text()
+        # Routes authenticate: no other local process joins the cluster as a peer.
+        assert "authorization" in config.split("cluster {")[1].split("server_name")[0]
+        assert node.config_path.stat().st_mode & 0o777 == 0o600
+
+
+async def test_streams_and_heartbeats_get_three_replicas_and_survive_a_lost_node(
+    nats_cluster: NatsCluster, cluster_nats_settings: Settings
+) -> None:
+    settings = cluster_nats_settings
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, settings.stream_replicas)
+        kv = await heartbeat_bucket(js, settings.stream_replicas)
+        leaders = await wait_for_stream_leaders(js, STREAMS)
+        for name in STREAMS:
+            info = await js.stream_info(name)
+            assert info.config.num_replicas == 3
+        assert (await js.stream_info(f"KV_{subjects.HEARTBEATS_BUCKET}")).config.num_replicas == 3
+        ack = await js.publish(subjects.event("run", "r1", "probe"), b"before")
+
+        # The events stream's leader goes; the two others elect a new one and keep the data.
+        lost = nats_cluster.node(leaders[subjects.EVENTS_STREAM])
+        kill_node(lost)
+        await wait_for_stream_leaders(js, STREAMS, replicas=2, not_on=lost.server_name)
+        assert (await js.get_msg(subjects.EVENTS_STREAM, ack.seq)).data == b"before"
+        await kv.put("probe", b"still writable")
+        assert (await kv.get("probe")).value == b"still writable"
+    finally:
+        await nc.close()
+
+
+async def test_a_client_given_every_node_connects_while_the_first_is_down(
+    nats_cluster: NatsCluster, cluster_nats_settings: Settings
+) -> None:
+    settings = cluster_nats_settings
+    kill_node(nats_cluster.nodes[0])
+    nc = await connect_nats(settings)
+    try:
+        assert nc.connected_url is not None
+        assert nc.connected_url.port != nats_cluster.nodes[0].port
+    finally:
+        await nc.close()
+
+
+async def test_three_replicas_on_a_single_server_is_a_clear_error(
+    nats_settings: Settings, nats_server: NatsServer
+) -> None:
+    nc = await connect_nats(nats_settings)
+    try:
+        with pytest.raises(RolloutError) as info:
+            await ensure_streams(nc.jetstream(), 3)
+        assert "ROLLOUT_STREAM_REPLICAS" in " ".join(info.value.problems)
+        assert "3 replicas" in str(info.value)
+    finally:
+        await nc.close()
