@@ -20,7 +20,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-TEMPLATES = ("workflow", "custom", "code-editing", "sql", "browser", "plugin")
+TEMPLATES = ("workflow", "custom", "code-editing", "sql", "browser", "plugin", "openenv")
 # Spellings users plausibly type for the same template.
 TEMPLATE_ALIASES = {"code_editing": "code-editing", "codeediting": "code-editing"}
 
@@ -199,6 +199,36 @@ class PluginConfig(CamelModel):
     sources: dict[str, str] = Field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- openenv
+
+
+class OpenEnvConfig(CamelModel):
+    """Config of the `openenv` template: episodes are played on a remote OpenEnv server.
+
+    Each episode is one WebSocket session on `url`/ws: `reset` with the task's `input` as
+    keyword arguments (over `resetOptions`), a `step` per tool call. `actions="tools"` expects
+    the server to list its tools in the reset observation (as `rollout env serve` does: a step
+    is `{"tool", "arguments"}`); `actions="raw"` offers one tool, `actionTool`, whose
+    parameters are the server's action schema (from `/schema`) and whose arguments are sent
+    as the action. The URL carries no credentials.
+    """
+
+    url: str = Field(min_length=1, max_length=2048, description="http(s):// or ws(s):// base URL.")
+    actions: Literal["tools", "raw"] = "tools"
+    action_tool: str = Field(
+        default="step", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    # tools mode: a tool that sends {"answer": ...} (ends the episode on `rollout env serve`).
+    answer_tool: str | None = Field(
+        default="submit_answer", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    # Sent when the model stops before the server said done (None: leave the episode as is).
+    finish_action: dict[str, Any] | None = None
+    reset_options: dict[str, Any] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    max_message_mb: float = Field(default=16.0, gt=0, le=256)
+
+
 TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "workflow": WorkflowConfig,
     "custom": CustomConfig,
@@ -206,6 +236,7 @@ TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "code-editing": CodeEditingConfig,
     "browser": BrowserConfig,
     "plugin": PluginConfig,
+    "openenv": OpenEnvConfig,
 }
 
 
@@ -350,6 +381,23 @@ class RulerParams(CamelModel):
     max_tokens: int = Field(default=2048, ge=16, le=32768)
 
 
+class EnvRewardParams(CamelModel):
+    """`env_reward`: the reward a remote environment (OpenEnv, NeMo Gym) recorded in the final
+    state, mapped from [min, max] to [0, 1]; passed when it reaches `passAt` (default: max)."""
+
+    path: str = Field(default="reward", min_length=1, description="Final-state path of the reward.")
+    min: float = 0.0
+    max: float = 1.0
+    pass_at: float | None = None
+    require_done: bool = True
+
+    @model_validator(mode="after")
+    def _range(self) -> EnvRewardParams:
+        if self.max <= self.min:
+            raise ValueError("max must be greater than min")
+        return self
+
+
 PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "state_match": StateMatchParams,
     "contains_terms": ContainsTermsParams,
@@ -362,6 +410,7 @@ PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "form_submitted": FormSubmittedParams,
     "tool_call_order": ToolCallOrderParams,
     "ruler": RulerParams,
+    "env_reward": EnvRewardParams,
 }
 
 

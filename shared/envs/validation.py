@@ -21,6 +21,7 @@ from rollout.shared.contracts.envspec import (
     CodeEditingConfig,
     CustomConfig,
     EnvironmentSpec,
+    OpenEnvConfig,
     PluginConfig,
     SqlConfig,
     TaskSpec,
@@ -347,12 +348,24 @@ def _check_browser(config: BrowserConfig, out: list[str]) -> None:
                 out.append(f"{where}.action: no page {el.action!r}")
 
 
+def _check_openenv(config: OpenEnvConfig, out: list[str]) -> None:
+    # Plan time, not minute 47: the server must be an OpenEnv server that answers /schema.
+    from rollout.shared.envs.templates.openenv import check_url, fetch_schema
+
+    try:
+        check_url(config.url)
+        fetch_schema(config.url)
+    except RolloutError as exc:
+        out.append(f"config.url: {exc.message}")
+
+
 _CONFIG_CHECKS: dict[str, Callable[[Any, list[str]], None]] = {
     "workflow": _check_workflow,
     "custom": _check_custom,
     "sql": _check_sql,
     "code-editing": _check_code_editing,
     "browser": _check_browser,
+    "openenv": _check_openenv,
 }
 
 
@@ -509,6 +522,8 @@ def _check_tasks(
         if verifier is None or not verifier.primitives:
             slim = EnvironmentSpec.model_construct(template=template, slug=str(raw.get("slug")))
             prims = default_verifier(slim, task).primitives
+            if prims[0].type == "env_reward":
+                continue  # the remote environment rewards the episode: no ground truth needed
             if gt is None:
                 out.append(
                     f"{where}.hiddenGroundTruth: missing; the default verifier "

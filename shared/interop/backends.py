@@ -74,7 +74,8 @@ BACKENDS: types.MappingProxyType[str, BackendSpec] = types.MappingProxyType(
             "OpenEnv: serve any env (`rollout env serve`), consume a server (template "
             "`openenv`), and the generic rollout_func protocol for GRPO prompts",
             (_OPENENV_CORE,),
-            "rollout.shared.interop.openenv_server, rollout.shared.interop.rollout_func",
+            "rollout.shared.interop.openenv_server, rollout.shared.envs.templates.openenv, "
+            "rollout.shared.interop.rollout_func",
         ),
         "ruler": BackendSpec(
             "ruler",

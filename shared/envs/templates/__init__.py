@@ -15,6 +15,7 @@ from rollout.shared.contracts.envspec import (
 from rollout.shared.envs.templates.browser import BrowserRuntime
 from rollout.shared.envs.templates.code_editing import CodeEditingRuntime
 from rollout.shared.envs.templates.custom import CustomRuntime
+from rollout.shared.envs.templates.openenv import OpenEnvRuntime
 from rollout.shared.envs.templates.plugin import PluginRuntime
 from rollout.shared.envs.templates.sql import SqlRuntime
 from rollout.shared.envs.templates.workflow import WorkflowRuntime
@@ -26,6 +27,7 @@ RUNTIMES: dict[str, type] = {
     "code-editing": CodeEditingRuntime,
     "browser": BrowserRuntime,
     "plugin": PluginRuntime,
+    "openenv": OpenEnvRuntime,
 }
 
 FIXED_TOOLS = {
