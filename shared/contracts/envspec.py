@@ -20,7 +20,16 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-TEMPLATES = ("workflow", "custom", "code-editing", "sql", "browser", "plugin", "openenv")
+TEMPLATES = (
+    "workflow",
+    "custom",
+    "code-editing",
+    "sql",
+    "browser",
+    "plugin",
+    "openenv",
+    "verifiers",
+)
 # Spellings users plausibly type for the same template.
 TEMPLATE_ALIASES = {"code_editing": "code-editing", "codeediting": "code-editing"}
 
@@ -229,6 +238,26 @@ class OpenEnvConfig(CamelModel):
     max_message_mb: float = Field(default=16.0, gt=0, le=256)
 
 
+# ---------------------------------------------------------------- verifiers
+
+
+class VerifiersConfig(CamelModel):
+    """Config of the `verifiers` template: a Prime Intellect verifiers (v1) taskset.
+
+    `taskset` is a verifiers taskset id (an importable module exporting one `vf.Taskset`
+    subclass); `options` are its `TasksetConfig` fields. Each task's hidden ground truth is
+    the taskset's own task data; the `verifiers_rubric` primitive scores the reply with the
+    task's `@vf.reward` functions. The taskset's code runs only in a plugin host.
+    """
+
+    taskset: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+    )
+    options: dict[str, Any] = Field(default_factory=dict)
+    # The taskset module's own .py files, bundled when it is the user's code (as for plugins).
+    sources: dict[str, str] = Field(default_factory=dict)
+
+
 TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "workflow": WorkflowConfig,
     "custom": CustomConfig,
@@ -237,6 +266,7 @@ TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "browser": BrowserConfig,
     "plugin": PluginConfig,
     "openenv": OpenEnvConfig,
+    "verifiers": VerifiersConfig,
 }
 
 
@@ -398,6 +428,13 @@ class EnvRewardParams(CamelModel):
         return self
 
 
+class VerifiersRubricParams(CamelModel):
+    """`verifiers_rubric`: the verifiers task's own rewards score the final reply (run in a
+    plugin host); the weighted reward, clipped to [0, 1], passes at `passAt`."""
+
+    pass_at: float = Field(default=1.0, ge=0, le=1)
+
+
 PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "state_match": StateMatchParams,
     "contains_terms": ContainsTermsParams,
@@ -411,6 +448,7 @@ PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "tool_call_order": ToolCallOrderParams,
     "ruler": RulerParams,
     "env_reward": EnvRewardParams,
+    "verifiers_rubric": VerifiersRubricParams,
 }
 
 

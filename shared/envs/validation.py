@@ -25,6 +25,7 @@ from rollout.shared.contracts.envspec import (
     PluginConfig,
     SqlConfig,
     TaskSpec,
+    VerifiersConfig,
     VerifierSpec,
     WorkflowConfig,
 )
@@ -359,6 +360,12 @@ def _check_openenv(config: OpenEnvConfig, out: list[str]) -> None:
         out.append(f"config.url: {exc.message}")
 
 
+def _check_verifiers(config: VerifiersConfig, out: list[str]) -> None:
+    # Its code is loaded only in a plugin host (at load and scoring), never here.
+    probe = PluginConfig(entrypoint=f"{config.taskset}:x", sources=config.sources)
+    out.extend(p.replace("config.entrypoint", "config.taskset") for p in shadowing_problems(probe))
+
+
 _CONFIG_CHECKS: dict[str, Callable[[Any, list[str]], None]] = {
     "workflow": _check_workflow,
     "custom": _check_custom,
@@ -366,6 +373,7 @@ _CONFIG_CHECKS: dict[str, Callable[[Any, list[str]], None]] = {
     "code-editing": _check_code_editing,
     "browser": _check_browser,
     "openenv": _check_openenv,
+    "verifiers": _check_verifiers,
 }
 
 
@@ -522,7 +530,7 @@ def _check_tasks(
         if verifier is None or not verifier.primitives:
             slim = EnvironmentSpec.model_construct(template=template, slug=str(raw.get("slug")))
             prims = default_verifier(slim, task).primitives
-            if prims[0].type == "env_reward":
+            if prims[0].type in ("env_reward", "verifiers_rubric"):
                 continue  # the remote environment rewards the episode: no ground truth needed
             if gt is None:
                 out.append(

@@ -29,6 +29,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve)
 
+    export = env_verbs.add_parser(
+        "export-verifiers",
+        help="write an env as a verifiers (v1) taskset module",
+        description="Write DIR/<slug>.py: a verifiers taskset whose tasks are the env's tasks "
+        "and whose reward is rollout's verifier (load it with verifiers' own loader).",
+    )
+    export.add_argument("env", metavar="SLUG|FILE")
+    export.add_argument("--slug", help="which environment of FILE (when it defines several)")
+    export.add_argument("-o", "--out", required=True, metavar="DIR")
+    export.add_argument("--name", help="module name (default: the slug with _ for -)")
+    export.set_defaults(func=_export_verifiers)
+
 
 def _list(args: argparse.Namespace) -> int:
     from rollout.shared.interop.backends import describe
@@ -60,4 +72,13 @@ def _serve(args: argparse.Namespace) -> int:
     from rollout.shared.interop.openenv_server import serve
 
     serve(spec, host=args.host, port=args.port)
+    return 0
+
+
+def _export_verifiers(args: argparse.Namespace) -> int:
+    from rollout.shared.interop.specs import resolve_spec
+    from rollout.shared.interop.verifiers_env import export_module
+
+    path = export_module(resolve_spec(args.env, args.slug), args.out, args.name)
+    print(path)
     return 0
