@@ -58,7 +58,8 @@ BACKENDS: types.MappingProxyType[str, BackendSpec] = types.MappingProxyType(
     {
         "art": BackendSpec(
             "art",
-            "OpenPipe ART: trajectory groups out, ART trajectories into the buffer",
+            "OpenPipe ART: a run's trajectory groups out (`rollout art export`), ART "
+            "trajectories in as scored rollouts and SFT/DPO/GRPO sets (`rollout art import`)",
             (Requirement("openpipe-art", "art"),),
             "rollout.shared.interop.art",
         ),
