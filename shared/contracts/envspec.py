@@ -29,9 +29,14 @@ TEMPLATES = (
     "plugin",
     "openenv",
     "verifiers",
+    "nemo_gym",
 )
 # Spellings users plausibly type for the same template.
-TEMPLATE_ALIASES = {"code_editing": "code-editing", "codeediting": "code-editing"}
+TEMPLATE_ALIASES = {
+    "code_editing": "code-editing",
+    "codeediting": "code-editing",
+    "nemo-gym": "nemo_gym",
+}
 
 
 class CamelModel(BaseModel):
@@ -258,6 +263,36 @@ class VerifiersConfig(CamelModel):
     sources: dict[str, str] = Field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- nemo_gym
+
+
+class NemoGymTool(CamelModel):
+    """A tool of a NeMo Gym resources server (a `POST /<name>` route)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class NemoGymConfig(CamelModel):
+    """Config of the `nemo_gym` template: episodes on a remote NeMo Gym resources server.
+
+    Each episode is one session (a cookie): `/seed_session` with `seed` and the task's `input`,
+    a `POST /<tool>` per tool call, `/verify` at the end (its `reward` is what `env_reward`
+    reads). Tools are `tools` when given, else the server's POST routes from `/openapi.json`.
+    The URL carries no credentials.
+    """
+
+    url: str = Field(min_length=1, max_length=2048, description="http(s):// base URL.")
+    tools: list[NemoGymTool] | None = None
+    # A tool that records the final answer (sent as the response's output message at /verify).
+    answer_tool: str | None = Field(
+        default="submit_answer", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    seed: dict[str, Any] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+
 TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "workflow": WorkflowConfig,
     "custom": CustomConfig,
@@ -267,6 +302,7 @@ TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "plugin": PluginConfig,
     "openenv": OpenEnvConfig,
     "verifiers": VerifiersConfig,
+    "nemo_gym": NemoGymConfig,
 }
 
 

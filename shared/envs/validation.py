@@ -21,6 +21,7 @@ from rollout.shared.contracts.envspec import (
     CodeEditingConfig,
     CustomConfig,
     EnvironmentSpec,
+    NemoGymConfig,
     OpenEnvConfig,
     PluginConfig,
     SqlConfig,
@@ -366,6 +367,20 @@ def _check_verifiers(config: VerifiersConfig, out: list[str]) -> None:
     out.extend(p.replace("config.entrypoint", "config.taskset") for p in shadowing_problems(probe))
 
 
+def _check_nemo_gym(config: NemoGymConfig, out: list[str]) -> None:
+    # Plan time: the server must answer like a resources server (/seed_session and /verify).
+    from rollout.shared.envs.templates.nemo_gym import fetch_openapi
+
+    try:
+        fetch_openapi(config.url)
+    except RolloutError as exc:
+        out.append(f"config.url: {exc.message}")
+    if config.tools is not None:
+        _duplicates(
+            [t.name for t in config.tools], lambda i: f"config.tools[{i}].name", "tool", out
+        )
+
+
 _CONFIG_CHECKS: dict[str, Callable[[Any, list[str]], None]] = {
     "workflow": _check_workflow,
     "custom": _check_custom,
@@ -374,6 +389,7 @@ _CONFIG_CHECKS: dict[str, Callable[[Any, list[str]], None]] = {
     "browser": _check_browser,
     "openenv": _check_openenv,
     "verifiers": _check_verifiers,
+    "nemo_gym": _check_nemo_gym,
 }
 
 

@@ -65,10 +65,11 @@ BACKENDS: types.MappingProxyType[str, BackendSpec] = types.MappingProxyType(
         ),
         "nemo_gym": BackendSpec(
             "nemo_gym",
-            "NVIDIA NeMo Gym resources server (seed_session, a POST per tool, verify)",
+            "NVIDIA NeMo Gym resources server (seed_session, a POST per tool, verify): serve "
+            "any env (`rollout env serve --protocol nemo-gym`), consume one (template "
+            "`nemo_gym`); built to the documented wire protocol, nemo-gym itself not needed",
             (),
-            "not wired yet (nemo-gym is not on this machine's package index)",
-            wired=False,
+            "rollout.shared.interop.nemo_gym, rollout.shared.envs.templates.nemo_gym",
         ),
         "openenv": BackendSpec(
             "openenv",

@@ -1,4 +1,4 @@
-"""`rollout backends list` and `rollout env serve`: the rollout backends and OpenEnv serving."""
+"""`rollout backends list`, `rollout env serve|export-verifiers`, `rollout art export|import`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--slug", help="which environment of FILE (when it defines several)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--protocol",
+        choices=("openenv", "nemo-gym"),
+        default="openenv",
+        help="openenv (default): OpenEnv's HTTP + /ws; nemo-gym: a NeMo Gym resources server "
+        "(/seed_session, a POST per tool, /verify)",
+    )
     serve.set_defaults(func=_serve)
 
     export = env_verbs.add_parser(
@@ -92,6 +99,11 @@ def _serve(args: argparse.Namespace) -> int:
     from rollout.shared.interop.specs import resolve_spec
 
     spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
+    if args.protocol == "nemo-gym":
+        from rollout.shared.interop.nemo_gym import serve as serve_gym
+
+        serve_gym(spec, host=args.host, port=args.port)
+        return 0
     from rollout.shared.interop.openenv_server import serve
 
     serve(spec, host=args.host, port=args.port)

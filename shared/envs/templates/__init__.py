@@ -16,6 +16,7 @@ from rollout.shared.contracts.envspec import (
 from rollout.shared.envs.templates.browser import BrowserRuntime
 from rollout.shared.envs.templates.code_editing import CodeEditingRuntime
 from rollout.shared.envs.templates.custom import CustomRuntime
+from rollout.shared.envs.templates.nemo_gym import NemoGymRuntime
 from rollout.shared.envs.templates.openenv import OpenEnvRuntime
 from rollout.shared.envs.templates.plugin import PluginRuntime
 from rollout.shared.envs.templates.sql import SqlRuntime
@@ -31,6 +32,7 @@ RUNTIMES: dict[str, type] = {
     "plugin": PluginRuntime,
     "openenv": OpenEnvRuntime,
     "verifiers": VerifiersRuntime,
+    "nemo_gym": NemoGymRuntime,
 }
 
 FIXED_TOOLS = {
