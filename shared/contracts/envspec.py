@@ -20,9 +20,23 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-TEMPLATES = ("workflow", "custom", "code-editing", "sql", "browser", "plugin")
+TEMPLATES = (
+    "workflow",
+    "custom",
+    "code-editing",
+    "sql",
+    "browser",
+    "plugin",
+    "openenv",
+    "verifiers",
+    "nemo_gym",
+)
 # Spellings users plausibly type for the same template.
-TEMPLATE_ALIASES = {"code_editing": "code-editing", "codeediting": "code-editing"}
+TEMPLATE_ALIASES = {
+    "code_editing": "code-editing",
+    "codeediting": "code-editing",
+    "nemo-gym": "nemo_gym",
+}
 
 
 class CamelModel(BaseModel):
@@ -199,6 +213,86 @@ class PluginConfig(CamelModel):
     sources: dict[str, str] = Field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- openenv
+
+
+class OpenEnvConfig(CamelModel):
+    """Config of the `openenv` template: episodes are played on a remote OpenEnv server.
+
+    Each episode is one WebSocket session on `url`/ws: `reset` with the task's `input` as
+    keyword arguments (over `resetOptions`), a `step` per tool call. `actions="tools"` expects
+    the server to list its tools in the reset observation (as `rollout env serve` does: a step
+    is `{"tool", "arguments"}`); `actions="raw"` offers one tool, `actionTool`, whose
+    parameters are the server's action schema (from `/schema`) and whose arguments are sent
+    as the action. The URL carries no credentials.
+    """
+
+    url: str = Field(min_length=1, max_length=2048, description="http(s):// or ws(s):// base URL.")
+    actions: Literal["tools", "raw"] = "tools"
+    action_tool: str = Field(
+        default="step", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    # tools mode: a tool that sends {"answer": ...} (ends the episode on `rollout env serve`).
+    answer_tool: str | None = Field(
+        default="submit_answer", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    # Sent when the model stops before the server said done (None: leave the episode as is).
+    finish_action: dict[str, Any] | None = None
+    reset_options: dict[str, Any] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    max_message_mb: float = Field(default=16.0, gt=0, le=256)
+
+
+# ---------------------------------------------------------------- verifiers
+
+
+class VerifiersConfig(CamelModel):
+    """Config of the `verifiers` template: a Prime Intellect verifiers (v1) taskset.
+
+    `taskset` is a verifiers taskset id (an importable module exporting one `vf.Taskset`
+    subclass); `options` are its `TasksetConfig` fields. Each task's hidden ground truth is
+    the taskset's own task data; the `verifiers_rubric` primitive scores the reply with the
+    task's `@vf.reward` functions. The taskset's code runs only in a plugin host.
+    """
+
+    taskset: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+    )
+    options: dict[str, Any] = Field(default_factory=dict)
+    # The taskset module's own .py files, bundled when it is the user's code (as for plugins).
+    sources: dict[str, str] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- nemo_gym
+
+
+class NemoGymTool(CamelModel):
+    """A tool of a NeMo Gym resources server (a `POST /<name>` route)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class NemoGymConfig(CamelModel):
+    """Config of the `nemo_gym` template: episodes on a remote NeMo Gym resources server.
+
+    Each episode is one session (a cookie): `/seed_session` with `seed` and the task's `input`,
+    a `POST /<tool>` per tool call, `/verify` at the end (its `reward` is what `env_reward`
+    reads). Tools are `tools` when given, else the server's POST routes from `/openapi.json`.
+    The URL carries no credentials.
+    """
+
+    url: str = Field(min_length=1, max_length=2048, description="http(s):// base URL.")
+    tools: list[NemoGymTool] | None = None
+    # A tool that records the final answer (sent as the response's output message at /verify).
+    answer_tool: str | None = Field(
+        default="submit_answer", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    seed: dict[str, Any] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+
 TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "workflow": WorkflowConfig,
     "custom": CustomConfig,
@@ -206,6 +300,9 @@ TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
     "code-editing": CodeEditingConfig,
     "browser": BrowserConfig,
     "plugin": PluginConfig,
+    "openenv": OpenEnvConfig,
+    "verifiers": VerifiersConfig,
+    "nemo_gym": NemoGymConfig,
 }
 
 
@@ -350,6 +447,30 @@ class RulerParams(CamelModel):
     max_tokens: int = Field(default=2048, ge=16, le=32768)
 
 
+class EnvRewardParams(CamelModel):
+    """`env_reward`: the reward a remote environment (OpenEnv, NeMo Gym) recorded in the final
+    state, mapped from [min, max] to [0, 1]; passed when it reaches `passAt` (default: max)."""
+
+    path: str = Field(default="reward", min_length=1, description="Final-state path of the reward.")
+    min: float = 0.0
+    max: float = 1.0
+    pass_at: float | None = None
+    require_done: bool = True
+
+    @model_validator(mode="after")
+    def _range(self) -> EnvRewardParams:
+        if self.max <= self.min:
+            raise ValueError("max must be greater than min")
+        return self
+
+
+class VerifiersRubricParams(CamelModel):
+    """`verifiers_rubric`: the verifiers task's own rewards score the final reply (run in a
+    plugin host); the weighted reward, clipped to [0, 1], passes at `passAt`."""
+
+    pass_at: float = Field(default=1.0, ge=0, le=1)
+
+
 PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "state_match": StateMatchParams,
     "contains_terms": ContainsTermsParams,
@@ -362,6 +483,8 @@ PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "form_submitted": FormSubmittedParams,
     "tool_call_order": ToolCallOrderParams,
     "ruler": RulerParams,
+    "env_reward": EnvRewardParams,
+    "verifiers_rubric": VerifiersRubricParams,
 }
 
 

@@ -21,9 +21,12 @@ from rollout.shared.contracts.envspec import (
     CodeEditingConfig,
     CustomConfig,
     EnvironmentSpec,
+    NemoGymConfig,
+    OpenEnvConfig,
     PluginConfig,
     SqlConfig,
     TaskSpec,
+    VerifiersConfig,
     VerifierSpec,
     WorkflowConfig,
 )
@@ -347,12 +350,46 @@ def _check_browser(config: BrowserConfig, out: list[str]) -> None:
                 out.append(f"{where}.action: no page {el.action!r}")
 
 
+def _check_openenv(config: OpenEnvConfig, out: list[str]) -> None:
+    # Plan time, not minute 47: the server must be an OpenEnv server that answers /schema.
+    from rollout.shared.envs.templates.openenv import check_url, fetch_schema
+
+    try:
+        check_url(config.url)
+        fetch_schema(config.url)
+    except RolloutError as exc:
+        out.append(f"config.url: {exc.message}")
+
+
+def _check_verifiers(config: VerifiersConfig, out: list[str]) -> None:
+    # Its code is loaded only in a plugin host (at load and scoring), never here.
+    probe = PluginConfig(entrypoint=f"{config.taskset}:x", sources=config.sources)
+    out.extend(p.replace("config.entrypoint", "config.taskset") for p in shadowing_problems(probe))
+
+
+def _check_nemo_gym(config: NemoGymConfig, out: list[str]) -> None:
+    # Plan time: the server must answer like a resources server (/seed_session and /verify).
+    from rollout.shared.envs.templates.nemo_gym import fetch_openapi
+
+    try:
+        fetch_openapi(config.url)
+    except RolloutError as exc:
+        out.append(f"config.url: {exc.message}")
+    if config.tools is not None:
+        _duplicates(
+            [t.name for t in config.tools], lambda i: f"config.tools[{i}].name", "tool", out
+        )
+
+
 _CONFIG_CHECKS: dict[str, Callable[[Any, list[str]], None]] = {
     "workflow": _check_workflow,
     "custom": _check_custom,
     "sql": _check_sql,
     "code-editing": _check_code_editing,
     "browser": _check_browser,
+    "openenv": _check_openenv,
+    "verifiers": _check_verifiers,
+    "nemo_gym": _check_nemo_gym,
 }
 
 
@@ -509,6 +546,8 @@ def _check_tasks(
         if verifier is None or not verifier.primitives:
             slim = EnvironmentSpec.model_construct(template=template, slug=str(raw.get("slug")))
             prims = default_verifier(slim, task).primitives
+            if prims[0].type in ("env_reward", "verifiers_rubric"):
+                continue  # the remote environment rewards the episode: no ground truth needed
             if gt is None:
                 out.append(
                     f"{where}.hiddenGroundTruth: missing; the default verifier "

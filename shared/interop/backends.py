@@ -58,23 +58,26 @@ BACKENDS: types.MappingProxyType[str, BackendSpec] = types.MappingProxyType(
     {
         "art": BackendSpec(
             "art",
-            "OpenPipe ART: trajectory groups out, ART trajectories into the buffer",
+            "OpenPipe ART: a run's trajectory groups out (`rollout art export`), ART "
+            "trajectories in as scored rollouts and SFT/DPO/GRPO sets (`rollout art import`)",
             (Requirement("openpipe-art", "art"),),
             "rollout.shared.interop.art",
         ),
         "nemo_gym": BackendSpec(
             "nemo_gym",
-            "NVIDIA NeMo Gym resources server (seed_session, a POST per tool, verify)",
+            "NVIDIA NeMo Gym resources server (seed_session, a POST per tool, verify): serve "
+            "any env (`rollout env serve --protocol nemo-gym`), consume one (template "
+            "`nemo_gym`); built to the documented wire protocol, nemo-gym itself not needed",
             (),
-            "not wired yet (nemo-gym is not on this machine's package index)",
-            wired=False,
+            "rollout.shared.interop.nemo_gym, rollout.shared.envs.templates.nemo_gym",
         ),
         "openenv": BackendSpec(
             "openenv",
             "OpenEnv: serve any env (`rollout env serve`), consume a server (template "
             "`openenv`), and the generic rollout_func protocol for GRPO prompts",
             (_OPENENV_CORE,),
-            "rollout.shared.interop.openenv_server, rollout.shared.interop.rollout_func",
+            "rollout.shared.interop.openenv_server, rollout.shared.envs.templates.openenv, "
+            "rollout.shared.interop.rollout_func",
         ),
         "ruler": BackendSpec(
             "ruler",

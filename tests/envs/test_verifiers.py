@@ -247,5 +247,7 @@ def test_registry_has_every_primitive() -> None:
             "form_submitted",
             "tool_call_order",
             "ruler",
+            "env_reward",
+            "verifiers_rubric",
         ]
     )

@@ -188,8 +188,11 @@ def test_backends_list_json(capsys) -> None:
     assert names == ["art", "nemo_gym", "openenv", "ruler", "verifiers"]
     openenv = next(b for b in doc["backends"] if b["name"] == "openenv")
     assert openenv["requires"] == [{"pip": "openenv-core", "module": "openenv", "installed": True}]
+    # Every backend is wired now: OpenEnv both ways, NeMo Gym (to its wire protocol),
+    # verifiers both ways, ART out and in, RULER.
+    assert all(b["wired"] for b in doc["backends"])
     nemo = next(b for b in doc["backends"] if b["name"] == "nemo_gym")
-    assert nemo["wired"] is False
+    assert nemo["requires"] == [] and "templates.nemo_gym" in nemo["provides"]
 
 
 def test_backends_list_text(capsys) -> None:
@@ -215,6 +218,9 @@ def test_missing_package_names_the_pip_install(monkeypatch) -> None:
         backends.require_module("some-pkg", "some_pkg_not_here", "the thing")
 
 
-def test_unwired_backend_says_so() -> None:
-    with pytest.raises(RolloutError, match="'nemo_gym' is not wired yet"):
+def test_unwired_backend_says_so(monkeypatch) -> None:
+    spec = backends.BACKENDS["nemo_gym"]
+    unwired = backends.BackendSpec(spec.name, spec.description, (), "not here", wired=False)
+    monkeypatch.setattr(backends, "BACKENDS", {**backends.BACKENDS, "nemo_gym": unwired})
+    with pytest.raises(RolloutError, match="'nemo_gym' is not wired yet: not here"):
         backends.require("nemo_gym")

@@ -1,4 +1,4 @@
-"""`rollout backends list` and `rollout env serve`: the rollout backends and OpenEnv serving."""
+"""`rollout backends list`, `rollout env serve|export-verifiers`, `rollout art export|import`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--slug", help="which environment of FILE (when it defines several)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--protocol",
+        choices=("openenv", "nemo-gym"),
+        default="openenv",
+        help="openenv (default): OpenEnv's HTTP + /ws; nemo-gym: a NeMo Gym resources server "
+        "(/seed_session, a POST per tool, /verify)",
+    )
     serve.set_defaults(func=_serve)
+
+    export = env_verbs.add_parser(
+        "export-verifiers",
+        help="write an env as a verifiers (v1) taskset module",
+        description="Write DIR/<slug>.py: a verifiers taskset whose tasks are the env's tasks "
+        "and whose reward is rollout's verifier (load it with verifiers' own loader).",
+    )
+    export.add_argument("env", metavar="SLUG|FILE")
+    export.add_argument("--slug", help="which environment of FILE (when it defines several)")
+    export.add_argument("-o", "--out", required=True, metavar="DIR")
+    export.add_argument("--name", help="module name (default: the slug with _ for -)")
+    export.set_defaults(func=_export_verifiers)
+
+    art_cmd = sub.add_parser("art", help="OpenPipe ART: trajectory groups out and in")
+    art_verbs = art_cmd.add_subparsers(dest="art_command", metavar="VERB", required=True)
+    art_export = art_verbs.add_parser(
+        "export", help="a run's rollouts as ART TrajectoryGroups (JSONL, one group per task)"
+    )
+    art_export.add_argument("run", metavar="RUN")
+    art_export.add_argument("-o", "--out", required=True, metavar="FILE")
+    art_export.set_defaults(func=_art_export)
+    art_import = art_verbs.add_parser(
+        "import",
+        help="ART TrajectoryGroups (JSONL) as scored rollouts, and their SFT/DPO/GRPO sets",
+        description="Read FILE (one ART TrajectoryGroup per line); write DIR/rollouts.jsonl "
+        "(one scored rollout per line: trajectory, tools, score, passed) and DIR/sft.jsonl, "
+        "DIR/dpo.jsonl, DIR/grpo.jsonl built from them.",
+    )
+    art_import.add_argument("file", metavar="FILE")
+    art_import.add_argument("-o", "--out", required=True, metavar="DIR")
+    art_import.add_argument(
+        "--pass-at", type=float, default=1.0, help="reward that passes (when no passed metric)"
+    )
+    art_import.add_argument("--min-margin", type=float, default=0.0, help="DPO pair score gap")
+    art_import.set_defaults(func=_art_import)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -57,7 +99,62 @@ def _serve(args: argparse.Namespace) -> int:
     from rollout.shared.interop.specs import resolve_spec
 
     spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
+    if args.protocol == "nemo-gym":
+        from rollout.shared.interop.nemo_gym import serve as serve_gym
+
+        serve_gym(spec, host=args.host, port=args.port)
+        return 0
     from rollout.shared.interop.openenv_server import serve
 
     serve(spec, host=args.host, port=args.port)
+    return 0
+
+
+def _export_verifiers(args: argparse.Namespace) -> int:
+    from rollout.shared.interop.specs import resolve_spec
+    from rollout.shared.interop.verifiers_env import export_module
+
+    path = export_module(resolve_spec(args.env, args.slug), args.out, args.name)
+    print(path)
+    return 0
+
+
+def _art_export(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rollout.cli._common import client_settings_or_error
+    from rollout.client import AsyncClient
+    from rollout.shared.interop.art import export_run, write_groups
+
+    async def run() -> list:
+        client = AsyncClient(settings=client_settings_or_error())
+        try:
+            return await export_run(client, args.run)
+        finally:
+            await client.close()
+
+    groups = asyncio.run(run())
+    path = write_groups(groups, args.out)
+    print(
+        f"{len(groups)} trajectory group(s), {sum(len(g) for g in groups)} trajectories -> {path}"
+    )
+    return 0
+
+
+def _art_import(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from rollout.shared.interop.art import from_trajectory_groups, read_groups, training_sets
+
+    rollouts = from_trajectory_groups(read_groups(args.file), args.pass_at)
+    sets = training_sets(rollouts, args.min_margin)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("rollouts", rollouts), *sets.items()):
+        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    counts = ", ".join(f"{len(rows)} {name}" for name, rows in sets.items())
+    print(f"{len(rollouts)} rollouts imported -> {out} ({counts})")
     return 0

@@ -10,13 +10,17 @@ from rollout.shared.contracts.envspec import (
     CustomConfig,
     PluginConfig,
     SqlConfig,
+    VerifiersConfig,
     WorkflowConfig,
 )
 from rollout.shared.envs.templates.browser import BrowserRuntime
 from rollout.shared.envs.templates.code_editing import CodeEditingRuntime
 from rollout.shared.envs.templates.custom import CustomRuntime
+from rollout.shared.envs.templates.nemo_gym import NemoGymRuntime
+from rollout.shared.envs.templates.openenv import OpenEnvRuntime
 from rollout.shared.envs.templates.plugin import PluginRuntime
 from rollout.shared.envs.templates.sql import SqlRuntime
+from rollout.shared.envs.templates.verifiers_taskset import VerifiersRuntime
 from rollout.shared.envs.templates.workflow import WorkflowRuntime
 
 RUNTIMES: dict[str, type] = {
@@ -26,6 +30,9 @@ RUNTIMES: dict[str, type] = {
     "code-editing": CodeEditingRuntime,
     "browser": BrowserRuntime,
     "plugin": PluginRuntime,
+    "openenv": OpenEnvRuntime,
+    "verifiers": VerifiersRuntime,
+    "nemo_gym": NemoGymRuntime,
 }
 
 FIXED_TOOLS = {
@@ -44,6 +51,8 @@ def static_tool_names(template: str, config: Any) -> list[str] | None:
         return FIXED_TOOLS["code-editing"] + extra
     if isinstance(config, SqlConfig | BrowserConfig):
         return list(FIXED_TOOLS[template])
+    if isinstance(config, VerifiersConfig):
+        return []
     if isinstance(config, PluginConfig):
         return None
     return None

@@ -10,11 +10,16 @@ from pydantic import ValidationError
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, PrimitiveSpec, TaskSpec, VerifierSpec
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
+from rollout.shared.envs.verifiers import env_reward as _env_reward  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import primitives as _primitives  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import ruler as _ruler  # noqa: F401  (registers)
+from rollout.shared.envs.verifiers import verifiers_rubric as _vf  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers.registry import REGISTRY, InfraError, Outcome, ScoreContext
 
 log = structlog.get_logger(__name__)
+
+# Templates whose episodes a remote environment rewards: the default verifier reads that reward.
+REMOTE_REWARD_TEMPLATES = frozenset({"openenv", "nemo_gym"})
 
 
 def default_verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
@@ -26,7 +31,11 @@ def default_verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
     """
     gt = task.hidden_ground_truth
     prims: list[dict[str, Any]] = []
-    if spec.template == "sql" and isinstance(gt, dict) and ("query" in gt or "rows" in gt):
+    if spec.template in REMOTE_REWARD_TEMPLATES:
+        prims.append({"name": "reward", "type": "env_reward"})
+    elif spec.template == "verifiers":
+        prims.append({"name": "rubric", "type": "verifiers_rubric"})
+    elif spec.template == "sql" and isinstance(gt, dict) and ("query" in gt or "rows" in gt):
         prims.append({"name": "result", "type": "sql_result_match"})
     elif (
         spec.template == "code-editing"

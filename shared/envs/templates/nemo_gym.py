@@ -1,0 +1,207 @@
+"""The `nemo_gym` template: play episodes on a remote NeMo Gym resources server.
+
+One session per episode (the server's cookie): `/seed_session` when the episode starts, a
+`POST /<tool>` per tool call, `/verify` when the verifier asks for the final state; its
+`reward` lands in the final state, where the `env_reward` primitive reads it. Tested against
+the documented wire protocol (our own `rollout env serve --protocol nemo-gym`), not nemo-gym
+itself, which does not install here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import EnvironmentSpec, NemoGymConfig, TaskSpec
+from rollout.shared.contracts.trajectory import ToolCallRecord
+from rollout.shared.envs.runtime import EnvironmentFailed
+from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.openenv import check_url
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def fetch_openapi(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+    """The server's `/openapi.json`; RolloutError when it does not answer like a Gym server."""
+    base = check_url(url)
+    try:
+        response = httpx.get(f"{base}/openapi.json", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise RolloutError(
+            f"the NeMo Gym server at {base} did not answer /openapi.json "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    try:
+        body = response.json() if response.status_code == 200 else None
+    except ValueError:
+        body = None
+    paths = body.get("paths") if isinstance(body, dict) else None
+    if not isinstance(paths, dict) or "/verify" not in paths or "/seed_session" not in paths:
+        raise RolloutError(
+            f"{base} is not a NeMo Gym resources server (its /openapi.json has no /seed_session "
+            f"and /verify routes; HTTP {response.status_code})"
+        )
+    return body  # type: ignore[return-value]
+
+
+class NemoGymRuntime(BaseRuntime):
+    """One episode: one resources-server session."""
+
+    template = "nemo_gym"
+    sanitize_outputs = True
+
+    def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: NemoGymConfig) -> None:
+        from rollout.shared.interop.nemo_gym import discover_tools
+
+        super().__init__(spec, task)
+        self.config = config
+        self.base_url = check_url(config.url)
+        self._failure: str | None = None
+        self._answer: str | None = None
+        self._calls: list[ToolCallRecord] = []
+        self._verified: dict[str, Any] | None = None
+        self._fields = {**config.seed, **(task.input or {})}
+        timeout = httpx.Timeout(config.timeout_seconds)
+        self._sync = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._async: httpx.AsyncClient | None = None
+        try:
+            tools = (
+                [t.model_dump() for t in config.tools]
+                if config.tools is not None
+                else discover_tools(fetch_openapi(self.base_url, config.timeout_seconds))
+            )
+            self._check(self._sync.post("/seed_session", json=self._fields), "seed_session")
+        except (RolloutError, httpx.HTTPError) as exc:
+            self._failure = f"nemo_gym {self.base_url}: {exc}"
+            self._sync.close()
+            return
+        self._async = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, cookies=self._sync.cookies
+        )
+        self._tool_list = tools
+        for tool in tools:
+            self.add_tool(
+                tool["name"],
+                tool.get("description") or "",
+                tool.get("parameters") or {"type": "object", "properties": {}},
+                self._tool(tool["name"]),
+                check_args=False,  # the server validates its own request models
+            )
+        if config.answer_tool and config.answer_tool not in self._tools:
+            self.add_tool(
+                config.answer_tool,
+                "Submit the final answer; the episode is verified with it.",
+                {
+                    "type": "object",
+                    "properties": {"answer": {"type": "string"}},
+                    "required": ["answer"],
+                },
+                self._submit,
+            )
+
+    @staticmethod
+    def _check(response: httpx.Response, op: str) -> Any:
+        if response.status_code >= 500:
+            raise RolloutError(f"{op} failed: HTTP {response.status_code}: {response.text[:300]}")
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        if response.status_code >= 400:
+            detail = body.get("detail") if isinstance(body, dict) else body
+            raise ToolError(f"{op}: HTTP {response.status_code}: {detail}")
+        return body
+
+    def _tool(self, name: str):  # type: ignore[no-untyped-def]
+        async def run(args: dict[str, Any]) -> Any:
+            if self._failure is not None or self._async is None:
+                raise EnvironmentFailed(self._failure or "the session is closed")
+            try:
+                response = await self._async.post(f"/{name}", json=args)
+                body = self._check(response, name)
+            except (httpx.HTTPError, RolloutError) as exc:
+                self._failure = f"nemo_gym {self.base_url}: {name}: {exc}"
+                raise EnvironmentFailed(self._failure) from None
+            error = body.get("error") if isinstance(body, dict) and len(body) == 1 else None
+            self._calls.append(
+                ToolCallRecord(
+                    index=len(self._calls),
+                    name=name,
+                    arguments=args,
+                    result=None if error else body,
+                    error=str(error) if error else None,
+                )
+            )
+            if error:
+                raise ToolError(str(error))
+            return body
+
+        return run
+
+    async def _submit(self, args: dict[str, Any]) -> Any:
+        self._answer = str(args.get("answer", ""))
+        return {"submitted": True}
+
+    def tool_specs(self):  # type: ignore[no-untyped-def]
+        """The server's tools (EnvironmentFailed when the session could not start)."""
+        if self._failure is not None:
+            raise EnvironmentFailed(self._failure)
+        return super().tool_specs()
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]):  # type: ignore[no-untyped-def]
+        """BaseRuntime.call_tool, except that a lost server ends the episode (raises)."""
+        if self._failure is not None:
+            raise EnvironmentFailed(self._failure)
+        result = await super().call_tool(name, arguments)
+        if self._failure is not None:
+            raise EnvironmentFailed(self._failure)
+        return result
+
+    def final_state(self) -> dict[str, Any]:
+        """`/verify` once: its reward, the answer sent, and the server's verify answer."""
+        from rollout.shared.interop.nemo_gym import responses_payload
+
+        if self._failure is not None:
+            raise EnvironmentFailed(self._failure)
+        if self._verified is None:
+            payload = responses_payload(
+                self.task.instruction, self._tool_list, self._calls, self._answer
+            )
+            if self._async is not None:
+                self._sync.cookies = self._async.cookies
+            try:
+                body = self._check(
+                    self._sync.post("/verify", json={**self._fields, **payload}), "verify"
+                )
+            except (httpx.HTTPError, RolloutError, ToolError) as exc:
+                self._failure = f"nemo_gym {self.base_url}: {exc}"
+                raise EnvironmentFailed(self._failure) from None
+            if not isinstance(body, dict):
+                body = {}
+            self._verified = {
+                k: v for k, v in body.items() if k not in ("responses_create_params", "response")
+            }
+        reward = self._verified.get("reward")
+        return {
+            "reward": reward if isinstance(reward, int | float) else None,
+            "done": True,
+            "answer": self._answer,
+            "verify": self._verified,
+        }
+
+    async def close(self) -> None:
+        """Close the session (unless /verify already ended it) and the HTTP clients."""
+        if self._async is not None:
+            if self._verified is None and self._failure is None:
+                try:
+                    await self._async.post("/close_session", json={})
+                except httpx.HTTPError:
+                    pass  # the server drops it on its own; nothing to score anyway
+            await self._async.aclose()
+            self._async = None
+        self._sync.close()
+
+
+__all__ = ["NemoGymRuntime", "fetch_openapi"]

@@ -1,0 +1,279 @@
+"""The ART bridge (OpenPipe ART): a run's rollouts as ART `TrajectoryGroup`s, and back.
+
+Export: the n samples of each task become one `art.TrajectoryGroup`; each sample an
+`art.Trajectory` whose `messages_and_choices` holds the prompt messages as dicts and every
+sampled assistant turn as an OpenAI `Choice` (with the token ids and logprobs we kept, as
+`token_id:<id>` tokens, so ART trains on exactly what was sampled); `reward` is our verifier's
+score and `metrics` carry passed and each primitive's score. Errored rollouts (no verdict) are
+left out: they are nobody's reward.
+
+Import: ART trajectory groups become scored rollouts, one task per group (the task's prompt is
+the group's shared prompt), in the rollout shape the training-data builders take
+(`{"trajectory", "tools", "score", "passed"}`, shared/learning/data.py), so SFT sets, DPO pairs
+and GRPO groups can be built from them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.interop.backends import require
+
+require("art")
+
+import art  # noqa: E402
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs  # noqa: E402
+from openai.types.chat.chat_completion_message import ChatCompletionMessage  # noqa: E402
+from openai.types.chat.chat_completion_token_logprob import (  # noqa: E402
+    ChatCompletionTokenLogprob,
+)
+
+MAX_IMPORT_GROUPS = 100_000
+
+
+def _choice(message: Mapping[str, Any], tokens: Sequence[int] | None, lps: Sequence[float] | None):
+    logprobs = None
+    if tokens is not None and lps is not None and len(tokens) == len(lps):
+        logprobs = ChoiceLogprobs(
+            content=[
+                ChatCompletionTokenLogprob(token=f"token_id:{t}", logprob=lp, top_logprobs=[])
+                for t, lp in zip(tokens, lps, strict=True)
+            ]
+        )
+    body: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        body["tool_calls"] = message["tool_calls"]
+    return Choice(
+        index=0,
+        finish_reason="tool_calls" if message.get("tool_calls") else "stop",
+        message=ChatCompletionMessage.model_validate(body),
+        logprobs=logprobs,
+    )
+
+
+def to_art_trajectory(rollout: Mapping[str, Any], tools: list[dict] | None = None) -> Any:
+    """One scored rollout (a `get_rollouts` row with its trajectory) as an `art.Trajectory`."""
+    raw = rollout.get("trajectory")
+    if not isinstance(raw, Mapping):
+        raise RolloutError(f"rollout {rollout.get('rolloutId')!r} has no trajectory to export")
+    trajectory = Trajectory.model_validate(raw)
+    token_ids, logprobs = trajectory.token_ids or [], trajectory.logprobs or []
+    turn = 0
+    items: list[Any] = []
+    for message in trajectory.messages:
+        if message.get("role") == "assistant":
+            tokens = token_ids[turn] if turn < len(token_ids) else None
+            lps = logprobs[turn] if turn < len(logprobs) else None
+            items.append(_choice(message, tokens, lps))
+            turn += 1
+        else:
+            items.append(dict(message))
+    metrics: dict[str, float | int | bool] = {"passed": bool(rollout.get("passed"))}
+    for prim in rollout.get("primitives") or []:
+        metrics[f"primitive/{prim['name']}"] = float(prim["score"])
+    metadata = {
+        "rollout_id": rollout.get("rolloutId"),
+        "run_id": rollout.get("runId"),
+        "task_index": rollout.get("taskIndex"),
+        "sample_index": rollout.get("sampleIndex"),
+        "model": rollout.get("model"),
+        "policy_version": rollout.get("policyVersion"),
+    }
+    return art.Trajectory(
+        messages_and_choices=items,
+        tools=tools or None,
+        reward=float(rollout.get("score") or 0.0),
+        metrics=metrics,
+        metadata={k: v for k, v in metadata.items() if v is not None},
+        initial_policy_version=rollout.get("policyVersion"),
+        final_policy_version=rollout.get("policyVersion"),
+    )
+
+
+def to_trajectory_groups(
+    rollouts: Iterable[Mapping[str, Any]], tools: Mapping[int, list[dict]] | None = None
+) -> list[Any]:
+    """A run's rollouts as one `art.TrajectoryGroup` per task (errored rollouts left out)."""
+    by_task: dict[int, list[Mapping[str, Any]]] = {}
+    for r in rollouts:
+        if r.get("outcome") == "errored" or r.get("score") is None:
+            continue
+        by_task.setdefault(int(r["taskIndex"]), []).append(r)
+    groups = []
+    for task_index in sorted(by_task):
+        samples = sorted(by_task[task_index], key=lambda r: r.get("sampleIndex") or 0)
+        group_tools = (tools or {}).get(task_index)
+        groups.append(
+            art.TrajectoryGroup(
+                [to_art_trajectory(r, group_tools) for r in samples],
+                metadata={"task_index": task_index, "run_id": samples[0].get("runId")},
+            )
+        )
+    return groups
+
+
+def write_groups(groups: Sequence[Any], path: str | Path) -> Path:
+    """JSONL, one `TrajectoryGroup` per line (ART's own pydantic dump)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for group in groups:
+            f.write(group.model_dump_json() + "\n")
+    return out
+
+
+def read_groups(path: str | Path) -> list[Any]:
+    """`TrajectoryGroup`s from JSONL (each line validated by ART's model; errors name it)."""
+    groups = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise RolloutError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if len(groups) >= MAX_IMPORT_GROUPS:
+            raise RolloutError(f"{path}: more than {MAX_IMPORT_GROUPS} trajectory groups")
+        try:
+            data = json.loads(line)
+            trajectories = [art.Trajectory.model_validate(t) for t in data["trajectories"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RolloutError(
+                f"{path}:{number}: not an ART TrajectoryGroup ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]})"
+            ) from None
+        groups.append(art.TrajectoryGroup(trajectories, metadata=data.get("metadata") or {}))
+    if not groups:
+        raise RolloutError(f"{path}: no trajectory groups")
+    return groups
+
+
+def _message(item: Any) -> dict[str, Any]:
+    if isinstance(item, Choice):
+        message: dict[str, Any] = {"role": "assistant", "content": item.message.content or ""}
+        if item.message.tool_calls:
+            message["tool_calls"] = [c.model_dump(mode="json") for c in item.message.tool_calls]
+        return message
+    return {k: v for k, v in dict(item).items() if v is not None}
+
+
+def _tokens(item: Any) -> tuple[list[int], list[float]] | None:
+    if not isinstance(item, Choice) or item.logprobs is None or not item.logprobs.content:
+        return None
+    ids, lps = [], []
+    for entry in item.logprobs.content:
+        if not entry.token.startswith("token_id:"):
+            return None  # text tokens cannot be mapped back to ids without the tokenizer
+        ids.append(int(entry.token.removeprefix("token_id:")))
+        lps.append(float(entry.logprob))
+    return ids, lps
+
+
+def _as_choice(item: Any) -> Any:
+    # A Choice read back from JSON is a plain dict (ART's union keeps the dict): restore it.
+    if isinstance(item, Mapping) and "message" in item and "finish_reason" in item:
+        return Choice.model_validate(item)
+    return item
+
+
+def from_art_trajectory(trajectory: Any, pass_at: float = 1.0) -> dict[str, Any]:
+    """One `art.Trajectory` as a scored rollout `{trajectory, tools, score, passed, prompt}`."""
+    items = [_as_choice(item) for item in trajectory.messages_and_choices]
+    messages = [_message(item) for item in items]
+    if not any(m.get("role") == "assistant" for m in messages):
+        raise RolloutError("an ART trajectory with no assistant turn cannot be imported")
+    turns = [_tokens(item) for item in items if isinstance(item, Choice)]
+    keep_tokens = bool(turns) and all(t is not None for t in turns)
+    final = next(
+        (m.get("content") for m in reversed(messages) if m.get("role") == "assistant"), None
+    )
+    ours = Trajectory(
+        messages=messages,
+        final_output=final,
+        token_ids=[t[0] for t in turns] if keep_tokens else None,  # type: ignore[index]
+        logprobs=[t[1] for t in turns] if keep_tokens else None,  # type: ignore[index]
+    )
+    score = float(trajectory.reward)
+    passed = trajectory.metrics.get("passed")
+    prompt = next((m.get("content") for m in messages if m.get("role") == "user"), "")
+    return {
+        "trajectory": ours.model_dump(mode="json"),
+        "tools": list(trajectory.tools or []),
+        "score": score,
+        "passed": bool(passed) if isinstance(passed, bool) else score >= pass_at,
+        "prompt": prompt if isinstance(prompt, str) else json.dumps(prompt),
+    }
+
+
+def from_trajectory_groups(groups: Iterable[Any], pass_at: float = 1.0) -> list[dict[str, Any]]:
+    """ART groups as scored rollouts: group i is task i, its trajectories the samples."""
+    rollouts = []
+    for task_index, group in enumerate(groups):
+        for sample_index, trajectory in enumerate(group.trajectories):
+            try:
+                row = from_art_trajectory(trajectory, pass_at)
+            except RolloutError as exc:
+                raise RolloutError(
+                    f"group {task_index} trajectory {sample_index}: {exc.message}"
+                ) from None
+            rollouts.append({**row, "task_index": task_index, "sample_index": sample_index})
+    return rollouts
+
+
+def training_sets(rollouts: Sequence[Mapping[str, Any]], min_margin: float = 0.0) -> dict:
+    """SFT examples (passing rollouts), DPO pairs and GRPO prompt groups from imported rollouts."""
+    from rollout.shared.learning.data import dpo_pairs, sft_examples
+
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rollouts:
+        groups.setdefault(str(r["task_index"]), []).append(r)
+    return {
+        "sft": sft_examples([r for r in rollouts if r["passed"]]),
+        "dpo": dpo_pairs(groups, min_margin),
+        "grpo": [
+            {"prompt": samples[0]["prompt"], "rewards": [s["score"] for s in samples]}
+            for samples in groups.values()
+        ],
+    }
+
+
+_DECLARATIVE = frozenset({"workflow", "custom", "sql", "browser", "code-editing", "verifiers"})
+
+
+async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[dict]]:
+    # Tools of declarative templates are known without running user code; plugin and remote
+    # envs (plugin hosts, servers) are not started just to export.
+    from rollout.shared.envs.engine import build_runtime
+
+    if spec.template not in _DECLARATIVE:
+        return {}
+    tools = {}
+    for index in task_indices:
+        runtime = build_runtime(spec, index)
+        try:
+            tools[index] = [t.to_openai() for t in runtime.tool_specs()]
+        finally:
+            await runtime.close()
+    return tools
+
+
+async def export_run(client: Any, run_id: str) -> list[Any]:
+    """A run's scored rollouts as ART trajectory groups (one per task), from the platform."""
+    from rollout.shared.contracts.envspec import EnvironmentSpec
+
+    run = await client.get_run(run_id, include_rollouts=True, include_trajectories=True)
+    rollouts = run.get("rollouts") or []
+    if not rollouts:
+        raise RolloutError(f"run {run_id} has no rollouts to export")
+    tools: dict[int, list[dict]] = {}
+    slug, version = run.get("envSlug"), run.get("envVersion")
+    if slug:
+        doc = await client.get_environment(slug, version)
+        spec = EnvironmentSpec.model_validate(doc.get("spec", doc))
+        tools = await _task_tools(spec, sorted({int(r["taskIndex"]) for r in rollouts}))
+    return to_trajectory_groups(rollouts, tools)

@@ -1,0 +1,164 @@
+"""NeMo Gym both ways, tested against its documented wire protocol only (nemo-gym does not
+install here): `rollout env serve --protocol nemo-gym` serving an env, and the `nemo_gym`
+template consuming that server over real HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+from servers import free_port, serving
+from test_openenv_server import REFUND
+
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.envs import build_runtime, run_tool_script, score, validate_environment
+from rollout.shared.envs.runtime import EnvironmentFailed
+from rollout.shared.interop.nemo_gym import create_app, responses_payload
+
+
+@pytest.fixture(scope="module")
+def gym_server():
+    with serving(create_app(EnvironmentSpec.model_validate(REFUND))) as url:
+        yield url
+
+
+def consumer(url: str, **config) -> dict:
+    return {
+        "slug": "gym-refund",
+        "template": "nemo_gym",
+        "config": {"url": url, **config},
+        "tasks": [
+            {"instruction": "Refund order O-1 for $100", "input": {"task": 0}},
+            {"instruction": "Do nothing", "input": {"task": "noop"}},
+        ],
+    }
+
+
+def test_the_wire_protocol_as_documented(gym_server) -> None:
+    with httpx.Client(base_url=gym_server) as gym:  # one client = one cookie jar = one rollout
+        seeded = gym.post("/seed_session", json={"task": 0})
+        assert seeded.status_code == 200 and "rollout_gym_session" in seeded.cookies
+        assert gym.post("/lookup_order", json={"order_id": "O-1"}).json() == {
+            "customer": "Alice",
+            "amount": 100,
+        }
+        assert gym.post("/refund", json={"order_id": "O-1", "amount": 100}).status_code == 200
+        assert "error" in gym.post("/lookup_order", json={}).json()  # a tool error, not a 500
+        # A client claiming tool calls it never made: the reward comes from the session.
+        payload = responses_payload("Refund order O-1 for $100", [], [], "refunded")
+        verified = gym.post("/verify", json=payload).json()
+        assert verified["reward"] == 1.0 and verified["verifier"]["passed"] is True
+        assert verified["response"]["output"][-1]["content"][0]["text"] == "refunded"
+        # /verify ended the session.
+        assert gym.post("/refund", json={"order_id": "O-1", "amount": 1}).status_code == 400
+    with httpx.Client(base_url=gym_server) as other:
+        other.post("/seed_session", json={"task": "noop"})
+        assert other.post("/verify", json=payload).json()["reward"] == 1.0  # noop done right
+    schema = httpx.get(f"{gym_server}/openapi.json").json()
+    assert {"/seed_session", "/verify", "/lookup_order", "/refund"} <= set(schema["paths"])
+
+
+def test_no_session_is_a_clear_400(gym_server) -> None:
+    response = httpx.post(f"{gym_server}/refund", json={"order_id": "O-1", "amount": 1})
+    assert response.status_code == 400 and "seed_session" in response.json()["detail"]
+
+
+async def test_the_template_consumes_a_resources_server(gym_server) -> None:
+    spec = consumer(gym_server)
+    assert validate_environment(spec) == []
+    runtime = build_runtime(spec, 0)
+    try:  # tools discovered from /openapi.json, plus the answer tool
+        assert [t.name for t in runtime.tool_specs()] == ["lookup_order", "refund", "submit_answer"]
+    finally:
+        await runtime.close()
+    calls = [
+        ("lookup_order", {"order_id": "O-1"}),
+        ("refund", {"order_id": "O-1", "amount": 100}),
+        ("submit_answer", {"answer": "refunded"}),
+    ]
+    trajectory = await run_tool_script(spec, 0, calls)
+    assert trajectory.tool_calls[0].result == {"customer": "Alice", "amount": 100}
+    state = trajectory.final_state
+    assert state["reward"] == 1.0 and state["answer"] == "refunded"
+    assert state["verify"]["verifier"]["passed"] is True
+    verdict = await score(spec, 0, trajectory)  # default verifier: env_reward
+    assert verdict.passed and verdict.primitives[0].type == "env_reward"
+    wrong = await run_tool_script(spec, 1, calls)
+    assert wrong.final_state["reward"] == 0.0
+    assert not (await score(spec, 1, wrong)).passed
+    # A tool error from the server reaches the model as a tool error.
+    errored = await run_tool_script(spec, 0, [("lookup_order", {})])
+    assert errored.tool_calls[0].error
+
+
+async def test_declared_tools_and_our_primitives_alongside(gym_server) -> None:
+    spec = consumer(
+        gym_server,
+        tools=[{"name": "refund", "parameters": {"type": "object", "properties": {}}}],
+        answerTool=None,
+    )
+    spec["verifier"] = [
+        {"name": "reward", "type": "env_reward"},
+        {"name": "refunded", "type": "tool_was_called", "tool": "refund"},
+    ]
+    assert validate_environment(spec) == []
+    trajectory = await run_tool_script(spec, 0, [("refund", {"order_id": "O-1", "amount": 100})])
+    verdict = await score(spec, 0, trajectory)
+    assert verdict.passed and [p.passed for p in verdict.primitives] == [True, True]
+
+
+def test_plan_time_names_config_url() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    [problem] = validate_environment(consumer(dead))
+    assert problem.startswith(f"config.url: the NeMo Gym server at {dead} did not answer")
+    [creds] = validate_environment(consumer("http://u:p@127.0.0.1:1"))
+    assert creds == "config.url: the URL must not carry credentials (user:password@)"
+
+
+async def test_a_server_that_goes_away_ends_the_episode_as_errored() -> None:
+    with serving(create_app(EnvironmentSpec.model_validate(REFUND))) as url:
+        runtime = build_runtime(consumer(url), 0)
+    try:
+        with pytest.raises(EnvironmentFailed, match="nemo_gym http://127.0.0.1"):
+            await runtime.call_tool("refund", {"order_id": "O-1", "amount": 1})
+    finally:
+        await runtime.close()
+
+
+def test_cli_serves_the_nemo_gym_protocol(tmp_path) -> None:
+    (tmp_path / "envs.py").write_text(
+        textwrap.dedent(
+            f"""
+            from rollout import Environment
+            env = Environment.from_spec({REFUND!r})
+            """
+        )
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout.cli", "env", "serve", "envs.py", "--port", str(port),
+         "--protocol", "nemo-gym"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            try:
+                if httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.05)
+        with httpx.Client(base_url=url) as gym:
+            gym.post("/seed_session", json={"task": "noop"})
+            assert gym.post("/verify", json={}).json()["reward"] == 1.0
+    finally:
+        proc.terminate()
+        proc.wait(10)

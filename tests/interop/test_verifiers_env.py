@@ -1,0 +1,144 @@
+"""verifiers (v1) both ways, with the real package: a taskset as a rollout env (its code in
+a plugin host) and a rollout env exported as a verifiers taskset module, round trip."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+import verifiers.v1 as vf
+from fakes.openai_server import FakeOpenAI, by_conversation, text_reply
+
+from rollout.cli import main
+from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.envs import score, validate_environment
+from rollout.shared.interop.verifiers_env import environment
+
+QA = """
+import os
+import verifiers.v1 as vf
+
+__all__ = ["QATaskset"]
+
+class QAData(vf.TaskData):
+    answer: str
+
+class QATask(vf.Task[QAData, vf.State]):
+    @vf.reward
+    async def exact(self, task: QAData, trace: vf.Trace) -> float:
+        return float(trace.last_reply.strip().lower() == task.answer.lower())
+
+    @vf.reward(weight=0.0)
+    async def where(self, task: QAData, trace: vf.Trace) -> float:
+        # A zero-weight reward is reported but does not move the score.
+        return float(os.getpid())
+
+class QATaskset(vf.Taskset[QATask]):
+    def load(self):
+        for q, a in [("What is 2+2?", "4"), ("Capital of France?", "Paris")]:
+            yield QATask(QAData(prompt=q, answer=a, id=f"q-{a}"), self.config.task)
+"""
+
+
+def _trajectory(reply: str) -> Trajectory:
+    return Trajectory(final_output=reply, final_state={})
+
+
+async def test_a_taskset_is_a_rollout_env_scored_by_its_own_rewards(user_module) -> None:
+    user_module("qa_taskset", QA)
+    env = environment("qa_taskset")
+    spec = env.to_spec()
+    assert spec.template == "verifiers" and spec.slug == "qa-taskset"
+    assert [t.instruction for t in spec.tasks] == ["What is 2+2?", "Capital of France?"]
+    assert spec.tasks[1].id == "q-Paris"
+    assert spec.tasks[1].hidden_ground_truth["answer"] == "Paris"
+    assert "qa_taskset.py" in spec.config["sources"]  # the user's code travels with the env
+    assert validate_environment(env) == []
+
+    right = await score(spec, 1, _trajectory("paris"))
+    assert right.passed and right.score == 1.0
+    assert "exact=1" in right.primitives[0].reason
+    wrong = await score(spec, 0, _trajectory("5"))
+    assert not wrong.passed and wrong.score == 0.0
+    assert "qa_taskset" not in sys.modules  # its code ran in the plugin host, not here
+
+
+def test_rollout_test_runs_a_verifiers_env(user_module, tmp_path, capsys) -> None:
+    user_module("qa_taskset", QA)
+    (tmp_path / "qa_env.py").write_text(
+        "from rollout.shared.interop.verifiers_env import environment\n"
+        "env = environment('qa_taskset')\n"
+    )
+    script = by_conversation(
+        {"What is 2+2?": [text_reply("4")], "Capital of France?": [text_reply("Lyon")]}
+    )
+    with FakeOpenAI(script) as model:
+        code = main(
+            ["test", str(tmp_path / "qa_env.py"), "--model", f"{model.base_url}#m", "--json"]
+        )
+    report = json.loads(capsys.readouterr().out)
+    tasks = report["environments"][0]["tasks"]
+    assert [t["passed"] for t in tasks] == [True, False], report
+    assert code in (0, 1)
+
+
+def test_a_taskset_that_does_not_import_is_named(user_module) -> None:
+    user_module("broken_taskset", "import verifiers.v1 as vf\nraise ImportError('no numpy here')\n")
+    with pytest.raises(RolloutError, match="broken_taskset"):
+        environment("broken_taskset")
+    with pytest.raises(RolloutError, match="not a module name"):
+        environment("not a module")
+
+
+REFUND = {
+    "slug": "qa-rollout",
+    "template": "custom",
+    "config": {"tools": []},
+    "tasks": [
+        {"instruction": "Say hello", "id": "hello"},
+        {"instruction": "Say goodbye", "id": "bye"},
+    ],
+    "verifier": [
+        {"name": "greets", "type": "contains_terms", "terms": ["hello"]},
+    ],
+}
+
+
+async def test_export_round_trip(tmp_path, monkeypatch, capsys) -> None:
+    spec = EnvironmentSpec.model_validate(REFUND)
+    (tmp_path / "env.py").write_text(
+        "import json\nfrom rollout import Environment\n"
+        f"env = Environment.from_spec(json.loads({json.dumps(REFUND)!r}))\n"
+    )
+    out = tmp_path / "exported"
+    assert main(["env", "export-verifiers", str(tmp_path / "env.py"), "-o", str(out)]) == 0
+    path = out / "qa_rollout.py"
+    assert str(path) in capsys.readouterr().out
+    monkeypatch.syspath_prepend(str(out))
+    module = importlib.import_module("qa_rollout")
+
+    # The peer's side: verifiers' own loader sees our tasks, and our verifier is its reward.
+    taskset = vf.load_taskset(vf.TasksetConfig(id="qa_rollout"))
+    tasks = list(taskset)
+    assert [t.data.prompt for t in tasks] == ["Say hello", "Say goodbye"]
+    for reply, expected in (("hello there", 1.0), ("bye", 0.0)):
+        task = tasks[0]
+        trace = vf.Trace(
+            task=vf.TraceTask(type="RolloutTask", data=task.data, key=task.key, hash=task.hash),
+            agent=vf.AgentInfo(config=vf.AgentConfig(), name="t", trainable=False),
+            root_reply=reply,
+        )
+        await task.score(trace)
+        ours = await score(spec, 0, _trajectory(reply))
+        assert trace.reward == ours.score == expected
+    assert isinstance(module.load_taskset(), vf.Taskset)
+    env = module.load_environment()  # verifiers' own Env around the taskset
+    assert isinstance(env, vf.Env) and len(list(env.taskset)) == 2
+
+    # And back: the exported module loads as a rollout env (in a plugin host) with our tasks.
+    back = environment("qa_rollout").to_spec()
+    assert [t.instruction for t in back.tasks] == ["Say hello", "Say goodbye"]
