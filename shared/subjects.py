@@ -64,6 +64,21 @@ def run_events(run_id: str = "*") -> str:
     return aggregate_events("run", run_id)
 
 
+DEAD_LETTER_EVENT = "deadletter.recorded"
+
+
+def dead_letter(consumer: str = "*") -> str:
+    """Subject of the dead letters one consumer records (`*`: every consumer's).
+
+    The recording durable is the aggregate id, `rollout.evt.deadletter.<consumer>.
+    deadletter_recorded`: a service's NATS user may publish dead letters only under its own
+    consumers' names (rollout.shared.auth.services), so a follower that filters on one consumer
+    acts only on what that consumer itself recorded.
+    """
+    recorder = consumer if consumer == "*" else token(consumer, "consumer")
+    return f"{PREFIX}.evt.deadletter.{recorder}.{event_name(DEAD_LETTER_EVENT)}"
+
+
 def work(kind: str, key: str) -> str:
     """Subject of a work item: `rollout.work.<kind>.<key>`."""
     return f"{PREFIX}.work.{token(kind, 'work kind')}.{token(key)}"

@@ -39,8 +39,22 @@ from rollout.shared.store.trajectories import inline_limit, object_store, offloa
 DURABLE = "actors"
 # How long a silent replica holds a work item before another one gets it (in-progress acks
 # keep a working replica's items); tests shorten it to see a dead replica's work move quickly.
-ACK_WAIT_S = float(os.environ.get("ROLLOUT_ACTOR_ACK_WAIT_S", "30"))
-KEEPALIVE_S = min(10.0, ACK_WAIT_S / 3)
+# Read when the service starts (not at import), like the verifier's.
+ACK_WAIT_ENV = "ROLLOUT_ACTOR_ACK_WAIT_S"
+DEFAULT_ACK_WAIT_S = 30.0
+
+
+def ack_wait_s() -> float:
+    """The actors consumer's AckWait in seconds (ROLLOUT_ACTOR_ACK_WAIT_S, else 30)."""
+    raw = os.environ.get(ACK_WAIT_ENV, "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_ACK_WAIT_S
+    except ValueError:
+        raise RolloutError(f"{ACK_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise RolloutError(f"{ACK_WAIT_ENV} must be > 0, got {value:g}")
+    return value
+
 
 log = get_logger(__name__)
 
@@ -86,6 +100,7 @@ def _too_large(rollout: GeneratedRollout, size: int, budget: int) -> GeneratedRo
 def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBroker:
     """The actor's broker and its handler."""
     broker = make_broker(settings)
+    keepalive_s = min(10.0, ack_wait_s() / 3)
     backends = Backends()
     caches: dict[str, SpecCache] = {}
     stores: dict[str, ObjectStore] = {}
@@ -112,7 +127,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
         cache = caches.setdefault("specs", SpecCache(js))
         raw = message.raw_message
         attempt = raw.metadata.num_delivered
-        async with working_on(raw, every_s=KEEPALIVE_S):
+        async with working_on(raw, every_s=keepalive_s):
             stage: ErrorKind = "env"
             try:
                 spec = await cache.get(work.env_slug, work.env_version, work.env_hash)
@@ -196,6 +211,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
 
 async def serve(settings: Settings) -> None:
     """Run one actor replica until cancelled."""
+    wait_s = ack_wait_s()  # a bad setting stops the replica before it connects
     nc = await connect_nats(settings)
     try:
         js = nc.jetstream()
@@ -206,7 +222,7 @@ async def serve(settings: Settings) -> None:
             pull_consumer_config(
                 DURABLE,
                 subjects.work_filter("rollouts"),
-                ack_wait_s=ACK_WAIT_S,
+                ack_wait_s=wait_s,
                 max_deliver=DEFAULT_MAX_DELIVER,
             ),
         )

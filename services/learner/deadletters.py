@@ -3,8 +3,9 @@
 A job's work item can be dead-lettered without the job handler ever saying so: the broker's
 dead-letter policy terminates a payload that cannot be decoded, and the learner gives up on
 an item whose earlier deliveries all ended with the replica gone (SIGKILL, out of memory).
-Both record `deadletter.recorded`; the learner follows those events with a durable consumer
-and fails the job they name. Reacting to the event (rather than hooking the middleware)
+Both record `deadletter.recorded` under the job consumer's name; the learner follows those
+events (that consumer's only: `subjects.dead_letter(DURABLE)`, which no other service's
+credential may publish to) with a durable consumer and fails the job they name. Reacting to the event (rather than hooking the middleware)
 covers every path that records a dead letter, including ones recorded while no learner was
 up, and a learner that dies between the dead letter and job.failed does it on redelivery.
 """

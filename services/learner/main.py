@@ -11,7 +11,7 @@ job (the consumer's MaxDeliver is unlimited): the learner counts the deliveries.
 attempt is retried until the last of `ROLLOUT_LEARNER_MAX_DELIVER` attempts, which fails the
 job; an item delivered once more than that had its last attempt end with the replica gone
 (killed, out of memory), so it is dead-lettered with that reason. Every dead-lettered job
-item, whoever recorded it, then ends its job with job.failed (see deadletters.py).
+item the job consumer recorded then ends its job with job.failed (see deadletters.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ from rollout.shared.settings import Settings, connect_nats
 
 DURABLE = "learner"
 DEADLETTER_DURABLE = "learner-deadletters"
+# Only dead letters the job consumer itself recorded: every service may record dead letters,
+# but only under its own consumers' names, so no other service's credential can fail a job.
+DEADLETTER_FILTER = subjects.dead_letter(DURABLE)
 QUEUE = "learner"
 WORK_KIND = "jobs"
 # Attempts per job: a failing attempt is retried with backoff, a replica that died mid-job
@@ -289,7 +292,7 @@ def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsB
             await execute(context(), work.job_id, deliveries=deliveries, limit=limit)
 
     @broker.subscriber(
-        subjects.event_filter("deadletter", "deadletter.recorded"),
+        DEADLETTER_FILTER,
         stream=JStream(subjects.EVENTS_STREAM, declare=False),
         durable=DEADLETTER_DURABLE,
         pull_sub=PullSub(batch_size=1, timeout=1.0),
@@ -300,7 +303,7 @@ def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsB
     async def dead_lettered(event: EventEnvelope) -> None:
         """Fail the job a dead-lettered work item belonged to (other dead letters: ignored)."""
         body = event.body()
-        if isinstance(body, DeadLettered):
+        if isinstance(body, DeadLettered) and body.consumer == DURABLE:
             await fail_dead_lettered_job(jetstream(broker), body, WORK_KIND)
 
     return broker
@@ -329,9 +332,7 @@ async def serve(settings: Settings) -> None:
         await ensure_consumer(
             js,
             subjects.EVENTS_STREAM,
-            pull_consumer_config(
-                DEADLETTER_DURABLE, subjects.event_filter("deadletter", "deadletter.recorded")
-            ),
+            pull_consumer_config(DEADLETTER_DURABLE, DEADLETTER_FILTER),
         )
         ctx = LearnerContext(nc=nc, js=js, store=store, work_dir=settings.home / "learner" / "jobs")
         broker = build_broker(settings, ctx)

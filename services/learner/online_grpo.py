@@ -33,6 +33,7 @@ from rollout.services.learner.local_jobs import model_name
 from rollout.services.learner.planning import JobPlan, train_task_indices
 from rollout.shared import subjects
 from rollout.shared.bus.requests import call
+from rollout.shared.contracts.envelope import deterministic_id
 from rollout.shared.contracts.requests import CreateRun
 from rollout.shared.learning.config import GrpoConfig
 from rollout.shared.models import trained
@@ -42,6 +43,20 @@ from rollout.shared.store import env_versions
 log = get_logger(__name__)
 # Runs that yield nothing trainable (all stale or failed generations) before the job gives up.
 MAX_EMPTY_RUNS = 8
+
+
+def round_request_id(job_id: str, step: int, attempt: int) -> str:
+    """The create_run request id of a GRPO round: the same for the same job, step and try."""
+    return deterministic_id("grpo-round", job_id, step, attempt)
+
+
+@dataclass(frozen=True)
+class RoundRun:
+    """A run started for one round: the policy step it feeds and which try at it."""
+
+    step: int
+    attempt: int
+    run_id: str
 
 
 @dataclass
@@ -93,8 +108,17 @@ class OnlineGRPO:
             base_model=self.plan.event.base_model,
         )  # fmt: skip
 
-    async def _start_run(self, tasks: list[int]) -> str:
+    async def _start_run(self, step: int, attempt: int, train_tasks: list[int]) -> RoundRun:
+        """Start (or, resumed, find again) the run of one round: the step it feeds, the try.
+
+        The request id and the tasks derive from (job, step, attempt) alone, so a learner
+        resumed after a kill asks for the very runs it had started, and the tracker answers
+        with those runs instead of starting fresh ones for the same round.
+        """
+        k = min(self.options.tasks_per_step, len(train_tasks))
+        tasks = sorted(random.Random(f"{self.job_id}:{step}:{attempt}").sample(train_tasks, k))
         body = CreateRun(
+            client_request_id=round_request_id(self.job_id, step, attempt),
             env_slug=self.plan.event.env_slug or "",
             model=self.model,
             n=self.config.group_size,
@@ -108,7 +132,7 @@ class OnlineGRPO:
         )
         data = await call(self.ctx.nc, subjects.request("tracker", "create_run"), body)
         self.timing.runs.append(data["runId"])
-        return data["runId"]
+        return RoundRun(step, attempt, data["runId"])
 
     async def run(self) -> None:
         """Drive runs and steps until `max_steps` versions; then complete the job."""
@@ -134,17 +158,19 @@ class OnlineGRPO:
             raise RolloutError(f"environment {self.plan.event.env_slug!r} is gone")
         train_tasks = train_task_indices(env.spec)
         target = int(self.config.max_steps or 1)
-        rng = random.Random(f"{self.job_id}:{self.learner.policy_version}")
-        in_flight: deque[str] = deque()
+        # The runs in flight, one per upcoming step (in step order); after a step, the next
+        # ones are exactly those a learner resumed from that step's checkpoint starts.
+        in_flight: deque[RoundRun] = deque()
         empty = 0
         started = time.monotonic()
         first_version = int(self.learner.policy_version)
         while self.learner.policy_version < target:
             room = target - self.learner.policy_version
             while len(in_flight) < min(self.config.max_staleness + 1, room):
-                k = min(self.options.tasks_per_step, len(train_tasks))
-                in_flight.append(await self._start_run(sorted(rng.sample(train_tasks, k))))
-            run_id = in_flight.popleft()
+                step = in_flight[-1].step + 1 if in_flight else int(self.learner.policy_version) + 1
+                in_flight.append(await self._start_run(step, 0, train_tasks))
+            current = in_flight.popleft()
+            run_id = current.run_id
             waited = time.monotonic()
             run = await wait_for_run_end(
                 self.ctx.js, run_id, timeout_s=self.options.run_deadline_s + 30
@@ -167,6 +193,10 @@ class OnlineGRPO:
                         f"{self.config.max_staleness} versions, or failed generations); are the "
                         "actors loading new policy versions?"
                     )
+                # The same step's next try goes first: the runs behind it feed later steps.
+                in_flight.appendleft(
+                    await self._start_run(current.step, current.attempt + 1, train_tasks)
+                )
                 continue
             empty = 0
             trained_at = time.monotonic()

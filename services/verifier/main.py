@@ -9,10 +9,16 @@ from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 
 from rollout.errors import RolloutError
-from rollout.services.verifier.scoring import ScoringUnavailable, errored_verdict, score_rollout
+from rollout.services.verifier.scoring import (
+    ScoringUnavailable,
+    errored_verdict,
+    failure_kind,
+    score_rollout,
+    unscored,
+)
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
-from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER
+from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
@@ -92,20 +98,37 @@ def build_broker(settings: Settings) -> NatsBroker:
         attempt = raw.metadata.num_delivered
         with event_context(event):
             async with working_on(raw, every_s=keepalive_s):
-                run = await run_of(js, generated.run_id)
-                spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
                 scored: list[ScoredRollout] = []
-                for rollout in generated.rollouts:
-                    try:
-                        scored.append(await score_rollout(spec, rollout, store()))
-                    except ScoringUnavailable as exc:
-                        # Retried with backoff (the whole batch: scoring is idempotent); on
-                        # the last attempt the rollout is errored with the cause.
-                        if attempt < DEFAULT_MAX_DELIVER:
-                            raise
-                        cause = f"{exc} (after {attempt} attempts)"
-                        log.warning("rollout errored", rollout_id=rollout.rollout_id, cause=cause)
-                        scored.append(errored_verdict(rollout, cause, "infra"))
+                try:
+                    run = await run_of(js, generated.run_id)
+                    spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
+                except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
+                    # Retried with backoff; on the last attempt every rollout of the batch is
+                    # errored with the cause, so the run completes instead of waiting for
+                    # its deadline on a dead-lettered batch.
+                    if attempt < DEFAULT_MAX_DELIVER:
+                        raise
+                    cause = f"no environment to score with: {describe(exc)}"
+                    cause += f" (after {attempt} attempts)"
+                    kind = failure_kind(exc)
+                    log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
+                    scored = [unscored(r, cause, kind) for r in generated.rollouts]
+                else:
+                    for rollout in generated.rollouts:
+                        try:
+                            scored.append(await score_rollout(spec, rollout, store()))
+                        except Exception as exc:  # noqa: BLE001 (retried, then recorded)
+                            # Retried (the whole batch: scoring is idempotent); on the last
+                            # attempt the rollout is errored with the cause.
+                            if attempt < DEFAULT_MAX_DELIVER:
+                                raise
+                            detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
+                            cause = f"{detail or describe(exc)} (after {attempt} attempts)"
+                            log.warning(
+                                "rollout errored", rollout_id=rollout.rollout_id, cause=cause
+                            )
+                            # score_rollout itself errors what the env's own verifier raises.
+                            scored.append(errored_verdict(rollout, cause, "infra"))
 
                 def part(items: list[ScoredRollout], start: int, end: int) -> EventEnvelope:
                     whole = start == 0 and end == len(scored)

@@ -5,10 +5,14 @@ kind. A verifier that raises is the environment's fault: errored (kind `env`) at
 the platform fails the verifier (no sandbox for `tests_pass`, an object store that cannot
 give back a claim-checked trajectory) `score_rollout` raises ScoringUnavailable, so the
 caller retries the batch and records the rollout errored (kind `infra`) only on its last
-attempt: never a reward of 0 or a failed verdict for something nobody judged.
+attempt: never a reward of 0 or a failed verdict for something nobody judged. Anything else
+that stops a batch being scored (the run's env spec missing or no longer valid, a lookup that
+keeps failing) is retried the same way, then errored with its cause (`failure_kind`).
 """
 
 from __future__ import annotations
+
+import pydantic
 
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
@@ -27,6 +31,22 @@ from rollout.shared.store.trajectories import load_trajectory
 
 class ScoringUnavailable(RolloutError):
     """The platform could not score a rollout right now (sandbox, object store): retry."""
+
+
+def failure_kind(exc: BaseException) -> ErrorKind:
+    """Whose fault a failed env spec lookup is: the environment's or the platform's."""
+    # A spec that is missing, no longer validates, or not the one the run expected; anything
+    # else (a NATS timeout, a lookup that keeps failing) is the platform's.
+    if isinstance(exc, RolloutError | pydantic.ValidationError):
+        return "env"
+    return "infra"
+
+
+def unscored(rollout: GeneratedRollout, cause: str, kind: ErrorKind) -> ScoredRollout:
+    """A rollout nothing could score: errored with `cause`, or with its own generation error."""
+    if rollout.error and rollout.trajectory is None and rollout.trajectory_uri is None:
+        return errored_verdict(rollout, rollout.error, rollout.error_kind or "env")
+    return errored_verdict(rollout, cause, kind)
 
 
 def errored_verdict(rollout: GeneratedRollout, cause: str, kind: ErrorKind) -> ScoredRollout:

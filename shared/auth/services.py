@@ -9,9 +9,10 @@ against it, so a handler the role does not cover fails a test before it fails in
 What every service may do besides: read and follow the events stream (like a viewer key, the
 other services' durables excepted), look up and create (never reconfigure) the platform
 streams, beat its own heartbeat key, receive replies only on its own inbox prefix, and answer
-the requests it received (`allow_responses`). Only the stream manager (the tracker) may update
-a stream's configuration; nothing here may delete or purge
-a stream, delete a message, or touch a consumer it does not own. The unrestricted admin user
+the requests it received (`allow_responses`), and delete the short-lived consumers its reads
+of the events stream create (never a declared durable). Only the stream manager (the tracker)
+may update a stream's configuration; nothing here may delete or purge a stream, delete a
+message, or touch a durable it does not own. The unrestricted admin user
 (`rollout admin ...`, `rollout keys ...`, tests) is held by no long-running service.
 """
 
@@ -45,7 +46,8 @@ class ServiceRole:
     answers: tuple[tuple[str, str], ...] = ()
     # (service, verb) requests it sends to other services.
     calls: tuple[tuple[str, str], ...] = ()
-    # Event types it appends (`run.started`): only those subjects, for any aggregate id.
+    # Event types it appends (`run.started`): only those subjects, for any aggregate id
+    # (dead letters: only under the names of the consumers below).
     emits: tuple[str, ...] = ()
     # Work kinds it queues on the work stream.
     queues: tuple[str, ...] = ()
@@ -57,9 +59,6 @@ class ServiceRole:
     manages_streams: bool = False
     # May read every service's heartbeat (the supervisor waits on them).
     reads_heartbeats: bool = False
-    # Loads aggregates from the events stream for its decisions (run or job endings), and so
-    # deletes the short-lived consumer of each load; no service's durable may be deleted.
-    loads_aggregates: bool = False
 
     @property
     def user(self) -> str:
@@ -79,7 +78,7 @@ def is_service_user(user: str | None) -> bool:
 
 _EVENTS = subjects.EVENTS_STREAM
 _WORK = subjects.WORK_STREAM
-_DEAD_LETTER = "deadletter.recorded"
+_DEAD_LETTER = subjects.DEAD_LETTER_EVENT
 
 SERVICE_ROLES: dict[str, ServiceRole] = {
     role.service: role
@@ -105,7 +104,6 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 Durable(_EVENTS, "tracker-fanout", subjects.event_filter("run", "run.requested")),
             ),
             manages_streams=True,
-            loads_aggregates=True,
         ),
         ServiceRole(
             "actor",
@@ -148,13 +146,9 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
             queues=("jobs",),
             consumes=(
                 Durable(_WORK, "learner", subjects.work_filter("jobs")),
-                Durable(
-                    _EVENTS,
-                    "learner-deadletters",
-                    subjects.event_filter("deadletter", _DEAD_LETTER),
-                ),
+                # Only the dead letters its own job consumer recorded (see deadletters.py).
+                Durable(_EVENTS, "learner-deadletters", subjects.dead_letter("learner")),
             ),
-            loads_aggregates=True,
         ),
         ServiceRole(SUPERVISOR, reads_heartbeats=True),
     )
@@ -227,9 +221,20 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
 
     api = subjects.js_api
     publish: list[str] = [subjects.request(s, v) for s, v in role.calls]
-    publish += [_event_subject(event_type) for event_type in role.emits]
+    publish += [
+        _event_subject(event_type) for event_type in role.emits if event_type != _DEAD_LETTER
+    ]
+    if _DEAD_LETTER in role.emits:
+        # Dead letters only under its own consumers' names: none can be forged for another's.
+        publish += [subjects.dead_letter(durable.name) for durable in role.consumes]
     publish += [subjects.work_filter(kind) for kind in role.queues]
+    if role.queues:
+        # Whether an item it queued is still there (a retried create re-queues a lost one).
+        publish.append(api("STREAM", "MSG", "GET", subjects.WORK_STREAM))
     publish += event_reader_subjects()
+    # Its reads' own consumers (a decision loads an aggregate with a short-lived consumer and
+    # deletes it after: see shared/bus/reader.py); every declared durable is denied below.
+    publish.append(api("CONSUMER", "DELETE", subjects.EVENTS_STREAM, "*"))
     for stream in PLATFORM_STREAMS:
         publish += [api("STREAM", "INFO", stream), api("STREAM", "CREATE", stream)]
         if role.manages_streams:
@@ -238,8 +243,6 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
         publish += _consumer_subjects(durable)
     publish += _heartbeat_subjects(role)
     publish.append(subjects.USER_INFO)
-    if role.loads_aggregates:
-        publish.append(api("CONSUMER", "DELETE", _EVENTS, "*"))
     own = {(d.stream, d.name) for d in role.consumes}
     deny = [
         subject
@@ -251,6 +254,7 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
             api("CONSUMER", "CREATE", d.stream, d.name, ">"),
         )
     ]
+    # No durable is deleted by a service, its own included.
     deny += [api("CONSUMER", "DELETE", d.stream, d.name) for d in all_durables()]
     subscribe = [subjects.inbox_filter(role.user)]
     subscribe += [subjects.request(s, v) for s, v in role.answers]

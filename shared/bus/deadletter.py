@@ -97,8 +97,17 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def recorder_id(consumer: str) -> str:
+    """The dead letter's aggregate id: the recording consumer (see subjects.dead_letter)."""
+    try:
+        return subjects.token(consumer, "consumer")
+    except subjects.SubjectError:
+        # No service durable is named so; such a name still gets a stable subject of its own.
+        return f"unnamed-{deterministic_id('consumer', consumer)[:16]}"
+
+
 async def record_dead_letter(js: JetStreamContext, msg: Msg, reason: str) -> EventEnvelope:
-    """Append a dead-letter event for `msg` (idempotent: one per stream position)."""
+    """Append a dead-letter event for `msg` under its consumer's name (one per position)."""
     meta = msg.metadata
     payload = DeadLettered(
         consumer=meta.consumer or "",
@@ -109,11 +118,11 @@ async def record_dead_letter(js: JetStreamContext, msg: Msg, reason: str) -> Eve
         reason=reason,
         data_preview=msg.data[:_PREVIEW_BYTES].decode("utf-8", errors="replace"),
     )
-    key = f"{meta.stream}-{meta.sequence.stream}"
     envelope = EventEnvelope.new(
         payload,
-        aggregate_id=deterministic_id("deadletter", key)[:24],
-        id_parts=(meta.stream, meta.sequence.stream),
+        aggregate_id=recorder_id(payload.consumer),
+        # Per consumer too: two services giving up on one event record two dead letters.
+        id_parts=(meta.stream, meta.sequence.stream, payload.consumer),
     )
     await EventPublisher(js).publish(envelope)
     return envelope

@@ -95,9 +95,16 @@ def test_keys_are_denied_every_durable_a_service_declares() -> None:
 
 
 def test_only_the_tracker_may_reconfigure_streams_and_nobody_may_erase() -> None:
+    readers = subjects.js_api("CONSUMER", "DELETE", subjects.EVENTS_STREAM, "*")
     for name, role in SERVICE_ROLES.items():
-        allowed = service_permissions(role)["publish"]["allow"]
-        text = " ".join(allowed)
+        perms = service_permissions(role)["publish"]
+        allowed = perms["allow"]
+        # Its reads' short-lived consumers only: every durable's deletion is denied.
+        assert readers in allowed, name
+        for durable in all_durables():
+            delete = subjects.js_api("CONSUMER", "DELETE", durable.stream, durable.name)
+            assert delete in perms["deny"], (name, durable.name)
+        text = " ".join(a for a in allowed if a != readers)
         assert ("STREAM.UPDATE" in text) == (name == "tracker"), name
         for verb in ("DELETE", "PURGE", "MSG.DELETE"):
             assert f".STREAM.{verb}." not in text and not text.endswith(f".{verb}"), (name, verb)
@@ -244,6 +251,54 @@ async def test_a_verifier_cannot_queue_work_or_append_what_others_own(
         )
         assert ack.stream == subjects.EVENTS_STREAM
     assert await _count(nats_settings, subjects.work_filter("rollouts")) == 0
+
+
+def test_each_service_may_record_dead_letters_under_its_own_consumers_only() -> None:
+    everyone = subjects.dead_letter()
+    for name, role in SERVICE_ROLES.items():
+        allowed = service_permissions(role)["publish"]["allow"]
+        letters = [a for a in allowed if a.startswith(everyone.split("*")[0])]
+        assert everyone not in allowed, name
+        assert letters == [subjects.dead_letter(d.name) for d in role.consumes], name
+    learner = SERVICE_ROLES["learner"]
+    [follower] = [d for d in learner.consumes if d.name == "learner-deadletters"]
+    assert follower.filter == subjects.dead_letter("learner")
+
+
+async def test_an_actor_cannot_forge_a_learner_dead_letter(
+    nats_settings: Settings, streams: None
+) -> None:
+    forged = subjects.dead_letter("learner")
+    async with As(nats_settings, "actor") as actor:
+        await actor.refused_request(forged, b"{}")
+        for other in ("verifier", "tracker-read-models", "learner-deadletters"):
+            await actor.refused_request(subjects.dead_letter(other), b"{}")
+        # Under its own consumer's name it may (the dead-letter policy records them so).
+        ack = await actor.nc.jetstream().publish(subjects.dead_letter("actors"), b"{}")
+        assert ack.stream == subjects.EVENTS_STREAM
+    assert await _count(nats_settings, forged) == 0
+
+
+async def test_a_service_deletes_its_reads_consumers_but_no_durable(
+    nats_settings: Settings, streams: None
+) -> None:
+    admin = await connect_nats(nats_settings)
+    try:
+        await admin.jetstream().publish(
+            subjects.event("job", "j1", subjects.event_name("job.requested")), b"{}"
+        )
+    finally:
+        await admin.close()
+    async with As(nats_settings, "learner") as learner:
+        js = learner.nc.jetstream()
+        # How the learner loads a job to decide its ending (journal.job_history).
+        read = read_events(js, subjects.aggregate_events("job", "j1"), delete_consumer=True)
+        assert len([m async for m in read]) == 1
+        assert learner.errors == []
+        assert (await js.stream_info(subjects.EVENTS_STREAM)).state.consumer_count == 0
+        await learner.refused_request(
+            subjects.js_api("CONSUMER", "DELETE", subjects.EVENTS_STREAM, "learner-deadletters")
+        )
 
 
 async def test_an_extra_service_only_beats_and_reads(nats_server: NatsServer) -> None:

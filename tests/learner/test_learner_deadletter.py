@@ -99,6 +99,7 @@ async def test_undecodable_work_item_fails_its_job_once_and_never_a_finished_one
         await ensure_streams(js)
         await append(js, requested("job-poison"), "job-poison", "job-poison")
         await append(js, requested("job-done"), "job-done", "job-done")
+        await append(js, requested("job-forged"), "job-forged", "job-forged")
         done = JobCompleted(job_id="job-done", model_id="m")
         await append(js, done, "job-done", "job-done", "completed")
 
@@ -110,14 +111,21 @@ async def test_undecodable_work_item_fails_its_job_once_and_never_a_finished_one
         assert "invalid payload" in reason or "JSONDecodeError" in reason, reason
         [recorded] = await dead_letters(js)
         assert recorded.subject == subjects.work(learner_main.WORK_KIND, "job-poison")
+        # Recorded under the job consumer's own name, which only the learner may publish to.
+        [subject] = [m.subject async for m in read_events(js, subjects.dead_letter())]
+        assert subject == subjects.dead_letter(learner_main.DURABLE)
 
+        # A job item's dead letter recorded under another service's consumer (what an actor's
+        # credential may publish): the learner does not act on it.
+        await append(js, letter("job-forged", 9_999), "actors", "forged")
         # A second dead letter for the same job, and one for a job that already completed.
-        await append(js, letter("job-poison", 10_000), "dl-poison", "again")
-        await append(js, letter("job-done", 10_001), "dl-done", "done")
+        await append(js, letter("job-poison", 10_000), learner_main.DURABLE, "again")
+        await append(js, letter("job-done", 10_001), learner_main.DURABLE, "done")
         await wait_consumer_idle(js, subjects.EVENTS_STREAM, learner_main.DEADLETTER_DURABLE)
         platform.check()
         assert [e.type for e in await job_events(js, "job-poison")].count("job.failed") == 1
         assert "job.failed" not in [e.type for e in await job_events(js, "job-done")]
+        assert "job.failed" not in [e.type for e in await job_events(js, "job-forged")]
     finally:
         await nc.close()
         await platform.stop("learner")

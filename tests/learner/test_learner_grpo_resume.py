@@ -16,6 +16,7 @@ from learner_kit import (
     wait_for_event,
 )
 
+from rollout.services.learner.online_grpo import MAX_EMPTY_RUNS, round_request_id
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -32,6 +33,16 @@ async def policy_versions(js, model: str) -> list[int]:
         payload = EventEnvelope.from_bytes(msg.data).payload
         if payload["model"] == model:
             found.append(payload["version"])
+    return found
+
+
+async def round_runs(js, job_id: str) -> list[str]:
+    """The client request id of every run the job's GRPO rounds requested, in stream order."""
+    found = []
+    async for msg in read_events(js, subjects.event_filter("run", "run.requested")):
+        payload = EventEnvelope.from_bytes(msg.data).payload
+        if payload["name"] == f"{job_id} grpo":
+            found.append(payload["request_id"])
     return found
 
 
@@ -60,6 +71,7 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
             js, job["id"], "checkpoint.saved", limit_s=180, where=lambda c: c.step >= 1
         )
         await kill(learner)
+        started_before = await round_runs(js, job["id"])
         before = await job_events(js, job["id"])
         assert "job.completed" not in {e.type for e in before}, "finished before the kill"
         reported = [e.payload["step"] for e in before if e.type == "job.progress"]
@@ -71,6 +83,7 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
         done = await wait_for_event(js, job["id"], "job.completed", limit_s=300)
         events = await job_events(js, job["id"])
         versions = await policy_versions(js, f"{base}:rl")
+        started = await round_runs(js, job["id"])
     finally:
         await shut_down(learner, client, platform)
 
@@ -86,6 +99,19 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
     assert saved == sorted(set(saved)) and saved[-1] == STEPS
     # Versions only go up, each announced once: actors never see an older policy again.
     assert versions == list(range(STEPS + 1)), versions
+    # One run per round (step, try): the resumed learner asked for the runs the killed one
+    # had in flight by the same request ids and got them back, never a fresh run for a round.
+    rounds = {
+        round_request_id(job["id"], step, attempt): (step, attempt)
+        for step in range(1, STEPS + 1)
+        for attempt in range(MAX_EMPTY_RUNS + 1)
+    }
+    assert set(started) <= set(rounds), started
+    assert len(started) == len(set(started))
+    assert sorted(rounds[r][0] for r in started if rounds[r][1] == 0) == list(range(1, STEPS + 1))
+    # The killed learner had started the run of the round after its checkpoint: the resumed
+    # one, asking for that round again, used it (no second run for the round above).
+    assert any(rounds[r][0] > resumed for r in started_before), (started_before, resumed)
     # The resumed learner's own step log starts right after the checkpoint it resumed from.
     logged = [entry["policy_version"] for entry in read_step_log(out_dir)]
     assert logged == list(range(resumed + 1, STEPS + 1))

@@ -12,14 +12,19 @@ from fakes.openai_server import FakeOpenAI
 from kit import Platform, fix_env, fixer, refund_env, wait_for_platform, wait_until
 
 from rollout.client import AsyncClient
+from rollout.services.actor.generate import failed_batch
+from rollout.services.tracker.runs import work_items
 from rollout.services.verifier.main import ACK_WAIT_ENV, DURABLE
 from rollout.shared import subjects
+from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import EventEnvelope
+from rollout.shared.contracts.events import RolloutsGenerated, RunRequested
 from rollout.shared.envs.sandbox import BWRAP_ENV_VAR
 from rollout.shared.objectstore.factory import OBJECT_STORE_ENV
 from rollout.shared.replay import replay_run
 from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.store import env_versions
 from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
@@ -173,3 +178,89 @@ async def test_refund_rollouts_still_get_verdicts(client, agent_server) -> None:
     assert full["passed"] + full["failed"] == 8 and full["errored"] == 0
     for r in full["rollouts"]:
         assert r["outcome"] == ("passed" if r["seed"] % 4 != 0 else "failed")
+
+
+async def append_event(settings: Settings, event: EventEnvelope) -> None:
+    """Append one event as the admin (what an older platform version, or a lost write, left)."""
+    nc = await connect_nats(settings)
+    try:
+        await EventPublisher(nc.jetstream()).publish(event)
+    finally:
+        await nc.close()
+
+
+async def test_a_spec_that_no_longer_validates_errors_the_run_instead_of_stalling_it(
+    client, agent_server, settings
+) -> None:
+    await client.push_environment(refund_env(tasks=1))
+    nc = await connect_nats(settings)
+    try:
+        first, _ = await env_versions.latest(nc.jetstream(), "refunds")
+    finally:
+        await nc.close()
+    assert first is not None
+    # Version 2 as a platform that accepted a field since removed would have recorded it.
+    stale = first.spec | {"retiredField": True}
+    registered = first.model_copy(update={"version": 2, "spec": stale, "spec_hash": "f" * 64})
+    await append_event(
+        settings, EventEnvelope.new(registered, aggregate_id="refunds", id_parts=("refunds", 2))
+    )
+    run = await client.create_run(
+        "refunds", f"{agent_server.base_url}#m", n=2, env_version=2, deadline_s=90
+    )
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    full = await client.get_run(run["runId"], include_rollouts=True)
+    # Completed (not failed at its deadline): each rollout errored as the env's fault.
+    assert_errored(full, "env", "environment 'refunds' is invalid", "retiredField")
+    assert done["errored"] == 2
+    # The verifier retried the generated batch, then recorded it rather than dead-lettering.
+    assert await verifier_deliveries(settings) == 5
+    assert len(await run_events(settings, run["runId"], "rollout.scored")) == 1
+
+
+async def test_a_run_whose_env_the_verifier_cannot_find_completes_errored_with_the_cause(
+    settings,
+) -> None:
+    platform = Platform(settings)
+    for name in ("env-registry", "tracker", "verifier"):
+        platform.start(name)
+    client = AsyncClient(settings, timeout_s=20)
+    try:
+        await wait_for_platform(client, platform)
+        await client.push_environment(refund_env(tasks=2))
+        # A run of a version the registry never recorded (a lost registration): the tracker
+        # fans it out; the test is the actor, with real trajectories the verifier can't score.
+        run = RunRequested(
+            run_id="lostenv01", env_slug="refunds", env_version=9, env_hash="9" * 64,
+            model="openai:m", n=2, task_indices=[0, 1], batch_size=3, deadline_s=90,
+        )  # fmt: skip
+        requested = EventEnvelope.new(
+            run, aggregate_id=run.run_id, id_parts=(run.run_id,), run_id=run.run_id
+        )
+        await append_event(settings, requested)
+        for work in work_items(requested, run):
+            generated = [
+                r.model_copy(update={"error": None, "error_kind": None, "trajectory": {}})
+                for r in failed_batch(work, "", actor_id="test")
+            ]
+            batch = RolloutsGenerated(
+                run_id=run.run_id, work_item_id=work.work_item_id, rollouts=generated
+            )
+            event = EventEnvelope.new(
+                batch, aggregate_id=run.run_id, id_parts=(work.work_item_id,), run_id=run.run_id
+            )
+            await append_event(settings, event)
+        done = await client.wait_for_run(run.run_id, timeout_s=120)
+        full = await client.get_run(run.run_id, include_rollouts=True)
+        assert done["total"] == 4
+        assert_errored(
+            full,
+            "env",
+            "no environment to score with",
+            "environment 'refunds' version 9 is not registered",
+            "after 5 attempts",
+        )
+        platform.check()
+    finally:
+        await client.close()
+        await platform.stop_all()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import pytest
 from fakes.openai_server import FakeOpenAI, Reply
 from kit import Platform, refund_agent, refund_env, snapshot, wait_for_platform, wait_until
 
@@ -216,3 +217,39 @@ async def test_a_verifier_that_raises_on_one_rollout_marks_it_errored_and_the_ru
         await nc.close()
         await client.close()
         await platform.stop_all()
+
+
+async def test_the_actor_reads_its_ack_wait_when_it_starts_not_at_import(
+    settings: Settings, monkeypatch
+) -> None:
+    from nats.js.errors import NotFoundError
+
+    from rollout.errors import RolloutError
+    from rollout.services.actor import main as actor_main
+
+    # The module is long imported (the test's own imports): only a read at start sees this.
+    monkeypatch.setenv(actor_main.ACK_WAIT_ENV, "4.5")
+    platform = Platform(settings)
+    platform.start("actor")
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+
+        async def consumer_made() -> bool:
+            platform.check()
+            try:
+                await js.consumer_info(subjects.WORK_STREAM, actor_main.DURABLE)
+            except NotFoundError:
+                return False
+            return True
+
+        await wait_until(consumer_made, "the actor to make its consumer")
+        info = await js.consumer_info(subjects.WORK_STREAM, actor_main.DURABLE)
+        assert info.config.ack_wait == 4.5
+    finally:
+        await nc.close()
+        await platform.stop_all()
+    # A bad setting is refused with the variable's name, before the replica connects.
+    monkeypatch.setenv(actor_main.ACK_WAIT_ENV, "soon")
+    with pytest.raises(RolloutError, match="ROLLOUT_ACTOR_ACK_WAIT_S must be a number"):
+        await actor_main.serve(settings)
