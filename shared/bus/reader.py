@@ -33,11 +33,11 @@ async def read_events(
     """Yield stored messages in order from `start_seq`; with `follow`, keep waiting for new ones.
 
     `filter_subject` may be a list of filters (one aggregate's chosen event types, say).
-    With `delete_consumer` the read's consumer goes away soon after the read ends instead of
-    idling for a minute (services loading an aggregate per decision would otherwise pile them
-    up). The server removes it by its inactive threshold: neither API keys nor service users
-    may delete consumers (rollout.shared.auth.services), and a refused delete would only wait
-    for its timeout.
+    With `delete_consumer` the read's consumer is deleted at the end, and expires soon if the
+    delete is lost (services loading an aggregate per decision would otherwise pile them up).
+    Service users may delete their reads' consumers, never a durable
+    (rollout.shared.auth.services); API keys may not, so their readers leave it to the server's
+    inactive threshold.
     """
     stop_at = await last_sequence(js, stream)
     if stop_at < start_seq and not follow:
@@ -68,3 +68,5 @@ async def read_events(
                     return
     finally:
         await sub.unsubscribe()
+        if delete_consumer and config.name:
+            await js.delete_consumer(stream, config.name)
