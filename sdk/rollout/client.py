@@ -114,15 +114,26 @@ class AsyncClient:
             include_trajectories=include_trajectories,
         )
         run = await self.request("tracker", "get_run", query)
-        # Rollouts come in pages that fit a message; follow them until the last one.
+        # The per-task table and the rollouts come in pages that fit a message; follow each
+        # until its last page (the table first: a reply that cut it short holds no rollouts).
+        seen_tasks: set[int] = set()
+        while (task_cursor := run.pop("tasksCursor", None)) is not None:
+            if task_cursor in seen_tasks:
+                raise RolloutError(
+                    f"the tracker repeated tasks cursor {task_cursor!r} for {run_id}"
+                )
+            seen_tasks.add(task_cursor)
+            update = {"tasks_cursor": task_cursor, "include_rollouts": False}
+            page = await self.request("tracker", "get_run", query.model_copy(update=update))
+            run["tasks"].extend(page["tasks"])
+            run["tasksCursor"] = page.get("tasksCursor")
         seen: set[str] = set()
         while cursor := run.pop("rolloutsCursor", None):
             if cursor in seen:
                 raise RolloutError(f"the tracker repeated rollouts cursor {cursor!r} for {run_id}")
             seen.add(cursor)
-            page = await self.request(
-                "tracker", "get_run", query.model_copy(update={"rollouts_cursor": cursor})
-            )
+            update = {"rollouts_cursor": cursor, "include_tasks": False}
+            page = await self.request("tracker", "get_run", query.model_copy(update=update))
             run["rollouts"].extend(page["rollouts"])
             run["rolloutsCursor"] = page.get("rolloutsCursor")
         return run

@@ -1,8 +1,10 @@
 """Read-side queries the CLI and Client ask the tracker (answers come from the read models).
 
-No reply exceeds the server's max payload: a run's rollouts come in pages that fit (keyset
-cursor on task and sample index), and a rollout whose trajectory alone would not fit comes
-without it, saying where it is (`trajectoryOmitted`, `trajectoryUri`).
+No reply exceeds the server's max payload: a run's per-task table and its rollouts come in
+pages that fit (keyset cursors: `tasksCursor` on task index, `rolloutsCursor` on task and
+sample index), and a rollout whose trajectory alone would not fit comes without it, saying
+where it is (`trajectoryOmitted`, `trajectoryUri`). A reply whose task page stopped short
+holds no rollouts: they follow once the table is complete (its `rolloutsCursor` says where).
 """
 
 from __future__ import annotations
@@ -121,15 +123,21 @@ async def get_run(
         )
         if row is None:
             raise RolloutError(f"no run {query.run_id!r} (see `rollout runs`)")
-        tasks = await conn.fetch(
-            "select task_index, count(*) as n,"
-            " count(*) filter (where passed and status <> 'errored') as passed,"
-            " count(*) filter (where status = 'errored') as errored,"
-            " coalesce(avg(score) filter (where status <> 'errored'), 0) as mean_score,"
-            " count(score) as scored"
-            " from rollouts where run_id = $1 group by task_index order by task_index",
-            query.run_id,
-        )
+        tasks = []
+        if query.include_tasks:
+            # One more than a page: whether another page follows.
+            tasks = await conn.fetch(
+                "select task_index, count(*) as n,"
+                " count(*) filter (where passed and status <> 'errored') as passed,"
+                " count(*) filter (where status = 'errored') as errored,"
+                " coalesce(avg(score) filter (where status <> 'errored'), 0) as mean_score,"
+                " count(score) as scored"
+                " from rollouts where run_id = $1 and task_index > $2"
+                " group by task_index order by task_index limit $3",
+                query.run_id,
+                -1 if query.tasks_cursor is None else query.tasks_cursor,
+                query.tasks_page_size + 1,
+            )
         rollouts = []
         if query.include_rollouts:
             # One more than a page: whether another page follows.
@@ -142,20 +150,18 @@ async def get_run(
                 query.page_size + 1,
             )
     out = run_summary(row)
-    out["tasks"] = [
-        {
-            "taskIndex": t["task_index"],
-            "n": t["n"],
-            "scored": t["scored"],
-            "passed": t["passed"],
-            "errored": t["errored"],
-            "failed": t["scored"] - t["errored"] - t["passed"],
-            "passRate": t["passed"] / judged if (judged := t["scored"] - t["errored"]) else 0.0,
-            "meanScore": float(t["mean_score"]),
-        }
-        for t in tasks
-    ]
-    if query.include_rollouts:
+    tasks_cut = False
+    if query.include_tasks:
+        room = budget - len(to_json_bytes(out)) - _REPLY_ROOM
+        out["tasks"], more_tasks = _task_page(tasks, query.tasks_page_size, room)
+        last_task = out["tasks"][-1]["taskIndex"] if out["tasks"] else None
+        tasks_cut = more_tasks and last_task is not None
+        out["tasksCursor"] = last_task if tasks_cut else None
+    if query.include_rollouts and tasks_cut:
+        # The table takes this reply: the rollouts start in a later one, from where asked.
+        out["rollouts"] = []
+        out["rolloutsCursor"] = f"{after[0]}.{after[1]}"
+    elif query.include_rollouts:
         room = budget - len(to_json_bytes(out)) - _REPLY_ROOM
         page, more = await _rollout_page(rollouts, query, store, room)
         out["rollouts"] = page
@@ -164,6 +170,37 @@ async def get_run(
             f"{last['taskIndex']}.{last['sampleIndex']}" if more and last is not None else None
         )
     return out
+
+
+def task_row(t: asyncpg.Record) -> dict[str, Any]:
+    """One row of a run's per-task table."""
+    judged = t["scored"] - t["errored"]
+    return {
+        "taskIndex": t["task_index"],
+        "n": t["n"],
+        "scored": t["scored"],
+        "passed": t["passed"],
+        "errored": t["errored"],
+        "failed": judged - t["passed"],
+        "passRate": t["passed"] / judged if judged else 0.0,
+        "meanScore": float(t["mean_score"]),
+    }
+
+
+def _task_page(
+    rows: list[asyncpg.Record], page_size: int, room: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """As many task rows as fit in `room` bytes (a page at most, one at least); more to come?"""
+    page: list[dict[str, Any]] = []
+    used = 0
+    for record in rows[:page_size]:
+        item = task_row(record)
+        size = len(to_json_bytes(item)) + 1
+        if page and used + size > room:
+            return page, True
+        page.append(item)
+        used += size
+    return page, len(rows) > page_size
 
 
 def _parse_cursor(cursor: str | None) -> tuple[int, int]:

@@ -269,3 +269,36 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
 
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+def password_hash_placeholder(service: str) -> str:
+    """The template variable a deployment's infrastructure code fills with a service's hash."""
+    return "password_hash_" + subjects.token(service, "service").replace("-", "_")
+
+
+def _template_literal(text: str) -> str:
+    # Terraform template syntax starts at `${` and `%{`; anything else is literal.
+    return text.replace("${", "$${").replace("%{", "%%{")
+
+
+def authorization_template(services: list[str]) -> str:
+    """The nats-server `authorization` block with Terraform template variables for the secrets.
+
+    The same users and permissions `rollout admin nats-config` writes (the admin, then one user
+    per service with its role's permissions); in place of each bcrypt hash a variable the
+    infrastructure code fills in from its own generated passwords: `admin_user`,
+    `admin_password_hash` and `password_hash_<service>` (`-` as `_`). No secret is in it.
+    """
+    import json
+
+    users = ['{"user": "${admin_user}", "password": "${admin_password_hash}"}']
+    for name in services:
+        permissions = _template_literal(json.dumps(service_permissions(role_for(name))))
+        user = _template_literal(json.dumps(service_user(name)))
+        placeholder = "${" + password_hash_placeholder(name) + "}"
+        users.append(
+            f'{{"user": {user}, "password": "{placeholder}", "permissions": {permissions}}}'
+        )
+    return "\n".join(
+        ["authorization {", "  users = [", *(f"    {u}" for u in users), "  ]", "}", ""]
+    )

@@ -101,6 +101,11 @@ class GetRun(Request):
     # previous reply's `rolloutsCursor` for the next page (the Client follows them for you).
     rollouts_cursor: str | None = None
     page_size: int = Field(500, ge=1, le=1000)
+    # The per-task table is paged the same way: the previous reply's `tasksCursor` (the last
+    # task index it held) for the next page; `include_tasks=False` leaves the table out.
+    include_tasks: bool = True
+    tasks_cursor: int | None = Field(None, ge=0)
+    tasks_page_size: int = Field(1000, ge=1, le=5000)
 
 
 class ListRuns(Request):

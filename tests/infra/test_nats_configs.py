@@ -91,6 +91,40 @@ async def _refused(port: int, **options: object) -> bool:
 # terraform: three nodes with cluster routes
 
 
+TEMPLATE = ROOT / "infra" / "terraform" / "nats-authorization.tftpl"
+# The services' own passwords on the terraform nodes (random_password.nats_service there).
+TERRAFORM_SERVICE_PASSWORDS = {
+    name: f"svc{i}pw-{name}" for i, name in enumerate(ROLLOUT_SERVICE_NAMES)
+}
+
+
+def _template_values() -> dict[str, str]:
+    """What terraform's templatefile gets: the admin and each service's bcrypt hash."""
+    from rollout.shared.auth.keys import hash_secret
+    from rollout.shared.auth.services import password_hash_placeholder
+
+    values = {"admin_user": USER, "admin_password_hash": hash_secret(PASSWORD)}
+    for name, password in TERRAFORM_SERVICE_PASSWORDS.items():
+        values[password_hash_placeholder(name)] = hash_secret(password)
+    return values
+
+
+_TEMPLATE_SYNTAX = re.compile(r"\$(\$\{)|%(%\{)|\$\{([^}]*)\}")
+
+
+def render_template(text: str, values: dict[str, str]) -> str:
+    """Terraform's template rendering for what the file uses: `${name}`, `$${` and `%%{`."""
+
+    def substitute(expr: re.Match[str]) -> str:
+        escaped = expr.group(1) or expr.group(2)
+        if escaped:
+            return escaped
+        assert expr.group(3) in values, f"the template uses an unknown variable {expr.group(3)}"
+        return values[expr.group(3)]
+
+    return _TEMPLATE_SYNTAX.sub(substitute, text)
+
+
 def _render_terraform_config(
     provider: str, index: int, ports: list[dict[str, int]], store: Path
 ) -> str:
@@ -109,8 +143,7 @@ def _render_terraform_config(
         "floor(var.nats_disk_gb * 0.9)": "1",
         "random_password.nats_route.result": ROUTE_PASSWORD,
         "local.nats_routes": routes,
-        "var.nats_user": USER,
-        "random_password.nats.result": PASSWORD,
+        "local.nats_authorization": render_template(TEMPLATE.read_text(), _template_values()),
     }
 
     def substitute(expr: re.Match[str]) -> str:
@@ -180,6 +213,107 @@ async def test_terraform_nats_nodes_form_a_jetstream_cluster(terraform_cluster: 
     for port in terraform_cluster:
         assert await _refused(port), "a client without credentials is refused"
         assert await _refused(port, user=USER, password="wrong")
+    await _actor_has_only_its_own_permissions(terraform_cluster[1], TERRAFORM_SERVICE_PASSWORDS)
+
+
+async def _actor_has_only_its_own_permissions(port: int, passwords: dict[str, str]) -> None:
+    """svc_actor appends what an actor appends; the run's ending or a learner dead letter: no."""
+    from rollout.shared import subjects
+
+    admin = await _connect_when_up(port)
+    try:
+        js = admin.jetstream()
+        deadline = time.monotonic() + READY_WITHIN_S
+        while True:
+            try:
+                await js.add_stream(
+                    StreamConfig(name="ROLLOUT_EVENTS", subjects=["rollout.evt.>"], num_replicas=3)
+                )
+                break
+            except (nats.errors.Error, nats.js.errors.Error):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    actor = await _connect(
+        port,
+        user="svc_actor",
+        password=passwords["actor"],
+        inbox_prefix="_INBOX_svc_actor",
+        error_cb=on_error,
+    )
+    try:
+        js = actor.jetstream()
+        ack = await js.publish("rollout.evt.run.r1.rollout_generated", b"{}")
+        assert ack.stream == "ROLLOUT_EVENTS"
+        for forbidden in ("rollout.evt.run.r1.run_completed", subjects.dead_letter("learner")):
+            with pytest.raises(nats.errors.TimeoutError):
+                await js.publish(forbidden, b"{}", timeout=1)
+    finally:
+        await actor.close()
+    assert any("run_completed" in e for e in errors), errors
+    assert any(subjects.dead_letter("learner") in e for e in errors), errors
+    # Each service's password is its own: the tracker's does not open the actor's user.
+    assert await _refused(port, user="svc_actor", password=passwords["tracker"])
+
+
+def test_the_terraform_authorization_template_is_what_nats_config_writes() -> None:
+    """Regenerate with `rollout admin nats-config --terraform-template --out <file>`."""
+    from rollout.shared.auth.services import authorization_template, password_hash_placeholder
+    from rollout.shared.stack.services import SERVICES
+
+    assert TEMPLATE.read_text() == authorization_template(list(SERVICES)), (
+        "infra/terraform/nats-authorization.tftpl is stale: run `rollout admin nats-config "
+        "--terraform-template --out infra/terraform/nats-authorization.tftpl`"
+    )
+    used = set(re.findall(r"(?<!\$)\$\{([^}]*)\}", TEMPLATE.read_text()))
+    assert used == {"admin_user", "admin_password_hash"} | {
+        password_hash_placeholder(name) for name in SERVICES
+    }
+    assert "password" not in re.sub(r'"password": "\$\{[a-z_]+\}"', "", TEMPLATE.read_text())
+    import hcl2
+
+    for provider in ("aws", "gcp"):
+        main = (ROOT / "infra" / "terraform" / provider / "main.tf").read_text()
+        local_values: dict[str, object] = {}
+        for entry in hcl2.loads(main).get("locals", []):
+            local_values.update(entry)
+        # Every service gets a password and its hash goes in under the template's name for it.
+        listed = [str(name).strip('"') for name in local_values["rollout_services"]]  # type: ignore[attr-defined]
+        assert listed == list(SERVICES), provider
+        assert '"password_hash_${replace(service, "-", "_")}"' in main, provider
+        assert "${local.nats_authorization}" in main and "nats-authorization.tftpl" in main
+        assert "random_password.nats.result" not in main, (
+            f"{provider}: a plain password on the node"
+        )
+
+
+@pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not installed")
+def test_terraform_renders_the_template_as_the_tests_do(tmp_path: Path) -> None:
+    """The real templatefile() on the real file (no provider needed) gives what the tests run."""
+    import json
+
+    values = {
+        "admin_user": USER,
+        "admin_password_hash": "$2a$10$admin",
+        **{k: f"$2a$10${k}" for k in _template_values() if k.startswith("password_hash_")},
+    }
+    (tmp_path / "main.tf").write_text(
+        f'output "text" {{ value = templatefile({json.dumps(str(TEMPLATE))}, '
+        f"jsondecode({json.dumps(json.dumps(values))})) }}\n"
+    )
+    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "TF_CLI_CONFIG_FILE": "/dev/null"}
+    run = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    subprocess.run(["terraform", "init", "-input=false"], check=True, **run)  # type: ignore[call-overload]
+    subprocess.run(["terraform", "apply", "-auto-approve", "-input=false"], check=True, **run)  # type: ignore[call-overload]
+    out = subprocess.run(["terraform", "output", "-raw", "text"], check=True, **run)  # type: ignore[call-overload]
+    assert out.stdout == render_template(TEMPLATE.read_text(), values)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 from typing import Any
 
+import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
+from kit import Platform, wait_for_platform
 
+from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.services.actor.generate import failed_batch
+from rollout.services.tracker.runs import work_items
 from rollout.shared import subjects
+from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import EventEnvelope
 from rollout.shared.contracts.buffer import BufferData, SftSetQuery
+from rollout.shared.contracts.events import (
+    RolloutsGenerated,
+    RolloutsScored,
+    RunRequested,
+    ScoredRollout,
+)
 from rollout.shared.contracts.requests import GetRun
-from rollout.shared.settings import connect_nats
+from rollout.shared.settings import CREDENTIALS_FILE, Settings, connect_nats
+from rollout.shared.stack.files import write_json
+from rollout.shared.stack.nats import RELOADED_LINE
+from rollout.shared.stack.process import file_size, wait_for_log
 from rollout.shared.store.trajectories import object_store
 
 BIG = 150 * 1024
@@ -186,3 +204,112 @@ async def test_a_large_trajectory_goes_to_the_object_store_and_comes_back(
         page = await sft_set(client, SftSetQuery(run_id=run["runId"], page_size=1), 2)
         assert page.ref is not None and page.next_offset == 1
         assert (await page.load(store))[0] == items[:1]
+
+
+# A server whose max payload is 64 KB: a run of TASKS tasks has a per-task table of ~130 KB.
+SMALL_PAYLOAD = 64 * 1024
+TASKS = 1200
+
+
+@pytest.fixture
+async def small_payload(tmp_path, fresh_nats, pg_dsn):
+    """Settings for a nats-server of this test's own, reloaded with max_payload 64 KB."""
+    offset = file_size(fresh_nats.log_path)
+    with fresh_nats.config_path.open("a") as config:
+        config.write(f"max_payload: {SMALL_PAYLOAD}\n")
+    os.kill(fresh_nats.ref.pid, signal.SIGHUP)
+    wait_for_log(
+        fresh_nats.log_path,
+        offset,
+        lambda text: RELOADED_LINE in text,
+        fresh_nats.process,
+        what="nats-server reload",
+        timeout=15,
+    )
+    home = tmp_path / "home"
+    # As tests/conftest.py's settings_for: the services started in-process connect as themselves.
+    write_json(home / CREDENTIALS_FILE, {"services": fresh_nats.services}, private=True)
+    return Settings(
+        home=home,
+        nats_url=fresh_nats.url,
+        database_url=pg_dsn,
+        nats_user=fresh_nats.user,
+        nats_password=fresh_nats.password,
+        external_nats=True,
+        external_database=True,
+    )
+
+
+async def test_a_per_task_table_over_the_max_payload_comes_in_pages(small_payload) -> None:
+    settings = small_payload
+    platform = Platform(settings)
+    for name in ("env-registry", "tracker"):
+        platform.start(name)
+    client = AsyncClient(settings, timeout_s=20)
+    nc = await connect_nats(settings)
+    try:
+        assert nc.max_payload == SMALL_PAYLOAD
+        await wait_for_platform(client, platform)
+        # A run of many tasks, one rollout each, generated and scored as actors and verifiers
+        # would (in parts that fit): the tracker projects them and completes the run.
+        run = RunRequested(
+            run_id="manytasks01", env_slug="wide", env_version=1, env_hash="0" * 64,
+            model="openai:m", n=1, task_indices=list(range(TASKS)), batch_size=16,
+        )  # fmt: skip
+        requested = EventEnvelope.new(
+            run, aggregate_id=run.run_id, id_parts=(run.run_id,), run_id=run.run_id
+        )
+        publisher = EventPublisher(nc.jetstream())
+        await publisher.publish(requested)
+        for work in work_items(requested, run):
+            generated = failed_batch(work, "", actor_id="test")
+            scored = [
+                ScoredRollout(
+                    rollout_id=r.rollout_id, task_index=r.task_index, sample_index=r.sample_index,
+                    score=float(r.task_index % 2), passed=r.task_index % 2 == 1,
+                )
+                for r in generated
+            ]  # fmt: skip
+            for payload in (
+                RolloutsGenerated(
+                    run_id=run.run_id,
+                    work_item_id=work.work_item_id,
+                    rollouts=[
+                        r.model_copy(update={"error": None, "trajectory": {}}) for r in generated
+                    ],
+                ),
+                RolloutsScored(run_id=run.run_id, work_item_id=work.work_item_id, rollouts=scored),
+            ):
+                await publisher.publish(
+                    EventEnvelope.new(
+                        payload, aggregate_id=run.run_id, id_parts=(work.work_item_id,),
+                        run_id=run.run_id,
+                    )
+                )  # fmt: skip
+        done = await client.wait_for_run(run.run_id, timeout_s=120)
+        assert done["status"] == "completed" and done["scored"] == TASKS
+
+        # One reply cannot hold the table: it stops short, says where, and fits the server.
+        reply = await nc.request(
+            subjects.request("tracker", "get_run"),
+            GetRun(run_id=run.run_id, include_rollouts=True).model_dump_json().encode(),
+            timeout=20,
+        )
+        assert len(reply.data) <= SMALL_PAYLOAD
+        first = json.loads(reply.data)["data"]
+        assert 0 < len(first["tasks"]) < TASKS
+        assert first["tasksCursor"] == first["tasks"][-1]["taskIndex"]
+        assert first["rollouts"] == [] and first["rolloutsCursor"]
+
+        # The Client follows the pages: every task once, in order, then every rollout.
+        full = await client.get_run(run.run_id, include_rollouts=True)
+        assert [t["taskIndex"] for t in full["tasks"]] == list(range(TASKS))
+        assert all(t["n"] == t["scored"] == 1 for t in full["tasks"])
+        assert [t["passed"] for t in full["tasks"]] == [i % 2 for i in range(TASKS)]
+        assert len({r["rolloutId"] for r in full["rollouts"]}) == TASKS
+        assert "tasksCursor" not in full and "rolloutsCursor" not in full
+        platform.check()
+    finally:
+        await nc.close()
+        await client.close()
+        await platform.stop_all()

@@ -23,6 +23,14 @@ locals {
   nats_routes = join(", ", [
     for ip in local.nats_ips : "nats-route://route:${random_password.nats_route.result}@${ip}:6222"
   ])
+  rollout_services = ["env-registry", "tracker", "actor", "verifier", "learner", "buffer"]
+  nats_authorization = templatefile("${path.module}/../nats-authorization.tftpl", merge(
+    { admin_user = var.nats_user, admin_password_hash = random_password.nats.bcrypt_hash },
+    {
+      for service in local.rollout_services :
+      "password_hash_${replace(service, "-", "_")}" => random_password.nats_service[service].bcrypt_hash
+    },
+  ))
 
   bucket_name = var.bucket_name != "" ? var.bucket_name : "${var.name}-artifacts-${data.aws_caller_identity.current.account_id}"
 
@@ -168,6 +176,15 @@ resource "random_password" "nats_route" {
   special = false
 }
 
+# One NATS user per service, `svc_<service>`, with only its role's permissions: the users and
+# permissions come from `rollout admin nats-config --terraform-template` (../nats-authorization.tftpl,
+# regenerated from shared/auth/services.py, checked by tests/infra); the nodes get bcrypt hashes only.
+resource "random_password" "nats_service" {
+  for_each = toset(local.rollout_services)
+  length   = 32
+  special  = false
+}
+
 data "aws_ssm_parameter" "al2023" {
   name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 }
@@ -262,8 +279,9 @@ resource "aws_instance" "nats" {
   }
 
   # The JetStream volume is attached after boot, so the script waits for it (by the NVMe
-  # serial, which is the volume id) before formatting it once and mounting it.
-  user_data = <<-EOT
+  # serial, which is the volume id) before formatting it once and mounting it. Gzipped: the
+  # per-service permissions take the script past EC2's 16 KB of plain user data.
+  user_data_base64 = base64gzip(<<-EOT
     #!/bin/bash
     set -euo pipefail
     dev=/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_${replace(aws_ebs_volume.nats[count.index].id, "-", "")}
@@ -299,10 +317,7 @@ resource "aws_instance" "nats" {
       }
       routes: [${local.nats_routes}]
     }
-    authorization {
-      user: "${var.nats_user}"
-      password: "${random_password.nats.result}"
-    }
+    ${local.nats_authorization}
     CONF
     chown root:nats /etc/nats/nats.conf
     chmod 0640 /etc/nats/nats.conf
@@ -325,13 +340,14 @@ resource "aws_instance" "nats" {
     systemctl daemon-reload
     systemctl enable --now nats
   EOT
+  )
 
   tags = { Name = "${var.name}-nats-${count.index}" }
 
   # A new AMI must not replace all three nodes at once (JetStream would lose its quorum);
   # roll them one at a time with `terraform apply -replace='aws_instance.nats[N]'`.
   lifecycle {
-    ignore_changes = [ami, user_data]
+    ignore_changes = [ami, user_data_base64]
   }
 }
 

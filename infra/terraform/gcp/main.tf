@@ -18,6 +18,14 @@ locals {
   nats_routes = join(", ", [
     for ip in local.nats_ips : "nats-route://route:${random_password.nats_route.result}@${ip}:6222"
   ])
+  rollout_services = ["env-registry", "tracker", "actor", "verifier", "learner", "buffer"]
+  nats_authorization = templatefile("${path.module}/../nats-authorization.tftpl", merge(
+    { admin_user = var.nats_user, admin_password_hash = random_password.nats.bcrypt_hash },
+    {
+      for service in local.rollout_services :
+      "password_hash_${replace(service, "-", "_")}" => random_password.nats_service[service].bcrypt_hash
+    },
+  ))
 
   bucket_name = var.bucket_name != "" ? var.bucket_name : "${var.project_id}-${var.name}-artifacts"
 
@@ -184,6 +192,15 @@ resource "random_password" "nats_route" {
   special = false
 }
 
+# One NATS user per service, `svc_<service>`, with only its role's permissions: the users and
+# permissions come from `rollout admin nats-config --terraform-template` (../nats-authorization.tftpl,
+# regenerated from shared/auth/services.py, checked by tests/infra); the nodes get bcrypt hashes only.
+resource "random_password" "nats_service" {
+  for_each = toset(local.rollout_services)
+  length   = 32
+  special  = false
+}
+
 resource "google_service_account" "nats" {
   account_id   = "${var.name}-nats"
   display_name = "rollout NATS nodes"
@@ -277,10 +294,7 @@ resource "google_compute_instance" "nats" {
       }
       routes: [${local.nats_routes}]
     }
-    authorization {
-      user: "${var.nats_user}"
-      password: "${random_password.nats.result}"
-    }
+    ${local.nats_authorization}
     CONF
     chown root:nats /etc/nats/nats.conf
     chmod 0640 /etc/nats/nats.conf

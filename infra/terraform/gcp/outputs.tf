@@ -16,6 +16,17 @@ output "rollout_nats_password" {
   sensitive   = true
 }
 
+output "rollout_service_nats_credentials" {
+  description = "Each service's own NATS user and password (ROLLOUT_NATS_USER / ROLLOUT_NATS_PASSWORD), one Kubernetes Secret each."
+  value = {
+    for service in local.rollout_services : service => {
+      ROLLOUT_NATS_USER     = "svc_${service}"
+      ROLLOUT_NATS_PASSWORD = random_password.nats_service[service].result
+    }
+  }
+  sensitive = true
+}
+
 output "rollout_database_url" {
   description = "ROLLOUT_DATABASE_URL (private IP, TLS required)."
   value       = "postgresql://rollout:${random_password.postgres.result}@${google_sql_database_instance.postgres.private_ip_address}:5432/rollout?sslmode=require"

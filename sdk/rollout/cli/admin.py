@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     config.add_argument("--port", type=int, default=4222)
     config.add_argument("--http-port", type=int, default=8222)
     config.add_argument("--store-dir", default="/data")
+    config.add_argument(
+        "--terraform-template",
+        action="store_true",
+        help="write only the authorization block, with Terraform template variables in place of"
+        " the password hashes (infra/terraform/nats-authorization.tftpl); needs no password",
+    )
     config.set_defaults(func=_nats_config)
 
 
@@ -70,6 +76,16 @@ def _nats_config(args: argparse.Namespace) -> int:
     from rollout.shared.stack.nats import deployment_config
     from rollout.shared.stack.services import SERVICES
 
+    if args.terraform_template:
+        from rollout.shared.auth.services import authorization_template
+
+        out = Path(args.out)
+        try:
+            write_atomic(out, authorization_template(list(SERVICES)), mode=0o644)
+        except OSError as exc:
+            raise RolloutError(f"cannot write {out}: {exc.strerror}") from exc
+        print(f"wrote {out} (admin and {len(SERVICES)} service users, hashes as variables)")
+        return 0
     text = deployment_config(
         os.environ,
         services=list(SERVICES),
