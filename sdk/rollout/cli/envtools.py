@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections import Counter
@@ -40,9 +41,15 @@ def _summary(env: Any) -> dict[str, Any]:
     if spec.tasks:
         try:
             runtime = build_runtime(spec, 0)
-            tools = [t.name for t in runtime.tool_specs()]
+        except RolloutError:
+            runtime = None
+        try:
+            tools = [t.name for t in runtime.tool_specs()] if runtime is not None else []
         except RolloutError:
             tools = []
+        finally:
+            if runtime is not None:  # a remote env's session, a plugin's host: give them back
+                asyncio.run(runtime.close())
     return {
         "slug": spec.slug,
         "template": spec.template,
