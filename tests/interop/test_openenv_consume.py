@@ -242,6 +242,23 @@ def test_rollout_test_drives_a_remote_env_with_a_model(refund_server, tmp_path, 
     assert [t["passed"] for t in tasks] == [True, True]
 
 
+def test_rollout_plan_checks_the_server(refund_server, tmp_path, capsys) -> None:
+    env_file = tmp_path / "remote_env.py"
+    for url in (refund_server, f"http://127.0.0.1:{free_port()}"):
+        env_file.write_text(
+            "from rollout import Environment, Task\n"
+            f"env = Environment(slug='remote', template='openenv', config={{'url': {url!r}}},\n"
+            "                  tasks=[Task(instruction='Refund O-1', input={'task': 0})])\n"
+        )
+        code = main(["plan", str(env_file), "--json"])
+        report = json.loads(capsys.readouterr().out)["environments"][0]
+        if url == refund_server:
+            assert code == 0 and report["tools"] == ["lookup_order", "refund", "submit_answer"]
+            assert report["verifier"]["primitives"] == ["reward (env_reward, w=1)"]
+        else:
+            assert code == 1 and report["problems"][0].startswith("config.url: the OpenEnv")
+
+
 def test_plan_time_names_config_url_when_the_server_does_not_answer() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     problems = validate_environment(consumer(dead))

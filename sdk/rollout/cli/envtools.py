@@ -43,13 +43,12 @@ def _summary(env: Any) -> dict[str, Any]:
             runtime = build_runtime(spec, 0)
         except RolloutError:
             runtime = None
-        if runtime is not None:
-            try:
-                tools = [t.name for t in runtime.tool_specs()]
-            except RolloutError:
-                tools = []
-            finally:
-                # A plugin runtime holds a sandboxed host process until it is closed.
+        try:
+            tools = [t.name for t in runtime.tool_specs()] if runtime is not None else []
+        except RolloutError:
+            tools = []
+        finally:
+            if runtime is not None:  # a remote env's session, a plugin's host: give them back
                 asyncio.run(runtime.close())
     return {
         "slug": spec.slug,
