@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -157,28 +157,39 @@ def nats_cluster(servers_root: Path) -> Iterator[NatsCluster]:
 
 
 @pytest.fixture
-def cluster_nats_settings(tmp_path: Path, nats_cluster: NatsCluster) -> Settings:
-    """Settings for the test's cluster (every node, R3) and no database."""
-    return cluster_settings_for(tmp_path / "home", nats_cluster, None)
+def make_cluster_settings(
+    tmp_path: Path, nats_cluster: NatsCluster
+) -> Callable[[str | None], Settings]:
+    """Settings for every node of the test's cluster (clients fail over between them), R3,
+    with the database given (or none)."""
+    home = tmp_path / "home"
+    write_json(home / CREDENTIALS_FILE, {"services": nats_cluster.services}, private=True)
+
+    def make(database_url: str | None) -> Settings:
+        return Settings(
+            home=home,
+            nats_url=nats_cluster.url,
+            nats_urls=tuple(nats_cluster.urls),
+            stream_replicas=nats_cluster.replicas,
+            database_url=database_url,
+            nats_user=nats_cluster.user,
+            nats_password=nats_cluster.password,
+            external_nats=True,
+            external_database=database_url is not None,
+        )
+
+    return make
 
 
 @pytest.fixture
-def cluster_settings(tmp_path: Path, nats_cluster: NatsCluster, pg_dsn: str) -> Settings:
+def cluster_nats_settings(make_cluster_settings: Callable[[str | None], Settings]) -> Settings:
+    """Settings for the test's cluster (every node, R3) and no database."""
+    return make_cluster_settings(None)
+
+
+@pytest.fixture
+def cluster_settings(
+    make_cluster_settings: Callable[[str | None], Settings], pg_dsn: str
+) -> Settings:
     """Settings for the test's cluster (every node, R3) and a fresh database."""
-    return cluster_settings_for(tmp_path / "home", nats_cluster, pg_dsn)
-
-
-def cluster_settings_for(home: Path, cluster: NatsCluster, database_url: str | None) -> Settings:
-    """Settings for every node of `cluster` (clients fail over between them), R3 streams."""
-    write_json(home / CREDENTIALS_FILE, {"services": cluster.services}, private=True)
-    return Settings(
-        home=home,
-        nats_url=cluster.url,
-        nats_urls=tuple(cluster.urls),
-        stream_replicas=cluster.replicas,
-        database_url=database_url,
-        nats_user=cluster.user,
-        nats_password=cluster.password,
-        external_nats=True,
-        external_database=database_url is not None,
-    )
+    return make_cluster_settings(pg_dsn)

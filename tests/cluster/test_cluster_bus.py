@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+
 import pytest
 from cluster_kit import kill_node, wait_for_stream_leaders
 
@@ -11,13 +12,13 @@ from rollout.shared import subjects
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import heartbeat_bucket
-from rollout.shared.stack.nats import NatsCluster, NatsServer, meta_leader
+from rollout.shared.stack.nats import NatsCluster, NatsServer, jetstream_report, meta_leader
 
 STREAMS = [subjects.EVENTS_STREAM, subjects.WORK_STREAM]
 
 
-def test_three_nodes_with_own_names_and_stores_agree_on_one_meta_leader(
-    nats_cluster: NatsCluster,
+async def test_three_nodes_agree_on_one_meta_leader_and_a_client_skips_a_dead_one(
+    nats_cluster: NatsCluster, cluster_nats_settings: Settings
 ) -> None:
     nodes = nats_cluster.nodes
     assert [n.server_name for n in nodes] == ["rollout-1", "rollout-2", "rollout-3"]
@@ -26,12 +27,21 @@ def test_three_nodes_with_own_names_and_stores_agree_on_one_meta_leader(
     leaders = {meta_leader(n) for n in nodes}
     assert len(leaders) == 1 and leaders <= {n.server_name for n in nodes}
     for node in nodes:
-        report = httpx.get(f"{node.monitor_url}/jsz").json()
+        report = await asyncio.to_thread(jetstream_report, node.monitor_url) or {}
         assert report["meta_cluster"]["cluster_size"] == 3
         config = node.config_path.read_text()
         # Routes authenticate: no other local process joins the cluster as a peer.
         assert "authorization" in config.split("cluster {")[1].split("server_name")[0]
         assert node.config_path.stat().st_mode & 0o777 == 0o600
+
+    # Given every node, a client connects while the first is down.
+    kill_node(nats_cluster.nodes[0])
+    nc = await connect_nats(cluster_nats_settings)
+    try:
+        assert nc.connected_url is not None
+        assert nc.connected_url.port != nats_cluster.nodes[0].port
+    finally:
+        await nc.close()
 
 
 async def test_streams_and_heartbeats_get_three_replicas_and_survive_a_lost_node(
@@ -57,19 +67,6 @@ async def test_streams_and_heartbeats_get_three_replicas_and_survive_a_lost_node
         assert (await js.get_msg(subjects.EVENTS_STREAM, ack.seq)).data == b"before"
         await kv.put("probe", b"still writable")
         assert (await kv.get("probe")).value == b"still writable"
-    finally:
-        await nc.close()
-
-
-async def test_a_client_given_every_node_connects_while_the_first_is_down(
-    nats_cluster: NatsCluster, cluster_nats_settings: Settings
-) -> None:
-    settings = cluster_nats_settings
-    kill_node(nats_cluster.nodes[0])
-    nc = await connect_nats(settings)
-    try:
-        assert nc.connected_url is not None
-        assert nc.connected_url.port != nats_cluster.nodes[0].port
     finally:
         await nc.close()
 

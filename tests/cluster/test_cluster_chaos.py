@@ -6,13 +6,12 @@ import asyncio
 import contextlib
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster_kit import kill_node, restart_node, wait_for_stream_leaders
-from conftest import cluster_settings_for
 from fakes.openai_server import FakeOpenAI, Reply
 from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform, wait_until
 
@@ -209,12 +208,11 @@ def own_postgres(stack_home: Path) -> Iterator[PostgresServer]:
 
 
 async def test_restarting_postgres_mid_run_every_rollout_scored_once(
-    nats_cluster: NatsCluster,
+    make_cluster_settings: Callable[[str | None], Settings],
     own_postgres: PostgresServer,
-    tmp_path: Path,
     agent: tuple[GatedAgent, FakeOpenAI],
 ) -> None:
-    settings = cluster_settings_for(tmp_path / "home", nats_cluster, own_postgres.url)
+    settings = make_cluster_settings(own_postgres.url)
     gated, server = agent
     async with _platform(settings) as (platform, client):
         run_id = await _start_run(client, server)

@@ -6,15 +6,18 @@ import asyncio
 import json
 import os
 import signal
+from pathlib import Path
 
+import pytest
 from pipeline.kit import wait_until
 from stack.conftest import Cli
 
+from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.settings import connect_nats, load_settings
 from rollout.shared.stack.nats import nats_healthy
 from rollout.shared.stack.process import ProcessRef
-from rollout.shared.stack.supervisor import read_state
+from rollout.shared.stack.supervisor import check_nats_mode, read_state
 
 NODES = {"nats-1", "nats-2", "nats-3"}
 
@@ -27,8 +30,10 @@ def _status(cli: Cli) -> tuple[int, dict[str, dict]]:
 
 
 async def test_up_cluster_runs_three_nodes_r3_status_shows_each_and_down_stops_all(
-    cli: Cli,
+    cli: Cli, pg_dsn: str
 ) -> None:
+    # The session's Postgres (a database of this test's own): the nodes are what is tested.
+    cli.env["ROLLOUT_DATABASE_URL"] = pg_dsn
     up = cli("up", "--cluster", "3")
     assert up.returncode == 0, up.stderr + up.stdout
     code, components = _status(cli)
@@ -74,11 +79,24 @@ async def test_up_cluster_runs_three_nodes_r3_status_shows_each_and_down_stops_a
     assert not any("pid" in node for node in state["nats"]["nodes"])
 
 
-def test_up_refuses_a_two_node_cluster_and_a_switch_of_shape(cli: Cli) -> None:
+def test_up_refuses_a_two_node_cluster(cli: Cli) -> None:
     two = cli("up", "--cluster", "2")
     assert two.returncode != 0 and "Traceback" not in two.stderr
     assert "--cluster 2" in two.stderr and "3 or 5" in two.stderr
-    (cli.home / "nats" / "cluster" / "1").mkdir(parents=True)
-    single = cli("up", "--cluster", "1")
-    assert single.returncode != 0 and "Traceback" not in single.stderr
-    assert "1-node NATS cluster" in single.stderr or "NATS cluster" in single.stderr
+    assert not read_state(cli.home).get("supervisor")  # nothing was started
+
+
+def test_a_home_keeps_the_shape_of_its_event_log(stack_home: Path) -> None:
+    check_nats_mode(stack_home, 3)  # a fresh home takes either shape
+    check_nats_mode(stack_home, 1)
+    (stack_home / "nats" / "cluster" / "1").mkdir(parents=True)
+    with pytest.raises(RolloutError, match="1-node NATS cluster") as info:
+        check_nats_mode(stack_home, 1)
+    assert "--cluster 1" in " ".join(info.value.problems)
+    with pytest.raises(RolloutError, match="not 3"):
+        check_nats_mode(stack_home, 3)
+    single = stack_home / "other"
+    (single / "nats" / "jetstream" / "jetstream").mkdir(parents=True)
+    with pytest.raises(RolloutError, match="single nats-server"):
+        check_nats_mode(single, 3)
+    check_nats_mode(single, 1)
