@@ -232,3 +232,92 @@ async def scripted_rollouts(
             }
         )
     return rollouts, counts
+
+
+# --- `local/scripted`: the scripted player as a model ----------------------------------------
+
+SCRIPTED_MODEL = "local/scripted"
+UNKNOWN_TASK_ANSWER = "I have no scripted plan for this task."
+
+
+class ScriptedPlayer:
+    """`local/scripted`: a ModelBackend that plays the ground-truth plan of the example TRAIN
+    task whose instruction it is shown.
+
+    It makes scripted demonstrations ordinary rollouts of a run: a run of `local/scripted` on
+    the train split is verified like any model's, and `improve --run` trains a student on its
+    passing rollouts (the distillation path, with the script as teacher). It knows train tasks
+    only, so no test answer can reach a training set through it; any other instruction gets a
+    plain answer with no tool call (a failing rollout).
+    """
+
+    name = SCRIPTED_MODEL
+
+    def __init__(self, examples: Path | None = None) -> None:
+        self.examples = examples
+        self._tasks: dict[str, tuple[Any, Any]] | None = None
+        self._plans: dict[str, Plan | None] = {}
+
+    def _index(self) -> dict[str, tuple[Any, Any]]:
+        if self._tasks is None:
+            from rollout.shared.envs.loader import load_environments
+            from rollout.shared.learning.tiny_agent import example_files
+
+            tasks: dict[str, tuple[Any, Any]] = {}
+            for file in example_files(self.examples):
+                for env in load_environments(file):
+                    spec = env.to_spec()
+                    for task in spec.tasks:
+                        if task.split == "train":
+                            tasks.setdefault(task.instruction, (spec, task))
+            self._tasks = tasks
+        return self._tasks
+
+    async def _plan(self, instruction: str) -> Plan | None:
+        if instruction not in self._plans:
+            from rollout.shared.envs.engine import build_runtime
+
+            found = self._index().get(instruction)
+            plan = None
+            if found is not None:
+                spec, task = found
+                runtime = build_runtime(spec, task)
+                try:
+                    plan = plan_for(spec, task, runtime)
+                finally:
+                    await runtime.close()
+            self._plans[instruction] = plan
+        return self._plans[instruction]
+
+    async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        """The next call of each request's plan (found by its first user message)."""
+        out = []
+        for request in requests:
+            instruction = next(
+                (m.get("content") for m in request.messages if m.get("role") == "user"), None
+            )
+            plan = await self._plan(instruction) if isinstance(instruction, str) else None
+            if plan is None:
+                out.append(ChatResponse(content=UNKNOWN_TASK_ANSWER))
+                continue
+            [response] = await ScriptedBackend(plan).generate([request])
+            out.append(response)
+        return out
+
+
+def _scripted_backend(rest: str) -> ScriptedPlayer:
+    if rest.strip():
+        raise RolloutError(
+            f"unknown model '{SCRIPTED_MODEL}{rest}': did you mean '{SCRIPTED_MODEL}'?"
+        )
+    return ScriptedPlayer()
+
+
+def register() -> None:
+    """Make `local/scripted` resolvable."""
+    from rollout.shared.models.registry import register_backend
+
+    register_backend(SCRIPTED_MODEL, _scripted_backend, example=SCRIPTED_MODEL)
+
+
+register()

@@ -79,6 +79,7 @@ async def test_demo_runs_the_loop_and_reports_measured_pass_rates(
         (["--steps", "0"], "--steps must be >= 1"),
         (["--group-size", "1"], "--group-size must be >= 2"),
         (["--temperature", "0"], "--temperature must be in (0, 2]"),
+        (["--model", "openai/gpt-4o"], "--model 'openai/gpt-4o': the demo has no recipe for it"),
     ],
 )
 def test_bad_demo_options_fail_before_anything_starts(
@@ -90,3 +91,36 @@ def test_bad_demo_options_fail_before_anything_starts(
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert not (tmp_path / "home").exists()  # no stack was started
+
+
+def test_every_recipe_learns_from_a_known_source_with_valid_training_settings() -> None:
+    from rollout.cli import demo
+    from rollout.shared.learning.config import TrainConfig
+
+    assert set(demo.RECIPES) == {"local/tiny-agent", "local/smollm2-135m"}
+    # The pretrained base passes ~nothing before training: it learns from the scripted player.
+    assert demo.recipe_for("local/smollm2-135m").demos == "scripted"
+    for recipe in demo.RECIPES.values():
+        assert recipe.demos in demo.DEMO_SOURCES
+        TrainConfig.from_user({"method": "sft", **recipe.sft})
+        grpo = {k: v for k, v in recipe.grpo.items() if k != "tasks_per_step"}
+        TrainConfig.from_user({"method": "grpo", **grpo})
+
+
+async def _rollouts(passing: list[tuple[int, int]]) -> list[dict]:
+    return [
+        {"rolloutId": f"r{t}-{s}", "taskIndex": t, "sampleIndex": s, "passed": True, "score": 1.0}
+        for t, s in passing
+    ]
+
+
+def test_sft_selection_with_a_limit_takes_one_round_over_the_tasks_first() -> None:
+    from rollout.cli import demo
+
+    class Client:
+        async def get_rollouts(self, run_id: str, include_trajectories: bool) -> list[dict]:
+            return await _rollouts([(t, s) for t in range(3) for s in range(2)])
+
+    chosen = asyncio.run(demo.sft_selection(Client(), "run", limit=4))  # type: ignore[arg-type]
+    assert chosen == ["r0-0", "r1-0", "r2-0", "r0-1"]
+    assert len(asyncio.run(demo.sft_selection(Client(), "run"))) == 6  # type: ignore[arg-type]

@@ -1,8 +1,14 @@
 """`rollout demo`: the closed loop in one command, on the embedded stack, with a real model.
 
-push an example env -> `local/tiny-agent` on the TEST split (baseline) -> a TRAIN-split run ->
-SFT on its passing rollouts -> a few online GRPO steps -> the TEST split again -> compare.
-Every pass rate printed is measured by the verifiers on that run; nothing is assumed.
+push an example env -> the model on the TEST split (baseline) -> a TRAIN-split run -> SFT on
+its passing rollouts -> a few online GRPO steps -> the TEST split again -> compare. Every pass
+rate printed is measured by the verifiers on that run; nothing is assumed.
+
+The train run is the model's own samples (`--demos self`) or the scripted player
+`local/scripted` (`--demos scripted`), which plays the ground-truth plan of each TRAIN task: a
+teacher with no endpoint, whose passing rollouts SFT distils into the model through the same
+`improve --run` path a real teacher's would take. A pretrained base like SmolLM2 passes almost
+no task before training, so it learns from the script.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,7 @@ from rollout.errors import RolloutError
 from rollout.shared.contracts.envelope import new_id
 
 BASE_MODEL = "local/tiny-agent"
+SCRIPTED_MODEL = "local/scripted"
 # The example env the demo learns on (any example's slug works with --env).
 DEFAULT_ENV = "ticket-routing"
 DEFAULT_STEPS = 8
@@ -41,8 +49,58 @@ DEFAULT_TEMPERATURE = 1.0
 SFT_PER_TASK = 4
 SFT_HYPERPARAMS: dict[str, Any] = {"epochs": 10.0, "learning_rate": 3e-3, "batch_size": 4}
 GRPO_HYPERPARAMS: dict[str, Any] = {"learning_rate": 3e-4, "max_staleness": 1, "tasks_per_step": 8}
-RUN_TIMEOUT_S = 600.0
-JOB_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the demo trains one base model: where its SFT data comes from, and the settings."""
+
+    demos: str
+    sft: dict[str, Any]
+    grpo: dict[str, Any]
+    max_tokens: int = MAX_TOKENS
+    max_tool_calls: int = MAX_TOOL_CALLS
+    steps: int = DEFAULT_STEPS
+    # At most this many SFT rollouts, spread over the train tasks in task order (None: all).
+    sft_max: int | None = None
+
+
+RECIPES: dict[str, Recipe] = {
+    BASE_MODEL: Recipe(demos="self", sft=SFT_HYPERPARAMS, grpo=GRPO_HYPERPARAMS),
+    # SmolLM2-135M on 2 shared CPU cores: a LoRA step on 4 chats of ~230 tokens takes about a
+    # minute, so SFT sees each distinct train ticket once (24 rollouts, 6 steps) at a high LoRA
+    # learning rate; a right answer is one ~20-token call, so turns are capped short (a
+    # confused base model otherwise rambles for 256 tokens a turn, 3 turns per task).
+    "local/smollm2-135m": Recipe(
+        demos="scripted",
+        sft={"epochs": 1.0, "learning_rate": 2e-3, "batch_size": 4, "max_seq_len": 320},
+        grpo={
+            "learning_rate": 2e-4,
+            "max_staleness": 1,
+            "tasks_per_step": 4,
+            "max_seq_len": 320,
+        },  # fmt: skip
+        max_tokens=48,
+        max_tool_calls=3,
+        steps=2,
+        sft_max=24,
+    ),
+}
+DEMO_SOURCES = ("scripted", "self")
+
+
+def recipe_for(model: str) -> Recipe:
+    """The demo's recipe for a base model; RolloutError naming the models it has one for."""
+    if model not in RECIPES:
+        raise RolloutError(
+            f"--model {model!r}: the demo has no recipe for it",
+            problems=[f"models: {', '.join(RECIPES)}"],
+        )
+    return RECIPES[model]
+
+
+RUN_TIMEOUT_S = 1200.0
+JOB_TIMEOUT_S = 1800.0
 POLL_S = 0.5
 FOLLOWER_GRACE_S = 5.0
 _FINAL = ("completed", "failed")
@@ -54,11 +112,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the `demo` verb."""
     p = sub.add_parser(
         "demo",
-        help="the closed loop on the local stack: baseline, SFT, GRPO, compare (tiny model)",
+        help="the closed loop on the local stack: baseline, SFT, GRPO, compare",
     )
     p.add_argument("--env", default=DEFAULT_ENV, help="example env slug (default %(default)s)")
     p.add_argument(
-        "--steps", type=int, default=DEFAULT_STEPS, help="GRPO steps (default %(default)s)"
+        "--model",
+        default=BASE_MODEL,
+        help=f"base model: {', '.join(RECIPES)} (default %(default)s)",
+    )
+    p.add_argument(
+        "--demos",
+        choices=DEMO_SOURCES,
+        help="SFT data: the model's own train samples (self) or the scripted player's "
+        "(scripted); default: the model's recipe",
+    )
+    p.add_argument(
+        "--steps", type=int, help="GRPO steps (default: the model's recipe, 8 for tiny-agent)"
     )
     p.add_argument(
         "--group-size",
@@ -88,6 +157,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 when every stage ran (whatever the pass rates are)."""
+    recipe = recipe_for(args.model)
+    if args.steps is None:
+        args.steps = recipe.steps
+    args.demos = args.demos or recipe.demos
     for flag, value in (("--steps", args.steps), ("--group-size", args.group_size),
                         ("--train-n", args.train_n), ("-n", args.n)):  # fmt: skip
         if value < 1:
@@ -156,11 +229,14 @@ def _answers(settings: Any) -> bool:
     return asyncio.run(probe())
 
 
-def ensure_model(say: Say) -> Path:
-    """Build `local/tiny-agent` here first (cached), so actors find it ready."""
-    from rollout.shared.learning.tiny_agent import ensure_tiny_agent
+def ensure_model(name: str, say: Say) -> Path:
+    """Prepare the local model here first (cached), so actors find it ready."""
+    from rollout.shared.models.local_models import ensure
 
-    return ensure_tiny_agent(progress=say)
+    def progress(stage: str, done: int, total: int) -> None:
+        say(f"      {stage}" if total <= 1 else f"      {stage} ({done}/{total})")
+
+    return ensure(name, progress)
 
 
 def example_env(slug: str, folder: Path | None) -> Any:
@@ -192,41 +268,53 @@ def example_env(slug: str, folder: Path | None) -> Any:
 
 async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, Any]:
     """Every stage in order; returns run ids, job ids, models and measured pass rates."""
-    say(f"[1/6] model: {BASE_MODEL}")
-    await asyncio.to_thread(ensure_model, say)
+    base = args.model
+    recipe = recipe_for(base)
+    say(f"[1/6] model: {base}")
+    await asyncio.to_thread(ensure_model, base, say)
     tag = new_id()[:8]
     client = AsyncClient(timeout_s=60)
     stages: list[dict[str, Any]] = []
+    limits = {"max_tokens": recipe.max_tokens, "max_tool_calls": recipe.max_tool_calls}
     try:
         pushed = await client.push_environment(env)
         slug = pushed["slug"]
         say(f"      pushed {slug} v{pushed['version']}")
 
-        say(f"[2/6] baseline: {BASE_MODEL} on the test split")
-        baseline = await evaluate(client, slug, BASE_MODEL, args.n, "baseline", tag, args.json)
+        say(f"[2/6] baseline: {base} on the test split")
+        baseline = await evaluate(client, slug, base, args.n, "baseline", tag, args.json, limits)
         stages.append(_stage("baseline", baseline))
         say(f"      pass rate {baseline['passRate']:.0%} ({_counts(baseline)})")
 
-        say(f"[3/6] a train-split run to learn from ({args.train_n} per task, sampled)")
-        train = await run(client, slug, BASE_MODEL, split="train", n=args.train_n,
-                          temperature=args.temperature, name=f"demo {tag} train",
-                          quiet=args.json)  # fmt: skip
+        if args.demos == "scripted":
+            say(f"[3/6] a train-split run of {SCRIPTED_MODEL} (ground-truth plans of the train "
+                "tasks) to learn from")  # fmt: skip
+            train = await run(client, slug, SCRIPTED_MODEL, split="train", n=1,
+                              temperature=EVAL_TEMPERATURE, name=f"demo {tag} train",
+                              quiet=args.json, **limits)  # fmt: skip
+        else:
+            say(f"[3/6] a train-split run to learn from ({args.train_n} per task, sampled)")
+            train = await run(client, slug, base, split="train", n=args.train_n,
+                              temperature=args.temperature, name=f"demo {tag} train",
+                              quiet=args.json, **limits)  # fmt: skip
         stages.append(_stage("train", train))
         say(f"      {train['passed']} of {train['scored']} passed")
 
-        chosen = await sft_selection(client, train["runId"])
+        chosen = await sft_selection(client, train["runId"], recipe.sft_max)
         say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most "
             f"{SFT_PER_TASK} per task, so the tasks it already solves do not drown the rest)")  # fmt: skip
-        model = BASE_MODEL
+        model = base
         sft_job = await improve(
-            client, say, args.json, base_model=BASE_MODEL, method="sft",
+            client, say, args.json, base_model=base, method="sft",
             source_run_id=train["runId"], rollout_ids=chosen or None,
-            suffix=f"demo-{tag}-sft", hyperparams=SFT_HYPERPARAMS,
+            suffix=f"demo-{tag}-sft", hyperparams=recipe.sft,
         )  # fmt: skip
         sft_entry: dict[str, Any] = {"stage": "sft"}
         if sft_job.get("status") == "completed":
             model = sft_job["modelId"]
-            after_sft = await evaluate(client, slug, model, args.n, "after SFT", tag, args.json)
+            after_sft = await evaluate(
+                client, slug, model, args.n, "after SFT", tag, args.json, limits
+            )
             sft_entry.update(_stage("sft", after_sft), jobId=sft_job["id"])
             say(f"      {model}: test pass rate {after_sft['passRate']:.0%}")
         elif sft_job.get("status") == "skipped":
@@ -240,9 +328,9 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         grpo_job = await improve(
             client, say, args.json, base_model=model, method="grpo", env_slug=slug,
             suffix=f"demo-{tag}-grpo",
-            hyperparams={**GRPO_HYPERPARAMS, "max_steps": args.steps,
+            hyperparams={**recipe.grpo, "max_steps": args.steps,
                          "group_size": args.group_size, "temperature": args.temperature,
-                         "max_tokens": MAX_TOKENS, "max_tool_calls": MAX_TOOL_CALLS},
+                         **limits},
         )  # fmt: skip
         if grpo_job.get("status") != "completed":
             raise RolloutError(
@@ -251,7 +339,7 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         final_model = grpo_job["modelId"]
 
         say(f"[6/6] {final_model} on the test split")
-        final = await evaluate(client, slug, final_model, args.n, "final", tag, args.json)
+        final = await evaluate(client, slug, final_model, args.n, "final", tag, args.json, limits)
         stages.append({**_stage("grpo", final), "jobId": grpo_job["id"]})
         say(f"      pass rate {final['passRate']:.0%} ({_counts(final)})")
     finally:
@@ -261,27 +349,33 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
 
     return {
         "env": slug,
-        "baseModel": BASE_MODEL,
+        "baseModel": base,
+        "demos": args.demos,
         "finalModel": final_model,
         "stages": stages,
         "compare": comparison(baseline, final),
     }
 
 
-async def sft_selection(client: AsyncClient, run_id: str) -> list[str]:
-    """Passing rollouts of the run, at most SFT_PER_TASK per task (best score first)."""
+async def sft_selection(client: AsyncClient, run_id: str, limit: int | None = None) -> list[str]:
+    """Passing rollouts of the run, at most SFT_PER_TASK per task (best score first), at most
+    `limit` in all (the first tasks' first: one round over the tasks before a second)."""
     rollouts = await client.get_rollouts(run_id, False)
     passing = sorted(
         (r for r in rollouts if r["passed"]),
         key=lambda r: (r["taskIndex"], -(r["score"] or 0.0), r["sampleIndex"]),
     )
     taken: Counter[int] = Counter()
-    chosen: list[str] = []
+    picks: list[tuple[int, int, str]] = []  # (rank within its task, task, rollout id)
     for r in passing:
-        if taken[r["taskIndex"]] < SFT_PER_TASK:
+        rank = taken[r["taskIndex"]]
+        if rank < SFT_PER_TASK:
             taken[r["taskIndex"]] += 1
-            chosen.append(r["rolloutId"])
-    return chosen
+            picks.append((rank, r["taskIndex"], r["rolloutId"]))
+    if limit is None:
+        return [rid for *_, rid in picks]
+    # Round-robin over tasks: every task's k-th pick before any task's (k+1)-th.
+    return [rid for *_, rid in sorted(picks)[:limit]]
 
 
 def _stage(name: str, r: dict[str, Any]) -> dict[str, Any]:
@@ -302,11 +396,18 @@ def _counts(r: dict[str, Any]) -> str:
 
 
 async def evaluate(
-    client: AsyncClient, slug: str, model: str, n: int, label: str, tag: str, quiet: bool
+    client: AsyncClient,
+    slug: str,
+    model: str,
+    n: int,
+    label: str,
+    tag: str,
+    quiet: bool,
+    limits: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """A greedy run of `model` on the test split, waited for."""
     return await run(client, slug, model, split="test", n=n, temperature=EVAL_TEMPERATURE,
-                     name=f"demo {tag} {label}", quiet=quiet)  # fmt: skip
+                     name=f"demo {tag} {label}", quiet=quiet, **(limits or {}))  # fmt: skip
 
 
 async def run(
@@ -319,13 +420,15 @@ async def run(
     temperature: float,
     name: str,
     quiet: bool,
+    max_tokens: int = MAX_TOKENS,
+    max_tool_calls: int = MAX_TOOL_CALLS,
 ) -> dict[str, Any]:
     """Create a run, follow it with a progress bar, return it once completed."""
     from rollout.cli.platform import follow_run
 
     created = await client.create_run(
-        slug, model, n=n, split=split, temperature=temperature, max_tokens=MAX_TOKENS,
-        max_tool_calls=MAX_TOOL_CALLS, name=name, seed=0,
+        slug, model, n=n, split=split, temperature=temperature, max_tokens=max_tokens,
+        max_tool_calls=max_tool_calls, name=name, seed=0,
     )  # fmt: skip
     run_id = created["runId"]
     # The bar is best effort; completion is decided by the run's own terminal event.
