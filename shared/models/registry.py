@@ -118,11 +118,11 @@ from rollout.shared.models import vllm_backend as _vllm  # noqa: E402
 
 _vllm.register()
 
-# `local/tiny-agent`: the model this repo builds itself (torch is imported only on first use).
-from rollout.shared.learning import tiny_agent as _tiny_agent  # noqa: E402, F401
-
 # `local/scripted`: plays the ground-truth plans of the example train tasks (a teacher).
 from rollout.shared.learning import scripted as _scripted  # noqa: E402, F401
+
+# `local/tiny-agent`: the model this repo builds itself (torch is imported only on first use).
+from rollout.shared.learning import tiny_agent as _tiny_agent  # noqa: E402, F401
 
 # `local/smollm2-135m`: a real pretrained model prepared from a PyPI wheel on first use.
 from rollout.shared.models import local_models as _local_models  # noqa: E402, F401
