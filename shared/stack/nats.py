@@ -590,7 +590,7 @@ def wait_for_cluster(nodes: list[NatsServer], *, timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
     while True:
         leaders = {meta_leader(node) for node in nodes}
-        (leader,) = leaders if len(leaders) == 1 else (None,)
+        leader = next(iter(leaders)) if len(leaders) == 1 else None
         if leader is not None and all(node.healthy() for node in nodes):
             return leader
         for node in nodes:
