@@ -23,7 +23,7 @@ log = get_logger(__name__)
 # supported in non-clustered mode" and "insufficient resources" (too few peers).
 _REPLICA_ERRORS = (10074, 10023)
 # How long a service waits for a cluster to answer its setup calls (see retry_api).
-API_RETRY_S = 60.0
+API_RETRY_S = 30.0
 API_RETRY_PAUSE_S = 0.25
 
 T = TypeVar("T")

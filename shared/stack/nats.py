@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -51,6 +52,17 @@ RELOADED_LINE = "Reloaded server configuration"
 RELOAD_FAILED_LINE = "Failed to reload server configuration"
 
 
+def sync_interval_setting(env: Mapping[str, str]) -> str:
+    """ROLLOUT_NATS_SYNC_INTERVAL: `always` or a duration (`500ms`, `1s`, `2m`); '' if unset."""
+    raw = env.get(SYNC_ENV, "").strip()
+    if raw and raw != "always" and not re.fullmatch(r"[1-9][0-9]*(ms|s|m|h)", raw):
+        raise RolloutError(
+            f"{SYNC_ENV}={raw!r} is not a JetStream sync interval",
+            problems=["expected `always` or a duration such as 500ms, 1s or 2m (docs/cluster.md)"],
+        )
+    return raw
+
+
 def nats_server_binary() -> str:
     """Path of `nats-server`: next to this interpreter (the venv), else on PATH."""
     beside = Path(sys.executable).parent / "nats-server"
@@ -89,7 +101,7 @@ class NatsServer:
     route_password: str = field(default="", repr=False)
     # JetStream's fsync policy: "" is the server's default (every 2 minutes), "always" syncs
     # before each ack (see docs/cluster.md); from ROLLOUT_NATS_SYNC_INTERVAL for `rollout up`.
-    sync_interval: str = field(default_factory=lambda: os.environ.get(SYNC_ENV, ""))
+    sync_interval: str = field(default_factory=lambda: sync_interval_setting(os.environ))
 
     @property
     def server_name(self) -> str:
@@ -590,7 +602,7 @@ def wait_for_cluster(nodes: list[NatsServer], *, timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
     while True:
         leaders = {meta_leader(node) for node in nodes}
-        (leader,) = leaders if len(leaders) == 1 else (None,)
+        leader = next(iter(leaders)) if len(leaders) == 1 else None
         if leader is not None and all(node.healthy() for node in nodes):
             return leader
         for node in nodes:

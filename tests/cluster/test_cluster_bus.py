@@ -82,3 +82,15 @@ async def test_three_replicas_on_a_single_server_is_a_clear_error(
         assert "3 replicas" in str(info.value)
     finally:
         await nc.close()
+
+
+async def test_sync_interval_always_reaches_the_server(fresh_nats: NatsServer) -> None:
+    report = await asyncio.to_thread(jetstream_report, fresh_nats.monitor_url) or {}
+    assert not report["config"].get("sync_always")  # the default: fsync every 2 minutes
+    fresh_nats.stop()
+    fresh_nats.sync_interval = "always"
+    await asyncio.to_thread(fresh_nats.start, attached=True)
+    report = await asyncio.to_thread(jetstream_report, fresh_nats.monitor_url) or {}
+    assert report["config"]["sync_always"] is True
+    # Recorded for reloads (the server reads it only at start).
+    assert fresh_nats.describe()["sync_interval"] == "always"

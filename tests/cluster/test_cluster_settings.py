@@ -9,6 +9,7 @@ import pytest
 from rollout.errors import RolloutError
 from rollout.shared.settings import STATE_FILE, load_settings, nats_connect_kwargs
 from rollout.shared.stack.files import write_json
+from rollout.shared.stack.nats import sync_interval_setting
 
 URLS = ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222", "nats://10.0.0.3:4222"]
 
@@ -48,3 +49,15 @@ def test_a_single_server_home_is_unchanged(tmp_path: Path) -> None:
     write_json(tmp_path / STATE_FILE, {"nats": {"url": URLS[0]}})
     settings = load_settings({"ROLLOUT_HOME": str(tmp_path)})
     assert settings.nats_servers == [URLS[0]] and settings.stream_replicas == 1
+
+
+@pytest.mark.parametrize("value", ["sometimes", "0s", "1 s", "5d"])
+def test_a_bad_sync_interval_is_a_clear_error(value: str) -> None:
+    with pytest.raises(RolloutError, match="ROLLOUT_NATS_SYNC_INTERVAL"):
+        sync_interval_setting({"ROLLOUT_NATS_SYNC_INTERVAL": value})
+
+
+def test_sync_interval_values() -> None:
+    assert sync_interval_setting({}) == ""
+    for value in ("always", "500ms", "1s", "2m"):
+        assert sync_interval_setting({"ROLLOUT_NATS_SYNC_INTERVAL": value}) == value

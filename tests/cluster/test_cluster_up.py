@@ -8,12 +8,14 @@ import os
 import signal
 from pathlib import Path
 
+import nats
 import pytest
 from pipeline.kit import wait_until
 from stack.conftest import Cli
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.auth.keys import ApiKey
 from rollout.shared.settings import connect_nats, load_settings
 from rollout.shared.stack.nats import nats_healthy
 from rollout.shared.stack.process import ProcessRef
@@ -54,6 +56,14 @@ async def test_up_cluster_runs_three_nodes_r3_status_shows_each_and_down_stops_a
         assert info.config.num_replicas == 3
     finally:
         await nc.close()
+
+    # A key minted while the cluster runs is a user of every node at once (each reloaded).
+    made = cli("keys", "create", "--role", "viewer", "--json")
+    assert made.returncode == 0, made.stderr
+    key = ApiKey.parse(json.loads(made.stdout)["apiKey"])
+    for url in state["nats"]["urls"]:
+        one = await nats.connect(url, user=key.user, password=key.secret, allow_reconnect=False)
+        await one.close()
 
     # A node that dies is restarted by the supervisor, with its ports and store.
     killed = components["nats-2"]["pid"]
