@@ -73,13 +73,22 @@ RECIPES: dict[str, Recipe] = {
     # confused base model otherwise rambles for 256 tokens a turn, 3 turns per task).
     "local/smollm2-135m": Recipe(
         demos="scripted",
-        sft={"epochs": 1.0, "learning_rate": 2e-3, "batch_size": 4, "max_seq_len": 320},
+        # One training thread: with the cores oversubscribed, two threads ran a step slower.
+        sft={
+            "epochs": 1.0,
+            "learning_rate": 2e-3,
+            "batch_size": 4,
+            "max_seq_len": 320,
+            "threads": 1,
+        },  # fmt: skip
+        # Two tasks a step: each GRPO step trains on tasks x group-size sampled chats.
         grpo={
             "learning_rate": 2e-4,
             "max_staleness": 1,
-            "tasks_per_step": 4,
+            "tasks_per_step": 2,
             "max_seq_len": 320,
-        },  # fmt: skip
+            "threads": 1,
+        },
         max_tokens=48,
         max_tool_calls=3,
         steps=2,
