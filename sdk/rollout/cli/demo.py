@@ -310,8 +310,9 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         say(f"      {train['passed']} of {train['scored']} passed")
 
         chosen = await sft_selection(client, train["runId"], recipe.sft_max)
-        say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most "
-            f"{SFT_PER_TASK} per task, so the tasks it already solves do not drown the rest)")  # fmt: skip
+        cap = f", {recipe.sft_max} in all" if recipe.sft_max else ""
+        say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most {SFT_PER_TASK} per "
+            f"task{cap}, so the tasks it already solves do not drown the rest)")  # fmt: skip
         model = base
         sft_job = await improve(
             client, say, args.json, base_model=base, method="sft",
