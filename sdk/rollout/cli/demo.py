@@ -111,6 +111,8 @@ def recipe_for(model: str) -> Recipe:
 RUN_TIMEOUT_S = 1200.0
 JOB_TIMEOUT_S = 1800.0
 POLL_S = 0.5
+# How long the demo asks again while the buffer catches up with a run that just ended.
+CATCH_UP_S = 300.0
 FOLLOWER_GRACE_S = 5.0
 _FINAL = ("completed", "failed")
 
@@ -456,12 +458,20 @@ async def improve(client: AsyncClient, say: Say, quiet: bool, **job: Any) -> dic
     """Start a training job and follow it; a refused SFT (nothing passed) is returned, not raised."""
     from rollout.cli.training import follow_job
 
-    try:
-        created = await client.create_training_job(**job)
-    except RolloutError as exc:
-        if job["method"] == "sft" and "no passing rollouts" in exc.message:
-            return {"status": "skipped", "reason": exc.message}
-        raise
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CATCH_UP_S
+    while True:
+        try:
+            created = await client.create_training_job(**job)
+            break
+        except RolloutError as exc:
+            if job["method"] == "sft" and "no passing rollouts" in exc.message:
+                return {"status": "skipped", "reason": exc.message}
+            # The run just ended and the buffer has not applied its last verdicts yet: on a
+            # loaded machine that takes longer than the learner waits; ask again.
+            if "has not caught up" not in exc.message or loop.time() > deadline:
+                raise
+        await asyncio.sleep(POLL_S * 4)
     say(f"      job {created['id']} -> {created.get('model', '?')}")
     bar = asyncio.ensure_future(follow_job(client, created["id"], quiet=quiet))
     try:
