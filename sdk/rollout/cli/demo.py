@@ -73,13 +73,22 @@ RECIPES: dict[str, Recipe] = {
     # confused base model otherwise rambles for 256 tokens a turn, 3 turns per task).
     "local/smollm2-135m": Recipe(
         demos="scripted",
-        sft={"epochs": 1.0, "learning_rate": 2e-3, "batch_size": 4, "max_seq_len": 320},
+        # One training thread: with the cores oversubscribed, two threads ran a step slower.
+        sft={
+            "epochs": 1.0,
+            "learning_rate": 2e-3,
+            "batch_size": 4,
+            "max_seq_len": 320,
+            "threads": 1,
+        },  # fmt: skip
+        # Two tasks a step: each GRPO step trains on tasks x group-size sampled chats.
         grpo={
             "learning_rate": 2e-4,
             "max_staleness": 1,
-            "tasks_per_step": 4,
+            "tasks_per_step": 2,
             "max_seq_len": 320,
-        },  # fmt: skip
+            "threads": 1,
+        },
         max_tokens=48,
         max_tool_calls=3,
         steps=2,
@@ -102,6 +111,8 @@ def recipe_for(model: str) -> Recipe:
 RUN_TIMEOUT_S = 1200.0
 JOB_TIMEOUT_S = 1800.0
 POLL_S = 0.5
+# How long the demo asks again while the buffer catches up with a run that just ended.
+CATCH_UP_S = 300.0
 FOLLOWER_GRACE_S = 5.0
 _FINAL = ("completed", "failed")
 
@@ -301,8 +312,9 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         say(f"      {train['passed']} of {train['scored']} passed")
 
         chosen = await sft_selection(client, train["runId"], recipe.sft_max)
-        say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most "
-            f"{SFT_PER_TASK} per task, so the tasks it already solves do not drown the rest)")  # fmt: skip
+        cap = f", {recipe.sft_max} in all" if recipe.sft_max else ""
+        say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most {SFT_PER_TASK} per "
+            f"task{cap}, so the tasks it already solves do not drown the rest)")  # fmt: skip
         model = base
         sft_job = await improve(
             client, say, args.json, base_model=base, method="sft",
@@ -446,12 +458,20 @@ async def improve(client: AsyncClient, say: Say, quiet: bool, **job: Any) -> dic
     """Start a training job and follow it; a refused SFT (nothing passed) is returned, not raised."""
     from rollout.cli.training import follow_job
 
-    try:
-        created = await client.create_training_job(**job)
-    except RolloutError as exc:
-        if job["method"] == "sft" and "no passing rollouts" in exc.message:
-            return {"status": "skipped", "reason": exc.message}
-        raise
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CATCH_UP_S
+    while True:
+        try:
+            created = await client.create_training_job(**job)
+            break
+        except RolloutError as exc:
+            if job["method"] == "sft" and "no passing rollouts" in exc.message:
+                return {"status": "skipped", "reason": exc.message}
+            # The run just ended and the buffer has not applied its last verdicts yet: on a
+            # loaded machine that takes longer than the learner waits; ask again.
+            if "has not caught up" not in exc.message or loop.time() > deadline:
+                raise
+        await asyncio.sleep(POLL_S * 4)
     say(f"      job {created['id']} -> {created.get('model', '?')}")
     bar = asyncio.ensure_future(follow_job(client, created["id"], quiet=quiet))
     try:
