@@ -26,7 +26,28 @@ from rollout.shared.interop.backends import require
 
 require("art")
 
-import art  # noqa: E402
+
+def _import_art_without_its_transformers_patch():
+    """Import openpipe-art, undoing the transformers monkeypatch its import applies.
+
+    `import art` replaces `transformers.masking_utils._preprocess_mask_arguments` process-wide
+    with a wrapper written for an older signature; on transformers 5.x every later causal-mask
+    call (every model forward in this process: actors, learners) then fails with a TypeError.
+    The bridge only uses ART's data classes, so the original function is put back.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # no training extra: ART's patch has nothing to touch
+        masking_utils = None
+    original = getattr(masking_utils, "_preprocess_mask_arguments", None)
+    import art as module
+
+    if masking_utils is not None and original is not None:
+        masking_utils._preprocess_mask_arguments = original
+    return module
+
+
+art = _import_art_without_its_transformers_patch()
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs  # noqa: E402
 from openai.types.chat.chat_completion_message import ChatCompletionMessage  # noqa: E402
 from openai.types.chat.chat_completion_token_logprob import (  # noqa: E402

@@ -9,7 +9,6 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import art
 import pytest
 from fakes.openai_server import FakeOpenAI
 from openai.types.chat.chat_completion import Choice
@@ -18,6 +17,7 @@ from rollout.cli import main
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.shared.interop.art import (
+    art,
     export_run,
     from_trajectory_groups,
     read_groups,
@@ -210,3 +210,25 @@ def test_a_file_that_is_not_art_groups_is_named(tmp_path) -> None:
     )
     with pytest.raises(RolloutError, match="group 0 trajectory 0: .*no assistant turn"):
         from_trajectory_groups([silent])
+
+
+def test_importing_the_bridge_leaves_transformers_masking_untouched() -> None:
+    """ART's import-time monkeypatch broke every later model forward in the process."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers import masking_utils
+
+    assert masking_utils._preprocess_mask_arguments.__module__ == "transformers.masking_utils"
+    config = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    out = model(
+        input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long)
+    )
+    assert out.logits.shape == (1, 3, 32)
