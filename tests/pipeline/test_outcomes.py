@@ -156,7 +156,8 @@ async def test_a_scoring_batch_longer_than_ack_wait_is_not_redelivered(
         with FakeOpenAI(fixer) as server:
             run = await client.create_run("slow-fix", f"{server.base_url}#m", n=2)
             done = await client.wait_for_run(run["runId"], timeout_s=120)
-        assert done["status"] == "completed" and done["passed"] == 2
+        full = await client.get_run(run["runId"], include_rollouts=True)
+        assert done["status"] == "completed" and done["passed"] == 2, full["rollouts"]
         generated = await run_events(settings, run["runId"], "rollout.generated")
         scored = await run_events(settings, run["runId"], "rollout.scored")
         assert len(scored) == len(generated) == 1
