@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "rollout.cli.platform",
     "rollout.cli.training",
     "rollout.cli.models",
+    "rollout.cli.serve_model",
     "rollout.cli.demo",
     "rollout.cli.events",
     "rollout.cli.replay",
