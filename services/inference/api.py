@@ -229,9 +229,7 @@ def _wire_calls(calls: list[ToolCall]) -> tuple[list[dict[str, Any]], str]:
     return wire, "\n".join(leftover)
 
 
-def _logprobs(
-    response: ChatResponse, tokenizer: Any | None, as_ids: bool
-) -> dict[str, Any] | None:
+def _logprobs(response: ChatResponse, tokenizer: Any | None, as_ids: bool) -> dict[str, Any] | None:
     if response.logprobs is None:
         return None
     ids = response.token_ids or []

@@ -55,7 +55,9 @@ def load_keys(
     if key_env:
         value = env.get(key_env, "").strip()
         if not value:
-            raise RolloutError(f"--api-key-env {key_env}: the variable {key_env} is not set or empty")
+            raise RolloutError(
+                f"--api-key-env {key_env}: the variable {key_env} is not set or empty"
+            )
         keys.append(value)
     if keys_file is not None:
         try:

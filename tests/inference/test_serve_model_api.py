@@ -124,8 +124,10 @@ async def test_concurrent_requests_share_batches(serve, tiny_model: Path) -> Non
         results = await asyncio.gather(
             *(
                 client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": f"order O-{i}"}],
-                    max_tokens=4, seed=i,
+                    model="tiny",
+                    messages=[{"role": "user", "content": f"order O-{i}"}],
+                    max_tokens=4,
+                    seed=i,
                 )  # fmt: skip
                 for i in range(6)
             )
@@ -249,16 +251,16 @@ def test_cli_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
 
 async def test_cli_serves_and_announces_its_url(tmp_path: Path) -> None:
     env = _cli_env(tmp_path) | {"SERVE_KEY": "sk-cli"}
-    child = subprocess.Popen(
-        cli_command("serve-model", "local/scripted", "--port", "0", "--name", "agent",
-                    "--api-key-env", "SERVE_KEY", "--no-follow"),
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    child = await asyncio.create_subprocess_exec(
+        *cli_command("serve-model", "local/scripted", "--port", "0", "--name", "agent",
+                     "--api-key-env", "SERVE_KEY", "--no-follow"),
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)
+        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
         assert line.startswith("rollout serve-model: agent at http://127.0.0.1:"), line
         base_url = line.rsplit(" ", 1)[1].strip()
-        actor = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 10)
+        actor = (await asyncio.wait_for(child.stdout.readline(), 10)).decode()
         assert actor.strip() == f"as an actor model: {base_url}#agent"
         client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-cli", max_retries=0)
         assert [m.id for m in (await client.models.list()).data] == ["agent"]
@@ -268,8 +270,8 @@ async def test_cli_serves_and_announces_its_url(tmp_path: Path) -> None:
         assert done.choices[0].message.tool_calls[0].function.name == "lookup_order"
     finally:
         child.terminate()
-        child.wait(30)
-    assert "Traceback" not in child.stderr.read()
+        _, err = await asyncio.wait_for(child.communicate(), 30)
+    assert "Traceback" not in err.decode()
 
 
 def test_help_documents_the_verb() -> None:

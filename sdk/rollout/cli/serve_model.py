@@ -70,7 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve the loaded version only (do not follow policy.updated on the stack)",
     )
     p.add_argument(
-        "--max-n", type=int, default=DEFAULT_MAX_N, help=f"most choices per request ({DEFAULT_MAX_N})"
+        "--max-n",
+        type=int,
+        default=DEFAULT_MAX_N,
+        help=f"most choices per request ({DEFAULT_MAX_N})",
     )
     p.add_argument(
         "--max-tokens-limit",
@@ -104,7 +107,9 @@ def _serve_model(args: argparse.Namespace) -> int:
     def announce(running) -> None:  # noqa: ANN001
         version = running.policy.version
         shown = f" (policy version {version})" if version is not None else ""
-        print(f"rollout serve-model: {running.config.model}{shown} at {running.base_url}", flush=True)
+        print(
+            f"rollout serve-model: {running.config.model}{shown} at {running.base_url}", flush=True
+        )
         print(f"  as an actor model: {running.actor_model}", flush=True)
         if keys is not None:
             print(f"  requests need 'Authorization: Bearer <key>' ({len(keys)} key(s))", flush=True)
