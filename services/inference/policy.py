@@ -47,6 +47,7 @@ class Slot:
     queue: asyncio.Queue[_Item | None] = field(default_factory=asyncio.Queue)
     worker: asyncio.Task[None] | None = None
     served: int = 0
+    batches: int = 0
 
     def start(self) -> None:
         """Start taking requests."""
@@ -71,6 +72,9 @@ class Slot:
                     break
                 batch = [item]
                 size = len(item.requests)
+                if self.max_batch > 1:
+                    # Let requests that arrived together reach the queue: one batch for them.
+                    await asyncio.sleep(0)
                 while size < self.max_batch and not self.queue.empty():
                     more = self.queue.get_nowait()
                     if more is None:
@@ -98,6 +102,7 @@ class Slot:
             if not item.future.done():  # a client that went away no longer waits
                 item.future.set_result(part)
         self.served += len(flat)
+        self.batches += 1
 
 
 def version_of(backend: ModelBackend) -> int | None:
