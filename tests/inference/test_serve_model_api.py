@@ -118,6 +118,31 @@ async def test_hf_model_text_n_logprobs_and_stream(serve, tiny_model: Path) -> N
         assert usage is not None and usage.completion_tokens == len(tokens)
 
 
+async def test_a_prompt_over_the_context_is_a_400_not_a_500(serve, tiny_model: Path) -> None:
+    async with serve(f"hf:{tiny_model}", name="tiny") as running:
+        client = client_of(running)
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "order " * 3000}]
+            )
+        assert caught.value.code == "context_length_exceeded"
+        assert "does not fit the model's context" in caught.value.message
+        # The server goes on serving; stop sequences cut the text where they start.
+        done = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+            temperature=0,
+        )  # fmt: skip
+        text = done.choices[0].message.content or ""
+        if len(text) > 2:
+            cut = await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+                temperature=0, stop=[text[2:4]],
+            )  # fmt: skip
+            assert text.startswith(cut.choices[0].message.content or "")
+            assert len(cut.choices[0].message.content or "") <= 2
+            assert cut.choices[0].finish_reason == "stop"
+
+
 async def test_concurrent_requests_share_batches(serve, tiny_model: Path) -> None:
     async with serve(f"hf:{tiny_model}", name="tiny", max_batch=8) as running:
         client = client_of(running)
