@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "rollout.cli.localtest",
     "rollout.cli.platform",
     "rollout.cli.training",
+    "rollout.cli.datasets",
     "rollout.cli.models",
     "rollout.cli.demo",
     "rollout.cli.events",
