@@ -64,11 +64,13 @@ class SnapshotRow(BaseModel):
         from rollout.shared.contracts.trajectory import Trajectory
 
         try:
-            Trajectory.model_validate_json(value)
+            trajectory = Trajectory.model_validate_json(value)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(the document)"
             raise ValueError(f"not a trajectory: {where}: {first['msg']}") from None
+        if not trajectory.messages:
+            raise ValueError("not a trajectory: messages: missing or empty")
         return value
 
     @field_validator("primitives", "tools")

@@ -18,8 +18,8 @@ from fakes.openai_server import FakeOpenAI, Reply, text_reply
 from kit import refund_env
 from test_cli_platform import rollout
 
-from rollout.generate import read_prompts, written_ids
 from rollout.errors import RolloutError
+from rollout.generate import read_prompts, written_ids
 from rollout.shared.settings import Settings
 
 
