@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--run", dest="runs", action="append", metavar="RUN", help="a run id")
-    what.add_argument("--env", help="every completed run of this environment (from the buffer)")
+    what.add_argument("--env", help="every completed run of this environment")
     p.add_argument("--format", choices=("hf", "parquet", "jsonl"), default="jsonl")
     p.add_argument("--out", required=True, type=Path, metavar="PATH")
     p.add_argument("--include-errored", action="store_true", help="keep errored rollouts too")
