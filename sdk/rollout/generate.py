@@ -339,7 +339,13 @@ async def generate(
     if req.prompts is not None:
         if req.split is not None:
             raise RolloutError("--split applies to --env; a prompts file has no splits")
-        env = prompts_environment(read_prompts(req.prompts))
+        prompt_tasks = read_prompts(req.prompts)
+        if req.score and "hiddenGroundTruth" not in prompt_tasks[0]:
+            raise RolloutError(
+                f"--score: the prompts in {req.prompts} have no 'answer' to score against",
+                problems=["give every line an 'answer', or leave --score off"],
+            )
+        env = prompts_environment(prompt_tasks)
         pushed = await client.push_environment(env)
         env_slug, env_version = pushed["slug"], pushed["version"]
         source = {"prompts": env["slug"]}

@@ -74,18 +74,42 @@ async def test_generate_an_env_split_scored_to_jsonl(client, agent_server, setti
     assert code == 1 and f"--out {out}: was started by another generate" in err
 
 
-@pytest.fixture
-def slow_agent() -> Iterator[FakeOpenAI]:
-    """Answers every prompt with its own words, slowly (so a kill lands mid-run)."""
-
+def _echo(delay: float):
     def answer(body: dict) -> Reply:
         user = next(m["content"] for m in body["messages"] if m["role"] == "user")
         reply = text_reply(f"echo: {user}")
-        reply.delay = 0.4
+        reply.delay = delay
         return reply
 
-    with FakeOpenAI(answer) as server:
+    return answer
+
+
+@pytest.fixture
+def slow_agent() -> Iterator[FakeOpenAI]:
+    """Answers every prompt with its own words, slowly (so a kill lands mid-run)."""
+    with FakeOpenAI(_echo(0.4)) as server:
         yield server
+
+
+async def test_generate_prompts_with_answers_scores_them(client, settings, tmp_path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "say 7", "answer": "7"}, {"prompt": "say 8", "answer": "nine"}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "scored.jsonl"
+    with FakeOpenAI(_echo(0.0)) as agent:
+        base = ("generate", "--prompts", str(prompts), "--model", f"{agent.base_url}#m")
+        code, stdout, err = await rollout(settings, *base, "--score", "--out", str(out), "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["rows"] == 2
+    got = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert {r["id"]: r["passed"] for r in got} == {"0": True, "1": False}
+    assert json.loads(got[0]["primitives"])[0]["type"] == "final_answer_match"
+
+    prompts.write_text(json.dumps({"prompt": "say 7"}) + "\n")
+    code, _, err = await rollout(settings, *base, "--score", "--out", str(tmp_path / "x.jsonl"))
+    assert code == 1 and "have no 'answer' to score against" in err
+    code, _, err = await rollout(settings, *base, "--out", str(tmp_path / "x.csv"))
+    assert code == 1 and "unknown format '.csv'" in err and "Traceback" not in err
 
 
 async def test_generate_prompts_resumes_after_sigkill_exactly_once(
