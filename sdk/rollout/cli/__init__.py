@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "rollout.cli.localtest",
     "rollout.cli.platform",
     "rollout.cli.training",
+    "rollout.cli.datasets",
     "rollout.cli.models",
     "rollout.cli.serve_model",
     "rollout.cli.demo",
