@@ -63,14 +63,14 @@ class RewardScorer:
         return out
 
 
-_CACHE: dict[Path, RewardScorer] = {}
+_CACHE: dict[tuple[Path, int], RewardScorer] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def scorer_for(model_dir: Path) -> RewardScorer:
+def scorer_for(model_dir: Path, *, max_len: int = 2048) -> RewardScorer:
     """The process's scorer of `model_dir` (loaded on first use, then shared)."""
-    key = Path(model_dir).resolve()
+    key = (Path(model_dir).resolve(), max_len)
     with _CACHE_LOCK:
         if key not in _CACHE:
-            _CACHE[key] = RewardScorer(key)
+            _CACHE[key] = RewardScorer(key[0], max_len=max_len)
         return _CACHE[key]
