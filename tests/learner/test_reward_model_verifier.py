@@ -171,6 +171,8 @@ def test_plan_time_validation_names_the_path(
     assert "LlamaForCausalLM" in policy
     [shape] = validate_environment(_env("not a name"))
     assert shape.startswith(f"{where}.model: 'not a name' is not a trained model name")
+    [job] = validate_environment(_env("job-../../secrets"))
+    assert job.startswith(f"{where}.model: 'job-../../secrets' is not a trained model name")
     [threshold] = validate_environment(_env("local/tiny-agent:judge", threshold=1.5))
     assert threshold.startswith(f"{where}.threshold:")
     [missing] = validate_environment(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, RewardModelParams, TaskSpec
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
 
+_JOB_ID = re.compile(r"^job-[A-Za-z0-9]{1,64}$")
 HINT = "train one with `rollout improve --method rm --suffix S` (see `rollout jobs`)"
 # The task's tools, per (spec hash, task): a runtime is built once per task, not per sample.
 _TOOLS: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -37,14 +39,17 @@ async def resolve(name: str) -> tuple[Any, Path]:
     from rollout.shared.models import trained
 
     name = name.strip()
-    if not name.startswith(trained.JOB_PREFIX) and trained.split_trained_name(name) is None:
+    is_job = name.startswith(trained.JOB_PREFIX)
+    if (is_job and not _JOB_ID.match(name)) or (
+        not is_job and trained.split_trained_name(name) is None
+    ):
         raise RolloutError(
             f"{name!r} is not a trained model name (BASE:SUFFIX or a job id, "
             f"e.g. local/tiny-agent:rm): {HINT}"
         )
     store = trained.default_store()
     try:
-        if name.startswith(trained.JOB_PREFIX):
+        if is_job:
             record = await trained.job_record(store, name)
         else:
             record = await trained.latest_record(store, name)
