@@ -74,3 +74,11 @@ def scorer_for(model_dir: Path, *, max_len: int = 2048) -> RewardScorer:
         if key not in _CACHE:
             _CACHE[key] = RewardScorer(key[0], max_len=max_len)
         return _CACHE[key]
+
+
+def drop_scorer(model_dir: Path) -> None:
+    """Free the process's scorers of `model_dir` (a reward model replaced by a newer version)."""
+    path = Path(model_dir).resolve()
+    with _CACHE_LOCK:
+        for key in [k for k in _CACHE if k[0] == path]:
+            del _CACHE[key]

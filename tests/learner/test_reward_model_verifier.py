@@ -103,8 +103,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path / "home"
 
 
-def _publish(model_dir: Path, name: str, tmp: Path) -> None:
-    """Publish a folder as version 1 of trained name `name`, as the learner does."""
+def _publish(model_dir: Path, name: str, tmp: Path, version: int = 1) -> None:
+    """Publish a folder as a version of trained name `name`, as the learner does."""
 
     async def go() -> None:
         store = trained.default_store()
@@ -113,7 +113,7 @@ def _publish(model_dir: Path, name: str, tmp: Path) -> None:
             sha, _ = sha256_file(archive)
             ref = await store.put(f"models/{sha}.tar", archive)
             record = trained.PolicyRecord(
-                model=name, version=1, uri=ref.uri, sha256=ref.sha256, size=ref.size
+                model=name, version=version, uri=ref.uri, sha256=ref.sha256, size=ref.size
             )
             await trained.publish_record(store, record)
         finally:
@@ -153,6 +153,11 @@ def test_trained_rm_ranks_good_above_bad_through_the_primitive(
     assert injected.score == asyncio.run(score(env, 1, Trajectory(messages=unforged))).score
     assert injected.score != plain.score
     # Seven trajectories, one checkpoint: loaded once.
+    assert len(rm_scoring._CACHE) == loads_before + 1
+    # A newer version of the name is what scores next, and the older one is freed.
+    _publish(unit_rm, name, tmp_path, version=2)
+    again = asyncio.run(score(env, 1, Trajectory(messages=_good(1))))
+    assert f"{name} v2" in again.primitives[0].reason
     assert len(rm_scoring._CACHE) == loads_before + 1
 
 

@@ -32,6 +32,8 @@ _JOB_ID = re.compile(r"^job-[A-Za-z0-9]{1,64}$")
 HINT = "train one with `rollout improve --method rm --suffix S` (see `rollout jobs`)"
 # The task's tools, per (spec hash, task): a runtime is built once per task, not per sample.
 _TOOLS: dict[tuple[str, str], list[dict[str, Any]]] = {}
+# The checkpoint each reward model name last scored with: a newer version frees the older.
+_CURRENT: dict[str, Path] = {}
 
 
 async def resolve(name: str) -> tuple[Any, Path]:
@@ -156,7 +158,7 @@ def sigmoid(x: float) -> float:
 async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
     """sigmoid(the reward model's logit) on the conversation; passed at `threshold`."""
     from rollout.shared.learning.data import conversation
-    from rollout.shared.learning.rm_scoring import scorer_for
+    from rollout.shared.learning.rm_scoring import drop_scorer, scorer_for
 
     try:
         messages = conversation({"trajectory": ctx.trajectory.model_dump()})
@@ -171,6 +173,10 @@ async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
     if problem:
         raise InfraError(problem)
     tools = await task_tools(ctx.spec, ctx.task)
+    previous = _CURRENT.get(record.model)
+    if previous is not None and previous != path:
+        drop_scorer(previous)
+    _CURRENT[record.model] = path
 
     def run() -> float:
         scorer = scorer_for(path, max_len=params.max_length)
