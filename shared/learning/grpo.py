@@ -468,9 +468,7 @@ class GRPOLearner:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.last_checkpoint = path
-        log.info(
-            "learner resumed", method=method, version=self.policy_version, path=str(path)
-        )
+        log.info("learner resumed", method=method, version=self.policy_version, path=str(path))
 
 
 def _mean(values: list[float]) -> float | None:

@@ -185,4 +185,3 @@ def test_config_bounds_are_named() -> None:
     assert "hyperparams.clip_range: must be > 0" in problems
     assert "hyperparams.lam: must be <= 1" in problems
     assert "hyperparams.ppo_epochs: must be >= 1" in problems
-
