@@ -220,7 +220,7 @@ async def execute(
         plan = await plan_job(ctx, request_of(history.requested), job_id=job_id)
         if not plan.base.local:
             await run_provider_job(ctx, plan, history)
-        elif plan.event.method == "grpo":
+        elif plan.event.method in ("grpo", "ppo"):
             await run_grpo_job(ctx, plan, history)
         else:
             await run_local_job(ctx, plan, history)
