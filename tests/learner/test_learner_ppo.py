@@ -53,7 +53,10 @@ async def test_improve_method_ppo_drives_actors_and_publishes_each_version(
     assert (out / VALUE_HEAD).is_file()
     from safetensors.torch import load_file
 
-    before, after = load_file(tiny_model / "model.safetensors"), load_file(out / "model.safetensors")
+    before, after = (
+        load_file(tiny_model / "model.safetensors"),
+        load_file(out / "model.safetensors"),
+    )
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
     # The runs are ordinary runs of the trained name, each rollout with its policy version.
