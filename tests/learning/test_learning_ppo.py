@@ -185,3 +185,48 @@ def test_config_bounds_are_named() -> None:
     assert "hyperparams.clip_range: must be > 0" in problems
     assert "hyperparams.lam: must be <= 1" in problems
     assert "hyperparams.ppo_epochs: must be >= 1" in problems
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`local/smollm2-135m` prepared into a fresh ROLLOUT_HOME (once per module)."""
+    from rollout.shared.models import smollm2
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ROLLOUT_HOME", str(tmp_path_factory.mktemp("smollm2-home")))
+        return smollm2.ensure_smollm2()
+
+
+@pytest.mark.slow
+async def test_one_lora_ppo_step_on_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from rollout.shared.models import smollm2
+    from rollout.shared.models.local_models import train_defaults
+
+    defaults = train_defaults(smollm2.NAME)  # LoRA r=16 on every linear layer
+    config = TrainConfig(
+        method="ppo",
+        **(defaults | {"learning_rate": 1e-3, "kl_coef": 0.05, "batch_size": 4, "max_steps": 1}),
+    )
+    learner = PPOLearner(smollm2_dir, tmp_path / "ppo", config, resume=False)
+    actor = HFBackend(smollm2_dir)
+    prompt = [{"role": "user", "content": "Route this ticket: my parcel never arrived."}]
+    replies = await actor.generate(
+        [ChatRequest(messages=prompt, max_tokens=8, seed=s) for s in range(4)]
+    )
+    completions = [
+        {"token_ids": [r.token_ids], "logprobs": [r.logprobs], "policy_version": 0,
+         "messages": prompt + [r.assistant_message()], "reward": float("parcel" in (r.content or ""))}
+        for r in replies
+    ]  # fmt: skip
+    progress = learner.step([{"prompt": prompt, "tools": None, "completions": completions}])
+    assert progress.loss is not None and torch.isfinite(torch.tensor(progress.loss))
+    assert learner.metrics["last_logprob_drift"] < 1e-2  # the actor's tokens, re-scored
+    saved = learner.save()
+    lora_b = [v for k, v in load_file(saved / "adapter_model.safetensors").items() if "lora_B" in k]
+    assert lora_b and any(bool(t.abs().sum() > 0) for t in lora_b)  # B starts at zero
+    assert (saved / VALUE_HEAD).is_file()
+    actor.reload(saved)
+    [reply] = await actor.generate([ChatRequest(messages=prompt, max_tokens=4, seed=9)])
+    assert reply.error is None and reply.token_ids
