@@ -187,6 +187,42 @@ def test_config_bounds_are_named() -> None:
     assert "hyperparams.ppo_epochs: must be >= 1" in problems
 
 
+def test_a_reward_model_rewards_ppo_in_place_of_the_verifier(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    from learning_kit import TOOLS, refund_messages
+    from test_learning_kto_rm import _pairs
+
+    from rollout.shared.learning.rm import train_rm
+    from rollout.shared.learning.rm_scoring import RewardScorer
+
+    rm = train_rm(tiny_base, _pairs(), tmp_path / "rm", TrainConfig(
+        method="rm", max_steps=8, learning_rate=3e-3, batch_size=2), resume=False).model_dir  # fmt: skip
+    scorer = RewardScorer(rm)
+    tokenizer, _ = load_model(tiny_base)
+    prompt = refund_messages(1)[:2]
+    replies = [[{"role": "assistant", "content": text}]
+               for text in ("Refunded order O-1: $25.", "I cannot help with refunds.")]  # fmt: skip
+    scores = scorer.score([prompt + r for r in replies], tools=TOOLS)
+    completions = [
+        {"token_ids": [tokenizer(r[0]["content"], add_special_tokens=False)["input_ids"]],
+         "messages": prompt + r, "reward": 0.0, "policy_version": 0}  # the verifier: no signal
+        for r in replies
+    ]  # fmt: skip
+    group = {"prompt": prompt, "tools": TOOLS, "completions": completions}
+    config = TrainConfig(method="ppo", learning_rate=1e-2, kl_coef=0.0, max_staleness=64)
+    learner = PPOLearner(tiny_base, tmp_path / "p", config, resume=False, reward_model=rm)
+
+    for _ in range(3):
+        progress = learner.step([group])
+    # The rewards trained on are the reward model's scores, not the verifier's zeros.
+    assert progress.reward == pytest.approx(sum(scores) / 2, abs=1e-4)
+    assert learner.metrics["completions_rescored"] == 6
+    assert progress.loss is not None and learner.metrics["last_value_loss"] > 0
+    with pytest.raises(RolloutError, match="not a reward model"):
+        PPOLearner(tiny_base, tmp_path / "q", config, reward_model=tiny_base)
+
+
 @pytest.fixture(scope="module")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`local/smollm2-135m` prepared into a fresh ROLLOUT_HOME (once per module)."""
