@@ -233,6 +233,9 @@ class OnlineGRPO:
             self.timing.training_s += time.monotonic() - trained_at
         metrics = self.timing.metrics()
         metrics.update(steps=float(self.learner.policy_version), version=float(target))
+        if self.method == "ppo":
+            # Which reward the policy learned from: the reward model's scores or the verifier's.
+            metrics["completions_rescored"] = float(self.learner.metrics["completions_rescored"])
         if resumed is not None:
             metrics["resumed_from_step"] = float(resumed)
         latest = await trained.latest_record(self.ctx.store, self.model)

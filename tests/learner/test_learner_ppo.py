@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from learner_kit import all_job_events, job_events, letters_env
+from learner_kit import all_job_events, job_events, letters_env, wait_for_event
 from test_learner_cli import cli
 
 from rollout.errors import RolloutError
@@ -91,3 +91,32 @@ async def test_bad_ppo_settings_are_refused_with_their_path(
             base_model=base, method="ppo", env_slug="nope", hyperparams={"max_steps": 1}
         )
     assert await all_job_events(await client.jetstream()) == []
+
+
+@pytest.mark.slow
+async def test_ppo_job_rewarded_by_a_trained_reward_model(
+    client, tiny_model: Path, learner_env, tmp_path: Path
+) -> None:
+    from rollout.shared.learning import TrainConfig
+    from rollout.shared.learning.rm import train_rm
+
+    pairs = [
+        {"prompt": [{"role": "user", "content": f"Refund order O-{i}."}],
+         "chosen": [{"role": "assistant", "content": f"Refunded order O-{i} in full."}],
+         "rejected": [{"role": "assistant", "content": "No."}]}
+        for i in range(4)
+    ]  # fmt: skip
+    config = TrainConfig(method="rm", max_steps=2, learning_rate=1e-3, batch_size=2)
+    rm = train_rm(tiny_model, pairs, tmp_path / "rm", config, resume=False).model_dir
+    await client.push_environment(letters_env())
+    base = f"hf:{tiny_model}"
+    job = await client.create_training_job(
+        base_model=base, method="ppo", env_slug="letters", suffix="rm-ppo",
+        hyperparams={"max_steps": 1, "group_size": 2, "tasks_per_step": 2, "max_tokens": 8,
+                     "max_tool_calls": 0, "reward_model": f"hf:{rm}"},
+    )  # fmt: skip
+    done = await wait_for_event(await client.jetstream(), job["id"], "job.completed", limit_s=300)
+    metrics = done.payload["metrics"]
+    # Every completion trained on was scored by the reward model, not the verifier.
+    assert metrics["completions_used"] >= 1
+    assert metrics["completions_rescored"] == metrics["completions_used"]
