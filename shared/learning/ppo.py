@@ -217,7 +217,8 @@ class PPOLearner(GRPOLearner):
                 chunk = rows[start : start + size]
                 batch = self._tensors(chunk)
                 logp, values = self._forward(self.model, batch)
-                ref = self._reference_logprobs(batch) if self._kl_weight() > 0 else logp
+                # Without a KL penalty there is no reference model: the KL is then taken as 0.
+                ref = self._reference_logprobs(batch) if self._kl_weight() > 0 else None
                 for i, row in enumerate(chunk):
                     span = slice(len(row.context) - 1, len(row.context) - 1 + len(row.completion))
                     now = logp[i, span].tolist()
@@ -225,7 +226,7 @@ class PPOLearner(GRPOLearner):
                         drift += sum(abs(a - b) for a, b in zip(now, row.old_logprobs, strict=True))
                         recorded += len(now)
                     row.behaviour = list(row.old_logprobs) if row.old_logprobs else now
-                    row.reference = ref[i, span].tolist()
+                    row.reference = ref[i, span].tolist() if ref is not None else row.behaviour
                     row.values = values[i, span].tolist()
         self.metrics["last_logprob_drift"] = drift / recorded if recorded else 0.0
 
