@@ -19,6 +19,7 @@ from rollout.services.learner.data import RunInfo, run_info
 from rollout.shared import subjects
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
+from rollout.shared.contracts.training import ONLINE_METHODS
 from rollout.shared.learning.config import CONFIG_MODELS, TrainConfig, config_problems, parse_config
 from rollout.shared.models import trained
 from rollout.shared.models.trained import check_suffix, new_job_id
@@ -27,7 +28,7 @@ from rollout.shared.store import env_versions
 
 # Methods the learner trains locally, offline from a run's rollouts or online on an env.
 OFFLINE = ("sft", "dpo", "kto", "rm")
-ONLINE = ("grpo", "ppo")
+ONLINE = ONLINE_METHODS
 SUPPORTED = OFFLINE + ONLINE
 _TITLES = {"sft": "SFT", "dpo": "DPO", "kto": "KTO", "rm": "a reward model", "grpo": "online GRPO",
            "ppo": "online PPO"}  # fmt: skip

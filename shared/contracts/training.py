@@ -247,6 +247,9 @@ CONFIG_MODELS: dict[str, type[TrainConfig]] = {
     m.method_name: m for m in (SftConfig, DpoConfig, KtoConfig, RmConfig, GrpoConfig, PpoConfig)
 }
 METHODS: tuple[str, ...] = tuple(CONFIG_MODELS)
+# Methods that train online on an environment (the learner drives actor runs) rather than on
+# a finished run's rollouts.
+ONLINE_METHODS: tuple[str, ...] = ("grpo", "ppo")
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TrainingConfig)
 
 

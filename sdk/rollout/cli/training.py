@@ -14,7 +14,12 @@ from rollout.cli._common import print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.shared import subjects
-from rollout.shared.contracts.training import METHOD_ALIASES, METHODS, resolve_method
+from rollout.shared.contracts.training import (
+    METHOD_ALIASES,
+    METHODS,
+    ONLINE_METHODS,
+    resolve_method,
+)
 
 _FINAL = ("completed", "failed")
 
@@ -113,7 +118,7 @@ def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _improve(args: argparse.Namespace) -> int:
-    online = resolve_method(args.method, {})[0] in ("grpo", "ppo")
+    online = resolve_method(args.method, {})[0] in ONLINE_METHODS
     if not online and not args.run_id:
         raise RolloutError(f"--run RUN is required for --method {args.method}")
     if online and not args.env_slug:
