@@ -41,7 +41,12 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
             f"run {bad['runId']} has no passing rollouts to fine-tune on",
         ),
         (
-            {"base_model": base, "method": "ppo", "source_run_id": good["runId"]},
+            {
+                "base_model": base,
+                "method": "ppo",
+                "source_run_id": good["runId"],
+                "hyperparams": {"max_steps": 1},
+            },
             "env_slug: online training needs an environment",
         ),
         (
