@@ -84,9 +84,8 @@ class PPOLearner(GRPOLearner):
 
             self.scorer = scorer_for(Path(reward_model))
         super().__init__(base_model, out_dir, config, resume=resume, clip_eps=config.clip_range)
-        self.metrics.update(
-            {"completions_rescored": 0.0, "last_value_loss": 0.0, "last_policy_loss": 0.0}
-        )
+        for name in ("completions_rescored", "last_value_loss", "last_policy_loss"):
+            self.metrics.setdefault(name, 0.0)  # a resumed learner has them from its checkpoint
 
     # -- models ------------------------------------------------------------------------------
 
@@ -99,7 +98,7 @@ class PPOLearner(GRPOLearner):
         hidden = int(base.config.hidden_size)
         model, ref = super()._build_models(base, checkpoint)
         head = torch.nn.Linear(hidden, 1)
-        # Zero init: every value starts at 0, so the first advantages are the rewards-to-go.
+        # Zero init: the critic starts from "worth nothing", not from random per-token noise.
         torch.nn.init.zeros_(head.weight)
         torch.nn.init.zeros_(head.bias)
         if checkpoint is not None:

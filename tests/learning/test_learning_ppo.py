@@ -218,6 +218,9 @@ def test_a_reward_model_rewards_ppo_in_place_of_the_verifier(
     # The rewards trained on are the reward model's scores, not the verifier's zeros.
     assert progress.reward == pytest.approx(sum(scores) / 2, abs=1e-4)
     assert learner.metrics["completions_rescored"] == 6
+    learner.save()
+    again = PPOLearner(tiny_base, tmp_path / "p", config, resume=True, reward_model=rm)
+    assert again.metrics["completions_rescored"] == 6  # counted across a resume
     assert progress.loss is not None and learner.metrics["last_value_loss"] > 0
     with pytest.raises(RolloutError, match="not a reward model"):
         PPOLearner(tiny_base, tmp_path / "q", config, reward_model=tiny_base)
