@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=(*METHODS, *METHOD_ALIASES),
         default="sft",
         help="sft, dpo (--set loss_type=ipo|hinge|...), ipo (dpo's IPO loss), kto (passed vs "
-        "failed rollouts), rm (a reward model), grpo, ppo (online); settings: schemas/"
+        "failed rollouts), rm (a reward model), grpo, ppo (online; ppo scores with a reward "
+        "model given --set reward_model=NAME); settings: schemas/"
         "training_config.json",
     )
     p.add_argument("--suffix", help="trained model name is MODEL:SUFFIX (default: the job id)")
