@@ -6,8 +6,11 @@
    the current policy (max staleness 0: synchronous) against up to 2 versions behind
    (asynchronous). An actor thread samples groups with the hf backend and reloads each new
    policy the learner saves; the learner steps as soon as it has enough acceptable groups.
+3. PPO: the learner's tokens/s (value head, GAE, `ppo_epochs` passes) against the GRPO
+   learner's on the same groups in the same process (TRL 1.16 has no PPO trainer to call
+   directly), and its wait share synchronous (max staleness 0) vs asynchronous (2), as in 2.
 
-Run: `python benchmarks/learner.py [--sft-steps N] [--grpo-steps N] [--json]`.
+Run: `python benchmarks/learner.py [--sft-steps N] [--grpo-steps N] [--ppo-steps N] [--json]`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout.shared.learning import GRPOLearner, TrainConfig, sft_examples, train_sft
+from rollout.shared.learning import GRPOLearner, PPOLearner, TrainConfig, sft_examples, train_sft
 from rollout.shared.learning.loading import load_base, quiet_libraries, torch_threads
 from rollout.shared.learning.sft import sft_trainer
 from rollout.shared.learning.trl_job import trl_kwargs
@@ -136,6 +139,7 @@ class Actor(threading.Thread):
         ]
         self.group = group
         self.version = 0
+        self.seed = 0
         self.published: tuple[int, Path] | None = None
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -146,51 +150,66 @@ class Actor(threading.Thread):
             self.published = (version, path)
 
     def run(self) -> None:
-        seed = 0
-        vocab = len(self.backend.tokenizer)
         while not self.stop.is_set():
             with self.lock:
                 new, self.published = self.published, None
             if new is not None:
                 self.version, path = new
                 self.backend.reload(path)
-            version = self.version
-            for prompt in self.prompts:
-                requests = [
-                    ChatRequest(messages=prompt, max_tokens=24, seed=seed + j)
-                    for j in range(self.group)
-                ]
-                seed += self.group
-                replies = asyncio.run(self.backend.generate(requests))
-                self.out.put(
-                    {
-                        "prompt": prompt,
-                        "tools": None,
-                        "completions": [
-                            {
-                                "token_ids": [r.token_ids],
-                                "logprobs": [r.logprobs],
-                                "messages": prompt + [r.assistant_message()],
-                                "reward": sum(t < vocab // 2 for t in r.token_ids)
-                                / max(1, len(r.token_ids)),
-                                "policy_version": version,
-                            }
-                            for r in replies
-                        ],
-                    }
-                )
+            self.run_once()
+
+    def run_once(self) -> None:
+        """Sample one group per prompt with the loaded policy."""
+        vocab = len(self.backend.tokenizer)
+        version = self.version
+        for prompt in self.prompts:
+            requests = [
+                ChatRequest(messages=prompt, max_tokens=24, seed=self.seed + j)
+                for j in range(self.group)
+            ]
+            self.seed += self.group
+            replies = asyncio.run(self.backend.generate(requests))
+            self.out.put(
+                {
+                    "prompt": prompt,
+                    "tools": None,
+                    "completions": [
+                        {
+                            "token_ids": [r.token_ids],
+                            "logprobs": [r.logprobs],
+                            "messages": prompt + [r.assistant_message()],
+                            "reward": sum(t < vocab // 2 for t in r.token_ids)
+                            / max(1, len(r.token_ids)),
+                            "policy_version": version,
+                        }
+                        for r in replies
+                    ],
+                }
+            )
 
 
-def bench_grpo(base: Path, work: Path, steps: int, staleness: int) -> dict[str, float]:
+def _online_learner(base: Path, out: Path, method: str, staleness: int) -> GRPOLearner:
+    """A GRPO or PPO learner with the benchmark's settings (no KL, one thread)."""
+    if method == "ppo":
+        config = TrainConfig(
+            method="ppo", learning_rate=1e-2, kl_coef=0.0, max_staleness=staleness, threads=1
+        )
+        return PPOLearner(base, out, config, resume=False)
+    config = TrainConfig(
+        method="grpo", learning_rate=1e-2, beta=0.0, max_staleness=staleness, threads=1
+    )
+    return GRPOLearner(base, out, config, resume=False)
+
+
+def bench_grpo(
+    base: Path, work: Path, steps: int, staleness: int, method: str = "grpo"
+) -> dict[str, float]:
     """Run `steps` learner steps fed by one actor thread; report the learner's wait share."""
     import torch
 
     torch.set_num_threads(1)
     groups_per_step = 4
-    config = TrainConfig(
-        method="grpo", learning_rate=1e-2, beta=0.0, max_staleness=staleness, threads=1
-    )
-    learner = GRPOLearner(base, work / f"grpo-{staleness}", config, resume=False)
+    learner = _online_learner(base, work / f"{method}-{staleness}", method, staleness)
     inbox: queue.Queue = queue.Queue()
     actor = Actor(base, inbox, prompts=groups_per_step, group=4)
     actor.start()
@@ -212,6 +231,7 @@ def bench_grpo(base: Path, work: Path, steps: int, staleness: int) -> dict[str, 
     actor.stop.set()
     actor.join(timeout=120)
     return {
+        "method": method,
         "max_staleness": staleness,
         "steps": steps,
         "wall_s": wall,
@@ -222,11 +242,44 @@ def bench_grpo(base: Path, work: Path, steps: int, staleness: int) -> dict[str, 
     }
 
 
+def bench_ppo_tokens(base: Path, work: Path, steps: int) -> dict[str, float]:
+    """Learner tokens/s of PPO vs GRPO stepping on the same sampled groups, interleaved."""
+    import torch
+
+    torch.set_num_threads(1)
+    actor = Actor(base, queue.Queue(), prompts=4, group=4)
+    batches = []
+    for _ in range(steps + 1):  # one warm-up batch
+        actor.run_once()
+        batches.append([actor.out.get() for _ in range(4)])
+    learners = {m: _online_learner(base, work / f"tok-{m}", m, 64) for m in ("grpo", "ppo")}
+    seconds = {m: 0.0 for m in learners}
+    tokens = 0.0
+    for i, batch in enumerate(batches):
+        for method, learner in learners.items():
+            started = time.perf_counter()
+            learner.step(batch)
+            if i:  # the first step warms kernels and the optimizer state up
+                seconds[method] += time.perf_counter() - started
+        if i:
+            tokens += sum(len(t) for g in batch for c in g["completions"] for t in c["token_ids"])
+    ppo, grpo = tokens / seconds["ppo"], tokens / seconds["grpo"]
+    return {
+        "steps": steps,
+        "completion_tokens": tokens,
+        "ppo_epochs": float(learners["ppo"].config.ppo_epochs),
+        "ppo_tokens_per_s": ppo,
+        "grpo_tokens_per_s": grpo,
+        "ppo_vs_grpo": ppo / grpo,
+    }
+
+
 def main() -> None:
     """Run both benchmarks and print a table (or JSON)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--grpo-steps", type=int, default=12)
+    parser.add_argument("--ppo-steps", type=int, default=8)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rollout-bench-learner-") as tmp:
@@ -234,8 +287,12 @@ def main() -> None:
         base = build_tiny_model(work / "base", seed=0, corpus=[json.dumps(r) for r in rollouts(8)])
         sft = bench_sft(base, work, args.sft_steps)
         grpo = [bench_grpo(base, work, args.grpo_steps, s) for s in (0, 2)]
+        ppo_tokens = bench_ppo_tokens(base, work, args.ppo_steps)
+        ppo = [bench_grpo(base, work, args.ppo_steps, s, method="ppo") for s in (0, 2)]
     if args.json:
-        print(json.dumps({"sft": sft, "grpo": grpo}, indent=2))
+        print(
+            json.dumps({"sft": sft, "grpo": grpo, "ppo": ppo, "ppo_tokens": ppo_tokens}, indent=2)
+        )
         return
     print(
         f"SFT ({sft['steps']} steps, {sft['tokens']:.0f} tokens): train_sft "
@@ -247,6 +304,19 @@ def main() -> None:
     for row in grpo:
         print(
             f"GRPO max_staleness={row['max_staleness']}: learner waited "
+            f"{100 * row['wait_share']:.0f}% of {row['wall_s']:.1f}s, "
+            f"{row['steps_per_min']:.1f} steps/min, "
+            f"{row['dropped_stale_completions']:.0f} stale completions dropped"
+        )
+    print(
+        f"PPO learner ({ppo_tokens['steps']} steps, ppo_epochs {ppo_tokens['ppo_epochs']:.0f}): "
+        f"{ppo_tokens['ppo_tokens_per_s']:.0f} completion tok/s vs the GRPO learner's "
+        f"{ppo_tokens['grpo_tokens_per_s']:.0f} on the same groups "
+        f"(x{ppo_tokens['ppo_vs_grpo']:.2f})"
+    )
+    for row in ppo:
+        print(
+            f"PPO max_staleness={row['max_staleness']}: learner waited "
             f"{100 * row['wait_share']:.0f}% of {row['wall_s']:.1f}s, "
             f"{row['steps_per_min']:.1f} steps/min, "
             f"{row['dropped_stale_completions']:.0f} stale completions dropped"

@@ -198,7 +198,8 @@ class AsyncClient:
         """Start a training job; returns a dict with `id`.
 
         Like `create_run`, each call sends a fresh `client_request_id` unless given one.
-        `method` is one of sft, dpo, kto, rm, grpo, or `ipo` (dpo with `loss_type="ipo"`).
+        `method` is one of sft, dpo, kto, rm, grpo, ppo, or `ipo` (dpo with `loss_type="ipo"`);
+        grpo and ppo train online on `env_slug`.
         """
         method, hyperparams = resolve_method(method, dict(hyperparams or {}))
         try:

@@ -42,6 +42,7 @@ from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_con
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import DeadLettered, JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob, Reply, request_fingerprint
+from rollout.shared.contracts.training import ONLINE_METHODS
 from rollout.shared.models.trained import JOB_PREFIX, new_job_id
 from rollout.shared.objectstore import open_store
 from rollout.shared.objectstore.factory import default_store_url
@@ -220,7 +221,7 @@ async def execute(
         plan = await plan_job(ctx, request_of(history.requested), job_id=job_id)
         if not plan.base.local:
             await run_provider_job(ctx, plan, history)
-        elif plan.event.method == "grpo":
+        elif plan.event.method in ONLINE_METHODS:
             await run_grpo_job(ctx, plan, history)
         else:
             await run_local_job(ctx, plan, history)

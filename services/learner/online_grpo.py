@@ -1,4 +1,4 @@
-"""Online GRPO: the learner asks actors for groups of rollouts and steps as they arrive.
+"""Online GRPO and PPO: the learner asks actors for rollouts and steps as they arrive.
 
 Up to `max_staleness + 1` runs are in flight at once: while the learner trains on the oldest,
 actors generate the next ones with whatever policy version they have loaded (each rollout
@@ -6,6 +6,9 @@ records it). With `max_staleness 0` the loop is synchronous: one run, one step, 
 on the new version. Every new version goes to the object store and is announced with
 `policy.updated`, so actors load it without restarting. The groups of each finished run come
 from the buffer, which drops completions more than `max_staleness` versions behind.
+
+PPO runs on the same loop with its own learner (a value head instead of group baselines), so
+a single completion of a task is trainable and groups of one are kept.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from rollout.shared import subjects
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts.envelope import deterministic_id
 from rollout.shared.contracts.requests import CreateRun
-from rollout.shared.learning.config import GrpoConfig
+from rollout.shared.learning.config import GrpoConfig, PpoConfig
 from rollout.shared.models import trained
 from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
@@ -83,12 +86,15 @@ class Timing:
 
 
 class OnlineGRPO:
-    """One GRPO job: runs in flight, steps, versions."""
+    """One online job (GRPO or PPO): runs in flight, steps, versions."""
 
     def __init__(self, ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
-        assert plan.config is not None and isinstance(plan.options, GrpoConfig)
+        assert plan.config is not None and isinstance(plan.options, GrpoConfig | PpoConfig)
         self.ctx, self.plan, self.history = ctx, plan, history
         self.config, self.options = plan.config, plan.options
+        self.method = plan.event.method
+        # GRPO's advantages compare completions of a task; PPO's critic needs no group.
+        self.min_group = 1 if self.method == "ppo" else 2
         self.job_id = plan.event.job_id
         self.model = model_name(plan)
         self.journal = JobJournal(ctx.js, self.job_id, history.envelope)
@@ -128,7 +134,7 @@ class OnlineGRPO:
             max_tokens=self.options.max_tokens,
             max_tool_calls=self.options.max_tool_calls,
             deadline_s=self.options.run_deadline_s,
-            name=f"{self.job_id} grpo",
+            name=f"{self.job_id} {self.method}",
         )
         data = await call(self.ctx.nc, subjects.request("tracker", "create_run"), body)
         self.timing.runs.append(data["runId"])
@@ -136,16 +142,24 @@ class OnlineGRPO:
 
     async def run(self) -> None:
         """Drive runs and steps until `max_steps` versions; then complete the job."""
-        from rollout.shared.learning import GRPOLearner
+        from rollout.shared.learning import GRPOLearner, PPOLearner
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         resumed = await restore_checkpoint(
             self.ctx.store, self.out_dir, self.history.last_checkpoint()
         )
         base_dir = await local_dir(self.plan.base)
-        self.learner = await asyncio.to_thread(
-            GRPOLearner, base_dir, self.out_dir, self.config, resume=True
-        )
+        if self.method == "ppo":
+            from rollout.services.learner.planning import reward_model_dir
+
+            scorer = await reward_model_dir(self.options.reward_model)
+            self.learner = await asyncio.to_thread(
+                PPOLearner, base_dir, self.out_dir, self.config, resume=True, reward_model=scorer
+            )
+        else:
+            self.learner = await asyncio.to_thread(
+                GRPOLearner, base_dir, self.out_dir, self.config, resume=True
+            )
         version = int(self.learner.policy_version)
         announced = await announced_version(self.ctx.js, self.model)
         if announced is None or announced < version:
@@ -176,11 +190,14 @@ class OnlineGRPO:
                 self.ctx.js, run_id, timeout_s=self.options.run_deadline_s + 30
             )
             if run.status != "completed":
-                raise RolloutError(f"GRPO run {run_id} did not complete: {run.reason}")
+                raise RolloutError(
+                    f"{self.method.upper()} run {run_id} did not complete: {run.reason}"
+                )
             found = await training_sets.grpo_groups(
                 self.ctx.nc, self.ctx.store, run_id,
                 current_version=int(self.learner.policy_version),
                 max_staleness=self.config.max_staleness, after_seq=run.seq,
+                min_group_size=self.min_group,
             )  # fmt: skip
             self.timing.waiting_s += time.monotonic() - waited
             self.timing.stale_dropped += int(found.stats.get("stale_dropped", 0))
@@ -216,11 +233,17 @@ class OnlineGRPO:
             self.timing.training_s += time.monotonic() - trained_at
         metrics = self.timing.metrics()
         metrics.update(steps=float(self.learner.policy_version), version=float(target))
+        if self.method == "ppo":
+            # Which reward the policy learned from: the reward model's scores or the verifier's.
+            metrics["completions_rescored"] = float(self.learner.metrics["completions_rescored"])
         if resumed is not None:
             metrics["resumed_from_step"] = float(resumed)
         latest = await trained.latest_record(self.ctx.store, self.model)
         await self.journal.completed(self.model, latest.uri if latest else None, metrics)
-        log.info("grpo job completed", job_id=self.job_id, model=self.model, **metrics)
+        log.info(
+            "online job completed", method=self.method, job_id=self.job_id, model=self.model,
+            **metrics,
+        )  # fmt: skip
 
     def _fresh(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Groups with only completions the learner accepts (not too stale)."""
@@ -228,12 +251,12 @@ class OnlineGRPO:
         for group in groups:
             keep = [c for c in group["completions"] if self.learner.accepts(c["policy_version"])]
             self.timing.stale_dropped += len(group["completions"]) - len(keep)
-            if len(keep) >= 2:
+            if len(keep) >= self.min_group:
                 self.timing.used += len(keep)
                 out.append({**group, "completions": keep})
         return out
 
 
 async def run_grpo_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
-    """Run an online GRPO job to completion."""
+    """Run an online GRPO or PPO job to completion."""
     await OnlineGRPO(ctx, plan, history).run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
@@ -18,16 +19,19 @@ from rollout.services.learner.data import RunInfo, run_info
 from rollout.shared import subjects
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
+from rollout.shared.contracts.training import ONLINE_METHODS
 from rollout.shared.learning.config import CONFIG_MODELS, TrainConfig, config_problems, parse_config
+from rollout.shared.models import trained
 from rollout.shared.models.trained import check_suffix, new_job_id
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.store import env_versions
 
 # Methods the learner trains locally, offline from a run's rollouts or online on an env.
 OFFLINE = ("sft", "dpo", "kto", "rm")
-ONLINE = ("grpo",)
+ONLINE = ONLINE_METHODS
 SUPPORTED = OFFLINE + ONLINE
-_TITLES = {"sft": "SFT", "dpo": "DPO", "kto": "KTO", "rm": "a reward model", "grpo": "online GRPO"}
+_TITLES = {"sft": "SFT", "dpo": "DPO", "kto": "KTO", "rm": "a reward model", "grpo": "online GRPO",
+           "ppo": "online PPO"}  # fmt: skip
 
 
 class _Options(BaseModel):
@@ -218,6 +222,8 @@ async def plan_job(
     )
     if cmd.method in ONLINE:
         await _check_env(js, cmd.env_slug)
+        if cmd.method == "ppo":
+            await reward_model_dir(getattr(config, "reward_model", None))
         return plan
     plan.run = await _source_run(js, cmd)
     if cmd.rollout_ids is not None and not cmd.rollout_ids:
@@ -230,7 +236,7 @@ async def plan_job(
 
 async def _check_env(js: JetStreamContext, slug: str | None) -> None:
     if not slug:
-        raise RolloutError("env_slug: online GRPO needs an environment (`--env SLUG`)")
+        raise RolloutError("env_slug: online training needs an environment (`--env SLUG`)")
     try:
         subjects.token(slug, "env_slug")
     except subjects.SubjectError as exc:
@@ -241,6 +247,33 @@ async def _check_env(js: JetStreamContext, slug: str | None) -> None:
     tasks = env.spec.get("tasks", [])
     if not any(t.get("split", "train") == "train" for t in tasks):
         raise RolloutError(f"env_slug: environment {slug!r} has no tasks in its train split")
+
+
+async def reward_model_dir(name: str | None) -> Path | None:
+    """The folder of PPO's `reward_model` (a trained name or hf:DIR); None when not set."""
+    from rollout.shared.learning.rm import RM_MARKER
+
+    if name is None:
+        return None
+    where = "hyperparams.reward_model"
+    record = await asyncio.to_thread(trained.find_trained, name)
+    if record is not None and record.kind == "hf":
+        path = await trained.materialize(record)
+    elif name.startswith("hf:") and name[3:].strip():
+        path = await asyncio.to_thread(Path(name[3:].strip()).expanduser)
+    else:
+        raise RolloutError(
+            f"{where}: no trained reward model {name!r}",
+            problems=[
+                "give the model name a `rollout improve --method rm` job produced, or hf:DIR"
+            ],
+        )
+    if not await asyncio.to_thread((path / RM_MARKER).is_file):
+        raise RolloutError(
+            f"{where}: {name!r} is not a reward model (no {RM_MARKER} in {path}); train one "
+            "with `rollout improve --method rm`"
+        )
+    return path
 
 
 def train_task_indices(spec: dict[str, Any]) -> list[int]:

@@ -124,13 +124,14 @@ async def grpo_groups(
     current_version: int,
     max_staleness: int,
     after_seq: int,
+    min_group_size: int = 2,
 ) -> TrainingSet:
     """The run's groups with sampled tokens and rewards, none older than `max_staleness`."""
     query = GrpoGroupsQuery(
         run_ids=[run_id],
         current_policy_version=current_version,
         max_staleness=max_staleness,
-        min_group_size=2,
+        min_group_size=min_group_size,
         require_tokens=True,
         after_seq=after_seq,
     )

@@ -471,6 +471,24 @@ class VerifiersRubricParams(CamelModel):
     pass_at: float = Field(default=1.0, ge=0, le=1)
 
 
+class RewardModelParams(CamelModel):
+    """`reward_model`: a trained reward model (`rollout improve --method rm`) scores the whole
+    conversation; the score is the sigmoid of its logit, passed when it reaches `threshold`."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=512,
+        description="A trained reward model's name (BASE:SUFFIX or a job id), e.g. "
+        "local/tiny-agent:rm.",
+    )
+    threshold: float = Field(
+        default=0.5, ge=0, le=1, description="Passed when sigmoid(logit) >= threshold."
+    )
+    max_length: int = Field(
+        default=2048, ge=16, le=131072, description="Tokens of the conversation the model reads."
+    )
+
+
 PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "state_match": StateMatchParams,
     "contains_terms": ContainsTermsParams,
@@ -485,6 +503,7 @@ PRIMITIVE_PARAMS: dict[str, type[CamelModel]] = {
     "ruler": RulerParams,
     "env_reward": EnvRewardParams,
     "verifiers_rubric": VerifiersRubricParams,
+    "reward_model": RewardModelParams,
 }
 
 

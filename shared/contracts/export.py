@@ -17,6 +17,7 @@ EXTRA_MODELS: tuple[tuple[str, str, str], ...] = (
     ("trajectory.json", "rollout.shared.contracts.trajectory", "Trajectory"),
     ("verifier_result.json", "rollout.shared.contracts.trajectory", "VerifierResult"),
     ("training_config.json", "rollout.shared.contracts.training", "TrainingConfigSchema"),
+    ("snapshot_row.json", "rollout.shared.contracts.snapshot", "SnapshotRow"),
 )
 
 

@@ -119,7 +119,7 @@ class ListRuns(Request):
 
 
 class CreateTrainingJob(Request):
-    """Fine-tune `base_model` on a run's rollouts (SFT/DPO) or online on an env (GRPO)."""
+    """Fine-tune `base_model` on a run's rollouts (SFT/DPO) or online on an env (GRPO/PPO)."""
 
     method: Method
     base_model: str

@@ -187,13 +187,69 @@ class GrpoConfig(TrainConfig):
     )
 
 
+class PpoConfig(TrainConfig):
+    """Online PPO: a value head, GAE and clipped policy/value losses on the actor/learner loop.
+
+    One step is one policy version: `ppo_epochs` passes over the step's completions, each in
+    `num_minibatches` optimizer steps. A completion's reward is its verifier score (or the
+    `reward_model`'s) at its last token, minus `kl_coef` times the per-token KL to the base.
+    """
+
+    method_name: ClassVar[str] = "ppo"
+    method: Literal["ppo"] = Field(description="Proximal policy optimisation, online.")
+    clip_range: float = Field(
+        0.2, gt=0, le=1, description="Policy ratio clip: the ratio is kept in [1-c, 1+c]."
+    )
+    value_clip_range: float = Field(
+        0.2, gt=0, le=100, description="How far a value may move from its rollout-time value."
+    )
+    vf_coef: float = Field(0.5, ge=0, le=100, description="Weight of the value loss.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount per completion token.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda (0: one-step TD, 1: Monte Carlo).")
+    kl_coef: float = Field(
+        0.05, ge=0, le=100, description="Per-token KL penalty to the base policy (0: none)."
+    )
+    ppo_epochs: int = Field(2, ge=1, le=64, description="Passes over each step's completions.")
+    num_minibatches: int = Field(
+        1, ge=1, le=1024, description="Optimizer steps per pass (completions split evenly)."
+    )
+    whiten_advantages: bool = Field(
+        True, description="Normalise advantages to mean 0, std 1 over each step's tokens."
+    )
+    value_learning_rate: float | None = Field(
+        None, gt=0, le=1, description="Step size of the value head; None: `learning_rate`."
+    )
+    max_grad_norm: float = Field(1.0, gt=0, le=1000, description="Gradient norm clip.")
+    reward_model: str | None = Field(
+        None,
+        min_length=1,
+        description="A trained reward model (`rollout improve --method rm`) whose score "
+        "replaces the verifier's as each completion's reward; None: the verifier's.",
+    )
+    group_size: int = Field(2, ge=1, le=256, description="Completions sampled per task and step.")
+    max_staleness: int = Field(
+        2, ge=0, le=64, description="Completions more policy versions old are not trained on."
+    )
+    tasks_per_step: int = Field(4, ge=1, le=4096, description="Tasks sampled per policy version.")
+    temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature of the actors.")
+    max_tokens: int = Field(256, ge=1, le=131_072, description="Tokens sampled per model turn.")
+    max_tool_calls: int = Field(8, ge=0, le=1024, description="Tool calls per episode.")
+    run_deadline_s: float = Field(
+        900.0, gt=0, le=86_400, description="Deadline of each sampling run, in seconds."
+    )
+
+
 TrainingConfig = Annotated[
-    SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig, Field(discriminator="method")
+    SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig | PpoConfig,
+    Field(discriminator="method"),
 ]
 CONFIG_MODELS: dict[str, type[TrainConfig]] = {
-    m.method_name: m for m in (SftConfig, DpoConfig, KtoConfig, RmConfig, GrpoConfig)
+    m.method_name: m for m in (SftConfig, DpoConfig, KtoConfig, RmConfig, GrpoConfig, PpoConfig)
 }
 METHODS: tuple[str, ...] = tuple(CONFIG_MODELS)
+# Methods that train online on an environment (the learner drives actor runs) rather than on
+# a finished run's rollouts.
+ONLINE_METHODS: tuple[str, ...] = ("grpo", "ppo")
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TrainingConfig)
 
 

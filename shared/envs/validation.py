@@ -480,6 +480,8 @@ def _check_verifier(
         except ValidationError as exc:
             out.extend(pydantic_problems(exc, where))
             continue
+        if definition.check is not None:
+            out.extend(f"{where}.{key}: {problem}" for key, problem in definition.check(params))
         if tools is None:
             continue
         for field in definition.tool_fields:

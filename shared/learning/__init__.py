@@ -1,4 +1,4 @@
-"""The training core: SFT, DPO (IPO, ...), KTO and reward models through TRL, online GRPO on torch, checkpoints and resume.
+"""The training core: SFT, DPO (IPO, ...), KTO and reward models through TRL, online GRPO and PPO on torch, checkpoints and resume.
 
 Heavy libraries (torch, transformers, TRL, peft) are imported inside the functions that need
 them, so importing this package stays cheap for services that only validate configs.
@@ -14,6 +14,7 @@ from rollout.shared.learning.data import dpo_pairs, sft_examples
 from rollout.shared.learning.dpo import train_dpo
 from rollout.shared.learning.grpo import Group, GRPOLearner
 from rollout.shared.learning.kto import train_kto
+from rollout.shared.learning.ppo import PPOLearner, gae
 from rollout.shared.learning.rm import train_rm
 from rollout.shared.learning.sft import train_sft
 
@@ -22,10 +23,12 @@ __all__ = [
     "CheckpointState",
     "GRPOLearner",
     "Group",
+    "PPOLearner",
     "Progress",
     "TrainConfig",
     "TrainResult",
     "dpo_pairs",
+    "gae",
     "load_checkpoint_state",
     "read_step_log",
     "sft_examples",

@@ -110,6 +110,13 @@ class GRPOLearner:
                 f"{self.out_dir}: holds a {state.kind} checkpoint, not a GRPO learner's; "
                 "use another output directory or resume=False"
             )
+        if state is not None:
+            saved = json.loads((state.path / GRPO_MARKER).read_text()).get("config") or {}
+            if saved.get("method", config.method) != config.method:
+                raise RolloutError(
+                    f"{self.out_dir}: holds a {saved['method']} learner's checkpoint, not a "
+                    f"{config.method} one's; use another output directory or resume=False"
+                )
         self.policy_version = 0
         self.steps = 0
         self.metrics: dict[str, float] = {
@@ -124,9 +131,8 @@ class GRPOLearner:
         self._elapsed_total = 0.0
         self._steps_timed = 0
         self.model, self.ref_model = self._build_models(base, state.path if state else None)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
-        self._params = params
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self._optimizer()
         if state is not None:
             self._restore(state.path)
         else:
@@ -151,6 +157,15 @@ class GRPOLearner:
 
     # -- models ------------------------------------------------------------------------------
 
+    def _optimizer(self) -> Any:
+        import torch
+
+        return torch.optim.AdamW(self._params, lr=self.config.learning_rate, weight_decay=0.0)
+
+    def _kl_weight(self) -> float:
+        """Weight of the KL to the base policy; a frozen reference is kept only when > 0."""
+        return float(self.config.beta)
+
     def _build_models(self, base: Any, checkpoint: Path | None) -> tuple[Any, Any]:
         import torch
 
@@ -169,7 +184,7 @@ class GRPOLearner:
                 set_peft_model_state_dict(model, adapter)
             # The reference is the same model with the adapter switched off: no copy.
         else:
-            if self.config.beta > 0:
+            if self._kl_weight() > 0:
                 ref = copy.deepcopy(base).to(self.device).eval()
                 for p in ref.parameters():
                     p.requires_grad_(False)
@@ -405,6 +420,7 @@ class GRPOLearner:
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, tmp / "rng.pt")
+        self._save_extra(tmp)
         # The marker is written last: a dir without it is an interrupted save.
         (tmp / GRPO_MARKER).write_text(
             json.dumps(
@@ -425,6 +441,9 @@ class GRPOLearner:
         self._prune()
         return final
 
+    def _save_extra(self, tmp: Path) -> None:
+        """Write what a subclass adds to a checkpoint (before its marker)."""
+
     def _prune(self) -> None:
         # Actors may still be loading a recent version; keep a staleness window of them.
         keep = max(3, self.config.max_staleness + 2)
@@ -436,6 +455,7 @@ class GRPOLearner:
         import torch
 
         state = json.loads((path / GRPO_MARKER).read_text())
+        method = self.config.method
         self.policy_version = int(state["policy_version"])
         self.steps = int(state["steps"])
         self.metrics.update({k: float(v) for k, v in state.get("metrics", {}).items()})
@@ -448,7 +468,7 @@ class GRPOLearner:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.last_checkpoint = path
-        log.info("grpo learner resumed", version=self.policy_version, path=str(path))
+        log.info("learner resumed", method=method, version=self.policy_version, path=str(path))
 
 
 def _mean(values: list[float]) -> float | None:

@@ -63,14 +63,22 @@ class RewardScorer:
         return out
 
 
-_CACHE: dict[Path, RewardScorer] = {}
+_CACHE: dict[tuple[Path, int], RewardScorer] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def scorer_for(model_dir: Path) -> RewardScorer:
+def scorer_for(model_dir: Path, *, max_len: int = 2048) -> RewardScorer:
     """The process's scorer of `model_dir` (loaded on first use, then shared)."""
-    key = Path(model_dir).resolve()
+    key = (Path(model_dir).resolve(), max_len)
     with _CACHE_LOCK:
         if key not in _CACHE:
-            _CACHE[key] = RewardScorer(key)
+            _CACHE[key] = RewardScorer(key[0], max_len=max_len)
         return _CACHE[key]
+
+
+def drop_scorer(model_dir: Path) -> None:
+    """Free the process's scorers of `model_dir` (a reward model replaced by a newer version)."""
+    path = Path(model_dir).resolve()
+    with _CACHE_LOCK:
+        for key in [k for k in _CACHE if k[0] == path]:
+            del _CACHE[key]

@@ -249,5 +249,6 @@ def test_registry_has_every_primitive() -> None:
             "ruler",
             "env_reward",
             "verifiers_rubric",
+            "reward_model",
         ]
     )

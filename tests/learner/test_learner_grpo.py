@@ -62,7 +62,7 @@ def test_completions_older_than_max_staleness_are_not_trained_on(
     learner = GRPOLearner(tiny_model, tmp_path / "out", config, resume=False)
     learner.policy_version = 3  # as if three steps had been taken
     completions = [{"reward": float(v), "policy_version": v, "token_ids": [[1]]} for v in range(4)]
-    driver = SimpleNamespace(learner=learner, timing=Timing())
+    driver = SimpleNamespace(learner=learner, timing=Timing(), min_group=2)
     fresh = OnlineGRPO._fresh(driver, [{"prompt": [], "completions": completions}])  # type: ignore[arg-type]
     assert [c["policy_version"] for c in fresh[0]["completions"]] == [2, 3]
     assert (driver.timing.stale_dropped, driver.timing.used) == (2, 2)

@@ -40,7 +40,15 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
             {"base_model": base, "method": "sft", "source_run_id": bad["runId"]},
             f"run {bad['runId']} has no passing rollouts to fine-tune on",
         ),
-        ({"base_model": base, "method": "ppo", "source_run_id": good["runId"]}, "method: 'ppo'"),
+        (
+            {
+                "base_model": base,
+                "method": "ppo",
+                "source_run_id": good["runId"],
+                "hyperparams": {"max_steps": 1},
+            },
+            "env_slug: online training needs an environment",
+        ),
         (
             {"base_model": "hf:/no/such/model", "method": "sft", "source_run_id": good["runId"]},
             "no model directory at /no/such/model",

@@ -14,7 +14,12 @@ from rollout.cli._common import print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.shared import subjects
-from rollout.shared.contracts.training import METHOD_ALIASES, METHODS, resolve_method
+from rollout.shared.contracts.training import (
+    METHOD_ALIASES,
+    METHODS,
+    ONLINE_METHODS,
+    resolve_method,
+)
 
 _FINAL = ("completed", "failed")
 
@@ -24,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "improve",
         help="fine-tune a model on a run's rollouts (sft, dpo, ipo, kto, rm) or online on an "
-        "env (grpo)",
+        "env (grpo, ppo)",
     )
     p.add_argument("--run", dest="run_id", help="source run (sft, dpo, ipo, kto, rm)")
     p.add_argument("--model", required=True, help="base model, e.g. local/tiny-agent, hf:DIR")
@@ -33,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=(*METHODS, *METHOD_ALIASES),
         default="sft",
         help="sft, dpo (--set loss_type=ipo|hinge|...), ipo (dpo's IPO loss), kto (passed vs "
-        "failed rollouts), rm (a reward model), grpo (online); settings: schemas/"
+        "failed rollouts), rm (a reward model), grpo, ppo (online; ppo scores with a reward "
+        "model given --set reward_model=NAME); settings: schemas/"
         "training_config.json",
     )
     p.add_argument("--suffix", help="trained model name is MODEL:SUFFIX (default: the job id)")
@@ -47,10 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_false",
         help="train every weight (local/smollm2-135m trains a LoRA adapter by default)",
     )
-    p.add_argument("--env", dest="env_slug", help="environment to train on online (grpo)")
-    p.add_argument("--steps", type=int, help="optimizer steps (grpo: policy versions)")
-    p.add_argument("-n", "--group-size", type=int, help="rollouts per task and step (grpo)")
-    p.add_argument("--max-staleness", type=int, help="oldest policy version trained on (grpo)")
+    p.add_argument("--env", dest="env_slug", help="environment to train on online (grpo, ppo)")
+    p.add_argument("--steps", type=int, help="optimizer steps (grpo, ppo: policy versions)")
+    p.add_argument("-n", "--group-size", type=int, help="rollouts per task and step (grpo, ppo)")
+    p.add_argument("--max-staleness", type=int, help="oldest policy version trained on (grpo, ppo)")
     p.add_argument(
         "--set",
         dest="settings",
@@ -113,11 +119,11 @@ def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _improve(args: argparse.Namespace) -> int:
-    online = resolve_method(args.method, {})[0] == "grpo"
+    online = resolve_method(args.method, {})[0] in ONLINE_METHODS
     if not online and not args.run_id:
         raise RolloutError(f"--run RUN is required for --method {args.method}")
     if online and not args.env_slug:
-        raise RolloutError("--env SLUG is required for --method grpo")
+        raise RolloutError(f"--env SLUG is required for --method {args.method}")
     client = AsyncClient()
     try:
         job = await client.create_training_job(

@@ -12,6 +12,7 @@ from rollout.shared.contracts.envspec import EnvironmentSpec, PrimitiveSpec, Tas
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
 from rollout.shared.envs.verifiers import env_reward as _env_reward  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import primitives as _primitives  # noqa: F401  (registers)
+from rollout.shared.envs.verifiers import reward_model as _rm  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import ruler as _ruler  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import verifiers_rubric as _vf  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers.registry import REGISTRY, InfraError, Outcome, ScoreContext

@@ -49,6 +49,8 @@ class ScoreContext:
 
 
 Scorer = Callable[[Any, ScoreContext], Outcome | Awaitable[Outcome]]
+# A plan-time check of parsed params beyond their model: (param key, problem) pairs.
+Check = Callable[[Any], list[tuple[str, str]]]
 
 
 @dataclass
@@ -62,6 +64,8 @@ class PrimitiveDef:
     tool_fields: tuple[str, ...] = field(default_factory=tuple)
     # Templates this primitive makes sense for (None: any).
     templates: tuple[str, ...] | None = None
+    # Checks that look outside the spec (e.g. that a named model exists), run by validation.
+    check: Check | None = None
 
 
 REGISTRY: dict[str, PrimitiveDef] = {}
@@ -72,12 +76,13 @@ def register(
     *,
     tool_fields: tuple[str, ...] = (),
     templates: tuple[str, ...] | None = None,
+    check: Check | None = None,
 ) -> Callable[[Scorer], Scorer]:
     """Decorator: register a scorer under its type, with the params model from the contracts."""
 
     def wrap(fn: Scorer) -> Scorer:
         REGISTRY[type_name] = PrimitiveDef(
-            type_name, PRIMITIVE_PARAMS[type_name], fn, tool_fields, templates
+            type_name, PRIMITIVE_PARAMS[type_name], fn, tool_fields, templates, check
         )
         return fn
 

@@ -1,0 +1,511 @@
+"""Batch inference: a model over an env's tasks (or a prompts file) as a run, rows to a file.
+
+A generate IS a run: the tracker expands it into batched work items that the actor pool runs
+exactly once, with policy versions; its rollouts are streamed out of the run's events as they
+are scored. A prompts file becomes a tool-less `custom` environment pushed under a slug named
+after its content hash, so it is versioned and cached like any other.
+
+Resumable: a sidecar `OUT.generate.json` holds the run's client request id before the run is
+asked for (a re-run asks with the same id and gets the same run, never a second one) and the
+run id after. Rows are appended to a JSONL file one line at a time (flushed and fsynced); a
+re-run reads back the rollout ids already there (dropping a torn last line) and writes only the
+others, so after any kill the output holds each rollout exactly once. Parquet is written from
+that JSONL sidecar when the run is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+
+FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
+MAX_PROMPTS = 100_000
+STATE_SUFFIX = ".generate.json"
+PARTIAL_SUFFIX = ".partial.jsonl"
+
+
+@dataclass
+class GenerateRequest:
+    """What `rollout generate` was asked: the model, the tasks, the sampling and the output."""
+
+    model: str
+    out: Path
+    env: str | None = None
+    prompts: Path | None = None
+    split: str | None = None
+    env_version: int | None = None
+    n: int = 1
+    score: bool = False
+    temperature: float = 0.7
+    max_tokens: int = 512
+    max_tool_calls: int = 16
+    seed: int | None = None
+    batch_size: int = 16
+    deadline_s: float = 3600.0
+
+    @property
+    def format(self) -> str:
+        """jsonl or parquet, from the output's suffix."""
+        fmt = FORMATS.get(self.out.suffix.lower())
+        if fmt is None:
+            raise RolloutError(
+                f"--out {self.out}: unknown format {self.out.suffix or '(no suffix)'!r}",
+                problems=["name the output FILE.jsonl or FILE.parquet"],
+            )
+        return fmt
+
+    @property
+    def rows_path(self) -> Path:
+        """Where rows are appended line by line (the output itself for JSONL)."""
+        if self.format == "jsonl":
+            return self.out
+        return self.out.with_name(self.out.name + PARTIAL_SUFFIX)
+
+    @property
+    def state_path(self) -> Path:
+        """The sidecar holding the run's request id and run id (what a re-run resumes)."""
+        return self.out.with_name(self.out.name + STATE_SUFFIX)
+
+
+@dataclass
+class GenerateResult:
+    """How a generate ended: its run, rows written now and in all, where."""
+
+    run_id: str
+    out: Path
+    rows: int
+    written_now: int
+    status: str
+    resumed: bool = False
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form `--json` prints."""
+        return {
+            "runId": self.run_id,
+            "out": str(self.out),
+            "rows": self.rows,
+            "writtenNow": self.written_now,
+            "status": self.status,
+            "resumed": self.resumed,
+            "reason": self.reason,
+        }
+
+
+# --- prompts files ---------------------------------------------------------------------------
+
+
+def read_prompts(path: Path) -> list[dict[str, Any]]:
+    """The prompts file as tasks: each line `{"prompt": str}` or `{"messages": [...]}`, + "id".
+
+    `messages` may hold one user turn (after an optional system message, which is refused:
+    the actor sends its own). An optional `answer` on every line is scored with
+    `final_answer_match` (contains); errors name the file, line and field.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise RolloutError(f"--prompts {path}: cannot read: {exc.strerror or exc}") from None
+    tasks: list[dict[str, Any]] = []
+    ids: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        if len(tasks) >= MAX_PROMPTS:
+            raise RolloutError(f"{path}: more than {MAX_PROMPTS} prompts")
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise RolloutError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise RolloutError(f"{where}: a line must be a JSON object")
+        unknown = sorted(set(row) - {"id", "prompt", "messages", "answer"})
+        if unknown:
+            raise RolloutError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        instruction = _instruction(row, where)
+        task_id = row.get("id", number - 1)
+        if not isinstance(task_id, str | int) or isinstance(task_id, bool):
+            raise RolloutError(f"{where}.id: must be a string or an integer")
+        task_id = str(task_id)
+        if task_id in ids:
+            raise RolloutError(f"{where}.id: {task_id!r} repeats line {ids[task_id]}")
+        ids[task_id] = number
+        task: dict[str, Any] = {"instruction": instruction, "id": task_id}
+        if "answer" in row:
+            task["hiddenGroundTruth"] = {"answer": row["answer"]}
+        tasks.append(task)
+    if not tasks:
+        raise RolloutError(f"--prompts {path}: no prompts")
+    answered = sum("hiddenGroundTruth" in t for t in tasks)
+    if 0 < answered < len(tasks):
+        raise RolloutError(
+            f"--prompts {path}: {answered} of {len(tasks)} lines have an 'answer'",
+            problems=["give every line an answer (to score them) or none"],
+        )
+    return tasks
+
+
+def _instruction(row: dict[str, Any], where: str) -> str:
+    if ("prompt" in row) == ("messages" in row):
+        raise RolloutError(f"{where}: give exactly one of 'prompt' or 'messages'")
+    if "prompt" in row:
+        if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise RolloutError(f"{where}.prompt: must be a non-empty string")
+        return row["prompt"]
+    messages = row["messages"]
+    if not isinstance(messages, list) or len(messages) != 1:
+        raise RolloutError(
+            f"{where}.messages: must hold exactly one user message (the actor adds the system "
+            "prompt and runs the turns)"
+        )
+    message = messages[0]
+    if not isinstance(message, dict) or message.get("role") != "user":
+        raise RolloutError(f"{where}.messages[0]: must be a {{'role': 'user', ...}} message")
+    content = message.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise RolloutError(f"{where}.messages[0].content: must be a non-empty string")
+    return content
+
+
+def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tool-less `custom` environment whose tasks are the prompts (slug from their hash)."""
+    digest = hashlib.sha256(
+        json.dumps(tasks, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    answered = "hiddenGroundTruth" in tasks[0]
+    primitive = (
+        {"name": "answer", "type": "final_answer_match", "mode": "contains"}
+        if answered
+        # Nothing to check: one verdict per rollout still ends the run the usual way.
+        else {"name": "completed", "type": "no_tool_errors"}
+    )
+    return {
+        "slug": f"prompts-{digest[:12]}",
+        "name": "Prompts for rollout generate",
+        "template": "custom",
+        "config": {"tools": []},
+        "tasks": tasks,
+        "verifier": {"primitives": [primitive]},
+    }
+
+
+# --- the output file -------------------------------------------------------------------------
+
+
+def written_ids(path: Path) -> set[str]:
+    """Rollout ids already in the rows file; a torn last line (a kill mid-write) is cut off."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as f:
+            f.truncate(end)
+    ids = set()
+    for number, line in enumerate(data[:end].splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(json.loads(line)["rollout_id"])
+        except (ValueError, KeyError, TypeError):
+            raise RolloutError(
+                f"{path}:{number}: not a row of rollout generate; choose another --out"
+            ) from None
+    return ids
+
+
+class RowWriter:
+    """Appends rows to a JSONL file, each durable before the next (what a resume relies on)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        """Append rows and make them durable."""
+        for row in rows:
+            self._file.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+def write_parquet(rows_path: Path, out: Path) -> None:
+    """The JSONL rows as one Parquet file (through `datasets`, so it loads back the same)."""
+    import datasets
+
+    dataset = datasets.Dataset.from_json(str(rows_path), keep_in_memory=True)
+    tmp = out.with_name(out.name + ".tmp")
+    dataset.to_parquet(str(tmp))
+    os.replace(tmp, out)
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise RolloutError(f"{path}: not a generate state file; remove it to start over") from None
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+
+def output_row(
+    generated: Any,
+    scored: Any,
+    *,
+    run: dict[str, Any],
+    tasks: list[Any],
+    trajectory: dict[str, Any] | None,
+    score: bool,
+) -> dict[str, Any]:
+    """One output row: ids, prompt, completion, conversation, lineage (and the verdict)."""
+    task = tasks[generated.task_index] if generated.task_index < len(tasks) else None
+    messages = (trajectory or {}).get("messages") or []
+    row: dict[str, Any] = {
+        "id": (task.id if task is not None and task.id is not None else str(generated.task_index)),
+        "rollout_id": generated.rollout_id,
+        "run_id": run["runId"],
+        "task_index": generated.task_index,
+        "sample_index": generated.sample_index,
+        "prompt": task.instruction if task is not None else None,
+        "completion": (trajectory or {}).get("final_output"),
+        "messages": json.dumps(messages, ensure_ascii=False),
+        "model": generated.model,
+        "policy_version": generated.policy_version,
+        "env_slug": run["envSlug"],
+        "env_version": run["envVersion"],
+        "env_hash": generated.env_hash,
+        "seed": generated.seed,
+        "error": scored.error if scored.outcome == "errored" else None,
+    }
+    if score:
+        row.update(
+            score=scored.score,
+            passed=scored.passed,
+            outcome=scored.outcome,
+            primitives=json.dumps([p.model_dump(mode="json") for p in scored.primitives]),
+        )
+    return row
+
+
+ProgressFn = Callable[[int, int, int], None]
+
+
+def progress_bar(done: int, total: int, written: int, width: int = 30) -> None:
+    """The progress bar on stderr: rollouts done of the run, rows written by this process."""
+    filled = int(width * done / total) if total else 0
+    bar = "█" * filled + "░" * (width - filled)
+    sys.stderr.write(f"\r  [{bar}] {done}/{total or '?'} rollouts, {written} rows written  ")
+    sys.stderr.flush()
+
+
+async def generate(
+    client: Any, req: GenerateRequest, *, progress: ProgressFn | None = None
+) -> GenerateResult:
+    """Run `req` as a run through the actor pool and stream its rollouts to `req.out`."""
+    from rollout.shared.contracts.envelope import new_id
+    from rollout.shared.contracts.envspec import EnvironmentSpec
+
+    fmt = req.format
+    if (req.env is None) == (req.prompts is None):
+        raise RolloutError("give exactly one of --env SLUG or --prompts FILE.jsonl")
+    if req.n < 1:
+        raise RolloutError(f"-n must be >= 1, got {req.n}")
+    env_slug, env_version = req.env, req.env_version
+    source: dict[str, Any] = {"env": req.env, "env_version": req.env_version}
+    if req.prompts is not None:
+        if req.split is not None:
+            raise RolloutError("--split applies to --env; a prompts file has no splits")
+        prompt_tasks = read_prompts(req.prompts)
+        if req.score and "hiddenGroundTruth" not in prompt_tasks[0]:
+            raise RolloutError(
+                f"--score: the prompts in {req.prompts} have no 'answer' to score against",
+                problems=["give every line an 'answer', or leave --score off"],
+            )
+        env = prompts_environment(prompt_tasks)
+        pushed = await client.push_environment(env)
+        env_slug, env_version = pushed["slug"], pushed["version"]
+        source = {"prompts": env["slug"]}
+    params = {
+        **source,
+        "model": req.model,
+        "split": req.split,
+        "n": req.n,
+        "score": req.score,
+        "temperature": req.temperature,
+        "max_tokens": req.max_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "seed": req.seed,
+        "batch_size": req.batch_size,
+        "format": fmt,
+    }
+    state = _read_state(req.state_path)
+    resumed = state is not None
+    if state is None:
+        if req.out.exists() or req.rows_path.exists():
+            raise RolloutError(
+                f"--out {req.out}: already exists and is not a generate in progress",
+                problems=["choose another --out, or remove the file"],
+            )
+        state = {"params": params, "client_request_id": new_id()}
+        _write_state(req.state_path, state)
+    elif state.get("params") != params:
+        raise RolloutError(
+            f"--out {req.out}: was started by another generate ({req.state_path} differs)",
+            problems=["re-run it with the same options to resume, or choose another --out"],
+        )
+    if state.get("done") and req.out.exists():
+        rows = len(written_ids(req.rows_path)) if fmt == "jsonl" else state.get("rows", 0)
+        return GenerateResult(state["run_id"], req.out, rows, 0, "completed", resumed=True)
+
+    run = await client.create_run(
+        env_slug,
+        req.model,
+        req.n,
+        temperature=req.temperature,
+        max_tool_calls=req.max_tool_calls,
+        max_tokens=req.max_tokens,
+        seed=req.seed,
+        split=req.split,
+        batch_size=req.batch_size,
+        deadline_s=req.deadline_s,
+        env_version=env_version,
+        name=f"generate {req.out.name}",
+        client_request_id=state["client_request_id"],
+    )
+    run_id = run["runId"]
+    if state.get("run_id") != run_id:
+        state["run_id"] = run_id
+        _write_state(req.state_path, state)
+    # From the reply (the read model may not show a run this new yet).
+    summary = {
+        "runId": run_id,
+        "envSlug": run["env_slug"],
+        "envVersion": run["env_version"],
+        "envHash": run["env_hash"],
+        "total": len(run["task_indices"]) * run["n"],
+    }
+    doc = await client.get_environment(summary["envSlug"], summary["envVersion"])
+    tasks = EnvironmentSpec.model_validate(doc.get("spec", doc)).tasks
+
+    done_ids = written_ids(req.rows_path)
+    writer = RowWriter(req.rows_path)
+    written_now = 0
+    try:
+        written_now, status, reason = await _stream(
+            client, run_id, summary, tasks, req, done_ids, writer, progress
+        )
+    finally:
+        writer.close()
+    total_rows = len(done_ids)
+    if status == "completed" or status == "failed":
+        if fmt == "parquet":
+            write_parquet(req.rows_path, req.out)
+            req.rows_path.unlink()
+        state.update(done=True, rows=total_rows, status=status)
+        _write_state(req.state_path, state)
+    return GenerateResult(
+        run_id, req.out, total_rows, written_now, status, resumed=resumed, reason=reason
+    )
+
+
+async def _stream(
+    client: Any,
+    run_id: str,
+    run: dict[str, Any],
+    tasks: list[Any],
+    req: GenerateRequest,
+    done_ids: set[str],
+    writer: RowWriter,
+    progress: ProgressFn | None,
+) -> tuple[int, str, str | None]:
+    """Follow the run's events from its start; write each newly scored rollout once."""
+    from rollout.shared import subjects
+    from rollout.shared.bus.reader import read_events
+    from rollout.shared.contracts.envelope import EventEnvelope
+
+    js = await client.jetstream()
+    generated: dict[str, Any] = {}
+    # Trajectories too large for an event sit in the object store: read from the tracker.
+    deferred: list[tuple[Any, Any]] = []
+    total = run.get("total") or 0
+    written = 0
+    status, reason = "running", None
+    # Closed here, before the client's connection is (its consumer is unsubscribed cleanly).
+    async with contextlib.aclosing(
+        read_events(js, subjects.run_events(run_id), follow=True)
+    ) as events:
+        async for msg in events:
+            event = EventEnvelope.from_bytes(msg.data)
+            body: Any = event.body()
+            if event.type == "run.started":
+                total = body.total_rollouts
+            elif event.type == "rollout.generated":
+                for g in body.rollouts:
+                    generated.setdefault(g.rollout_id, g)
+            elif event.type == "rollout.scored":
+                rows = []
+                for s in body.rollouts:
+                    g = generated.get(s.rollout_id)
+                    if g is None or s.rollout_id in done_ids:
+                        continue
+                    done_ids.add(s.rollout_id)
+                    if g.trajectory is None and g.trajectory_uri:
+                        deferred.append((g, s))
+                        continue
+                    rows.append(
+                        output_row(
+                            g, s, run=run, tasks=tasks, trajectory=g.trajectory, score=req.score
+                        )
+                    )
+                writer.write(rows)
+                written += len(rows)
+            if progress is not None:
+                progress(len(done_ids), total, written)
+            if event.type in ("run.completed", "run.failed"):
+                status = "completed" if event.type == "run.completed" else "failed"
+                reason = getattr(body, "reason", None)
+                break
+    if deferred:
+        stored = {
+            r["rolloutId"]: r.get("trajectory")
+            for r in await client.get_rollouts(run_id, include_trajectories=True)
+        }
+        rows = []
+        for g, s in deferred:
+            rows.append(
+                output_row(
+                    g,
+                    s,
+                    run=run,
+                    tasks=tasks,
+                    trajectory=stored.get(s.rollout_id),
+                    score=req.score,
+                )  # fmt: skip
+            )
+        writer.write(rows)
+        written += len(rows)
+    return written, status, reason

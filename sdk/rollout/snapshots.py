@@ -1,0 +1,283 @@
+"""Dataset snapshots: runs' scored rollouts out as hf/parquet/jsonl datasets, and back in.
+
+A row is one scored rollout with its lineage: which run, model and policy version produced it,
+on which env (slug, version, content hash) and task, with what seed, and its verdict (score,
+passed, outcome, per-primitive scores). Its trajectory (token ids and logprobs included) and
+the task's tools are JSON text, so every environment's rows share one Arrow schema.
+
+Import checks every row before writing anything, then builds the training sets with the
+buffer's own builders (services/buffer/datasets.py) and the learner's row shapes
+(services/learner/training_sets.py): the SFT examples, DPO pairs, KTO rows and GRPO groups are
+those the platform would train on from the same rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rollout.errors import RolloutError
+from rollout.shared.contracts.snapshot import FORMAT, SnapshotRow
+
+MAX_ROWS = 1_000_000
+
+
+def _features() -> Any:
+    import datasets
+
+    kinds = {"int": "int64", "float": "float64", "bool": "bool"}
+    features = {}
+    for name, info in SnapshotRow.model_fields.items():
+        text = str(info.annotation)
+        kind = next((v for k, v in kinds.items() if k in text), "string")
+        features[name] = datasets.Value(kind)
+    return datasets.Features(features)
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[dict]]:
+    # The runtime the actor built for a task is where its tool list comes from (as the buffer).
+    from rollout.shared.envs.engine import start_runtime
+
+    tools = {}
+    for index in task_indices:
+        runtime = await start_runtime(spec, index)
+        try:
+            tools[index] = [t.to_openai() for t in runtime.tool_specs()]
+        finally:
+            await runtime.close()
+    return tools
+
+
+def snapshot_row(
+    rollout: Mapping[str, Any], run: Mapping[str, Any], tasks: list[Any], tools: list[dict]
+) -> dict[str, Any]:
+    """One `get_rollouts` row (with its trajectory) and its run as a snapshot row."""
+    trajectory = rollout.get("trajectory")
+    if not isinstance(trajectory, Mapping):
+        why = rollout.get("trajectoryOmitted") or "the tracker has none"
+        raise RolloutError(f"rollout {rollout['rolloutId']}: no trajectory to export ({why})")
+    index = int(rollout["taskIndex"])
+    task = tasks[index] if index < len(tasks) else None
+    messages = trajectory.get("messages") or []
+    prompt = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    row = {
+        "format": FORMAT,
+        "rollout_id": rollout["rolloutId"],
+        "run_id": rollout["runId"],
+        "task_index": index,
+        "sample_index": int(rollout["sampleIndex"]),
+        "task_id": task.id if task is not None else None,
+        "model": rollout.get("model") or run["model"],
+        "policy_version": int(rollout.get("policyVersion") or 0),
+        "seed": rollout.get("seed"),
+        "env_slug": run["envSlug"],
+        "env_version": int(run["envVersion"]),
+        "env_hash": run.get("envHash") or "",
+        "score": rollout.get("score"),
+        "passed": rollout.get("passed"),
+        "outcome": rollout.get("outcome"),
+        "error": rollout.get("error"),
+        "error_kind": rollout.get("errorKind"),
+        "primitives": json.dumps(rollout.get("primitives") or [], ensure_ascii=False),
+        "trajectory": json.dumps(trajectory, ensure_ascii=False),
+        "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+        "prompt": prompt if isinstance(prompt, str) else None,
+        "completion": trajectory.get("final_output"),
+    }
+    SnapshotRow.model_validate(row)  # what import will demand, checked on the way out
+    return row
+
+
+async def export_rows(
+    client: Any,
+    *,
+    run_ids: list[str] | None = None,
+    env_slug: str | None = None,
+    include_errored: bool = False,
+) -> list[dict[str, Any]]:
+    """The scored rollouts of `run_ids` (or every completed run of `env_slug`) as rows."""
+    from rollout.shared.contracts.envspec import EnvironmentSpec
+
+    if env_slug is not None:
+        runs = await client.list_runs(1000, env_slug)
+        run_ids = [r["runId"] for r in runs if r["status"] == "completed"]
+        if not run_ids:
+            raise RolloutError(f"environment {env_slug!r} has no completed runs to export")
+    rows: list[dict[str, Any]] = []
+    for run_id in dict.fromkeys(run_ids or []):
+        run = await client.get_run(run_id, include_rollouts=True, include_trajectories=True)
+        if run["status"] == "running":
+            raise RolloutError(
+                f"run {run_id} is still running",
+                problems=["export it once it ends (`rollout show RUN`)"],
+            )
+        scored = [r for r in run.get("rollouts") or [] if r.get("outcome") is not None]
+        if not include_errored:
+            scored = [r for r in scored if r["outcome"] != "errored"]
+        doc = await client.get_environment(run["envSlug"], run["envVersion"])
+        spec = EnvironmentSpec.model_validate(doc.get("spec", doc))
+        tools = await _task_tools(spec, sorted({int(r["taskIndex"]) for r in scored}))
+        rows.extend(
+            snapshot_row(r, run, spec.tasks, tools.get(int(r["taskIndex"]), [])) for r in scored
+        )
+    if not rows:
+        raise RolloutError(f"no scored rollouts to export in {', '.join(run_ids or [])}")
+    return rows
+
+
+def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
+    """Write rows as jsonl, parquet or a `save_to_disk` folder; all or nothing (tmp + rename)."""
+    import datasets
+
+    if out.exists() and fmt == "hf" and not out.is_dir():
+        raise RolloutError(f"--out {out}: exists and is not a folder (hf writes a folder)")
+    if out.exists() and fmt != "hf" and out.is_dir():
+        raise RolloutError(f"--out {out}: is a folder ({fmt} writes one file)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if fmt == "jsonl":
+            target = tmp / "rows.jsonl"
+            with target.open("w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        else:
+            dataset = datasets.Dataset.from_list(rows, features=_features())
+            if fmt == "parquet":
+                target = tmp / "rows.parquet"
+                dataset.to_parquet(str(target))
+            else:
+                target = tmp / "dataset"
+                dataset.save_to_disk(str(target))
+        if out.is_dir():
+            shutil.rmtree(out)
+        os.replace(target, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# --- import ----------------------------------------------------------------------------------
+
+
+def _raw_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(where, row) for every row of PATH: a jsonl file, a parquet file or a save_to_disk dir."""
+    if not path.exists():
+        raise RolloutError(f"{path}: no such file or folder")
+    if path.is_dir():
+        import datasets
+
+        try:
+            dataset = datasets.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError) as exc:
+            raise RolloutError(f"{path}: not a datasets save_to_disk folder ({exc})") from None
+        if isinstance(dataset, datasets.DatasetDict):
+            raise RolloutError(f"{path}: a DatasetDict; import one split's folder")
+        return [(f"{path}: row {i}", row) for i, row in enumerate(dataset)]
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as exc:
+            raise RolloutError(f"{path}: not a parquet file ({exc})") from None
+        return [(f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist())]
+    if path.suffix.lower() == ".jsonl":
+        out = []
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise RolloutError(f"{path}:{number}: not JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise RolloutError(f"{path}:{number}: a row must be a JSON object")
+                out.append((f"{path}:{number}", row))
+        return out
+    raise RolloutError(
+        f"{path}: unknown snapshot format",
+        problems=["import a .jsonl or .parquet file or a save_to_disk folder (rollout export)"],
+    )
+
+
+def read_snapshot(path: Path) -> list[SnapshotRow]:
+    """Every row of PATH, checked; the first bad one is named by file, row and field."""
+    raw = _raw_rows(path)
+    if not raw:
+        raise RolloutError(f"{path}: no rows")
+    if len(raw) > MAX_ROWS:
+        raise RolloutError(f"{path}: more than {MAX_ROWS} rows")
+    rows, seen = [], {}
+    for where, data in raw:
+        try:
+            row = SnapshotRow.model_validate(data)
+        except ValidationError as exc:
+            problems = [
+                f"{'.'.join(str(p) for p in e['loc']) or '(row)'}: {e['msg']}" for e in exc.errors()
+            ]
+            raise RolloutError(f"{where}: not a rollout snapshot row", problems=problems) from None
+        if row.rollout_id in seen:
+            raise RolloutError(f"{where}: rollout {row.rollout_id} repeats {seen[row.rollout_id]}")
+        seen[row.rollout_id] = where
+        rows.append(row)
+    return rows
+
+
+def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str, list[dict]]:
+    """SFT, DPO, KTO and GRPO rows from snapshot rows, as the buffer and learner build them."""
+    from rollout.services.buffer.datasets import dpo_pairs, grpo_groups, sft_set
+    from rollout.services.learner.training_sets import TrainingSet, dpo_rows, kto_rows, sft_rows
+    from rollout.shared.contracts.buffer import GrpoGroupsQuery
+
+    if min_margin < 0:
+        raise RolloutError(f"--min-margin must be >= 0, got {min_margin}")
+    buffer_rows = [r.buffer_row() for r in rows]
+    run_ids = sorted({r.run_id for r in rows})
+    sft_items, _, _ = sft_set(buffer_rows)
+    pair_items, pair_meta, _ = dpo_pairs(buffer_rows, min_margin)
+    labelled, _, _ = grpo_groups(
+        buffer_rows, GrpoGroupsQuery(run_ids=run_ids, min_group_size=1, require_tokens=False)
+    )
+    grpo, _, _ = grpo_groups(buffer_rows, GrpoGroupsQuery(run_ids=run_ids, require_tokens=False))
+    return {
+        "sft": sft_rows(sft_items),
+        "dpo": dpo_rows(TrainingSet(items=pair_items, meta=pair_meta)),
+        "kto": kto_rows(labelled),
+        "grpo": grpo,
+    }
+
+
+def import_snapshot(path: Path, out: Path, *, min_margin: float = 0.0) -> dict[str, int]:
+    """Check PATH, then write DIR/rollouts.jsonl and the training sets (all or nothing)."""
+    rows = read_snapshot(path)
+    sets = training_sets(rows, min_margin)
+    if out.exists() and not out.is_dir():
+        raise RolloutError(f"--out {out}: exists and is not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with (tmp / "rollouts.jsonl").open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(row.model_dump_json() + "\n")
+        for name, items in sets.items():
+            with (tmp / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+                for item in items:
+                    f.write(json.dumps(item, ensure_ascii=False) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"rollouts": len(rows), **{name: len(items) for name, items in sets.items()}}

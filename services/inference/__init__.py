@@ -1,0 +1,1 @@
+"""`rollout serve-model`: online inference, a local or trained policy as an OpenAI-compatible API."""

@@ -1,0 +1,197 @@
+"""The `reward_model` primitive: a trained reward model scores the whole conversation.
+
+`rollout improve --method rm --suffix S` trains a sequence classifier on the buffer's
+preference pairs and publishes it as `BASE:S`. This primitive names that model; its name is
+resolved as actors resolve trained policies (the newest published version, fetched into the
+local cache by sha256). The conversation is rendered exactly as the RM was trained on it (the
+trajectory's messages, normalised as for training, with the task's tools), and the score is
+sigmoid(logit) in [0, 1], passed at `threshold`.
+
+The verdict comes from the model's logit only: nothing the agent writes is parsed, so an agent
+that prints "reward: 1" gets whatever the reward model thinks of such an answer, and
+control-token texts in the conversation (`<|im_end|>`...) are removed before it is rendered,
+so an answer cannot close its turn and forge a transcript the model reads as structure. Each
+checkpoint loads once per process (RewardScorer's cache) and runs in a worker thread, so the
+verifier's event loop keeps acking while a batch is scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import EnvironmentSpec, RewardModelParams, TaskSpec
+from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
+
+_JOB_ID = re.compile(r"^job-[A-Za-z0-9]{1,64}$")
+HINT = "train one with `rollout improve --method rm --suffix S` (see `rollout jobs`)"
+# The task's tools, per (spec hash, task): a runtime is built once per task, not per sample.
+_TOOLS: dict[tuple[str, str], list[dict[str, Any]]] = {}
+# The checkpoint each reward model name last scored with: a newer version frees the older.
+_CURRENT: dict[str, Path] = {}
+
+
+async def resolve(name: str) -> tuple[Any, Path]:
+    """(policy record, local checkpoint folder) of the newest version of a trained name."""
+    from rollout.shared.models import trained
+
+    name = name.strip()
+    is_job = name.startswith(trained.JOB_PREFIX)
+    if (is_job and not _JOB_ID.match(name)) or (
+        not is_job and trained.split_trained_name(name) is None
+    ):
+        raise RolloutError(
+            f"{name!r} is not a trained model name (BASE:SUFFIX or a job id, "
+            f"e.g. local/tiny-agent:rm): {HINT}"
+        )
+    store = trained.default_store()
+    try:
+        if is_job:
+            record = await trained.job_record(store, name)
+        else:
+            record = await trained.latest_record(store, name)
+        if record is None:
+            raise RolloutError(f"no trained reward model {name!r}: {HINT}")
+        if record.kind != "hf":
+            raise RolloutError(
+                f"{name!r} is a {record.kind} fine-tune, not a local reward model: {HINT}"
+            )
+        path = await trained.materialize(record, store=store)
+    finally:
+        await store.close()
+    return record, path
+
+
+def not_a_reward_model(name: str, path: Path) -> str | None:
+    """Why the checkpoint at `path` is not a one-output reward model, or None when it is one."""
+    from rollout.shared.learning.rm import RM_MARKER
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return f"{name!r} has no readable config.json: not a reward model ({HINT})"
+    architectures = config.get("architectures") or []
+    if not (path / RM_MARKER).is_file() or not any(
+        str(a).endswith("ForSequenceClassification") for a in architectures
+    ):
+        shape = ", ".join(map(str, architectures)) or "an unknown architecture"
+        return (
+            f"{name!r} is not a reward model: its checkpoint is {shape}, not a sequence "
+            f"classifier trained by `--method rm` ({HINT})"
+        )
+    labels = len(config.get("id2label") or {}) or config.get("num_labels", 1)
+    if labels != 1:
+        return f"{name!r} is a classifier with {labels} outputs, not a one-score reward model"
+    return None
+
+
+def check(params: RewardModelParams) -> list[tuple[str, str]]:
+    """Plan time: the name resolves to a published reward model (its checkpoint is fetched)."""
+    from rollout.shared.models.trained import run_sync
+
+    try:
+        _, path = run_sync(lambda: resolve(params.model))
+    except RolloutError as exc:
+        return [("model", exc.message)]
+    except OSError as exc:
+        return [("model", f"could not fetch {params.model!r}: {exc}")]
+    problem = not_a_reward_model(params.model, path)
+    return [("model", problem)] if problem else []
+
+
+async def task_tools(spec: EnvironmentSpec, task: TaskSpec) -> list[dict[str, Any]]:
+    """The OpenAI tools the task offered the model (what the RM saw in training)."""
+    from rollout.shared.envs.engine import start_runtime
+
+    key = (spec.spec_hash(), task.model_dump_json())
+    if key not in _TOOLS:
+        runtime = await start_runtime(spec, task)
+        try:
+            _TOOLS[key] = [t.to_openai() for t in runtime.tool_specs()]
+        finally:
+            await runtime.close()
+    return _TOOLS[key]
+
+
+def control_tokens(tokenizer: Any) -> list[str]:
+    """The texts a tokenizer turns into control tokens (special and added), longest first."""
+    texts = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
+    return sorted((t for t in texts if t), key=len, reverse=True)
+
+
+def neutralised(messages: list[dict[str, Any]], tokens: list[str]) -> list[dict[str, Any]]:
+    """The messages with control-token texts removed from every string in them.
+
+    The chat template renders content verbatim and the tokenizer turns `<|im_end|>` written
+    in it into the real token, so an answer could otherwise close its turn and forge a
+    transcript (a user verdict, a tool call) that the reward model reads as structure.
+    """
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            for token in tokens:
+                value = value.replace(token, "")
+            return value
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    return [clean(m) for m in messages]
+
+
+def sigmoid(x: float) -> float:
+    """The logistic function, safe for large |x|."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
+@register("reward_model", check=check)
+async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
+    """sigmoid(the reward model's logit) on the conversation; passed at `threshold`."""
+    from rollout.shared.learning.data import conversation
+    from rollout.shared.learning.rm_scoring import drop_scorer, scorer_for
+
+    try:
+        messages = conversation({"trajectory": ctx.trajectory.model_dump()})
+    except RolloutError as exc:
+        return Outcome(0.0, False, f"nothing to score: {exc.message}")
+    try:
+        record, path = await resolve(params.model)
+    except (RolloutError, OSError) as exc:
+        # Validated at plan time: gone now (or the store failed) is the platform's problem.
+        raise InfraError(f"reward model {params.model!r}: {exc}") from None
+    problem = not_a_reward_model(params.model, path)
+    if problem:
+        raise InfraError(problem)
+    tools = await task_tools(ctx.spec, ctx.task)
+    previous = _CURRENT.get(record.model)
+    if previous is not None and previous != path:
+        drop_scorer(previous)
+    _CURRENT[record.model] = path
+
+    def run() -> float:
+        scorer = scorer_for(path, max_len=params.max_length)
+        chat = neutralised(messages, control_tokens(scorer.tokenizer))
+        [logit] = scorer.score([chat], tools=tools or None)
+        return logit
+
+    try:
+        logit = await asyncio.to_thread(run)
+    except (RolloutError, OSError) as exc:
+        raise InfraError(f"reward model {params.model!r} could not load: {exc}") from None
+    value = sigmoid(logit)
+    return Outcome(
+        value,
+        value >= params.threshold,
+        f"reward model {record.model} v{record.version}: logit {logit:+.3f}, "
+        f"score {value:.3f} (threshold {params.threshold:g})",
+    )

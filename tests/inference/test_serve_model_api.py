@@ -1,0 +1,309 @@
+"""`rollout serve-model` through the official `openai` client: models, chat with and without
+tools, n, logprobs, streaming (tool-call deltas included), OpenAI-style 4xx errors and keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import client_of
+
+from rollout.services.inference.app import KeyRing
+from rollout.services.inference.main import is_loopback, load_keys
+from rollout.shared.stack.supervisor import cli_command
+
+INSTRUCTION = "Refund order O-1 for $100 for Alice"  # a train task of examples/refund_agent.py
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_order",
+            "description": "Look an order up",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
+        },
+    }
+]
+
+
+async def test_models_list_and_retrieve(scripted) -> None:
+    client = client_of(scripted)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["local/scripted"]
+    card = await client.models.retrieve("local/scripted")
+    assert card.id == "local/scripted" and card.owned_by == "rollout"
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.models.retrieve("nope")
+    assert "does not exist" in caught.value.message
+
+
+async def test_chat_with_tools_returns_tool_calls_plain_and_streamed(scripted) -> None:
+    client = client_of(scripted)
+    messages = [{"role": "user", "content": INSTRUCTION}]
+    done = await client.chat.completions.create(
+        model="local/scripted", messages=messages, tools=TOOLS
+    )
+    [choice] = done.choices
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "lookup_order"
+    assert json.loads(call.function.arguments) == {"order_id": "O-1"}
+    assert call.id.startswith("call_")
+
+    # The same conversation streamed: the client assembles the tool call from its deltas.
+    stream = await client.chat.completions.create(
+        model="local/scripted", messages=messages, tools=TOOLS, stream=True
+    )
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    async for chunk in stream:
+        for c in chunk.choices:
+            for delta in c.delta.tool_calls or []:
+                entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                entry["name"] += delta.function.name or ""
+                entry["arguments"] += delta.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("lookup_order", {"order_id": "O-1"})
+    ]
+
+    # After the tool's answer the scripted agent goes on with its plan (the next call).
+    follow_up = [
+        *messages,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"amount": 100}'},
+    ]
+    nxt = await client.chat.completions.create(
+        model="local/scripted", messages=follow_up, tools=TOOLS
+    )
+    assert nxt.choices[0].message.tool_calls[0].function.name != "lookup_order"
+
+
+async def test_hf_model_text_n_logprobs_and_stream(serve, tiny_model: Path) -> None:
+    async with serve(f"hf:{tiny_model}", name="tiny") as running:
+        client = client_of(running)
+        messages = [{"role": "user", "content": "Refund order O-1 in full"}]
+        done = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=8, temperature=0, n=2, logprobs=True,
+            extra_body={"return_tokens_as_token_ids": True},
+        )  # fmt: skip
+        assert len(done.choices) == 2 and [c.index for c in done.choices] == [0, 1]
+        first = done.choices[0]
+        assert first.finish_reason in ("stop", "length")
+        assert done.usage.completion_tokens > 0 and done.usage.prompt_tokens > 0
+        tokens = first.logprobs.content
+        assert tokens and all(t.token.startswith("token_id:") and t.logprob <= 0 for t in tokens)
+        # Greedy: both choices are the same sample; streaming gives the same text.
+        assert first.message.content == done.choices[1].message.content
+        stream = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        parts, usage = [], None
+        async for chunk in stream:
+            parts += [c.delta.content or "" for c in chunk.choices]
+            usage = chunk.usage or usage
+        assert "".join(parts) == (first.message.content or "")
+        assert usage is not None and usage.completion_tokens == len(tokens)
+
+
+async def test_a_prompt_over_the_context_is_a_400_not_a_500(serve, tiny_model: Path) -> None:
+    async with serve(f"hf:{tiny_model}", name="tiny") as running:
+        client = client_of(running)
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "order " * 3000}]
+            )
+        assert caught.value.code == "context_length_exceeded"
+        assert "does not fit the model's context" in caught.value.message
+        # The server goes on serving; stop sequences cut the text where they start.
+        done = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+            temperature=0,
+        )  # fmt: skip
+        text = done.choices[0].message.content or ""
+        if len(text) > 2:
+            cut = await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+                temperature=0, stop=[text[2:4]],
+            )  # fmt: skip
+            assert text.startswith(cut.choices[0].message.content or "")
+            assert len(cut.choices[0].message.content or "") <= 2
+            assert cut.choices[0].finish_reason == "stop"
+
+
+async def test_concurrent_requests_share_batches(serve, tiny_model: Path) -> None:
+    async with serve(f"hf:{tiny_model}", name="tiny", max_batch=8) as running:
+        client = client_of(running)
+        results = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model="tiny",
+                    messages=[{"role": "user", "content": f"order O-{i}"}],
+                    max_tokens=4,
+                    seed=i,
+                )  # fmt: skip
+                for i in range(6)
+            )
+        )
+        assert len(results) == 6 and all(r.choices for r in results)
+        assert running.policy.slot.served == 6
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        (b"{not json", 400, None, "not valid JSON"),
+        (b"[1, 2]", 400, None, "JSON object"),
+        (json.dumps({"model": "local/scripted"}).encode(), 400, "messages", "Field required"),
+        (json.dumps({"model": "local/scripted", "messages": []}).encode(), 400, "messages",
+         "at least 1"),
+        (json.dumps({"model": "x", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+         404, "model", "does not exist"),
+        (json.dumps({"model": "local/scripted", "n": 99,
+                     "messages": [{"role": "user", "content": "hi"}]}).encode(), 400, "n", "at most"),
+        (json.dumps({"model": "local/scripted", "max_tokens": 0,
+                     "messages": [{"role": "user", "content": "hi"}]}).encode(), 400,
+         "max_tokens", "greater than or equal to 1"),
+        (json.dumps({"model": "local/scripted", "max_tokens": 10**6,
+                     "messages": [{"role": "user", "content": "hi"}]}).encode(), 400,
+         "max_tokens", "at most 4096"),
+        (json.dumps({"model": "local/scripted", "temperature": 9,
+                     "messages": [{"role": "user", "content": "hi"}]}).encode(), 400,
+         "temperature", "less than or equal to 2"),
+        (json.dumps({"model": "local/scripted",
+                     "messages": [{"role": "wizard", "content": "hi"}]}).encode(), 400,
+         "messages.0.role", "unknown role"),
+    ],
+)  # fmt: skip
+async def test_bad_requests_get_openai_errors(scripted, body, status, param, words) -> None:
+    async with httpx.AsyncClient(base_url=scripted.base_url) as http:
+        response = await http.post(
+            "/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+async def test_unknown_paths_and_methods_and_the_client_errors(scripted) -> None:
+    async with httpx.AsyncClient(base_url=scripted.url) as http:
+        missing = await http.get("/v1/nothing")
+        wrong = await http.get("/v1/chat/completions")
+        huge = await http.post("/v1/chat/completions", content=b"x" * (9 * 1024 * 1024))
+    assert missing.status_code == 404 and "Unknown path" in missing.json()["error"]["message"]
+    assert wrong.status_code == 405 and wrong.json()["error"]["message"]
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
+    client = client_of(scripted)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(
+            model="local/scripted", messages=[{"role": "user", "content": "hi"}], n=50
+        )
+    assert caught.value.param == "n"
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+        )
+
+
+async def test_keys_are_required_when_configured(serve) -> None:
+    keys = KeyRing(["sk-first", "sk-second"])
+    async with serve("local/scripted", keys=keys) as running:
+        hello = [{"role": "user", "content": "hi"}]
+        for bad in ("unused", "sk-firs", "sk-first-and-more"):
+            with pytest.raises(openai.AuthenticationError) as caught:
+                await client_of(running, bad).models.list()
+            assert caught.value.status_code == 401
+        async with httpx.AsyncClient(base_url=running.url) as http:
+            bare = await http.post("/v1/chat/completions", json={"messages": hello})
+            health = await http.get("/health")
+        assert bare.status_code == 401 and bare.headers["www-authenticate"] == "Bearer"
+        assert bare.json()["error"]["code"] == "invalid_api_key"
+        assert health.status_code == 200
+        for good in ("sk-first", "sk-second"):
+            done = await client_of(running, good).chat.completions.create(
+                model="local/scripted", messages=hello
+            )
+            assert done.choices[0].message.content
+
+
+def test_key_sources_and_loopback(tmp_path: Path) -> None:
+    assert load_keys(None, None) is None
+    ring = load_keys("SERVE_KEY", None, env={"SERVE_KEY": "sk-env"})
+    assert ring is not None and ring.allows("sk-env") and not ring.allows("sk-other")
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("# operators\nsk-a\n\nsk-b\n")
+    ring = load_keys(None, keys_file)
+    assert ring is not None and len(ring) == 2 and ring.allows("sk-b")
+    from rollout.errors import RolloutError
+
+    with pytest.raises(RolloutError, match="SERVE_KEY is not set"):
+        load_keys("SERVE_KEY", None, env={})
+    (tmp_path / "empty").write_text("# nothing\n")
+    with pytest.raises(RolloutError, match="no key in the file"):
+        load_keys(None, tmp_path / "empty")
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.2")
+    assert not is_loopback("example.com")
+
+
+def _cli_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
+    return env | {"ROLLOUT_HOME": str(tmp_path / "home")}
+
+
+def test_cli_refuses_a_public_address_without_keys(tmp_path: Path) -> None:
+    done = subprocess.run(
+        cli_command("serve-model", "local/scripted", "--host", "0.0.0.0", "--port", "0"),
+        env=_cli_env(tmp_path), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "refusing to serve on 0.0.0.0 without an API key" in done.stderr
+    assert "--api-key-env" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_cli_serves_and_announces_its_url(tmp_path: Path) -> None:
+    env = _cli_env(tmp_path) | {"SERVE_KEY": "sk-cli"}
+    child = await asyncio.create_subprocess_exec(
+        *cli_command("serve-model", "local/scripted", "--port", "0", "--name", "agent",
+                     "--api-key-env", "SERVE_KEY", "--no-follow"),
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
+        assert line.startswith("rollout serve-model: agent at http://127.0.0.1:"), line
+        base_url = line.rsplit(" ", 1)[1].strip()
+        actor = (await asyncio.wait_for(child.stdout.readline(), 10)).decode()
+        assert actor.strip() == f"as an actor model: {base_url}#agent"
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-cli", max_retries=0)
+        assert [m.id for m in (await client.models.list()).data] == ["agent"]
+        done = await client.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": INSTRUCTION}]
+        )
+        assert done.choices[0].message.tool_calls[0].function.name == "lookup_order"
+    finally:
+        child.terminate()
+        _, err = await asyncio.wait_for(child.communicate(), 30)
+    assert "Traceback" not in err.decode()
+
+
+def test_help_documents_the_verb() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rollout.cli", "serve-model", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0
+    for words in ("/v1/chat/completions", "--api-key-env", "policy.updated", "#local/tiny-agent"):
+        assert words in done.stdout

@@ -1,0 +1,183 @@
+"""`rollout generate` through the real CLI (a subprocess) against in-process services on real
+NATS + Postgres: env splits and prompts files, scored or not, JSONL and Parquet outputs that
+`datasets.load_dataset` opens, and exactly-once rows after a SIGKILL and a re-run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import datasets
+import pytest
+from fakes.openai_server import FakeOpenAI, Reply, text_reply
+from kit import refund_env
+from test_cli_platform import rollout
+
+from rollout.errors import RolloutError
+from rollout.generate import read_prompts, written_ids
+from rollout.shared.settings import Settings
+
+
+def _cli_env(settings: Settings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ROLLOUT_HOME": str(settings.home),
+        "ROLLOUT_NATS_URL": settings.nats_url,
+        "ROLLOUT_NATS_USER": settings.nats_user or "",
+        "ROLLOUT_NATS_PASSWORD": settings.nats_password or "",
+    }
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+async def test_generate_an_env_split_scored_to_jsonl(client, agent_server, settings, tmp_path):
+    await client.push_environment(refund_env(tasks=3))
+    out = tmp_path / "gen.jsonl"
+    model = f"{agent_server.base_url}#m"
+    args = ("generate", "--env", "refunds", "--split", "train", "--model", model, "-n", "3",
+            "--score", "--batch-size", "2", "--seed", "1", "--out", str(out))  # fmt: skip
+    code, stdout, err = await rollout(settings, *args)
+    assert code == 0, err
+    assert "6 rows" in stdout and "Traceback" not in err
+
+    rows = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert rows.num_rows == 6  # the 2 train tasks (task 0 is the test split) x 3 samples
+    assert sorted(set(rows["task_index"])) == [1, 2]
+    assert len(set(rows["rollout_id"])) == 6 and len(set(rows["run_id"])) == 1
+    run = await client.get_run(rows["run_id"][0], include_rollouts=True)
+    verdicts = {r["rolloutId"]: r for r in run["rollouts"]}
+    for row in rows:
+        assert row["score"] == verdicts[row["rollout_id"]]["score"]
+        assert row["passed"] == verdicts[row["rollout_id"]]["passed"]
+        assert row["env_slug"] == "refunds" and row["env_hash"] == run["envHash"]
+        assert row["policy_version"] == 0 and row["prompt"].startswith("Refund order O-")
+        assert json.loads(row["messages"])[-1]["content"] == "refunded"
+    assert any(not p for p in rows["passed"])  # seeds divisible by 4 refund one too much
+
+    # The same command again: already complete, nothing written twice, no second run.
+    code, stdout, err = await rollout(settings, *args)
+    assert code == 0, err
+    assert len(_lines(out)) == 6
+    assert len(await client.list_runs()) == 1
+
+    # Other options on the same --out are refused, naming the file.
+    code, _, err = await rollout(settings, *args[:-2], "-n", "1", "--out", str(out))
+    assert code == 1 and f"--out {out}: was started by another generate" in err
+
+
+def _echo(delay: float):
+    def answer(body: dict) -> Reply:
+        user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        reply = text_reply(f"echo: {user}")
+        reply.delay = delay
+        return reply
+
+    return answer
+
+
+@pytest.fixture
+def slow_agent() -> Iterator[FakeOpenAI]:
+    """Answers every prompt with its own words, slowly (so a kill lands mid-run)."""
+    with FakeOpenAI(_echo(0.4)) as server:
+        yield server
+
+
+async def test_generate_prompts_with_answers_scores_them(client, settings, tmp_path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "say 7", "answer": "7"}, {"prompt": "say 8", "answer": "nine"}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "scored.jsonl"
+    with FakeOpenAI(_echo(0.0)) as agent:
+        base = ("generate", "--prompts", str(prompts), "--model", f"{agent.base_url}#m")
+        code, stdout, err = await rollout(settings, *base, "--score", "--out", str(out), "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["rows"] == 2
+    got = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert {r["id"]: r["passed"] for r in got} == {"0": True, "1": False}
+    assert json.loads(got[0]["primitives"])[0]["type"] == "final_answer_match"
+
+    prompts.write_text(json.dumps({"prompt": "say 7"}) + "\n")
+    code, _, err = await rollout(settings, *base, "--score", "--out", str(tmp_path / "x.jsonl"))
+    assert code == 1 and "have no 'answer' to score against" in err
+    code, _, err = await rollout(settings, *base, "--out", str(tmp_path / "x.csv"))
+    assert code == 1 and "unknown format '.csv'" in err and "Traceback" not in err
+
+
+async def test_generate_prompts_resumes_after_sigkill_exactly_once(
+    client, slow_agent, settings, tmp_path
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"id": f"p{i}", "prompt": f"say {i}"}) for i in range(10)]
+    lines[3] = json.dumps({"id": "p3", "messages": [{"role": "user", "content": "say 3"}]})
+    prompts.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "gen.parquet"
+    partial = tmp_path / "gen.parquet.partial.jsonl"
+    args = [sys.executable, "-m", "rollout.cli", "generate", "--prompts", str(prompts),
+            "--model", f"{slow_agent.base_url}#m", "-n", "2", "--batch-size", "1",
+            "--out", str(out)]  # fmt: skip
+
+    proc = await asyncio.create_subprocess_exec(
+        *args, env=_cli_env(settings), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 90
+    while not _lines(partial):  # the first row is durable: kill it now
+        assert proc.returncode is None, (await proc.stderr.read()).decode()
+        assert loop.time() < deadline, "no row written within 90 s"
+        await asyncio.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+    killed_at = _lines(partial)
+    assert 0 < len(killed_at) < 20 and not out.exists()
+    # A kill in the middle of a write leaves a torn line: the resume must drop it.
+    with partial.open("a") as f:
+        f.write('{"rollout_id": "torn-')
+
+    code, stdout, err = await rollout(settings, *args[3:])
+    assert code == 0, err
+    assert "resumed" in stdout and not partial.exists()
+    rows = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    assert rows.num_rows == 20 and len(set(rows["rollout_id"])) == 20  # exactly once
+    assert set(killed_at[0]) <= set(rows.column_names)
+    assert {r["rollout_id"] for r in killed_at} <= set(rows["rollout_id"])
+    assert sorted(rows["id"]) == sorted(f"p{i}" for i in range(10) for _ in range(2))
+    assert all(r["completion"] == f"echo: say {r['id'][1:]}" for r in rows)
+    assert "score" not in rows.column_names  # no --score: verdicts are not written out
+    assert len({r["runId"] for r in await client.list_runs()}) == 1  # one run, resumed
+
+
+def test_bad_prompts_files_name_the_line_and_field(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    cases = {
+        '{"prompt": "a"}\n{"promt": "b"}\n': f"{path}:2: unknown field(s) promt",
+        '{"prompt": "a", "messages": []}\n': f"{path}:1: give exactly one of",
+        '{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n': f"{path}:2.id: 'x' repeats",
+        '{"messages": [{"role": "system", "content": "s"}]}\n': f"{path}:1.messages[0]",
+        "not json\n": f"{path}:1: not JSON",
+        '{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n': "1 of 2 lines have an 'answer'",
+    }
+    for text, message in cases.items():
+        path.write_text(text)
+        with pytest.raises(RolloutError, match=None) as info:
+            read_prompts(path)
+        assert message in str(info.value), (text, str(info.value))
+
+
+def test_a_torn_last_line_is_dropped_and_other_files_refused(tmp_path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"rollout_id": "a"}\n{"rollout_id": "b"}\n{"rollout_')
+    assert written_ids(path) == {"a", "b"}
+    assert path.read_text().endswith('"b"}\n')
+    path.write_text('{"text": "someone else\'s file"}\n')
+    with pytest.raises(RolloutError, match="rows.jsonl:1: not a row of rollout generate"):
+        written_ids(path)

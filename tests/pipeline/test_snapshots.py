@@ -1,0 +1,149 @@
+"""`rollout export` / `rollout import` through the real CLI against in-process services on real
+NATS + Postgres: a run's scored rollouts as jsonl, parquet and save_to_disk datasets with their
+lineage, and back as the very training sets the buffer builds from the same run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import datasets
+import pytest
+from kit import Platform, as_service, refund_env, wait_for_platform
+from test_cli_platform import rollout
+
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.services.learner.data import run_info
+from rollout.services.learner.training_sets import dpo_pairs, dpo_rows, sft_rows, sft_set
+from rollout.shared.settings import Settings, connect_nats
+from rollout.snapshots import import_snapshot, read_snapshot
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[AsyncClient]:
+    """Registry, tracker, actor, verifier and the buffer in-process."""
+    platform = Platform(settings)
+    for name in ("env-registry", "tracker", "verifier", "actor", "buffer"):
+        platform.start(name)
+    c = AsyncClient(settings, timeout_s=20)
+    await wait_for_platform(c, platform)
+    yield c
+    await c.close()
+    platform.check()
+    await platform.stop_all()
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_export_then_import_rebuilds_the_buffers_training_sets(
+    client, agent_server, settings, tmp_path
+) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=4, seed=1)
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert done["status"] == "completed" and done["scored"] == 8
+    verdicts = {r["rolloutId"]: r for r in await client.get_rollouts(run["runId"], False)}
+
+    loaded = {}
+    for fmt, name in (("jsonl", "s.jsonl"), ("parquet", "s.parquet"), ("hf", "s_hf")):
+        out = tmp_path / name
+        code, stdout, err = await rollout(
+            settings, "export", "--run", run["runId"], "--format", fmt, "--out", str(out)
+        )
+        assert code == 0, err
+        assert f"8 rollouts of 1 run(s) -> {out} ({fmt})" in stdout
+        if fmt == "hf":
+            loaded[fmt] = datasets.load_from_disk(str(out))
+        else:
+            kind = "json" if fmt == "jsonl" else "parquet"
+            loaded[fmt] = datasets.load_dataset(kind, data_files=str(out), split="train")
+    for fmt, rows in loaded.items():
+        assert rows.num_rows == 8, fmt
+        assert sorted(rows["rollout_id"]) == sorted(verdicts), fmt
+        for row in rows:  # the lineage and the verdict of every rollout
+            ours = verdicts[row["rollout_id"]]
+            assert row["run_id"] == run["runId"] and row["model"] == done["model"]
+            assert (row["env_slug"], row["env_version"]) == ("refunds", 1)
+            assert row["env_hash"] == done["envHash"] and row["policy_version"] == 0
+            assert (row["score"], row["passed"]) == (ours["score"], ours["passed"])
+            assert row["outcome"] == ours["outcome"] and row["seed"] == ours["seed"]
+            names = [t["function"]["name"] for t in json.loads(row["tools"])]
+            assert names == ["lookup_order", "refund"]
+    assert loaded["hf"].features == loaded["parquet"].features
+
+    # What the buffer gives the learner for this run, asked as the learner asks it.
+    nc = await connect_nats(as_service(settings, "learner"))
+    try:
+        ended = await run_info(nc.jetstream(), run["runId"])
+        sft = await sft_set(nc, None, run["runId"], None, after_seq=ended.seq)
+        pairs = await dpo_pairs(nc, None, run["runId"], None, min_margin=0.0, after_seq=ended.seq)
+    finally:
+        await nc.close()
+    buffer_sft, buffer_dpo = sft_rows(sft.items), dpo_rows(pairs)
+    assert buffer_sft and buffer_dpo
+
+    for fmt, source in (("jsonl", "s.jsonl"), ("parquet", "s.parquet"), ("hf", "s_hf")):
+        target = tmp_path / f"imported-{fmt}"
+        code, stdout, err = await rollout(
+            settings, "import", str(tmp_path / source), "-o", str(target)
+        )
+        assert code == 0, err
+        assert stdout.startswith("8 rollouts imported")
+        assert _read_jsonl(target / "sft.jsonl") == buffer_sft, fmt
+        assert _read_jsonl(target / "dpo.jsonl") == buffer_dpo, fmt
+        kto = _read_jsonl(target / "kto.jsonl")
+        assert sorted(r["label"] for r in kto) == sorted(v["passed"] for v in verdicts.values())
+        grpo = _read_jsonl(target / "grpo.jsonl")
+        assert [len(g["completions"]) for g in grpo] == [4, 4]
+        # The imported sets open as datasets too (what a trainer loads).
+        assert datasets.load_dataset("json", data_files=str(target / "sft.jsonl"), split="train")
+
+
+async def test_export_errors_are_clear(client, settings, tmp_path) -> None:
+    code, _, err = await rollout(settings, "export", "--run", "nope", "--out", str(tmp_path / "x"))
+    assert code == 1 and "no run 'nope'" in err and "Traceback" not in err
+    code, _, err = await rollout(settings, "export", "--env", "ghost", "--out", str(tmp_path / "x"))
+    assert code == 1 and "'ghost' has no completed runs" in err
+
+
+def _row(**change) -> dict:
+    row = {
+        "format": "rollout.snapshot/1", "rollout_id": "r1", "run_id": "run", "task_index": 0,
+        "sample_index": 0, "model": "m", "policy_version": 0, "env_slug": "e",
+        "env_version": 1, "env_hash": "h", "score": 1.0, "passed": True, "outcome": "passed",
+        "primitives": "[]",
+        "trajectory": json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": "yo"}]}),
+    }  # fmt: skip
+    return {**row, **change}
+
+
+def test_bad_snapshot_rows_are_refused_by_file_row_and_field_and_nothing_is_written(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    out = tmp_path / "out"
+    cases = [
+        ([_row(), _row(rollout_id="r2", policy_version=-1)], ":2: not a rollout snapshot row",
+         "policy_version"),
+        ([_row(), _row(rollout_id="r2", trajectory="{}")], ":2:", "trajectory"),
+        ([_row(outcome="maybe")], ":1:", "outcome"),
+        ([_row(), _row()], ":2: rollout r1 repeats", ""),
+        ([{**_row(), "extra": 1}], ":1:", "extra"),
+    ]  # fmt: skip
+    for rows, where, field in cases:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(RolloutError) as info:
+            import_snapshot(path, out)
+        text = str(info.value) + " ".join(info.value.problems or [])
+        assert f"{path}{where}" in text and field in text, text
+        assert not out.exists()  # all or nothing
+    path.write_text("not json\n")
+    with pytest.raises(RolloutError, match=r"bad.jsonl:1: not JSON"):
+        read_snapshot(path)
+    with pytest.raises(RolloutError, match="not a datasets save_to_disk folder"):
+        read_snapshot(tmp_path)
+    with pytest.raises(RolloutError, match="unknown snapshot format"):
+        read_snapshot(path.rename(tmp_path / "rows.csv"))
