@@ -303,6 +303,7 @@ class _Never:
         raise AssertionError("generate called")
 
 
+@pytest.mark.slow
 async def test_malformed_call_from_a_real_local_model_is_a_tool_error(tmp_path: Path) -> None:
     from fakes.trained_tiny import Lesson, train_parrot
 

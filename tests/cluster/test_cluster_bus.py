@@ -14,6 +14,8 @@ from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import heartbeat_bucket
 from rollout.shared.stack.nats import NatsCluster, NatsServer, jetstream_report, meta_leader
 
+pytestmark = pytest.mark.slow
+
 STREAMS = [subjects.EVENTS_STREAM, subjects.WORK_STREAM]
 
 

@@ -25,6 +25,8 @@ from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.nats import NatsCluster
 from rollout.shared.stack.postgres import PostgresServer, start_postgres
 
+pytestmark = pytest.mark.slow
+
 STREAMS = [subjects.EVENTS_STREAM, subjects.WORK_STREAM]
 TASKS, SAMPLES = 3, 6
 TOTAL = TASKS * SAMPLES

@@ -11,6 +11,8 @@ from rollout.shared.settings import STATE_FILE, load_settings, nats_connect_kwar
 from rollout.shared.stack.files import write_json
 from rollout.shared.stack.nats import sync_interval_setting
 
+pytestmark = pytest.mark.slow
+
 URLS = ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222", "nats://10.0.0.3:4222"]
 
 

@@ -21,6 +21,8 @@ from rollout.shared.stack.nats import nats_healthy
 from rollout.shared.stack.process import ProcessRef
 from rollout.shared.stack.supervisor import check_nats_mode, read_state
 
+pytestmark = pytest.mark.slow
+
 NODES = {"nats-1", "nats-2", "nats-3"}
 
 

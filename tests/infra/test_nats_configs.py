@@ -186,6 +186,7 @@ def terraform_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
         _stop(processes)
 
 
+@pytest.mark.slow
 async def test_terraform_nats_nodes_form_a_jetstream_cluster(terraform_cluster: list[int]) -> None:
     client = await _connect_when_up(terraform_cluster[0])
     try:

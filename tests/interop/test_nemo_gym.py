@@ -129,6 +129,7 @@ async def test_a_server_that_goes_away_ends_the_episode_as_errored() -> None:
         await runtime.close()
 
 
+@pytest.mark.slow
 def test_cli_serves_the_nemo_gym_protocol(tmp_path) -> None:
     (tmp_path / "envs.py").write_text(
         textwrap.dedent(

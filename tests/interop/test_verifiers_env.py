@@ -86,6 +86,7 @@ def test_rollout_test_runs_a_verifiers_env(user_module, tmp_path, capsys) -> Non
     assert code in (0, 1)
 
 
+@pytest.mark.slow
 def test_a_taskset_that_does_not_import_is_named(user_module) -> None:
     user_module("broken_taskset", "import verifiers.v1 as vf\nraise ImportError('no numpy here')\n")
     with pytest.raises(RolloutError, match="broken_taskset"):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import nats.errors
+import pytest
 from faststream.nats import JStream, PullSub
 from learner_kit import (
     Platform,
@@ -42,6 +43,8 @@ from rollout.shared.contracts.events import (
     PolicyUpdated,
 )
 from rollout.shared.settings import connect_nats
+
+pytestmark = pytest.mark.slow
 
 
 async def dead_letters(js) -> list[DeadLettered]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from learner_kit import (
     Platform,
     job_events,
@@ -21,6 +22,8 @@ from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.learning.checkpoints import read_step_log
+
+pytestmark = pytest.mark.slow
 
 STEPS = 6
 PLATFORM = ("env-registry", "tracker", "verifier", "actor", "buffer")

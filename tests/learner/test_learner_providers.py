@@ -6,6 +6,8 @@ import pytest
 from fake_finetune import FakeFineTuning
 from learner_kit import job_events, refund_agent, scripted_run, wait_for_event
 
+pytestmark = pytest.mark.slow
+
 
 def _chat(body: dict) -> dict:
     return refund_agent(body).body

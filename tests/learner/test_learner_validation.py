@@ -174,6 +174,7 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
     assert await client.list_training_jobs() == []
 
 
+@pytest.mark.slow
 async def test_run_still_running_is_refused(client, tiny_model: Path, learner_env) -> None:
     await client.push_environment(refund_env())
     # A slow agent: the run is still going when the job is asked for.

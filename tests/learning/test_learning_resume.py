@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from learning_kit import refund_rollouts, weights
 
@@ -20,6 +21,8 @@ from rollout.shared.learning import (
     sft_examples,
     train_sft,
 )
+
+pytestmark = pytest.mark.slow
 
 CONFIG = {
     "method": "sft",

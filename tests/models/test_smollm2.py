@@ -23,6 +23,8 @@ from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.local_models import adapter_base, train_defaults
 from rollout.shared.models.registry import resolve_backend
 
+pytestmark = pytest.mark.slow
+
 TOOLS = [
     {
         "type": "function",

@@ -24,6 +24,9 @@ SERVICES = {
 }
 
 
+STOP_DEADLINE_S = 60.0
+
+
 class Platform:
     """Services as tasks: start, stop and restart them by name."""
 
@@ -41,7 +44,16 @@ class Platform:
     async def stop(self, key: str) -> None:
         """Cancel one service task and wait for it."""
         task = self.tasks.pop(key)
-        task.cancel()
+        # A library mid-start (a broker connecting) can swallow one cancellation: cancel
+        # again until the task ends, and fail with its name rather than hang the suite.
+        deadline = asyncio.get_running_loop().time() + STOP_DEADLINE_S
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=2.0)
+            if asyncio.get_running_loop().time() > deadline and not task.done():
+                raise AssertionError(
+                    f"service {key} did not stop {STOP_DEADLINE_S:g}s after cancel"
+                )
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

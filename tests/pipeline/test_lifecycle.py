@@ -77,6 +77,7 @@ async def terminal_events(js, run_id: str) -> list[EventEnvelope]:
     return out
 
 
+@pytest.mark.slow
 async def test_last_rollout_racing_the_deadline_ends_each_run_exactly_once(
     settings: Settings,
 ) -> None:

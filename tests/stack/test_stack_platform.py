@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
 
 from .conftest import Cli, stack_env
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = "env-registry,tracker,actor,verifier"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import asyncpg
 import nats
+import pytest
 
 from rollout.shared.settings import Settings, connect_nats, load_settings
 from rollout.shared.stack.nats import NatsServer
@@ -91,6 +92,7 @@ def test_down_when_nothing_runs(cli: Cli) -> None:
     assert "nothing was running" in result.stdout
 
 
+@pytest.mark.slow
 def test_crashed_processes_are_restarted(stack_home: Path) -> None:
     home = stack_home
     cli = Cli(home=home, env=stack_env(home, services="crash_once"))
@@ -248,6 +250,7 @@ def test_wrong_external_credentials_fail_up_clearly(
         cli("down")
 
 
+@pytest.mark.slow
 def test_up_runs_the_registered_services_by_default(stack_home: Path) -> None:
     home = stack_home
     env = stack_env(home)
@@ -263,6 +266,7 @@ def test_up_runs_the_registered_services_by_default(stack_home: Path) -> None:
         cli("down")
 
 
+@pytest.mark.slow
 def test_up_after_a_killed_supervisor_replaces_its_orphans(cli: Cli) -> None:
     _up(cli)
     before = read_state(cli.home)

@@ -111,6 +111,13 @@ async def test_every_page_renders_real_runs(
         done_b = await client.wait_for_run(b["runId"], timeout_s=60)
     assert (done_a["passed"], done_b["passed"]) == (4, 6), (done_a, done_b)
     await publish_job(settings, "job-ui-1", "tiny:ui")
+
+    async def job_projected() -> bool:
+        # The viewer reads the read models: wait for the tracker to have applied the job.
+        jobs = await client.list_training_jobs()
+        return any(j.get("jobId") == "job-ui-1" and j.get("status") == "completed" for j in jobs)
+
+    await wait_until(job_projected, "the tracker to project job-ui-1")
     # A new env version whose ground truth for task 2 changed: re-verify must notice.
     changed = refund_env(tasks=3)
     changed["tasks"][2]["hiddenGroundTruth"] = {"refunds": [{"order_id": "O-2", "amount": 99}]}
