@@ -9,8 +9,13 @@
 3. PPO: the learner's tokens/s (value head, GAE, `ppo_epochs` passes) against the GRPO
    learner's on the same groups in the same process (TRL 1.16 has no PPO trainer to call
    directly), and its wait share synchronous (max staleness 0) vs asynchronous (2), as in 2.
+4. KTO and RM: `train_kto` / `train_rm` (hooks, step log, checkpoints, final save) against
+   TRL's KTOTrainer / RewardTrainer called directly on the same rows with the same arguments.
+   Both sides train the same examples for the same steps, so the ratio of examples/s is the
+   ratio of tokens/s.
 
-Run: `python benchmarks/learner.py [--sft-steps N] [--grpo-steps N] [--ppo-steps N] [--json]`.
+Run: `python benchmarks/learner.py [--sft-steps N] [--grpo-steps N] [--ppo-steps N]
+[--pref-steps N] [--json]`.
 """
 
 from __future__ import annotations
@@ -125,6 +130,87 @@ def _direct_sft(
         output = trainer.train()
         trainer.save_model(str(out / "model"))
     return time.perf_counter() - started, output.metrics["train_runtime"]
+
+
+def _bad_reply(order: int) -> list[dict[str, Any]]:
+    return conversation(order)[:2] + [{"role": "assistant", "content": "I cannot look that up."}]
+
+
+def _preference_rows(method: str) -> list[dict[str, Any]]:
+    """KTO's labelled completions or the RM's chosen/rejected pairs, validated as ours are."""
+    from rollout.shared.learning import kto, rm
+
+    tools = json.dumps(TOOLS)
+    if method == "kto":
+        rows = []
+        for order in range(1, 9):
+            good = conversation(order)
+            rows.append({"prompt": good[:2], "completion": good[2:], "label": True, "tools": tools})
+            rows.append(
+                {"prompt": good[:2], "completion": _bad_reply(order)[2:], "label": False,
+                 "tools": tools}
+            )  # fmt: skip
+        return kto._validated(rows)
+    pairs = [
+        {"prompt": conversation(o)[:2], "chosen": conversation(o)[2:],
+         "rejected": _bad_reply(o)[2:], "tools": tools}
+        for o in range(1, 9)
+    ]  # fmt: skip
+    return rm._validated(pairs)
+
+
+def bench_preference(
+    base: Path, work: Path, method: str, steps: int, repeats: int = 3
+) -> dict[str, float]:
+    """Examples/s of train_kto / train_rm against TRL's trainer called directly, interleaved."""
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+
+    from rollout.shared.learning import train_kto, train_rm
+    from rollout.shared.learning.kto import kto_trainer
+    from rollout.shared.learning.rm import load_classifier, rm_trainer
+
+    rows = _preference_rows(method)
+    config = TrainConfig(
+        method=method, max_steps=steps, batch_size=4, learning_rate=1e-3, save_every=10, threads=1
+    )
+    ours_fn = train_kto if method == "kto" else train_rm
+    make = kto_trainer if method == "kto" else rm_trainer
+
+    def direct(out: Path) -> float:
+        quiet_libraries()
+        started = time.perf_counter()
+        if method == "kto":
+            tokenizer, model = load_base(base)
+        else:
+            tokenizer, model, _ = load_classifier(base, False)
+        with torch_threads(1, model):
+            trainer = make(
+                model, tokenizer, Dataset.from_list(rows), trl_kwargs(out, config), [], None,
+                config=config,
+            )  # fmt: skip
+            trainer.remove_callback(PrinterCallback)
+            trainer.train()
+            trainer.save_model(str(out / "model"))
+        return time.perf_counter() - started
+
+    ours_fn(base, rows, work / f"{method}-warm", config.model_copy(update={"max_steps": 2}))
+    ours_walls, direct_walls = [], []
+    for rep in range(repeats):
+        started = time.perf_counter()
+        ours_fn(base, rows, work / f"{method}-ours-{rep}", config, resume=False)
+        ours_walls.append(time.perf_counter() - started)
+        direct_walls.append(direct(work / f"{method}-direct-{rep}"))
+    examples = steps * config.batch_size
+    ours_wall, direct_wall = statistics.median(ours_walls), statistics.median(direct_walls)
+    return {
+        "method": method,
+        "steps": steps,
+        "ours_examples_per_s": examples / ours_wall,
+        "direct_examples_per_s": examples / direct_wall,
+        "ratio": direct_wall / ours_wall,
+        "repeats": repeats,
+    }
 
 
 class Actor(threading.Thread):
@@ -274,26 +360,48 @@ def bench_ppo_tokens(base: Path, work: Path, steps: int) -> dict[str, float]:
     }
 
 
+def _print_pref(rows: list[dict[str, float]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        print(
+            f"{str(row['method']).upper()} ({row['steps']} steps, median of {row['repeats']}): "
+            f"ours {row['ours_examples_per_s']:.1f} examples/s vs TRL directly "
+            f"{row['direct_examples_per_s']:.1f} (x{row['ratio']:.2f})"
+        )
+
+
 def main() -> None:
     """Run both benchmarks and print a table (or JSON)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--grpo-steps", type=int, default=12)
     parser.add_argument("--ppo-steps", type=int, default=8)
+    parser.add_argument("--pref-steps", type=int, default=20, help="KTO and RM steps")
+    parser.add_argument("--only", choices=["all", "pref"], default="all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rollout-bench-learner-") as tmp:
         work = Path(tmp)
         base = build_tiny_model(work / "base", seed=0, corpus=[json.dumps(r) for r in rollouts(8)])
+        pref = [bench_preference(base, work, m, args.pref_steps) for m in ("kto", "rm")]
+        if args.only == "pref":
+            _print_pref(pref, args.json)
+            return
         sft = bench_sft(base, work, args.sft_steps)
         grpo = [bench_grpo(base, work, args.grpo_steps, s) for s in (0, 2)]
         ppo_tokens = bench_ppo_tokens(base, work, args.ppo_steps)
         ppo = [bench_grpo(base, work, args.ppo_steps, s, method="ppo") for s in (0, 2)]
     if args.json:
         print(
-            json.dumps({"sft": sft, "grpo": grpo, "ppo": ppo, "ppo_tokens": ppo_tokens}, indent=2)
+            json.dumps(
+                {"sft": sft, "grpo": grpo, "ppo": ppo, "ppo_tokens": ppo_tokens, "pref": pref},
+                indent=2,
+            )
         )
         return
+    _print_pref(pref, False)
     print(
         f"SFT ({sft['steps']} steps, {sft['tokens']:.0f} tokens): train_sft "
         f"{sft['ours_tokens_per_s']:.0f} tok/s end to end vs TRL SFTTrainer directly "
