@@ -210,6 +210,18 @@ class GRPOLearner:
             log.info("grpo step skipped: no trainable completions", version=self.policy_version)
             return self._progress(None, _mean(rewards), None)
         loss, stats = self._optimize(rows)
+        return self._finish_step(started, rows, rewards, loss, stats)
+
+    def _finish_step(
+        self,
+        started: float,
+        rows: list[Any],
+        rewards: list[float],
+        loss: float,
+        stats: dict[str, float],
+        **logged: float,
+    ) -> Progress:
+        """Count the new policy version, time the step and log it once (GRPO and PPO alike)."""
         self.policy_version += 1
         self.steps += 1
         elapsed = max(time.monotonic() - started, 1e-9)
@@ -225,7 +237,8 @@ class GRPOLearner:
             | {
                 "policy_version": self.policy_version,
                 "dropped_stale": self.metrics["dropped_stale"],
-            },
+            }
+            | logged,
         )
         return progress
 

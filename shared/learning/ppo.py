@@ -31,7 +31,6 @@ from typing import Any
 import structlog
 
 from rollout.errors import RolloutError
-from rollout.shared.learning.checkpoints import append_step_log
 from rollout.shared.learning.config import Progress, TrainConfig
 from rollout.shared.learning.grpo import Group, GRPOLearner, _mean, _Row
 
@@ -138,25 +137,9 @@ class PPOLearner(GRPOLearner):
             self._advantages(episode, reward)
         self._whiten(rows)
         loss, stats = self._update(rows)
-        self.policy_version += 1
-        self.steps += 1
-        elapsed = max(time.monotonic() - started, 1e-9)
-        tokens = sum(len(r.context) + len(r.completion) for r in rows)
-        self.metrics.update(stats)
-        self._elapsed_total += elapsed
-        self._steps_timed += 1
-        progress = self._progress(loss, _mean(rewards), tokens / elapsed)
-        progress.kl = stats.get("last_kl")
-        append_step_log(
-            self.out_dir,
-            progress.model_dump(mode="json")
-            | {
-                "policy_version": self.policy_version,
-                "dropped_stale": self.metrics["dropped_stale"],
-                "value_loss": stats["last_value_loss"],
-            },
+        return self._finish_step(
+            started, rows, rewards, loss, stats, value_loss=stats["last_value_loss"]
         )
-        return progress
 
     def _episodes(self, groups: list[Group]) -> tuple[list[list[_PpoRow]], list[float]]:
         """Each fresh completion's turn rows (one episode each) and its scalar reward."""
