@@ -65,7 +65,12 @@ async def test_a_teacher_endpoint_distils_into_the_local_student(
 ) -> None:
     await client.push_environment(refund_env(tasks=3))  # train: O-1, O-2; test: O-0
     teacher = await client.create_run(
-        "refunds", f"{agent_server.base_url}#teacher", n=4, split="train", temperature=0.0
+        "refunds",
+        f"{agent_server.base_url}#teacher",
+        n=4,
+        split="train",
+        temperature=0.0,
+        seed=5,  # a run seed whose 8 sample seeds include some divisible by 4 (not all)
     )
     taught = await client.wait_for_run(teacher["runId"], timeout_s=120)
     assert taught["status"] == "completed" and taught["split"] == "train"

@@ -177,3 +177,55 @@ async def test_lora_sft_step_then_the_trained_name_loads_base_plus_adapter(
     # A call the model botched comes back flagged: the agent loop shows it as a tool error.
     [flagged] = bad.tool_calls
     assert flagged.error is not None and "malformed" in flagged.error
+
+
+def _lora_b_trained(adapter: Path) -> bool:
+    from safetensors.torch import load_file
+
+    weights = load_file(adapter / "adapter_model.safetensors")
+    lora_b = [v for k, v in weights.items() if "lora_B" in k]
+    return bool(lora_b) and any(bool(t.abs().sum() > 0) for t in lora_b)
+
+
+@pytest.mark.parametrize("method", ["dpo", "kto", "rm"])
+def test_one_step_of_each_preference_method_trains_the_real_model(
+    home: Path, tmp_path: Path, method: str
+) -> None:
+    """DPO and KTO train a LoRA adapter on it (its defaults); the RM trains a full classifier."""
+    import math
+
+    from rollout.shared.learning import train_dpo, train_kto, train_rm
+    from rollout.shared.learning.rm import RM_MARKER
+
+    base = smollm2.default_dir()
+    before = _digest(base / "model.safetensors")
+    tools = json.dumps(TOOLS)
+    good = {"role": "assistant", "content": '<tool_call>{"name": "route_ticket", '
+            '"arguments": {"team": "shipping"}}</tool_call>'}  # fmt: skip
+    bad = {"role": "assistant", "content": "I cannot route tickets."}
+    defaults = train_defaults(smollm2.NAME)
+    common = {"learning_rate": 1e-3, "batch_size": 2, "max_steps": 1, "save_every": 1000}
+    if method == "kto":
+        rows = [
+            {"prompt": GOOD, "completion": [good], "label": True, "tools": tools},
+            {"prompt": GOOD, "completion": [bad], "label": False, "tools": tools},
+        ]
+        config = TrainConfig(method="kto", **(defaults | common))
+        result = train_kto(base, rows, tmp_path / "job", config)
+    else:
+        pairs = [{"prompt": p, "chosen": [good], "rejected": [bad], "tools": tools}
+                 for p in (GOOD, BROKEN)]  # fmt: skip
+        if method == "dpo":
+            config = TrainConfig(method="dpo", **(defaults | common))
+            result = train_dpo(base, pairs, tmp_path / "job", config)
+        else:  # a reward model trains every weight of a classifier copy: no LoRA
+            config = TrainConfig(method="rm", **(common | {"lora": False, "batch_size": 2}))
+            result = train_rm(base, pairs, tmp_path / "job", config)
+    assert result.steps == 1
+    assert result.final_loss is not None and math.isfinite(result.final_loss)
+    if method == "rm":
+        assert (result.model_dir / RM_MARKER).is_file()
+    else:
+        assert adapter_base(result.model_dir) == smollm2.NAME
+        assert _lora_b_trained(result.model_dir)
+    assert _digest(base / "model.safetensors") == before
