@@ -36,6 +36,7 @@ def test_each_template_provides_the_protocol(name: str) -> None:
     assert callable(template.runtime)
     assert isinstance(template.aliases, tuple) and isinstance(template.fixed_tools, tuple)
     for hook in (
+        "complete_config",
         "tool_names",
         "check_config",
         "plan_tools",
@@ -74,6 +75,7 @@ def test_old_names_are_views_of_the_registry() -> None:
 NEUTRAL_MODULES = [
     "contracts/envspec.py",
     "envs/validation.py",
+    "envs/coerce.py",
     "envs/engine.py",
     "envs/templates/__init__.py",
     "envs/verifiers/engine.py",
@@ -205,7 +207,7 @@ def test_toy_template_is_validated_through_its_module(toy: ToyTemplate) -> None:
     assert validate_environment(toy_env(limit=5)) == []
     assert EnvironmentSpec.model_validate(toy_env()).template == "toy"
     problems = validate_environment(toy_env(limit=2, start=2, extra=1))
-    assert "config.extra: Extra inputs are not permitted" in " ".join(problems)
+    assert "config.extra: unknown key (check the spelling)" in " ".join(problems)
     problems = validate_environment(toy_env(limit=2, start=2))
     assert "config.start: 2 is not below config.limit (2)" in problems
     assert "tasks[0].hiddenGroundTruth.count: above config.limit (2)" in problems

@@ -362,6 +362,17 @@ class PluginTemplate(Template):
     runtime = PluginRuntime
     starts_in_host = True
 
+    def complete_config(self, config: dict[str, Any]) -> None:
+        """Bundle the entrypoint module's own source (see plugin_sources) unless given."""
+        entrypoint = config.get("entrypoint")
+        if "sources" in config or not isinstance(entrypoint, str) or ":" not in entrypoint:
+            return
+        from rollout.shared.envs.plugin_sources import bundle_sources
+
+        sources = bundle_sources(entrypoint)
+        if sources:
+            config["sources"] = sources
+
     def tool_names(self, config: PluginConfig) -> None:
         """Only the plugin knows its tools."""
         return None

@@ -43,6 +43,10 @@ class Template:
     # several episodes at once (see start_group).
     starts_in_host: ClassVar[bool] = False
 
+    def complete_config(self, config: dict[str, Any]) -> None:
+        """Add to an SDK environment's raw config what only the user's machine has (in place)."""
+        return None
+
     def tool_names(self, config: Any) -> list[str] | None:
         """Tool names known without running anything; None when only the env knows them."""
         return list(self.fixed_tools)
