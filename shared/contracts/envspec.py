@@ -20,23 +20,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-TEMPLATES = (
-    "workflow",
-    "custom",
-    "code-editing",
-    "sql",
-    "browser",
-    "plugin",
-    "openenv",
-    "verifiers",
-    "nemo_gym",
-)
-# Spellings users plausibly type for the same template.
-TEMPLATE_ALIASES = {
-    "code_editing": "code-editing",
-    "codeediting": "code-editing",
-    "nemo-gym": "nemo_gym",
-}
+# Which templates exist, their spellings and config models are the template registry's
+# (rollout.shared.envs.templates.REGISTRY): TEMPLATES, TEMPLATE_ALIASES and TEMPLATE_CONFIGS
+# here are views of it, built on first use (see __getattr__ at the end).
 
 
 class CamelModel(BaseModel):
@@ -293,19 +279,6 @@ class NemoGymConfig(CamelModel):
     timeout_seconds: float = Field(default=30.0, gt=0, le=600)
 
 
-TEMPLATE_CONFIGS: dict[str, type[CamelModel]] = {
-    "workflow": WorkflowConfig,
-    "custom": CustomConfig,
-    "sql": SqlConfig,
-    "code-editing": CodeEditingConfig,
-    "browser": BrowserConfig,
-    "plugin": PluginConfig,
-    "openenv": OpenEnvConfig,
-    "verifiers": VerifiersConfig,
-    "nemo_gym": NemoGymConfig,
-}
-
-
 # ---------------------------------------------------------------- verifier primitives
 
 
@@ -541,7 +514,9 @@ class EnvironmentSpec(BaseModel):
     @classmethod
     def _template_alias(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return TEMPLATE_ALIASES.get(value.lower(), value)
+            from rollout.shared.envs.templates import canonical_name
+
+            return canonical_name(value)
         return value
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -565,8 +540,24 @@ class EnvironmentSpec(BaseModel):
         """
         if self._typed is not None:
             return self._typed
-        model = TEMPLATE_CONFIGS.get(self.template)
-        if model is None:
+        from rollout.shared.envs.templates import get_template
+
+        template = get_template(self.template)
+        if template is None:
             raise ValueError(f"unknown template {self.template!r}")
-        self._typed = model.model_validate(self.config)
+        self._typed = template.config_model.model_validate(self.config)
         return self._typed
+
+
+def __getattr__(name: str) -> Any:
+    # Views of the template registry for older imports; the registry imports this module,
+    # so they are built on first use rather than at import.
+    if name in ("TEMPLATES", "TEMPLATE_ALIASES", "TEMPLATE_CONFIGS"):
+        from rollout.shared.envs.templates import REGISTRY
+
+        if name == "TEMPLATES":
+            return tuple(REGISTRY)
+        if name == "TEMPLATE_ALIASES":
+            return {alias: t.name for t in REGISTRY.values() for alias in t.aliases}
+        return {n: t.config_model for n, t in REGISTRY.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,7 +41,7 @@ def raw_environment(env: Any) -> dict[str, Any]:
         return env.to_json_dict()
     if hasattr(env, "to_raw") and callable(env.to_raw):
         raw = env.to_raw()
-        _bundle_plugin_sources(raw)
+        _complete_config(raw)
         return raw
     if isinstance(env, dict):
         return env
@@ -50,19 +50,17 @@ def raw_environment(env: Any) -> dict[str, Any]:
     )
 
 
-def _bundle_plugin_sources(raw: dict[str, Any]) -> None:
-    # An SDK Environment of the plugin template carries its own module's source (see
-    # plugin_sources): the services that import it run elsewhere.
-    config = raw.get("config")
-    if raw.get("template") != "plugin" or not isinstance(config, dict) or "sources" in config:
+def _complete_config(raw: dict[str, Any]) -> None:
+    # An SDK Environment may need what only the user's machine has (a plugin's own module
+    # source): its template adds it, since the services that use it run elsewhere.
+    config, template = raw.get("config"), raw.get("template")
+    if not isinstance(config, dict) or not isinstance(template, str):
         return
-    entrypoint = config.get("entrypoint")
-    if isinstance(entrypoint, str) and ":" in entrypoint:
-        from rollout.shared.envs.plugin_sources import bundle_sources
+    from rollout.shared.envs.templates import REGISTRY
 
-        sources = bundle_sources(entrypoint)
-        if sources:
-            config["sources"] = sources
+    found = REGISTRY.get(template)
+    if found is not None:
+        found.complete_config(config)
 
 
 def as_spec(env: Any) -> EnvironmentSpec:

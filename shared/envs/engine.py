@@ -9,13 +9,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.envspec import TEMPLATES, EnvironmentSpec, TaskSpec
+from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory, VerifierResult
 from rollout.shared.envs.coerce import as_spec, as_task, pydantic_problems
 from rollout.shared.envs.plugin_host.client import HostPool, default_pool, starter
+from rollout.shared.envs.plugin_host.worker import PluginError
 from rollout.shared.envs.runtime import EnvRuntime
-from rollout.shared.envs.templates import RUNTIMES
-from rollout.shared.envs.templates.plugin import PluginError, start_group
+from rollout.shared.envs.templates import REGISTRY, Template
 from rollout.shared.envs.verifiers.engine import score_spec
 
 
@@ -26,12 +26,10 @@ def build_runtime(spec: Any, task: Any) -> EnvRuntime:
     """
     env = as_spec(spec)
     t = as_task(env, task)
-    runtime_cls = RUNTIMES.get(env.template)
-    if runtime_cls is None:
-        raise RolloutError(f"unknown template {env.template!r} (known: {', '.join(TEMPLATES)})")
+    template = _template(env)
     config = _typed_config(env)
     try:
-        return runtime_cls(env, t, config)
+        return template.runtime(env, t, config)
     except PluginError as exc:
         raise RolloutError(f"environment {env.slug!r}: config.entrypoint: {exc}") from None
     except Exception as exc:  # e.g. the sql schema fails: name it, never a traceback
@@ -39,6 +37,13 @@ def build_runtime(spec: Any, task: Any) -> EnvRuntime:
             f"environment {env.slug!r}: cannot start the {env.template} runtime: "
             f"{type(exc).__name__}: {exc}"
         ) from None
+
+
+def _template(env: EnvironmentSpec) -> Template:
+    template = REGISTRY.get(env.template)
+    if template is None:
+        raise RolloutError(f"unknown template {env.template!r} (known: {', '.join(REGISTRY)})")
+    return template
 
 
 def _typed_config(env: EnvironmentSpec) -> Any:
@@ -58,7 +63,8 @@ async def start_runtime(spec: Any, task: Any) -> EnvRuntime:
     reset may take up to the step timeout: the caller's event loop goes on meanwhile.
     """
     env = as_spec(spec)
-    if env.template != "plugin":  # the others start in microseconds (and sqlite wants its thread)
+    # The others start in microseconds (and sqlite wants its thread).
+    if not _template(env).starts_in_host:
         return build_runtime(env, task)
     # Not asyncio.to_thread: see client.starter (a host must not be spawned from a thread
     # that ends with this loop).
@@ -74,14 +80,12 @@ async def start_runtimes(
     process's). On an error the runtimes already started are closed and the first is raised.
     """
     env = as_spec(spec)
-    if env.template == "plugin":
+    if _template(env).starts_in_host:
         typed = [as_task(env, t) for t in tasks]
         size = (pool or default_pool()).settings.episodes_per_host
         chunks = [typed[i : i + size] for i in range(0, len(typed), size)]
         loop = asyncio.get_running_loop()
-        starts = [
-            loop.run_in_executor(starter(), _start_plugin_group, env, c, pool) for c in chunks
-        ]
+        starts = [loop.run_in_executor(starter(), _start_host_group, env, c, pool) for c in chunks]
     else:
         starts = [_start_one(env, t) for t in tasks]
     results = await asyncio.gather(*starts, return_exceptions=True)
@@ -99,12 +103,12 @@ async def _start_one(env: EnvironmentSpec, task: Any) -> list[EnvRuntime]:
     return [await start_runtime(env, task)]
 
 
-def _start_plugin_group(
+def _start_host_group(
     env: EnvironmentSpec, tasks: list[TaskSpec], pool: HostPool | None
 ) -> list[EnvRuntime]:
     config = _typed_config(env)
     try:
-        return list(start_group(env, tasks, config, pool))
+        return _template(env).start_group(env, tasks, config, pool)
     except PluginError as exc:
         raise RolloutError(f"environment {env.slug!r}: config.entrypoint: {exc}") from None
 

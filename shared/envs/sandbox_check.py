@@ -21,9 +21,6 @@ from rollout.shared.envs.sandbox import (
     run_sandboxed,
 )
 
-# Templates whose tools or verifier run code in the sandbox.
-SANDBOXED_TEMPLATES = frozenset({"code-editing"})
-
 
 @dataclass(frozen=True)
 class SandboxCheck:
@@ -72,7 +69,9 @@ def check_sandbox_sync() -> SandboxCheck:
 
 async def require_sandbox(templates: set[str]) -> None:
     """RolloutError with the one-line problem when any of `templates` needs a missing sandbox."""
-    if not templates & SANDBOXED_TEMPLATES:
+    from rollout.shared.envs.templates import get_template
+
+    if not any((t := get_template(name)) is not None and t.sandboxed for name in templates):
         return
     check = await check_sandbox()
     if not check.ok:

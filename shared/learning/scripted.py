@@ -3,9 +3,9 @@
 `scripted_rollouts(env_files, split="train")` runs each task through the real agent loop with
 a `ScriptedBackend` that replays a tool-call plan derived from the task's hidden ground
 truth, scores every trajectory with the environment's own verifier and keeps the passing
-ones: correct demonstrations in exactly the message format the actor produces. Plans are per
-template (and per example env where the ground truth alone does not say what to do, e.g. the
-code fix). An environment without a plan contributes nothing; it is reported, not guessed.
+ones: correct demonstrations in exactly the message format the actor produces. Plans are the
+template's (`Template.plan`), or per example env where the ground truth alone does not say
+what to do (e.g. the code fix). An environment without a plan contributes nothing; it is reported, not guessed.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 import structlog
 
 from rollout.errors import RolloutError
+from rollout.shared.envs.templates.protocol import Plan
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 
 log = structlog.get_logger(__name__)
 
-Plan = list[tuple[str, dict[str, Any]]]
 FINAL_ANSWER = "Done."
 
 
@@ -50,99 +50,6 @@ class ScriptedBackend:
         return out
 
 
-def _tools_by_name(runtime: Any) -> dict[str, Any]:
-    return {spec.name: spec for spec in runtime.tool_specs()}
-
-
-def _required(spec: Any) -> list[str]:
-    params = spec.parameters or {}
-    return list(params.get("required") or list((params.get("properties") or {}).keys()))
-
-
-def _workflow_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
-    # Ground truth: {state_array: [record, ...]}. Look the record's id up, then act.
-    truth = task.hidden_ground_truth
-    if not isinstance(truth, dict):
-        return None
-    tools = _tools_by_name(runtime)
-    lookups = [t for n, t in tools.items() if n.startswith(("get_", "lookup"))]
-    plan: Plan = []
-    for records in truth.values():
-        if not isinstance(records, list):
-            return None
-        for record in records:
-            if not isinstance(record, dict) or not record:
-                return None
-            key = next(iter(record.values()))
-            if lookups and _required(lookups[0]):
-                plan.append((lookups[0].name, {_required(lookups[0])[0]: key}))
-            action = next(
-                (
-                    t
-                    for t in tools.values()
-                    if t not in lookups and _required(t) and set(_required(t)) <= set(record)
-                ),
-                None,
-            )
-            if action is None:
-                return None
-            plan.append((action.name, {k: record[k] for k in _required(action)}))
-    return plan
-
-
-def _custom_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
-    # Ground truth paths like "tickets.T-3.status": act on that id with the tool taking an id.
-    truth = task.hidden_ground_truth
-    if not isinstance(truth, dict):
-        return None
-    tools = _tools_by_name(runtime)
-    plan: Plan = []
-    for path in truth:
-        parts = str(path).split(".")
-        if len(parts) < 3:
-            continue
-        item = parts[1]
-        for tool in tools.values():
-            id_params = [p for p in _required(tool) if p.endswith("_id")]
-            if id_params:
-                args = {
-                    p: (item if p in id_params else "Fixed as requested.") for p in _required(tool)
-                }
-                plan.append((tool.name, args))
-                break
-    return plan or None
-
-
-def _sql_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
-    truth = task.hidden_ground_truth
-    if isinstance(truth, dict) and isinstance(truth.get("query"), str):
-        return [("submit_answer", {"query": truth["query"]})]
-    return None
-
-
-def _browser_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
-    # Ground truth: {"form": id, "fields": {name: value}}: open the form's page, fill, submit.
-    truth = task.hidden_ground_truth
-    if not isinstance(truth, dict) or "form" not in truth:
-        return None
-    form = truth["form"]
-    for page in spec.config.get("pages", []):
-        elements = page.get("elements", [])
-        if not any(e.get("id") == form for e in elements):
-            continue
-        plan: Plan = [("navigate", {"url": page["url"]})]
-        for name, value in (truth.get("fields") or {}).items():
-            element = next(
-                (e for e in elements if e.get("name") == name and e.get("form") == form), None
-            )
-            if element is None:
-                return None
-            plan.append(("type", {"element_id": element["id"], "text": str(value)}))
-        plan.append(("submit", {"form_id": form}))
-        return plan
-    return None
-
-
 def _fix_calc_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
     # The bug cannot be read off the hidden tests: each task's fix is in its ground truth
     # (`solution`: path -> fixed content), which only the verifier and this script see.
@@ -160,20 +67,23 @@ def _counter_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
     return [("increment", {})] * truth["value"]
 
 
-PLANNERS: dict[str, Callable[[Any, Any, Any], Plan | None]] = {
-    "workflow": _workflow_plan,
-    "custom": _custom_plan,
-    "sql": _sql_plan,
-    "browser": _browser_plan,
-    "slug:fix-calc": _fix_calc_plan,
-    "slug:counter-plugin": _counter_plan,
+# Example envs whose ground truth alone does not say what to do, by slug; every other env
+# gets its template's plan (Template.plan).
+EXAMPLE_PLANNERS: dict[str, Callable[[Any, Any, Any], Plan | None]] = {
+    "fix-calc": _fix_calc_plan,
+    "counter-plugin": _counter_plan,
 }
 
 
 def plan_for(spec: Any, task: Any, runtime: Any) -> Plan | None:
     """The scripted plan for one task, or None when there is no planner for its env."""
-    planner = PLANNERS.get(f"slug:{spec.slug}") or PLANNERS.get(spec.template)
-    return planner(spec, task, runtime) if planner else None
+    from rollout.shared.envs.templates import get_template
+
+    planner = EXAMPLE_PLANNERS.get(spec.slug)
+    if planner is not None:
+        return planner(spec, task, runtime)
+    template = get_template(spec.template)
+    return template.plan(spec, task, runtime) if template is not None else None
 
 
 async def scripted_rollouts(

@@ -1,61 +1,80 @@
-"""Template runtimes, one module each, and the registry that picks one for a spec."""
+"""The template registry: one line per template, each a module ending in `TEMPLATE`.
+
+Adding a template (or a backend from another ecosystem) is one module with a `Template`
+subclass (config model, runtime, checks, fixed tools, default verifier, scripted plan; see
+protocol.py) and one line below. Everything else asks the registry.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rollout.shared.contracts.envspec import (
-    BrowserConfig,
-    CodeEditingConfig,
-    CustomConfig,
-    PluginConfig,
-    SqlConfig,
-    VerifiersConfig,
-    WorkflowConfig,
+from rollout.shared.envs.templates import (
+    browser,
+    code_editing,
+    custom,
+    nemo_gym,
+    openenv,
+    plugin,
+    sql,
+    verifiers_taskset,
+    workflow,
 )
-from rollout.shared.envs.templates.browser import BrowserRuntime
-from rollout.shared.envs.templates.code_editing import CodeEditingRuntime
-from rollout.shared.envs.templates.custom import CustomRuntime
-from rollout.shared.envs.templates.nemo_gym import NemoGymRuntime
-from rollout.shared.envs.templates.openenv import OpenEnvRuntime
-from rollout.shared.envs.templates.plugin import PluginRuntime
-from rollout.shared.envs.templates.sql import SqlRuntime
-from rollout.shared.envs.templates.verifiers_taskset import VerifiersRuntime
-from rollout.shared.envs.templates.workflow import WorkflowRuntime
+from rollout.shared.envs.templates.protocol import Plan, Template
 
-RUNTIMES: dict[str, type] = {
-    "workflow": WorkflowRuntime,
-    "custom": CustomRuntime,
-    "sql": SqlRuntime,
-    "code-editing": CodeEditingRuntime,
-    "browser": BrowserRuntime,
-    "plugin": PluginRuntime,
-    "openenv": OpenEnvRuntime,
-    "verifiers": VerifiersRuntime,
-    "nemo_gym": NemoGymRuntime,
+REGISTRY: dict[str, Template] = {
+    "workflow": workflow.TEMPLATE,
+    "custom": custom.TEMPLATE,
+    "code-editing": code_editing.TEMPLATE,
+    "sql": sql.TEMPLATE,
+    "browser": browser.TEMPLATE,
+    "plugin": plugin.TEMPLATE,
+    "openenv": openenv.TEMPLATE,
+    "verifiers": verifiers_taskset.TEMPLATE,
+    "nemo_gym": nemo_gym.TEMPLATE,
 }
 
-FIXED_TOOLS = {
-    "sql": ["describe_schema", "run_sql", "submit_answer"],
-    "browser": ["navigate", "read_page", "click", "type", "submit"],
-    "code-editing": ["list_files", "read_file", "write_file", "delete_file"],
-}
+
+def template_names() -> tuple[str, ...]:
+    """Every registered template's name, in registry order."""
+    return tuple(REGISTRY)
+
+
+def canonical_name(name: str) -> str:
+    """The registered name for a spelling users plausibly type (`code_editing`), else name."""
+    lowered = name.lower()
+    for template in REGISTRY.values():
+        if lowered in template.aliases:
+            return template.name
+    return name
+
+
+def get_template(name: str) -> Template | None:
+    """The registered template of that name (or alias), None when there is none."""
+    return REGISTRY.get(canonical_name(name))
+
+
+# Views of the registry under the names older callers import.
+def __getattr__(attr: str) -> Any:
+    if attr == "RUNTIMES":
+        return {name: t.runtime for name, t in REGISTRY.items()}
+    if attr == "FIXED_TOOLS":
+        return {name: list(t.fixed_tools) for name, t in REGISTRY.items() if t.fixed_tools}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 def static_tool_names(template: str, config: Any) -> list[str] | None:
     """Tool names known without running anything; None when only the plugin knows them."""
-    if isinstance(config, WorkflowConfig | CustomConfig):
-        return [t.name for t in config.tools]
-    if isinstance(config, CodeEditingConfig):
-        extra = ["run_tests"] if config.test_command is not None else []
-        return FIXED_TOOLS["code-editing"] + extra
-    if isinstance(config, SqlConfig | BrowserConfig):
-        return list(FIXED_TOOLS[template])
-    if isinstance(config, VerifiersConfig):
-        return []
-    if isinstance(config, PluginConfig):
-        return None
-    return None
+    found = get_template(template)
+    return found.tool_names(config) if found is not None else None
 
 
-__all__ = ["FIXED_TOOLS", "RUNTIMES", "static_tool_names"]
+__all__ = [
+    "REGISTRY",
+    "Plan",
+    "Template",
+    "canonical_name",
+    "get_template",
+    "static_tool_names",
+    "template_names",
+]

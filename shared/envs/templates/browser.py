@@ -16,7 +16,9 @@ from rollout.shared.contracts.envspec import (
     EnvironmentSpec,
     TaskSpec,
 )
+from rollout.shared.envs.checks import duplicates
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.protocol import Plan, Template
 
 NO_FORM = "_page"  # inputs outside any form keep their values under this key
 
@@ -187,3 +189,66 @@ class BrowserRuntime(BaseRuntime):
                 "submissions": self.submissions,
             }
         )
+
+
+BROWSER_STATE = ("url", "history", "forms", "submissions")
+
+
+class BrowserTemplate(Template):
+    """The `browser` template."""
+
+    name = "browser"
+    config_model = BrowserConfig
+    runtime = BrowserRuntime
+    fixed_tools = ("navigate", "read_page", "click", "type", "submit")
+
+    def check_config(self, config: BrowserConfig, out: list[str]) -> None:
+        """Duplicate pages and ids; links, forms and actions that name nothing."""
+        urls = [p.url for p in config.pages]
+        duplicates(urls, lambda i: f"config.pages[{i}].url", "page", out)
+        known = set(urls)
+        if config.initial_url is not None and config.initial_url not in known:
+            out.append(f"config.initialUrl: no page {config.initial_url!r}")
+        for i, page in enumerate(config.pages):
+            ids = [e.id for e in page.elements]
+            duplicates(ids, lambda j, i=i: f"config.pages[{i}].elements[{j}].id", "element id", out)
+            forms = {e.id for e in page.elements if e.type == "form"}
+            for j, el in enumerate(page.elements):
+                where = f"config.pages[{i}].elements[{j}]"
+                if el.href is not None and el.href not in known:
+                    out.append(f"{where}.href: no page {el.href!r}")
+                if el.type == "link" and not el.href:
+                    out.append(f"{where}.href: a link needs an href")
+                if el.form is not None and el.form not in forms:
+                    out.append(f"{where}.form: no form {el.form!r} on {page.url}")
+                if el.action is not None and el.action not in known:
+                    out.append(f"{where}.action: no page {el.action!r}")
+
+    def state_roots(self, config: BrowserConfig | None) -> set[str]:
+        """The browser's state keys."""
+        return set(BROWSER_STATE)
+
+    def plan(self, spec: EnvironmentSpec, task: TaskSpec, runtime: Any) -> Plan | None:
+        """Ground truth {"form": id, "fields": {name: value}}: open its page, fill, submit."""
+        truth = task.hidden_ground_truth
+        if not isinstance(truth, dict) or "form" not in truth:
+            return None
+        form = truth["form"]
+        for page in spec.config.get("pages", []):
+            elements = page.get("elements", [])
+            if not any(e.get("id") == form for e in elements):
+                continue
+            plan: Plan = [("navigate", {"url": page["url"]})]
+            for name, value in (truth.get("fields") or {}).items():
+                element = next(
+                    (e for e in elements if e.get("name") == name and e.get("form") == form), None
+                )
+                if element is None:
+                    return None
+                plan.append(("type", {"element_id": element["id"], "text": str(value)}))
+            plan.append(("submit", {"form_id": form}))
+            return plan
+        return None
+
+
+TEMPLATE = BrowserTemplate()

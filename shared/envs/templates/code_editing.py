@@ -29,6 +29,7 @@ from typing import Any
 
 from rollout.shared.contracts.envspec import CodeEditingConfig, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.protocol import STATE_MATCH, Template
 
 DEFAULT_TEST_COMMAND = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 MAX_FILE_BYTES = 1_000_000
@@ -561,3 +562,87 @@ class CodeEditingRuntime(BaseRuntime):
     def final_state(self) -> dict[str, Any]:
         """Every file's content and how often the agent ran the tests."""
         return {"files": copy.deepcopy(self.files), "testRuns": self.test_runs}
+
+
+def _check_files(files: Any, where: str, out: list[str]) -> None:
+    if files is None:
+        return
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        out.append(f"{where}: must map paths to file contents")
+        return
+    for path in files:
+        try:
+            check_file_path(path)
+        except ToolError as exc:
+            out.append(f'{where}["{path}"]: {exc}')
+
+
+class CodeEditingTemplate(Template):
+    """The `code-editing` template."""
+
+    name = "code-editing"
+    aliases = ("code_editing", "codeediting")
+    config_model = CodeEditingConfig
+    runtime = CodeEditingRuntime
+    fixed_tools = ("list_files", "read_file", "write_file", "delete_file")
+    sandboxed = True
+
+    def tool_names(self, config: CodeEditingConfig) -> list[str]:
+        """The file tools, and run_tests when there is a test command."""
+        extra = ["run_tests"] if config.test_command is not None else []
+        return [*self.fixed_tools, *extra]
+
+    def check_config(self, config: CodeEditingConfig, out: list[str]) -> None:
+        """File paths stay inside the project; a test command is not empty."""
+        for path in config.files:
+            try:
+                check_file_path(path)
+            except ToolError as exc:
+                out.append(f'config.files["{path}"]: {exc}')
+        cmd = config.test_command
+        if isinstance(cmd, list) and not cmd or isinstance(cmd, str) and not cmd.strip():
+            out.append("config.testCommand: empty command")
+
+    def check_task(
+        self, config: CodeEditingConfig, task: TaskSpec, where: str, out: list[str]
+    ) -> None:
+        """A task's own files and its ground truth's files and tests map safe paths to text."""
+        if isinstance(task.input, dict):
+            _check_files(task.input.get("files"), f"{where}.input.files", out)
+        gt = task.hidden_ground_truth
+        if not isinstance(gt, dict):
+            return
+        for key in ("files", "tests"):
+            files = gt.get(key)
+            if files is None:
+                continue
+            if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+                out.append(f"{where}.hiddenGroundTruth.{key}: must map paths to file contents")
+                continue
+            for path in files:
+                try:
+                    check_file_path(path)
+                except ToolError as exc:
+                    out.append(f'{where}.hiddenGroundTruth.{key}["{path}"]: {exc}')
+
+    def default_primitives(self, task: TaskSpec) -> list[dict[str, Any]]:
+        """state_match on the ground truth's files and/or tests_pass on its tests."""
+        gt = task.hidden_ground_truth
+        if not isinstance(gt, dict) or ("files" not in gt and "tests" not in gt):
+            return [dict(STATE_MATCH)]
+        prims: list[dict[str, Any]] = []
+        if "files" in gt:
+            prims.append(
+                {
+                    "name": "files",
+                    "type": "state_match",
+                    "expected": {"files": gt["files"]},
+                    "partial": True,
+                }
+            )
+        if "tests" in gt:
+            prims.append({"name": "tests", "type": "tests_pass"})
+        return prims
+
+
+TEMPLATE = CodeEditingTemplate()

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from rollout.shared.contracts.envspec import CustomConfig, CustomTool, EnvironmentSpec, TaskSpec
+from rollout.shared.envs.checks import (
+    check_schema,
+    declared_params,
+    duplicates,
+    placeholder_problems,
+    quiet,
+)
 from rollout.shared.envs.interpolate import arg_names, interpolate, interpolate_string
 from rollout.shared.envs.params import to_json_schema
-from rollout.shared.envs.paths import PathError, set_path
+from rollout.shared.envs.paths import PathError, parse_path, set_path
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.protocol import Plan, Template, required_args, tools_by_name
 
 
 def custom_tool_parameters(tool: CustomTool) -> dict[str, Any]:
@@ -58,3 +67,78 @@ class CustomRuntime(BaseRuntime):
     def final_state(self) -> dict[str, Any]:
         """The mutable state after the episode."""
         return copy.deepcopy(self.state)
+
+
+def _mutated_root(path: str) -> str | None:
+    # A templated path's placeholders stand for any segment: parse it with a stand-in.
+    first = parse_path(re.sub(r"\$\{[^{}]*\}", "x", path))[0]
+    return first if isinstance(first, str) else None
+
+
+class CustomTemplate(Template):
+    """The `custom` template."""
+
+    name = "custom"
+    config_model = CustomConfig
+    runtime = CustomRuntime
+
+    def tool_names(self, config: CustomConfig) -> list[str]:
+        """The configured tools."""
+        return [t.name for t in config.tools]
+
+    def check_config(self, config: CustomConfig, out: list[str]) -> None:
+        """Duplicate tools, bad schemas, placeholders and mutation paths."""
+        names = [t.name for t in config.tools]
+        duplicates(names, lambda i: f"config.tools[{i}].name", "tool", out)
+        for i, tool in enumerate(config.tools):
+            where = f"config.tools[{i}]"
+            check_schema(tool.params_schema, where, out)
+            params = declared_params(tool.params_schema)
+            out.extend(placeholder_problems(tool.response, f"{where}.response", params))
+            for j, m in enumerate(tool.mutates):
+                mw = f"{where}.mutates[{j}]"
+                out.extend(placeholder_problems(m.path, f"{mw}.path", params))
+                out.extend(placeholder_problems(m.value, f"{mw}.value", params))
+                try:
+                    parse_path(re.sub(r"\$\{[^{}]*\}", "x", m.path))
+                except PathError as exc:
+                    out.append(f"{mw}.path: {exc}")
+
+    def state_roots(self, config: CustomConfig | None) -> set[str] | None:
+        """The initial state's keys and every mutation's first segment."""
+        if config is None:
+            return None
+        roots = set(config.initial_mutable_state)
+        for tool in config.tools:
+            for m in tool.mutates:
+                with quiet():
+                    first = _mutated_root(m.path)
+                    if first is not None:
+                        roots.add(first)
+        return roots
+
+    def plan(self, spec: EnvironmentSpec, task: TaskSpec, runtime: Any) -> Plan | None:
+        """Ground truth paths like `tickets.T-3.status`: act on that id with a tool taking one."""
+        truth = task.hidden_ground_truth
+        if not isinstance(truth, dict):
+            return None
+        tools = tools_by_name(runtime)
+        plan: Plan = []
+        for path in truth:
+            parts = str(path).split(".")
+            if len(parts) < 3:
+                continue
+            item = parts[1]
+            for tool in tools.values():
+                id_params = [p for p in required_args(tool) if p.endswith("_id")]
+                if id_params:
+                    args = {
+                        p: (item if p in id_params else "Fixed as requested.")
+                        for p in required_args(tool)
+                    }
+                    plan.append((tool.name, args))
+                    break
+        return plan or None
+
+
+TEMPLATE = CustomTemplate()

@@ -19,9 +19,11 @@ import httpx
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, NemoGymConfig, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord
+from rollout.shared.envs.checks import duplicates
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
-from rollout.shared.envs.templates.openenv import check_url
+from rollout.shared.envs.templates.openenv import ENV_REWARD, check_url
+from rollout.shared.envs.templates.protocol import Template
 
 PROBE_TIMEOUT_S = 5.0
 # A request's headers and body go out as two writes: without TCP_NODELAY the body waits for
@@ -235,3 +237,33 @@ class NemoGymRuntime(BaseRuntime):
 
 
 __all__ = ["NemoGymRuntime", "fetch_openapi"]
+
+
+class NemoGymTemplate(Template):
+    """The `nemo_gym` template: episodes on a remote NeMo Gym resources server."""
+
+    name = "nemo_gym"
+    aliases = ("nemo-gym",)
+    config_model = NemoGymConfig
+    runtime = NemoGymRuntime
+
+    def tool_names(self, config: NemoGymConfig) -> None:
+        """Only the server knows its tools."""
+        return None
+
+    def check_config(self, config: NemoGymConfig, out: list[str]) -> None:
+        """Plan time: the server must answer like a resources server; tools are unique."""
+        try:
+            fetch_openapi(config.url)
+        except RolloutError as exc:
+            out.append(f"config.url: {exc.message}")
+        if config.tools is not None:
+            names = [t.name for t in config.tools]
+            duplicates(names, lambda i: f"config.tools[{i}].name", "tool", out)
+
+    def default_primitives(self, task: TaskSpec) -> list[dict[str, Any]]:
+        """The remote environment rewards the episode."""
+        return [dict(ENV_REWARD)]
+
+
+TEMPLATE = NemoGymTemplate()

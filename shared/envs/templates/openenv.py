@@ -23,6 +23,7 @@ from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, OpenEnvConfig, TaskSpec
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.protocol import Template
 
 _SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
 SCHEMA_TIMEOUT_S = 5.0
@@ -316,3 +317,33 @@ class OpenEnvRuntime(BaseRuntime):
 
 
 __all__ = ["OpenEnvRuntime", "action_parameters", "check_url", "fetch_schema"]
+
+
+ENV_REWARD = {"name": "reward", "type": "env_reward"}
+
+
+class OpenEnvTemplate(Template):
+    """The `openenv` template: episodes on a remote OpenEnv server."""
+
+    name = "openenv"
+    config_model = OpenEnvConfig
+    runtime = OpenEnvRuntime
+
+    def tool_names(self, config: OpenEnvConfig) -> None:
+        """Only the server knows its tools."""
+        return None
+
+    def check_config(self, config: OpenEnvConfig, out: list[str]) -> None:
+        """Plan time, not minute 47: the server must be an OpenEnv server answering /schema."""
+        try:
+            check_url(config.url)
+            fetch_schema(config.url)
+        except RolloutError as exc:
+            out.append(f"config.url: {exc.message}")
+
+    def default_primitives(self, task: TaskSpec) -> list[dict[str, Any]]:
+        """The remote environment rewards the episode."""
+        return [dict(ENV_REWARD)]
+
+
+TEMPLATE = OpenEnvTemplate()

@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, PluginConfig, TaskSpec
+from rollout.shared.envs.checks import duplicates
 from rollout.shared.envs.plugin_host.client import (
     HostFailed,
     HostPool,
@@ -39,6 +40,7 @@ from rollout.shared.envs.plugin_host.client import (
 from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.protocol import Template
 
 log = structlog.get_logger(__name__)
 
@@ -350,3 +352,64 @@ __all__ = [
     "lease_host",
     "shadowing_problems",
 ]
+
+
+class PluginTemplate(Template):
+    """Python plugin environments (`module.path:function`), run in a sandboxed plugin host."""
+
+    name = "plugin"
+    config_model = PluginConfig
+    runtime = PluginRuntime
+    starts_in_host = True
+
+    def complete_config(self, config: dict[str, Any]) -> None:
+        """Bundle the entrypoint module's own source (see plugin_sources) unless given."""
+        entrypoint = config.get("entrypoint")
+        if "sources" in config or not isinstance(entrypoint, str) or ":" not in entrypoint:
+            return
+        from rollout.shared.envs.plugin_sources import bundle_sources
+
+        sources = bundle_sources(entrypoint)
+        if sources:
+            config["sources"] = sources
+
+    def tool_names(self, config: PluginConfig) -> None:
+        """Only the plugin knows its tools."""
+        return None
+
+    def plan_tools(self, config: PluginConfig, out: list[str]) -> list[str] | None:
+        """Ask the plugin for its tools, in a plugin host (never imported in this process)."""
+        from rollout.errors import RolloutError
+
+        refused = shadowing_problems(config)
+        if refused:
+            out.extend(refused)
+            return None
+        try:
+            host = lease_host(config)
+            try:
+                result = host.call("reset", {"options": dict(config.options), "probe": True})
+            finally:
+                default_pool().release(host)
+        except (PluginError, HostFailed, ReplyError) as exc:
+            out.append(f"config.entrypoint: {exc}")
+            return None
+        except RolloutError as exc:  # no sandbox here: say so, never import it unsandboxed
+            out.append(f"config.entrypoint: the plugin host cannot start: {exc.message}")
+            return None
+        names = [t["name"] for t in result.get("tools") or []]
+        duplicates(names, lambda i: f"config.entrypoint: tools()[{i}].name", "tool", out)
+        return names
+
+    def start_group(
+        self,
+        spec: EnvironmentSpec,
+        tasks: Any,
+        config: PluginConfig,
+        pool: HostPool | None = None,
+    ) -> list[Any]:
+        """Episodes of one batch, sharing hosts (blocking: call it from a thread)."""
+        return list(start_group(spec, list(tasks), config, pool))
+
+
+TEMPLATE = PluginTemplate()

@@ -15,6 +15,7 @@ from typing import Any
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, SqlConfig, TaskSpec
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.protocol import STATE_MATCH, Plan, Template
 
 # Tables dumped into the final state are capped so trajectories stay small; counts are exact.
 STATE_ROWS_PER_TABLE = 500
@@ -266,3 +267,62 @@ class SqlRuntime(BaseRuntime):
     async def close(self) -> None:
         """Drop the in-memory database."""
         self.conn.close()
+
+
+def _check_reference_query(config: SqlConfig, query: Any, where: str, out: list[str]) -> None:
+    if not isinstance(query, str) or not query.strip():
+        out.append(f"{where}: must be a non-empty SQL string")
+        return
+    try:
+        conn = open_database(config)
+    except SqlConfigError:
+        try:  # a broken seed is reported on its own; the query can still be checked
+            conn = open_database(config.model_copy(update={"seed": ""}))
+        except SqlConfigError:
+            return  # reported under config.schema
+    try:
+        run_query(conn, query, config.query_timeout_seconds * 5, 1)
+    except ToolError as exc:
+        out.append(f"{where}: {exc}")
+    finally:
+        conn.close()
+
+
+class SqlTemplate(Template):
+    """The `sql` template."""
+
+    name = "sql"
+    config_model = SqlConfig
+    runtime = SqlRuntime
+    fixed_tools = ("describe_schema", "run_sql", "submit_answer")
+
+    def check_config(self, config: SqlConfig, out: list[str]) -> None:
+        """The schema and seed run under the runtime's authorizer and time limit."""
+        # A schema or seed that ATTACHes a file or loads an extension is refused here.
+        try:
+            open_database(config).close()
+        except SqlConfigError as exc:
+            out.append(str(exc))
+
+    def check_task(self, config: SqlConfig, task: TaskSpec, where: str, out: list[str]) -> None:
+        """A ground truth's reference query must run on the database."""
+        gt = task.hidden_ground_truth
+        if isinstance(gt, dict) and gt.get("query") is not None:
+            _check_reference_query(config, gt["query"], f"{where}.hiddenGroundTruth.query", out)
+
+    def default_primitives(self, task: TaskSpec) -> list[dict[str, Any]]:
+        """sql_result_match when the ground truth is a query or rows, else state_match."""
+        gt = task.hidden_ground_truth
+        if isinstance(gt, dict) and ("query" in gt or "rows" in gt):
+            return [{"name": "result", "type": "sql_result_match"}]
+        return [dict(STATE_MATCH)]
+
+    def plan(self, spec: EnvironmentSpec, task: TaskSpec, runtime: Any) -> Plan | None:
+        """Submit the ground truth's reference query."""
+        truth = task.hidden_ground_truth
+        if isinstance(truth, dict) and isinstance(truth.get("query"), str):
+            return [("submit_answer", {"query": truth["query"]})]
+        return None
+
+
+TEMPLATE = SqlTemplate()

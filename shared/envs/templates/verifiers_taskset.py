@@ -7,8 +7,17 @@ never runs in this process.
 
 from __future__ import annotations
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, VerifiersConfig
+from typing import Any
+
+from rollout.shared.contracts.envspec import (
+    EnvironmentSpec,
+    PluginConfig,
+    TaskSpec,
+    VerifiersConfig,
+)
 from rollout.shared.envs.templates.base import BaseRuntime
+from rollout.shared.envs.templates.plugin import shadowing_problems
+from rollout.shared.envs.templates.protocol import Template
 
 
 class VerifiersRuntime(BaseRuntime):
@@ -21,4 +30,26 @@ class VerifiersRuntime(BaseRuntime):
         self.config = config
 
 
-__all__ = ["VerifiersRuntime"]
+class VerifiersTemplate(Template):
+    """The `verifiers` template: a verifiers taskset's tasks, scored by its rubric."""
+
+    name = "verifiers"
+    config_model = VerifiersConfig
+    runtime = VerifiersRuntime
+
+    def check_config(self, config: VerifiersConfig, out: list[str]) -> None:
+        """The taskset's module may not shadow rollout or the stdlib (its code is not loaded)."""
+        # Its code is loaded only in a plugin host (at load and scoring), never here.
+        probe = PluginConfig(entrypoint=f"{config.taskset}:x", sources=config.sources)
+        out.extend(
+            p.replace("config.entrypoint", "config.taskset") for p in shadowing_problems(probe)
+        )
+
+    def default_primitives(self, task: TaskSpec) -> list[dict[str, Any]]:
+        """The taskset's own rubric scores the reply."""
+        return [{"name": "rubric", "type": "verifiers_rubric"}]
+
+
+TEMPLATE = VerifiersTemplate()
+
+__all__ = ["TEMPLATE", "VerifiersRuntime", "VerifiersTemplate"]

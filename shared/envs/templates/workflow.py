@@ -7,11 +7,21 @@ import re
 from typing import Any
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, WorkflowConfig, WorkflowTool
+from rollout.shared.envs.checks import (
+    check_schema,
+    declared_params,
+    duplicates,
+    missing_in,
+    placeholder_problems,
+    quiet,
+    static_prefix,
+)
 from rollout.shared.envs.compare import short, values_equal
 from rollout.shared.envs.interpolate import arg_names, interpolate, interpolate_string
 from rollout.shared.envs.params import to_json_schema
-from rollout.shared.envs.paths import PathError, resolve_path, set_path
+from rollout.shared.envs.paths import PathError, parse_path, resolve_path, set_path
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.protocol import Plan, Template, required_args, tools_by_name
 
 
 def tool_arg_names(tool: WorkflowTool) -> list[str]:
@@ -130,3 +140,125 @@ class WorkflowRuntime(BaseRuntime):
     def final_state(self) -> dict[str, Any]:
         """The mutable state after the episode."""
         return copy.deepcopy(self.state)
+
+
+class WorkflowTemplate(Template):
+    """The `workflow` template."""
+
+    name = "workflow"
+    config_model = WorkflowConfig
+    runtime = WorkflowRuntime
+
+    def tool_names(self, config: WorkflowConfig) -> list[str]:
+        """The configured tools."""
+        return [t.name for t in config.tools]
+
+    def check_config(self, config: WorkflowConfig, out: list[str]) -> None:
+        """Duplicate tools, bad schemas and placeholders, fixtures and state arrays not found."""
+        names = [t.name for t in config.tools]
+        duplicates(names, lambda i: f"config.tools[{i}].name", "tool", out)
+        for i, tool in enumerate(config.tools):
+            _check_tool(config, tool, f"config.tools[{i}]", out)
+
+    def state_roots(self, config: WorkflowConfig | None) -> set[str] | None:
+        """The initial state's keys and every action's target array."""
+        if config is None:
+            return None
+        roots = set(config.initial_mutable_state)
+        for tool in config.tools:
+            if tool.target:
+                with quiet():
+                    first = parse_path(tool.target)[0]
+                    if isinstance(first, str):
+                        roots.add(first)
+        return roots
+
+    def plan(self, spec: EnvironmentSpec, task: TaskSpec, runtime: Any) -> Plan | None:
+        """Ground truth {state_array: [record, ...]}: look each record's id up, then act."""
+        truth = task.hidden_ground_truth
+        if not isinstance(truth, dict):
+            return None
+        tools = tools_by_name(runtime)
+        lookups = [t for n, t in tools.items() if n.startswith(("get_", "lookup"))]
+        plan: Plan = []
+        for records in truth.values():
+            if not isinstance(records, list):
+                return None
+            for record in records:
+                if not isinstance(record, dict) or not record:
+                    return None
+                key = next(iter(record.values()))
+                if lookups and required_args(lookups[0]):
+                    plan.append((lookups[0].name, {required_args(lookups[0])[0]: key}))
+                action = next(
+                    (
+                        t
+                        for t in tools.values()
+                        if t not in lookups
+                        and required_args(t)
+                        and set(required_args(t)) <= set(record)
+                    ),
+                    None,
+                )
+                if action is None:
+                    return None
+                plan.append((action.name, {k: record[k] for k in required_args(action)}))
+        return plan
+
+
+def _check_tool(config: WorkflowConfig, tool: WorkflowTool, where: str, out: list[str]) -> None:
+    check_schema(tool.params_schema, where, out)
+    params = declared_params(tool.params_schema)
+    for field, value in (
+        ("fixturePath", tool.fixture_path),
+        ("value", tool.value),
+        ("response", tool.response),
+    ):
+        out.extend(placeholder_problems(value, f"{where}.{field}", params))
+    if tool.fixture_path:
+        prefix = static_prefix(tool.fixture_path)
+        if prefix:
+            missing = missing_in(config.fixtures, prefix, "fixture")
+            if missing:
+                out.append(f"{where}.fixturePath: {missing}")
+    if tool.from_array:
+        source: Any = None
+        for root in (config.fixtures, config.initial_mutable_state):
+            try:
+                source = resolve_path(root, tool.from_array)
+                break
+            except PathError:
+                continue
+        if source is None:
+            known = ", ".join(map(repr, config.fixtures)) or "none"
+            out.append(f"{where}.fromArray: no fixture {tool.from_array!r} (known: {known})")
+        elif not isinstance(source, list | dict):
+            out.append(f"{where}.fromArray: {tool.from_array!r} is not an array")
+        elif tool.match_field:
+            items = list(source.values()) if isinstance(source, dict) else source
+            if items and not any(isinstance(it, dict) and tool.match_field in it for it in items):
+                out.append(
+                    f"{where}.matchField: no {tool.from_array} entry has field {tool.match_field!r}"
+                )
+        if tool.match_field and params is not None:
+            arg = tool.match_arg or tool.match_field
+            if arg not in params:
+                out.append(f"{where}.paramsSchema: missing argument {arg!r} used by matchField")
+    if tool.kind == "action" and tool.target:
+        field = "appendTo" if tool.append_to else "stateArray"
+        try:
+            current = resolve_path(config.initial_mutable_state, tool.target)
+        except PathError:
+            current = None
+        if current is not None and not isinstance(current, list):
+            out.append(
+                f"{where}.{field}: initialMutableState.{tool.target} is "
+                f"{type(current).__name__}, not an array"
+            )
+        try:
+            parse_path(tool.target)
+        except PathError as exc:
+            out.append(f"{where}.{field}: {exc}")
+
+
+TEMPLATE = WorkflowTemplate()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -19,43 +18,19 @@ from rollout.shared.envs.verifiers.registry import REGISTRY, InfraError, Outcome
 
 log = structlog.get_logger(__name__)
 
-# Templates whose episodes a remote environment rewards: the default verifier reads that reward.
-REMOTE_REWARD_TEMPLATES = frozenset({"openenv", "nemo_gym"})
-
 
 def default_verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
-    """The verifier used when the env has none: state_match against the hidden ground truth.
+    """The verifier used when the env has none: the template's default primitives.
 
-    Templates whose ground truth names something other than state get the matching primitive:
-    sql (`query`/`rows` -> sql_result_match), code-editing (`files` -> state_match on those
-    files; `tests` -> tests_pass).
+    That is state_match against the hidden ground truth unless the template says otherwise
+    (sql `query`/`rows` -> sql_result_match; code-editing `files` -> state_match on those
+    files, `tests` -> tests_pass; remote envs -> env_reward; verifiers -> its rubric).
     """
-    gt = task.hidden_ground_truth
-    prims: list[dict[str, Any]] = []
-    if spec.template in REMOTE_REWARD_TEMPLATES:
-        prims.append({"name": "reward", "type": "env_reward"})
-    elif spec.template == "verifiers":
-        prims.append({"name": "rubric", "type": "verifiers_rubric"})
-    elif spec.template == "sql" and isinstance(gt, dict) and ("query" in gt or "rows" in gt):
-        prims.append({"name": "result", "type": "sql_result_match"})
-    elif (
-        spec.template == "code-editing"
-        and isinstance(gt, dict)
-        and ("files" in gt or "tests" in gt)
-    ):
-        if "files" in gt:
-            prims.append(
-                {
-                    "name": "files",
-                    "type": "state_match",
-                    "expected": {"files": gt["files"]},
-                    "partial": True,
-                }
-            )
-        if "tests" in gt:
-            prims.append({"name": "tests", "type": "tests_pass"})
-    else:
-        prims.append({"name": "state", "type": "state_match"})
+    from rollout.shared.envs.templates import get_template
+    from rollout.shared.envs.templates.protocol import STATE_MATCH
+
+    template = get_template(spec.template)
+    prims = template.default_primitives(task) if template is not None else [dict(STATE_MATCH)]
     return VerifierSpec.model_validate({"primitives": prims})
 
 
