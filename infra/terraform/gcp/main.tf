@@ -68,6 +68,7 @@ resource "google_project_service" "apis" {
     "servicenetworking.googleapis.com",
     "sqladmin.googleapis.com",
     "iam.googleapis.com",
+    "secretmanager.googleapis.com",
   ])
   service            = each.value
   disable_on_destroy = false
@@ -518,7 +519,7 @@ resource "google_container_node_pool" "pool" {
     disk_type       = "pd-balanced"
     service_account = google_service_account.nodes.email
     oauth_scopes    = ["https://www.googleapis.com/auth/cloud-platform"]
-    labels          = { "rollout-pool" = each.key }
+    labels          = { "rollout.dev/pool" = each.key }
 
     workload_metadata_config {
       mode = "GKE_METADATA"
