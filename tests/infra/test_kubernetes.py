@@ -29,6 +29,7 @@ from rollout.shared.auth.services import SERVICE_ROLES, service_user
 from rollout.shared.stack.nats import service_password_variable
 from rollout.shared.stack.services import SERVICES
 
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """Every deployable rendering: the overlays and the Terraform's cluster layers."""
@@ -214,15 +215,20 @@ def test_terraform_cluster_layers_set_the_deployment_values(
         else:
             assert store["gcpsm"]["projectID"] == CLUSTER_VALUES["project_id"]
             account = find(docs, "ServiceAccount", "rollout")["metadata"]["annotations"]
-            assert account["iam.gke.io/gcp-service-account"] == (
-                CLUSTER_VALUES["workload_service_account"]
+            assert (
+                account["iam.gke.io/gcp-service-account"]
+                == (CLUSTER_VALUES["workload_service_account"])
             )
 
 
 def test_cluster_layer_templates_get_exactly_their_variables() -> None:
     """Every ${name} in a template is passed by its templatefile call, and nothing else."""
     for cloud in OVERLAYS:
-        used = set(re.findall(r"\$\{(\w+)\}", (TERRAFORM / cloud / "cluster-kustomization.tftpl").read_text()))
+        used = set(
+            re.findall(
+                r"\$\{(\w+)\}", (TERRAFORM / cloud / "cluster-kustomization.tftpl").read_text()
+            )
+        )
         code = (TERRAFORM / cloud / "kubernetes.tf").read_text()
         call = code[code.index('templatefile("${path.module}/cluster-kustomization.tftpl"') :]
         call = call[: call.index("})")]
@@ -256,7 +262,7 @@ def test_actors_and_learner_run_on_the_gpu_pools(
 def test_actors_scale_on_their_work_queue(rendered: dict[str, list[dict[str, Any]]]) -> None:
     actor = next(r for r in SERVICE_ROLES if r.service == "actor")
     (durable,) = actor.consumes
-    for name, docs in rendered.items():
+    for _name, docs in rendered.items():
         scaled = find(docs, "ScaledObject", "actor")["spec"]
         assert scaled["scaleTargetRef"]["name"] == "actor"
         assert scaled["minReplicaCount"] >= 1 and scaled["maxReplicaCount"] > 2
@@ -283,9 +289,7 @@ def test_every_multi_replica_workload_has_a_disruption_budget(
                 continue
             labels = workload["spec"]["template"]["metadata"]["labels"]
             matching = [
-                b
-                for b in budgets
-                if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+                b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
             ]
             assert len(matching) == 1, f"{name}: {wname} needs one PodDisruptionBudget"
             assert matching[0]["spec"].get("maxUnavailable") == 1
@@ -310,7 +314,7 @@ def test_every_container_has_probes_from_the_heartbeat(
 
 
 def test_pods_run_locked_down(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    for name, docs in rendered.items():
+    for _name, docs in rendered.items():
         for workload in workloads(docs):
             spec = workload["spec"]["template"]["spec"]
             assert spec["automountServiceAccountToken"] is False
@@ -344,7 +348,7 @@ def test_pods_run_locked_down(rendered: dict[str, list[dict[str, Any]]]) -> None
 def test_nats_is_three_nodes_with_tls_and_r3_streams(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    for name, docs in rendered.items():
+    for _name, docs in rendered.items():
         nats = find(docs, "StatefulSet", "nats")
         assert nats["spec"]["replicas"] == 3
         assert nats["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
@@ -362,7 +366,9 @@ def test_nats_is_three_nodes_with_tls_and_r3_streams(
         config = config_map(docs, "rollout-config")
         assert config["ROLLOUT_STREAM_REPLICAS"] == "3"
         urls = config["ROLLOUT_NATS_URL"].split(",")
-        assert urls == [f"tls://nats-{i}.{headless}.rollout.svc.cluster.local:4222" for i in range(3)]
+        assert urls == [
+            f"tls://nats-{i}.{headless}.rollout.svc.cluster.local:4222" for i in range(3)
+        ]
         ca = config["ROLLOUT_NATS_CA_FILE"]
         for service in SERVICES:
             mounts = containers(find(docs, "Deployment", service))[0]["volumeMounts"]

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from k8s_kit import K8S, find, render
 
 from rollout.errors import RolloutError
 from rollout.shared.settings import connect_nats, load_settings
 from rollout.shared.stack.nats import nats_server_binary, service_password_variable
 from rollout.shared.stack.services import SERVICES
-from k8s_kit import K8S, find, render
 
 PASSWORDS = {
     "ROLLOUT_NATS_PASSWORD": "admin-secret-0001",
@@ -75,7 +75,9 @@ def _certificates(directory: Path) -> None:
             critical=False,
         )
         .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
             critical=False,
         )
         .sign(ca_key, hashes.SHA256())
@@ -85,9 +87,7 @@ def _certificates(directory: Path) -> None:
     (directory / "ca.crt").write_bytes(ca.public_bytes(pem))
     (directory / "tls.crt").write_bytes(cert.public_bytes(pem))
     (directory / "tls.key").write_bytes(
-        key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
 
 
@@ -176,14 +176,23 @@ def _service_env(node: dict[str, Any], home: Path, **extra: str) -> dict[str, st
 async def test_a_service_connects_over_tls_trusting_only_the_private_ca(
     tls_node: dict[str, Any], tmp_path: Path
 ) -> None:
+    from rollout.shared.bus.broker import make_broker
+
     env = _service_env(tls_node, tmp_path, ROLLOUT_NATS_CA_FILE=str(tls_node["ca"]))
-    nc = await connect_nats(load_settings(env, service="tracker"))
+    settings = load_settings(env, service="tracker")
+    nc = await connect_nats(settings)
     try:
         assert nc.is_connected
-        # The server's permissions for svc_tracker answer: the generated users are in force.
         await nc.flush(timeout=5)
     finally:
         await nc.close()
+    # The services' FastStream broker takes the same TLS context.
+    broker = make_broker(settings)
+    connection = await broker.connect()
+    try:
+        assert connection.is_connected
+    finally:
+        await broker.stop()
 
     # Without the CA the server's certificate is not trusted: refused, with a clear error.
     with pytest.raises(RolloutError, match="cannot reach NATS"):
