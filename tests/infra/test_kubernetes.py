@@ -260,7 +260,7 @@ def test_actors_and_learner_run_on_the_gpu_pools(
 
 
 def test_actors_scale_on_their_work_queue(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    actor = next(r for r in SERVICE_ROLES if r.service == "actor")
+    actor = SERVICE_ROLES["actor"]
     (durable,) = actor.consumes
     for _name, docs in rendered.items():
         scaled = find(docs, "ScaledObject", "actor")["spec"]
