@@ -24,11 +24,14 @@ CHECKOV_TIMEOUT_S = 300
 
 
 def tool(name: str, package: str) -> str:
-    """A scanner installed by the dev extra (beside this interpreter), else on PATH."""
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
+    """A scanner beside this interpreter (the dev extra), in its own venv under .cache (checkov:
+    see .ci/run), else on PATH."""
+    for beside in (Path(sys.executable).parent / name, ROOT / ".cache" / name / "bin" / name):
+        if beside.exists():
+            return str(beside)
+    found = shutil.which(name)
     if found is None:
-        pytest.fail(f"{name} not found: install the dev extra ({package})")
+        pytest.fail(f"{name} not found: install {package} (see .ci/run)")
     return found
 
 
