@@ -31,6 +31,16 @@ locals {
   )))
 }
 
+# The VPC CNI's network policy agent enforces the manifests' NetworkPolicies (EKS installs the
+# CNI itself; this takes it over with that setting on).
+resource "aws_eks_addon" "vpc_cni" {
+  cluster_name                = aws_eks_cluster.main.name
+  addon_name                  = "vpc-cni"
+  configuration_values        = jsonencode({ enableNetworkPolicy = "true" })
+  resolve_conflicts_on_create = "OVERWRITE"
+  resolve_conflicts_on_update = "OVERWRITE"
+}
+
 resource "aws_kms_key" "secrets" {
   description             = "${var.name}: the rollout platform secret"
   enable_key_rotation     = true
@@ -122,7 +132,11 @@ resource "terraform_data" "operators" {
     EOT
   }
 
-  depends_on = [aws_eks_node_group.pool, aws_eks_pod_identity_association.external_secrets]
+  depends_on = [
+    aws_eks_node_group.pool,
+    aws_eks_addon.vpc_cni,
+    aws_eks_pod_identity_association.external_secrets,
+  ]
 }
 
 resource "terraform_data" "kubernetes" {
