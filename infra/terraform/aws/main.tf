@@ -86,10 +86,10 @@ resource "aws_internet_gateway" "main" {
 }
 
 resource "aws_subnet" "public" {
-  count                   = 3
-  vpc_id                  = aws_vpc.main.id
-  availability_zone       = local.azs[count.index]
-  cidr_block              = local.public_subnets[count.index]
+  count             = 3
+  vpc_id            = aws_vpc.main.id
+  availability_zone = local.azs[count.index]
+  cidr_block        = local.public_subnets[count.index]
   # Only the NAT gateway (an Elastic IP) and load balancers live here: nothing needs an
   # address assigned at launch.
   map_public_ip_on_launch = false
@@ -435,9 +435,9 @@ resource "aws_db_instance" "postgres" {
   # IAM tokens may be used besides the password; the server's logs go to CloudWatch.
   iam_database_authentication_enabled = true
   enabled_cloudwatch_logs_exports     = ["postgresql", "upgrade"]
-  deletion_protection        = var.deletion_protection
-  skip_final_snapshot        = !var.deletion_protection
-  final_snapshot_identifier  = "${var.name}-postgres-final"
+  deletion_protection                 = var.deletion_protection
+  skip_final_snapshot                 = !var.deletion_protection
+  final_snapshot_identifier           = "${var.name}-postgres-final"
 }
 
 # ---------------------------------------------------------------------------------------------
