@@ -265,6 +265,8 @@ def test_actors_scale_on_their_work_queue(rendered: dict[str, list[dict[str, Any
     for _name, docs in rendered.items():
         scaled = find(docs, "ScaledObject", "actor")["spec"]
         assert scaled["scaleTargetRef"]["name"] == "actor"
+        # KEDA owns the count: a replicas field would conflict on every server-side re-apply.
+        assert "replicas" not in find(docs, "Deployment", "actor")["spec"]
         assert scaled["minReplicaCount"] >= 1 and scaled["maxReplicaCount"] > 2
         (trigger,) = scaled["triggers"]
         assert trigger["type"] == "nats-jetstream"
