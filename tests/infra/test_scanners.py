@@ -141,3 +141,15 @@ def test_hadolint_can_fail(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "DL3007" in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_checkov_can_fail(tmp_path: Path) -> None:
+    """The same call reports a pod with no security settings (so zero above means something)."""
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bad\n  namespace: rollout\n"
+        "spec:\n  containers:\n    - name: bad\n      image: busybox\n"
+    )
+    _, failed = failures(checkov("--file", str(manifest), "--framework", "kubernetes"))
+    assert any(line.startswith("CKV_K8S_20 ") for line in failed), failed
