@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,6 +51,9 @@ class Settings:
     nats_urls: tuple[str, ...] = ()
     # Replicas of the streams and buckets this process creates: 3 on a cluster, 1 alone.
     stream_replicas: int = 1
+    # ROLLOUT_NATS_CA_FILE: the CA that signs the NATS servers' certificates (a private CA,
+    # as on Kubernetes), trusted for NATS alone so other TLS keeps the system's roots.
+    nats_ca_file: str | None = None
 
     @property
     def nats_servers(self) -> list[str]:
@@ -154,6 +158,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, service: str | None =
         external_database=external_database,
         nats_urls=nats_urls,
         stream_replicas=stream_replicas(env, state, home),
+        nats_ca_file=env.get("ROLLOUT_NATS_CA_FILE") or None,
     )
 
 
@@ -225,7 +230,24 @@ def nats_connect_kwargs(settings: Settings) -> dict[str, Any]:
     prefix = inbox_prefix_of(settings)
     if prefix:
         kwargs["inbox_prefix"] = prefix
+    tls = nats_tls_context(settings)
+    if tls is not None:
+        kwargs["tls"] = tls
     return kwargs
+
+
+def nats_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """A TLS context trusting ROLLOUT_NATS_CA_FILE for the NATS connection, else None."""
+    if not settings.nats_ca_file:
+        return None
+    try:
+        return ssl.create_default_context(cafile=settings.nats_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise RolloutError(
+            f"ROLLOUT_NATS_CA_FILE={settings.nats_ca_file!r} is not a readable CA certificate:"
+            f" {getattr(exc, 'strerror', None) or exc}",
+            problems=["point it at the PEM file of the CA that signs the NATS certificates"],
+        ) from exc
 
 
 def inbox_prefix_of(settings: Settings) -> str | None:

@@ -11,15 +11,16 @@ from nats.js import JetStreamContext
 
 from rollout.shared.bus import fetch_timeouts
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, DeadLetterPolicy
-from rollout.shared.settings import Settings, inbox_prefix_of
+from rollout.shared.settings import Settings, inbox_prefix_of, nats_tls_context
 
 
 def _security(settings: Settings) -> BaseSecurity | None:
+    tls = nats_tls_context(settings)
     if settings.nats_token:
-        return NatsToken(settings.nats_token)
+        return NatsToken(settings.nats_token, ssl_context=tls)
     if settings.nats_user is not None:
-        return NatsUserPassword(settings.nats_user, settings.nats_password or "")
-    return None
+        return NatsUserPassword(settings.nats_user, settings.nats_password or "", ssl_context=tls)
+    return BaseSecurity(ssl_context=tls) if tls is not None else None
 
 
 def _faststream_logger() -> logging.Logger:

@@ -10,6 +10,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nats.errors
@@ -29,6 +30,8 @@ DEFAULT_INTERVAL = 2.0
 # A replica counts as live for this many intervals after its last beat.
 LIVE_INTERVALS = 3
 BUCKET_TTL = 60.0
+# Where `rollout serve` writes its beat files, under ROLLOUT_HOME.
+BEATS_DIR = "beats"
 
 
 @dataclass(frozen=True)
@@ -92,25 +95,59 @@ async def heartbeat(
     replica_id: str | None = None,
     interval: float = DEFAULT_INTERVAL,
     replicas: int = 1,
+    beat_dir: Path | None = None,
 ) -> None:
-    """Beat every `interval` seconds until cancelled; the beat is removed on a clean stop."""
+    """Beat every `interval` seconds until cancelled; the beat is removed on a clean stop.
+
+    With `beat_dir`, each beat NATS accepted is also written to a file there, which
+    `rollout health` (a Kubernetes probe) reads without a connection of its own.
+    """
     kv = await heartbeat_bucket(js, replicas)
     replica_id = replica_id or default_replica_id()
     key = beat_key(service, replica_id)
     beat = {"service": service, "replica_id": replica_id}
     beat |= {"pid": os.getpid(), "host": socket.gethostname(), "interval": interval}
+    path = beat_dir / f"{key}.json" if beat_dir is not None else None
     try:
         while True:
+            record = json.dumps({**beat, "time": time.time()})
             try:
-                await kv.put(key, json.dumps({**beat, "time": time.time()}).encode())
+                await kv.put(key, record.encode())
             except (nats.errors.Error, TimeoutError) as exc:
                 # NATS restarting or briefly away: keep beating; the client reconnects.
                 log.warning("heartbeat failed", service=service, error=str(exc) or repr(exc))
+            else:
+                if path is not None:
+                    _write_beat_file(path, record)
             await asyncio.sleep(interval)
     finally:
         # Best effort: a clean stop shows at once; a crash ages out after LIVE_INTERVALS.
         with contextlib.suppress(Exception):
             await asyncio.shield(kv.delete(key))
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+
+def _write_beat_file(path: Path, record: str) -> None:
+    # Replaced whole, so a probe never reads half a beat.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        partial.write_text(record)
+        partial.replace(path)
+    except OSError as exc:
+        log.warning("cannot write the beat file", path=str(path), error=exc.strerror)
+
+
+def local_beats(beat_dir: Path, service: str) -> list[Beat]:
+    """The beats this machine's replicas of `service` last had accepted by NATS (beat files)."""
+    beats: list[Beat] = []
+    for path in sorted(beat_dir.glob(f"{_key_part(service)}.*.json")):
+        try:
+            beats.append(_beat_from(path.read_bytes()))
+        except (OSError, ValueError, KeyError):
+            continue  # gone or being replaced between the listing and the read
+    return [b for b in beats if b.service == service]
 
 
 async def read_beats(js: JetStreamContext) -> list[Beat]:

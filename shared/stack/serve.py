@@ -9,7 +9,7 @@ import signal
 from rollout.errors import RolloutError
 from rollout.shared.observability import configure_logging, get_logger
 from rollout.shared.settings import Settings, connect_nats, load_settings
-from rollout.shared.stack.health import DEFAULT_INTERVAL, default_replica_id, heartbeat
+from rollout.shared.stack.health import BEATS_DIR, DEFAULT_INTERVAL, default_replica_id, heartbeat
 from rollout.shared.stack.services import load_serve
 
 log = get_logger(__name__)
@@ -27,7 +27,14 @@ async def run_service(
     replica_id = replica_id or default_replica_id()
     nc = await connect_nats(settings, name=f"{name}-heartbeat")
     beats = asyncio.create_task(
-        heartbeat(nc.jetstream(), name, replica_id, interval, settings.stream_replicas)
+        heartbeat(
+            nc.jetstream(),
+            name,
+            replica_id,
+            interval,
+            settings.stream_replicas,
+            beat_dir=settings.home / BEATS_DIR,
+        )
     )
     log.info("service starting", replica_id=replica_id)
     try:

@@ -100,7 +100,7 @@ variable "bucket_force_destroy" {
 variable "kubernetes_version" {
   description = "EKS Kubernetes version."
   type        = string
-  default     = "1.31"
+  default     = "1.34"
 }
 
 variable "system_instance_types" {
@@ -166,4 +166,32 @@ variable "kubernetes_service_account" {
   description = "Kubernetes service account of the rollout pods."
   type        = string
   default     = "rollout"
+}
+
+variable "image_repository" {
+  description = "Registry and name of the rollout image (infra/images/Dockerfile), without the tag."
+  type        = string
+}
+
+variable "image_tag" {
+  description = "Tag of the base image; the train and gpu variants are tagged <tag>-train and <tag>-gpu."
+  type        = string
+}
+
+variable "cert_manager_version" {
+  description = "cert-manager Helm chart version (issues the NATS certificates)."
+  type        = string
+  default     = "v1.19.1"
+}
+
+variable "external_secrets_version" {
+  description = "External Secrets Operator Helm chart version (external-secrets.io/v1 API)."
+  type        = string
+  default     = "0.20.4"
+}
+
+variable "keda_version" {
+  description = "KEDA Helm chart version (autoscales the actors on their work queue)."
+  type        = string
+  default     = "2.18.1"
 }

@@ -209,3 +209,31 @@ variable "kubernetes_service_account" {
   type        = string
   default     = "rollout"
 }
+
+variable "image_repository" {
+  description = "Registry and name of the rollout image (infra/images/Dockerfile), without the tag."
+  type        = string
+}
+
+variable "image_tag" {
+  description = "Tag of the base image; the train and gpu variants are tagged <tag>-train and <tag>-gpu."
+  type        = string
+}
+
+variable "cert_manager_version" {
+  description = "cert-manager Helm chart version (issues the NATS certificates)."
+  type        = string
+  default     = "v1.19.1"
+}
+
+variable "external_secrets_version" {
+  description = "External Secrets Operator Helm chart version (external-secrets.io/v1 API)."
+  type        = string
+  default     = "0.20.4"
+}
+
+variable "keda_version" {
+  description = "KEDA Helm chart version (autoscales the actors on their work queue)."
+  type        = string
+  default     = "2.18.1"
+}

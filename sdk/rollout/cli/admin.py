@@ -32,6 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     config.add_argument("--http-port", type=int, default=8222)
     config.add_argument("--store-dir", default="/data")
     config.add_argument(
+        "--server-name",
+        default="rollout-nats",
+        help="this node's server_name (unique per node of a cluster, e.g. the pod name)",
+    )
+    config.add_argument(
         "--terraform-template",
         action="store_true",
         help="write only the authorization block, with Terraform template variables in place of"
@@ -93,6 +98,7 @@ def _nats_config(args: argparse.Namespace) -> int:
         port=args.port,
         http_port=args.http_port,
         store_dir=args.store_dir,
+        server_name=args.server_name,
     )
     out = Path(args.out)
     try:

@@ -50,6 +50,20 @@ def register(sub: Any) -> None:
     serve.add_argument("--replica-id", default=None, help="heartbeat id (default host-pid)")
     serve.set_defaults(func=cmd_serve)
 
+    health = sub.add_parser(
+        "health",
+        help="exit 0 while a replica of SERVICE here has had a heartbeat accepted recently"
+        " (a container probe: reads the beat files `serve` writes, opens no connection)",
+    )
+    health.add_argument("name", help="service name, e.g. tracker")
+    health.add_argument(
+        "--max-age",
+        type=float,
+        default=None,
+        help="seconds a beat counts as fresh (default: three heartbeat intervals)",
+    )
+    health.set_defaults(func=cmd_health)
+
 
 def _fast_postgres() -> bool:
     # Tests only: ROLLOUT_PG_FSYNC=off trades crash safety for speed.
@@ -223,6 +237,37 @@ def _print_status(*, as_json: bool) -> int:
         print(sandbox.line())
     healthy = all(c.healthy for c in components)
     return 0 if healthy else 1
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when this home's newest beat of the service is fresh, 1 (saying why) otherwise."""
+    from rollout.shared.settings import default_home
+    from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, local_beats
+    from rollout.shared.stack.services import registry
+
+    known = registry()
+    if args.name not in known:
+        raise RolloutError(
+            f"unknown service {args.name!r}", problems=[f"known: {', '.join(sorted(known))}"]
+        )
+    if args.max_age is not None and args.max_age <= 0:
+        raise RolloutError(f"--max-age {args.max_age}: expected a positive number of seconds")
+    raw_home = os.environ.get("ROLLOUT_HOME")
+    home = Path(raw_home).expanduser() if raw_home else default_home()
+    beats = local_beats(home / BEATS_DIR, args.name)
+    if not beats:
+        print(f"{args.name}: unhealthy: no heartbeat accepted yet (in {home / BEATS_DIR})")
+        return 1
+    newest = min(beats, key=lambda b: b.age)
+    limit = args.max_age if args.max_age is not None else newest.interval * LIVE_INTERVALS
+    if newest.age > limit:
+        print(
+            f"{args.name}: unhealthy: last heartbeat accepted {newest.age:.1f}s ago"
+            f" (limit {limit:g}s; replica {newest.replica_id})"
+        )
+        return 1
+    print(f"{args.name}: healthy: heartbeat {newest.age:.1f}s ago (replica {newest.replica_id})")
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -99,9 +99,14 @@ def _submit(coro: Any) -> concurrent.futures.Future[Any]:
 
 
 def _lost_errors() -> tuple[type[BaseException], ...]:
-    from websockets.exceptions import WebSocketException
-
-    return (ConnectionError, OSError, RuntimeError, asyncio.TimeoutError, WebSocketException)
+    lost: tuple[type[BaseException], ...] = (ConnectionError, OSError, RuntimeError, TimeoutError)
+    try:
+        from websockets.exceptions import WebSocketException
+    except ModuleNotFoundError:
+        # Without the interop extra (the service image) no OpenEnv client can run, so none of
+        # its errors can occur; importing the template must not need it.
+        return lost
+    return (*lost, WebSocketException)
 
 
 _LOST = _lost_errors()
