@@ -15,6 +15,7 @@ and prints its pass rate on the examples' test split.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -84,6 +85,20 @@ def example_files(directory: Path | None = None) -> list[Path]:
     return files
 
 
+def _run_to_end(make: Callable[[], Any]) -> Any:
+    """Run the coroutine `make()` returns to its end, from sync code with or without a loop.
+
+    An actor prepares the model on first use from inside its event loop, where asyncio.run()
+    refuses to start: the coroutine then gets a loop of its own on a worker thread.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tiny-agent") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
 def build_tiny_agent(
     directory: str | Path | None = None,
     *,
@@ -103,7 +118,7 @@ def build_tiny_agent(
         if not force and _stamp(target).get("hash") == digest:
             return target
         say(f"building {NAME} (first use): scripting train-split demonstrations")
-        rollouts, counts = asyncio.run(_demonstrations(files))
+        rollouts, counts = _run_to_end(lambda: _demonstrations(files))
         if not rollouts:
             raise RolloutError(f"{NAME}: no scripted demonstrations passed their verifiers")
         say(

@@ -70,3 +70,14 @@ def test_trained_tiny_agent_names_resolve_whatever_the_import_order(order: tuple
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+async def test_first_use_from_inside_an_event_loop_builds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor resolves the model in its loop: the build's own asyncio.run() must not clash."""
+    monkeypatch.setattr(tiny_agent, "TRAINING", {**tiny_agent.TRAINING, "max_steps": 1})
+    monkeypatch.setenv("ROLLOUT_HOME", str(tmp_path / "home"))
+    backend = resolve_backend("local/tiny-agent")
+    assert isinstance(backend, HFBackend)
+    assert (Path(backend.path) / tiny_agent.STAMP).is_file()
