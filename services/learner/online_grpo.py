@@ -46,6 +46,8 @@ from rollout.shared.store import env_versions
 log = get_logger(__name__)
 # Runs that yield nothing trainable (all stale or failed generations) before the job gives up.
 MAX_EMPTY_RUNS = 8
+# Rounds in a row whose groups all scored alike (GRPO: no advantage; the step is skipped).
+MAX_FLAT_ROUNDS = 8
 
 
 def round_request_id(job_id: str, step: int, attempt: int) -> str:
@@ -175,7 +177,7 @@ class OnlineGRPO:
         # The runs in flight, one per upcoming step (in step order); after a step, the next
         # ones are exactly those a learner resumed from that step's checkpoint starts.
         in_flight: deque[RoundRun] = deque()
-        empty = 0
+        empty = flat = 0
         started = time.monotonic()
         first_version = int(self.learner.policy_version)
         while self.learner.policy_version < target:
@@ -217,7 +219,26 @@ class OnlineGRPO:
                 continue
             empty = 0
             trained_at = time.monotonic()
+            before = int(self.learner.policy_version)
             progress = await asyncio.to_thread(self.learner.step, fresh)
+            if int(self.learner.policy_version) == before:
+                # Every task's samples scored the same: no signal, no new version. Sampling
+                # again may differ (temperature), but not forever.
+                flat += 1
+                self.timing.training_s += time.monotonic() - trained_at
+                if flat >= MAX_FLAT_ROUNDS:
+                    raise RolloutError(
+                        f"{flat} rounds in a row where every task's {self.config.group_size} "
+                        f"samples got the same reward (reward {progress.reward}): "
+                        f"{self.method.upper()} has nothing to learn from. Raise group_size "
+                        "or the temperature, pick tasks the model sometimes solves, or train "
+                        "with --method sft first"
+                    )
+                in_flight.appendleft(
+                    await self._start_run(current.step, current.attempt + 1, train_tasks)
+                )
+                continue
+            flat = 0
             done = int(self.learner.policy_version) - first_version
             elapsed = time.monotonic() - started
             eta = (target - self.learner.policy_version) * elapsed / done if done else None
