@@ -9,6 +9,7 @@ run is what the buffer must have applied before its answer holds every verdict o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -73,16 +74,21 @@ async def wait_for_run_end(js: JetStreamContext, run_id: str, *, timeout_s: floa
 
     async def follow() -> RunInfo:
         info: RunInfo | None = None
-        async for msg in read_events(js, subjects.run_events(run_id), follow=True):
-            _, _, name = subjects.parse_event_subject(msg.subject)
-            # Only lifecycle events are decoded: rollout batches are the buffer's business.
-            if name == subjects.event_name(RunRequested.event_type):
-                body = EventEnvelope.from_bytes(msg.data).body()
-                assert isinstance(body, RunRequested)
-                info = RunInfo(request=body)
-            elif name in _ENDINGS and info is not None:
-                info.end(EventEnvelope.from_bytes(msg.data).body(), msg.metadata.sequence.stream)
-                return info
+        # Closed at once and its consumer deleted: a job follows one run per round.
+        reader = read_events(js, subjects.run_events(run_id), follow=True, delete_consumer=True)
+        async with contextlib.aclosing(reader) as events:
+            async for msg in events:
+                _, _, name = subjects.parse_event_subject(msg.subject)
+                # Only lifecycle events are decoded: rollout batches are the buffer's business.
+                if name == subjects.event_name(RunRequested.event_type):
+                    body = EventEnvelope.from_bytes(msg.data).body()
+                    assert isinstance(body, RunRequested)
+                    info = RunInfo(request=body)
+                elif name in _ENDINGS and info is not None:
+                    info.end(
+                        EventEnvelope.from_bytes(msg.data).body(), msg.metadata.sequence.stream
+                    )
+                    return info
         raise RolloutError(f"run {run_id}: its events ended before it did")
 
     try:
