@@ -102,6 +102,10 @@ def run_config_command(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     async def go() -> Any:
+        # What needs no stack is checked before connecting to one: a bad file starts nothing.
+        check = await check_plan(args.config, overrides=args.overrides)
+        if not check.ok:
+            return check, None
         client = AsyncClient()
         try:
             check = await check_plan(args.config, client=client, overrides=args.overrides)
