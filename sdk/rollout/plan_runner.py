@@ -144,9 +144,9 @@ async def _push_envs(client: AsyncClient, check: PlanCheck, say: Say) -> dict[st
 
 def _model(plan: ExperimentPlan, state: PlanState, name: str) -> str:
     """A stage's model: a model of [models], or what an earlier train stage produced."""
-    if name in state.outputs:
-        return str(state.outputs[name]["model"])
-    return plan.models[name]
+    if name in plan.models:
+        return plan.models[name]
+    return str(state.outputs[name]["model"])
 
 
 def _request_id(plan_id: str, stage: Stage, state: PlanState) -> str:

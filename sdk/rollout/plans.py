@@ -56,6 +56,8 @@ class PlanCheck:
     # Names of envs and stages that are themselves invalid: references to them are not
     # reported again.
     unchecked: set[str] = field(default_factory=set)
+    # env name -> the splits its tasks have (when its spec could be read)
+    splits: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -125,7 +127,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
     for item in overrides:
         name, sep, model = item.partition("=")
         if not sep or not name.strip() or not model.strip():
-            problems.append(f"--model {item!r}: expected NAME=MODEL")
+            problems.append(f"--with {item!r}: expected NAME=MODEL")
             continue
         models = data.setdefault("models", {})
         if not isinstance(models, dict):
@@ -160,6 +162,7 @@ async def check_plan(
     _check_resources(plan, check)
     await _check_reward_models(plan, check)
     await _check_envs(plan, base, check, client)
+    _check_splits(plan, check)
     if check.problems:
         check.plan = None
     else:
@@ -431,6 +434,7 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
             check.problems += [f"{where}.file: {env.slug}: {p}" for p in problems]
             if not problems:
                 spec = env.to_spec()
+                check.splits[key] = {t.split for t in spec.tasks if t.split}
                 check.envs[key] = {
                     "source": "file",
                     "slug": spec.slug,
@@ -454,12 +458,28 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
             check.problems.append(f"{where}.ref: {await _missing_env(client, slug, version, exc)}")
             continue
         pin |= {"version": found["version"], "specHash": found["spec_hash"]}
+        tasks = (found.get("spec") or {}).get("tasks") or []
+        check.splits[key] = {t["split"] for t in tasks if t.get("split")}
         check.envs[key] = pin
     if not reached and any(e.ref for e in plan.envs.values()):
         check.notes.append(
             "no stack reachable: environment refs were not resolved (the plan is pinned when "
             "`rollout run --config` resolves them)"
         )
+
+
+def _check_splits(plan: ExperimentPlan, check: PlanCheck) -> None:
+    """A run or evaluate on a split its environment has no tasks of would score nothing."""
+    for i, stage in enumerate(plan.stages):
+        spec = (stage.run or stage.evaluate) if stage is not None else None
+        if spec is None or spec.split is None or spec.env not in check.splits:
+            continue
+        have = check.splits[spec.env]
+        if spec.split not in have:
+            check.problems.append(
+                f"stages[{i}].{stage.kind}.split: {check.envs[spec.env]['slug']} has no "
+                f"{spec.split!r} tasks (splits: {', '.join(sorted(have)) or 'none'})"
+            )
 
 
 async def _missing_env(client: Any, slug: str, version: int | None, exc: RolloutError) -> str:

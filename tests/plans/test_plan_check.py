@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from rollout.plans import check_plan, plan_hash
-from rollout.shared.contracts.plan import ExperimentPlan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHIPPED = ("local-ppo", "local-grpo", "distill-sft", "rlhf-rm-ppo")
@@ -24,7 +23,7 @@ def check(path: Path, **kw):  # noqa: ANN201
 
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     """`rollout ARGS` with a home that holds no stack (nothing to resolve refs against)."""
-    env = {"ROLLOUT_HOME": str(home), "PATH": "/usr/bin:/bin", "ROLLOUT_LOG_LEVEL": "WARNING"}
+    env = {"ROLLOUT_HOME": str(home), "HOME": str(home), "PATH": "/usr/bin:/bin"}
     return subprocess.run(
         [sys.executable, "-m", "rollout.cli", *args],
         capture_output=True, text=True, env=env, timeout=120, check=False,
@@ -39,7 +38,9 @@ def test_shipped_examples_validate_with_stable_hash(name: str) -> None:
     # The canonical plan is the validated model's JSON, the env pinned by its content.
     assert result.hash == plan_hash(result.canonical)
     assert result.canonical["envs"]["support"]["specHash"]
-    assert ExperimentPlan.model_validate(result.canonical).name == name
+    assert (
+        result.canonical["stages"] == result.plan.model_dump(mode="json", by_alias=True)["stages"]
+    )
     again = check(EXAMPLES / f"{name}.toml")
     assert (again.hash, again.plan_id) == (result.hash, result.plan_id)
     kinds = [s.kind for s in result.plan.stages]
@@ -148,6 +149,17 @@ def test_cli_plan_exit_codes_json_and_toml_syntax_line(tmp_path: Path) -> None:
     # `rollout run --config` refuses the same way before it starts anything.
     refused = cli("run", "--config", str(tmp_path / "syntax.toml"), home=tmp_path)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
+
+
+def test_a_split_the_env_lacks(tmp_path: Path) -> None:
+    (tmp_path / "workflow_support.py").write_text((EXAMPLES / "workflow_support.py").read_text())
+    text = (EXAMPLES / "local-grpo.toml").read_text().replace('split = "test"', 'split = "tset"')
+    (tmp_path / "p.toml").write_text(text)
+    result = check(tmp_path / "p.toml")
+    assert result.problems == [
+        f"stages[{i}].evaluate.split: support-refunds has no 'tset' tasks (splits: test, train)"
+        for i in (0, 2)
+    ]
 
 
 def test_with_overrides_a_model(tmp_path: Path) -> None:
