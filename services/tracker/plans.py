@@ -9,8 +9,12 @@ start a stage: the second is told the plan moved on.
 
 from __future__ import annotations
 
+import hashlib
+
 import pydantic
 from faststream.nats import NatsBroker
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
@@ -42,10 +46,23 @@ def plan_event(cmd: RecordPlanEvent) -> EventEnvelope:
     except pydantic.ValidationError as exc:
         problems = [f"payload.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise RolloutError(f"invalid {cmd.type} event", problems=problems) from None
-    # One event per position in the plan's history: a retried request is the same event.
+    # A retried request (same position, same content) is the same event; another driver's
+    # different event at that position is not, and meets the expected-sequence check.
+    content = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
     return EventEnvelope.new(
-        body, aggregate_id=cmd.plan_id, id_parts=(cmd.plan_id, cmd.expected_version)
+        body, aggregate_id=cmd.plan_id, id_parts=(cmd.plan_id, cmd.expected_version, content)
     )
+
+
+async def _newest(js: JetStreamContext, plan_id: str) -> tuple[int, EventEnvelope] | None:
+    """(stream sequence, event) of the plan's newest event, or None."""
+    try:
+        msg = await js.get_last_msg(
+            subjects.EVENTS_STREAM, subjects.aggregate_events("plan", plan_id)
+        )
+    except NotFoundError:
+        return None
+    return msg.seq, EventEnvelope.from_bytes(msg.data)
 
 
 def register(broker: NatsBroker) -> None:
@@ -64,6 +81,11 @@ def register(broker: NatsBroker) -> None:
                 expected_subject=subjects.aggregate_events("plan", cmd.plan_id),
             )
         except ConcurrencyConflict:
+            # JetStream checks the expected sequence before its duplicate window: a resend of
+            # an append that landed is answered from the plan's newest event, if it is that one.
+            landed = await _newest(jetstream(broker), cmd.plan_id)
+            if landed is not None and landed[1].id == event.id:
+                return Reply(data={"seq": landed[0], "duplicate": True, "id": event.id})
             raise RolloutError(
                 f"plan {cmd.plan_id} moved on since it was read (is another `rollout run "
                 "--config` driving it?); run it again to resume from its events"

@@ -64,7 +64,9 @@ compare = {{ base = "before", other = "after" }}
 async def test_plan_trains_evaluates_and_compares(
     client, agent_server, tiny_model: Path, learner_env, tmp_path: Path
 ) -> None:
-    (tmp_path / "refunds_env.py").write_text(f"env = {refund_env(tasks=3)!r}\n")
+    (tmp_path / "refunds_env.py").write_text(
+        f"from rollout import Environment\n\nenv = Environment.from_spec({refund_env(tasks=3)!r})\n"
+    )
     path = tmp_path / "plan.toml"
     student = f"hf:{tiny_model}"
     path.write_text(PLAN.format(teacher=f"{agent_server.base_url}#scripted", student=student))

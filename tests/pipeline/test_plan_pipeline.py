@@ -20,7 +20,7 @@ def refund_env_file(tmp_path: Path, tasks: int, name: str = "Refunds") -> Path:
 
     env = refund_env(tasks=tasks) | {"name": name}
     path = tmp_path / "refunds_env.py"
-    path.write_text(f"env = {env!r}\n")
+    path.write_text(f"from rollout import Environment\n\nenv = Environment.from_spec({env!r})\n")
     return path
 
 
@@ -86,7 +86,7 @@ async def test_tracker_appends_plan_events_in_order_only(client) -> None:
     assert first["seq"] > 0 and not first["duplicate"]
     # The same request again (a resend) is the same event; a stale one is refused.
     again = await client.request("tracker", "record_plan_event", record(0))
-    assert again["id"] == first["id"]
+    assert (again["id"], again["seq"], again["duplicate"]) == (first["id"], first["seq"], True)
     with pytest.raises(RolloutError, match="moved on"):
         await client.request("tracker", "record_plan_event", record(0, reason="other"))
     with pytest.raises(RolloutError, match="is not a plan event"):
@@ -101,7 +101,7 @@ async def test_plan_runs_stage_by_stage_as_events(client, agent_server, settings
     path.write_text(plan_text(f"{agent_server.base_url}#scripted"))
 
     code, out, err = await rollout(settings, "plan", str(path), "--json")
-    assert code == 0, err
+    assert code == 0, (out, err)
     planned = json.loads(out)
     plan_id = planned["planId"]
 
