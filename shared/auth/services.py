@@ -96,8 +96,22 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 ("tracker", "list_runs"),
                 ("tracker", "get_job"),
                 ("tracker", "list_jobs"),
+                ("tracker", "record_plan_event"),
             ),
-            emits=("run.requested", "run.started", "run.completed", "run.failed", _DEAD_LETTER),
+            emits=(
+                "run.requested",
+                "run.started",
+                "run.completed",
+                "run.failed",
+                _DEAD_LETTER,
+                # Experiment plans' histories, recorded for the CLI that drives them.
+                "plan.started",
+                "plan.stage_started",
+                "plan.stage_completed",
+                "plan.stage_failed",
+                "plan.completed",
+                "plan.failed",
+            ),
             queues=("rollouts",),
             consumes=(
                 Durable(_EVENTS, "tracker-read-models", subjects.ALL_EVENTS),

@@ -306,3 +306,84 @@ class DeadLettered(Payload):
     deliveries: int
     reason: str
     data_preview: str = ""
+
+
+# --- experiment plans ----------------------------------------------------------------------------
+
+
+@register
+class PlanStarted(Payload):
+    """An experiment plan began: its canonical form (envs pinned), its hash, its stages."""
+
+    event_type = "plan.started"
+    aggregate = "plan"
+
+    plan_id: str
+    name: str
+    plan_hash: str
+    plan: dict[str, Any] = Field(default_factory=dict)
+    stages: list[str] = Field(default_factory=list)
+    # The registry version each environment ran at (files are pushed when the plan starts).
+    env_versions: dict[str, int] = Field(default_factory=dict)
+
+
+@register
+class PlanStageStarted(Payload):
+    """One stage of a plan began (again, when a rerun resumes it)."""
+
+    event_type = "plan.stage_started"
+    aggregate = "plan"
+
+    plan_id: str
+    stage: str
+    kind: str
+    index: int = 0
+
+
+@register
+class PlanStageCompleted(Payload):
+    """One stage of a plan finished: what it produced (run id, job id, model, comparison)."""
+
+    event_type = "plan.stage_completed"
+    aggregate = "plan"
+
+    plan_id: str
+    stage: str
+    kind: str
+    outputs: dict[str, Any] = Field(default_factory=dict)
+
+
+@register
+class PlanStageFailed(Payload):
+    """One stage of a plan failed, with the reason."""
+
+    event_type = "plan.stage_failed"
+    aggregate = "plan"
+
+    plan_id: str
+    stage: str
+    kind: str
+    reason: str
+
+
+@register
+class PlanCompleted(Payload):
+    """Every stage of a plan completed."""
+
+    event_type = "plan.completed"
+    aggregate = "plan"
+
+    plan_id: str
+    outputs: dict[str, Any] = Field(default_factory=dict)
+
+
+@register
+class PlanFailed(Payload):
+    """A plan stopped at a failed stage (a rerun of the same plan resumes from there)."""
+
+    event_type = "plan.failed"
+    aggregate = "plan"
+
+    plan_id: str
+    stage: str | None = None
+    reason: str

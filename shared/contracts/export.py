@@ -18,6 +18,7 @@ EXTRA_MODELS: tuple[tuple[str, str, str], ...] = (
     ("verifier_result.json", "rollout.shared.contracts.trajectory", "VerifierResult"),
     ("training_config.json", "rollout.shared.contracts.training", "TrainingConfigSchema"),
     ("snapshot_row.json", "rollout.shared.contracts.snapshot", "SnapshotRow"),
+    ("experiment_plan.json", "rollout.shared.contracts.plan", "ExperimentPlan"),
 )
 
 

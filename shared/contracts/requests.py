@@ -141,3 +141,17 @@ class ListJobs(Request):
     """Recent training jobs, newest first."""
 
     limit: int = 20
+
+
+# --- experiment plans --------------------------------------------------------------------------
+
+
+class RecordPlanEvent(Request):
+    """Append one event to a plan's history, if the history is still as the caller read it."""
+
+    plan_id: str = Field(min_length=1, max_length=128)
+    type: str = Field(description="a plan event type: plan.started, plan.stage_started, ...")
+    payload: dict[str, Any] = Field(default_factory=dict)
+    expected_version: int = Field(
+        ge=0, description="stream sequence of the plan's newest event the caller saw (0: none)"
+    )

@@ -16,10 +16,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the `plan` verb."""
     plan = sub.add_parser(
         "plan",
-        help="validate an environment file without running it",
-        description="Load FILE, validate every Environment in it, list every problem by path.",
+        help="validate an environment file or an experiment plan (.toml) without running it",
+        description="Load FILE, validate every Environment in it (or the whole experiment "
+        "plan of a .toml), list every problem by path.",
     )
-    plan.add_argument("file", metavar="FILE", help="a .py file defining Environment(s)")
+    plan.add_argument(
+        "file", metavar="FILE", help="a .py file defining Environment(s), or a plan .toml"
+    )
+    plan.add_argument(
+        "--with",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL",
+        help="(plans) use MODEL for the plan's model NAME",
+    )
     plan.add_argument("--slug", help="only this environment")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(func=_plan)
@@ -68,6 +79,11 @@ def _summary(env: Any) -> dict[str, Any]:
 
 def _plan(args: argparse.Namespace) -> int:
     from rollout.shared.envs import load_environments, select_environment, validate_environment
+
+    if args.file.endswith(".toml"):
+        from rollout.cli.experiments import plan_command
+
+        return plan_command(args)
 
     try:
         envs = select_environment(load_environments(args.file), args.slug)

@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--subject-filter", default=None, help="NATS subject filter, e.g. rollout.evt.run.>"
     )
     p.add_argument("--run", default=None, help="only this run's events")
+    p.add_argument("--plan", default=None, help="only this experiment plan's events")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     p.add_argument("--since", type=int, default=1, metavar="SEQ", help="start at this sequence")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -41,6 +42,8 @@ async def _tail(args: argparse.Namespace) -> int:
     filter_subject = args.subject_filter or subjects.ALL_EVENTS
     if args.run:
         filter_subject = subjects.run_events(subjects.token(args.run, "run id"))
+    if args.plan:
+        filter_subject = subjects.aggregate_events("plan", subjects.token(args.plan, "plan id"))
     nc = await connect_nats(client_settings_or_error())
     try:
         js = nc.jetstream()

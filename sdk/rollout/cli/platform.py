@@ -25,9 +25,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_envs(a)))
 
-    p = sub.add_parser("run", help="run a model on an environment's tasks")
-    p.add_argument("slug", metavar="SLUG")
-    p.add_argument("--model", required=True, help="e.g. openai/gpt-4o-mini, hf:./model")
+    p = sub.add_parser(
+        "run", help="run a model on an environment's tasks, or an experiment plan (--config)"
+    )
+    p.add_argument("slug", metavar="SLUG", nargs="?")
+    p.add_argument("--model", help="e.g. openai/gpt-4o-mini, hf:./model")
+    p.add_argument(
+        "--config", metavar="PLAN.toml", help="run an experiment plan stage by stage (resumes)"
+    )
+    p.add_argument(
+        "--with",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL",
+        help="(--config) use MODEL for the plan's model NAME",
+    )
     p.add_argument("-n", "--n", type=int, default=1, help="rollouts per task")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tool-calls", type=int, default=16)
@@ -128,6 +141,13 @@ async def _require_local_sandbox(client: AsyncClient, slug: str) -> None:
 
 
 async def _run_cmd(args: argparse.Namespace) -> int:
+    if args.config:
+        from rollout.cli.experiments import run_config_command
+
+        return await asyncio.to_thread(run_config_command, args)
+    if not args.slug or not args.model:
+        raise RolloutError("rollout run needs SLUG and --model MODEL (or --config PLAN.toml)")
+
     async def go(client: AsyncClient) -> dict[str, Any]:
         await _require_local_sandbox(client, args.slug)
         run = await client.create_run(

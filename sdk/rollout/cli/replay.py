@@ -14,7 +14,8 @@ from rollout.shared.store.trajectories import object_store
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `replay` verb."""
     p = sub.add_parser("replay", help="rebuild a run from its events (--reverify to re-score)")
-    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("run_id", metavar="RUN", nargs="?")
+    p.add_argument("--plan", help="rebuild an experiment plan's stages and outcomes instead")
     p.add_argument(
         "--reverify", action="store_true", help="score the trajectories with today's verifier"
     )
@@ -25,7 +26,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="verifier of this env version (default: newest)",
     )
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=lambda a: asyncio.run(_replay(a)))
+    p.set_defaults(func=_dispatch)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.plan:
+        from rollout.cli.experiments import replay_plan_command
+
+        return replay_plan_command(args)
+    if not args.run_id:
+        from rollout.errors import RolloutError
+
+        raise RolloutError("rollout replay needs RUN (or --plan PLAN_ID)")
+    return asyncio.run(_replay(args))
 
 
 async def _replay(args: argparse.Namespace) -> int:

@@ -1,0 +1,275 @@
+"""`rollout run --config PLAN.toml`: a validated plan executed stage by stage, as events.
+
+The plan runs in the CLI process: a client-side process manager that drives each stage through
+the ordinary requests (create_run and its events, create_training_job and its events, the
+tracker's run summaries for a compare) and records every step as an event of the plan's
+aggregate, `rollout.evt.plan.<plan id>.*`, through the tracker. Its decisions come from those
+events: a rerun of the same plan (same hash, so the same id) reads them back, skips every
+completed stage and resumes at the first one that is not; a stage that was running when the
+CLI was killed is re-attached, not repeated, because its run or job was created with a
+client request id derived from the plan, the stage and its attempt.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.plans import (
+    PLAN_COMPLETED,
+    PLAN_FAILED,
+    PLAN_STARTED,
+    STAGE_COMPLETED,
+    STAGE_FAILED,
+    STAGE_STARTED,
+    PlanCheck,
+    PlanState,
+    load_plan_state,
+    require_ok,
+)
+from rollout.shared.contracts import requests as rq
+from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, payload_types
+from rollout.shared.contracts.plan import ExperimentPlan, RunStage, Stage
+from rollout.shared.contracts.training import resolve_method
+
+Say = Callable[[str], None]
+
+
+class PlanRecorder:
+    """Appends the plan's events (via the tracker) and folds them into the local state."""
+
+    def __init__(self, client: AsyncClient, state: PlanState) -> None:
+        self.client = client
+        self.state = state
+
+    async def record(self, event_type: str, **payload: Any) -> None:
+        """Append one event at the plan's current version; a conflict is a RolloutError."""
+        plan_id = self.state.plan_id
+        body = {"plan_id": plan_id, **payload}
+        reply = await self.client.request(
+            "tracker",
+            "record_plan_event",
+            rq.RecordPlanEvent(
+                plan_id=plan_id,
+                type=event_type,
+                payload=body,
+                expected_version=self.state.version,
+            ),
+            retries=1,  # the same position and body: a resend is deduplicated
+        )
+        model = payload_types()[event_type]
+        event = EventEnvelope.new(
+            model.model_validate(body), aggregate_id=plan_id, id_parts=(plan_id, reply["seq"])
+        )
+        self.state.apply(event, reply["seq"])
+
+
+async def run_plan(client: AsyncClient, check: PlanCheck, say: Say) -> PlanState:
+    """Execute a valid plan (resuming it from its events); return its final state."""
+    require_ok(check)
+    plan, plan_id = check.plan, check.plan_id
+    assert plan is not None and check.hash is not None and check.canonical is not None
+    js = await client.jetstream()
+    state = await load_plan_state(js, plan_id)
+    if state.status == "completed":
+        say(f"plan {plan_id} already completed (see `rollout replay --plan {plan_id}`)")
+        return state
+    recorder = PlanRecorder(client, state)
+    if state.hash is None:
+        versions = await _push_envs(client, check, say)
+        await recorder.record(
+            PLAN_STARTED,
+            name=plan.name,
+            plan_hash=check.hash,
+            plan=check.canonical,
+            stages=[s.name for s in plan.stages],
+            env_versions=versions,
+        )
+        say(f"plan {plan_id} started: {len(plan.stages)} stage(s)")
+    else:
+        done = sum(1 for s in plan.stages if s.name in state.outputs)
+        say(f"plan {plan_id} resumed: {done}/{len(plan.stages)} stage(s) already completed")
+    for index, stage in enumerate(plan.stages):
+        if stage.name in state.outputs:
+            continue
+        say(f"[{index + 1}/{len(plan.stages)}] {stage.kind} {stage.name} ...")
+        await recorder.record(STAGE_STARTED, stage=stage.name, kind=stage.kind, index=index)
+        try:
+            outputs = await _execute(client, plan, plan_id, stage, state)
+        except RolloutError as exc:
+            reason = "; ".join([exc.message, *exc.problems])
+            await recorder.record(STAGE_FAILED, stage=stage.name, kind=stage.kind, reason=reason)
+            await recorder.record(PLAN_FAILED, stage=stage.name, reason=reason)
+            say(f"    failed: {reason}")
+            return state
+        await recorder.record(STAGE_COMPLETED, stage=stage.name, kind=stage.kind, outputs=outputs)
+        say(f"    done: {_brief(outputs)}")
+    await recorder.record(PLAN_COMPLETED, outputs=state.outputs)
+    say(f"plan {plan_id} completed")
+    return state
+
+
+def _brief(outputs: dict[str, Any]) -> str:
+    keys = ("runId", "passRate", "jobId", "model", "deltaPassRate")
+    return ", ".join(f"{k} {outputs[k]:.3g}" if isinstance(outputs[k], float) else
+                     f"{k} {outputs[k]}" for k in keys if k in outputs)  # fmt: skip
+
+
+async def _push_envs(client: AsyncClient, check: PlanCheck, say: Say) -> dict[str, int]:
+    """Push the plan's environment files (identical content is a no-op); every env's version."""
+    from pathlib import Path
+
+    from rollout.shared.envs import load_environments, select_environment
+
+    assert check.plan is not None
+    versions: dict[str, int] = {}
+    for key, entry in check.plan.envs.items():
+        pin = check.envs[key]
+        if entry.file is None:
+            versions[key] = int(pin["version"])
+            continue
+        env = select_environment(
+            load_environments(Path(check.path).parent / entry.file), entry.slug
+        )[0]
+        pushed = await client.push_environment(env)
+        if pushed["spec_hash"] != pin["specHash"]:
+            raise RolloutError(f"envs.{key}.file: {entry.file} changed while the plan started")
+        versions[key] = pushed["version"]
+        say(f"  env {key}: {pushed['slug']} v{pushed['version']}")
+    return versions
+
+
+def _model(plan: ExperimentPlan, state: PlanState, name: str) -> str:
+    """A stage's model: a model of [models], or what an earlier train stage produced."""
+    if name in plan.models:
+        return plan.models[name]
+    return str(state.outputs[name]["model"])
+
+
+def _request_id(plan_id: str, stage: Stage, state: PlanState) -> str:
+    # Same plan, stage and attempt: the same run or job (a killed CLI re-attaches to it).
+    return deterministic_id("plan", plan_id, stage.name, state.attempts.get(stage.name, 0))
+
+
+async def _execute(
+    client: AsyncClient, plan: ExperimentPlan, plan_id: str, stage: Stage, state: PlanState
+) -> dict[str, Any]:
+    if stage.run is not None or stage.evaluate is not None:
+        spec = stage.run or stage.evaluate
+        assert spec is not None
+        return await _run(client, plan, plan_id, stage, spec, state)
+    if stage.train is not None:
+        return await _train(client, plan, plan_id, stage, state)
+    assert stage.compare is not None
+    return await _compare(client, state, stage.compare.base, stage.compare.other)
+
+
+async def _run(
+    client: AsyncClient,
+    plan: ExperimentPlan,
+    plan_id: str,
+    stage: Stage,
+    spec: RunStage,
+    state: PlanState,
+) -> dict[str, Any]:
+    version = state.env_versions[spec.env]
+    env = await client.get_environment(_slug(state, spec.env), version)
+    tasks = sum(
+        1
+        for t in env["spec"].get("tasks", [])
+        if spec.split is None or t.get("split") == spec.split
+    )
+    # One work item per actor replica the plan asks for (each pulls its own).
+    batch = max(1, math.ceil(tasks * spec.n / plan.resources.replicas))
+    run = await client.create_run(
+        env["slug"],
+        _model(plan, state, spec.model),
+        spec.n,
+        temperature=spec.temperature,
+        max_tokens=spec.max_tokens,
+        max_tool_calls=spec.max_tool_calls,
+        seed=plan.seed,
+        name=f"{plan.name}/{stage.name}",
+        split=spec.split,
+        batch_size=min(batch, 256),
+        deadline_s=spec.deadline_s,
+        env_version=version,
+        client_request_id=_request_id(plan_id, stage, state),
+    )
+    done = await client.wait_for_run(run["runId"], timeout_s=spec.deadline_s + 60)
+    if done["status"] != "completed":
+        raise RolloutError(f"run {run['runId']} {done['status']}: {done.get('reason') or ''}")
+    return {
+        "runId": done["runId"],
+        "model": done["model"],
+        "env": env["slug"],
+        "envVersion": version,
+        "split": spec.split,
+        "passRate": done["passRate"],
+        "meanScore": done["meanScore"],
+        "passed": done["passed"],
+        "scored": done["scored"],
+    }
+
+
+def _slug(state: PlanState, env: str) -> str:
+    assert state.plan is not None
+    return str(state.plan["envs"][env]["slug"])
+
+
+async def _train(
+    client: AsyncClient, plan: ExperimentPlan, plan_id: str, stage: Stage, state: PlanState
+) -> dict[str, Any]:
+    from rollout.cli.training import follow_job
+
+    train = stage.train
+    assert train is not None
+    method, config = resolve_method(train.method, dict(train.config))
+    # The plan's seed, checkpoint policy and threads, unless the stage sets its own.
+    config.setdefault("seed", plan.seed)
+    config.setdefault("save_every", plan.checkpoints.save_every)
+    if plan.resources.threads is not None:
+        config.setdefault("threads", plan.resources.threads)
+    if isinstance(config.get("reward_model"), str) and config["reward_model"] in state.outputs:
+        config["reward_model"] = state.outputs[config["reward_model"]]["model"]
+    assert state.hash is not None
+    job = await client.create_training_job(
+        base_model=_model(plan, state, train.model),
+        method=method,
+        source_run_id=state.outputs[train.from_]["runId"] if train.from_ else None,
+        env_slug=_slug(state, train.env) if train.env else None,
+        suffix=train.suffix or f"{stage.name[:40]}-{state.hash[:8]}",
+        hyperparams=config,
+        client_request_id=_request_id(plan_id, stage, state),
+    )
+    done = await follow_job(client, job["id"], quiet=True)
+    if done.get("status") != "completed":
+        raise RolloutError(f"job {job['id']} {done.get('status')}: {done.get('reason') or ''}")
+    return {
+        "jobId": job["id"],
+        "method": method,
+        "model": done["modelId"],
+        "step": done.get("step"),
+        "loss": done.get("loss"),
+    }
+
+
+async def _compare(client: AsyncClient, state: PlanState, base: str, other: str) -> dict[str, Any]:
+    from rollout.cli.platform import comparison
+
+    result = comparison(
+        await client.get_run(state.outputs[base]["runId"]),
+        await client.get_run(state.outputs[other]["runId"]),
+    )
+    return {
+        "baseRunId": result["base"]["runId"],
+        "otherRunId": result["other"]["runId"],
+        "basePassRate": result["base"]["passRate"],
+        "otherPassRate": result["other"]["passRate"],
+        "deltaPassRate": result["deltaPassRate"],
+        "deltaPassRateInterval": result["deltaPassRateInterval"],
+        "warnings": result["warnings"],
+    }

@@ -1,0 +1,626 @@
+"""Experiment plans: load a TOML file, validate all of it, pin it, hash it; fold its events.
+
+`check_plan` reports every problem as `path: message` (the path as written in the file:
+`stages[2].train.config.clip_range`, `envs.refunds.ref`), resolving environment refs against
+the registry and trained model names against the object store when they can be reached.
+A valid plan's canonical form (sorted-keys JSON of the validated model, each environment pinned
+to the version and spec hash it resolved to) is what its sha256 is taken of: the same file
+against the same registry is the same plan, and `rollout run --config` resumes it by that hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from rollout.errors import RolloutError
+from rollout.shared.contracts.plan import ExperimentPlan, Stage
+from rollout.shared.contracts.training import (
+    METHOD_ALIASES,
+    METHODS,
+    ONLINE_METHODS,
+    _message,
+    config_problems,
+    parse_config,
+    resolve_method,
+)
+
+# Event types of the plan aggregate, in the order a plan emits them.
+PLAN_STARTED = "plan.started"
+STAGE_STARTED = "plan.stage_started"
+STAGE_COMPLETED = "plan.stage_completed"
+STAGE_FAILED = "plan.stage_failed"
+PLAN_COMPLETED = "plan.completed"
+PLAN_FAILED = "plan.failed"
+RUN_KINDS = ("run", "evaluate")
+
+
+@dataclass
+class PlanCheck:
+    """What validating a plan file found: the plan (when it parsed), problems, pins, hash."""
+
+    path: str
+    plan: ExperimentPlan | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # env name -> {"slug", "version" (None: pushed when run), "specHash", "source"}
+    envs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    canonical: dict[str, Any] | None = None
+    hash: str | None = None
+    # Names of envs and stages that are themselves invalid: references to them are not
+    # reported again.
+    unchecked: set[str] = field(default_factory=set)
+    # env name -> the splits its tasks have (when its spec could be read)
+    splits: dict[str, set[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when there is nothing to fix."""
+        return not self.problems and self.plan is not None
+
+    @property
+    def plan_id(self) -> str:
+        """The id of this plan's aggregate: its name and the first 16 hex digits of its hash."""
+        assert self.plan is not None and self.hash is not None
+        return f"{self.plan.name}-{self.hash[:16]}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The document `rollout plan --json` prints."""
+        doc: dict[str, Any] = {"ok": self.ok, "file": self.path, "problems": self.problems}
+        if self.notes:
+            doc["notes"] = self.notes
+        if self.ok:
+            doc |= {"planId": self.plan_id, "hash": self.hash, "plan": self.canonical}
+        return doc
+
+
+def error_path(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as written in TOML: `stages[2].train.config`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def structure_problems(exc: pydantic.ValidationError, prefix: str = "") -> list[str]:
+    """pydantic's errors as `path: message` lines (a model check names its own field first)."""
+    problems = []
+    for err in exc.errors():
+        # A stage's kinds are tried one by one: the first field error is the useful one.
+        path = error_path(tuple(err["loc"]))
+        if prefix:
+            path = f"{prefix}.{path}" if path else prefix
+        message = _message(err)
+        if err.get("type") == "value_error" and ": " in message:
+            head, rest = message.split(": ", 1)
+            if head.isidentifier():
+                path, message = (f"{path}.{head}" if path else head), rest
+        problems.append(f"{path}: {message}")
+    return problems
+
+
+def read_plan_file(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The TOML document, or the problem that kept it from being read (syntax: with its line)."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        return None, [f"{path}: cannot read the plan: {exc.strerror or exc}"]
+    try:
+        return tomllib.loads(text), []
+    except tomllib.TOMLDecodeError as exc:
+        return None, [f"{path}: TOML syntax error: {exc}"]
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Apply `NAME=MODEL` overrides to `[models]` (e.g. a local model dir in tests)."""
+    problems = []
+    for item in overrides:
+        name, sep, model = item.partition("=")
+        if not sep or not name.strip() or not model.strip():
+            problems.append(f"--with {item!r}: expected NAME=MODEL")
+            continue
+        models = data.setdefault("models", {})
+        if not isinstance(models, dict):
+            problems.append("models: must be a table")
+            continue
+        models[name.strip()] = model.strip()
+    return problems
+
+
+async def check_plan(
+    path: str | Path, *, client: Any = None, overrides: list[str] | None = None
+) -> PlanCheck:
+    """Validate a plan file; with `client`, env refs are resolved against its registry."""
+    check = PlanCheck(str(path))
+    data, problems = read_plan_file(path)
+    if data is None:
+        check.problems = problems
+        return check
+    check.problems += apply_overrides(data, overrides or [])
+    try:
+        plan = ExperimentPlan.model_validate(data)
+    except pydantic.ValidationError as exc:
+        # Every problem, not just the first section's: the parts that are valid are still
+        # checked against each other (and the registry) below.
+        check.problems += structure_problems(exc)
+        plan = _salvage(data, check)
+    else:
+        check.plan = plan
+    base = Path(path).parent
+    _check_stages(plan, check)
+    _check_models(plan, check)
+    _check_resources(plan, check)
+    await _check_reward_models(plan, check)
+    await _check_envs(plan, base, check, client)
+    _check_splits(plan, check)
+    if check.problems:
+        check.plan = None
+    else:
+        check.canonical = canonical_plan(plan, check.envs)
+        check.hash = plan_hash(check.canonical)
+    return check
+
+
+def _salvage(data: dict[str, Any], check: PlanCheck) -> ExperimentPlan:
+    """The valid parts of an invalid plan (invalid stages as None), to check them further."""
+    from rollout.shared.contracts.plan import CheckpointPolicy, EnvEntry, Resources
+
+    def part(model: type[pydantic.BaseModel], value: Any) -> Any:
+        try:
+            return model.model_validate(value)
+        except pydantic.ValidationError:
+            return None
+
+    raw_envs = data.get("envs") if isinstance(data.get("envs"), dict) else {}
+    raw_stages = data.get("stages") if isinstance(data.get("stages"), list) else []
+    raw_models = data.get("models") if isinstance(data.get("models"), dict) else {}
+    stages = [part(Stage, s) for s in raw_stages]
+    check.unchecked = {str(k) for k, v in raw_envs.items() if part(EnvEntry, v) is None}
+    check.unchecked |= {
+        str(s.get("name")) for s, ok in zip(raw_stages, stages, strict=True)
+        if ok is None and isinstance(s, dict)
+    }  # fmt: skip
+    return ExperimentPlan.model_construct(
+        name=str(data.get("name") or "plan"),
+        seed=0,
+        envs={k: e for k, v in raw_envs.items() if (e := part(EnvEntry, v)) is not None},
+        models={k: v for k, v in raw_models.items() if isinstance(v, str)},
+        resources=part(Resources, data.get("resources", {})) or Resources(),
+        checkpoints=part(CheckpointPolicy, data.get("checkpoints", {})) or CheckpointPolicy(),
+        stages=stages,
+    )
+
+
+# --- references between stages --------------------------------------------------------------
+
+
+def _earlier(plan: ExperimentPlan, index: int) -> dict[str, Stage]:
+    return {s.name: s for s in plan.stages[:index] if s is not None}
+
+
+def _stage_ref(
+    plan: ExperimentPlan, index: int, name: str, kinds: tuple[str, ...], what: str
+) -> str | None:
+    """Why `name` is not an earlier stage of one of `kinds`, or None when it is."""
+    earlier = _earlier(plan, index)
+    later = {s.name for s in plan.stages[index:] if s is not None}
+    if name in earlier:
+        kind = earlier[name].kind
+        return None if kind in kinds else f"stage {name!r} is a {kind} stage, not a {what} stage"
+    if name in later:
+        return f"stage {name!r} comes later: a stage may only use earlier stages"
+    have = [s.name for s in earlier.values() if s.kind in kinds]
+    return f"no earlier {what} stage {name!r} (have {', '.join(have) or 'none'})"
+
+
+def _model_ref(plan: ExperimentPlan, index: int, name: str) -> str | None:
+    """Why `name` is neither a model of [models] nor an earlier train stage, or None."""
+    if name in plan.models:
+        return None
+    problem = _stage_ref(plan, index, name, ("train",), "train")
+    if problem is None:
+        return None
+    models = ", ".join(plan.models) or "none"
+    return f"{problem}; nor a model of [models] (have {models})"
+
+
+def _env_ref(plan: ExperimentPlan, name: str) -> str | None:
+    if name in plan.envs:
+        return None
+    return f"no environment {name!r} in [envs] (have {', '.join(plan.envs) or 'none'})"
+
+
+def _check_stages(plan: ExperimentPlan, check: PlanCheck) -> None:
+    seen: dict[str, int] = {}
+    for i, stage in enumerate(plan.stages):
+        if stage is None:
+            continue
+        if stage.name in seen:
+            check.problems.append(
+                f"stages[{i}].name: {stage.name!r} is already the name of stages[{seen[stage.name]}]"
+            )
+        seen.setdefault(stage.name, i)
+        where = f"stages[{i}].{stage.kind}"
+        if stage.run or stage.evaluate:
+            spec = stage.run or stage.evaluate
+            assert spec is not None
+            _add(check, f"{where}.env", _env_ref(plan, spec.env), spec.env)
+            _add(check, f"{where}.model", _model_ref(plan, i, spec.model), spec.model)
+        elif stage.compare:
+            for key in ("base", "other"):
+                ref = getattr(stage.compare, key)
+                _add(
+                    check,
+                    f"{where}.{key}",
+                    _stage_ref(plan, i, ref, RUN_KINDS, "run/evaluate"),
+                    ref,
+                )
+            if stage.compare.base == stage.compare.other:
+                check.problems.append(f"{where}.other: compares {stage.compare.base!r} with itself")
+        elif stage.train:
+            _check_train(plan, i, check)
+
+
+def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
+    from rollout.shared.models.trained import check_suffix
+
+    train = plan.stages[i].train
+    assert train is not None
+    where = f"stages[{i}].train"
+    _add(check, f"{where}.model", _model_ref(plan, i, train.model), train.model)
+    if train.suffix is not None:
+        _add(check, f"{where}.suffix", check_suffix(train.suffix))
+    if train.method not in METHODS and train.method not in METHOD_ALIASES:
+        known = ", ".join((*METHODS, *METHOD_ALIASES))
+        check.problems.append(f"{where}.method: must be one of {known} (got {train.method!r})")
+        return
+    method, config = resolve_method(train.method, dict(train.config))
+    reward_model = config.get("reward_model")
+    names = {s.name for s in plan.stages if s is not None}
+    if isinstance(reward_model, str) and reward_model in check.unchecked:
+        pass
+    elif isinstance(reward_model, str) and reward_model in names:
+        _add(
+            check,
+            f"{where}.config.reward_model",
+            _stage_ref(plan, i, reward_model, ("train",), "train"),
+        )
+        earlier = _earlier(plan, i).get(reward_model)
+        if earlier is not None and earlier.train is not None:
+            their = resolve_method(earlier.train.method, {})[0]
+            if their != "rm":
+                check.problems.append(
+                    f"{where}.config.reward_model: stage {reward_model!r} trains {their}, not a "
+                    "reward model (method rm)"
+                )
+    if "method" in config:
+        check.problems.append(f"{where}.config.method: set the method as `method` of the stage")
+        config.pop("method")
+    try:
+        parse_config({**config, "method": method})
+    except pydantic.ValidationError as exc:
+        check.problems += config_problems(exc, f"{where}.config")
+    if method in ONLINE_METHODS:
+        if train.env is None:
+            check.problems.append(f"{where}.env: required for {method} (it trains online)")
+        else:
+            _add(check, f"{where}.env", _env_ref(plan, train.env), train.env)
+        if train.from_ is not None:
+            check.problems.append(
+                f"{where}.from: {method} trains online on `env`, not on a run's rollouts"
+            )
+    else:
+        if train.from_ is None:
+            check.problems.append(f"{where}.from: required for {method} (a run or evaluate stage)")
+        else:
+            _add(
+                check,
+                f"{where}.from",
+                _stage_ref(plan, i, train.from_, RUN_KINDS, "run/evaluate"),
+                train.from_,
+            )
+        if train.env is not None:
+            check.problems.append(f"{where}.env: only for online methods (grpo, ppo)")
+
+
+def _add(check: PlanCheck, path: str, problem: str | None, ref: str | None = None) -> None:
+    # A reference to an env or stage that is itself invalid was reported there already.
+    if problem is not None and (ref is None or ref not in check.unchecked):
+        check.problems.append(f"{path}: {problem}")
+
+
+# --- models, resources, reward models -----------------------------------------------------------
+
+
+def _check_models(plan: ExperimentPlan, check: PlanCheck) -> None:
+    from rollout.shared.models.local_models import local_model, local_model_names
+    from rollout.shared.models.trained import find_trained, split_trained_name
+
+    for key, name in plan.models.items():
+        where = f"models.{key}"
+        if not name.strip():
+            check.problems.append(f"{where}: empty model name")
+        elif name.startswith("local/") and local_model(name) is None and ":" not in name:
+            known = ", ".join(local_model_names())
+            if name not in ("local/scripted",):
+                check.problems.append(f"{where}: unknown local model {name!r} (known: {known})")
+        elif name.startswith("hf:") and ":" not in name[3:] and not Path(name[3:]).is_dir():
+            check.problems.append(f"{where}: no model folder {name[3:]!r}")
+        elif split_trained_name(name) is not None and not name.startswith(("http", "openai/")):
+            if find_trained(name) is None:
+                check.problems.append(
+                    f"{where}: no trained model {name!r} (see `rollout jobs` for trained names)"
+                )
+
+
+def _check_resources(plan: ExperimentPlan, check: PlanCheck) -> None:
+    if plan.resources.devices == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            check.problems.append("resources.devices: cuda asked for, but no GPU is visible here")
+
+
+async def _check_reward_models(plan: ExperimentPlan, check: PlanCheck) -> None:
+    """A `reward_model` that names no stage must be a published reward model."""
+    from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
+
+    stage_names = {s.name for s in plan.stages if s is not None} | check.unchecked
+    for i, stage in enumerate(plan.stages):
+        name = stage.train.config.get("reward_model") if stage and stage.train else None
+        if not isinstance(name, str) or not name or name in stage_names:
+            continue
+        where = f"stages[{i}].train.config.reward_model"
+        try:
+            _, path = await resolve(name)
+        except RolloutError as exc:
+            check.problems.append(f"{where}: {exc.message}")
+            continue
+        except OSError as exc:
+            check.problems.append(f"{where}: could not fetch {name!r}: {exc}")
+            continue
+        _add(check, where, not_a_reward_model(name, path))
+
+
+# --- environments -------------------------------------------------------------------------------
+
+
+def parse_env_ref(ref: str) -> tuple[str, int | None] | str:
+    """(slug, version or None) of `slug[@version]`, or the problem with it."""
+    from rollout.shared import subjects
+
+    slug, sep, version = ref.partition("@")
+    try:
+        subjects.token(slug, "environment slug")
+    except subjects.SubjectError as exc:
+        return str(exc)
+    if not sep:
+        return slug, None
+    if not version.isdigit() or int(version) < 1:
+        return f"version {version!r} must be a whole number >= 1 (slug@version)"
+    return slug, int(version)
+
+
+async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client: Any) -> None:
+    from rollout.shared.envs import load_environments, select_environment, validate_environment
+
+    reached = client is not None
+    for key, entry in plan.envs.items():
+        where = f"envs.{key}"
+        if entry.file is not None:
+            file = base / entry.file
+            try:
+                envs = select_environment(load_environments(file), entry.slug)
+            except RolloutError as exc:
+                check.problems.append(f"{where}.file: {exc.message}")
+                check.problems += [f"{where}.file: {p}" for p in exc.problems]
+                continue
+            if len(envs) != 1:
+                slugs = ", ".join(e.slug for e in envs)
+                check.problems.append(f"{where}.slug: {entry.file} defines {slugs}: pick one")
+                continue
+            env = envs[0]
+            problems = validate_environment(env)
+            check.problems += [f"{where}.file: {env.slug}: {p}" for p in problems]
+            if not problems:
+                spec = env.to_spec()
+                check.splits[key] = {t.split for t in spec.tasks if t.split}
+                check.envs[key] = {
+                    "source": "file",
+                    "slug": spec.slug,
+                    "version": None,
+                    "specHash": spec.spec_hash(),
+                }
+            continue
+        parsed = parse_env_ref(entry.ref or "")
+        if isinstance(parsed, str):
+            check.problems.append(f"{where}.ref: {parsed}")
+            continue
+        slug, version = parsed
+        pin: dict[str, Any] = {"source": "registry", "slug": slug, "version": version}
+        if not reached:
+            pin["specHash"] = None
+            check.envs[key] = pin
+            continue
+        try:
+            found = await client.get_environment(slug, version)
+        except RolloutError as exc:
+            check.problems.append(f"{where}.ref: {await _missing_env(client, slug, version, exc)}")
+            continue
+        pin |= {"version": found["version"], "specHash": found["spec_hash"]}
+        tasks = (found.get("spec") or {}).get("tasks") or []
+        check.splits[key] = {t["split"] for t in tasks if t.get("split")}
+        check.envs[key] = pin
+    if not reached and any(e.ref for e in plan.envs.values()):
+        check.notes.append(
+            "no stack reachable: environment refs were not resolved (the plan is pinned when "
+            "`rollout run --config` resolves them)"
+        )
+
+
+def _check_splits(plan: ExperimentPlan, check: PlanCheck) -> None:
+    """A run or evaluate on a split its environment has no tasks of would score nothing."""
+    for i, stage in enumerate(plan.stages):
+        spec = (stage.run or stage.evaluate) if stage is not None else None
+        if spec is None or spec.split is None or spec.env not in check.splits:
+            continue
+        have = check.splits[spec.env]
+        if spec.split not in have:
+            check.problems.append(
+                f"stages[{i}].{stage.kind}.split: {check.envs[spec.env]['slug']} has no "
+                f"{spec.split!r} tasks (splits: {', '.join(sorted(have)) or 'none'})"
+            )
+
+
+async def _missing_env(client: Any, slug: str, version: int | None, exc: RolloutError) -> str:
+    if version is None:
+        return f"no environment {slug!r} in the registry (push it, or give a `file`)"
+    try:
+        newest = await client.get_environment(slug)
+    except RolloutError:
+        return f"no environment {slug!r} in the registry (push it, or give a `file`)"
+    have = newest["version"]
+    listed = ", ".join(map(str, range(1, have + 1))) if have <= 8 else f"1..{have}"
+    return f"no version {version} of {slug} (have {listed})"
+
+
+# --- the canonical plan ------------------------------------------------------------------------
+
+
+def canonical_plan(plan: ExperimentPlan, envs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The validated plan as plain JSON, each environment with its pin."""
+    doc = plan.model_dump(mode="json", by_alias=True)
+    for key, pin in envs.items():
+        doc["envs"][key] = {
+            k: v for k, v in {**doc["envs"][key], **pin}.items() if v is not None or k == "version"
+        }
+    return doc
+
+
+def plan_hash(canonical: dict[str, Any]) -> str:
+    """sha256 of the canonical plan's sorted-keys JSON."""
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- a plan's state from its events --------------------------------------------------------------
+
+
+@dataclass
+class PlanState:
+    """One plan as its events tell it: stages, their outcomes and outputs, as of `version`."""
+
+    plan_id: str
+    hash: str | None = None
+    name: str | None = None
+    plan: dict[str, Any] | None = None
+    stages: list[str] = field(default_factory=list)
+    env_versions: dict[str, int] = field(default_factory=dict)
+    # Failures per stage: a rerun after a failure is a new attempt (new run / job ids).
+    attempts: dict[str, int] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    status: str = "new"
+    reason: str | None = None
+    events: int = 0
+    # Stream sequence of the newest event of the plan: the guard for the next append.
+    version: int = 0
+
+    def apply(self, event: Any, seq: int) -> None:
+        """Fold one event of the plan into the state."""
+        body = event.body()
+        self.events += 1
+        self.version = max(self.version, seq)
+        if event.type == PLAN_STARTED and self.hash is None:
+            self.hash, self.name, self.plan = body.plan_hash, body.name, body.plan
+            self.stages = list(body.stages)
+            self.env_versions = dict(body.env_versions)
+            self.status = "running"
+        elif event.type == STAGE_STARTED:
+            self.started.add(body.stage)
+            self.failed.pop(body.stage, None)
+            if self.status == "failed":
+                self.status, self.reason = "running", None  # a rerun resumes it
+        elif event.type == STAGE_COMPLETED:
+            self.outputs.setdefault(body.stage, dict(body.outputs))
+        elif event.type == STAGE_FAILED:
+            self.failed[body.stage] = body.reason
+            self.attempts[body.stage] = self.attempts.get(body.stage, 0) + 1
+        elif event.type == PLAN_COMPLETED:
+            self.status = "completed"
+        elif event.type == PLAN_FAILED:
+            self.status, self.reason = "failed", body.reason
+
+    def stage_status(self, stage: str) -> str:
+        """pending, running, completed or failed."""
+        if stage in self.outputs:
+            return "completed"
+        if stage in self.failed:
+            return "failed"
+        return "running" if stage in self.started else "pending"
+
+    def summary(self) -> dict[str, Any]:
+        """What `rollout replay --plan` prints."""
+        return {
+            "planId": self.plan_id,
+            "name": self.name,
+            "hash": self.hash,
+            "status": self.status,
+            "reason": self.reason,
+            "events": self.events,
+            "stages": [
+                {
+                    "name": s,
+                    "status": self.stage_status(s),
+                    "outputs": self.outputs.get(s, {}),
+                    "reason": self.failed.get(s),
+                }
+                for s in self.stages
+            ],
+        }
+
+
+async def load_plan_state(js: Any, plan_id: str) -> PlanState:
+    """Rebuild a plan's state from its events, up to the newest one when this was called."""
+    from contextlib import aclosing
+
+    from nats.js.errors import NotFoundError
+
+    from rollout.shared import subjects
+    from rollout.shared.bus.reader import read_events
+    from rollout.shared.contracts.envelope import EventEnvelope
+
+    state = PlanState(plan_id)
+    subject = subjects.aggregate_events("plan", plan_id)
+    try:
+        newest = await js.get_last_msg(subjects.EVENTS_STREAM, subject)
+    except NotFoundError:
+        return state
+    async with aclosing(read_events(js, subject)) as messages:
+        async for msg in messages:
+            seq = msg.metadata.sequence.stream
+            if seq > newest.seq:
+                break
+            state.apply(EventEnvelope.from_bytes(msg.data), seq)
+    state.version = newest.seq
+    return state
+
+
+def require_ok(check: PlanCheck) -> None:
+    """Raise RolloutError listing every problem when the plan is not valid."""
+    if not check.ok:
+        raise RolloutError(
+            f"{check.path}: {len(check.problems)} problem(s); nothing was started",
+            problems=check.problems,
+        )
