@@ -41,6 +41,12 @@ VALID: dict[tuple[str, str], dict[str, Any]] = {
     ("tracker", "list_runs"): {"limit": 5},
     ("tracker", "get_job"): {"job_id": "j1"},
     ("tracker", "list_jobs"): {},
+    ("tracker", "record_plan_event"): {
+        "plan_id": "p1",
+        "type": "plan.stage_started",
+        "payload": {},
+        "expected_version": 0,
+    },
     ("learner", "create_job"): {"method": "sft", "base_model": "local/tiny-agent"},
     ("buffer", "sft_set"): {"env_slug": "refunds"},
     ("buffer", "dpo_pairs"): {"env_slug": "refunds"},

@@ -171,7 +171,8 @@ async def test_a_scoring_batch_longer_than_ack_wait_is_not_redelivered(
 
 async def test_refund_rollouts_still_get_verdicts(client, agent_server) -> None:
     await client.push_environment(refund_env(tasks=2))
-    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=4)
+    # A run seed whose 8 sample seeds include some divisible by 4 (the agent's failures).
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=4, seed=5)
     await client.wait_for_run(run["runId"], timeout_s=120)
     full = await client.get_run(run["runId"], include_rollouts=True)
     outcomes = {r["rolloutId"]: r["outcome"] for r in full["rollouts"]}

@@ -146,7 +146,12 @@ async def _run_cmd(args: argparse.Namespace) -> int:
 
         return await asyncio.to_thread(run_config_command, args)
     if not args.slug or not args.model:
-        raise RolloutError("rollout run needs SLUG and --model MODEL (or --config PLAN.toml)")
+        # A usage error, exit 2 as argparse's own are.
+        print(
+            "error: rollout run needs SLUG and --model MODEL (or --config PLAN.toml)",
+            file=sys.stderr,
+        )
+        return 2
 
     async def go(client: AsyncClient) -> dict[str, Any]:
         await _require_local_sandbox(client, args.slug)
