@@ -138,7 +138,8 @@ def _bad_reply(order: int) -> list[dict[str, Any]]:
 
 def _preference_rows(method: str) -> list[dict[str, Any]]:
     """KTO's labelled completions or the RM's chosen/rejected pairs, validated as ours are."""
-    from rollout.shared.learning import kto, rm
+    from rollout.shared.learning import kto
+    from rollout.shared.learning.data import preference_rows
 
     tools = json.dumps(TOOLS)
     if method == "kto":
@@ -156,7 +157,7 @@ def _preference_rows(method: str) -> list[dict[str, Any]]:
          "rejected": _bad_reply(o)[2:], "tools": tools}
         for o in range(1, 9)
     ]  # fmt: skip
-    return rm._validated(pairs)
+    return preference_rows(pairs, "rm")
 
 
 def bench_preference(

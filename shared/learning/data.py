@@ -59,6 +59,25 @@ def dpo_pairs(
     return pairs
 
 
+def preference_rows(pairs: Sequence[Mapping[str, Any]], method: str) -> list[dict[str, Any]]:
+    """Checked (prompt, chosen, rejected, tools) rows for the pairwise trainers (DPO, RM)."""
+    if not pairs:
+        raise RolloutError(
+            f"{method}: no preference pairs (needs tasks with rollouts whose scores differ by "
+            "at least the minimum margin)"
+        )
+    rows = []
+    for i, pair in enumerate(pairs):
+        for key in ("prompt", "chosen", "rejected"):
+            value = pair.get(key) if isinstance(pair, Mapping) else None
+            if not isinstance(value, list) or not value:
+                raise RolloutError(f"{method}: pairs[{i}].{key}: missing or empty message list")
+        rows.append(
+            {k: pair[k] for k in ("prompt", "chosen", "rejected")} | {"tools": pair.get("tools")}
+        )
+    return rows
+
+
 def _pair(
     task: str, chosen: Mapping[str, Any], rejected: Mapping[str, Any]
 ) -> dict[str, Any] | None:

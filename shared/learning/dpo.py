@@ -9,6 +9,7 @@ from typing import Any
 
 from rollout.errors import RolloutError
 from rollout.shared.learning.config import DpoConfig, TrainConfig, TrainResult
+from rollout.shared.learning.data import preference_rows
 from rollout.shared.learning.trl_job import CheckpointHook, ProgressHook, run_trl
 
 
@@ -28,7 +29,7 @@ def train_dpo(
     plus `tools`. `config` is a DpoConfig: `beta` is the preference temperature, `loss_type`
     picks TRL's loss (sigmoid: DPO, ipo: IPO, hinge, ...).
     """
-    rows = _validated(pairs)
+    rows = preference_rows(pairs, "dpo")
     if not isinstance(config, DpoConfig):
         raise RolloutError(f"dpo: needs a dpo config, got one for {config.method}")
 
@@ -75,21 +76,3 @@ def dpo_trainer(
         callbacks=callbacks,
         peft_config=peft,
     )
-
-
-def _validated(pairs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    if not pairs:
-        raise RolloutError(
-            "dpo: no preference pairs (needs tasks with rollouts whose scores differ by at "
-            "least the minimum margin)"
-        )
-    rows = []
-    for i, pair in enumerate(pairs):
-        for key in ("prompt", "chosen", "rejected"):
-            value = pair.get(key) if isinstance(pair, dict) else None
-            if not isinstance(value, list) or not value:
-                raise RolloutError(f"dpo: pairs[{i}].{key}: missing or empty message list")
-        rows.append(
-            {k: pair[k] for k in ("prompt", "chosen", "rejected")} | {"tools": pair.get("tools")}
-        )
-    return rows

@@ -15,6 +15,7 @@ from typing import Any
 
 from rollout.errors import RolloutError
 from rollout.shared.learning.config import RmConfig, TrainConfig, TrainResult
+from rollout.shared.learning.data import preference_rows
 from rollout.shared.learning.trl_job import CheckpointHook, ProgressHook, run_trl
 
 # Written beside a trained reward model, so a verifier can tell one from a policy.
@@ -34,7 +35,7 @@ def train_rm(
     """Train a reward model from `base_model` on (prompt, chosen, rejected) chats with tools."""
     if not isinstance(config, RmConfig):
         raise RolloutError(f"rm: needs an rm config, got one for {config.method}")
-    rows = _validated(pairs)
+    rows = preference_rows(pairs, "rm")
     result = run_trl(
         method="rm",
         base_model=Path(base_model),
@@ -108,21 +109,3 @@ def rm_trainer(
         callbacks=callbacks,
         peft_config=None,
     )
-
-
-def _validated(pairs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    if not pairs:
-        raise RolloutError(
-            "rm: no preference pairs (needs tasks with rollouts whose scores differ by at "
-            "least the minimum margin)"
-        )
-    rows = []
-    for i, pair in enumerate(pairs):
-        for key in ("prompt", "chosen", "rejected"):
-            value = pair.get(key) if isinstance(pair, dict) else None
-            if not isinstance(value, list) or not value:
-                raise RolloutError(f"rm: pairs[{i}].{key}: missing or empty message list")
-        rows.append(
-            {k: pair[k] for k in ("prompt", "chosen", "rejected")} | {"tools": pair.get("tools")}
-        )
-    return rows
