@@ -172,7 +172,10 @@ class GrpoConfig(TrainConfig):
     method_name: ClassVar[str] = "grpo"
     method: Literal["grpo"] = Field(description="Group relative policy optimisation, online.")
     beta: float = Field(
-        0.1, ge=0, le=100, description="Weight of the KL penalty to the base policy (0: none)."
+        0.1,
+        ge=0,
+        le=100,
+        description="Weight of the KL penalty to the policy training starts from (0: none).",
     )
     group_size: int = Field(4, ge=2, le=256, description="Completions sampled per task and step.")
     max_staleness: int = Field(

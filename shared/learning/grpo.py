@@ -20,12 +20,14 @@ bumps `policy_version`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -128,6 +130,7 @@ class GRPOLearner:
             "steps_without_data": 0.0,
         }
         self.last_checkpoint: Path | None = None
+        self._ref_adapter: dict[str, Any] | None = None
         self._elapsed_total = 0.0
         self._steps_timed = 0
         self.model, self.ref_model = self._build_models(base, state.path if state else None)
@@ -177,6 +180,16 @@ class GRPOLearner:
 
             # A base that is an adapter already (a trained name) trains that adapter on.
             model = base if is_peft(base) else get_peft_model(base, lora_config(self.config))
+            if is_peft(base):
+                # The KL reference is the policy training starts from (the SFT adapter), not
+                # the pretrained weights under it: switching the adapter off would pull an
+                # SFT'd model back towards a base that passes nothing. A copy of the starting
+                # adapter's weights (a few MB) is swapped in for the reference forward.
+                self._ref_adapter = {
+                    name: p.detach().clone()
+                    for name, p in model.named_parameters()
+                    if p.requires_grad
+                }
             if checkpoint is not None:
                 from peft import load_peft_weights, set_peft_model_state_dict
 
@@ -332,6 +345,11 @@ class GRPOLearner:
         size = self.config.batch_size
         for start in range(0, len(rows), size):
             batch = self._tensors(rows[start : start + size])
+            ref = None
+            if self.config.beta > 0:
+                # Before the policy's forward: the reference may swap adapter weights in place.
+                with torch.no_grad():
+                    ref = self._reference_logprobs(batch)
             logp = self._logprobs(self.model, batch)
             mask = batch["mask"]
             old = torch.where(batch["has_old"], batch["old"], logp.detach())
@@ -345,9 +363,7 @@ class GRPOLearner:
             adv = batch["advantage"][:, None]
             low, high = 1 - self.clip_eps, 1 + self.clip_eps
             per_token = -torch.min(ratio * adv, torch.clamp(ratio, low, high) * adv)
-            if self.config.beta > 0:
-                with torch.no_grad():
-                    ref = self._reference_logprobs(batch)
+            if ref is not None:
                 delta = ref - logp
                 kl = torch.exp(delta) - delta - 1
                 per_token = per_token + self.config.beta * kl
@@ -405,8 +421,27 @@ class GRPOLearner:
     def _reference_logprobs(self, batch: dict[str, Any]) -> Any:
         if self.ref_model is not None:
             return self._logprobs(self.ref_model, batch)
-        with self.model.disable_adapter():  # LoRA: the base is the model without its adapter
+        if self._ref_adapter is not None:
+            with self._starting_adapter():
+                return self._logprobs(self.model, batch)
+        with self.model.disable_adapter():  # a new adapter: the reference is the base under it
             return self._logprobs(self.model, batch)
+
+    @contextlib.contextmanager
+    def _starting_adapter(self) -> Iterator[None]:
+        """The adapter's weights as training started, for the reference forward only."""
+        import torch
+
+        params = dict(self.model.named_parameters())
+        current = {name: params[name].detach().clone() for name in self._ref_adapter}
+        with torch.no_grad():
+            for name, weights in self._ref_adapter.items():
+                params[name].copy_(weights)
+            try:
+                yield
+            finally:
+                for name, weights in current.items():
+                    params[name].copy_(weights)
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -191,3 +191,36 @@ async def test_lora_grpo_ships_adapters_the_actor_swaps_on_one_base(
     assert any(not torch.equal(a, b) for a, b in zip(after.values(), before.values(), strict=True))
     [reply] = await actor.generate([ChatRequest(messages=PROMPTS[0], max_tokens=4, seed=3)])
     assert reply.error is None and reply.token_ids
+
+
+async def test_kl_reference_of_a_trained_adapter_is_that_adapter(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    # GRPO after SFT: the penalty must hold the policy near the SFT'd model it starts from,
+    # not near the pretrained base under the adapter (which the SFT moved away from).
+    config = TrainConfig(method="grpo", learning_rate=2e-2, batch_size=32, beta=0.1,
+                         max_steps=4, lora=True, lora_r=4)  # fmt: skip
+    first = GRPOLearner(tiny_base, tmp_path / "sft-like", config, resume=False)
+    actor = HFBackend(tiny_base)
+    first.step(await _groups(actor, 0, seed=1))
+    first.step(await _groups(actor, 1, seed=2))
+    adapter = first.save()
+
+    learner = GRPOLearner(adapter, tmp_path / "grpo", config, resume=False)
+    groups = await _groups(HFBackend(adapter), 0, seed=3)
+    rows, _ = learner._rows(groups)
+    batch = learner._tensors(rows)
+    mask = batch["mask"].bool()
+    with torch.no_grad():
+        policy = learner._logprobs(learner.model, batch)[mask]
+        reference = learner._reference_logprobs(batch)[mask]
+        with learner.model.disable_adapter():
+            pretrained = learner._logprobs(learner.model, batch)[mask]
+    assert torch.allclose(reference, policy, atol=1e-5)
+    assert (pretrained - policy).abs().max() > 1e-3  # the adapter did move the model
+    learner.step(groups)
+    assert learner.metrics["last_kl"] < 1e-6  # measured before the update: policy == reference
+    with torch.no_grad():
+        after = learner._logprobs(learner.model, batch)[mask]
+        assert torch.equal(learner._reference_logprobs(batch)[mask], reference)
+    assert (after - policy).abs().max() > 0  # the step changed the policy, not the reference
