@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, WorkflowConfig, WorkflowTool
@@ -17,7 +18,8 @@ from rollout.shared.envs.checks import (
     static_prefix,
 )
 from rollout.shared.envs.compare import short, values_equal
-from rollout.shared.envs.interpolate import arg_names, interpolate, interpolate_string
+from rollout.shared.envs.interpolate import Compiled, arg_names, compile_template
+from rollout.shared.envs.memo import per_object
 from rollout.shared.envs.params import to_json_schema
 from rollout.shared.envs.paths import PathError, parse_path, resolve_path, set_path
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
@@ -39,7 +41,12 @@ def tool_parameters(tool: WorkflowTool) -> dict[str, Any]:
     if tool.params_schema is None and tool.kind == "action" and tool.value is None:
         # The appended value is the arguments themselves: accept any object.
         return {"type": "object", "properties": {}, "additionalProperties": True}
-    return to_json_schema(tool.params_schema, tool_arg_names(tool))
+    # Parsed once per tool: every episode builds its tools' schemas.
+    return to_json_schema(tool.params_schema, list(per_object(tool, _arg_names)))
+
+
+def _arg_names(tool: WorkflowTool) -> tuple[str, ...]:
+    return tuple(tool_arg_names(tool))
 
 
 def _describe(tool: WorkflowTool) -> str:
@@ -69,6 +76,30 @@ def find_match(items: Any, field: str, wanted: Any) -> Any:
     return None
 
 
+@dataclass(frozen=True)
+class _Compiled:
+    """A tool's templated fields parsed once (None where the tool has none)."""
+
+    fixture_path: Compiled | None
+    value: Compiled | None
+    response: Compiled | None
+    append_path: str | None
+
+
+def _compile(tool: WorkflowTool) -> _Compiled:
+    def opt(v: Any) -> Compiled | None:
+        return None if v is None else compile_template(v)
+
+    target = tool.target
+    return _Compiled(
+        opt(tool.fixture_path), opt(tool.value), opt(tool.response), target and f"{target}[]"
+    )
+
+
+def _compile_tools(config: WorkflowConfig) -> dict[int, _Compiled]:
+    return {id(tool): _compile(tool) for tool in config.tools}
+
+
 class WorkflowRuntime(BaseRuntime):
     """One episode of a workflow environment."""
 
@@ -79,20 +110,22 @@ class WorkflowRuntime(BaseRuntime):
         self.config = config
         self.fixtures = config.fixtures  # read-only: outputs are deep copies
         self.state: dict[str, Any] = copy.deepcopy(config.initial_mutable_state)
+        # The config's tools are the spec's (immutable): their templates are parsed once.
+        compiled = per_object(config, _compile_tools)
         for tool in config.tools:
-            self.add_tool(tool.name, _describe(tool), tool_parameters(tool), self._handler(tool))
+            handler = self._handler(tool, compiled.get(id(tool)) or _compile(tool))
+            self.add_tool(tool.name, _describe(tool), tool_parameters(tool), handler)
 
-    def _handler(self, tool: WorkflowTool):
+    def _handler(self, tool: WorkflowTool, compiled: _Compiled):
         if tool.kind == "lookup":
-            return lambda args: self._lookup(tool, args)
+            return lambda args: self._lookup(tool, compiled, args)
         if tool.kind == "action":
-            return lambda args: self._action(tool, args)
-        return lambda args: self._mock(tool, args)
+            return lambda args: self._action(tool, compiled, args)
+        return lambda args: self._mock(compiled, args)
 
-    def _lookup(self, tool: WorkflowTool, args: dict[str, Any]) -> Any:
-        ctx = self.context(args, self.state)
-        if tool.fixture_path:
-            path = interpolate_string(tool.fixture_path, ctx)
+    def _lookup(self, tool: WorkflowTool, compiled: _Compiled, args: dict[str, Any]) -> Any:
+        if tool.fixture_path and compiled.fixture_path is not None:
+            path = compiled.fixture_path(self.context(args, self.state))
             if not isinstance(path, str):
                 path = str(path)
             try:
@@ -121,21 +154,23 @@ class WorkflowRuntime(BaseRuntime):
                 continue
         raise ToolError(f"no fixture {name!r}")
 
-    def _action(self, tool: WorkflowTool, args: dict[str, Any]) -> Any:
-        ctx = self.context(args, self.state)
-        value = copy.deepcopy(args) if tool.value is None else interpolate(tool.value, ctx)
+    def _action(self, tool: WorkflowTool, compiled: _Compiled, args: dict[str, Any]) -> Any:
+        if compiled.value is None:
+            value = copy.deepcopy(args)
+        else:
+            value = compiled.value(self.context(args, self.state))
         try:
-            set_path(self.state, f"{tool.target}[]", value)
+            set_path(self.state, compiled.append_path or f"{tool.target}[]", value)
         except PathError as exc:
             raise ToolError(f"cannot append to {tool.target}: {exc}") from None
-        if tool.response is not None:
-            return interpolate(tool.response, self.context(args, self.state))
+        if compiled.response is not None:
+            return compiled.response(self.context(args, self.state))
         return {"ok": True, "recorded": value}
 
-    def _mock(self, tool: WorkflowTool, args: dict[str, Any]) -> Any:
-        if tool.response is None:
+    def _mock(self, compiled: _Compiled, args: dict[str, Any]) -> Any:
+        if compiled.response is None:
             return {"ok": True}
-        return interpolate(tool.response, self.context(args, self.state))
+        return compiled.response(self.context(args, self.state))
 
     def final_state(self) -> dict[str, Any]:
         """The mutable state after the episode."""

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, PrimitiveSpec, TaskSpec, VerifierSpec
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
+from rollout.shared.envs.memo import per_object, validated
 from rollout.shared.envs.verifiers import env_reward as _env_reward  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import primitives as _primitives  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import reward_model as _rm  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import ruler as _ruler  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import verifiers_rubric as _vf  # noqa: F401  (registers)
-from rollout.shared.envs.verifiers.registry import REGISTRY, InfraError, Outcome, ScoreContext
+from rollout.shared.envs.verifiers.registry import (
+    REGISTRY,
+    InfraError,
+    Outcome,
+    PrimitiveDef,
+    ScoreContext,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +43,19 @@ def default_verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
     return VerifierSpec.model_validate({"primitives": prims})
 
 
+def _no_defaults(task: TaskSpec) -> dict[str, VerifierSpec]:
+    return {}
+
+
+def _default_verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
+    # Built once per (task, template): a fresh one each score would re-parse its params too.
+    known = per_object(task, _no_defaults)
+    verifier = known.get(spec.template)
+    if verifier is None:
+        verifier = known[spec.template] = default_verifier(spec, task)
+    return verifier
+
+
 def _params_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -42,41 +64,67 @@ def _params_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A primitive's definition and parsed params, or the verdict when it cannot run."""
+
+    definition: PrimitiveDef | None
+    params: Any = None
+    failed: Outcome | None = None
+
+
+def _prepare(prim: PrimitiveSpec) -> _Prepared:
+    definition = REGISTRY.get(prim.type)
+    if definition is None:
+        return _Prepared(None, failed=Outcome(0.0, False, f"unknown primitive type {prim.type!r}"))
+    try:
+        params = definition.params.model_validate(prim.params)
+    except ValidationError as exc:
+        return _Prepared(
+            definition, failed=Outcome(0.0, False, f"invalid params: {_params_error(exc)}")
+        )
+    return _Prepared(definition, params)
+
+
+def _prepared(prim: PrimitiveSpec) -> _Prepared:
+    # A spec's params are parsed once (specs are immutable once built); a type registered
+    # since then is looked up again.
+    prep = per_object(prim, _prepare)
+    if prep.definition is not REGISTRY.get(prim.type):
+        prep = _prepare(prim)
+    return prep
+
+
 async def run_primitive(
     prim: PrimitiveSpec, ctx: ScoreContext
 ) -> tuple[PrimitiveResult, str | None]:
     """Score one primitive; a bad or crashing primitive fails with its reason, never raises."""
     infra: str | None = None
-    definition = REGISTRY.get(prim.type)
-    if definition is None:
-        outcome = Outcome(0.0, False, f"unknown primitive type {prim.type!r}")
+    prep = _prepared(prim)
+    if prep.failed is not None:
+        outcome = prep.failed
     else:
         try:
-            params = definition.params.model_validate(prim.params)
-        except ValidationError as exc:
-            outcome = Outcome(0.0, False, f"invalid params: {_params_error(exc)}")
-        else:
-            try:
-                result = definition.scorer(params, ctx)
-                outcome = await result if inspect.isawaitable(result) else result
-            except InfraError as exc:
-                infra = f"{prim.name}: {exc}"
-                outcome = Outcome(0.0, False, f"could not run: {exc}")
-            except Exception as exc:  # a primitive bug must not lose the whole score
-                log.warning("primitive_failed", primitive=prim.name, error=repr(exc))
-                outcome = Outcome(0.0, False, f"error: {type(exc).__name__}: {exc}")
+            result = prep.definition.scorer(prep.params, ctx)  # type: ignore[union-attr]
+            if type(result) is not Outcome and inspect.isawaitable(result):
+                result = await result
+            outcome = result
+        except InfraError as exc:
+            infra = f"{prim.name}: {exc}"
+            outcome = Outcome(0.0, False, f"could not run: {exc}")
+        except Exception as exc:  # a primitive bug must not lose the whole score
+            log.warning("primitive_failed", primitive=prim.name, error=repr(exc))
+            outcome = Outcome(0.0, False, f"error: {type(exc).__name__}: {exc}")
     score = min(1.0, max(0.0, float(outcome.score)))
-    return (
-        PrimitiveResult(
-            name=prim.name,
-            type=prim.type,
-            weight=prim.weight,
-            score=score,
-            passed=bool(outcome.passed),
-            reason=outcome.reason,
-        ),
-        infra,
-    )
+    fields = {
+        "name": prim.name,
+        "type": prim.type,
+        "weight": prim.weight,
+        "score": score,
+        "passed": bool(outcome.passed),
+        "reason": outcome.reason,
+    }
+    return validated(PrimitiveResult, fields), infra
 
 
 async def score_spec(
@@ -84,7 +132,7 @@ async def score_spec(
 ) -> VerifierResult:
     """Score a trajectory of `task` under `spec`'s verifier (or the default one)."""
     verifier = spec.verifier if spec.verifier and spec.verifier.primitives else None
-    verifier = verifier or default_verifier(spec, task)
+    verifier = verifier or _default_verifier(spec, task)
     try:
         config = spec.typed_config()
     except (ValidationError, ValueError):
@@ -103,6 +151,10 @@ async def score_spec(
     else:
         value = 1.0 if results and all(r.passed for r in results) else 0.0
     passed = bool(results) and all(r.passed for r in results)
-    return VerifierResult(
-        score=value, passed=passed, primitives=results, error="; ".join(errors) or None
-    )
+    verdict = {
+        "score": value,
+        "passed": passed,
+        "primitives": results,
+        "error": "; ".join(errors) or None,
+    }
+    return validated(VerifierResult, verdict)
