@@ -151,6 +151,16 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "object": lambda v: isinstance(v, dict),
 }
 
+# The exact types each check passes without asking it (subclasses and 2.0-as-integer do ask).
+_EXACT: dict[str, frozenset[type]] = {
+    "string": frozenset({str}),
+    "boolean": frozenset({bool}),
+    "integer": frozenset({int}),
+    "number": frozenset({int, float}),
+    "array": frozenset({list}),
+    "object": frozenset({dict}),
+}
+
 
 def argument_checker(json_schema: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
     """argument_errors with the schema read once, for a tool that is called many times.
@@ -168,14 +178,14 @@ def argument_checker(json_schema: dict[str, Any]) -> Callable[[dict[str, Any]], 
     except TypeError:  # an unhashable name: argument_errors raises as it always did
         return lambda arguments: argument_errors(json_schema, arguments)
     # name -> (type name, its check, null allowed); untyped and `any` arguments need none.
-    typed: dict[Any, tuple[str, Callable[[Any], bool], bool]] = {}
+    typed: dict[Any, tuple[str, Callable[[Any], bool], bool, frozenset[type]]] = {}
     for name, prop in props.items():
         if not isinstance(prop, dict) or "type" not in prop:
             continue
         type_name = _type_name(prop["type"]) or "any"
         if type_name != "any":
             nullable = isinstance(prop["type"], list) and "null" in prop["type"]
-            typed[name] = (type_name, _TYPE_CHECKS[type_name], nullable)
+            typed[name] = (type_name, _TYPE_CHECKS[type_name], nullable, _EXACT[type_name])
 
     def check(arguments: dict[str, Any]) -> list[str]:
         if all_needed <= arguments.keys():
@@ -185,7 +195,9 @@ def argument_checker(json_schema: dict[str, Any]) -> Callable[[dict[str, Any]], 
         if typed:
             for name, value in arguments.items():
                 rule = typed.get(name)
-                if rule is None or (value is None and rule[2]) or rule[1](value):
+                if rule is None or type(value) in rule[3]:
+                    continue
+                if (value is None and rule[2]) or rule[1](value):
                     continue
                 errors.append(f"argument {name!r} must be {rule[0]}, got {_json_type(value)}")
         return errors

@@ -12,7 +12,6 @@ import structlog
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
 from rollout.shared.envs.interpolate import InterpolationError
-from rollout.shared.envs.memo import validated
 from rollout.shared.envs.params import argument_checker
 from rollout.shared.envs.paths import PathError
 from rollout.shared.envs.runtime import ToolResult, ToolSpec
@@ -38,6 +37,9 @@ class BoundTool:
         if self.check is None:
             self.check = argument_checker(self.spec.parameters)
 
+
+# ToolResult(output=...) through its validator, minus BaseModel.__init__ (memo.validated).
+_tool_result = ToolResult.__pydantic_validator__.validate_python
 
 # Handlers' usual results: exact types, so never awaitable (inspect.isawaitable costs more).
 _PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})
@@ -99,7 +101,7 @@ class BaseRuntime:
                 output = await output
             if self.sanitize_outputs:
                 output = json_safe(output)
-            return validated(ToolResult, {"output": output})
+            return _tool_result({"output": output})
         except (ToolError, InterpolationError, PathError) as exc:
             return ToolResult(error=str(exc))
         except Exception as exc:  # a broken tool must not end the episode; the model sees why

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,7 @@ class _Compiled:
     value: Compiled | None
     response: Compiled | None
     append_path: str | None
+    append_key: str | None  # the target when it is one top-level key (`refunds`)
 
 
 def _compile(tool: WorkflowTool) -> _Compiled:
@@ -91,8 +93,20 @@ def _compile(tool: WorkflowTool) -> _Compiled:
         return None if v is None else compile_template(v)
 
     target = tool.target
+    key = None
+    if target:
+        try:
+            segments = parse_path(target)
+        except PathError:  # reported when the action runs, as before
+            segments = []
+        if len(segments) == 1 and isinstance(segments[0], str):
+            key = segments[0]
     return _Compiled(
-        opt(tool.fixture_path), opt(tool.value), opt(tool.response), target and f"{target}[]"
+        opt(tool.fixture_path),
+        opt(tool.value),
+        opt(tool.response),
+        target and f"{target}[]",
+        key,
     )
 
 
@@ -118,10 +132,10 @@ class WorkflowRuntime(BaseRuntime):
 
     def _handler(self, tool: WorkflowTool, compiled: _Compiled):
         if tool.kind == "lookup":
-            return lambda args: self._lookup(tool, compiled, args)
+            return functools.partial(self._lookup, tool, compiled)
         if tool.kind == "action":
-            return lambda args: self._action(tool, compiled, args)
-        return lambda args: self._mock(compiled, args)
+            return functools.partial(self._action, tool, compiled)
+        return functools.partial(self._mock, compiled)
 
     def _lookup(self, tool: WorkflowTool, compiled: _Compiled, args: dict[str, Any]) -> Any:
         if tool.fixture_path and compiled.fixture_path is not None:
@@ -159,10 +173,14 @@ class WorkflowRuntime(BaseRuntime):
             value = copy.deepcopy(args)
         else:
             value = compiled.value(self.context(args, self.state))
-        try:
-            set_path(self.state, compiled.append_path or f"{tool.target}[]", value)
-        except PathError as exc:
-            raise ToolError(f"cannot append to {tool.target}: {exc}") from None
+        items = self.state.get(compiled.append_key) if compiled.append_key else None
+        if type(items) is list:  # the usual `stateArray: refunds`: no path to walk
+            items.append(value)
+        else:
+            try:
+                set_path(self.state, compiled.append_path or f"{tool.target}[]", value)
+            except PathError as exc:
+                raise ToolError(f"cannot append to {tool.target}: {exc}") from None
         if compiled.response is not None:
             return compiled.response(self.context(args, self.state))
         return {"ok": True, "recorded": value}

@@ -95,36 +95,56 @@ def _prepared(prim: PrimitiveSpec) -> _Prepared:
     return prep
 
 
+def _start(prep: _Prepared, prim: PrimitiveSpec, ctx: ScoreContext) -> tuple[Any, str | None]:
+    """Call the scorer: its Outcome, or the awaitable an async scorer returned."""
+    if prep.failed is not None:
+        return prep.failed, None
+    try:
+        return prep.definition.scorer(prep.params, ctx), None  # type: ignore[union-attr]
+    except InfraError as exc:
+        return Outcome(0.0, False, f"could not run: {exc}"), f"{prim.name}: {exc}"
+    except Exception as exc:  # a primitive bug must not lose the whole score
+        log.warning("primitive_failed", primitive=prim.name, error=repr(exc))
+        return Outcome(0.0, False, f"error: {type(exc).__name__}: {exc}"), None
+
+
+async def _finish(pending: Any, prim: PrimitiveSpec) -> tuple[Any, str | None]:
+    """Await an async scorer, with the same failures as _start."""
+    try:
+        return await pending, None
+    except InfraError as exc:
+        return Outcome(0.0, False, f"could not run: {exc}"), f"{prim.name}: {exc}"
+    except Exception as exc:  # a primitive bug must not lose the whole score
+        log.warning("primitive_failed", primitive=prim.name, error=repr(exc))
+        return Outcome(0.0, False, f"error: {type(exc).__name__}: {exc}"), None
+
+
+async def _outcome(prim: PrimitiveSpec, ctx: ScoreContext) -> tuple[Any, str | None]:
+    # Sync scorers (most) finish without a coroutine of their own.
+    outcome, infra = _start(_prepared(prim), prim, ctx)
+    if type(outcome) is not Outcome and inspect.isawaitable(outcome):
+        outcome, infra = await _finish(outcome, prim)
+    return outcome, infra
+
+
+def _fields(prim: PrimitiveSpec, outcome: Any) -> dict[str, Any]:
+    """A PrimitiveResult's fields: the score clamped to [0, 1]."""
+    return {
+        "name": prim.name,
+        "type": prim.type,
+        "weight": prim.weight,
+        "score": min(1.0, max(0.0, float(outcome.score))),
+        "passed": bool(outcome.passed),
+        "reason": outcome.reason,
+    }
+
+
 async def run_primitive(
     prim: PrimitiveSpec, ctx: ScoreContext
 ) -> tuple[PrimitiveResult, str | None]:
     """Score one primitive; a bad or crashing primitive fails with its reason, never raises."""
-    infra: str | None = None
-    prep = _prepared(prim)
-    if prep.failed is not None:
-        outcome = prep.failed
-    else:
-        try:
-            result = prep.definition.scorer(prep.params, ctx)  # type: ignore[union-attr]
-            if type(result) is not Outcome and inspect.isawaitable(result):
-                result = await result
-            outcome = result
-        except InfraError as exc:
-            infra = f"{prim.name}: {exc}"
-            outcome = Outcome(0.0, False, f"could not run: {exc}")
-        except Exception as exc:  # a primitive bug must not lose the whole score
-            log.warning("primitive_failed", primitive=prim.name, error=repr(exc))
-            outcome = Outcome(0.0, False, f"error: {type(exc).__name__}: {exc}")
-    score = min(1.0, max(0.0, float(outcome.score)))
-    fields = {
-        "name": prim.name,
-        "type": prim.type,
-        "weight": prim.weight,
-        "score": score,
-        "passed": bool(outcome.passed),
-        "reason": outcome.reason,
-    }
-    return validated(PrimitiveResult, fields), infra
+    outcome, infra = await _outcome(prim, ctx)
+    return validated(PrimitiveResult, _fields(prim, outcome)), infra
 
 
 async def score_spec(
@@ -138,22 +158,29 @@ async def score_spec(
     except (ValidationError, ValueError):
         config = None
     ctx = ScoreContext(spec=spec, task=task, trajectory=trajectory, config=config)
-    results: list[PrimitiveResult] = []
+    results: list[dict[str, Any]] = []
     errors: list[str] = []
+    total = weighted = 0.0
+    passed = True
     for prim in verifier.primitives:
-        result, infra = await run_primitive(prim, ctx)
-        results.append(result)
+        outcome, infra = _start(_prepared(prim), prim, ctx)
+        if type(outcome) is not Outcome and inspect.isawaitable(outcome):
+            outcome, infra = await _finish(outcome, prim)
+        fields = _fields(prim, outcome)
+        results.append(fields)
         if infra:
             errors.append(infra)
-    total = sum(r.weight for r in results)
+        total += fields["weight"]
+        weighted += fields["weight"] * fields["score"]
+        passed = passed and fields["passed"]
     if total > 0:
-        value = sum(r.weight * r.score for r in results) / total
+        value = weighted / total
     else:
-        value = 1.0 if results and all(r.passed for r in results) else 0.0
-    passed = bool(results) and all(r.passed for r in results)
+        value = 1.0 if results and passed else 0.0
     verdict = {
         "score": value,
-        "passed": passed,
+        "passed": bool(results) and passed,
+        # Dicts: pydantic builds the PrimitiveResults in the same (one) validation.
         "primitives": results,
         "error": "; ".join(errors) or None,
     }
