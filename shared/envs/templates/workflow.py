@@ -124,6 +124,8 @@ class WorkflowRuntime(BaseRuntime):
         self.config = config
         self.fixtures = config.fixtures  # read-only: outputs are deep copies
         self.state: dict[str, Any] = copy.deepcopy(config.initial_mutable_state)
+        # Paths resolved into the fixtures, which never change: found once per episode.
+        self._fixture_arrays: dict[str, Any] = {}
         # The config's tools are the spec's (immutable): their templates are parsed once.
         compiled = per_object(config, _compile_tools)
         for tool in config.tools:
@@ -161,12 +163,18 @@ class WorkflowRuntime(BaseRuntime):
 
     def _array(self, name: str) -> Any:
         # Fixtures first (read-only data), then mutable state (so agents can read what they did).
-        for root in (self.fixtures, self.state):
-            try:
-                return resolve_path(root, name)
-            except PathError:
-                continue
-        raise ToolError(f"no fixture {name!r}")
+        found = self._fixture_arrays.get(name)
+        if found is not None:
+            return found
+        try:
+            found = self._fixture_arrays[name] = resolve_path(self.fixtures, name)
+            return found
+        except PathError:
+            pass
+        try:
+            return resolve_path(self.state, name)
+        except PathError:
+            raise ToolError(f"no fixture {name!r}") from None
 
     def _action(self, tool: WorkflowTool, compiled: _Compiled, args: dict[str, Any]) -> Any:
         if compiled.value is None:
