@@ -14,7 +14,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rollout.shared.envs.paths import PathError, parse_cached, parse_path, resolve_path
+from rollout.shared.envs.paths import (
+    PathError,
+    json_copy,
+    parse_cached,
+    parse_path,
+    resolve_path,
+)
 
 _PLACEHOLDER = re.compile(r"\$(\$?)\{([^{}]*)\}")
 _WHOLE = re.compile(r"^\$\{([^{}]*)\}$")
@@ -120,6 +126,18 @@ def _compile_string(text: str) -> Compiled:
     if not isinstance(root, str) or not all(isinstance(seg, str) for seg in rest):
         return lambda ctx: _copy(_resolve(expr, segments, ctx))
 
+    if len(rest) == 1:  # `${args.x}`: one key under a root
+        key = rest[0]
+
+        def run_key(ctx: dict[str, Any]) -> Any:
+            base = ctx.get(root)
+            found = base.get(key, _MISSING) if type(base) is dict else _MISSING
+            if found is _MISSING:
+                found = _resolve(expr, segments, ctx)
+            return found if isinstance(found, _SCALARS) else json_copy(found)
+
+        return run_key
+
     def run(ctx: dict[str, Any]) -> Any:
         # `${args.x}` through plain dicts (the usual case) inline; anything else (an index,
         # `.length`, a miss and its error) the general way.
@@ -132,7 +150,7 @@ def _compile_string(text: str) -> Compiled:
                 break
         if found is _MISSING:
             found = _resolve(expr, segments, ctx)
-        return found if isinstance(found, _SCALARS) else copy.deepcopy(found)
+        return found if isinstance(found, _SCALARS) else json_copy(found)
 
     return run
 

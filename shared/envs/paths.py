@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from typing import Any
@@ -197,3 +198,30 @@ def set_path(root: dict[str, Any], path: str, value: Any) -> None:
     else:
         where = _where(list(segments[:-1]))
         raise PathError(f"{where}: cannot set {last!r} on {type(target).__name__}")
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of JSON-like data, several times faster than copy.deepcopy.
+
+    Plain dicts, lists and scalars are copied directly; anything else goes to deepcopy. Unlike
+    deepcopy, an object reached twice is copied twice (JSON has no shared references); a cycle
+    falls back to deepcopy.
+    """
+    try:
+        return _tree_copy(value)
+    except RecursionError:
+        return copy.deepcopy(value)
+
+
+def _tree_copy(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _ATOMS else _tree_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _ATOMS else _tree_copy(v) for v in value]
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)

@@ -286,3 +286,19 @@ async def test_a_primitive_type_registered_later_is_used():
     assert second.passed and second.primitives[0].reason == "late"
     third = await score(spec, task, _trajectory(1))
     assert "unknown primitive type" in third.primitives[0].reason
+
+
+def test_json_copy_is_a_deep_copy():
+    from rollout.shared.envs.paths import json_copy
+
+    shared = {"k": [1, {"x": "y"}]}
+    value = {"a": shared, "b": [shared, 2.5, None, True], "t": (1, [2]), "s": {3}}
+    got = json_copy(value)
+    assert got == copy.deepcopy(value)
+    got["a"]["k"][1]["x"] = "changed"
+    got["t"][1].append(9)
+    assert value == {"a": shared, "b": [shared, 2.5, None, True], "t": (1, [2]), "s": {3}}
+    cyclic: list = [1]
+    cyclic.append(cyclic)
+    again = json_copy(cyclic)  # falls back to deepcopy
+    assert again[1] is again and again is not cyclic

@@ -70,10 +70,11 @@ class BaseRuntime:
         parameters: dict[str, Any],
         handler: Callable[[dict[str, Any]], Any],
         check_args: bool = True,
+        check: Callable[[dict[str, Any]], list[str]] | None = None,
     ) -> None:
-        """Register one tool."""
+        """Register one tool (`check`: argument_checker(parameters), when already built)."""
         spec = ToolSpec(name=name, description=description, parameters=parameters)
-        self._tools[name] = BoundTool(spec, handler, check_args)
+        self._tools[name] = BoundTool(spec, handler, check_args, check)
 
     def tool_specs(self) -> list[ToolSpec]:
         """Tools the model may call."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,14 @@ from rollout.shared.envs.checks import (
 from rollout.shared.envs.compare import short, values_equal
 from rollout.shared.envs.interpolate import Compiled, arg_names, compile_template
 from rollout.shared.envs.memo import per_object
-from rollout.shared.envs.params import to_json_schema
-from rollout.shared.envs.paths import PathError, parse_path, resolve_path, set_path
+from rollout.shared.envs.params import argument_checker, to_json_schema
+from rollout.shared.envs.paths import (
+    PathError,
+    json_copy,
+    parse_path,
+    resolve_path,
+    set_path,
+)
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Plan, Template, required_args, tools_by_name
 
@@ -42,12 +49,7 @@ def tool_parameters(tool: WorkflowTool) -> dict[str, Any]:
     if tool.params_schema is None and tool.kind == "action" and tool.value is None:
         # The appended value is the arguments themselves: accept any object.
         return {"type": "object", "properties": {}, "additionalProperties": True}
-    # Parsed once per tool: every episode builds its tools' schemas.
-    return to_json_schema(tool.params_schema, list(per_object(tool, _arg_names)))
-
-
-def _arg_names(tool: WorkflowTool) -> tuple[str, ...]:
-    return tuple(tool_arg_names(tool))
+    return to_json_schema(tool.params_schema, tool_arg_names(tool))
 
 
 def _describe(tool: WorkflowTool) -> str:
@@ -66,15 +68,25 @@ def _describe(tool: WorkflowTool) -> str:
 def find_match(items: Any, field: str, wanted: Any) -> Any:
     """First element whose `field` equals `wanted` (by value, or by text: 1 matches "1")."""
     pool = items.values() if isinstance(items, dict) else items
+    kind = type(wanted)
     for item in pool:
-        if isinstance(item, dict) and field in item:
+        if type(item) is dict:  # fixtures are JSON: one lookup, no isinstance
+            have = item.get(field, _ABSENT)
+            if have is _ABSENT:
+                continue
+        elif isinstance(item, dict) and field in item:
             have = item[field]
-            if type(have) is type(wanted):  # the usual case: no coercion needed
-                if have == wanted:
-                    return item
-            elif values_equal(have, wanted) or str(have) == str(wanted):
+        else:
+            continue
+        if type(have) is kind:  # the usual case: no coercion needed
+            if have == wanted:
                 return item
+        elif values_equal(have, wanted) or str(have) == str(wanted):
+            return item
     return None
+
+
+_ABSENT = object()
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,9 @@ class _Compiled:
     response: Compiled | None
     append_path: str | None
     append_key: str | None  # the target when it is one top-level key (`refunds`)
+    description: str
+    parameters: dict[str, Any]  # copied for each episode's ToolSpec
+    check: Callable[[dict[str, Any]], list[str]]
 
 
 def _compile(tool: WorkflowTool) -> _Compiled:
@@ -101,12 +116,16 @@ def _compile(tool: WorkflowTool) -> _Compiled:
             segments = []
         if len(segments) == 1 and isinstance(segments[0], str):
             key = segments[0]
+    parameters = tool_parameters(tool)
     return _Compiled(
         opt(tool.fixture_path),
         opt(tool.value),
         opt(tool.response),
         target and f"{target}[]",
         key,
+        _describe(tool),
+        parameters,
+        argument_checker(parameters),
     )
 
 
@@ -122,15 +141,17 @@ class WorkflowRuntime(BaseRuntime):
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: WorkflowConfig) -> None:
         super().__init__(spec, task)
         self.config = config
-        self.fixtures = config.fixtures  # read-only: outputs are deep copies
-        self.state: dict[str, Any] = copy.deepcopy(config.initial_mutable_state)
+        self.fixtures = config.fixtures  # read-only: outputs are deep copies (json_copy)
+        self.state: dict[str, Any] = json_copy(config.initial_mutable_state)
         # Paths resolved into the fixtures, which never change: found once per episode.
         self._fixture_arrays: dict[str, Any] = {}
         # The config's tools are the spec's (immutable): their templates are parsed once.
         compiled = per_object(config, _compile_tools)
         for tool in config.tools:
-            handler = self._handler(tool, compiled.get(id(tool)) or _compile(tool))
-            self.add_tool(tool.name, _describe(tool), tool_parameters(tool), handler)
+            done = compiled.get(id(tool)) or _compile(tool)
+            handler = self._handler(tool, done)
+            params = json_copy(done.parameters)
+            self.add_tool(tool.name, done.description, params, handler, check=done.check)
 
     def _handler(self, tool: WorkflowTool, compiled: _Compiled):
         if tool.kind == "lookup":
@@ -145,12 +166,12 @@ class WorkflowRuntime(BaseRuntime):
             if not isinstance(path, str):
                 path = str(path)
             try:
-                return copy.deepcopy(resolve_path(self.fixtures, path))
+                return json_copy(resolve_path(self.fixtures, path))
             except PathError as exc:
                 raise ToolError(f"not found: {path} ({exc})") from None
         source = self._array(tool.from_array or "")
         if not tool.match_field:
-            return copy.deepcopy(source)
+            return json_copy(source)
         key = tool.match_arg or tool.match_field
         if key not in args:
             raise ToolError(f"missing required argument {key!r}")
@@ -159,7 +180,7 @@ class WorkflowRuntime(BaseRuntime):
             raise ToolError(
                 f"no {tool.from_array} entry with {tool.match_field} = {short(args[key])}"
             )
-        return copy.deepcopy(found)
+        return json_copy(found)
 
     def _array(self, name: str) -> Any:
         # Fixtures first (read-only data), then mutable state (so agents can read what they did).
@@ -178,7 +199,7 @@ class WorkflowRuntime(BaseRuntime):
 
     def _action(self, tool: WorkflowTool, compiled: _Compiled, args: dict[str, Any]) -> Any:
         if compiled.value is None:
-            value = copy.deepcopy(args)
+            value = json_copy(args)
         else:
             value = compiled.value(self.context(args, self.state))
         items = self.state.get(compiled.append_key) if compiled.append_key else None
