@@ -302,3 +302,32 @@ def test_json_copy_is_a_deep_copy():
     cyclic.append(cyclic)
     again = json_copy(cyclic)  # falls back to deepcopy
     assert again[1] is again and again is not cyclic
+
+
+async def test_scores_are_clamped_as_before():
+    from rollout.shared.contracts.envspec import EnvironmentSpec, StateMatchParams
+
+    raw = _env().to_spec().to_json_dict()
+    raw["verifier"] = {"primitives": [{"name": "odd", "type": "odd_scores_for_test"}]}
+    spec = EnvironmentSpec.model_validate(raw)
+    seen = {}
+    for value in (float("nan"), -0.0, -3.0, 0.0, 0.25, 1.0, 7.0, 2):
+        REGISTRY["odd_scores_for_test"] = PrimitiveDef(
+            "odd_scores_for_test",
+            StateMatchParams,
+            lambda p, ctx, value=value: Outcome(value, True, "x"),
+        )
+        try:
+            seen[str(value)] = repr((await score(spec, spec.tasks[0], _trajectory(1))).score)
+        finally:
+            del REGISTRY["odd_scores_for_test"]
+    assert seen == {
+        "nan": "0.0",
+        "-0.0": "0.0",
+        "-3.0": "0.0",
+        "0.0": "0.0",
+        "0.25": "0.25",
+        "1.0": "1.0",
+        "7.0": "1.0",
+        "2": "1.0",
+    }

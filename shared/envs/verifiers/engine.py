@@ -95,6 +95,10 @@ def _prepared(prim: PrimitiveSpec) -> _Prepared:
     return prep
 
 
+def _plan(verifier: VerifierSpec) -> list[tuple[PrimitiveSpec, _Prepared]]:
+    return [(prim, _prepare(prim)) for prim in verifier.primitives]
+
+
 def _start(prep: _Prepared, prim: PrimitiveSpec, ctx: ScoreContext) -> tuple[Any, str | None]:
     """Call the scorer: its Outcome, or the awaitable an async scorer returned."""
     if prep.failed is not None:
@@ -129,11 +133,14 @@ async def _outcome(prim: PrimitiveSpec, ctx: ScoreContext) -> tuple[Any, str | N
 
 def _fields(prim: PrimitiveSpec, outcome: Any) -> dict[str, Any]:
     """A PrimitiveResult's fields: the score clamped to [0, 1]."""
+    score = float(outcome.score)
+    if not 0.0 < score <= 1.0:  # NaN and -0.0 too: they become 0.0
+        score = min(1.0, max(0.0, score))
     return {
         "name": prim.name,
         "type": prim.type,
         "weight": prim.weight,
-        "score": min(1.0, max(0.0, float(outcome.score))),
+        "score": score,
         "passed": bool(outcome.passed),
         "reason": outcome.reason,
     }
@@ -162,16 +169,20 @@ async def score_spec(
     errors: list[str] = []
     total = weighted = 0.0
     passed = True
-    for prim in verifier.primitives:
-        outcome, infra = _start(_prepared(prim), prim, ctx)
+    # The verifier's params parsed once per spec (see _prepared).
+    for prim, prep in per_object(verifier, _plan):
+        if prep.definition is not REGISTRY.get(prim.type):
+            prep = _prepare(prim)
+        outcome, infra = _start(prep, prim, ctx)
         if type(outcome) is not Outcome and inspect.isawaitable(outcome):
             outcome, infra = await _finish(outcome, prim)
         fields = _fields(prim, outcome)
         results.append(fields)
         if infra:
             errors.append(infra)
-        total += fields["weight"]
-        weighted += fields["weight"] * fields["score"]
+        weight = fields["weight"]
+        total += weight
+        weighted += weight * fields["score"]
         passed = passed and fields["passed"]
     if total > 0:
         value = weighted / total
