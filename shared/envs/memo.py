@@ -7,6 +7,7 @@ templates, parsed verifier params) is built on first use and kept until the obje
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -33,7 +34,9 @@ def per_object(obj: Any, build: Callable[[Any], T]) -> T:
             return values[build]
     else:
         try:
-            ref = weakref.ref(obj, lambda _ref, key=key: _drop(key, _ref))
+            # The cache goes in as an argument: at interpreter exit this module's globals may
+            # already be None when the last objects are collected.
+            ref = weakref.ref(obj, functools.partial(_drop, _CACHE, key))
         except TypeError:  # not weak-referenceable (a dict): nothing to hang the cache on
             return build(obj)
         values = {}
@@ -43,10 +46,10 @@ def per_object(obj: Any, build: Callable[[Any], T]) -> T:
     return value
 
 
-def _drop(key: int, ref: weakref.ref[Any]) -> None:
-    entry = _CACHE.get(key)
+def _drop(cache: dict[int, Any], key: int, ref: weakref.ref[Any]) -> None:
+    entry = cache.get(key)
     if entry is not None and entry[0] is ref:
-        del _CACHE[key]
+        del cache[key]
 
 
 M = TypeVar("M", bound=BaseModel)
