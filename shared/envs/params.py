@@ -161,6 +161,8 @@ _EXACT: dict[str, frozenset[type]] = {
     "object": frozenset({dict}),
 }
 
+_ABSENT = object()
+
 
 def argument_checker(json_schema: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
     """argument_errors with the schema read once, for a tool that is called many times.
@@ -187,11 +189,32 @@ def argument_checker(json_schema: dict[str, Any]) -> Callable[[dict[str, Any]], 
             nullable = isinstance(prop["type"], list) and "null" in prop["type"]
             typed[name] = (type_name, _TYPE_CHECKS[type_name], nullable, _EXACT[type_name])
 
+    # The passing call's shortcut: each required argument there, every typed one of an exact
+    # type. Anything else (a missing one, a subclass, 2.0 as an integer) takes `errors`.
+    needed_typed = tuple((n, typed[n][3]) for n in dict.fromkeys(needed) if n in typed)
+    needed_plain = tuple(n for n in dict.fromkeys(needed) if n not in typed)
+    optional_typed = tuple((n, rule[3]) for n, rule in typed.items() if n not in all_needed)
+
     def check(arguments: dict[str, Any]) -> list[str]:
+        if type(arguments) is not dict:
+            return errors(arguments)
+        for name in needed_plain:
+            if name not in arguments:
+                return errors(arguments)
+        for name, exact in needed_typed:
+            if type(arguments.get(name, _ABSENT)) not in exact:
+                return errors(arguments)
+        for name, exact in optional_typed:
+            value = arguments.get(name, _ABSENT)
+            if value is not _ABSENT and type(value) not in exact:
+                return errors(arguments)
+        return []
+
+    def errors(arguments: dict[str, Any]) -> list[str]:
         if all_needed <= arguments.keys():
-            errors = []
+            problems = []
         else:
-            errors = [f"missing required argument {n!r}" for n in needed if n not in arguments]
+            problems = [f"missing required argument {n!r}" for n in needed if n not in arguments]
         if typed:
             for name, value in arguments.items():
                 rule = typed.get(name)
@@ -199,7 +222,7 @@ def argument_checker(json_schema: dict[str, Any]) -> Callable[[dict[str, Any]], 
                     continue
                 if (value is None and rule[2]) or rule[1](value):
                     continue
-                errors.append(f"argument {name!r} must be {rule[0]}, got {_json_type(value)}")
-        return errors
+                problems.append(f"argument {name!r} must be {rule[0]}, got {_json_type(value)}")
+        return problems
 
     return check
