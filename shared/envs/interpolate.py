@@ -101,7 +101,14 @@ def compile_template(value: Any) -> Compiled:
         return _compile_string(value)
     if isinstance(value, dict):
         items = [(k, compile_template(v)) for k, v in value.items()]
-        return lambda ctx: {k: part(ctx) for k, part in items}
+
+        def run_dict(ctx: dict[str, Any]) -> dict[Any, Any]:
+            out = {}  # a loop, not a comprehension: no frame of its own on 3.11
+            for k, part in items:
+                out[k] = part(ctx)
+            return out
+
+        return run_dict
     if isinstance(value, list | tuple):
         parts = [compile_template(v) for v in value]
         return lambda ctx: [part(ctx) for part in parts]

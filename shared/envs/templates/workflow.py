@@ -169,7 +169,10 @@ class WorkflowRuntime(BaseRuntime):
                 return json_copy(resolve_path(self.fixtures, path))
             except PathError as exc:
                 raise ToolError(f"not found: {path} ({exc})") from None
-        source = self._array(tool.from_array or "")
+        name = tool.from_array or ""
+        source = self._fixture_arrays.get(name)
+        if source is None:
+            source = self._array(name)
         if not tool.match_field:
             return json_copy(source)
         key = tool.match_arg or tool.match_field
