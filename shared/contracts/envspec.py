@@ -538,8 +538,11 @@ class EnvironmentSpec(BaseModel):
 
         The parsed config is cached on the spec: treat a spec as immutable once built.
         """
-        if self._typed is not None:
-            return self._typed
+        # Read the private dict directly: `self._typed` goes through pydantic's __getattr__,
+        # which costs microseconds, and this runs on every score.
+        cached = (self.__pydantic_private__ or {}).get("_typed")
+        if cached is not None:
+            return cached
         from rollout.shared.envs.templates import get_template
 
         template = get_template(self.template)

@@ -14,6 +14,9 @@ def _is_number(value: Any) -> bool:
 
 def values_equal(expected: Any, actual: Any, *, partial: bool = False) -> bool:
     """Deep equality; with `partial`, dicts in `expected` need only be a subset of `actual`."""
+    kind = type(expected)
+    if (kind is int or kind is str) and type(actual) is kind:  # the usual leaf: plain ==
+        return expected == actual
     if _is_number(expected) and _is_number(actual):
         if isinstance(expected, float) and math.isnan(expected):
             return isinstance(actual, float) and math.isnan(actual)

@@ -11,9 +11,16 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
-from rollout.shared.envs.paths import PathError, parse_cached, parse_path, resolve_path
+from rollout.shared.envs.paths import (
+    PathError,
+    json_copy,
+    parse_cached,
+    parse_path,
+    resolve_path,
+)
 
 _PLACEHOLDER = re.compile(r"\$(\$?)\{([^{}]*)\}")
 _WHOLE = re.compile(r"^\$\{([^{}]*)\}$")
@@ -29,12 +36,16 @@ def _lookup(expr: str, context: dict[str, Any]) -> Any:
         segments = parse_cached(expr)
     except PathError as exc:
         raise InterpolationError(f"${{{expr}}}: {exc}") from None
+    return _resolve(expr, segments, context)
+
+
+def _resolve(expr: str, segments: tuple[Any, ...], context: dict[str, Any]) -> Any:
     root = segments[0]
     if not isinstance(root, str) or root not in context:
         roots = ", ".join(sorted(context)) or "none"
         raise InterpolationError(f"${{{expr}}}: unknown root {root!r} (known: {roots})")
     try:
-        return resolve_path(context[root], list(segments[1:]))
+        return resolve_path(context[root], segments[1:])
     except PathError as exc:
         if root == "args" and len(segments) == 2:
             raise InterpolationError(f"${{{expr}}}: missing argument {segments[1]!r}") from None
@@ -75,6 +86,80 @@ def interpolate(value: Any, context: dict[str, Any]) -> Any:
 
 
 _SCALARS = (str, int, float, bool, type(None))
+_MISSING = object()
+
+Compiled = Callable[[dict[str, Any]], Any]
+
+
+def compile_template(value: Any) -> Compiled:
+    """`interpolate(value, ctx)` as a function of ctx, with the placeholders parsed once.
+
+    For a template used on every call of a tool; the errors are interpolate's, raised when
+    the function runs. The template must not change afterwards (config is immutable).
+    """
+    if isinstance(value, str):
+        return _compile_string(value)
+    if isinstance(value, dict):
+        items = [(k, compile_template(v)) for k, v in value.items()]
+
+        def run_dict(ctx: dict[str, Any]) -> dict[Any, Any]:
+            out = {}  # a loop, not a comprehension: no frame of its own on 3.11
+            for k, part in items:
+                out[k] = part(ctx)
+            return out
+
+        return run_dict
+    if isinstance(value, list | tuple):
+        parts = [compile_template(v) for v in value]
+        return lambda ctx: [part(ctx) for part in parts]
+    if isinstance(value, _SCALARS):
+        return lambda ctx: value
+    return lambda ctx: copy.deepcopy(value)
+
+
+def _compile_string(text: str) -> Compiled:
+    if "$" not in text:
+        return lambda ctx: text
+    whole = _WHOLE.match(text)
+    if whole is None:  # text around placeholders: the general path
+        return lambda ctx: interpolate_string(text, ctx)
+    expr = whole.group(1).strip()
+    try:
+        segments = parse_cached(expr)
+    except PathError:  # raise the same error as interpolate, when it runs
+        return lambda ctx: interpolate_string(text, ctx)
+
+    root, rest = segments[0], segments[1:]
+    if not isinstance(root, str) or not all(isinstance(seg, str) for seg in rest):
+        return lambda ctx: _copy(_resolve(expr, segments, ctx))
+
+    if len(rest) == 1:  # `${args.x}`: one key under a root
+        key = rest[0]
+
+        def run_key(ctx: dict[str, Any]) -> Any:
+            base = ctx.get(root)
+            found = base.get(key, _MISSING) if type(base) is dict else _MISSING
+            if found is _MISSING:
+                found = _resolve(expr, segments, ctx)
+            return found if isinstance(found, _SCALARS) else json_copy(found)
+
+        return run_key
+
+    def run(ctx: dict[str, Any]) -> Any:
+        # `${args.x}` through plain dicts (the usual case) inline; anything else (an index,
+        # `.length`, a miss and its error) the general way.
+        found = ctx.get(root, _MISSING)
+        for seg in rest:
+            if type(found) is dict and seg in found:
+                found = found[seg]
+            else:
+                found = _resolve(expr, segments, ctx)
+                break
+        if found is _MISSING:
+            found = _resolve(expr, segments, ctx)
+        return found if isinstance(found, _SCALARS) else json_copy(found)
+
+    return run
 
 
 def _copy(value: Any) -> Any:

@@ -8,6 +8,7 @@ error the model can read, never an exception.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 TYPES = ("string", "number", "integer", "boolean", "array", "object", "any")
@@ -135,3 +136,93 @@ def argument_errors(json_schema: dict[str, Any], arguments: dict[str, Any]) -> l
         if not _matches(value, type_name):
             errors.append(f"argument {name!r} must be {type_name}, got {_json_type(value)}")
     return errors
+
+
+# _matches, one function per type (tests/envs/test_validation.py holds them to it).
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+    ),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+# The exact types each check passes without asking it (subclasses and 2.0-as-integer do ask).
+_EXACT: dict[str, frozenset[type]] = {
+    "string": frozenset({str}),
+    "boolean": frozenset({bool}),
+    "integer": frozenset({int}),
+    "number": frozenset({int, float}),
+    "array": frozenset({list}),
+    "object": frozenset({dict}),
+}
+
+_ABSENT = object()
+
+
+def argument_checker(json_schema: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
+    """argument_errors with the schema read once, for a tool that is called many times.
+
+    The checker gives exactly argument_errors' problems; a schema it does not expect (say
+    `properties` not an object) gets argument_errors itself, called each time.
+    """
+    props = json_schema.get("properties", {})
+    required = json_schema.get("required", [])
+    if not isinstance(props, dict) or not isinstance(required, list | tuple):
+        return lambda arguments: argument_errors(json_schema, arguments)
+    needed = tuple(required)
+    try:
+        all_needed = frozenset(needed)
+    except TypeError:  # an unhashable name: argument_errors raises as it always did
+        return lambda arguments: argument_errors(json_schema, arguments)
+    # name -> (type name, its check, null allowed); untyped and `any` arguments need none.
+    typed: dict[Any, tuple[str, Callable[[Any], bool], bool, frozenset[type]]] = {}
+    for name, prop in props.items():
+        if not isinstance(prop, dict) or "type" not in prop:
+            continue
+        type_name = _type_name(prop["type"]) or "any"
+        if type_name != "any":
+            nullable = isinstance(prop["type"], list) and "null" in prop["type"]
+            typed[name] = (type_name, _TYPE_CHECKS[type_name], nullable, _EXACT[type_name])
+
+    # The passing call's shortcut: each required argument there, every typed one of an exact
+    # type. Anything else (a missing one, a subclass, 2.0 as an integer) takes `errors`.
+    needed_typed = tuple((n, typed[n][3]) for n in dict.fromkeys(needed) if n in typed)
+    needed_plain = tuple(n for n in dict.fromkeys(needed) if n not in typed)
+    optional_typed = tuple((n, rule[3]) for n, rule in typed.items() if n not in all_needed)
+
+    def check(arguments: dict[str, Any]) -> list[str]:
+        if type(arguments) is not dict:
+            return errors(arguments)
+        for name in needed_plain:
+            if name not in arguments:
+                return errors(arguments)
+        for name, exact in needed_typed:
+            if type(arguments.get(name, _ABSENT)) not in exact:
+                return errors(arguments)
+        for name, exact in optional_typed:
+            value = arguments.get(name, _ABSENT)
+            if value is not _ABSENT and type(value) not in exact:
+                return errors(arguments)
+        return []
+
+    def errors(arguments: dict[str, Any]) -> list[str]:
+        if all_needed <= arguments.keys():
+            problems = []
+        else:
+            problems = [f"missing required argument {n!r}" for n in needed if n not in arguments]
+        if typed:
+            for name, value in arguments.items():
+                rule = typed.get(name)
+                if rule is None or type(value) in rule[3]:
+                    continue
+                if (value is None and rule[2]) or rule[1](value):
+                    continue
+                problems.append(f"argument {name!r} must be {rule[0]}, got {_json_type(value)}")
+        return problems
+
+    return check

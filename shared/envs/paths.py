@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 _BRACKET = re.compile(r"""\[\s*(?:(-?\d+)|"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|())\s*\]""")
 _INT = re.compile(r"-?[0-9]+")  # ASCII only: str.isdigit() also accepts "²"
 APPEND = object()  # the `[]` segment: append when setting
+_BARE = re.compile(r"[^.\[\]\"']+")  # a key that needs no brackets when displayed
 
 
 class PathError(ValueError):
@@ -77,38 +79,42 @@ def format_path(segments: list[Any]) -> str:
             out += "[]"
         elif isinstance(seg, int):
             out += f"[{seg}]"
-        elif re.fullmatch(r"[^.\[\]\"']+", seg) and not _INT.fullmatch(seg):
+        elif _BARE.fullmatch(seg) and not _INT.fullmatch(seg):
             out += ("." if out else "") + seg
         else:
             out += '["' + seg.replace("\\", "\\\\").replace('"', '\\"') + '"]'
     return out
 
 
+def _where(done: list[Any]) -> str:
+    # Only built for an error message: formatting a path costs more than the step itself.
+    return format_path(done) or "<root>"
+
+
 def _step(value: Any, seg: Any, done: list[Any]) -> Any:
-    where = format_path(done)
     if isinstance(seg, int):
         if isinstance(value, list | tuple | str):
             if -len(value) <= seg < len(value):
                 return value[seg]
-            raise PathError(f"{where or '<root>'}: index {seg} out of range (length {len(value)})")
+            raise PathError(f"{_where(done)}: index {seg} out of range (length {len(value)})")
         if isinstance(value, dict) and str(seg) in value:
             return value[str(seg)]
-        raise PathError(f"{where or '<root>'}: cannot index {type(value).__name__} with [{seg}]")
+        raise PathError(f"{_where(done)}: cannot index {type(value).__name__} with [{seg}]")
     if seg is APPEND:
-        raise PathError(f"{where or '<root>'}: '[]' only works when setting a value")
+        raise PathError(f"{_where(done)}: '[]' only works when setting a value")
     if isinstance(value, dict):
         if seg in value:
             return value[seg]
         if seg == "length":
             return len(value)
-        raise PathError(f"{where or '<root>'}: no key {seg!r}")
+        raise PathError(f"{_where(done)}: no key {seg!r}")
     if isinstance(value, list | tuple | str):
         if seg == "length":
             return len(value)
         if _INT.fullmatch(seg):
             return _step(value, int(seg), done)
-        raise PathError(f"{where or '<root>'}: {type(value).__name__} has no key {seg!r}")
-    raise PathError(f"{where or '<root>'}: cannot read {seg!r} from {type(value).__name__}")
+        raise PathError(f"{_where(done)}: {type(value).__name__} has no key {seg!r}")
+    raise PathError(f"{_where(done)}: cannot read {seg!r} from {type(value).__name__}")
 
 
 class _Miss(Exception):
@@ -120,8 +126,11 @@ def _step_fast(value: Any, seg: Any) -> Any:
     if isinstance(value, dict):
         if isinstance(seg, str) and seg in value:
             return value[seg]
-    elif isinstance(value, list) and isinstance(seg, int) and -len(value) <= seg < len(value):
-        return value[seg]
+    elif isinstance(value, list):
+        if isinstance(seg, int) and -len(value) <= seg < len(value):
+            return value[seg]
+        if seg == "length":  # `refunds.length`, the usual ground-truth check
+            return len(value)
     raise _Miss
 
 
@@ -174,16 +183,45 @@ def set_path(root: dict[str, Any], path: str, value: Any) -> None:
             where = format_path(list(segments[:i])) or "<root>"
             raise PathError(f"{where}: cannot descend into {type(target).__name__}")
     last = segments[-1]
-    where = format_path(list(segments[:-1]))
     if last is APPEND:
         if not isinstance(target, list):
-            raise PathError(f"{where or '<root>'}: cannot append to {type(target).__name__}")
+            where = _where(list(segments[:-1]))
+            raise PathError(f"{where}: cannot append to {type(target).__name__}")
         target.append(value)
     elif isinstance(target, dict) and isinstance(last, str):
         target[last] = value
     elif isinstance(target, list) and isinstance(last, int):
         if not -len(target) <= last < len(target):
+            where = format_path(list(segments[:-1]))
             raise PathError(f"{where}: index {last} out of range (length {len(target)})")
         target[last] = value
     else:
-        raise PathError(f"{where or '<root>'}: cannot set {last!r} on {type(target).__name__}")
+        where = _where(list(segments[:-1]))
+        raise PathError(f"{where}: cannot set {last!r} on {type(target).__name__}")
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of JSON-like data, several times faster than copy.deepcopy.
+
+    Plain dicts, lists and scalars are copied directly; anything else goes to deepcopy. Unlike
+    deepcopy, an object reached twice is copied twice (JSON has no shared references); a cycle
+    falls back to deepcopy.
+    """
+    try:
+        return _tree_copy(value)
+    except RecursionError:
+        return copy.deepcopy(value)
+
+
+def _tree_copy(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _ATOMS else _tree_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _ATOMS else _tree_copy(v) for v in value]
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)

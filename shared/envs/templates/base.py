@@ -12,7 +12,7 @@ import structlog
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
 from rollout.shared.envs.interpolate import InterpolationError
-from rollout.shared.envs.params import argument_errors
+from rollout.shared.envs.params import argument_checker
 from rollout.shared.envs.paths import PathError
 from rollout.shared.envs.runtime import ToolResult, ToolSpec
 
@@ -30,6 +30,19 @@ class BoundTool:
     spec: ToolSpec
     handler: Callable[[dict[str, Any]], Any]
     check_args: bool = True
+    # The arguments' check, compiled once from spec.parameters (see params.argument_checker).
+    check: Callable[[dict[str, Any]], list[str]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.check is None:
+            self.check = argument_checker(self.spec.parameters)
+
+
+# ToolResult(output=...) through its validator, minus BaseModel.__init__ (memo.validated).
+_tool_result = ToolResult.__pydantic_validator__.validate_python
+
+# Handlers' usual results: exact types, so never awaitable (inspect.isawaitable costs more).
+_PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})
 
 
 def json_safe(value: Any) -> Any:
@@ -57,10 +70,11 @@ class BaseRuntime:
         parameters: dict[str, Any],
         handler: Callable[[dict[str, Any]], Any],
         check_args: bool = True,
+        check: Callable[[dict[str, Any]], list[str]] | None = None,
     ) -> None:
-        """Register one tool."""
+        """Register one tool (`check`: argument_checker(parameters), when already built)."""
         spec = ToolSpec(name=name, description=description, parameters=parameters)
-        self._tools[name] = BoundTool(spec, handler, check_args)
+        self._tools[name] = BoundTool(spec, handler, check_args, check)
 
     def tool_specs(self) -> list[ToolSpec]:
         """Tools the model may call."""
@@ -79,14 +93,16 @@ class BaseRuntime:
                 error=f"arguments must be a JSON object, got {type(arguments).__name__}"
             )
         if tool.check_args:
-            problems = argument_errors(tool.spec.parameters, arguments)
+            problems = tool.check(arguments)  # type: ignore[misc]  # set in __post_init__
             if problems:
                 return ToolResult(error=f"{name}: " + "; ".join(problems))
         try:
             output = tool.handler(arguments)
-            if inspect.isawaitable(output):
+            if type(output) not in _PLAIN and inspect.isawaitable(output):
                 output = await output
-            return ToolResult(output=json_safe(output) if self.sanitize_outputs else output)
+            if self.sanitize_outputs:
+                output = json_safe(output)
+            return _tool_result({"output": output})
         except (ToolError, InterpolationError, PathError) as exc:
             return ToolResult(error=str(exc))
         except Exception as exc:  # a broken tool must not end the episode; the model sees why

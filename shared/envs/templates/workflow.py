@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import functools
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, WorkflowConfig, WorkflowTool
@@ -17,9 +20,16 @@ from rollout.shared.envs.checks import (
     static_prefix,
 )
 from rollout.shared.envs.compare import short, values_equal
-from rollout.shared.envs.interpolate import arg_names, interpolate, interpolate_string
-from rollout.shared.envs.params import to_json_schema
-from rollout.shared.envs.paths import PathError, parse_path, resolve_path, set_path
+from rollout.shared.envs.interpolate import Compiled, arg_names, compile_template
+from rollout.shared.envs.memo import per_object
+from rollout.shared.envs.params import argument_checker, to_json_schema
+from rollout.shared.envs.paths import (
+    PathError,
+    json_copy,
+    parse_path,
+    resolve_path,
+    set_path,
+)
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Plan, Template, required_args, tools_by_name
 
@@ -58,15 +68,69 @@ def _describe(tool: WorkflowTool) -> str:
 def find_match(items: Any, field: str, wanted: Any) -> Any:
     """First element whose `field` equals `wanted` (by value, or by text: 1 matches "1")."""
     pool = items.values() if isinstance(items, dict) else items
+    kind = type(wanted)
     for item in pool:
-        if isinstance(item, dict) and field in item:
+        if type(item) is dict:  # fixtures are JSON: one lookup, no isinstance
+            have = item.get(field, _ABSENT)
+            if have is _ABSENT:
+                continue
+        elif isinstance(item, dict) and field in item:
             have = item[field]
-            if type(have) is type(wanted):  # the usual case: no coercion needed
-                if have == wanted:
-                    return item
-            elif values_equal(have, wanted) or str(have) == str(wanted):
+        else:
+            continue
+        if type(have) is kind:  # the usual case: no coercion needed
+            if have == wanted:
                 return item
+        elif values_equal(have, wanted) or str(have) == str(wanted):
+            return item
     return None
+
+
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """A tool's templated fields parsed once (None where the tool has none)."""
+
+    fixture_path: Compiled | None
+    value: Compiled | None
+    response: Compiled | None
+    append_path: str | None
+    append_key: str | None  # the target when it is one top-level key (`refunds`)
+    description: str
+    parameters: dict[str, Any]  # copied for each episode's ToolSpec
+    check: Callable[[dict[str, Any]], list[str]]
+
+
+def _compile(tool: WorkflowTool) -> _Compiled:
+    def opt(v: Any) -> Compiled | None:
+        return None if v is None else compile_template(v)
+
+    target = tool.target
+    key = None
+    if target:
+        try:
+            segments = parse_path(target)
+        except PathError:  # reported when the action runs, as before
+            segments = []
+        if len(segments) == 1 and isinstance(segments[0], str):
+            key = segments[0]
+    parameters = tool_parameters(tool)
+    return _Compiled(
+        opt(tool.fixture_path),
+        opt(tool.value),
+        opt(tool.response),
+        target and f"{target}[]",
+        key,
+        _describe(tool),
+        parameters,
+        argument_checker(parameters),
+    )
+
+
+def _compile_tools(config: WorkflowConfig) -> dict[int, _Compiled]:
+    return {id(tool): _compile(tool) for tool in config.tools}
 
 
 class WorkflowRuntime(BaseRuntime):
@@ -77,31 +141,40 @@ class WorkflowRuntime(BaseRuntime):
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: WorkflowConfig) -> None:
         super().__init__(spec, task)
         self.config = config
-        self.fixtures = config.fixtures  # read-only: outputs are deep copies
-        self.state: dict[str, Any] = copy.deepcopy(config.initial_mutable_state)
+        self.fixtures = config.fixtures  # read-only: outputs are deep copies (json_copy)
+        self.state: dict[str, Any] = json_copy(config.initial_mutable_state)
+        # Paths resolved into the fixtures, which never change: found once per episode.
+        self._fixture_arrays: dict[str, Any] = {}
+        # The config's tools are the spec's (immutable): their templates are parsed once.
+        compiled = per_object(config, _compile_tools)
         for tool in config.tools:
-            self.add_tool(tool.name, _describe(tool), tool_parameters(tool), self._handler(tool))
+            done = compiled.get(id(tool)) or _compile(tool)
+            handler = self._handler(tool, done)
+            params = json_copy(done.parameters)
+            self.add_tool(tool.name, done.description, params, handler, check=done.check)
 
-    def _handler(self, tool: WorkflowTool):
+    def _handler(self, tool: WorkflowTool, compiled: _Compiled):
         if tool.kind == "lookup":
-            return lambda args: self._lookup(tool, args)
+            return functools.partial(self._lookup, tool, compiled)
         if tool.kind == "action":
-            return lambda args: self._action(tool, args)
-        return lambda args: self._mock(tool, args)
+            return functools.partial(self._action, tool, compiled)
+        return functools.partial(self._mock, compiled)
 
-    def _lookup(self, tool: WorkflowTool, args: dict[str, Any]) -> Any:
-        ctx = self.context(args, self.state)
-        if tool.fixture_path:
-            path = interpolate_string(tool.fixture_path, ctx)
+    def _lookup(self, tool: WorkflowTool, compiled: _Compiled, args: dict[str, Any]) -> Any:
+        if tool.fixture_path and compiled.fixture_path is not None:
+            path = compiled.fixture_path(self.context(args, self.state))
             if not isinstance(path, str):
                 path = str(path)
             try:
-                return copy.deepcopy(resolve_path(self.fixtures, path))
+                return json_copy(resolve_path(self.fixtures, path))
             except PathError as exc:
                 raise ToolError(f"not found: {path} ({exc})") from None
-        source = self._array(tool.from_array or "")
+        name = tool.from_array or ""
+        source = self._fixture_arrays.get(name)
+        if source is None:
+            source = self._array(name)
         if not tool.match_field:
-            return copy.deepcopy(source)
+            return json_copy(source)
         key = tool.match_arg or tool.match_field
         if key not in args:
             raise ToolError(f"missing required argument {key!r}")
@@ -110,32 +183,44 @@ class WorkflowRuntime(BaseRuntime):
             raise ToolError(
                 f"no {tool.from_array} entry with {tool.match_field} = {short(args[key])}"
             )
-        return copy.deepcopy(found)
+        return json_copy(found)
 
     def _array(self, name: str) -> Any:
         # Fixtures first (read-only data), then mutable state (so agents can read what they did).
-        for root in (self.fixtures, self.state):
-            try:
-                return resolve_path(root, name)
-            except PathError:
-                continue
-        raise ToolError(f"no fixture {name!r}")
-
-    def _action(self, tool: WorkflowTool, args: dict[str, Any]) -> Any:
-        ctx = self.context(args, self.state)
-        value = copy.deepcopy(args) if tool.value is None else interpolate(tool.value, ctx)
+        found = self._fixture_arrays.get(name)
+        if found is not None:
+            return found
         try:
-            set_path(self.state, f"{tool.target}[]", value)
-        except PathError as exc:
-            raise ToolError(f"cannot append to {tool.target}: {exc}") from None
-        if tool.response is not None:
-            return interpolate(tool.response, self.context(args, self.state))
+            found = self._fixture_arrays[name] = resolve_path(self.fixtures, name)
+            return found
+        except PathError:
+            pass
+        try:
+            return resolve_path(self.state, name)
+        except PathError:
+            raise ToolError(f"no fixture {name!r}") from None
+
+    def _action(self, tool: WorkflowTool, compiled: _Compiled, args: dict[str, Any]) -> Any:
+        if compiled.value is None:
+            value = json_copy(args)
+        else:
+            value = compiled.value(self.context(args, self.state))
+        items = self.state.get(compiled.append_key) if compiled.append_key else None
+        if type(items) is list:  # the usual `stateArray: refunds`: no path to walk
+            items.append(value)
+        else:
+            try:
+                set_path(self.state, compiled.append_path or f"{tool.target}[]", value)
+            except PathError as exc:
+                raise ToolError(f"cannot append to {tool.target}: {exc}") from None
+        if compiled.response is not None:
+            return compiled.response(self.context(args, self.state))
         return {"ok": True, "recorded": value}
 
-    def _mock(self, tool: WorkflowTool, args: dict[str, Any]) -> Any:
-        if tool.response is None:
+    def _mock(self, compiled: _Compiled, args: dict[str, Any]) -> Any:
+        if compiled.response is None:
             return {"ok": True}
-        return interpolate(tool.response, self.context(args, self.state))
+        return compiled.response(self.context(args, self.state))
 
     def final_state(self) -> dict[str, Any]:
         """The mutable state after the episode."""
