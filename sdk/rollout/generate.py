@@ -107,9 +107,10 @@ class GenerateResult:
 def read_prompts(path: Path) -> list[dict[str, Any]]:
     """The prompts file as tasks: each line `{"prompt": str}` or `{"messages": [...]}`, + "id".
 
-    `messages` may hold one user turn (after an optional system message, which is refused:
-    the actor sends its own). An optional `answer` on every line is scored with
-    `final_answer_match` (contains); errors name the file, line and field.
+    `messages` is a chat (system first if any, user/assistant turns, assistant tool calls and
+    their tool results) that ends with the user turn the model answers; the turns before it
+    go with the task. An optional `answer` on every line is scored with `final_answer_match`
+    (contains); errors name the file, line and field, and nothing runs on a bad file.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -132,7 +133,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
         unknown = sorted(set(row) - {"id", "prompt", "messages", "answer"})
         if unknown:
             raise RolloutError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        instruction = _instruction(row, where)
+        instruction, history = _instruction(row, where)
         task_id = row.get("id", number - 1)
         if not isinstance(task_id, str | int) or isinstance(task_id, bool):
             raise RolloutError(f"{where}.id: must be a string or an integer")
@@ -141,6 +142,8 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
             raise RolloutError(f"{where}.id: {task_id!r} repeats line {ids[task_id]}")
         ids[task_id] = number
         task: dict[str, Any] = {"instruction": instruction, "id": task_id}
+        if history:
+            task["messages"] = history
         if "answer" in row:
             task["hiddenGroundTruth"] = {"answer": row["answer"]}
         tasks.append(task)
@@ -155,26 +158,90 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     return tasks
 
 
-def _instruction(row: dict[str, Any], where: str) -> str:
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _instruction(row: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]] | None]:
+    """(the last user turn, the turns before it) of a prompts-file line."""
     if ("prompt" in row) == ("messages" in row):
         raise RolloutError(f"{where}: give exactly one of 'prompt' or 'messages'")
     if "prompt" in row:
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
             raise RolloutError(f"{where}.prompt: must be a non-empty string")
-        return row["prompt"]
+        return row["prompt"], None
     messages = row["messages"]
-    if not isinstance(messages, list) or len(messages) != 1:
+    if not isinstance(messages, list) or not messages:
+        raise RolloutError(f"{where}.messages: must be a non-empty list of chat messages")
+    calls: set[str] = set()
+    for i, message in enumerate(messages):
+        _check_message(message, f"{where}.messages[{i}]", first=i == 0, calls=calls)
+    last = messages[-1]
+    if last["role"] != "user":
         raise RolloutError(
-            f"{where}.messages: must hold exactly one user message (the actor adds the system "
-            "prompt and runs the turns)"
+            f"{where}.messages[{len(messages) - 1}].role: the last message must be the user "
+            f"turn the model answers, not {last['role']!r}"
         )
-    message = messages[0]
-    if not isinstance(message, dict) or message.get("role") != "user":
-        raise RolloutError(f"{where}.messages[0]: must be a {{'role': 'user', ...}} message")
+    history = [dict(m) for m in messages[:-1]]
+    return last["content"], history or None
+
+
+def _check_message(message: Any, where: str, *, first: bool, calls: set[str]) -> None:
+    """One chat message of a prompts file: role, content, tool calls and results."""
+    if not isinstance(message, dict):
+        raise RolloutError(
+            f"{where}: must be a chat message object {{'role': ..., 'content': ...}}"
+        )
+    unknown = sorted(set(message) - {"role", "content", "tool_calls", "tool_call_id", "name"})
+    if unknown:
+        raise RolloutError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise RolloutError(f"{where}.role: must be one of {', '.join(_ROLES)}, got {role!r}")
+    if role == "system" and not first:
+        raise RolloutError(f"{where}.role: a system message may only come first")
     content = message.get("content")
-    if not isinstance(content, str) or not content.strip():
-        raise RolloutError(f"{where}.messages[0].content: must be a non-empty string")
-    return content
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None:
+        if role != "assistant":
+            raise RolloutError(f"{where}.tool_calls: only an assistant message calls tools")
+        if not isinstance(tool_calls, list) or not tool_calls:
+            raise RolloutError(f"{where}.tool_calls: must be a non-empty list")
+        for j, call in enumerate(tool_calls):
+            _check_tool_call(call, f"{where}.tool_calls[{j}]", calls)
+    if role == "assistant" and tool_calls:
+        if content is not None and not isinstance(content, str):
+            raise RolloutError(f"{where}.content: must be a string or null")
+    elif not isinstance(content, str) or not content.strip():
+        raise RolloutError(f"{where}.content: must be a non-empty string")
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or call_id not in calls:
+            raise RolloutError(
+                f"{where}.tool_call_id: must name a tool call of an earlier assistant message"
+            )
+    elif "tool_call_id" in message:
+        raise RolloutError(f"{where}.tool_call_id: only a tool message answers a tool call")
+
+
+def _check_tool_call(call: Any, where: str, calls: set[str]) -> None:
+    if not isinstance(call, dict) or call.get("type", "function") != "function":
+        raise RolloutError(f"{where}: must be {{'id', 'type': 'function', 'function': ...}}")
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        raise RolloutError(f"{where}.id: must be a non-empty string")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise RolloutError(f"{where}.function: must be {{'name': str, 'arguments': str}}")
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise RolloutError(f"{where}.function.name: must be a non-empty string")
+    arguments = function.get("arguments", "{}")
+    if not isinstance(arguments, str):
+        raise RolloutError(f"{where}.function.arguments: must be a JSON string")
+    try:
+        json.loads(arguments)
+    except ValueError:
+        raise RolloutError(f"{where}.function.arguments: not JSON text") from None
+    calls.add(call_id)
 
 
 def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -491,6 +491,12 @@ class TaskSpec(BaseModel):
     instruction: str
     hidden_ground_truth: Any = None
     input: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] | None = Field(
+        None,
+        description="earlier turns of a multi-turn prompt (OpenAI chat messages), sent before "
+        "the instruction, which is the last user turn; a leading system message replaces the "
+        "actor's",
+    )
     split: str = "train"
     id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate",
         help="batch inference: a model over an env's tasks or a prompts file, rows to a file",
         description="Run MODEL over an environment's tasks (--env, optionally one --split) or "
-        'over FILE.jsonl (--prompts: one {"prompt": str} or {"messages": [one user turn]} '
-        'per line, optional "id" and "answer") through the actor pool, as a run, and write '
+        'over FILE.jsonl (--prompts: one {"prompt": str} or {"messages": [chat turns ending '
+        'with the user turn to answer]} per line, optional "id" and "answer") through the actor pool, as a run, and write '
         "one row per rollout to --out (FILE.jsonl or FILE.parquet; opens with "
         "datasets.load_dataset). Re-running the same command after a kill resumes it: rows "
         "already written are kept and none is written twice (state in OUT.generate.json).",
