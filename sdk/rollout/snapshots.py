@@ -344,6 +344,29 @@ def read_snapshot(path: Path) -> list[SnapshotRow]:
     return rows
 
 
+DATASET_PREFIX = "datasets"
+
+
+async def stage_dataset(settings: Any, path: Path) -> Any:
+    """Check every row of PATH, put its canonical JSONL in the object store; the job's source.
+
+    Nothing is stored when a row is bad (named by file, row and field). The bytes are
+    content-addressed, so staging the same dataset twice stores it once, under one hash.
+    """
+    from rollout.shared.contracts.snapshot import DatasetSource, canonical_jsonl, lineage_of
+    from rollout.shared.objectstore import content_key, sha256_bytes
+    from rollout.shared.store.trajectories import object_store
+
+    rows = read_snapshot(path)
+    data = canonical_jsonl(rows)
+    sha = sha256_bytes(data)
+    store = object_store(settings)
+    ref = await store.put(content_key(DATASET_PREFIX, sha, ".jsonl"), data)
+    return DatasetSource(
+        uri=ref.uri, sha256=ref.sha256, size=ref.size, name=str(path), lineage=lineage_of(rows)
+    )
+
+
 def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str, list[dict]]:
     """SFT, DPO, KTO and GRPO rows from snapshot rows, as the buffer and learner build them."""
     from rollout.services.buffer.datasets import dpo_pairs, grpo_groups, sft_set
