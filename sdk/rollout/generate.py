@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.contracts.chat import check_messages
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 MAX_PROMPTS = 100_000
@@ -158,9 +159,6 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     return tasks
 
 
-_ROLES = ("system", "user", "assistant", "tool")
-
-
 def _instruction(row: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]] | None]:
     """(the last user turn, the turns before it) of a prompts-file line."""
     if ("prompt" in row) == ("messages" in row):
@@ -172,9 +170,10 @@ def _instruction(row: dict[str, Any], where: str) -> tuple[str, list[dict[str, A
     messages = row["messages"]
     if not isinstance(messages, list) or not messages:
         raise RolloutError(f"{where}.messages: must be a non-empty list of chat messages")
-    calls: set[str] = set()
-    for i, message in enumerate(messages):
-        _check_message(message, f"{where}.messages[{i}]", first=i == 0, calls=calls)
+    try:
+        check_messages(messages, f"{where}.messages")
+    except ValueError as exc:
+        raise RolloutError(str(exc)) from None
     last = messages[-1]
     if last["role"] != "user":
         raise RolloutError(
@@ -183,65 +182,6 @@ def _instruction(row: dict[str, Any], where: str) -> tuple[str, list[dict[str, A
         )
     history = [dict(m) for m in messages[:-1]]
     return last["content"], history or None
-
-
-def _check_message(message: Any, where: str, *, first: bool, calls: set[str]) -> None:
-    """One chat message of a prompts file: role, content, tool calls and results."""
-    if not isinstance(message, dict):
-        raise RolloutError(
-            f"{where}: must be a chat message object {{'role': ..., 'content': ...}}"
-        )
-    unknown = sorted(set(message) - {"role", "content", "tool_calls", "tool_call_id", "name"})
-    if unknown:
-        raise RolloutError(f"{where}: unknown field(s) {', '.join(unknown)}")
-    role = message.get("role")
-    if role not in _ROLES:
-        raise RolloutError(f"{where}.role: must be one of {', '.join(_ROLES)}, got {role!r}")
-    if role == "system" and not first:
-        raise RolloutError(f"{where}.role: a system message may only come first")
-    content = message.get("content")
-    tool_calls = message.get("tool_calls")
-    if tool_calls is not None:
-        if role != "assistant":
-            raise RolloutError(f"{where}.tool_calls: only an assistant message calls tools")
-        if not isinstance(tool_calls, list) or not tool_calls:
-            raise RolloutError(f"{where}.tool_calls: must be a non-empty list")
-        for j, call in enumerate(tool_calls):
-            _check_tool_call(call, f"{where}.tool_calls[{j}]", calls)
-    if role == "assistant" and tool_calls:
-        if content is not None and not isinstance(content, str):
-            raise RolloutError(f"{where}.content: must be a string or null")
-    elif not isinstance(content, str) or not content.strip():
-        raise RolloutError(f"{where}.content: must be a non-empty string")
-    if role == "tool":
-        call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str) or call_id not in calls:
-            raise RolloutError(
-                f"{where}.tool_call_id: must name a tool call of an earlier assistant message"
-            )
-    elif "tool_call_id" in message:
-        raise RolloutError(f"{where}.tool_call_id: only a tool message answers a tool call")
-
-
-def _check_tool_call(call: Any, where: str, calls: set[str]) -> None:
-    if not isinstance(call, dict) or call.get("type", "function") != "function":
-        raise RolloutError(f"{where}: must be {{'id', 'type': 'function', 'function': ...}}")
-    call_id = call.get("id")
-    if not isinstance(call_id, str) or not call_id:
-        raise RolloutError(f"{where}.id: must be a non-empty string")
-    function = call.get("function")
-    if not isinstance(function, dict):
-        raise RolloutError(f"{where}.function: must be {{'name': str, 'arguments': str}}")
-    if not isinstance(function.get("name"), str) or not function["name"]:
-        raise RolloutError(f"{where}.function.name: must be a non-empty string")
-    arguments = function.get("arguments", "{}")
-    if not isinstance(arguments, str):
-        raise RolloutError(f"{where}.function.arguments: must be a JSON string")
-    try:
-        json.loads(arguments)
-    except ValueError:
-        raise RolloutError(f"{where}.function.arguments: not JSON text") from None
-    calls.add(call_id)
 
 
 def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -501,6 +501,15 @@ class TaskSpec(BaseModel):
     id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("messages")
+    @classmethod
+    def _chat(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        from rollout.shared.contracts.chat import check_messages
+
+        if value is not None:
+            check_messages(value, "messages")
+        return value
+
 
 class EnvironmentSpec(BaseModel):
     """A whole environment as pushed and stored: the config stays the raw camelCase dict."""

@@ -16,10 +16,12 @@ import datasets
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text_reply
 from kit import refund_env
+from pydantic import ValidationError
 from test_cli_platform import rollout
 
 from rollout.errors import RolloutError
 from rollout.generate import read_prompts, written_ids
+from rollout.shared.contracts.envspec import TaskSpec
 from rollout.shared.settings import Settings
 
 
@@ -252,6 +254,10 @@ def test_bad_multi_turn_rows_name_the_line_message_and_field(tmp_path) -> None:
     assert task["instruction"] == "hi" and [m["role"] for m in task["messages"]] == [
         "user", "assistant", "tool"
     ]  # fmt: skip
+    assert TaskSpec.model_validate(task).messages == task["messages"]
+    # An env file's task with earlier turns is checked the same way when it is pushed.
+    with pytest.raises(ValidationError, match=r"messages\[0\]\.role: must be one of"):
+        TaskSpec.model_validate({"instruction": "x", "messages": [{"role": "robot"}]})
 
 
 def test_a_torn_last_line_is_dropped_and_other_files_refused(tmp_path) -> None:
