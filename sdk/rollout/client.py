@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rollout.errors import RolloutError
@@ -194,14 +195,22 @@ class AsyncClient:
         hyperparams: dict[str, Any] | None = None,
         env_slug: str | None = None,
         client_request_id: str | None = None,
+        dataset: str | Path | None = None,
     ) -> dict[str, Any]:
         """Start a training job; returns a dict with `id`.
 
         Like `create_run`, each call sends a fresh `client_request_id` unless given one.
         `method` is one of sft, dpo, kto, rm, grpo, ppo, or `ipo` (dpo with `loss_type="ipo"`);
-        grpo and ppo train online on `env_slug`.
+        grpo and ppo train online on `env_slug`. `dataset` (an export: .jsonl, .parquet or a
+        save_to_disk folder) trains on that snapshot instead of a run: every row is checked
+        here first, then its canonical bytes go to the object store and the job names them.
         """
         method, hyperparams = resolve_method(method, dict(hyperparams or {}))
+        source_dataset = None
+        if dataset is not None:
+            from rollout.snapshots import stage_dataset
+
+            source_dataset = await stage_dataset(self.settings, Path(dataset))
         try:
             body = rq.CreateTrainingJob(
                 base_model=base_model,
@@ -212,6 +221,7 @@ class AsyncClient:
                 hyperparams=hyperparams or {},
                 env_slug=env_slug,
                 client_request_id=client_request_id or new_id(),
+                source_dataset=source_dataset,
             )
         except ValueError as exc:
             raise RolloutError(f"invalid training job: {exc}") from None

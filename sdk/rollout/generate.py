@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.contracts.chat import check_messages
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 MAX_PROMPTS = 100_000
@@ -107,9 +108,10 @@ class GenerateResult:
 def read_prompts(path: Path) -> list[dict[str, Any]]:
     """The prompts file as tasks: each line `{"prompt": str}` or `{"messages": [...]}`, + "id".
 
-    `messages` may hold one user turn (after an optional system message, which is refused:
-    the actor sends its own). An optional `answer` on every line is scored with
-    `final_answer_match` (contains); errors name the file, line and field.
+    `messages` is a chat (system first if any, user/assistant turns, assistant tool calls and
+    their tool results) that ends with the user turn the model answers; the turns before it
+    go with the task. An optional `answer` on every line is scored with `final_answer_match`
+    (contains); errors name the file, line and field, and nothing runs on a bad file.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -132,7 +134,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
         unknown = sorted(set(row) - {"id", "prompt", "messages", "answer"})
         if unknown:
             raise RolloutError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        instruction = _instruction(row, where)
+        instruction, history = _instruction(row, where)
         task_id = row.get("id", number - 1)
         if not isinstance(task_id, str | int) or isinstance(task_id, bool):
             raise RolloutError(f"{where}.id: must be a string or an integer")
@@ -141,6 +143,8 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
             raise RolloutError(f"{where}.id: {task_id!r} repeats line {ids[task_id]}")
         ids[task_id] = number
         task: dict[str, Any] = {"instruction": instruction, "id": task_id}
+        if history:
+            task["messages"] = history
         if "answer" in row:
             task["hiddenGroundTruth"] = {"answer": row["answer"]}
         tasks.append(task)
@@ -155,26 +159,29 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     return tasks
 
 
-def _instruction(row: dict[str, Any], where: str) -> str:
+def _instruction(row: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]] | None]:
+    """(the last user turn, the turns before it) of a prompts-file line."""
     if ("prompt" in row) == ("messages" in row):
         raise RolloutError(f"{where}: give exactly one of 'prompt' or 'messages'")
     if "prompt" in row:
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
             raise RolloutError(f"{where}.prompt: must be a non-empty string")
-        return row["prompt"]
+        return row["prompt"], None
     messages = row["messages"]
-    if not isinstance(messages, list) or len(messages) != 1:
+    if not isinstance(messages, list) or not messages:
+        raise RolloutError(f"{where}.messages: must be a non-empty list of chat messages")
+    try:
+        check_messages(messages, f"{where}.messages")
+    except ValueError as exc:
+        raise RolloutError(str(exc)) from None
+    last = messages[-1]
+    if last["role"] != "user":
         raise RolloutError(
-            f"{where}.messages: must hold exactly one user message (the actor adds the system "
-            "prompt and runs the turns)"
+            f"{where}.messages[{len(messages) - 1}].role: the last message must be the user "
+            f"turn the model answers, not {last['role']!r}"
         )
-    message = messages[0]
-    if not isinstance(message, dict) or message.get("role") != "user":
-        raise RolloutError(f"{where}.messages[0]: must be a {{'role': 'user', ...}} message")
-    content = message.get("content")
-    if not isinstance(content, str) or not content.strip():
-        raise RolloutError(f"{where}.messages[0].content: must be a non-empty string")
-    return content
+    history = [dict(m) for m in messages[:-1]]
+    return last["content"], history or None
 
 
 def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -135,6 +135,115 @@ async def export_rows(
     return rows
 
 
+# Rollouts asked of the buffer per page: each page's reply stays far below NATS' payload limit.
+BUFFER_PAGE = 64
+
+
+def buffer_row(item: Mapping[str, Any], tasks: list[Any]) -> dict[str, Any] | None:
+    """One buffer `rollouts` item as a snapshot row (None: it has no trajectory to export)."""
+    trajectory = item.get("trajectory")
+    if not isinstance(trajectory, Mapping):
+        return None
+    index = int(item["task_index"])
+    task = tasks[index] if index < len(tasks) else None
+    messages = trajectory.get("messages") or []
+    prompt = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    tools = item.get("tools") or []
+    row = {
+        "format": FORMAT,
+        "rollout_id": item["rollout_id"],
+        "run_id": item["run_id"],
+        "task_index": index,
+        "sample_index": int(item["sample_index"]),
+        "task_id": task.id if task is not None else None,
+        "model": item["model"],
+        "policy_version": int(item["policy_version"]),
+        "seed": item.get("seed"),
+        "env_slug": item["env_slug"],
+        "env_version": int(item["env_version"]),
+        "env_hash": item["env_hash"],
+        "score": item.get("score"),
+        "passed": item.get("passed"),
+        "outcome": item["outcome"],
+        "error": item.get("error"),
+        "error_kind": None,
+        "primitives": json.dumps(item.get("primitives") or [], ensure_ascii=False),
+        "trajectory": json.dumps(trajectory, ensure_ascii=False),
+        "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+        "prompt": prompt if isinstance(prompt, str) else None,
+        "completion": trajectory.get("final_output"),
+    }
+    SnapshotRow.model_validate(row)
+    return row
+
+
+async def export_buffer_rows(client: Any, query: Any) -> tuple[list[dict[str, Any]], int]:
+    """(rows, skipped) for a buffer `RolloutsQuery`, asked a page at a time.
+
+    `skipped` counts selected rollouts without a trajectory (a generation that never ran).
+    The buffer answers once it has applied the events stream up to now (its last sequence when
+    asked), so a verdict recorded before the export is never missing from it.
+    """
+    from rollout.shared.bus.reader import last_sequence
+    from rollout.shared.contracts.buffer import BufferData
+    from rollout.shared.contracts.envspec import EnvironmentSpec
+    from rollout.shared.store.trajectories import object_store
+
+    if query.after_seq is None:
+        query = query.model_copy(
+            update={"after_seq": await last_sequence(await client.jetstream())}
+        )
+    items: list[dict[str, Any]] = []
+    offset = 0
+    store = None
+    while True:
+        page = query.model_copy(update={"offset": offset, "page_size": BUFFER_PAGE})
+        data = BufferData.model_validate(await client.request("buffer", "rollouts", page))
+        if data.ref is not None and store is None:
+            store = object_store(client.settings)
+        found, _ = await data.load(store)
+        items.extend(found)
+        if data.next_offset is None or data.next_offset <= offset:
+            break
+        offset = data.next_offset
+    if not items:
+        raise RolloutError(
+            "the buffer holds no scored rollouts that match",
+            problems=["widen the selection (--env, --verdict, --policy-version, --since)"],
+        )
+    specs: dict[tuple[str, int], list[Any]] = {}
+    rows, skipped = [], 0
+    for item in items:
+        key = (item["env_slug"], int(item["env_version"]))
+        if key not in specs:
+            doc = await client.get_environment(*key)
+            specs[key] = EnvironmentSpec.model_validate(doc.get("spec", doc)).tasks
+        row = buffer_row(item, specs[key])
+        if row is None:
+            skipped += 1
+        else:
+            rows.append(row)
+    if not rows:
+        raise RolloutError(f"none of the {len(items)} selected rollouts has a trajectory")
+    return rows, skipped
+
+
+def lineage(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Where a snapshot's rows came from: runs, policy versions, envs and their hashes, verdicts."""
+    outcomes: dict[str, int] = {}
+    for row in rows:
+        outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
+    return {
+        "rows": len(rows),
+        "run_ids": sorted({r["run_id"] for r in rows}),
+        "policy_versions": sorted({int(r["policy_version"]) for r in rows}),
+        "envs": sorted({f"{r['env_slug']}@{r['env_version']}" for r in rows}),
+        "env_hashes": sorted({r["env_hash"] for r in rows}),
+        "models": sorted({r["model"] for r in rows}),
+        "outcomes": dict(sorted(outcomes.items())),
+    }
+
+
 def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
     """Write rows as jsonl, parquet or a `save_to_disk` folder; all or nothing (tmp + rename)."""
     import datasets
@@ -233,6 +342,29 @@ def read_snapshot(path: Path) -> list[SnapshotRow]:
         seen[row.rollout_id] = where
         rows.append(row)
     return rows
+
+
+DATASET_PREFIX = "datasets"
+
+
+async def stage_dataset(settings: Any, path: Path) -> Any:
+    """Check every row of PATH, put its canonical JSONL in the object store; the job's source.
+
+    Nothing is stored when a row is bad (named by file, row and field). The bytes are
+    content-addressed, so staging the same dataset twice stores it once, under one hash.
+    """
+    from rollout.shared.contracts.snapshot import DatasetSource, canonical_jsonl, lineage_of
+    from rollout.shared.objectstore import content_key, sha256_bytes
+    from rollout.shared.store.trajectories import object_store
+
+    rows = read_snapshot(path)
+    data = canonical_jsonl(rows)
+    sha = sha256_bytes(data)
+    store = object_store(settings)
+    ref = await store.put(content_key(DATASET_PREFIX, sha, ".jsonl"), data)
+    return DatasetSource(
+        uri=ref.uri, sha256=ref.sha256, size=ref.size, name=str(path), lineage=lineage_of(rows)
+    )
 
 
 def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str, list[dict]]:

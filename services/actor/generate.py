@@ -29,6 +29,7 @@ async def generate_batch(
             Episode(
                 runtime=rt,
                 instruction=spec.tasks[item.task_index].instruction,
+                history=spec.tasks[item.task_index].messages,
                 sampling=SamplingParams(
                     temperature=work.sampling.temperature,
                     top_p=work.sampling.top_p,

@@ -32,6 +32,7 @@ from rollout.shared.contracts.buffer import (
     SERVICE,
     DpoPairsQuery,
     GrpoGroupsQuery,
+    RolloutsQuery,
     SftSetQuery,
 )
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -176,6 +177,11 @@ def build_broker(
     async def grpo_groups(query: GrpoGroupsQuery) -> Reply:
         """Groups of completions per task with tokens, logprobs, rewards and versions."""
         return Reply(data=(await queries.grpo_groups(query)).model_dump(mode="json"))
+
+    @broker.subscriber(subjects.request(SERVICE, "rollouts"), queue=QUEUE, title="buffer/rollouts")
+    async def rollouts(query: RolloutsQuery) -> Reply:
+        """Scored rollouts with lineage and verdicts, selected by env, verdict, version, time."""
+        return Reply(data=(await queries.rollouts(query)).model_dump(mode="json"))
 
     return broker
 

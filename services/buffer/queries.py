@@ -28,6 +28,7 @@ from rollout.shared.contracts.buffer import (
     DpoPairsQuery,
     GrpoGroupsQuery,
     Kind,
+    RolloutsQuery,
     SftSetQuery,
 )
 from rollout.shared.objectstore import ObjectStore, content_key, sha256_bytes, to_json_bytes
@@ -37,6 +38,12 @@ _COLUMNS = (
     "rollout_id, run_id, env_slug, env_version, env_hash, task_index, sample_index, model,"
     " policy_version, score, passed, error, trajectory, trajectory_uri, trajectory_sha256"
 )
+# What an exported row carries besides the training builders' columns.
+_EXPORTED = ", seed, primitives, generation_error, scored_at"
+_ITEM_KEYS = (
+    "rollout_id", "run_id", "env_slug", "env_version", "env_hash", "task_index", "sample_index",
+    "model", "policy_version", "seed", "score", "passed", "trajectory", "tools",
+)  # fmt: skip
 _LISTED = 10
 _HINT = "is the buffer service running (`rollout status`) and has it caught up with the run?"
 # How long a query with `after_seq` waits for the buffer to catch up before it says so.
@@ -114,6 +121,48 @@ class BufferQueries:
         items, meta, stats = datasets.grpo_groups(rows, query)
         return await self._reply("grpo_groups", items, meta, stats, query)
 
+    async def rollouts(self, query: RolloutsQuery) -> BufferData:
+        """Scored rollouts with their lineage, verdict, trajectory and tools (for export)."""
+        await self._caught_up(query)
+        conditions, args = ["scored_at is not null"], []
+        if query.run_ids:
+            await self._check_runs(query.run_ids)
+            args.append(query.run_ids)
+            conditions.append(f"run_id = any(${len(args)}::text[])")
+        if query.env_slug:
+            args.append(query.env_slug)
+            conditions.append(f"env_slug = ${len(args)}")
+        if query.env_version is not None:
+            args.append(query.env_version)
+            conditions.append(f"env_version = ${len(args)}")
+        if query.policy_versions is not None:
+            args.append(query.policy_versions)
+            conditions.append(f"policy_version = any(${len(args)}::int[])")
+        if query.since is not None:
+            args.append(query.since)
+            conditions.append(f"scored_at >= ${len(args)}")
+        errored = "(error is not null or generation_error is not null)"
+        if not query.include_errored:
+            conditions.append(f"not {errored}")
+        if query.verdict is not None:
+            conditions.append("passed" if query.verdict == "passed" else "not passed")
+        rows = await self._select(conditions, args, extra=_EXPORTED)
+        items = []
+        for row in rows:
+            error = row["error"] or row["generation_error"]
+            outcome = "errored" if error else "passed" if row["passed"] else "failed"
+            items.append(
+                {
+                    **{k: row[k] for k in _ITEM_KEYS},
+                    "error": error,
+                    "outcome": outcome,
+                    "primitives": _decoded(row["primitives"]) or [],
+                    "scored_at": row["scored_at"].isoformat(),
+                }
+            )
+        stats = {"rollouts": float(len(items))}
+        return await self._reply("rollouts", items, [{} for _ in items], stats, query)
+
     # --- helpers ------------------------------------------------------------------------------
 
     async def _caught_up(self, query: BufferQuery) -> None:
@@ -179,11 +228,13 @@ class BufferQueries:
                 problems=[_HINT],
             )
 
-    async def _select(self, conditions: list[str], args: list[Any]) -> list[dict[str, Any]]:
+    async def _select(
+        self, conditions: list[str], args: list[Any], *, extra: str = ""
+    ) -> list[dict[str, Any]]:
         """Scored rollouts matching `conditions`, trajectories loaded, tools attached."""
         async with self.pool.acquire() as conn:
             records = await conn.fetch(
-                f"select {_COLUMNS} from buffer_rollouts where {' and '.join(conditions)}"
+                f"select {_COLUMNS}{extra} from buffer_rollouts where {' and '.join(conditions)}"
                 " order by run_id, task_index, sample_index",
                 *args,
             )
@@ -235,3 +286,8 @@ class BufferQueries:
             return BufferData(**page, items=items, meta=meta)
         ref = await self.store.put(content_key(EXPORT_PREFIX, sha256_bytes(data)), data)
         return BufferData(**page, ref=ref)
+
+
+def _decoded(value: Any) -> Any:
+    """A jsonb column's value (asyncpg gives jsonb as text unless a codec is set)."""
+    return json.loads(value) if isinstance(value, str) else value

@@ -345,3 +345,98 @@ def stream_chunks(
             "choices": [],
             "usage": usage,
         }
+
+
+def chunk_of(
+    cid: str,
+    model: str,
+    fingerprint: str | None,
+    created: int,
+    index: int,
+    delta: dict[str, Any],
+    *,
+    finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One `chat.completion.chunk` for choice `index`."""
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [
+            {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        ],
+    }
+
+
+def final_chunks(
+    cid: str,
+    model: str,
+    fingerprint: str | None,
+    created: int,
+    index: int,
+    choice: Choice,
+    rest: str,
+) -> Iterator[dict[str, Any]]:
+    """How a token-streamed choice ends: the rest of its text, its tool calls, its reason."""
+    if rest:
+        yield chunk_of(cid, model, fingerprint, created, index, {"content": rest})
+    for k, call in enumerate(choice.tool_calls):
+        yield chunk_of(
+            cid, model, fingerprint, created, index, {"tool_calls": [{"index": k, **call}]}
+        )
+    yield chunk_of(
+        cid, model, fingerprint, created, index, {},
+        finish_reason=choice.finish_reason, logprobs=choice.logprobs,
+    )  # fmt: skip
+
+
+class TextStream:
+    """One choice's text as its tokens come: only what the finished content will begin with.
+
+    The finished content is the decoded text with tool-call blocks cut out, stripped, and cut
+    at a stop sequence; so text is held back while it may still turn out to be a tool call
+    (from `<tool_call>` on, or a reply that opens as bare JSON), trailing whitespace, a
+    partial stop sequence, or half a UTF-8 character.
+    """
+
+    def __init__(self, tokenizer: Any, stop: str | list[str] | None) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in ([stop] if isinstance(stop, str) else stop or []) if s]
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def _visible(self) -> str:
+        from rollout.shared.models.hermes import OPEN_TAG
+
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True).lstrip()
+        if text.startswith(("{", "[")):
+            return ""  # maybe a bare JSON tool call: told at the end
+        text = text.partition(OPEN_TAG)[0]
+        text, stopped = _stopped(text, self.stops or None)
+        if not stopped:
+            for k in range(len(OPEN_TAG) - 1, 0, -1):
+                if text.endswith(OPEN_TAG[:k]):
+                    text = text[:-k]
+                    break
+            hold = max((len(s) for s in self.stops), default=1) - 1
+            text = text[: len(text) - hold] if hold else text
+        return text.rstrip("\ufffd").rstrip()
+
+    def add(self, token_id: int) -> str:
+        """The text this token lets out (often "")."""
+        self.ids.append(token_id)
+        visible = self._visible()
+        if len(visible) <= len(self.sent) or not visible.startswith(self.sent):
+            return ""
+        delta, self.sent = visible[len(self.sent) :], visible
+        return delta
+
+    def rest(self, content: str | None) -> str:
+        """What of the finished content has not been sent yet."""
+        content = content or ""
+        if not content.startswith(self.sent):
+            return ""  # cannot be unsaid; the rules above keep this from happening
+        return content[len(self.sent) :]

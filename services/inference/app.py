@@ -8,6 +8,7 @@ traceback.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -133,6 +134,28 @@ def _refuse_failures(responses: list[ChatResponse]) -> None:
         raise api.ApiError(500, message, type="server_error")
 
 
+def _sse(document: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(document)}\n\n".encode()
+
+
+class _Listener:
+    """Hands one streamed request's tokens from the generation thread to the event loop."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[int, int]], index: int
+    ) -> None:
+        self.loop = loop
+        self.queue = queue
+        self.index = index
+        # Read by the generation thread at every step (a plain bool: no lock needed).
+        self.cancelled = False
+
+    def on_token(self, token_id: int) -> None:
+        """Called in the generation thread: queue the token on the loop."""
+        if not self.cancelled:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.index, token_id))
+
+
 def create_app(policy: ServedPolicy, config: ServeConfig) -> Starlette:
     """The API over `policy` (which the caller starts and closes)."""
 
@@ -172,7 +195,11 @@ def create_app(policy: ServedPolicy, config: ServeConfig) -> Starlette:
         body = api.parse_body(raw, max_n=config.max_n, max_tokens_limit=config.max_tokens_limit)
         if body.model not in config.ids:
             raise _unknown_model(body.model)
-        responses, slot = await policy.generate(api.chat_requests(body))
+        requests = api.chat_requests(body)
+        slot = policy.current()
+        if body.stream and slot.streams:
+            return await _token_stream(body, requests, slot)
+        responses, slot = await policy.generate(requests)
         _refuse_failures(responses)
         tokenizer = getattr(slot.backend, "tokenizer", None)
         choices = [api.choice_of(r, body, tokenizer) for r in responses]
@@ -190,8 +217,95 @@ def create_app(policy: ServedPolicy, config: ServeConfig) -> Starlette:
 
         async def events() -> AsyncIterator[bytes]:
             for chunk in chunks:
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                yield _sse(chunk)
             yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(
+            events(),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+
+    async def _token_stream(body: api.CompletionBody, requests: list[Any], slot: Any) -> Response:
+        """Stream each choice's text as its tokens are sampled; calls and reason at the end."""
+        loop = asyncio.get_running_loop()
+        heard: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        listeners = [_Listener(loop, heard, i) for i in range(len(requests))]
+        generation = asyncio.create_task(slot.submit(requests, listeners))
+        # Wait for the first token (or the end): a request that cannot run is still a 4xx.
+        first = asyncio.ensure_future(heard.get())
+        await asyncio.wait({generation, first}, return_when=asyncio.FIRST_COMPLETED)
+        early: list[tuple[int, int]] = []
+        if first.done():
+            early.append(first.result())
+        else:
+            first.cancel()
+        if generation.done() and not early:
+            _refuse_failures(generation.result())
+        tokenizer = slot.backend.tokenizer
+        fingerprint = f"policy-v{slot.version}" if slot.version is not None else None
+        headers = {"x-rollout-policy-version": str(slot.version)} if slot.version else {}
+        cid, created = api.completion_id(), int(time.time())
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        texts = [api.TextStream(tokenizer, body.stop) for _ in requests]
+
+        def chunk(index: int, delta: dict[str, Any]) -> bytes:
+            return _sse(api.chunk_of(cid, body.model, fingerprint, created, index, delta))
+
+        async def next_token() -> tuple[int, int] | None:
+            """The next (choice, token) heard; None once generation ended and all are read."""
+            # Tokens reach the loop before the generation's end does (both FIFO callbacks).
+            while True:
+                if early:
+                    return early.pop()
+                if not heard.empty():
+                    return heard.get_nowait()
+                if generation.done():
+                    return None
+                waiter = asyncio.ensure_future(heard.get())
+                await asyncio.wait({generation, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if waiter.done():
+                    return waiter.result()
+                waiter.cancel()
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                for i in range(len(requests)):
+                    yield chunk(i, {"role": "assistant", "content": ""})
+                while (heard_one := await next_token()) is not None:
+                    index, token = heard_one
+                    delta = texts[index].add(token)
+                    if delta:
+                        yield chunk(index, {"content": delta})
+                responses = generation.result()
+                failed = [r for r in responses if r.finish_reason == "error" or r.error]
+                if failed:
+                    # Too late for a status: say it in the stream, as OpenAI does mid-stream.
+                    message = failed[0].error or "the model failed to generate"
+                    log.error("stream failed", error=message)
+                    yield _sse({"error": {"message": message, "type": "server_error"}})
+                    return
+                for i, response in enumerate(responses):
+                    choice = api.choice_of(response, body, tokenizer)
+                    rest = texts[i].rest(choice.content)
+                    for piece in api.final_chunks(
+                        cid, body.model, fingerprint, created, i, choice, rest
+                    ):
+                        yield _sse(piece)
+                if include_usage:
+                    usage = {
+                        "id": cid, "object": "chat.completion.chunk", "created": created,
+                        "model": body.model, "system_fingerprint": fingerprint, "choices": [],
+                        "usage": api.usage_of(responses),
+                    }  # fmt: skip
+                    yield _sse(usage)
+                yield b"data: [DONE]\n\n"
+            finally:
+                if not generation.done():
+                    # The client went away: its requests stop at the backend's next step.
+                    for listener in listeners:
+                        listener.cancelled = True
+                    generation.cancel()
 
         return StreamingResponse(
             events(),

@@ -35,6 +35,8 @@ DEFAULT_MAX_BATCH = 16
 class _Item:
     requests: list[ChatRequest]
     future: asyncio.Future[list[ChatResponse]]
+    # Per request, who hears its tokens as they are sampled (streamed requests only).
+    listeners: list[Any] | None = None
 
 
 @dataclass
@@ -48,15 +50,24 @@ class Slot:
     worker: asyncio.Task[None] | None = None
     served: int = 0
     batches: int = 0
+    # Streamed requests whose client went away before the end (their generation stopped).
+    cancelled: int = 0
 
     def start(self) -> None:
         """Start taking requests."""
         self.worker = asyncio.create_task(self._work(), name=f"policy-v{self.version}")
 
-    async def submit(self, requests: list[ChatRequest]) -> list[ChatResponse]:
-        """Generate for `requests` in the next batch of this version."""
+    @property
+    def streams(self) -> bool:
+        """Whether this version's backend can tell tokens as they are sampled."""
+        return callable(getattr(self.backend, "generate_streaming", None))
+
+    async def submit(
+        self, requests: list[ChatRequest], listeners: list[Any] | None = None
+    ) -> list[ChatResponse]:
+        """Generate for `requests` in the next batch of this version (tokens to `listeners`)."""
         future: asyncio.Future[list[ChatResponse]] = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(_Item(requests, future))
+        self.queue.put_nowait(_Item(requests, future, listeners))
         return await future
 
     def retire(self) -> None:
@@ -88,8 +99,16 @@ class Slot:
 
     async def _run(self, batch: list[_Item]) -> None:
         flat = [r for item in batch for r in item.requests]
+        heard = [
+            listener
+            for item in batch
+            for listener in (item.listeners or [None] * len(item.requests))
+        ]
         try:
-            responses = await self.backend.generate(flat)
+            if self.streams and any(h is not None for h in heard):
+                responses = await self.backend.generate_streaming(flat, heard)  # type: ignore[attr-defined]
+            else:
+                responses = await self.backend.generate(flat)
         except Exception as exc:  # handed to every waiting request; the worker goes on
             for item in batch:
                 if not item.future.done():
@@ -103,6 +122,7 @@ class Slot:
                 item.future.set_result(part)
         self.served += len(flat)
         self.batches += 1
+        self.cancelled += sum(1 for r in responses if r.finish_reason == "cancelled")
 
 
 def version_of(backend: ModelBackend) -> int | None:
@@ -146,6 +166,10 @@ class ServedPolicy:
         """Responses from the current version, and the slot (version) that produced them."""
         slot = self.slot
         return await slot.submit(requests), slot
+
+    def current(self) -> Slot:
+        """The slot (version) new requests go to."""
+        return self.slot
 
     async def switch_to(self, record: trained.PolicyRecord) -> bool:
         """Load `record` beside the served version, then serve it; True when it switched."""

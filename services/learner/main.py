@@ -196,6 +196,9 @@ async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
         "baseModel": plan.event.base_model,
         "model": model_name(plan),
         "sourceRunId": plan.event.source_run_id,
+        "sourceDataset": (
+            plan.event.source_dataset.sha256 if plan.event.source_dataset is not None else None
+        ),
         "envSlug": plan.event.env_slug,
         "trainingRows": len(plan.rows or []),
         "pairs": plan.pairs,

@@ -129,16 +129,32 @@ async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunInfo:
 
 
 async def _training_rows(
-    nc: Client, store: ObjectStore, cmd: CreateTrainingJob, run: RunInfo, options: Any
+    nc: Client, store: ObjectStore, cmd: CreateTrainingJob, run: RunInfo | None, options: Any
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rows, meta) from the buffer; RolloutError when there is nothing to train on."""
+    """(rows, meta) from the buffer, or from the dataset snapshot; RolloutError when empty."""
     ids = cmd.rollout_ids
+    margin = float(getattr(options, "min_margin", 0.0))
+    if cmd.source_dataset is not None:
+        source = f"dataset {cmd.source_dataset.name} ({cmd.source_dataset.sha256[:12]})"
+        found = await training_sets.dataset_set(
+            store, cmd.source_dataset, cmd.method, min_margin=margin
+        )
+    else:
+        assert run is not None
+        source = f"run {run.run_id}"
+        if cmd.method == "sft":
+            found = await training_sets.sft_set(nc, store, run.run_id, ids, after_seq=run.seq)
+        elif cmd.method == "kto":
+            found = await training_sets.labelled_set(nc, store, run.run_id, ids, after_seq=run.seq)
+        else:
+            found = await training_sets.dpo_pairs(
+                nc, store, run.run_id, ids, min_margin=margin, after_seq=run.seq
+            )
     if cmd.method == "sft":
-        found = await training_sets.sft_set(nc, store, run.run_id, ids, after_seq=run.seq)
         if not found.items:
             considered = int(found.stats.get("examples", 0) + found.stats.get("skipped", 0))
             raise RolloutError(
-                f"run {run.run_id} has no passing rollouts to fine-tune on",
+                f"{source} has no passing rollouts to fine-tune on",
                 problems=[
                     f"{considered} rollout(s) considered, none passed its verifier; run a "
                     "stronger model, or pick rollouts with rollout_ids"
@@ -146,12 +162,11 @@ async def _training_rows(
             )
         return found.items, found.meta
     if cmd.method == "kto":
-        found = await training_sets.labelled_set(nc, store, run.run_id, ids, after_seq=run.seq)
         labels = {bool(c["passed"]) for g in found.items for c in g["completions"]}
         if labels != {True, False}:
             which = "passed" if True in labels else "failed" if labels else "was scored"
             raise RolloutError(
-                f"run {run.run_id} has nothing for KTO to weigh: "
+                f"{source} has nothing for KTO to weigh: "
                 + ("no rollout was scored" if not labels else f"every rollout {which}"),
                 problems=[
                     "KTO learns from passed (desirable) against failed (undesirable) rollouts; "
@@ -159,14 +174,10 @@ async def _training_rows(
                 ],
             )
         return found.items, found.meta
-    margin = float(getattr(options, "min_margin", 0.0))
-    found = await training_sets.dpo_pairs(
-        nc, store, run.run_id, ids, min_margin=margin, after_seq=run.seq
-    )
     if not found.items:
         name = "a reward model" if cmd.method == "rm" else "DPO"
         raise RolloutError(
-            f"run {run.run_id} has no preference pairs for {name}",
+            f"{source} has no preference pairs for {name}",
             problems=[
                 f"{name} needs two rollouts of the same task whose scores differ by more than "
                 f"{margin} (min_margin); run with -n 2 or more on tasks the model sometimes "
@@ -215,17 +226,30 @@ async def plan_job(
             env_slug=cmd.env_slug,
             suffix=cmd.suffix,
             hyperparams=dict(cmd.hyperparams),
+            source_dataset=cmd.source_dataset,
         ),
         base=base,
         config=config,
         options=options,
     )
     if cmd.method in ONLINE:
+        if cmd.source_dataset is not None:
+            raise RolloutError(
+                f"source_dataset: {cmd.method} trains online on an env (--env); a dataset "
+                f"trains {', '.join(OFFLINE)}"
+            )
         await _check_env(js, cmd.env_slug)
         if cmd.method == "ppo":
             await reward_model_dir(getattr(config, "reward_model", None))
         return plan
-    plan.run = await _source_run(js, cmd)
+    if cmd.source_dataset is not None:
+        if cmd.source_run_id or cmd.rollout_ids is not None:
+            raise RolloutError(
+                "source_dataset: a job trains on a dataset or on a run (source_run_id, "
+                "rollout_ids), not both"
+            )
+    else:
+        plan.run = await _source_run(js, cmd)
     if cmd.rollout_ids is not None and not cmd.rollout_ids:
         raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
     plan.rows, meta = await _training_rows(ctx.nc, ctx.store, cmd, plan.run, options)
@@ -291,4 +315,5 @@ def request_of(event: JobRequested) -> CreateTrainingJob:
         env_slug=event.env_slug,
         suffix=event.suffix,
         hyperparams=event.hyperparams,
+        source_dataset=event.source_dataset,
     )

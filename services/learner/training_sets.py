@@ -28,7 +28,9 @@ from rollout.shared.contracts.buffer import (
     SftSetQuery,
 )
 from rollout.shared.contracts.requests import Reply
-from rollout.shared.objectstore import ObjectStore
+from rollout.shared.contracts.snapshot import DatasetSource, lineage_of, rows_from_jsonl
+from rollout.shared.objectstore import ObjectRef, ObjectStore
+from rollout.shared.objectstore.errors import ObjectStoreError
 
 # Below the CLI's request timeout (30 s), so a job request gets the buffer's problem back.
 BUFFER_TIMEOUT_S = 25.0
@@ -155,6 +157,43 @@ async def labelled_set(
         if kept:
             items.append({**group, "completions": kept})
     return TrainingSet(items=items, meta=[{} for _ in items], stats=found.stats)
+
+
+async def dataset_set(
+    store: ObjectStore, source: DatasetSource, method: str, *, min_margin: float
+) -> TrainingSet:
+    """A dataset snapshot's training set for `method`, built as the buffer builds a run's.
+
+    The bytes are fetched by claim check (sha256-verified) and every row is checked again:
+    a job records only what it can train on, and a replayed job gets the very same rows.
+    """
+    from rollout.services.buffer import datasets
+
+    where = f"source_dataset {source.name}"
+    ref = ObjectRef(uri=source.uri, sha256=source.sha256, size=source.size)
+    try:
+        data = await store.get(ref)
+    except ObjectStoreError as exc:
+        raise RolloutError(f"{where}: {exc.message}", problems=exc.problems) from None
+    try:
+        rows = rows_from_jsonl(data, where)
+    except ValueError as exc:
+        raise RolloutError(str(exc)) from None
+    if not rows:
+        raise RolloutError(f"{where}: no rows")
+    if lineage_of(rows) != source.lineage:
+        raise RolloutError(f"{where}: the lineage sent does not match the dataset's rows")
+    buffer_rows = [r.buffer_row() for r in rows]
+    if method == "sft":
+        items, meta, stats = datasets.sft_set(buffer_rows)
+    elif method == "kto":
+        query = GrpoGroupsQuery(
+            run_ids=source.lineage.run_ids, min_group_size=1, require_tokens=False
+        )
+        items, meta, stats = datasets.grpo_groups(buffer_rows, query)
+    else:
+        items, meta, stats = datasets.dpo_pairs(buffer_rows, min_margin)
+    return TrainingSet(items=items, meta=meta, stats=stats)
 
 
 # --- the trainers' row shapes ----------------------------------------------------------------

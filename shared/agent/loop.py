@@ -49,6 +49,9 @@ class Episode:
     instruction: str
     sampling: SamplingParams | None = None
     system_prompt: str | None = None
+    # Earlier turns of a multi-turn prompt (a leading system message replaces the default one);
+    # the instruction is the user turn that follows them.
+    history: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -142,9 +145,13 @@ def _start(
     sampling: SamplingParams | None,
 ) -> _State:
     prompt = episode.system_prompt if episode.system_prompt is not None else system_prompt
+    history = [dict(m) for m in episode.history or []]
+    if history and history[0].get("role") == "system":
+        prompt = None  # the conversation brings its own
     messages: list[dict[str, Any]] = []
     if prompt:
         messages.append({"role": "system", "content": prompt})
+    messages.extend(history)
     messages.append({"role": "user", "content": episode.instruction})
     try:
         specs = episode.runtime.tool_specs()

@@ -47,6 +47,7 @@ MUTATIONS: dict[tuple[str, str], str] = {
     ("buffer", "sft_set"): "build training sets",
     ("buffer", "dpo_pairs"): "build training sets",
     ("buffer", "grpo_groups"): "build training sets",
+    ("buffer", "rollouts"): "export scored rollouts",
 }
 
 ROLE_REQUESTS: dict[Role, tuple[tuple[str, str], ...]] = {

@@ -134,7 +134,12 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
         ),
         ServiceRole(
             "buffer",
-            answers=(("buffer", "sft_set"), ("buffer", "dpo_pairs"), ("buffer", "grpo_groups")),
+            answers=(
+                ("buffer", "sft_set"),
+                ("buffer", "dpo_pairs"),
+                ("buffer", "grpo_groups"),
+                ("buffer", "rollouts"),
+            ),
             emits=(_DEAD_LETTER,),
             consumes=(Durable(_EVENTS, "buffer", subjects.ALL_EVENTS),),
         ),

@@ -7,6 +7,7 @@ Every reply carries its items inline, or (when their JSON is larger than the req
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,7 +23,7 @@ SERVICE = "buffer"
 # object store.
 MIN_INLINE_LIMIT = 1024
 
-Kind = Literal["sft_set", "dpo_pairs", "grpo_groups"]
+Kind = Literal["sft_set", "dpo_pairs", "grpo_groups", "rollouts"]
 # How a buffer reply that could not wait for `after_seq` begins: the caller may ask again.
 BEHIND = "the buffer has not caught up with the events stream"
 
@@ -93,6 +94,33 @@ class GrpoGroupsQuery(BufferQuery):
     def _needs_a_source(self) -> GrpoGroupsQuery:
         if not self.run_ids and not self.env_slug:
             raise ValueError("give run_ids or env_slug")
+        return self
+
+
+class RolloutsQuery(BufferQuery):
+    """Scored rollouts as the buffer keeps them, selected by env, verdict, version and time.
+
+    What `rollout export --buffer` writes out: every filter given must hold (none: all).
+    """
+
+    env_slug: str | None = None
+    env_version: int | None = Field(None, ge=1, description="only this version of env_slug")
+    run_ids: list[str] | None = None
+    verdict: Literal["passed", "failed"] | None = Field(
+        None, description="only rollouts that passed (or failed) their verifier"
+    )
+    include_errored: bool = Field(
+        False, description="keep rollouts whose generation or scoring erred"
+    )
+    policy_versions: list[int] | None = None
+    since: datetime | None = Field(None, description="only rollouts scored at or after this time")
+
+    @model_validator(mode="after")
+    def _version_needs_env(self) -> RolloutsQuery:
+        if self.env_version is not None and not self.env_slug:
+            raise ValueError("env_version needs env_slug")
+        if self.verdict is not None and self.include_errored:
+            raise ValueError("verdict selects passed or failed rollouts; errored ones have none")
         return self
 
 

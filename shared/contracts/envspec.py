@@ -491,9 +491,24 @@ class TaskSpec(BaseModel):
     instruction: str
     hidden_ground_truth: Any = None
     input: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] | None = Field(
+        None,
+        description="earlier turns of a multi-turn prompt (OpenAI chat messages), sent before "
+        "the instruction, which is the last user turn; a leading system message replaces the "
+        "actor's",
+    )
     split: str = "train"
     id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("messages")
+    @classmethod
+    def _chat(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        from rollout.shared.contracts.chat import check_messages
+
+        if value is not None:
+            check_messages(value, "messages")
+        return value
 
 
 class EnvironmentSpec(BaseModel):

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rollout.shared.contracts.envelope import Payload, register
+from rollout.shared.contracts.snapshot import DatasetSource
 
 Method = Literal["sft", "dpo", "grpo", "ppo", "kto", "rm"]
 # How a rollout ended: a verdict (passed / failed), or none at all (errored, with its cause).
@@ -217,6 +218,8 @@ class JobRequested(Payload):
     # The command's client request id and fingerprint: a retry gets this job back.
     request_id: str | None = None
     request_hash: str | None = None
+    # A job trained on a dataset snapshot: its hash, where it is, and its lineage.
+    source_dataset: DatasetSource | None = None
 
 
 @register

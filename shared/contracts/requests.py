@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout.shared.contracts.events import Method
+from rollout.shared.contracts.snapshot import DatasetSource
 
 
 class Request(BaseModel):
@@ -129,6 +130,10 @@ class CreateTrainingJob(Request):
     suffix: str | None = None
     hyperparams: dict[str, Any] = Field(default_factory=dict)
     client_request_id: str | None = _client_request_id()
+    source_dataset: DatasetSource | None = Field(
+        None,
+        description="train on this exported dataset snapshot instead of a run (sft, dpo, kto, rm)",
+    )
 
 
 class GetJob(Request):

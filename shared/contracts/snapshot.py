@@ -81,3 +81,70 @@ class SnapshotRow(BaseModel):
             "trajectory": json.loads(self.trajectory),
             "tools": json.loads(self.tools) if self.tools else [],
         }
+
+
+class DatasetLineage(BaseModel):
+    """Where a snapshot's rows came from: runs, policy versions, envs, hashes, verdicts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rows: int = Field(ge=1)
+    run_ids: list[str]
+    policy_versions: list[int]
+    envs: list[str] = Field(description="slug@version of every env the rows ran on")
+    env_hashes: list[str]
+    models: list[str]
+    outcomes: dict[str, int] = Field(description="rows per outcome: passed, failed, errored")
+
+
+class DatasetSource(BaseModel):
+    """A dataset snapshot a training job learns from, stored as canonical JSONL (claim check)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uri: str = Field(min_length=1, description="object-store URI of the rows' canonical JSONL")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="the dataset's hash: sha256 of those bytes"
+    )
+    size: int = Field(ge=1)
+    name: str = Field(description="the file or folder it was read from (for people)")
+    lineage: DatasetLineage
+
+
+def lineage_of(rows: list[SnapshotRow]) -> DatasetLineage:
+    """The lineage of checked snapshot rows."""
+    outcomes: dict[str, int] = {}
+    for row in rows:
+        outcomes[row.outcome] = outcomes.get(row.outcome, 0) + 1
+    return DatasetLineage(
+        rows=len(rows),
+        run_ids=sorted({r.run_id for r in rows}),
+        policy_versions=sorted({r.policy_version for r in rows}),
+        envs=sorted({f"{r.env_slug}@{r.env_version}" for r in rows}),
+        env_hashes=sorted({r.env_hash for r in rows}),
+        models=sorted({r.model for r in rows}),
+        outcomes=dict(sorted(outcomes.items())),
+    )
+
+
+def canonical_jsonl(rows: list[SnapshotRow]) -> bytes:
+    """The rows as one JSON object a line, in order: equal rows give equal bytes (and hash)."""
+    return "".join(row.model_dump_json() + "\n" for row in rows).encode()
+
+
+def rows_from_jsonl(data: bytes, where: str) -> list[SnapshotRow]:
+    """Canonical JSONL back as checked rows; a bad line is named `where:LINE: field: why`."""
+    rows: list[SnapshotRow] = []
+    seen: set[str] = set()
+    for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+        try:
+            row = SnapshotRow.model_validate_json(line)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "(row)"
+            raise ValueError(f"{where}:{number}: {field}: {first['msg']}") from None
+        if row.rollout_id in seen:
+            raise ValueError(f"{where}:{number}: rollout {row.rollout_id} repeats")
+        seen.add(row.rollout_id)
+        rows.append(row)
+    return rows

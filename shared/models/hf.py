@@ -22,13 +22,22 @@ import os
 import random
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
 from rollout.shared.models.hermes import CLOSE_TAG, parse_tool_calls
 
 DEFAULT_MAX_NEW_TOKENS = 512
+
+
+class TokenListener(Protocol):
+    """Hears one request's tokens as they are sampled (called from the generation thread)."""
+
+    cancelled: bool
+
+    def on_token(self, token_id: int) -> None:
+        """One more sampled token id."""
 
 
 class HFBackend:
@@ -71,6 +80,20 @@ class HFBackend:
         if not requests:
             return []
         return await asyncio.to_thread(self._generate_all, list(requests))
+
+    async def generate_streaming(
+        self, requests: list[ChatRequest], listeners: list[TokenListener | None]
+    ) -> list[ChatResponse]:
+        """`generate`, telling each request's listener every token as it is sampled.
+
+        A listener that is `cancelled` (its client went away) ends its request at the next
+        step, with finish reason "cancelled"; the rest of the batch goes on.
+        """
+        if len(listeners) != len(requests):
+            raise RolloutError(f"{len(listeners)} listeners for {len(requests)} requests")
+        if not requests:
+            return []
+        return await asyncio.to_thread(self._generate_all, list(requests), list(listeners))
 
     def reload(self, path: str | Path) -> None:
         """Swap in the weights (and tokenizer) saved at `path`, e.g. a new policy version."""
@@ -168,13 +191,17 @@ class HFBackend:
 
     # -- generation --------------------------------------------------------------------
 
-    def _generate_all(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+    def _generate_all(
+        self, requests: list[ChatRequest], listeners: list[TokenListener | None] | None = None
+    ) -> list[ChatResponse]:
         with self._lock:
             if self.model is None:
                 raise RolloutError(f"{self.name}: backend is closed")
             out: list[ChatResponse] = []
             for start in range(0, len(requests), self.max_batch_size):
-                out.extend(self._generate_batch(requests[start : start + self.max_batch_size]))
+                end = start + self.max_batch_size
+                part = listeners[start:end] if listeners is not None else None
+                out.extend(self._generate_batch(requests[start:end], part))
             return out
 
     def render_prompt(self, request: ChatRequest) -> str:
@@ -186,7 +213,9 @@ class HFBackend:
             tokenize=False,
         )
 
-    def _generate_batch(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+    def _generate_batch(
+        self, requests: list[ChatRequest], listeners: list[TokenListener | None] | None = None
+    ) -> list[ChatResponse]:
         # Requests that cannot run (template error, prompt over the context) get an error
         # response of their own; the rest of the batch is sampled together.
         limit = getattr(self.model.config, "max_position_embeddings", None) or 1_000_000
@@ -208,16 +237,25 @@ class HFBackend:
             runnable.append((i, prompt))
         if runnable:
             sampled = self._sample_batch(
-                [requests[i] for i, _ in runnable], [p for _, p in runnable], limit
+                [requests[i] for i, _ in runnable],
+                [p for _, p in runnable],
+                limit,
+                [listeners[i] for i, _ in runnable] if listeners is not None else None,
             )
             for (i, _), response in zip(runnable, sampled, strict=True):
                 out[i] = response
         return [r for r in out if r is not None]
 
     def _sample_batch(
-        self, requests: list[ChatRequest], prompts: list[str], limit: int
+        self,
+        requests: list[ChatRequest],
+        prompts: list[str],
+        limit: int,
+        listeners: list[TokenListener | None] | None = None,
     ) -> list[ChatResponse]:
         import torch
+
+        heard = listeners or [None] * len(requests)
 
         tok, model = self.tokenizer, self.model
         enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
@@ -257,10 +295,17 @@ class HFBackend:
                 for i, request in enumerate(requests):
                     if done[i]:
                         continue
+                    listener = heard[i]
+                    if listener is not None and listener.cancelled:
+                        # Its client went away: stop spending steps on it.
+                        done[i], finish[i] = True, "cancelled"
+                        continue
                     token = _sample(logits[i], request, generators[i])
                     next_ids[i] = token
                     tokens[i].append(token)
                     logprobs[i].append(float(policy_logp[i, token]))
+                    if listener is not None:
+                        listener.on_token(token)
                     if token in eos_ids:
                         done[i], finish[i] = True, "stop"
                     elif self.stop_after_tool_call and _closes_tool_call(tok, tokens[i]):

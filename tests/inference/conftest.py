@@ -40,6 +40,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("serve") / "tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def talker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model whose greedy reply is visible text that goes on ("UsUsUs..."), no EOS."""
+    return build_tiny(tmp_path_factory.mktemp("talker") / "tiny", seed=1)
+
+
 @pytest.fixture
 def serve() -> Callable[..., AbstractAsyncContextManager[Running]]:
     """`serve(model, **options)`: the server on a free 127.0.0.1 port while inside the block."""

@@ -118,6 +118,107 @@ async def test_hf_model_text_n_logprobs_and_stream(serve, tiny_model: Path) -> N
         assert usage is not None and usage.completion_tokens == len(tokens)
 
 
+async def test_streaming_sends_tokens_as_they_are_sampled(serve, talker: Path) -> None:
+    async with serve(f"hf:{talker}", name="tiny") as running:
+        client = client_of(running)
+        messages = [{"role": "user", "content": "hi"}]
+        done = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=24, temperature=0
+        )
+        text = done.choices[0].message.content or ""
+        assert len(text) > 8  # a multi-token answer
+        for options in ({}, {"stop": ["sUsU"]}, {"n": 2}):
+            expected = text
+            if "stop" in options:
+                reference = await client.chat.completions.create(
+                    model="tiny", messages=messages, max_tokens=24, temperature=0, **options
+                )
+                expected = reference.choices[0].message.content or ""
+                assert expected and expected != text
+            stream = await client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=24, temperature=0, stream=True,
+                stream_options={"include_usage": True}, **options,
+            )  # fmt: skip
+            parts: dict[int, list[str]] = {}
+            finish, usage, arrived = {}, None, []
+            loop = asyncio.get_running_loop()
+            async for chunk in stream:
+                for c in chunk.choices:
+                    if c.delta.content:
+                        parts.setdefault(c.index, []).append(c.delta.content)
+                        arrived.append(loop.time())
+                    if c.finish_reason:
+                        finish[c.index] = c.finish_reason
+                usage = chunk.usage or usage
+            choices = options.get("n", 1)
+            assert sorted(parts) == list(range(choices)), options
+            for index in range(choices):
+                # Token by token: many content chunks, together the non-streamed answer.
+                assert "".join(parts[index]) == expected, options
+                if "stop" not in options:  # (the stop sequence cuts the answer to one letter)
+                    assert len(parts[index]) > 3, (options, parts[index])
+            assert set(finish.values()) == {"stop" if "stop" in options else "length"}
+            assert usage is not None and usage.completion_tokens == 24 * choices
+            if "stop" not in options:  # they came over time, not in one write at the end
+                assert arrived[-1] > arrived[0], options
+        assert running.policy.slot.cancelled == 0
+
+
+def test_streamed_text_holds_back_tool_calls_stops_and_whitespace(talker: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from rollout.services.inference.api import TextStream
+    from rollout.shared.models.hermes import parse_tool_calls
+
+    tokenizer = AutoTokenizer.from_pretrained(talker)
+    call = '<tool_call>{"name": "refund", "arguments": {"order_id": "O-1"}}</tool_call>'
+    for text, stop in (
+        (f"  Sure, refunding now. {call}", None),
+        ('{"name": "refund", "arguments": {}}', None),  # a bare JSON call: nothing early
+        ("refunded order O-1 END and more", "END"),
+    ):
+        stream = TextStream(tokenizer, stop)
+        sent = "".join(
+            stream.add(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]
+        )
+        content, calls = parse_tool_calls(text)
+        if stop:
+            content = content.split(stop)[0].strip()
+        assert "<tool" not in sent and not sent.endswith(" ") and (content or "").startswith(sent)
+        assert sent + stream.rest(content) == (content or "")
+        if calls:
+            assert sent == (content or "")[: len(sent)]
+    assert TextStream(tokenizer, None).rest(None) == ""
+
+
+async def test_a_client_that_leaves_mid_stream_frees_its_generation(serve, talker: Path) -> None:
+    async with serve(f"hf:{talker}", name="tiny") as running:
+        client = client_of(running)
+        messages = [{"role": "user", "content": "hi"}]
+        stream = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=4000, temperature=0, stream=True
+        )
+        seen = 0
+        async for chunk in stream:
+            seen += sum(1 for c in chunk.choices if c.delta.content)
+            if seen >= 3:
+                break
+        await stream.close()  # the client goes away with ~4000 tokens still to come
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while running.policy.slot.cancelled < 1:
+            assert loop.time() < deadline, "the generation went on after the client left"
+            await asyncio.sleep(0.05)
+        # The model is free again: the next request is answered at once.
+        started = loop.time()
+        done = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=4, temperature=0
+        )
+        assert done.choices[0].finish_reason == "length"
+        assert loop.time() - started < 30
+        assert running.policy.slot.served == 2
+
+
 async def test_a_prompt_over_the_context_is_a_400_not_a_500(serve, tiny_model: Path) -> None:
     async with serve(f"hf:{tiny_model}", name="tiny") as running:
         client = client_of(running)

@@ -16,10 +16,12 @@ import datasets
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text_reply
 from kit import refund_env
+from pydantic import ValidationError
 from test_cli_platform import rollout
 
 from rollout.errors import RolloutError
 from rollout.generate import read_prompts, written_ids
+from rollout.shared.contracts.envspec import TaskSpec
 from rollout.shared.settings import Settings
 
 
@@ -171,6 +173,91 @@ def test_bad_prompts_files_name_the_line_and_field(tmp_path) -> None:
         with pytest.raises(RolloutError, match=None) as info:
             read_prompts(path)
         assert message in str(info.value), (text, str(info.value))
+
+
+async def test_generate_multi_turn_prompts_send_the_whole_conversation(
+    client, settings, tmp_path
+) -> None:
+    def answer(body: dict) -> Reply:
+        # Which turns the model was shown, in order: the reply is the proof.
+        return text_reply(
+            "|".join(f"{m['role']}:{m.get('content') or ''}" for m in body["messages"])
+        )
+
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    chat = [
+        {"role": "system", "content": "be terse"},
+        {"role": "user", "content": "my name is Ada"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "assistant", "content": "hi Ada"},
+        {"role": "user", "content": "what is my name?"},
+    ]
+    prompts = tmp_path / "chats.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "chat", "messages": chat}) + "\n"
+        + json.dumps({"id": "plain", "prompt": "hello"}) + "\n"
+    )  # fmt: skip
+    out = tmp_path / "chats.jsonl.out.jsonl"
+    with FakeOpenAI(answer) as agent:
+        code, stdout, err = await rollout(
+            settings, "generate", "--prompts", str(prompts), "--model", f"{agent.base_url}#m",
+            "--out", str(out), "--json",
+        )  # fmt: skip
+    assert code == 0, err
+    rows = {r["id"]: r for r in datasets.load_dataset("json", data_files=str(out), split="train")}
+    assert rows["chat"]["completion"] == (
+        "system:be terse|user:my name is Ada|assistant:|tool:ok|assistant:hi Ada"
+        "|user:what is my name?"
+    )
+    assert rows["chat"]["prompt"] == "what is my name?"
+    sent = json.loads(rows["chat"]["messages"])
+    assert [m["role"] for m in sent] == [m["role"] for m in chat] + ["assistant"]
+    assert sent[2]["tool_calls"][0]["id"] == "c1"
+    # A single prompt still gets the actor's own system prompt before it.
+    assert (
+        rows["plain"]["completion"].startswith("system:")
+        and "|user:hello" in (rows["plain"]["completion"])
+    )
+
+
+def test_bad_multi_turn_rows_name_the_line_message_and_field(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    good = {"role": "user", "content": "hi"}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    cases = [
+        ([{"role": "robot", "content": "x"}], ".messages[0].role: must be one of"),
+        ([{"role": "user", "content": ""}], ".messages[0].content: must be a non-empty"),
+        ([{"role": "user", "content": 3}], ".messages[0].content: must be a non-empty"),
+        (["hi"], ".messages[0]: must be a chat message object"),
+        ({"role": "user"}, ".messages: must be a non-empty list"),
+        ([], ".messages: must be a non-empty list"),
+        ([good, {"role": "assistant", "content": "yo"}], ".messages[1].role: the last message"),
+        ([good, {"role": "system", "content": "s"}, good], ".messages[1].role: a system"),
+        ([{**good, "weight": 1}], ".messages[0]: unknown field(s) weight"),
+        ([good, {"role": "tool", "tool_call_id": "nope", "content": "r"}, good],
+         ".messages[1].tool_call_id: must name a tool call"),
+        ([good, {"role": "assistant", "tool_calls": [{**call, "function": {"name": "f",
+          "arguments": "{bad"}}]}, good], ".messages[1].tool_calls[0].function.arguments"),
+        ([good, {"role": "user", "content": "x", "tool_calls": [call]}, good],
+         ".messages[1].tool_calls: only an assistant"),
+    ]  # fmt: skip
+    for messages, message in cases:
+        path.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"messages": messages}))
+        with pytest.raises(RolloutError) as info:
+            read_prompts(path)
+        assert f"{path}:2{message}" in str(info.value), (messages, str(info.value))
+    path.write_text(json.dumps({"messages": [good, {"role": "assistant", "tool_calls": [call]},
+                                             {"role": "tool", "tool_call_id": "c1",
+                                              "content": "r"}, good]}))  # fmt: skip
+    [task] = read_prompts(path)
+    assert task["instruction"] == "hi" and [m["role"] for m in task["messages"]] == [
+        "user", "assistant", "tool"
+    ]  # fmt: skip
+    assert TaskSpec.model_validate(task).messages == task["messages"]
+    # An env file's task with earlier turns is checked the same way when it is pushed.
+    with pytest.raises(ValidationError, match=r"messages\[0\]\.role: must be one of"):
+        TaskSpec.model_validate({"instruction": "x", "messages": [{"role": "robot"}]})
 
 
 def test_a_torn_last_line_is_dropped_and_other_files_refused(tmp_path) -> None:

@@ -110,6 +110,96 @@ async def test_export_errors_are_clear(client, settings, tmp_path) -> None:
     assert code == 1 and "'ghost' has no completed runs" in err
 
 
+async def test_export_from_the_buffer_selects_by_env_verdict_version_and_time(
+    client, agent_server, settings, tmp_path
+) -> None:
+    model = f"{agent_server.base_url}#m"
+    await client.push_environment(refund_env(tasks=2))
+    await client.push_environment(refund_env(tasks=2, slug="other"))
+    runs = []
+    for slug, seed in (("refunds", 1), ("refunds", 2), ("other", 3)):
+        run = await client.create_run(slug, model, n=4, seed=seed)
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+        assert done["status"] == "completed"
+        runs.append(done)
+    verdicts = {
+        r["rolloutId"]: r for run in runs for r in await client.get_rollouts(run["runId"], False)
+    }
+    refunds = {i for i, r in verdicts.items() if r["runId"] in {runs[0]["runId"], runs[1]["runId"]}}
+    failed = {i for i in refunds if verdicts[i]["passed"] is False}
+    assert failed and failed != refunds  # the scripted agent fails some, not all
+
+    async def export(*args: str) -> tuple[int, dict | str]:
+        code, stdout, err = await rollout(settings, "export", "--buffer", *args, "--json")
+        return code, json.loads(stdout) if code == 0 else err
+
+    loaded = {}
+    for fmt, name in (("jsonl", "b.jsonl"), ("parquet", "b.parquet"), ("hf", "b_hf")):
+        out = tmp_path / name
+        code, summary = await export("--env", "refunds", "--format", fmt, "--out", str(out))
+        assert code == 0, summary
+        assert summary["rows"] == 16 and summary["runs"] == sorted(r["runId"] for r in runs[:2])
+        lineage = summary["lineage"]
+        assert lineage["envs"] == ["refunds@1"] and lineage["policy_versions"] == [0]
+        assert lineage["env_hashes"] == [runs[0]["envHash"]]
+        assert lineage["outcomes"] == {"failed": len(failed), "passed": 16 - len(failed)}
+        if fmt == "hf":
+            loaded[fmt] = datasets.load_from_disk(str(out))
+        else:
+            kind = "json" if fmt == "jsonl" else "parquet"
+            loaded[fmt] = datasets.load_dataset(kind, data_files=str(out), split="train")
+    for fmt, rows in loaded.items():
+        assert set(rows["rollout_id"]) == refunds, fmt
+        for row in rows:
+            ours = verdicts[row["rollout_id"]]
+            assert (row["score"], row["passed"], row["seed"]) == (
+                ours["score"], ours["passed"], ours["seed"]
+            )  # fmt: skip
+            assert row["env_hash"] == runs[0]["envHash"] and row["model"] == runs[0]["model"]
+            assert json.loads(row["trajectory"])["messages"] and json.loads(row["tools"])
+
+    # Round trip: the buffer's export imports as the run export of the same rollouts does.
+    code, stdout, err = await rollout(
+        settings, "export", "--run", runs[0]["runId"], "--run", runs[1]["runId"],
+        "--out", str(tmp_path / "r.jsonl"),
+    )  # fmt: skip
+    assert code == 0, err
+    sets = {}
+    for source in ("b.jsonl", "b_hf", "r.jsonl"):
+        target = tmp_path / f"in-{source}"
+        code, stdout, err = await rollout(
+            settings, "import", str(tmp_path / source), "-o", str(target)
+        )
+        assert code == 0 and stdout.startswith("16 rollouts imported"), err
+        sets[source] = {n: (target / f"{n}.jsonl").read_text() for n in ("sft", "dpo", "kto")}
+    assert sets["b.jsonl"] == sets["r.jsonl"] == sets["b_hf"]
+
+    code, summary = await export(
+        "--env", "refunds", "--verdict", "failed", "--out", str(tmp_path / "f.jsonl")
+    )
+    assert code == 0 and summary["rows"] == len(failed)
+    got = datasets.load_dataset("json", data_files=str(tmp_path / "f.jsonl"), split="train")
+    assert set(got["rollout_id"]) == failed and not any(got["passed"])
+    code, summary = await export("--out", str(tmp_path / "all.jsonl"), "--since", "1h")
+    assert code == 0 and summary["rows"] == 24  # every env, scored within the hour
+    code, summary = await export("--env", "other", "--env-version", "1", "--policy-version", "0",
+                                 "--out", str(tmp_path / "o.jsonl"))  # fmt: skip
+    assert code == 0 and summary["runs"] == [runs[2]["runId"]]
+    for args, message in (
+        (("--policy-version", "1"), "the buffer holds no scored rollouts that match"),
+        (("--since", "2999-01-01"), "the buffer holds no scored rollouts that match"),
+        (("--env", "refunds", "--env-version", "2"), "no scored rollouts that match"),
+        (("--since", "yesterday"), "--since 'yesterday': not a time"),
+        (("--env-version", "1"), "--env-version: needs --env SLUG"),
+    ):
+        code, err = await export(*args, "--out", str(tmp_path / "x.jsonl"))
+        assert code == 1 and message in err and "Traceback" not in err, (args, err)
+        assert not (tmp_path / "x.jsonl").exists()
+    code, _, err = await rollout(settings, "export", "--verdict", "passed", "--env", "refunds",
+                                 "--out", str(tmp_path / "x.jsonl"))  # fmt: skip
+    assert code == 1 and "--verdict: select from the buffer; add --buffer" in err
+
+
 def _row(**change) -> dict:
     row = {
         "format": "rollout.snapshot/1", "rollout_id": "r1", "run_id": "run", "task_index": 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from typing import Any
 import rollout.shared.models.trained  # noqa: F401
 from rollout.cli._common import print_json
 from rollout.client import AsyncClient
+from rollout.errors import RolloutError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate",
         help="batch inference: a model over an env's tasks or a prompts file, rows to a file",
         description="Run MODEL over an environment's tasks (--env, optionally one --split) or "
-        'over FILE.jsonl (--prompts: one {"prompt": str} or {"messages": [one user turn]} '
-        'per line, optional "id" and "answer") through the actor pool, as a run, and write '
+        'over FILE.jsonl (--prompts: one {"prompt": str} or {"messages": [chat turns ending '
+        'with the user turn to answer]} per line, optional "id" and "answer") through the actor pool, as a run, and write '
         "one row per rollout to --out (FILE.jsonl or FILE.parquet; opens with "
         "datasets.load_dataset). Re-running the same command after a kill resumes it: rows "
         "already written are kept and none is written twice (state in OUT.generate.json).",
@@ -48,16 +50,34 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "export",
-        help="scored rollouts of runs as a dataset with lineage (hf, parquet or jsonl)",
-        description="Write every scored rollout of --run RUN (repeatable) or of every run of "
-        "--env SLUG as one row: trajectory, tools, score, passed, outcome, primitives and "
-        "lineage (run id, model, policy version, env slug/version/hash, seed). --format hf "
-        "writes a datasets.save_to_disk folder; parquet and jsonl one file. `rollout import` "
-        "reads them back.",
+        help="scored rollouts of runs or of the buffer as a dataset with lineage (hf, parquet, jsonl)",
+        description="Write every scored rollout of --run RUN (repeatable), of every completed "
+        "run of --env SLUG, or of the buffer (--buffer, selected by --env, --env-version, "
+        "--verdict, --policy-version, --since) as one row: trajectory, tools, score, passed, "
+        "outcome, primitives and lineage (run id, model, policy version, env slug/version/hash, "
+        "seed). --format hf writes a datasets.save_to_disk folder; parquet and jsonl one file. "
+        "`rollout import` reads them back; `rollout improve --dataset` trains on them.",
     )
-    what = p.add_mutually_exclusive_group(required=True)
+    what = p.add_mutually_exclusive_group()
     what.add_argument("--run", dest="runs", action="append", metavar="RUN", help="a run id")
-    what.add_argument("--env", help="every completed run of this environment")
+    what.add_argument(
+        "--buffer", action="store_true", help="select from every scored rollout the buffer holds"
+    )
+    p.add_argument(
+        "--env", help="every completed run of this env (with --buffer: only its rollouts)"
+    )
+    p.add_argument("--env-version", type=int, help="with --buffer: only this version of --env")
+    p.add_argument(
+        "--verdict", choices=("passed", "failed"), help="with --buffer: only these verdicts"
+    )
+    p.add_argument(
+        "--policy-version", dest="policy_versions", type=int, action="append", metavar="V",
+        help="with --buffer: only rollouts of this policy version (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--since", metavar="TIME",
+        help="with --buffer: only rollouts scored since TIME (ISO 8601, or 30m, 2h, 7d ago)",
+    )  # fmt: skip
     p.add_argument("--format", choices=("hf", "parquet", "jsonl"), default="jsonl")
     p.add_argument("--out", required=True, type=Path, metavar="PATH")
     p.add_argument("--include-errored", action="store_true", help="keep errored rollouts too")
@@ -115,27 +135,91 @@ async def _generate(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
-async def _export(args: argparse.Namespace) -> int:
-    from rollout.snapshots import export_rows, write_snapshot
+def _since(text: str) -> datetime:
+    """An ISO 8601 time (UTC when it names no zone) or a span back from now: 30m, 2h, 7d."""
+    spans = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    value = text.strip()
+    if value[-1:].lower() in spans and value[:-1].isdigit():
+        return datetime.now(UTC) - timedelta(seconds=int(value[:-1]) * spans[value[-1].lower()])
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise RolloutError(
+            f"--since {text!r}: not a time",
+            problems=["give an ISO 8601 time (2026-12-01T14:00) or a span: 30m, 2h, 7d"],
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
+
+def _buffer_query(args: argparse.Namespace) -> Any:
+    """The buffer selection --buffer asks for; filters without --buffer are refused."""
+    from pydantic import ValidationError
+
+    from rollout.shared.contracts.buffer import RolloutsQuery
+
+    filters = {
+        "--env-version": args.env_version,
+        "--verdict": args.verdict,
+        "--policy-version": args.policy_versions,
+        "--since": args.since,
+    }
+    if not args.buffer:
+        given = [name for name, value in filters.items() if value is not None]
+        if given:
+            raise RolloutError(f"{', '.join(given)}: select from the buffer; add --buffer")
+        if bool(args.runs) == bool(args.env):
+            raise RolloutError("give one of --run RUN, --env SLUG or --buffer (with its filters)")
+        return None
+    if args.env_version is not None and not args.env:
+        raise RolloutError("--env-version: needs --env SLUG (the env it is a version of)")
+    try:
+        return RolloutsQuery(
+            env_slug=args.env,
+            env_version=args.env_version,
+            verdict=args.verdict,
+            include_errored=args.include_errored,
+            policy_versions=args.policy_versions,
+            since=_since(args.since) if args.since is not None else None,
+        )
+    except ValidationError as exc:
+        names = {"env_version": "--env-version", "verdict": "--verdict"}
+        problems = [
+            f"{names.get(str(e['loc'][0]) if e['loc'] else '', '--buffer')}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise RolloutError("bad --buffer selection", problems=problems) from None
+
+
+async def _export(args: argparse.Namespace) -> int:
+    from rollout.snapshots import export_buffer_rows, export_rows, lineage, write_snapshot
+
+    query = _buffer_query(args)
+    skipped = 0
     client = AsyncClient()
     try:
-        rows = await export_rows(
-            client, run_ids=args.runs, env_slug=args.env, include_errored=args.include_errored
-        )
+        if query is not None:
+            rows, skipped = await export_buffer_rows(client, query)
+        else:
+            rows = await export_rows(
+                client, run_ids=args.runs, env_slug=args.env, include_errored=args.include_errored
+            )
     finally:
         await client.close()
     path = write_snapshot(rows, args.out, args.format)
     summary: dict[str, Any] = {
         "out": str(path),
         "format": args.format,
-        "rows": len(rows),
         "runs": sorted({r["run_id"] for r in rows}),
+        "lineage": lineage(rows),
+        "skipped": skipped,
+        "rows": len(rows),
     }
     if args.json:
         print_json(summary)
     else:
         print(f"{len(rows)} rollouts of {len(summary['runs'])} run(s) -> {path} ({args.format})")
+        if skipped:
+            print(f"  {skipped} selected rollout(s) had no trajectory and were left out")
     return 0
 
 

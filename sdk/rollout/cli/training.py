@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
 
 # Trained names (`BASE:SUFFIX`, job ids) resolve in every process the CLI starts: `rollout
@@ -32,6 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "env (grpo, ppo)",
     )
     p.add_argument("--run", dest="run_id", help="source run (sft, dpo, ipo, kto, rm)")
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        metavar="FILE|DIR",
+        help="train on a dataset snapshot (`rollout export`: .jsonl, .parquet or an hf folder) "
+        "instead of a run (sft, dpo, ipo, kto, rm); every row is checked before the job starts",
+    )
     p.add_argument("--model", required=True, help="base model, e.g. local/tiny-agent, hf:DIR")
     p.add_argument(
         "--method",
@@ -120,8 +128,11 @@ def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _improve(args: argparse.Namespace) -> int:
     online = resolve_method(args.method, {})[0] in ONLINE_METHODS
-    if not online and not args.run_id:
-        raise RolloutError(f"--run RUN is required for --method {args.method}")
+    if args.dataset is not None and (online or args.run_id):
+        what = f"--method {args.method} trains online" if online else "--run names a run"
+        raise RolloutError(f"--dataset: {what}; give either a dataset or a run")
+    if not online and not args.run_id and args.dataset is None:
+        raise RolloutError(f"--run RUN or --dataset FILE is required for --method {args.method}")
     if online and not args.env_slug:
         raise RolloutError(f"--env SLUG is required for --method {args.method}")
     client = AsyncClient()
@@ -133,6 +144,7 @@ async def _improve(args: argparse.Namespace) -> int:
             suffix=args.suffix,
             hyperparams=hyperparams(args),
             env_slug=args.env_slug,
+            dataset=args.dataset,
         )
         if args.follow:
             if not args.json:
