@@ -2,10 +2,10 @@
 
 `distill-sft` runs with the session's tiny model standing in for its student. The online
 examples (local-grpo, local-ppo, rlhf-rm-ppo) run on the real `local/tiny-agent`, as shipped:
-an untrained model's samples of a task all score alike, so GRPO would rightly skip every
-group, while the built tiny agent's samples at temperature 1.0 earn different partial credit
-from the env's weighted verifier. The agent is built once per code version (minutes) and kept
-in a cache named by its content hash, so later sessions reuse it.
+GRPO skips a group whose samples all scored alike, and the built tiny agent's samples at
+temperature 1.0 earn different partial credit from the env's weighted verifier, so its rounds
+have groups to learn from. The agent is built once per code version (minutes) and kept in a
+cache named by its content hash, so later sessions reuse it.
 """
 
 from __future__ import annotations
