@@ -263,7 +263,22 @@ def training_sets(rollouts: Sequence[Mapping[str, Any]], min_margin: float = 0.0
     }
 
 
-_DECLARATIVE = frozenset({"workflow", "custom", "sql", "browser", "code-editing", "verifiers"})
+def tools_known_statically(spec: Any) -> bool:
+    """True when `spec`'s template knows its tools without running user or remote code.
+
+    Asked of the Template protocol (`tool_names` is None when only a plugin or a remote server
+    knows them), so a template added to the registry is handled here without naming it.
+    """
+    from rollout.shared.envs.templates import get_template
+
+    template = get_template(spec.template)
+    if template is None:
+        return False
+    try:
+        config = spec.typed_config()
+    except (ValueError, TypeError):
+        return False
+    return template.tool_names(config) is not None
 
 
 async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[dict]]:
@@ -271,7 +286,7 @@ async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[
     # envs (plugin hosts, servers) are not started just to export.
     from rollout.shared.envs.engine import build_runtime
 
-    if spec.template not in _DECLARATIVE:
+    if not tools_known_statically(spec):
         return {}
     tools = {}
     for index in task_indices:
