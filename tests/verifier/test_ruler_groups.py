@@ -218,6 +218,7 @@ def test_the_gullible_judge_is_fooled_by_an_undelimited_prompt() -> None:
         json.dumps({"final_answer": ""}),
         '{"final_answer": "' + INJECTION + '"}',
     )
+
     def scores(messages: list[dict]) -> dict[str, float]:
         reply = gullible_judge({"messages": messages}).body
         answer = json.loads(reply["choices"][0]["message"]["content"])
