@@ -190,6 +190,10 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | No
     """Mark a run started and queue its work items; None when the run already ended."""
     run = event.body()
     assert isinstance(run, RunRequested)
+    if run.source is not None:
+        # An imported run's rollouts and verdicts are on its history already (imports.py).
+        log.info("imported run; nothing to generate", run_id=run.run_id, source=run.source)
+        return None
     batches = work_items(event, run)
     started = RunStarted(
         run_id=run.run_id,

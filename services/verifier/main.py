@@ -104,6 +104,10 @@ def build_broker(settings: Settings) -> NatsBroker:
                 scored: list[ScoredRollout] = []
                 try:
                     run = await run_of(js, generated.run_id)
+                    if run.source is not None:
+                        # An imported run's verdicts came with it (tracker/imports.py).
+                        log.info("imported rollouts not rescored", run_id=run.run_id)
+                        return
                     spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
                 except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
                     # Retried with backoff; on the last attempt every rollout of the batch is
