@@ -3,8 +3,10 @@
 One judge call sees every sample of one task (rendered as numbered trajectories) and the
 rubric, and answers JSON `{"scores": [{"trajectory_id", "explanation", "score"}]}`: a score in
 [0, 1] and a reason per sample. Relative scores are what GRPO needs (its advantage is already
-group-relative), so `score_group` gives each sample's reward in one call. Scoring a single
-trajectory (`rollout test`, the per-rollout verifier) is a group of one.
+group-relative), so `score_group` gives each sample's reward in one call; the verifier
+service scores a task's samples this way (services/verifier/scoring.py score_task_group), and
+the tracker keeps a run's groups whole in its work items. Scoring a single trajectory
+(`rollout test`) is a group of one. Samples are escaped so none can close its block.
 
 The judge is a model name resolved like any other (`openai/...`, `<url>#<model>`), so its
 endpoint and key come from the operator's endpoint policy, never from the env's config. A judge
