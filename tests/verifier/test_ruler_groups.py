@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from buffer.buffer_kit import BufferPlatform, ask
 from fakes.openai_server import FakeOpenAI, Reply, text_reply
-from pipeline.kit import wait_for_platform
+from pipeline.kit import wait_for_platform, wait_until
 
 from rollout.client import AsyncClient
+from rollout.errors import RolloutError
 from rollout.shared.contracts.buffer import GrpoGroupsQuery
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import Trajectory
@@ -176,12 +177,16 @@ async def test_each_group_is_judged_once_and_its_relative_scores_are_the_grpo_re
                 assert r["score"] < 1.0 and not r["passed"]
     assert injected >= 1
 
-    data = await ask(
-        settings,
-        "grpo_groups",
-        GrpoGroupsQuery(run_ids=[run["runId"]], require_tokens=False, min_group_size=N),
-    )
-    assert data.count == 2
+    query = GrpoGroupsQuery(run_ids=[run["runId"]], require_tokens=False, min_group_size=N)
+
+    async def buffered() -> bool:
+        try:
+            return (await ask(settings, "grpo_groups", query)).count == 2
+        except RolloutError:  # the buffer has not applied the run yet
+            return False
+
+    await wait_until(buffered, "the buffer to hold the run's groups")
+    data = await ask(settings, "grpo_groups", query)
     verdicts = {r["rolloutId"]: r["score"] for r in rollouts}
     for group in data.items:
         for completion in group["completions"]:
