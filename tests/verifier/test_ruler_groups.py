@@ -50,7 +50,8 @@ def relative(bases: list[float]) -> list[float]:
     return [round(b / best, 4) for b in bases]
 
 
-BLOCK = re.compile(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', re.DOTALL)
+# Tags read the way a model reads them: wherever they appear, whatever surrounds them.
+BLOCK = re.compile(r'<trajectory id="(\d+)">(.*?)</trajectory>', re.DOTALL)
 
 
 def gullible_judge(body: dict[str, Any]) -> Reply:
