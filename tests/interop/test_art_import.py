@@ -15,6 +15,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from rollout.cli import main
+from rollout.cli.platform import comparison
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.shared import subjects
@@ -133,6 +134,10 @@ async def test_art_groups_import_as_a_completed_run_the_buffer_and_learner_use_e
         (1, 0, 1.0), (1, 1, 0.0), (2, 0, 1.0), (2, 1, 0.0)
     ]  # fmt: skip
     assert {p["type"] for r in rollouts for p in r["primitives"]} == {"imported"}
+    # `rollout compare`: per task, as for any run of the env.
+    compared = comparison(done, await client.get_run(run_id))
+    assert [(t["taskIndex"], t["basePassRate"]) for t in compared["tasks"]] == [(1, 0.5), (2, 0.5)]
+    assert compared["deltaPassRate"] == 0.0 and compared["warnings"] == []
 
     # The buffer holds them, with ART's sampled tokens, for SFT and GRPO alike.
     async def buffered() -> bool:
