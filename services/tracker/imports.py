@@ -15,6 +15,7 @@ import` of the same file) names the same run and appends nothing new.
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pydantic
 from faststream.nats import NatsBroker
@@ -25,7 +26,7 @@ from rollout.services.tracker.aggregate import load_run, rollout_id
 from rollout.services.tracker.runs import QUEUE
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
-from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher, payload_budget
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import (
     GeneratedRollout,
@@ -42,6 +43,8 @@ from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
 
 _LISTED = 10
+# What an event's envelope and a rollout's other fields take besides its trajectory.
+_ENVELOPE_ROOM = 4096
 
 log = get_logger(__name__)
 
@@ -72,6 +75,9 @@ async def plan_import(js: JetStreamContext, cmd: ImportRun) -> RunRequested:
             ],
         )
     tasks = len(env.spec.get("tasks", []))
+    # Each rollout travels inline in a rollout.generated event: one too large for a message
+    # is refused here, before anything is appended, not half-way through the history.
+    room = payload_budget(js) - _ENVELOPE_ROOM
     problems: list[str] = []
     seen: set[tuple[int, int]] = set()
     for i, r in enumerate(cmd.rollouts):
@@ -83,6 +89,11 @@ async def plan_import(js: JetStreamContext, cmd: ImportRun) -> RunRequested:
         if (r.task_index, r.sample_index) in seen:
             problems.append(f"{where}: task {r.task_index} sample {r.sample_index} repeats")
         seen.add((r.task_index, r.sample_index))
+        size = len(json.dumps(r.trajectory).encode())
+        if size > room:
+            problems.append(
+                f"{where}.trajectory: {size} bytes, over the {room} bytes one event may carry"
+            )
         try:
             Trajectory.model_validate(r.trajectory)
         except pydantic.ValidationError as exc:
