@@ -105,6 +105,22 @@ class AsyncClient:
         # Unanswered, it is sent again with the same id: the retry returns the same run.
         return await self.request("tracker", "create_run", body, retries=CREATE_RETRIES)
 
+    async def import_run(self, body: rq.ImportRun) -> dict[str, Any]:
+        """Record scored rollouts made elsewhere as a completed run; returns `runId`.
+
+        The run id derives from the content, so a resend (or importing the same file again)
+        answers with the same run and records nothing twice.
+        """
+        nc = await self._conn()
+        size = len(body.model_dump_json().encode())
+        if size > nc.max_payload:
+            raise RolloutError(
+                f"the import is {size} bytes, over the {nc.max_payload} bytes the server "
+                "accepts in one request",
+                problems=["split the file into smaller ones and import each"],
+            )
+        return await self.request("tracker", "import_run", body, retries=CREATE_RETRIES)
+
     async def get_run(
         self, run_id: str, include_rollouts: bool = False, include_trajectories: bool = False
     ) -> dict[str, Any]:

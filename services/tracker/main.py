@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from rollout.errors import RolloutError
-from rollout.services.tracker import plans, queries, runs
+from rollout.services.tracker import imports, plans, queries, runs
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
@@ -104,6 +104,7 @@ def build_broker(
                 await msg.nak(delay=delay)
 
     runs.register(broker)
+    imports.register(broker)
     plans.register(broker)
     queries.register(broker, pool, object_store(settings))  # type: ignore[arg-type]
     return broker

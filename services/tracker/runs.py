@@ -27,6 +27,7 @@ from rollout.shared.contracts.events import (
 )
 from rollout.shared.contracts.requests import CreateRun, Reply, request_fingerprint
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
+from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.models.registry import backend_forms
 from rollout.shared.observability import event_context, get_logger
@@ -108,6 +109,11 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         problems.append(f"environment {cmd.env_slug!r} has no tasks")
     if problems:
         raise RolloutError("invalid run request", problems=problems)
+    batch_size = cmd.batch_size
+    if judged_in_groups(env.spec) and cmd.n <= MAX_BATCH:
+        # A `ruler` verifier judges the n samples of a task together in one call: a work item
+        # (one generated batch) then holds whole groups, never part of one.
+        batch_size = -(-batch_size // cmd.n) * cmd.n
     return RunRequested(
         run_id=new_id()[:16],
         env_slug=env.slug,
@@ -126,7 +132,7 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         name=cmd.name,
         parent_run_id=cmd.parent_run_id,
         task_indices=indices,
-        batch_size=cmd.batch_size,
+        batch_size=batch_size,
         deadline_s=cmd.deadline_s,
     )
 
@@ -184,6 +190,10 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | No
     """Mark a run started and queue its work items; None when the run already ended."""
     run = event.body()
     assert isinstance(run, RunRequested)
+    if run.source is not None:
+        # An imported run's rollouts and verdicts are on its history already (imports.py).
+        log.info("imported run; nothing to generate", run_id=run.run_id, source=run.source)
+        return None
     batches = work_items(event, run)
     started = RunStarted(
         run_id=run.run_id,

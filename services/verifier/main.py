@@ -14,6 +14,8 @@ from rollout.services.verifier.scoring import (
     errored_verdict,
     failure_kind,
     score_rollout,
+    score_task_group,
+    scoring_units,
     unscored,
 )
 from rollout.shared import subjects
@@ -29,6 +31,7 @@ from rollout.shared.contracts.events import (
     RunRequested,
     ScoredRollout,
 )
+from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.settings import Settings, connect_nats
@@ -101,6 +104,10 @@ def build_broker(settings: Settings) -> NatsBroker:
                 scored: list[ScoredRollout] = []
                 try:
                     run = await run_of(js, generated.run_id)
+                    if run.source is not None:
+                        # An imported run's verdicts came with it (tracker/imports.py).
+                        log.info("imported rollouts not rescored", run_id=run.run_id)
+                        return
                     spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
                 except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
                     # Retried with backoff; on the last attempt every rollout of the batch is
@@ -114,21 +121,28 @@ def build_broker(settings: Settings) -> NatsBroker:
                     log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
                     scored = [unscored(r, cause, kind) for r in generated.rollouts]
                 else:
-                    for rollout in generated.rollouts:
+                    for unit in scoring_units(spec, generated.rollouts):
                         try:
-                            scored.append(await score_rollout(spec, rollout, store()))
+                            if len(unit) == 1 and not judged_in_groups(spec):
+                                scored.append(await score_rollout(spec, unit[0], store()))
+                            else:
+                                scored.extend(await score_task_group(spec, unit, store()))
                         except Exception as exc:  # noqa: BLE001 (retried, then recorded)
                             # Retried (the whole batch: scoring is idempotent); on the last
-                            # attempt the rollout is errored with the cause.
+                            # attempt the rollouts are errored with the cause.
                             if attempt < DEFAULT_MAX_DELIVER:
                                 raise
                             detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
                             cause = f"{detail or describe(exc)} (after {attempt} attempts)"
-                            log.warning(
-                                "rollout errored", rollout_id=rollout.rollout_id, cause=cause
-                            )
-                            # score_rollout itself errors what the env's own verifier raises.
-                            scored.append(errored_verdict(rollout, cause, "infra"))
+                            for rollout in unit:
+                                log.warning(
+                                    "rollout errored", rollout_id=rollout.rollout_id, cause=cause
+                                )
+                                # score_rollout itself errors what the env's own verifier raises.
+                                scored.append(errored_verdict(rollout, cause, "infra"))
+                    # Verdicts in the batch's order, whatever order the groups were judged in.
+                    order = {r.rollout_id: i for i, r in enumerate(generated.rollouts)}
+                    scored.sort(key=lambda v: order[v.rollout_id])
 
                 def part(items: list[ScoredRollout], start: int, end: int) -> EventEnvelope:
                     whole = start == 0 and end == len(scored)

@@ -8,9 +8,14 @@ caller retries the batch and records the rollout errored (kind `infra`) only on 
 attempt: never a reward of 0 or a failed verdict for something nobody judged. Anything else
 that stops a batch being scored (the run's env spec missing or no longer valid, a lookup that
 keeps failing) is retried the same way, then errored with its cause (`failure_kind`).
+
+A verifier with a `ruler` primitive judges the samples of one task together (`scoring_units`,
+`score_task_group`): one judge call per group, rewards relative within it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pydantic
 
@@ -22,8 +27,10 @@ from rollout.shared.contracts.events import (
     PrimitiveScore,
     ScoredRollout,
 )
-from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.contracts.trajectory import Trajectory, VerifierResult
+from rollout.shared.envs.coerce import as_task
 from rollout.shared.envs.engine import score
+from rollout.shared.envs.verifiers.ruler import judged_in_groups, score_group
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.store.trajectories import load_trajectory
@@ -63,12 +70,8 @@ def errored_verdict(rollout: GeneratedRollout, cause: str, kind: ErrorKind) -> S
     )
 
 
-async def score_rollout(
-    spec: EnvironmentSpec, rollout: GeneratedRollout, store: ObjectStore | None = None
-) -> ScoredRollout:
-    """The verdict on one rollout (its trajectory fetched from `store` when claim-checked)."""
-    if rollout.error and rollout.trajectory is None and rollout.trajectory_uri is None:
-        return errored_verdict(rollout, rollout.error, rollout.error_kind or "env")
+async def _raw_trajectory(rollout: GeneratedRollout, store: ObjectStore | None) -> Any:
+    """The rollout's trajectory JSON, fetched from `store` when claim-checked."""
     raw = rollout.trajectory
     if raw is None and rollout.trajectory_uri:
         if store is None:
@@ -82,14 +85,15 @@ async def score_rollout(
             )
         except (ObjectStoreError, OSError) as exc:
             raise ScoringUnavailable(f"object store: {exc}") from exc
-    try:
-        trajectory = Trajectory.model_validate(raw or {})
-        result = await score(spec, rollout.task_index, trajectory)
-    except Exception as exc:  # noqa: BLE001 (a user's verifier may raise anything: record it)
-        return errored_verdict(rollout, f"verifier raised {type(exc).__name__}: {exc}", "env")
-    if result.error:
-        # A primitive could not run (InfraError: e.g. the sandbox is unavailable).
-        raise ScoringUnavailable(f"verifier could not run: {result.error}")
+    return raw
+
+
+def _not_generated(rollout: GeneratedRollout) -> bool:
+    return bool(rollout.error) and rollout.trajectory is None and rollout.trajectory_uri is None
+
+
+def _verdict(rollout: GeneratedRollout, result: VerifierResult) -> ScoredRollout:
+    """The verdict on one rollout from its verifier result (errored if it was cut short)."""
     primitives = [PrimitiveScore(**p.model_dump()) for p in result.primitives]
     if rollout.error:
         # The episode was cut short (the model endpoint failed, the env broke): the verdict
@@ -104,3 +108,73 @@ async def score_rollout(
         passed=result.passed,
         primitives=primitives,
     )
+
+
+async def score_rollout(
+    spec: EnvironmentSpec, rollout: GeneratedRollout, store: ObjectStore | None = None
+) -> ScoredRollout:
+    """The verdict on one rollout (its trajectory fetched from `store` when claim-checked)."""
+    if _not_generated(rollout):
+        return errored_verdict(rollout, rollout.error, rollout.error_kind or "env")
+    raw = await _raw_trajectory(rollout, store)
+    try:
+        trajectory = Trajectory.model_validate(raw or {})
+        result = await score(spec, rollout.task_index, trajectory)
+    except Exception as exc:  # noqa: BLE001 (a user's verifier may raise anything: record it)
+        return errored_verdict(rollout, f"verifier raised {type(exc).__name__}: {exc}", "env")
+    if result.error:
+        # A primitive could not run (InfraError: e.g. the sandbox is unavailable).
+        raise ScoringUnavailable(f"verifier could not run: {result.error}")
+    return _verdict(rollout, result)
+
+
+def scoring_units(
+    spec: EnvironmentSpec, rollouts: list[GeneratedRollout]
+) -> list[list[GeneratedRollout]]:
+    """How a batch is scored: one rollout at a time, or, when the verifier judges groups
+    (`ruler`), the samples of each task together (in order of first appearance)."""
+    if not judged_in_groups(spec):
+        return [[r] for r in rollouts]
+    groups: dict[int, list[GeneratedRollout]] = {}
+    for r in rollouts:
+        groups.setdefault(r.task_index, []).append(r)
+    return list(groups.values())
+
+
+async def score_task_group(
+    spec: EnvironmentSpec, rollouts: list[GeneratedRollout], store: ObjectStore | None = None
+) -> list[ScoredRollout]:
+    """The verdicts on the samples of one task, judged together: one judge call per group, so
+    each sample's reward is relative to the others (what GRPO's advantage compares).
+
+    Rollouts the actor could not finish are left out of the group (errored, no reward); a
+    judge that fails or answers malformed JSON raises ScoringUnavailable (retried, then every
+    sample errored with the cause): never a made-up reward.
+    """
+    verdicts: dict[str, ScoredRollout] = {}
+    judged: list[tuple[GeneratedRollout, Trajectory]] = []
+    for r in rollouts:
+        if r.error:
+            verdicts[r.rollout_id] = errored_verdict(r, r.error, r.error_kind or "env")
+            continue
+        raw = await _raw_trajectory(r, store)
+        try:
+            judged.append((r, Trajectory.model_validate(raw or {})))
+        except pydantic.ValidationError as exc:
+            cause = f"verifier raised ValidationError: {exc.errors()[0]['msg']}"
+            verdicts[r.rollout_id] = errored_verdict(r, cause, "env")
+    if judged:
+        try:
+            task = as_task(spec, judged[0][0].task_index)
+            results = await score_group(spec, task, [t for _, t in judged])
+        except Exception as exc:  # noqa: BLE001 (a user's verifier may raise anything: record it)
+            for r, _ in judged:
+                cause = f"verifier raised {type(exc).__name__}: {exc}"
+                verdicts[r.rollout_id] = errored_verdict(r, cause, "env")
+        else:
+            failed = next((res.error for res in results if res.error), None)
+            if failed:
+                raise ScoringUnavailable(f"verifier could not run: {failed}")
+            for (r, _), result in zip(judged, results, strict=True):
+                verdicts[r.rollout_id] = _verdict(r, result)
+    return [verdicts[r.rollout_id] for r in rollouts]

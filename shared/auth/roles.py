@@ -44,6 +44,7 @@ MUTATIONS: dict[tuple[str, str], str] = {
     ("tracker", "create_run"): "start runs",
     ("learner", "create_job"): "create training jobs",
     ("tracker", "record_plan_event"): "run experiment plans",
+    ("tracker", "import_run"): "import runs",
     ("buffer", "sft_set"): "build training sets",
     ("buffer", "dpo_pairs"): "build training sets",
     ("buffer", "grpo_groups"): "build training sets",

@@ -97,12 +97,16 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 ("tracker", "get_job"),
                 ("tracker", "list_jobs"),
                 ("tracker", "record_plan_event"),
+                ("tracker", "import_run"),
             ),
             emits=(
                 "run.requested",
                 "run.started",
                 "run.completed",
                 "run.failed",
+                # An imported run's rollouts and verdicts (imports.py).
+                "rollout.generated",
+                "rollout.scored",
                 _DEAD_LETTER,
                 # Experiment plans' histories, recorded for the CLI that drives them.
                 "plan.started",

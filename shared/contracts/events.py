@@ -73,6 +73,9 @@ class RunRequested(Payload):
     # The command's client request id and fingerprint: a retry gets this run back.
     request_id: str | None = None
     request_hash: str | None = None
+    # Where an imported run's scored rollouts came from (e.g. "art"): its rollouts and verdicts
+    # are on the log already, so nothing fans it out or scores it. None: the actors generate it.
+    source: str | None = None
 
 
 @register

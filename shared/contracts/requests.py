@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -146,6 +146,38 @@ class ListJobs(Request):
     """Recent training jobs, newest first."""
 
     limit: int = 20
+
+
+# --- imported runs -----------------------------------------------------------------------------
+
+MAX_IMPORTED_ROLLOUTS = 10_000
+
+
+class ImportedRollout(Request):
+    """One scored rollout produced outside the platform (e.g. an ART trajectory)."""
+
+    task_index: int = Field(ge=0)
+    sample_index: int = Field(ge=0)
+    trajectory: dict[str, Any] = Field(description="a rollout Trajectory (trajectory.json)")
+    score: float = Field(ge=0, le=1, allow_inf_nan=False)
+    passed: bool
+    reason: str = Field(default="", max_length=2000)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class ImportRun(Request):
+    """Record scored rollouts made elsewhere as a completed run of a registered environment.
+
+    The run's id derives from the content, so importing the same rollouts again names the
+    same run and appends nothing.
+    """
+
+    env_slug: str
+    env_version: int | None = None
+    source: Literal["art"] = "art"
+    model: str = Field(default="imported/art", min_length=1, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+    rollouts: list[ImportedRollout] = Field(min_length=1, max_length=MAX_IMPORTED_ROLLOUTS)
 
 
 # --- experiment plans --------------------------------------------------------------------------

@@ -16,9 +16,12 @@ and GRPO groups can be built from them.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from rollout.errors import RolloutError
 from rollout.shared.contracts.trajectory import Trajectory
@@ -148,30 +151,175 @@ def write_groups(groups: Sequence[Any], path: str | Path) -> Path:
     return out
 
 
+# Hostile input: caps on what one file, one line and one trajectory may hold.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_TRAJECTORY_BYTES = 1024 * 1024
+MAX_ITEMS = 1_000
+MAX_IMPORT_TRAJECTORIES = 10_000
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "refusal"})
+
+
+class ArtInputError(RolloutError):
+    """A trajectory group or trajectory that may not be imported, named by where it is."""
+
+
+def _fields(model: Any) -> frozenset[str]:
+    return frozenset(model.model_fields)
+
+
+def _check_message(item: Any, where: str) -> None:
+    if not isinstance(item, Mapping):
+        raise ArtInputError(f"{where}: must be a message or a Choice object")
+    if "message" in item and "finish_reason" in item:  # a Choice: its message is the turn
+        message = item["message"]
+        if not isinstance(message, Mapping):
+            raise ArtInputError(f"{where}.message: must be an object")
+        where, item = f"{where}.message", message
+    else:
+        extra = sorted(set(item) - _MESSAGE_KEYS)
+        if extra:
+            raise ArtInputError(f"{where}: field {extra[0]!r} is not a chat message field")
+    role = item.get("role")
+    if role not in _ROLES:
+        raise ArtInputError(f"{where}.role: must be one of {', '.join(sorted(_ROLES))}")
+    content = item.get("content")
+    if content is None and role == "assistant" and item.get("tool_calls"):
+        return
+    if not isinstance(content, str):
+        raise ArtInputError(f"{where}.content: must be a string, got {type(content).__name__}")
+    if "\x00" in content:
+        raise ArtInputError(f"{where}.content: must not contain NUL characters")
+
+
+def check_trajectory(raw: Any, where: str) -> None:
+    """Refuse what a well-formed ART Trajectory cannot hold, naming the field."""
+    if not isinstance(raw, Mapping):
+        raise ArtInputError(f"{where}: must be an ART Trajectory object")
+    extra = sorted(set(raw) - _fields(art.Trajectory))
+    if extra:
+        raise ArtInputError(f"{where}: field {extra[0]!r} is not an ART Trajectory field")
+    size = len(json.dumps(raw, default=str).encode())
+    if size > MAX_TRAJECTORY_BYTES:
+        raise ArtInputError(
+            f"{where}: {size} bytes, over the {MAX_TRAJECTORY_BYTES} bytes one may hold"
+        )
+    items = raw.get("messages_and_choices")
+    if not isinstance(items, list) or not items:
+        raise ArtInputError(f"{where}.messages_and_choices: must be a non-empty list")
+    if len(items) > MAX_ITEMS:
+        raise ArtInputError(f"{where}.messages_and_choices: more than {MAX_ITEMS} items")
+    for i, item in enumerate(items):
+        _check_message(item, f"{where}.messages_and_choices[{i}]")
+    reward = raw.get("reward", 0.0)
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise ArtInputError(f"{where}.reward: must be a number, got {type(reward).__name__}")
+    if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+        raise ArtInputError(
+            f"{where}.reward: {reward!r} is not a score in [0, 1] (rescale ART's rewards first)"
+        )
+    if raw.get("additional_histories"):
+        raise ArtInputError(f"{where}.additional_histories: not imported; must be empty")
+    tools = raw.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, Mapping) for t in tools)
+    ):
+        raise ArtInputError(f"{where}.tools: must be a list of tool objects")
+    metrics = raw.get("metrics") or {}
+    if not isinstance(metrics, Mapping):
+        raise ArtInputError(f"{where}.metrics: must be an object")
+    passed = metrics.get("passed")
+    if passed is not None and not isinstance(passed, bool):
+        raise ArtInputError(f"{where}.metrics.passed: must be true or false")
+
+
+def check_group(raw: Any, where: str) -> None:
+    """Refuse a TrajectoryGroup with fields ART's model does not have, or no trajectories."""
+    if not isinstance(raw, Mapping):
+        raise ArtInputError(f"{where}: must be an ART TrajectoryGroup object")
+    extra = sorted(set(raw) - _fields(art.TrajectoryGroup))
+    if extra:
+        raise ArtInputError(f"{where}: field {extra[0]!r} is not an ART TrajectoryGroup field")
+    trajectories = raw.get("trajectories")
+    if not isinstance(trajectories, list) or not trajectories:
+        raise ArtInputError(f"{where}.trajectories: must be a non-empty list")
+    task = (raw.get("metadata") or {}).get("task_index")
+    if task is not None and (isinstance(task, bool) or not isinstance(task, int) or task < 0):
+        raise ArtInputError(f"{where}.metadata.task_index: must be a whole number >= 0")
+
+
+def _raw_groups(path: str | Path) -> list[tuple[str, Any]]:
+    """(where, parsed JSON) per non-empty line of PATH."""
+    out: list[tuple[str, Any]] = []
+    try:
+        with Path(path).open("rb") as f:
+            for number, line in enumerate(f, start=1):
+                if len(line) > MAX_LINE_BYTES:
+                    raise ArtInputError(f"{path}:{number}: a line of over {MAX_LINE_BYTES} bytes")
+                if not line.strip():
+                    continue
+                if len(out) >= MAX_IMPORT_GROUPS:
+                    raise ArtInputError(f"{path}: more than {MAX_IMPORT_GROUPS} trajectory groups")
+                try:
+                    out.append((f"{path}:{number}", json.loads(line)))
+                except ValueError as exc:
+                    raise ArtInputError(
+                        f"{path}:{number}: not an ART TrajectoryGroup (not JSON: {exc})"
+                    ) from None
+    except OSError as exc:
+        raise RolloutError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not out:
+        raise RolloutError(f"{path}: no trajectory groups")
+    return out
+
+
+def _group_model(data: Any, where: str) -> Any:
+    try:
+        trajectories = [art.Trajectory.model_validate(t) for t in data["trajectories"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ArtInputError(
+            f"{where}: not an ART TrajectoryGroup ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]})"
+        ) from None
+    return art.TrajectoryGroup(trajectories, metadata=data.get("metadata") or {})
+
+
 def read_groups(path: str | Path) -> list[Any]:
     """`TrajectoryGroup`s from JSONL (each line validated by ART's model; errors name it)."""
     groups = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise RolloutError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        if len(groups) >= MAX_IMPORT_GROUPS:
-            raise RolloutError(f"{path}: more than {MAX_IMPORT_GROUPS} trajectory groups")
-        try:
-            data = json.loads(line)
-            trajectories = [art.Trajectory.model_validate(t) for t in data["trajectories"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RolloutError(
-                f"{path}:{number}: not an ART TrajectoryGroup ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:200]})"
-            ) from None
-        groups.append(art.TrajectoryGroup(trajectories, metadata=data.get("metadata") or {}))
-    if not groups:
-        raise RolloutError(f"{path}: no trajectory groups")
+    for where, data in _raw_groups(path):
+        if not isinstance(data, Mapping) or "trajectories" not in data:
+            raise ArtInputError(f"{where}: not an ART TrajectoryGroup (no trajectories)")
+        groups.append(_group_model(data, where))
     return groups
+
+
+def checked_groups(source: str | Path | Iterable[Any]) -> list[tuple[str, Any, dict]]:
+    """(where, TrajectoryGroup, its raw JSON) for a JSONL file or `art.TrajectoryGroup`s,
+    each group and trajectory checked strictly (first problem raised, naming where it is)."""
+    if isinstance(source, str | Path):
+        raw = _raw_groups(source)
+        label = str(source)
+    else:
+        raw = [
+            (f"groups[{i}]", g.model_dump(mode="json") if hasattr(g, "model_dump") else g)
+            for i, g in enumerate(source)
+        ]
+        label = "groups"
+    out, count = [], 0
+    for index, (where, data) in enumerate(raw):
+        where = f"{where}: group {index}" if isinstance(source, str | Path) else where
+        check_group(data, where)
+        group = _group_model(data, where)
+        for t, trajectory in enumerate(data["trajectories"]):
+            check_trajectory(trajectory, f"{where} trajectory {t}")
+        count += len(data["trajectories"])
+        if count > MAX_IMPORT_TRAJECTORIES:
+            raise ArtInputError(f"{label}: more than {MAX_IMPORT_TRAJECTORIES} trajectories")
+        out.append((where, group, data))
+    if not out:
+        raise ArtInputError(f"{label}: no trajectory groups")
+    return out
 
 
 def _message(item: Any) -> dict[str, Any]:
@@ -246,6 +394,92 @@ def from_trajectory_groups(groups: Iterable[Any], pass_at: float = 1.0) -> list[
     return rollouts
 
 
+def import_request(
+    source: str | Path | Iterable[Any],
+    env_slug: str,
+    *,
+    task_count: int,
+    env_version: int | None = None,
+    model: str = "imported/art",
+    name: str | None = None,
+    pass_at: float = 1.0,
+) -> Any:
+    """An `ImportRun` request from ART groups (a JSONL file or `art.TrajectoryGroup`s).
+
+    Every group and trajectory is checked first; the first problem is raised naming the file,
+    line, group, trajectory and field, so nothing is sent unless every row is good. Group i is
+    task i of the environment unless its metadata names a `task_index` (our export does).
+    """
+    from rollout.shared.contracts.requests import ImportedRollout, ImportRun
+
+    rollouts = []
+    samples: dict[int, int] = {}
+    for position, (where, group, data) in enumerate(checked_groups(source)):
+        task = (data.get("metadata") or {}).get("task_index", position)
+        if task >= task_count:
+            raise ArtInputError(
+                f"{where}: task {task} is not a task of {env_slug!r} (it has {task_count}); "
+                "set the group's metadata.task_index"
+            )
+        for t, trajectory in enumerate(group.trajectories):
+            at = f"{where} trajectory {t}"
+            try:
+                row = from_art_trajectory(trajectory, pass_at)
+            except RolloutError as exc:
+                raise ArtInputError(f"{at}: {exc.message}") from None
+            sample = samples.get(task, 0)
+            samples[task] = sample + 1
+            sampled_by = (trajectory.metadata or {}).get("model")
+            try:
+                rollouts.append(
+                    ImportedRollout(
+                        task_index=task,
+                        sample_index=sample,
+                        trajectory=row["trajectory"],
+                        score=row["score"],
+                        passed=row["passed"],
+                        reason=f"ART reward {row['score']:g}",
+                        model=sampled_by if isinstance(sampled_by, str) and sampled_by else None,
+                    )
+                )
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                field = ".".join(str(x) for x in err["loc"])
+                raise ArtInputError(f"{at}: {field}: {err['msg']}") from None
+    try:
+        return ImportRun(
+            env_slug=env_slug, env_version=env_version, model=model, name=name, rollouts=rollouts
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        raise ArtInputError(f"import: {field}: {err['msg']}") from None
+
+
+async def import_run(
+    client: Any,
+    source: str | Path | Iterable[Any],
+    env_slug: str,
+    *,
+    env_version: int | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Record ART groups as an imported run of `env_slug`; the tracker's answer (`runId`)."""
+    if not isinstance(source, str | Path):
+        source = list(source)  # read twice: checked here, converted below
+    checked_groups(source)  # a bad file is refused before anything is asked of the platform
+    doc = await client.get_environment(env_slug, env_version)
+    spec = doc.get("spec", doc)
+    request = import_request(
+        source,
+        env_slug,
+        task_count=len(spec.get("tasks", [])),
+        env_version=env_version,
+        **options,
+    )
+    return await client.import_run(request)
+
+
 def training_sets(rollouts: Sequence[Mapping[str, Any]], min_margin: float = 0.0) -> dict:
     """SFT examples (passing rollouts), DPO pairs and GRPO prompt groups from imported rollouts."""
     from rollout.shared.learning.data import dpo_pairs, sft_examples
@@ -263,7 +497,22 @@ def training_sets(rollouts: Sequence[Mapping[str, Any]], min_margin: float = 0.0
     }
 
 
-_DECLARATIVE = frozenset({"workflow", "custom", "sql", "browser", "code-editing", "verifiers"})
+def tools_known_statically(spec: Any) -> bool:
+    """True when `spec`'s template knows its tools without running user or remote code.
+
+    Asked of the Template protocol (`tool_names` is None when only a plugin or a remote server
+    knows them), so a template added to the registry is handled here without naming it.
+    """
+    from rollout.shared.envs.templates import get_template
+
+    template = get_template(spec.template)
+    if template is None:
+        return False
+    try:
+        config = spec.typed_config()
+    except (ValueError, TypeError):
+        return False
+    return template.tool_names(config) is not None
 
 
 async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[dict]]:
@@ -271,7 +520,7 @@ async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[
     # envs (plugin hosts, servers) are not started just to export.
     from rollout.shared.envs.engine import build_runtime
 
-    if spec.template not in _DECLARATIVE:
+    if not tools_known_statically(spec):
         return {}
     tools = {}
     for index in task_indices:

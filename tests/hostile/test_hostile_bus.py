@@ -47,6 +47,18 @@ VALID: dict[tuple[str, str], dict[str, Any]] = {
         "payload": {},
         "expected_version": 0,
     },
+    ("tracker", "import_run"): {
+        "env_slug": "refunds",
+        "rollouts": [
+            {
+                "task_index": 0,
+                "sample_index": 0,
+                "trajectory": {"final_output": "refunded"},
+                "score": 1.0,
+                "passed": True,
+            }
+        ],
+    },
     ("learner", "create_job"): {"method": "sft", "base_model": "local/tiny-agent"},
     ("buffer", "sft_set"): {"env_slug": "refunds"},
     ("buffer", "dpo_pairs"): {"env_slug": "refunds"},

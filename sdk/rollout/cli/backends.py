@@ -58,13 +58,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     art_export.set_defaults(func=_art_export)
     art_import = art_verbs.add_parser(
         "import",
-        help="ART TrajectoryGroups (JSONL) as scored rollouts, and their SFT/DPO/GRPO sets",
-        description="Read FILE (one ART TrajectoryGroup per line); write DIR/rollouts.jsonl "
-        "(one scored rollout per line: trajectory, tools, score, passed) and DIR/sft.jsonl, "
-        "DIR/dpo.jsonl, DIR/grpo.jsonl built from them.",
+        help="ART TrajectoryGroups (JSONL) into the buffer as an imported run (--env), or as "
+        "scored rollouts and their SFT/DPO/GRPO sets in a folder (-o)",
+        description="Read FILE (one ART TrajectoryGroup per line) and check every group and "
+        "trajectory (a bad one is named by file, line, group, trajectory and field, and "
+        "nothing is recorded). With --env SLUG: record them as a completed run of that "
+        "environment (group i is task i unless its metadata names task_index), shown by "
+        "`rollout runs` and `rollout compare`, its rollouts in the buffer for `rollout "
+        "improve --run RUN`; importing the same file again names the same run and records "
+        "nothing twice. With -o DIR: write DIR/rollouts.jsonl (one scored rollout per line: "
+        "trajectory, tools, score, passed) and DIR/sft.jsonl, DIR/dpo.jsonl, DIR/grpo.jsonl.",
     )
     art_import.add_argument("file", metavar="FILE")
-    art_import.add_argument("-o", "--out", required=True, metavar="DIR")
+    where = art_import.add_mutually_exclusive_group(required=True)
+    where.add_argument("--env", metavar="SLUG", help="record an imported run of this env")
+    where.add_argument("-o", "--out", metavar="DIR", help="write training sets to DIR")
+    art_import.add_argument("--env-version", type=int, help="that version of --env")
+    art_import.add_argument(
+        "--model", default="imported/art", help="the run's model label (default imported/art)"
+    )
+    art_import.add_argument("--name", help="the imported run's name")
+    art_import.add_argument("--json", action="store_true", help="print the result as JSON")
     art_import.add_argument(
         "--pass-at", type=float, default=1.0, help="reward that passes (when no passed metric)"
     )
@@ -145,6 +159,9 @@ def _art_import(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    if args.env:
+        return _art_import_run(args)
+
     from rollout.shared.interop.art import from_trajectory_groups, read_groups, training_sets
 
     rollouts = from_trajectory_groups(read_groups(args.file), args.pass_at)
@@ -157,4 +174,39 @@ def _art_import(args: argparse.Namespace) -> int:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
     counts = ", ".join(f"{len(rows)} {name}" for name, rows in sets.items())
     print(f"{len(rollouts)} rollouts imported -> {out} ({counts})")
+    return 0
+
+
+def _art_import_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rollout.cli._common import client_settings_or_error, print_json
+    from rollout.client import AsyncClient
+    from rollout.shared.interop.art import import_run
+
+    async def run() -> dict:
+        client = AsyncClient(settings=client_settings_or_error())
+        try:
+            return await import_run(
+                client,
+                args.file,
+                args.env,
+                env_version=args.env_version,
+                model=args.model,
+                name=args.name,
+                pass_at=args.pass_at,
+            )
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    if args.json:
+        print_json(result)
+    else:
+        again = " (already imported: nothing recorded twice)" if result["duplicate"] else ""
+        print(
+            f"run {result['runId']}: {result['rollouts']} rollouts of {result['envSlug']} "
+            f"v{result['envVersion']} imported{again}"
+        )
+        print(f"  train on it: rollout improve --run {result['runId']} --model MODEL")
     return 0

@@ -3,8 +3,10 @@
 One judge call sees every sample of one task (rendered as numbered trajectories) and the
 rubric, and answers JSON `{"scores": [{"trajectory_id", "explanation", "score"}]}`: a score in
 [0, 1] and a reason per sample. Relative scores are what GRPO needs (its advantage is already
-group-relative), so `score_group` gives each sample's reward in one call. Scoring a single
-trajectory (`rollout test`, the per-rollout verifier) is a group of one.
+group-relative), so `score_group` gives each sample's reward in one call; the verifier
+service scores a task's samples this way (services/verifier/scoring.py score_task_group), and
+the tracker keeps a run's groups whole in its work items. Scoring a single trajectory
+(`rollout test`) is a group of one. Samples are escaped so none can close its block.
 
 The judge is a model name resolved like any other (`openai/...`, `<url>#<model>`), so its
 endpoint and key come from the operator's endpoint policy, never from the env's config. A judge
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
@@ -56,6 +59,27 @@ class JudgeAnswer(BaseModel):
     scores: list[JudgedScore]
 
 
+def judged_in_groups(spec: EnvironmentSpec | Mapping[str, Any]) -> bool:
+    """True when the env's verifier has a `ruler` primitive: its samples are judged per group.
+
+    Takes the spec or its stored JSON (the registry's dump: `verifier.primitives`).
+    """
+    if isinstance(spec, EnvironmentSpec):
+        prims = [p.type for p in spec.verifier.primitives] if spec.verifier else []
+    else:
+        verifier = spec.get("verifier") or {}
+        raw = verifier.get("primitives", []) if isinstance(verifier, Mapping) else verifier
+        prims = [p.get("type") for p in raw if isinstance(p, Mapping)]
+    return "ruler" in prims
+
+
+def _escape(text: str) -> str:
+    # The judge reads samples between <trajectory> tags: a sample must not be able to close
+    # its own tag and open a forged one (or a fake rubric). JSON escapes of <, > and & keep the
+    # text readable to the judge and the JSON the same value.
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
 def render(trajectory: Trajectory) -> str:
     """A trajectory as the judge reads it: messages, tool calls and the final answer."""
     body: dict[str, Any] = {}
@@ -69,7 +93,7 @@ def render(trajectory: Trajectory) -> str:
     body["final_answer"] = trajectory.final_output
     if trajectory.error:
         body["error"] = trajectory.error
-    text = json.dumps(body, ensure_ascii=False, default=str)
+    text = _escape(json.dumps(body, ensure_ascii=False, default=str))
     return text if len(text) <= MAX_TRAJECTORY_CHARS else text[:MAX_TRAJECTORY_CHARS] + "…"
 
 
