@@ -49,6 +49,12 @@ def tracker_process(
     )
 
 
+async def standing_by(home: Path, name: str) -> bool:
+    """True once tracker process `name` logged that it runs for the lease (its log says so)."""
+    path = home / f"{name}.log"
+    return path.exists() and '"event": "tracker started"' in path.read_text(errors="replace")
+
+
 async def leader(settings: Settings) -> str | None:
     """The tracker lease's holder now (None: no leader)."""
     nc = await connect_nats(settings)

@@ -17,6 +17,7 @@ from replicas_kit import (
     assert_scored_once,
     holder_pid,
     leader,
+    standing_by,
     tracker_process,
 )
 
@@ -176,6 +177,11 @@ async def test_sigkill_the_leading_tracker_mid_run_the_standby_finishes_it_once(
         with FakeOpenAI(slow_agent) as server:
             await wait_for_platform(client, platform)
             first, _ = await _new_leader(settings, None, 60)
+            for i in (1, 2):
+                # Both past their start-up, so the failover below times the lease, not a boot.
+                await wait_until(
+                    lambda i=i: standing_by(tmp_path, f"tracker-{i}"), f"tracker-{i} to start", 60
+                )
             by_pid = {p.pid: p for p in trackers}
             assert holder_pid(first) in by_pid
             await client.push_environment(refund_env(tasks=3))
