@@ -225,3 +225,18 @@ async def test_sigkill_the_leading_tracker_mid_run_the_standby_finishes_it_once(
                 p.wait(timeout=30)
         await client.close()
         await platform.stop_all()
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [("soon", "must be a number of seconds, got 'soon'"), ("0.1", "between 0.5 and 60")],
+)
+def test_a_bad_lease_ttl_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, raw: str, problem: str
+) -> None:
+    from rollout.services.tracker.main import lease_ttl_s
+
+    monkeypatch.setenv(LEASE_TTL_ENV, raw)
+    with pytest.raises(RolloutError, match=LEASE_TTL_ENV) as caught:
+        lease_ttl_s()
+    assert problem in str(caught.value)
