@@ -55,6 +55,12 @@ async def standing_by(home: Path, name: str) -> bool:
     return path.exists() and '"event": "tracker started"' in path.read_text(errors="replace")
 
 
+def terms(home: Path, name: str) -> int:
+    """How many times tracker process `name` logged that it became the leader."""
+    path = home / f"{name}.log"
+    return path.read_text(errors="replace").count('"event": "leader elected"')
+
+
 async def leader(settings: Settings) -> str | None:
     """The tracker lease's holder now (None: no leader)."""
     nc = await connect_nats(settings)

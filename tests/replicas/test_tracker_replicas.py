@@ -18,6 +18,7 @@ from replicas_kit import (
     holder_pid,
     leader,
     standing_by,
+    terms,
     tracker_process,
 )
 
@@ -193,6 +194,11 @@ async def test_sigkill_the_leading_tracker_mid_run_the_standby_finishes_it_once(
 
             await wait_until(some_scored, "some scored rollouts", 90)
             killed = by_pid[holder_pid(first)]
+            names = {p.pid: f"tracker-{i}" for i, p in enumerate(trackers, start=1)}
+            survivor = next(p for p in trackers if p is not killed)
+            # Exactly one leader so far: the lease's holder, elected once; the other stood by.
+            assert terms(tmp_path, names[killed.pid]) == 1
+            assert terms(tmp_path, names[survivor.pid]) == 0
             killed.send_signal(signal.SIGKILL)
             killed.wait()
             # The dead leader stops renewing: its key expires after one TTL, and the
@@ -216,8 +222,8 @@ async def test_sigkill_the_leading_tracker_mid_run_the_standby_finishes_it_once(
         assert len({(r["taskIndex"], r["sampleIndex"]) for r in full["rollouts"]}) == 24
         await assert_scored_once(settings, run_id, 24)
         await assert_read_models_equal_a_rebuild(settings)
-        survivor = next(p for p in trackers if p is not killed)
         assert survivor.poll() is None
+        assert terms(tmp_path, names[survivor.pid]) == 1
     finally:
         for p in trackers:
             if p.poll() is None:
