@@ -122,9 +122,10 @@ class Lease:
                 self.ttl_s / RENEWALS_PER_TTL,
             )
         except nats.js.errors.KeyWrongLastSequenceError:
-            # The key expired and a standby took it (or it was deleted): we are deposed.
-            self.revision = None
-            return False
+            # Either an earlier renewal whose reply was lost did land (the key still names
+            # us), or the key expired and a standby took it: then we are deposed.
+            self.revision = await self._own_revision()
+            return self.held
         except _TRANSIENT as exc:
             # Unknown outcome: keep acting only while the last known renewal is valid.
             log.warning("lease renew failed", lease=self.name, error=str(exc) or repr(exc))
@@ -143,6 +144,17 @@ class Lease:
             pass  # already someone else's
         except _TRANSIENT as exc:
             log.warning("lease release failed; it expires", lease=self.name, error=repr(exc))
+
+    async def _own_revision(self) -> int | None:
+        """The key's revision if its value is still ours, else None."""
+        try:
+            entry = await self.kv.get(self.name)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        except _TRANSIENT as exc:
+            log.warning("lease read failed", lease=self.name, error=str(exc) or repr(exc))
+            return None  # unsure: count it as lost, the safe side
+        return entry.revision if entry.value == self.holder.encode() else None
 
     def _won(self, revision: int, sent: float) -> None:
         self.revision = revision

@@ -62,6 +62,17 @@ async def test_an_expired_lease_goes_to_the_standby_and_the_old_holder_cannot_re
     assert await current_holder(kv, "svc") == "b"
 
 
+async def test_a_renewal_whose_reply_was_lost_is_recognised_as_our_own(leases) -> None:  # type: ignore[no-untyped-def]
+    kv, a, b = leases
+    assert await a.try_acquire()
+    # A renewal landed but its reply never came back: the key moved on, still naming `a`.
+    assert a.revision is not None
+    await kv.update("svc", b"a", last=a.revision)
+    assert await a.renew()
+    assert a.held and await a.renew()
+    assert not await b.try_acquire()
+
+
 async def test_a_released_lease_is_taken_at_once(leases) -> None:  # type: ignore[no-untyped-def]
     _, a, b = leases
     assert await a.try_acquire()
