@@ -171,7 +171,9 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
     renew_every = lease.ttl_s / RENEWALS_PER_TTL
     poll = lease.ttl_s / POLLS_PER_TTL
     while True:
-        if not await lease.try_acquire():
+        acquired = await lease.try_acquire()
+        _raise_if_cancelled()
+        if not acquired:
             await asyncio.sleep(poll)  # a standby's pace: about one try per tenth of a TTL
             continue
         log.info("leader elected", lease=lease.name, holder=lease.holder, term=lease.terms)
@@ -181,7 +183,9 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
                 done, _ = await asyncio.wait({task}, timeout=renew_every)
                 if done:
                     break
-                if not await lease.renew():
+                renewed = await lease.renew()
+                _raise_if_cancelled()
+                if not renewed:
                     log.warning("leadership lost; stepping down", lease=lease.name)
                     break
         finally:
@@ -192,3 +196,11 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
             finally:
                 # Also on a clean stop or a failed duty: the standby need not wait out the TTL.
                 await asyncio.shield(lease.release())
+
+
+def _raise_if_cancelled() -> None:
+    """Re-raise a cancellation a request swallowed (Python 3.11's wait_for returns the reply
+    when it lands with the cancel: a standby that asks every tenth of a TTL meets that)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -155,3 +155,38 @@ async def _is_set(event: asyncio.Event) -> bool:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+class _SwallowingLease(Lease):
+    """A standby whose request swallows a cancel, as Python 3.11's wait_for does when the
+    reply lands in the same loop iteration as the cancel."""
+
+    swallowed = False
+
+    async def try_acquire(self) -> bool:
+        if self.swallowed:
+            return False
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.swallowed = True
+        return False
+
+
+async def test_a_standby_stops_even_when_a_request_swallowed_the_cancel(leases) -> None:  # type: ignore[no-untyped-def]
+    kv, _, _ = leases
+    standby = _SwallowingLease(kv, "svc", "s", TTL_S)
+
+    async def duty() -> None:
+        raise AssertionError("a standby never leads here")
+
+    task = asyncio.create_task(lead(standby, duty))
+    await asyncio.sleep(0)  # let it reach its request
+    task.cancel()
+    try:
+        await asyncio.wait({task}, timeout=5)
+        assert task.done() and standby.swallowed, "the standby went on after its cancel"
+        assert task.cancelled()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
