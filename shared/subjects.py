@@ -11,6 +11,7 @@ WORK_STREAM = "ROLLOUT_WORK"
 HEARTBEATS_BUCKET = "rollout_heartbeats"
 POLICY_BUCKET = "rollout_policy"
 OBJECTS_BUCKET = "rollout_objects"
+LEASES_BUCKET = "rollout_leases"
 
 ALL_EVENTS = f"{PREFIX}.evt.>"
 ALL_WORK = f"{PREFIX}.work.>"

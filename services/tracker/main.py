@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import uuid
 from contextlib import suppress
 
 import asyncpg
@@ -20,6 +23,7 @@ from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import describe, record_dead_letter, retry_delay
+from rollout.shared.bus.lease import DEFAULT_TTL_S, Lease, bucket_ttl, lead, lease_bucket
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.observability import get_logger
@@ -35,6 +39,10 @@ PROJECTION_BATCH = 128
 PROJECTION_ACK_WAIT_S = 5.0
 GAP_RETRY_S = 0.25
 DEADLINE_CHECK_S = 2.0
+# The leader lease: one key of the leases bucket; its TTL bounds how long a dead leader's
+# duties wait for a standby (tests and the benchmark shorten it).
+LEASE_NAME = "tracker"
+LEASE_TTL_ENV = "ROLLOUT_TRACKER_LEASE_TTL_S"
 # Events after which a run may have just become complete.
 _COMPLETION_TRIGGERS = ("rollout.scored", "run.started")
 
@@ -68,11 +76,10 @@ async def _project_batch(
     return settled
 
 
-def build_broker(
-    settings: Settings, runner: ProjectionRunner, pool: asyncpg.Pool | None = None
-) -> NatsBroker:
-    """The tracker's broker with all its handlers (also used for the AsyncAPI document)."""
-    broker = make_broker(settings)
+def register_leader_handlers(
+    broker: NatsBroker, runner: ProjectionRunner, pool: asyncpg.Pool | None = None
+) -> None:
+    """The leader's consumers: the read models in stream order, and the runs' fan-out."""
 
     @broker.subscriber(
         subjects.ALL_EVENTS,
@@ -103,10 +110,26 @@ def build_broker(
             for msg in msgs[settled:]:
                 await msg.nak(delay=delay)
 
+    runs.register_fan_out(broker)
+
+
+def register_request_handlers(
+    broker: NatsBroker, settings: Settings, pool: asyncpg.Pool | None = None
+) -> None:
+    """Requests every replica answers (see `serve` for why that is safe)."""
     runs.register(broker)
     imports.register(broker)
     plans.register(broker)
     queries.register(broker, pool, object_store(settings))  # type: ignore[arg-type]
+
+
+def build_broker(
+    settings: Settings, runner: ProjectionRunner, pool: asyncpg.Pool | None = None
+) -> NatsBroker:
+    """The tracker's broker with all its handlers (also used for the AsyncAPI document)."""
+    broker = make_broker(settings)
+    register_leader_handlers(broker, runner, pool)
+    register_request_handlers(broker, settings, pool)
     return broker
 
 
@@ -120,8 +143,41 @@ async def _watch_deadlines(js: JetStreamContext, pool: asyncpg.Pool) -> None:
         await asyncio.sleep(DEADLINE_CHECK_S)
 
 
+def lease_ttl_s() -> float:
+    """The leader lease's TTL in seconds (ROLLOUT_TRACKER_LEASE_TTL_S, else 3)."""
+    raw = os.environ.get(LEASE_TTL_ENV, "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_TTL_S
+    except ValueError:
+        raise RolloutError(f"{LEASE_TTL_ENV} must be a number of seconds, got {raw!r}") from None
+    if not 0.5 <= value <= 60:
+        raise RolloutError(f"{LEASE_TTL_ENV} must be between 0.5 and 60 seconds, got {value:g}")
+    return value
+
+
+def replica_holder() -> str:
+    """This replica's name in the lease: host, pid and a nonce (two in one process differ)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 async def serve(settings: Settings) -> None:
-    """Run the tracker until cancelled."""
+    """Run one tracker replica until cancelled.
+
+    Replicas elect a leader through a lease in the leases bucket (shared/bus/lease.py). The
+    leader alone runs the projection (one durable consumer read in stream order: two readers
+    would only refuse each other's gaps), the fan-out and the deadline checks, so each
+    decision is made in one place; a standby takes over within about one lease TTL of the
+    leader's last renewal, plus the projection's AckWait for the events the dead leader held.
+    Those decisions stay safe while two replicas briefly both think they lead: each is
+    appended with the run's expected sequence, so a deposed leader's late write is refused,
+    and the projection records its position in the same transaction as its rows.
+
+    Every replica answers the requests: run creation appends `run.requested` expecting an
+    empty history (a retry or a racing replica reads the recorded run back), a plan event
+    expects the plan's version the caller saw, and queries only read Postgres. So requests
+    are safe anywhere, spread over the replicas by the queue group, and keep being answered
+    while leadership moves.
+    """
     if not settings.database_url:
         raise RuntimeError("the tracker needs a database (ROLLOUT_DATABASE_URL or `rollout up`)")
     nc = await connect_nats(settings)
@@ -153,16 +209,41 @@ async def serve(settings: Settings) -> None:
     try:
         await migrate(pool)
         runner = ProjectionRunner(pool, ReadModels(), contiguous=True)
-        broker = build_broker(settings, runner, pool)
-        await broker.start()
-        watcher = asyncio.create_task(_watch_deadlines(jetstream(broker), pool))
-        log.info("tracker started", position=await runner.position())
+        requests = make_broker(settings)
+        register_request_handlers(requests, settings, pool)
+        await requests.start()
         try:
-            await asyncio.Event().wait()
+            js = jetstream(requests)
+            kv = await lease_bucket(js, lease_ttl_s(), settings.stream_replicas)
+            lease = Lease(kv, LEASE_NAME, replica_holder(), await bucket_ttl(kv))
+            if abs(lease.ttl_s - lease_ttl_s()) > 1e-3:
+                # The bucket keeps the TTL it was made with: every replica must agree on it.
+                log.warning("lease TTL is the bucket's", ttl_s=lease.ttl_s, asked=lease_ttl_s())
+            log.info("tracker started", holder=lease.holder, lease_ttl_s=lease.ttl_s)
+
+            async def duty() -> None:
+                await _lead(settings, runner, pool, js)
+
+            await lead(lease, duty)
         finally:
-            watcher.cancel()
-            with suppress(asyncio.CancelledError):
-                await watcher
-            await broker.stop()
+            await requests.stop()
     finally:
         await close_pool(pool)
+
+
+async def _lead(
+    settings: Settings, runner: ProjectionRunner, pool: asyncpg.Pool, js: JetStreamContext
+) -> None:
+    """The leader's part, until cancelled: the projection, the fan-out, the deadlines."""
+    broker = make_broker(settings)
+    register_leader_handlers(broker, runner, pool)
+    await broker.start()
+    watcher = asyncio.create_task(_watch_deadlines(js, pool))
+    log.info("tracker leading", position=await runner.position())
+    try:
+        await asyncio.Event().wait()
+    finally:
+        watcher.cancel()
+        with suppress(asyncio.CancelledError):
+            await watcher
+        await broker.stop()

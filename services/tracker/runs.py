@@ -352,13 +352,17 @@ async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
 
 
 def register(broker: NatsBroker) -> None:
-    """Attach the run-lifecycle handlers to `broker`."""
+    """Attach the run-creation request handler to `broker`."""
 
     @broker.subscriber(subjects.request("tracker", "create_run"), queue=QUEUE, title="runs/create")
     async def create_run_handler(cmd: CreateRun) -> Reply:
         """Validate and record a run request; the fan-out happens from the event."""
         run = await create_run(jetstream(broker), cmd)
         return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
+
+
+def register_fan_out(broker: NatsBroker) -> None:
+    """Attach the fan-out consumer (the leader's: see tracker/main.py) to `broker`."""
 
     @broker.subscriber(
         subjects.event_filter("run", "run.requested"),

@@ -59,6 +59,8 @@ class ServiceRole:
     manages_streams: bool = False
     # May read every service's heartbeat (the supervisor waits on them).
     reads_heartbeats: bool = False
+    # Leader leases it may take, renew and give up (keys of the leases bucket).
+    leases: tuple[str, ...] = ()
 
     @property
     def user(self) -> str:
@@ -122,6 +124,8 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 Durable(_EVENTS, "tracker-fanout", subjects.event_filter("run", "run.requested")),
             ),
             manages_streams=True,
+            # Replicas elect one leader for the projection and the process manager.
+            leases=("tracker",),
         ),
         ServiceRole(
             "actor",
@@ -238,6 +242,19 @@ def _heartbeat_subjects(role: ServiceRole) -> list[str]:
     return allowed
 
 
+def _lease_subjects(role: ServiceRole) -> list[str]:
+    if not role.leases:
+        return []
+    bucket = subjects.LEASES_BUCKET
+    stream = f"KV_{bucket}"
+    api = subjects.js_api
+    allowed = [api("STREAM", "INFO", stream), api("STREAM", "CREATE", stream)]
+    for name in role.leases:
+        # Its own leases only (writes and direct reads): it cannot depose another service.
+        allowed += [f"$KV.{bucket}.{name}", api("DIRECT", "GET", stream, f"$KV.{bucket}.{name}")]
+    return allowed
+
+
 def service_permissions(role: ServiceRole) -> dict[str, Any]:
     """The nats-server `permissions` block of a service's user, from its declaration."""
     from rollout.shared.auth.roles import event_reader_subjects
@@ -265,6 +282,7 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
     for durable in role.consumes:
         publish += _consumer_subjects(durable)
     publish += _heartbeat_subjects(role)
+    publish += _lease_subjects(role)
     publish.append(subjects.USER_INFO)
     own = {(d.stream, d.name) for d in role.consumes}
     deny = [

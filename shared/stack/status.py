@@ -101,15 +101,22 @@ async def collect_status(settings: Settings) -> list[Component]:
             await nc.close()
     recorded = state.get("services") or {}
     for name in list(recorded) or selected():
-        live = [b for b in beats if b.service == name and b.live]
         entry = recorded.get(name) or {}
+        of = entry.get("service", name)
+        # A second replica the supervisor runs (`tracker-2`) is its own line: its own beat.
+        mine = [
+            b
+            for b in beats
+            if b.service == of and (of == name or b.replica_id == entry.get("replica_id"))
+        ]
+        live = [b for b in mine if b.live]
         service = Component(
             name,
             "service",
             "-",
             bool(live),
             _live_pid(entry),
-            replicas=[b.to_dict() for b in beats if b.service == name],
+            replicas=[b.to_dict() for b in mine],
         )
         if live:
             newest = min(b.age for b in live)

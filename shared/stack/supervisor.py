@@ -96,6 +96,7 @@ class ServiceProcess:
     def describe(self) -> dict[str, Any]:
         """The state-file entry for this service."""
         entry: dict[str, Any] = {
+            "service": self.name,
             "log": str(self.log_path),
             "replica_id": self.replica_id,
             "restarts": self.restarts,
@@ -176,6 +177,8 @@ class Supervisor:
     fast: bool = False
     # nats-servers to run: 1, or a cluster of 3 (or 5) on loopback with R3 streams.
     cluster: int = 1
+    # Replicas per service (`rollout up --tracker-replicas 2`); one for any not named.
+    replicas: Mapping[str, int] = field(default_factory=dict)
     nats: NatsServer | NatsCluster | None = None
     postgres: PostgresServer | None = None
     children: dict[str, ServiceProcess] = field(default_factory=dict)
@@ -200,13 +203,16 @@ class Supervisor:
                 await self._start_servers()
                 self._set_phase("starting")
                 for name in self.services:
-                    child = ServiceProcess(
-                        name=name,
-                        log_path=self.home / "logs" / f"{name}.log",
-                        env=self._child_env(),
-                    )
-                    self.children[name] = child
-                    tasks.append(asyncio.create_task(child.supervise(self.stopping, self._save)))
+                    for key in replica_keys(name, self.replicas.get(name, 1)):
+                        child = ServiceProcess(
+                            name=name,
+                            log_path=self.home / "logs" / f"{key}.log",
+                            env=self._child_env(),
+                        )
+                        self.children[key] = child
+                        tasks.append(
+                            asyncio.create_task(child.supervise(self.stopping, self._save))
+                        )
                 for name, server in self._servers():
                     tasks.append(asyncio.create_task(self._watch_server(name, server)))
                 await self._until_healthy()
@@ -393,6 +399,11 @@ class Supervisor:
 
     def _supervisor_log(self) -> str:
         return str(self.home / "logs" / "supervisor.log")
+
+
+def replica_keys(service: str, replicas: int) -> list[str]:
+    """The supervisor's names for a service's replicas: `tracker`, then `tracker-2`, ..."""
+    return [service] + [f"{service}-{i}" for i in range(2, replicas + 1)]
 
 
 def without_pids(entry: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from typing import Any
 from rollout.errors import RolloutError
 
 DEFAULT_UP_TIMEOUT = 120.0
+# More trackers than this only add standbys polling the lease.
+MAX_TRACKER_REPLICAS = 5
 
 
 def register(sub: Any) -> None:
@@ -28,6 +30,14 @@ def register(sub: Any) -> None:
         metavar="N",
         help="run N nats-servers clustered on loopback with R3 streams (3 or 5; default: what"
         " this home ran last, else 1)",
+    )
+    up.add_argument(
+        "--tracker-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N tracker replicas; one leads (projection, run lifecycle), the others stand"
+        f" by and answer requests (1 to {MAX_TRACKER_REPLICAS}; default %(default)s)",
     )
     up.add_argument(
         "--timeout",
@@ -86,10 +96,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     services = selected()
     ensure_home(settings.home)
     cluster = _cluster_size(args.cluster, settings)
+    trackers = _tracker_replicas(args.tracker_replicas, services)
     if not settings.external_nats and not supervisor_running(settings.home):
         check_nats_mode(settings.home, cluster)  # before a supervisor starts to find it out
     if args.foreground:
-        return _run_foreground(settings, services, cluster)
+        return _run_foreground(settings, services, cluster, trackers)
     if supervisor_running(settings.home):
         _wait_ready(settings.home, None, None, args.timeout)
         return _print_status(as_json=False)
@@ -98,7 +109,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     log_path = settings.home / "logs" / "supervisor.log"
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
-            cli_command("up", "--foreground", "--cluster", str(cluster)),
+            cli_command(
+                "up",
+                "--foreground",
+                "--cluster",
+                str(cluster),
+                "--tracker-replicas",
+                str(trackers),
+            ),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -137,7 +155,22 @@ def _cluster_size(requested: int | None, settings: Any) -> int:
     return requested
 
 
-def _run_foreground(settings: Any, services: list[str], cluster: int = 1) -> int:
+def _tracker_replicas(requested: int, services: list[str]) -> int:
+    """How many tracker replicas to run, checked."""
+    if not 1 <= requested <= MAX_TRACKER_REPLICAS:
+        raise RolloutError(
+            f"--tracker-replicas {requested}: must be between 1 and {MAX_TRACKER_REPLICAS}",
+            problems=["one leads; a second one is the standby that takes over when it dies"],
+        )
+    if requested > 1 and "tracker" not in services:
+        raise RolloutError(
+            f"--tracker-replicas {requested}: the tracker is not among the services to run",
+            problems=["add it to ROLLOUT_SERVICES, or drop --tracker-replicas"],
+        )
+    return requested
+
+
+def _run_foreground(settings: Any, services: list[str], cluster: int = 1, trackers: int = 1) -> int:
     from rollout.shared.observability import configure_logging
     from rollout.shared.stack.supervisor import TOKEN_ENV, Supervisor
 
@@ -149,6 +182,7 @@ def _run_foreground(settings: Any, services: list[str], cluster: int = 1) -> int
         token=os.environ.get(TOKEN_ENV),
         fast=_fast_postgres(),
         cluster=cluster,
+        replicas={"tracker": trackers},
     )
     asyncio.run(supervisor.run())
     return 0
