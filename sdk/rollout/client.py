@@ -190,11 +190,14 @@ class AsyncClient:
             if not follower.done():
                 raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
             follower.result()
-            # The event is on the log; the read model follows it within moments.
+            # The event is on the log; the read model follows it within moments, so the
+            # first looks come quickly (a fixed 50 ms poll was most of a short run's tail).
+            pause = 0.005
             while (run := await self.get_run(run_id))["status"] not in ("completed", "failed"):
                 if loop.time() > deadline:
                     raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(pause)
+                pause = min(0.05, pause * 2)
         finally:
             follower.cancel()
         return run

@@ -27,7 +27,7 @@ from rollout.shared.contracts.events import (
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.registry import resolve_backend
-from rollout.shared.models.trained import apply_update, refresh_policy
+from rollout.shared.models.trained import TrainedBackend, apply_update, refresh_policy
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.observability import get_logger
@@ -53,6 +53,26 @@ def ack_wait_s() -> float:
         raise RolloutError(f"{ACK_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
     if not value > 0:
         raise RolloutError(f"{ACK_WAIT_ENV} must be > 0, got {value:g}")
+    return value
+
+
+# How many work items one replica takes per fetch and generates at once. Each has its own
+# in-progress acks; while one waits on the broker, the model or the object store, the others
+# run, so a replica is not idle between round trips. Few enough that a queue split across
+# replicas stays shared out (a fetched item is held until it is done).
+CONCURRENCY_ENV = "ROLLOUT_ACTOR_CONCURRENCY"
+DEFAULT_CONCURRENCY = 4
+
+
+def concurrency() -> int:
+    """Work items a replica generates at once (ROLLOUT_ACTOR_CONCURRENCY, else 4)."""
+    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_CONCURRENCY
+    except ValueError:
+        raise RolloutError(f"{CONCURRENCY_ENV} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise RolloutError(f"{CONCURRENCY_ENV} must be >= 1, got {value}")
     return value
 
 
@@ -101,6 +121,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
     """The actor's broker and its handler."""
     broker = make_broker(settings)
     keepalive_s = min(10.0, ack_wait_s() / 3)
+    in_flight = concurrency()
     backends = Backends()
     caches: dict[str, SpecCache] = {}
     stores: dict[str, ObjectStore] = {}
@@ -116,7 +137,8 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
         subjects.work_filter("rollouts"),
         stream=JStream(subjects.WORK_STREAM, declare=False),
         durable=DURABLE,
-        pull_sub=PullSub(batch_size=1, timeout=1.0),
+        # The items of one fetch are handled concurrently (each acked on its own).
+        pull_sub=PullSub(batch_size=in_flight, timeout=1.0),
         ack_policy=AckPolicy.NACK_ON_ERROR,
         title="actor/generate",
         description="Generates a batch of rollouts and emits them as one rollout.generated event.",
@@ -133,8 +155,10 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
                 spec = await cache.get(work.env_slug, work.env_version, work.env_hash)
                 stage = "model"
                 backend = backends.get(work.model)
-                # A trained policy catches up with its newest version before generating.
-                await asyncio.to_thread(refresh_policy, backend)
+                # A trained policy catches up with its newest version before generating (in a
+                # thread: it may download weights); no other backend pays for the thread hop.
+                if isinstance(backend, TrainedBackend):
+                    await asyncio.to_thread(refresh_policy, backend)
                 version = getattr(backend, "policy_version", None)
                 rollouts = await generate_batch(
                     work,
@@ -212,6 +236,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
 async def serve(settings: Settings) -> None:
     """Run one actor replica until cancelled."""
     wait_s = ack_wait_s()  # a bad setting stops the replica before it connects
+    concurrency()
     nc = await connect_nats(settings)
     try:
         js = nc.jetstream()

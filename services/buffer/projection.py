@@ -9,6 +9,7 @@ same bytes is a no-op) and the row keeps only their URI and sha256.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
@@ -77,35 +78,70 @@ class BufferProjection:
             p.policy_version, e.time,
         )  # fmt: skip
 
+    async def apply_batch(
+        self, conn: asyncpg.Connection, items: list[tuple[EventEnvelope, int]]
+    ) -> None:
+        """Apply a batch in stream order: runs of rollout events as one statement per type."""
+        group = _Group()
+        for event, position in items:
+            body = event.body()
+            if isinstance(body, ev.RunRequested):
+                await self._flush(conn, group)
+                await self._run_requested(conn, event, body)
+            elif isinstance(body, ev.RolloutsGenerated | ev.RolloutsScored):
+                if group.blocks(body):
+                    await self._flush(conn, group)
+                group.add(event, body, position)
+        await self._flush(conn, group)
+
     async def _generated(
         self, conn: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGenerated, position: int
     ) -> None:
-        run = await conn.fetchrow(
-            "select env_slug, env_version, env_hash from buffer_runs where run_id = $1", p.run_id
-        )
-        if run is None:
-            # A run's request always precedes its rollouts on the stream; without it the rows
-            # could not be indexed by env, so say so instead of storing half a record.
-            log.warning("rollouts of an unknown run skipped", run_id=p.run_id)
-            return
-        rows = []
-        for r in p.rollouts:
-            stored = await self._trajectory(r)
-            rows.append(
-                (
-                    r.rollout_id, p.run_id, run["env_slug"], run["env_version"], run["env_hash"],
-                    r.task_index, r.sample_index, r.model, r.policy_version, r.seed, *stored,
-                    _text(r.error), position, e.time,
+        group = _Group()
+        group.add(e, p, position)
+        await self._flush(conn, group)
+
+    async def _scored(
+        self, conn: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored, position: int
+    ) -> None:
+        group = _Group()
+        group.add(e, p, position)
+        await self._flush(conn, group)
+
+    async def _flush(self, conn: asyncpg.Connection, group: _Group) -> None:
+        """Apply a group: one lookup of its runs, one insert, one update; then empty it."""
+        if group.generated:
+            runs = {
+                r["run_id"]: r
+                for r in await conn.fetch(
+                    "select run_id, env_slug, env_version, env_hash from buffer_runs"
+                    " where run_id = any($1::text[])",
+                    sorted({p.run_id for _, p, _ in group.generated}),
                 )
-            )  # fmt: skip
-        await conn.executemany(
-            "insert into buffer_rollouts(rollout_id, run_id, env_slug, env_version, env_hash,"
-            " task_index, sample_index, model, policy_version, seed, trajectory, trajectory_uri,"
-            " trajectory_sha256, trajectory_bytes, has_tokens, generation_error, generated_seq,"
-            " generated_at) values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11::jsonb,$12,$13,$14,$15,"
-            "$16,$17,$18) on conflict (rollout_id) do nothing",
-            rows,
-        )
+            }
+            rows: dict[str, tuple] = {}
+            for e, p, position in group.generated:
+                run = runs.get(p.run_id)
+                if run is None:
+                    # A run's request always precedes its rollouts on the stream; without it
+                    # the rows could not be indexed by env, so say so instead of storing half
+                    # a record.
+                    log.warning("rollouts of an unknown run skipped", run_id=p.run_id)
+                    continue
+                for r in p.rollouts:
+                    if r.rollout_id in rows:
+                        continue  # the first occurrence wins, as one by one
+                    stored = await self._trajectory(r)
+                    rows[r.rollout_id] = (
+                        r.rollout_id, p.run_id, run["env_slug"], run["env_version"],
+                        run["env_hash"], r.task_index, r.sample_index, r.model,
+                        r.policy_version, r.seed, *stored, _text(r.error), position, e.time,
+                    )  # fmt: skip
+            if rows:
+                await conn.execute(_GENERATED_SQL, *_columns(rows.values(), 18))
+        if group.scored:
+            await conn.execute(_SCORED_SQL, *_columns(group.scored.values(), 8))
+        group.clear()
 
     async def _trajectory(
         self, r: ev.GeneratedRollout
@@ -124,22 +160,80 @@ class BufferProjection:
         ref = await self.store.put(content_key(TRAJECTORY_PREFIX, sha), data)
         return None, ref.uri, ref.sha256, ref.size, has_tokens
 
-    async def _scored(
-        self, conn: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored, position: int
+
+_GENERATED_SQL = (
+    "insert into buffer_rollouts(rollout_id, run_id, env_slug, env_version, env_hash,"
+    " task_index, sample_index, model, policy_version, seed, trajectory, trajectory_uri,"
+    " trajectory_sha256, trajectory_bytes, has_tokens, generation_error, generated_seq,"
+    " generated_at) select u.id, u.run, u.slug, u.version, u.hash, u.task, u.sample, u.model,"
+    " u.policy, u.seed, u.trajectory::jsonb, u.uri, u.sha, u.size, u.tokens, u.error, u.seq, u.at"
+    " from unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::int[],"
+    " $7::int[], $8::text[], $9::int[], $10::bigint[], $11::text[], $12::text[], $13::text[],"
+    " $14::int[], $15::bool[], $16::text[], $17::bigint[], $18::timestamptz[])"
+    " as u(id, run, slug, version, hash, task, sample, model, policy, seed, trajectory, uri,"
+    " sha, size, tokens, error, seq, at)"
+    " on conflict (rollout_id) do nothing"
+)
+# Only the first verdict per rollout counts: a re-scored batch changes nothing.
+_SCORED_SQL = (
+    "update buffer_rollouts b set score = u.score, passed = u.passed,"
+    " primitives = u.primitives::jsonb, error = u.error, scored_seq = u.seq, scored_at = u.at"
+    " from unnest($1::text[], $2::float8[], $3::bool[], $4::text[], $5::text[], $6::bigint[],"
+    " $7::timestamptz[], $8::text[]) as u(id, score, passed, primitives, error, seq, at, run)"
+    " where b.rollout_id = u.id and b.run_id = u.run and b.scored_at is null"
+)
+
+
+class _Group:
+    """Consecutive generated and scored events of a batch, applied together.
+
+    Generated rows go in before verdicts; that equals stream order unless a verdict of the
+    group names a rollout a later generated event brings, so such an event starts a new group.
+    """
+
+    def __init__(self) -> None:
+        self.generated: list[tuple[EventEnvelope, ev.RolloutsGenerated, int]] = []
+        self.scored: dict[tuple[str, str], tuple] = {}
+        self.scored_ids: set[str] = set()
+
+    def blocks(self, p: ev.RolloutsGenerated | ev.RolloutsScored) -> bool:
+        """True when `p` must wait for this group to be applied first."""
+        return isinstance(p, ev.RolloutsGenerated) and any(
+            r.rollout_id in self.scored_ids for r in p.rollouts
+        )
+
+    def add(
+        self, e: EventEnvelope, p: ev.RolloutsGenerated | ev.RolloutsScored, position: int
     ) -> None:
-        # Only the first verdict per rollout counts: a re-scored batch changes nothing.
-        await conn.executemany(
-            "update buffer_rollouts set score = $2, passed = $3, primitives = $4::jsonb,"
-            " error = $5, scored_seq = $6, scored_at = $7"
-            " where rollout_id = $1 and run_id = $8 and scored_at is null",
-            [
+        """Add one generated or scored event at stream `position`."""
+        if isinstance(p, ev.RolloutsGenerated):
+            self.generated.append((e, p, position))
+            return
+        for r in p.rollouts:
+            self.scored_ids.add(r.rollout_id)
+            # The first verdict per (rollout, run) wins, as one by one.
+            self.scored.setdefault(
+                (r.rollout_id, p.run_id),
                 (
                     r.rollout_id, r.score, r.passed, _json([x.model_dump() for x in r.primitives]),
                     _text(r.error), position, e.time, p.run_id,
-                )
-                for r in p.rollouts
-            ],
-        )  # fmt: skip
+                ),
+            )  # fmt: skip
+
+    def clear(self) -> None:
+        """Empty the group."""
+        self.generated.clear()
+        self.scored.clear()
+        self.scored_ids.clear()
+
+
+def _columns(rows: Iterable[tuple], width: int) -> list[list]:
+    """Rows as `width` column arrays, the shape unnest takes."""
+    cols: list[list] = [[] for _ in range(width)]
+    for row in rows:
+        for col, value in zip(cols, row, strict=True):
+            col.append(value)
+    return cols
 
 
 def _json(value: Any) -> str:

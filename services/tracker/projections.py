@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import asyncpg
 
@@ -65,57 +65,120 @@ async def _run_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunStarted
     )  # fmt: skip
 
 
+# The two hot event types are applied a whole group at a time: one statement per type for
+# every rollout of the group, each also moving its runs' counters (see ReadModels.apply_batch).
+_GENERATED_SQL = (
+    "with ins as (insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
+    " model, policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
+    " error_kind, generated_at) select u.id, u.run, u.task, u.sample, 'generated', u.model,"
+    " u.policy, u.seed, u.trajectory::jsonb, u.uri, u.sha, u.error, u.kind, u.at"
+    " from unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[], $6::int[],"
+    " $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],"
+    " $13::timestamptz[])"
+    " as u(id, run, task, sample, model, policy, seed, trajectory, uri, sha, error, kind, at)"
+    " on conflict (rollout_id) do nothing returning run_id),"
+    " counts as (select run_id, count(*) as n from ins group by run_id)"
+    " update runs set generated = runs.generated + counts.n from counts"
+    " where runs.run_id = counts.run_id"
+)
+# Only the first verdict per rollout counts, so a re-scored batch never double-counts.
+# An errored rollout has no verdict: it is neither passed nor failed, and adds no score.
+_SCORED_SQL = (
+    "with upd as (update rollouts r set score = u.score, passed = u.passed,"
+    " primitives = u.primitives::jsonb, error = coalesce(u.error, r.error), scored_at = u.at,"
+    " error_kind = coalesce(u.kind, r.error_kind),"
+    " status = case when u.outcome = 'errored' then 'errored' else 'scored' end"
+    " from unnest($1::text[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::text[],"
+    " $7::text[], $8::text[], $9::timestamptz[])"
+    " as u(id, run, score, passed, primitives, error, outcome, kind, at)"
+    " where r.rollout_id = u.id and r.run_id = u.run and r.scored_at is null"
+    " returning r.run_id, u.score, u.outcome),"
+    " counts as (select run_id, count(*) as n, count(*) filter (where outcome = 'passed') as p,"
+    " count(*) filter (where outcome = 'errored') as e,"
+    " coalesce(sum(score) filter (where outcome <> 'errored'), 0) as s from upd group by run_id)"
+    " update runs set scored = runs.scored + counts.n, passed = runs.passed + counts.p,"
+    " errored = runs.errored + counts.e, score_sum = runs.score_sum + counts.s from counts"
+    " where runs.run_id = counts.run_id"
+)
+
+
+class _RolloutGroup:
+    """Consecutive generated and scored events, applied as one statement per type.
+
+    Generated rows go in before verdicts; that equals stream order unless a verdict of the
+    group names a rollout a later generated event of the group brings, so such an event
+    starts a new group. Within a type the first occurrence wins, as it would one by one.
+    """
+
+    def __init__(self) -> None:
+        self.generated: dict[str, tuple] = {}
+        self.scored: dict[tuple[str, str], tuple] = {}
+        self.scored_ids: set[str] = set()
+
+    def blocks(self, event: EventEnvelope, p: Payload) -> bool:
+        """True when `event` must wait for this group to be applied first."""
+        return isinstance(p, ev.RolloutsGenerated) and any(
+            r.rollout_id in self.scored_ids for r in p.rollouts
+        )
+
+    def add(self, e: EventEnvelope, p: Payload) -> None:
+        """Add the rows of one generated or scored event."""
+        if isinstance(p, ev.RolloutsGenerated):
+            for r in p.rollouts:
+                self.generated.setdefault(
+                    r.rollout_id,
+                    (
+                        r.rollout_id, p.run_id, r.task_index, r.sample_index, r.model,
+                        r.policy_version, r.seed,
+                        None if r.trajectory is None else _json(r.trajectory),
+                        r.trajectory_uri, r.trajectory_sha256, r.error, r.error_kind, e.time,
+                    ),
+                )  # fmt: skip
+        elif isinstance(p, ev.RolloutsScored):
+            for r in p.rollouts:
+                self.scored_ids.add(r.rollout_id)
+                self.scored.setdefault(
+                    (r.rollout_id, p.run_id),
+                    (
+                        r.rollout_id, p.run_id, r.score, r.passed,
+                        _json([x.model_dump() for x in r.primitives]), r.error, r.outcome,
+                        r.error_kind, e.time,
+                    ),
+                )  # fmt: skip
+
+    async def flush(self, c: asyncpg.Connection) -> None:
+        """Apply the group (at most two statements) and empty it."""
+        if self.generated:
+            await c.execute(_GENERATED_SQL, *_columns(self.generated.values(), 13))
+        if self.scored:
+            await c.execute(_SCORED_SQL, *_columns(self.scored.values(), 9))
+        self.generated.clear()
+        self.scored.clear()
+        self.scored_ids.clear()
+
+
+def _columns(rows: Iterable[tuple], width: int) -> list[list]:
+    """Rows as `width` column arrays, the shape unnest takes."""
+    cols: list[list] = [[] for _ in range(width)]
+    for row in rows:
+        for col, value in zip(cols, row, strict=True):
+            col.append(value)
+    return cols
+
+
 @on("rollout.generated")
 async def _generated(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGenerated) -> None:
-    rs = p.rollouts
     # Only rollouts seen for the first time count: a re-generated batch never double-counts.
-    inserted = await c.fetchval(
-        "with ins as (insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
-        " model, policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
-        " error_kind, generated_at) select u.id, $2, u.task, u.sample, 'generated', u.model,"
-        " u.policy, u.seed, u.trajectory::jsonb, u.uri, u.sha, u.error, u.kind, $3"
-        " from unnest($1::text[], $4::int[], $5::int[], $6::text[], $7::int[], $8::bigint[],"
-        " $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])"
-        " as u(id, task, sample, model, policy, seed, trajectory, uri, sha, error, kind)"
-        " on conflict (rollout_id) do nothing returning 1) select count(*) from ins",
-        [r.rollout_id for r in rs], p.run_id, e.time,
-        [r.task_index for r in rs], [r.sample_index for r in rs], [r.model for r in rs],
-        [r.policy_version for r in rs], [r.seed for r in rs],
-        [None if r.trajectory is None else _json(r.trajectory) for r in rs],
-        [r.trajectory_uri for r in rs], [r.trajectory_sha256 for r in rs], [r.error for r in rs],
-        [r.error_kind for r in rs],
-    )  # fmt: skip
-    await c.execute(
-        "update runs set generated = generated + $2 where run_id = $1", p.run_id, inserted
-    )
+    group = _RolloutGroup()
+    group.add(e, p)
+    await group.flush(c)
 
 
 @on("rollout.scored")
 async def _scored(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored) -> None:
-    rs = p.rollouts
-    # Only the first verdict per rollout counts, so a re-scored batch never double-counts.
-    # An errored rollout has no verdict: it is neither passed nor failed, and adds no score.
-    row = await c.fetchrow(
-        "with upd as (update rollouts r set score = u.score, passed = u.passed,"
-        " primitives = u.primitives::jsonb, error = coalesce(u.error, r.error), scored_at = $7,"
-        " error_kind = coalesce(u.kind, r.error_kind),"
-        " status = case when u.outcome = 'errored' then 'errored' else 'scored' end"
-        " from unnest($1::text[], $2::float8[], $3::bool[], $4::text[], $5::text[], $8::text[],"
-        " $9::text[]) as u(id, score, passed, primitives, error, outcome, kind)"
-        " where r.rollout_id = u.id and r.run_id = $6 and r.scored_at is null"
-        " returning u.score, u.passed, u.outcome)"
-        " select count(*) as n, count(*) filter (where outcome = 'passed') as passed,"
-        " count(*) filter (where outcome = 'errored') as errored,"
-        " coalesce(sum(score) filter (where outcome <> 'errored'), 0) as score_sum from upd",
-        [r.rollout_id for r in rs], [r.score for r in rs], [r.passed for r in rs],
-        [_json([x.model_dump() for x in r.primitives]) for r in rs], [r.error for r in rs],
-        p.run_id, e.time, [r.outcome for r in rs], [r.error_kind for r in rs],
-    )  # fmt: skip
-    await c.execute(
-        "update runs set scored = scored + $2, passed = passed + $3, errored = errored + $4,"
-        " score_sum = score_sum + $5 where run_id = $1",
-        p.run_id, row["n"], row["passed"], row["errored"], row["score_sum"],
-    )  # fmt: skip
+    group = _RolloutGroup()
+    group.add(e, p)
+    await group.flush(c)
 
 
 @on("run.completed")
@@ -200,6 +263,9 @@ async def _dead_letter(c: asyncpg.Connection, e: EventEnvelope, p: ev.DeadLetter
     )  # fmt: skip
 
 
+_GROUPED = frozenset({"rollout.generated", "rollout.scored"})
+
+
 class ReadModels:
     """The tracker's projection: environments, runs, rollouts, jobs, policies, dead letters."""
 
@@ -219,3 +285,22 @@ class ReadModels:
         handler = _HANDLERS.get(event.type)
         if handler is not None:
             await handler(conn, event, event.body())
+
+    async def apply_batch(
+        self, conn: asyncpg.Connection, items: list[tuple[EventEnvelope, int]]
+    ) -> None:
+        """Apply a batch in stream order: runs of rollout events as one statement per type."""
+        group = _RolloutGroup()
+        for event, _ in items:
+            handler = _HANDLERS.get(event.type)
+            if handler is None:
+                continue
+            body = event.body()
+            if event.type in _GROUPED:
+                if group.blocks(event, body):
+                    await group.flush(conn)
+                group.add(event, body)
+                continue
+            await group.flush(conn)
+            await handler(conn, event, body)
+        await group.flush(conn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import OrderedDict
 
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
@@ -62,12 +63,27 @@ def ack_wait_s() -> float:
 log = get_logger(__name__)
 
 
-async def run_of(js, run_id: str) -> RunRequested:
+# Run requests kept per replica: a request never changes, so each run is read once, not once
+# per generated batch (a round trip per work item otherwise).
+RUN_CACHE_SIZE = 1024
+
+
+async def run_of(
+    js, run_id: str, cache: OrderedDict[str, RunRequested] | None = None
+) -> RunRequested:
     """The run request (for its env version), read from the run's first event."""
+    if cache is not None and (hit := cache.get(run_id)) is not None:
+        cache.move_to_end(run_id)
+        return hit
     raw = await js.get_last_msg(
         subjects.EVENTS_STREAM, subjects.event("run", run_id, "run_requested")
     )
-    return EventEnvelope.from_bytes(raw.data).body()  # type: ignore[return-value]
+    run: RunRequested = EventEnvelope.from_bytes(raw.data).body()  # type: ignore[assignment]
+    if cache is not None:
+        cache[run_id] = run
+        if len(cache) > RUN_CACHE_SIZE:
+            cache.popitem(last=False)
+    return run
 
 
 def build_broker(settings: Settings) -> NatsBroker:
@@ -75,6 +91,7 @@ def build_broker(settings: Settings) -> NatsBroker:
     broker = make_broker(settings)
     keepalive_s = min(10.0, ack_wait_s() / 3)
     state: dict[str, SpecCache] = {}
+    requests: OrderedDict[str, RunRequested] = OrderedDict()
     stores: dict[str, ObjectStore] = {}
 
     def store() -> ObjectStore:
@@ -103,7 +120,7 @@ def build_broker(settings: Settings) -> NatsBroker:
             async with working_on(raw, every_s=keepalive_s):
                 scored: list[ScoredRollout] = []
                 try:
-                    run = await run_of(js, generated.run_id)
+                    run = await run_of(js, generated.run_id, requests)
                     if run.source is not None:
                         # An imported run's verdicts came with it (tracker/imports.py).
                         log.info("imported rollouts not rescored", run_id=run.run_id)

@@ -9,7 +9,7 @@ from faststream.nats import NatsBroker, NatsToken, NatsUserPassword
 from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
 
-from rollout.shared.bus import fetch_timeouts
+from rollout.shared.bus import batch_pull, fetch_timeouts
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, DeadLetterPolicy
 from rollout.shared.settings import Settings, inbox_prefix_of, nats_tls_context
 
@@ -50,6 +50,7 @@ class _PrivateInboxBroker(NatsBroker):
 def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -> NatsBroker:
     """A broker connected with the settings' credentials; failures retry, then dead-letter."""
     fetch_timeouts.install()  # an idle pull loop's empty poll is not an error
+    batch_pull.install()  # a batch consumer takes what a fetch brings, without lingering
     holder: dict[str, NatsBroker] = {}
 
     def js() -> JetStreamContext:

@@ -61,14 +61,22 @@ def fit_to_payload(
     is given to `shrink` (without one, or when what it returns still does not fit, this
     raises PayloadTooLarge naming the sizes).
     """
+    return [event for event, _ in _fit(items, build, budget, shrink)]
+
+
+def _fit(
+    items: Sequence[T], build: BuildPart[T], budget: int, shrink: Shrink[T] | None
+) -> list[tuple[EventEnvelope, bytes]]:
+    """fit_to_payload's events with their encoding (so publishing does not encode twice)."""
     work = list(items)
-    out: list[EventEnvelope] = []
+    out: list[tuple[EventEnvelope, bytes]] = []
 
     def place(start: int, end: int) -> None:
         event = build(work[start:end], start, end)
-        size = len(event.to_bytes())
+        data = event.to_bytes()
+        size = len(data)
         if size <= budget:
-            out.append(event)
+            out.append((event, data))
             return
         if end - start > 1:
             middle = (start + end) // 2
@@ -78,9 +86,10 @@ def fit_to_payload(
         if shrink is not None:
             work[start] = shrink(work[start], size, budget)
             event = build(work[start:end], start, end)
-            smaller = len(event.to_bytes())
+            data = event.to_bytes()
+            smaller = len(data)
             if smaller <= budget:
-                out.append(event)
+                out.append((event, data))
                 return
             size = smaller
         raise PayloadTooLarge(
@@ -131,14 +140,16 @@ class EventPublisher:
         *,
         expected_last_subject_seq: int | None = None,
         expected_subject: str | None = None,
+        data: bytes | None = None,
     ) -> PublishResult:
         """Append one event; with `expected_last_subject_seq` the append is conditional.
 
         The expectation is on the event's own subject, or with `expected_subject` (a filter
         such as one aggregate's `rollout.evt.run.<id>.*`) on the newest message of any subject
         it matches: no event of the aggregate may have landed since the one we decided from.
+        `data` is the envelope already encoded, when the caller has it.
         """
-        data = envelope.to_bytes()
+        data = envelope.to_bytes() if data is None else data
         budget = payload_budget(self._js)
         if len(data) > budget:
             # Said here, with the sizes, instead of nats' bare MaxPayloadError on every retry.
@@ -167,8 +178,8 @@ class EventPublisher:
         self, items: Sequence[T], build: BuildPart[T], *, shrink: Shrink[T] | None = None
     ) -> list[PublishResult]:
         """Append a batch event in as many parts as the server's max_payload needs (see fit_to_payload)."""
-        events = fit_to_payload(items, build, payload_budget(self._js), shrink=shrink)
-        return [await self.publish(event) for event in events]
+        events = _fit(items, build, payload_budget(self._js), shrink)
+        return [await self.publish(event, data=data) for event, data in events]
 
     async def publish_batch(self, envelopes: Sequence[EventEnvelope]) -> list[PublishResult]:
         """Append many events with up to `max_in_flight` publishes awaiting their acks."""

@@ -27,6 +27,21 @@ class Projection(Protocol):
         ...
 
 
+class BatchProjection(Projection, Protocol):
+    """A read model that applies a whole fetched batch in a few statements, not one per event."""
+
+    async def apply_batch(
+        self, conn: asyncpg.Connection, items: list[tuple[EventEnvelope, int]]
+    ) -> None:
+        """Apply events in stream order inside the caller's transaction, as `apply` would."""
+        ...
+
+
+# Creates the row on first use and locks it, in one round trip (a no-op update takes the lock).
+_CLAIM_TRACKING = (
+    "insert into projection_tracking(name, position) values ($1, 0) on conflict (name)"
+    " do update set position = projection_tracking.position returning position"
+)
 _LOCK_TRACKING = "select position from projection_tracking where name = $1 for update"
 _SET_TRACKING = "update projection_tracking set position = $2 where name = $1"
 _ENSURE_TRACKING = (
@@ -81,8 +96,9 @@ class ProjectionRunner:
         """
         settled = 0
         async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute(_ENSURE_TRACKING, self.projection.name)
-            last = await conn.fetchval(_LOCK_TRACKING, self.projection.name)
+            last = await conn.fetchval(_CLAIM_TRACKING, self.projection.name)
+            start = last
+            todo: list[tuple[EventEnvelope, int]] = []
             for event, position in items:
                 if position <= last:
                     settled += 1
@@ -90,10 +106,18 @@ class ProjectionRunner:
                 if self.contiguous and position != last + 1:
                     break
                 if event is not None:
-                    await self.projection.apply(conn, event, position)
+                    todo.append((event, position))
                 last = position
                 settled += 1
-            await conn.execute(_SET_TRACKING, self.projection.name, last)
+            apply_batch = getattr(self.projection, "apply_batch", None)
+            if apply_batch is not None:
+                if todo:
+                    await apply_batch(conn, todo)
+            else:
+                for event, position in todo:
+                    await self.projection.apply(conn, event, position)
+            if last != start:
+                await conn.execute(_SET_TRACKING, self.projection.name, last)
         return settled
 
     async def skip(self, position: int) -> bool:

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from rollout.shared.contracts.events import GeneratedRollout
-from rollout.shared.objectstore import ObjectRef, ObjectStore, default_store_url, open_store
+from rollout.shared.objectstore import ObjectStore, default_store_url, open_store
+from rollout.shared.objectstore.checksum import sha256_bytes
 from rollout.shared.objectstore.claimcheck import (
     DEFAULT_INLINE_LIMIT,
     INLINE_LIMIT_ENV,
+    content_key,
     get_json,
     inline_limit,
-    store_if_large,
+    to_json_bytes,
 )
 from rollout.shared.settings import Settings
 
@@ -39,10 +41,10 @@ async def offload(store: ObjectStore, rollouts: list[GeneratedRollout]) -> list[
         if rollout.trajectory is None:
             out.append(rollout)
             continue
-        claim = await store_if_large(
-            store, rollout.trajectory, threshold=limit, prefix="trajectories"
-        )
-        if isinstance(claim, ObjectRef):
+        # store_if_large's test, without parsing the encoding back for a trajectory kept inline.
+        data = to_json_bytes(rollout.trajectory)
+        if len(data) > limit:
+            claim = await store.put(content_key("trajectories", sha256_bytes(data)), data)
             rollout = rollout.model_copy(
                 update={
                     "trajectory": None,

@@ -341,3 +341,73 @@ async def test_a_lifecycle_event_never_moves_an_ended_run_or_job_back(pg_dsn) ->
         )  # fmt: skip
     finally:
         await pool.close()
+
+
+def _tricky_history(run_a: str, run_b: str) -> list[EventEnvelope]:
+    """Two interleaved runs with every case a grouped batch must keep in stream order."""
+    a, b = run_history(run_a, tasks=3, n=2), run_history(run_b, tasks=2, n=2)
+    gen_a = [e for e in a if e.type == "rollout.generated"]
+    scored_a = [e for e in a if e.type == "rollout.scored"]
+    requested = a[0]
+    # A verdict that arrives before its rollout (it must find nothing), then a re-generation
+    # of an already generated batch, and a second verdict with other scores (first one wins).
+    early = EventEnvelope.new(
+        scored_a[2].body(), aggregate_id=run_a, id_parts=(run_a, "early"), parent=requested
+    )
+    regen = EventEnvelope.new(
+        gen_a[0].body(), aggregate_id=run_a, id_parts=(run_a, "regen"), parent=requested
+    )
+    other = scored_a[0].body().model_copy(deep=True)
+    for r in other.rollouts:
+        r.score, r.passed = 0.99, True
+    rescored = EventEnvelope.new(
+        other, aggregate_id=run_a, id_parts=(run_a, "rescore"), parent=requested
+    )
+    errored = b[5].body().model_copy(deep=True)
+    errored.rollouts[0].outcome, errored.rollouts[0].error = "errored", "sandbox died"
+    errored.rollouts[0].error_kind = "infra"
+    errored_event = EventEnvelope.new(
+        errored, aggregate_id=run_b, id_parts=(run_b, "errored"), parent=b[0]
+    )
+    b = [errored_event if e is b[5] else e for e in b]
+    return [
+        a[0], b[0], a[1], b[1], early, gen_a[0], b[2], scored_a[0], rescored, regen, b[3],
+        gen_a[1], gen_a[2], scored_a[1], scored_a[2], b[4], b[5], a[-1], b[-1],
+    ]  # fmt: skip
+
+
+async def test_a_batch_applies_as_one_statement_per_type_and_equals_one_by_one(pg_dsn) -> None:
+    history = _tricky_history(new_id(), new_id())
+    items = list(enumerate(history, start=1))
+    statements: list[str] = []
+
+    async def count(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda record: statements.append(record.query))
+
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1, init=count)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels(), contiguous=True)
+        for position, event in items:
+            assert await runner.handle(event, position)
+        one_by_one = await snapshot(pool)
+        async with pool.acquire() as conn:
+            await conn.execute(f"truncate {', '.join(ReadModels.tables)}")
+            await conn.execute("update projection_tracking set position = 0")
+        statements.clear()
+        assert await runner.handle_batch([(e, p) for p, e in items]) == len(items)
+        applying = list(statements)
+        batched = await snapshot(pool)
+        # A redelivered batch changes nothing.
+        assert await runner.handle_batch([(e, p) for p, e in items]) == len(items)
+        assert await snapshot(pool) == batched
+    finally:
+        await pool.close()
+    assert batched == one_by_one
+    runs = {row[0]: row for row in batched["runs"]}
+    assert len(runs) == 2
+    # 19 events, yet only the lifecycle events and a few grouped statements: one per event
+    # would be at least 30 here (two per rollout event).
+    rollout_statements = [q for q in applying if "unnest" in q]
+    assert len(rollout_statements) <= 6, rollout_statements
+    assert len(applying) <= 16, applying
