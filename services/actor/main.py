@@ -206,7 +206,11 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
                 causation_id=work.causation_id,
             )
 
-        published = await EventPublisher(js).publish_fitted(rollouts, part, shrink=_too_large)
+        # Split (if at all) between tasks: a `ruler` verifier judges a task's samples in one
+        # call, and it sees only the samples of one event together.
+        published = await EventPublisher(js).publish_fitted(
+            rollouts, part, shrink=_too_large, group_by=lambda r: r.task_index
+        )
         log.info(
             "rollouts generated",
             run_id=work.run_id,

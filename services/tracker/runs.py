@@ -109,11 +109,22 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         problems.append(f"environment {cmd.env_slug!r} has no tasks")
     if problems:
         raise RolloutError("invalid run request", problems=problems)
+    grouped = judged_in_groups(env.spec)
+    if grouped and cmd.n > MAX_BATCH:
+        # One judge call sees a whole group, and a group must fit in one work item.
+        problems.append(
+            f"n: a `ruler` verifier judges a task's {cmd.n} samples together, but a batch "
+            f"holds at most {MAX_BATCH}: use n <= {MAX_BATCH}"
+        )
+        raise RolloutError("invalid run request", problems=problems)
     batch_size = cmd.batch_size
-    if judged_in_groups(env.spec) and cmd.n <= MAX_BATCH:
+    if grouped:
         # A `ruler` verifier judges the n samples of a task together in one call: a work item
-        # (one generated batch) then holds whole groups, never part of one.
+        # (one generated batch) then holds whole groups, never part of one; rounded down
+        # instead of up where up would pass the largest batch.
         batch_size = -(-batch_size // cmd.n) * cmd.n
+        if batch_size > MAX_BATCH:
+            batch_size = MAX_BATCH // cmd.n * cmd.n
     return RunRequested(
         run_id=new_id()[:16],
         env_slug=env.slug,

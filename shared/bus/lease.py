@@ -10,8 +10,9 @@ The lease says who *should* act; it is not what makes acting safe. A deposed hol
 have a decision in flight when the new one starts (a stalled event loop, a slow network); that
 late write is refused because each decision is appended with the aggregate's expected
 sequence (see services/tracker/runs.py). The holder also counts itself deposed as soon as its
-last renewal could have expired (`held`), measured from before that renewal was sent, so it
-stops before the server can have let a standby in.
+last successful renewal could have expired (`held`: measured from before that renewal was
+sent, less a safety margin), and `lead` bounds every wait, renewal included, by that moment:
+a holder whose renewals stall stops its duty before the server can have let a standby in.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ RENEWALS_PER_TTL = 3
 # How often a standby tries to take the lease: a fraction of the TTL, so failover takes about
 # one TTL after the holder's last renewal.
 POLLS_PER_TTL = 10
+# The part of a TTL a holder gives up early: the duty's cancellation and clock drift between
+# us and the server must fit in it before a standby's create can succeed.
+SAFETY_MARGIN = 0.1
 
 # Errors of a write that may not have reached the server: the lease is neither won nor lost.
 _TRANSIENT = (nats.errors.Error, TimeoutError, nats.js.errors.APIError)
@@ -97,6 +101,12 @@ class Lease:
         """True while our last successful write cannot have expired on the server."""
         return self.revision is not None and time.monotonic() < self._valid_until
 
+    def valid_for(self) -> float:
+        """Seconds the lease is still surely ours (0 when it is not held)."""
+        if self.revision is None:
+            return 0.0
+        return max(0.0, self._valid_until - time.monotonic())
+
     async def try_acquire(self) -> bool:
         """Take the lease if nobody holds it; True when we hold it now."""
         sent = time.monotonic()
@@ -119,7 +129,7 @@ class Lease:
         try:
             revision = await asyncio.wait_for(
                 self.kv.update(self.name, self.holder.encode(), last=self.revision),
-                self.ttl_s / RENEWALS_PER_TTL,
+                self._answer_limit(),
             )
         except nats.js.errors.KeyWrongLastSequenceError:
             # Either an earlier renewal whose reply was lost did land (the key still names
@@ -148,7 +158,7 @@ class Lease:
     async def _own_revision(self) -> int | None:
         """The key's revision if its value is still ours, else None."""
         try:
-            entry = await self.kv.get(self.name)
+            entry = await asyncio.wait_for(self.kv.get(self.name), self._answer_limit())
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
         except _TRANSIENT as exc:
@@ -156,10 +166,16 @@ class Lease:
             return None  # unsure: count it as lost, the safe side
         return entry.revision if entry.value == self.holder.encode() else None
 
+    def _answer_limit(self) -> float:
+        """How long to wait for the server: a renewal's share of the TTL, and while we hold
+        the lease never past the moment it may expire (`lead` steps down then)."""
+        limit = self.ttl_s / RENEWALS_PER_TTL
+        return min(limit, max(self.valid_for(), 0.001)) if self.held else limit
+
     def _won(self, revision: int, sent: float) -> None:
         self.revision = revision
         # From before the write was sent: the server's clock starts the TTL later than that.
-        self._valid_until = sent + self.ttl_s
+        self._valid_until = sent + self.ttl_s * (1 - SAFETY_MARGIN)
 
 
 async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
@@ -172,6 +188,9 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
     poll = lease.ttl_s / POLLS_PER_TTL
     while True:
         acquired = await lease.try_acquire()
+        if acquired and _cancelling():
+            # Won in the same moment as the cancel: give it back, or it blocks a standby a TTL.
+            await asyncio.shield(lease.release())
         _raise_if_cancelled()
         if not acquired:
             await asyncio.sleep(poll)  # a standby's pace: about one try per tenth of a TTL
@@ -180,8 +199,15 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
         task = asyncio.create_task(duty(), name=f"{lease.name}-leader")
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=renew_every)
-                if done:
+                # Never past the moment the last successful renewal may expire: a holder whose
+                # renewals stall (each timing out) stops there, before a standby can get in.
+                remaining = lease.valid_for()
+                if remaining > 0:
+                    done, _ = await asyncio.wait({task}, timeout=min(renew_every, remaining))
+                    if done:
+                        break
+                if not lease.held:
+                    log.warning("leadership expired unrenewed; stepping down", lease=lease.name)
                     break
                 renewed = await lease.renew()
                 _raise_if_cancelled()
@@ -198,9 +224,14 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
                 await asyncio.shield(lease.release())
 
 
+def _cancelling() -> bool:
+    """True when this task was asked to stop (even if a request swallowed the cancel)."""
+    task = asyncio.current_task()
+    return task is not None and bool(task.cancelling())
+
+
 def _raise_if_cancelled() -> None:
     """Re-raise a cancellation a request swallowed (Python 3.11's wait_for returns the reply
     when it lands with the cancel: a standby that asks every tenth of a TTL meets that)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    if _cancelling():
         raise asyncio.CancelledError

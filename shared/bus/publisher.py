@@ -2,13 +2,15 @@
 
 No message goes over the server's max_payload (1 MiB by default, as the connection reports
 it): `publish` refuses one with a clear error, and `publish_fitted` splits a batch event into
-as many parts as it takes, each named by the items it holds.
+as many parts as it takes, each named by the items it holds. With `group_by` a split falls
+between groups (e.g. a task's samples, which a `ruler` verifier judges together in one call),
+never inside one, unless that one group alone is over the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 from nats.js import JetStreamContext, api
@@ -30,6 +32,8 @@ T = TypeVar("T")
 BuildPart = Callable[[list[T], int, int], EventEnvelope]
 # Replaces one item that alone is too large (size, budget) with one that fits, e.g. errored.
 Shrink = Callable[[T, int, int], T]
+# The group an item belongs to: a split never separates two adjacent items of one group.
+GroupBy = Callable[[T], Hashable]
 # Makes the expected last sequence hold for every subject matching this filter (nats-server
 # 2.11+): a whole aggregate's history, not just the one event's subject.
 EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
@@ -53,19 +57,39 @@ def payload_budget(js: JetStreamContext) -> int:
 
 
 def fit_to_payload(
-    items: Sequence[T], build: BuildPart[T], budget: int, *, shrink: Shrink[T] | None = None
+    items: Sequence[T],
+    build: BuildPart[T],
+    budget: int,
+    *,
+    shrink: Shrink[T] | None = None,
+    group_by: GroupBy[T] | None = None,
 ) -> list[EventEnvelope]:
     """The events that carry `items` in order, each at most `budget` bytes encoded.
 
-    A batch that does not fit is halved until every part does; an item too large on its own
-    is given to `shrink` (without one, or when what it returns still does not fit, this
-    raises PayloadTooLarge naming the sizes).
+    A batch that does not fit is halved until every part does (with `group_by`, cut at the
+    group boundary nearest the middle: a group is split only when it alone does not fit); an
+    item too large on its own is given to `shrink` (without one, or when what it returns
+    still does not fit, this raises PayloadTooLarge naming the sizes).
     """
-    return [event for event, _ in _fit(items, build, budget, shrink)]
+    return [event for event, _ in _fit(items, build, budget, shrink, group_by)]
+
+
+def _cut(work: Sequence[T], start: int, end: int, group_by: GroupBy[T] | None) -> int:
+    """Where to split work[start:end]: the group boundary nearest its middle, else the middle."""
+    middle = (start + end) // 2
+    if group_by is None:
+        return middle
+    keys = [group_by(item) for item in work[start:end]]
+    boundaries = [start + i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+    return min(boundaries, key=lambda b: abs(b - middle)) if boundaries else middle
 
 
 def _fit(
-    items: Sequence[T], build: BuildPart[T], budget: int, shrink: Shrink[T] | None
+    items: Sequence[T],
+    build: BuildPart[T],
+    budget: int,
+    shrink: Shrink[T] | None,
+    group_by: GroupBy[T] | None = None,
 ) -> list[tuple[EventEnvelope, bytes]]:
     """fit_to_payload's events with their encoding (so publishing does not encode twice)."""
     work = list(items)
@@ -79,7 +103,7 @@ def _fit(
             out.append((event, data))
             return
         if end - start > 1:
-            middle = (start + end) // 2
+            middle = _cut(work, start, end, group_by)
             place(start, middle)
             place(middle, end)
             return
@@ -175,10 +199,15 @@ class EventPublisher:
         return PublishResult(envelope.id, ack.seq, bool(ack.duplicate))
 
     async def publish_fitted(
-        self, items: Sequence[T], build: BuildPart[T], *, shrink: Shrink[T] | None = None
+        self,
+        items: Sequence[T],
+        build: BuildPart[T],
+        *,
+        shrink: Shrink[T] | None = None,
+        group_by: GroupBy[T] | None = None,
     ) -> list[PublishResult]:
         """Append a batch event in as many parts as the server's max_payload needs (see fit_to_payload)."""
-        events = _fit(items, build, payload_budget(self._js), shrink)
+        events = _fit(items, build, payload_budget(self._js), shrink, group_by)
         return [await self.publish(event, data=data) for event, data in events]
 
     async def publish_batch(self, envelopes: Sequence[EventEnvelope]) -> list[PublishResult]:

@@ -69,3 +69,16 @@ async def test_publish_refuses_an_event_over_the_servers_max_payload(nats_client
         [rollout(i, 300_000) for i in range(8)], build
     )
     assert len(results) > 2 and not any(r.duplicate for r in results)
+
+
+def test_with_group_by_a_split_falls_between_groups_not_inside_one() -> None:
+    # Three tasks of two samples: the middle (item 3) is inside task 1's pair.
+    items = [rollout(i, 10_000).model_copy(update={"task_index": i // 2}) for i in range(6)]
+    events = fit_to_payload(items, build, 45_000, group_by=lambda r: r.task_index)
+    parts = [[r["task_index"] for r in e.payload["rollouts"]] for e in events]
+    assert len(parts) > 1 and sum(parts, []) == [0, 0, 1, 1, 2, 2]
+    for part in parts:
+        assert all(part.count(t) == 2 for t in set(part)), parts
+    # Without it, the halving cuts a task's samples apart (what the option is for).
+    halves = fit_to_payload(items, build, 45_000)
+    assert any([r["task_index"] for r in e.payload["rollouts"]].count(1) == 1 for e in halves)

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import nats.aio.client
 import pytest
 
-from rollout.shared.bus.lease import Lease, bucket_ttl, current_holder, lead, lease_bucket
+from rollout.shared.bus.lease import (
+    BUCKET,
+    Lease,
+    bucket_ttl,
+    current_holder,
+    lead,
+    lease_bucket,
+)
+from rollout.shared.settings import Settings, connect_nats
 
 TTL_S = 1.0
 
@@ -190,3 +202,116 @@ async def test_a_standby_stops_even_when_a_request_swallowed_the_cancel(leases) 
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class _FreezableLink:
+    """A TCP relay to the nats-server that can stop forwarding (a stalled network path): the
+    connection stays up, but no request through it gets an answer."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(src, dst))
+            self.tasks.add(task)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await src.read(65536):
+                await self.flowing.wait()
+                dst.write(data)
+                await dst.drain()
+        dst.close()
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.fixture
+async def link(nats_settings: Settings) -> AsyncIterator[tuple[_FreezableLink, Settings]]:
+    """A freezable relay to the test nats-server, and settings that connect through it."""
+    url = urlsplit(nats_settings.nats_url)
+    relay = _FreezableLink(url.hostname or "127.0.0.1", url.port or 4222)
+    port = await relay.start()
+    relayed = url._replace(netloc=url.netloc.replace(f":{url.port}", f":{port}")).geturl()
+    yield relay, dataclasses.replace(nats_settings, nats_url=relayed, nats_urls=())
+    await relay.close()
+
+
+async def test_a_leader_whose_renewals_stall_stops_before_a_standby_can_take_over(
+    leases,  # type: ignore[no-untyped-def]
+    link,  # type: ignore[no-untyped-def]
+) -> None:
+    kv, _, b = leases
+    relay, relayed = link
+    nc = await connect_nats(relayed)
+    stopped_at: list[float] = []
+    running = asyncio.Event()
+
+    async def duty() -> None:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped_at.append(time.monotonic())
+
+    a = Lease(await nc.jetstream().key_value(BUCKET), "svc", "a", TTL_S)
+    leader = asyncio.create_task(lead(a, duty))
+    try:
+        await asyncio.wait_for(running.wait(), 5)
+        first = a.revision or 0
+        await _wait(lambda: _true((a.revision or 0) > first), "a renewal", limit_s=TTL_S * 2)
+        # The path to the server stalls: each renewal times out, its outcome unknown.
+        relay.flowing.clear()
+        await _wait(b.try_acquire, "the standby to take the lease", limit_s=TTL_S * 4)
+        acquired_at = time.monotonic()
+        assert stopped_at, "the stalled leader was still running its duty"
+        assert stopped_at[0] < acquired_at
+        assert await current_holder(kv, "svc") == "b"
+    finally:
+        leader.cancel()
+        relay.flowing.set()
+        await asyncio.gather(leader, return_exceptions=True)
+        await nc.close()
+
+
+class _AcquiringThroughACancel(Lease):
+    """A replica whose create lands in the same moment as its cancel (the cancel swallowed,
+    the key written): what Python 3.11's wait_for does when both come together."""
+
+    async def try_acquire(self) -> bool:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(30)
+        return await super().try_acquire()
+
+
+async def test_a_lease_won_as_the_cancel_came_is_given_back(leases) -> None:  # type: ignore[no-untyped-def]
+    kv, _, b = leases
+    racer = _AcquiringThroughACancel(kv, "svc", "r", TTL_S)
+
+    async def duty() -> None:
+        raise AssertionError("a cancelled replica never leads")
+
+    task = asyncio.create_task(lead(racer, duty))
+    await asyncio.sleep(0)  # let it reach its request
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.done() and task.cancelled()
+    assert racer.terms == 1, "the create did not land"
+    # No key left behind: the standby gets in at once, not a TTL later.
+    assert await current_holder(kv, "svc") is None
+    assert await b.try_acquire()
