@@ -284,3 +284,53 @@ def test_art_models_in_memory_import_too_and_the_cli_refuses_before_connecting(
     # No stack is running: the file's problem is what the user hears, not a connection error.
     assert main(["art", "import", str(path), "--env", "refunds"]) == 1
     assert "group 0 trajectory 0.reward: -1" in capsys.readouterr().err
+
+
+async def test_hostile_imports_are_refused_and_stored_trajectories_are_the_checked_ones(
+    client, settings
+) -> None:
+    from rollout.services.tracker.imports import MAX_PLANNED
+    from rollout.services.tracker.runs import MAX_N
+    from rollout.shared.contracts.requests import MAX_IMPORTED_SAMPLES
+
+    assert MAX_IMPORTED_SAMPLES == MAX_N  # an import's n fits where create_run's would
+    await client.push_environment(refund_env(tasks=12))
+
+    def rollout(task: int, sample: int, **trajectory: Any) -> ImportedRollout:
+        # Built unchecked: what a runner key could send past the client's own checks.
+        return ImportedRollout.model_construct(
+            task_index=task,
+            sample_index=sample,
+            trajectory={"messages": [{"role": "user", "content": "hi"}], **trajectory},
+            score=1.0,
+            passed=True,
+            reason="",
+            model=None,
+        )
+
+    # A huge sample index would make run.requested.n overflow the read models' columns.
+    huge = ImportRun.model_construct(
+        env_slug="refunds", env_version=None, source="art", model="imported/art", name=None,
+        rollouts=[rollout(0, 2**40)],
+    )  # fmt: skip
+    with pytest.raises(RolloutError) as refused:
+        await client.import_run(huge)
+    assert "sample_index" in str(refused.value) and "9999" in str(refused.value)
+    # In bounds one by one, but n x tasks plans more slots than one run may hold.
+    sparse = ImportRun(env_slug="refunds", rollouts=[rollout(t, MAX_N - 1) for t in range(12)])
+    with pytest.raises(RolloutError) as refused:
+        await client.import_run(sparse)
+    assert f"over the {MAX_PLANNED} one run may plan" in str(refused.value)
+    assert await client.list_runs() == []
+
+    # Keys a Trajectory does not know are dropped before anything is stored.
+    ok = ImportRun(env_slug="refunds", rollouts=[rollout(1, 0, smuggled={"payload": "x"})])
+    run_id = (await client.import_run(ok))["runId"]
+    done = await client.wait_for_run(run_id, timeout_s=60)  # the tracker is not stalled
+    assert done["status"] == "completed", done
+    (generated,) = await _events(client, run_id, "rollout.generated")
+    (stored,) = generated.payload["rollouts"]
+    assert "smuggled" not in stored["trajectory"]
+    assert stored["trajectory"]["messages"] == [{"role": "user", "content": "hi"}]
+    (row,) = await client.get_rollouts(run_id)
+    assert "smuggled" not in json.dumps(row)
