@@ -287,7 +287,7 @@ def test_art_models_in_memory_import_too_and_the_cli_refuses_before_connecting(
 
 
 async def test_hostile_imports_are_refused_and_stored_trajectories_are_the_checked_ones(
-    client, settings
+    client, settings, tmp_path
 ) -> None:
     from rollout.services.tracker.imports import MAX_PLANNED
     from rollout.services.tracker.runs import MAX_N
@@ -334,3 +334,39 @@ async def test_hostile_imports_are_refused_and_stored_trajectories_are_the_check
     assert stored["trajectory"]["messages"] == [{"role": "user", "content": "hi"}]
     (row,) = await client.get_rollouts(run_id)
     assert "smuggled" not in json.dumps(row)
+
+    # Provenance: the buffer knows the run's rewards were imported, not verified here.
+    from rollout.shared.contracts.buffer import RolloutsQuery
+    from rollout.snapshots import export_buffer_rows, export_rows, lineage
+
+    async def in_buffer() -> bool:
+        try:
+            found = await ask(settings, "rollouts", RolloutsQuery(run_ids=[run_id]))
+        except RolloutError:  # the buffer has not applied the run's events yet
+            return False
+        return found.count == 1
+
+    await wait_until(in_buffer, "the buffer to hold the imported run")
+    # A broad `export --buffer` leaves imported runs out; --include-imported keeps them.
+    with pytest.raises(RolloutError, match="the buffer holds no scored rollouts that match"):
+        await export_buffer_rows(client, RolloutsQuery(env_slug="refunds"))
+    rows, _ = await export_buffer_rows(client, RolloutsQuery(include_imported=True))
+    assert [(r["run_id"], r["source"]) for r in rows] == [(run_id, "art")]
+    assert lineage(rows)["sources"] == {"art": 1}
+    # Named explicitly, an imported run is exported, its rows still saying where they came from.
+    (named,) = (await export_buffer_rows(client, RolloutsQuery(run_ids=[run_id])))[0]
+    assert named["source"] == "art"
+    (row,) = await export_rows(client, run_ids=[run_id])
+    assert row["source"] == "art" and lineage([row])["sources"] == {"art": 1}
+    # `improve --dataset` reads the export back: its lineage still names the source.
+    from rollout.shared.contracts.snapshot import lineage_of
+    from rollout.snapshots import read_snapshot, write_snapshot
+
+    back = read_snapshot(write_snapshot([row], tmp_path / "imported.jsonl", "jsonl"))
+    assert [r.source for r in back] == ["art"] and lineage_of(back).sources == {"art": 1}
+
+
+def test_include_imported_selects_from_the_buffer_only(tmp_path, capsys) -> None:
+    out = str(tmp_path / "x.jsonl")
+    assert main(["export", "--run", "r1", "--include-imported", "--out", out]) == 1
+    assert "--include-imported: select from the buffer; add --buffer" in capsys.readouterr().err
