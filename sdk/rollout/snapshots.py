@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.snapshot import FORMAT, SnapshotRow
+from rollout.shared.contracts.snapshot import FORMAT, SnapshotRow, source_counts
 
 MAX_ROWS = 1_000_000
 
@@ -59,7 +59,11 @@ async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[
 
 
 def snapshot_row(
-    rollout: Mapping[str, Any], run: Mapping[str, Any], tasks: list[Any], tools: list[dict]
+    rollout: Mapping[str, Any],
+    run: Mapping[str, Any],
+    tasks: list[Any],
+    tools: list[dict],
+    source: str | None = None,
 ) -> dict[str, Any]:
     """One `get_rollouts` row (with its trajectory) and its run as a snapshot row."""
     trajectory = rollout.get("trajectory")
@@ -93,9 +97,24 @@ def snapshot_row(
         "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
         "prompt": prompt if isinstance(prompt, str) else None,
         "completion": trajectory.get("final_output"),
+        "source": source,
     }
     SnapshotRow.model_validate(row)  # what import will demand, checked on the way out
     return row
+
+
+async def _run_source(client: Any, run_id: str) -> str | None:
+    """Where the run's verdicts came from (its run.requested's `source`; None: verified here)."""
+    from rollout.shared import subjects
+    from rollout.shared.bus.reader import read_events
+    from rollout.shared.contracts.envelope import EventEnvelope
+
+    subject = subjects.event("run", run_id, subjects.event_name("run.requested"))
+    sources = [
+        EventEnvelope.from_bytes(msg.data).body().source
+        async for msg in read_events(await client.jetstream(), [subject])
+    ]
+    return sources[0] if sources else None
 
 
 async def export_rows(
@@ -127,8 +146,10 @@ async def export_rows(
         doc = await client.get_environment(run["envSlug"], run["envVersion"])
         spec = EnvironmentSpec.model_validate(doc.get("spec", doc))
         tools = await _task_tools(spec, sorted({int(r["taskIndex"]) for r in scored}))
+        source = await _run_source(client, run_id)
         rows.extend(
-            snapshot_row(r, run, spec.tasks, tools.get(int(r["taskIndex"]), [])) for r in scored
+            snapshot_row(r, run, spec.tasks, tools.get(int(r["taskIndex"]), []), source)
+            for r in scored
         )
     if not rows:
         raise RolloutError(f"no scored rollouts to export in {', '.join(run_ids or [])}")
@@ -172,6 +193,7 @@ def buffer_row(item: Mapping[str, Any], tasks: list[Any]) -> dict[str, Any] | No
         "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
         "prompt": prompt if isinstance(prompt, str) else None,
         "completion": trajectory.get("final_output"),
+        "source": item.get("source"),
     }
     SnapshotRow.model_validate(row)
     return row
@@ -241,6 +263,7 @@ def lineage(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
         "env_hashes": sorted({r["env_hash"] for r in rows}),
         "models": sorted({r["model"] for r in rows}),
         "outcomes": dict(sorted(outcomes.items())),
+        "sources": source_counts(r.get("source") for r in rows),
     }
 
 

@@ -72,10 +72,10 @@ class BufferProjection:
     ) -> None:
         await conn.execute(
             "insert into buffer_runs(run_id, env_slug, env_version, env_hash, model, split, n,"
-            " policy_version, requested_at) values ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
+            " policy_version, requested_at, source) values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
             " on conflict do nothing",
             p.run_id, p.env_slug, p.env_version, p.env_hash, p.model, p.split, p.n,
-            p.policy_version, e.time,
+            p.policy_version, e.time, p.source,
         )  # fmt: skip
 
     async def apply_batch(

@@ -39,7 +39,11 @@ _COLUMNS = (
     " policy_version, score, passed, error, trajectory, trajectory_uri, trajectory_sha256"
 )
 # What an exported row carries besides the training builders' columns.
-_EXPORTED = ", seed, primitives, generation_error, scored_at"
+_EXPORTED = (
+    ", seed, primitives, generation_error, scored_at,"
+    " (select source from buffer_runs r where r.run_id = buffer_rollouts.run_id) as source"
+)
+_IMPORTED_RUNS = "select run_id from buffer_runs where source is not null"
 _ITEM_KEYS = (
     "rollout_id", "run_id", "env_slug", "env_version", "env_hash", "task_index", "sample_index",
     "model", "policy_version", "seed", "score", "passed", "trajectory", "tools",
@@ -141,6 +145,9 @@ class BufferQueries:
         if query.since is not None:
             args.append(query.since)
             conditions.append(f"scored_at >= ${len(args)}")
+        if not query.include_imported and not query.run_ids:
+            # Imported rewards were not verified here: a broad selection leaves them out.
+            conditions.append(f"run_id not in ({_IMPORTED_RUNS})")
         errored = "(error is not null or generation_error is not null)"
         if not query.include_errored:
             conditions.append(f"not {errored}")
@@ -158,6 +165,7 @@ class BufferQueries:
                     "outcome": outcome,
                     "primitives": _decoded(row["primitives"]) or [],
                     "scored_at": row["scored_at"].isoformat(),
+                    "source": row["source"],
                 }
             )
         stats = {"rollouts": float(len(items))}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import pydantic
 from faststream.nats import NatsBroker
@@ -23,7 +24,7 @@ from nats.js import JetStreamContext
 
 from rollout.errors import RolloutError
 from rollout.services.tracker.aggregate import load_run, rollout_id
-from rollout.services.tracker.runs import QUEUE
+from rollout.services.tracker.runs import MAX_N, QUEUE
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher, payload_budget
@@ -45,6 +46,9 @@ from rollout.shared.store import env_versions
 _LISTED = 10
 # What an event's envelope and a rollout's other fields take besides its trajectory.
 _ENVELOPE_ROOM = 4096
+# The tracker plans a run's rollout slots as n x tasks (one id each, held in memory while it
+# decides): a sparse import (a few high sample indices) must not plan millions of them.
+MAX_PLANNED = 10 * MAX_N
 
 log = get_logger(__name__)
 
@@ -56,8 +60,10 @@ def import_run_id(cmd: ImportRun, env_slug: str, env_version: int) -> str:
     return deterministic_id("import", env_slug, env_version, digest)[:16]
 
 
-async def plan_import(js: JetStreamContext, cmd: ImportRun) -> RunRequested:
-    """The run.requested of an import; RolloutError listing every problem with it."""
+async def plan_import(
+    js: JetStreamContext, cmd: ImportRun
+) -> tuple[RunRequested, list[dict[str, Any]]]:
+    """The run.requested of an import and its checked trajectories; RolloutError if not."""
     try:
         subjects.token(cmd.env_slug, "environment slug")
     except subjects.SubjectError as exc:
@@ -80,6 +86,7 @@ async def plan_import(js: JetStreamContext, cmd: ImportRun) -> RunRequested:
     room = payload_budget(js) - _ENVELOPE_ROOM
     problems: list[str] = []
     seen: set[tuple[int, int]] = set()
+    trajectories: list[dict[str, Any]] = []
     for i, r in enumerate(cmd.rollouts):
         where = f"rollouts[{i}]"
         if r.task_index >= tasks:
@@ -89,17 +96,21 @@ async def plan_import(js: JetStreamContext, cmd: ImportRun) -> RunRequested:
         if (r.task_index, r.sample_index) in seen:
             problems.append(f"{where}: task {r.task_index} sample {r.sample_index} repeats")
         seen.add((r.task_index, r.sample_index))
-        size = len(json.dumps(r.trajectory).encode())
-        if size > room:
-            problems.append(
-                f"{where}.trajectory: {size} bytes, over the {room} bytes one event may carry"
-            )
         try:
-            Trajectory.model_validate(r.trajectory)
+            # What is stored is the checked Trajectory, not the sender's dict: keys it does not
+            # know never reach the buffer or the learner.
+            trajectory = Trajectory.model_validate(r.trajectory).model_dump(mode="json")
         except pydantic.ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
             problems.append(f"{where}.trajectory.{loc}: {err['msg']}")
+            trajectory = r.trajectory
+        trajectories.append(trajectory)
+        size = len(json.dumps(trajectory).encode())
+        if size > room:
+            problems.append(
+                f"{where}.trajectory: {size} bytes, over the {room} bytes one event may carry"
+            )
         for field in ("reason", "model"):
             value = getattr(r, field)
             if isinstance(value, str) and "\x00" in value:
@@ -110,33 +121,44 @@ async def plan_import(js: JetStreamContext, cmd: ImportRun) -> RunRequested:
         value = getattr(cmd, field)
         if isinstance(value, str) and "\x00" in value:
             problems.append(f"{field}: must not contain NUL characters")
+    n = 1 + max(r.sample_index for r in cmd.rollouts)
+    task_indices = sorted({r.task_index for r in cmd.rollouts})
+    if not problems and n * len(task_indices) > MAX_PLANNED:
+        problems.append(
+            f"rollouts: sample_index up to {n - 1} over {len(task_indices)} task(s) plans"
+            f" {n * len(task_indices)} rollouts, over the {MAX_PLANNED} one run may plan"
+            " (number each task's samples from 0)"
+        )
     if problems:
         raise RolloutError("invalid import", problems=problems)
     run_id = import_run_id(cmd, env.slug, env.version)
-    return RunRequested(
+    run = RunRequested(
         run_id=run_id,
         env_slug=env.slug,
         env_version=env.version,
         env_hash=env.spec_hash,
         model=cmd.model,
-        n=1 + max(r.sample_index for r in cmd.rollouts),
+        n=n,
         name=cmd.name,
-        task_indices=sorted({r.task_index for r in cmd.rollouts}),
+        task_indices=task_indices,
         batch_size=len(cmd.rollouts),
         source=cmd.source,
     )
+    return run, trajectories
 
 
-def _histories(cmd: ImportRun, run: RunRequested) -> tuple[RunStarted, list, list]:
+def _histories(
+    cmd: ImportRun, run: RunRequested, trajectories: list[dict[str, Any]]
+) -> tuple[RunStarted, list, list]:
     generated, scored = [], []
-    for r in cmd.rollouts:
+    for r, trajectory in zip(cmd.rollouts, trajectories, strict=True):
         rid = rollout_id(run.run_id, r.task_index, r.sample_index)
         generated.append(
             GeneratedRollout(
                 rollout_id=rid,
                 task_index=r.task_index,
                 sample_index=r.sample_index,
-                trajectory=r.trajectory,
+                trajectory=trajectory,
                 model=r.model or run.model,
                 env_hash=run.env_hash,
                 actor_id=f"import:{run.source}",
@@ -168,7 +190,7 @@ def _histories(cmd: ImportRun, run: RunRequested) -> tuple[RunStarted, list, lis
 
 async def import_run(js: JetStreamContext, cmd: ImportRun) -> tuple[RunRequested, bool]:
     """Record the import as a run; (its run.requested, True when it was already recorded)."""
-    run = await plan_import(js, cmd)
+    run, trajectories = await plan_import(js, cmd)
     state = await load_run(js, run.run_id)
     if state.ended is not None:
         return run, True
@@ -184,7 +206,7 @@ async def import_run(js: JetStreamContext, cmd: ImportRun) -> tuple[RunRequested
             already = True  # another attempt of the same import got in first: same events
     # Every later event's id derives from the run id: a resend (a crash half-way, a racing
     # retry) is dropped by the stream, and the projections keep the first of each anyway.
-    started, generated, scored = _histories(cmd, run)
+    started, generated, scored = _histories(cmd, run, trajectories)
     work_item_id = deterministic_id("import-work", run.run_id)[:24]
     await publisher.publish(
         EventEnvelope.new(

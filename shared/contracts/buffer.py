@@ -114,6 +114,11 @@ class RolloutsQuery(BufferQuery):
     )
     policy_versions: list[int] | None = None
     since: datetime | None = Field(None, description="only rollouts scored at or after this time")
+    include_imported: bool = Field(
+        False,
+        description="also select imported runs' rollouts (rewards recorded elsewhere, e.g. ART);"
+        " runs named in run_ids are always selected",
+    )
 
     @model_validator(mode="after")
     def _version_needs_env(self) -> RolloutsQuery:

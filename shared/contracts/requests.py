@@ -151,13 +151,16 @@ class ListJobs(Request):
 # --- imported runs -----------------------------------------------------------------------------
 
 MAX_IMPORTED_ROLLOUTS = 10_000
+# The tracker's bound on a run's samples per task (services/tracker/runs.py MAX_N): an import's
+# run asks for n = 1 + its highest sample_index, which must fit where create_run's would.
+MAX_IMPORTED_SAMPLES = 10_000
 
 
 class ImportedRollout(Request):
     """One scored rollout produced outside the platform (e.g. an ART trajectory)."""
 
     task_index: int = Field(ge=0)
-    sample_index: int = Field(ge=0)
+    sample_index: int = Field(ge=0, le=MAX_IMPORTED_SAMPLES - 1)
     trajectory: dict[str, Any] = Field(description="a rollout Trajectory (trajectory.json)")
     score: float = Field(ge=0, le=1, allow_inf_nan=False)
     passed: bool

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -38,6 +39,11 @@ class SnapshotRow(BaseModel):
     tools: str | None = Field(default=None, description="JSON list of OpenAI tools")
     prompt: str | None = None
     completion: str | None = None
+    source: str | None = Field(
+        default=None,
+        description="where the verdict came from: none for the platform's verifier, else the"
+        " importer ('art': a reward recorded elsewhere, not verified here)",
+    )
 
     @field_validator("trajectory")
     @classmethod
@@ -95,6 +101,10 @@ class DatasetLineage(BaseModel):
     env_hashes: list[str]
     models: list[str]
     outcomes: dict[str, int] = Field(description="rows per outcome: passed, failed, errored")
+    sources: dict[str, int] = Field(
+        default_factory=dict,
+        description="rows per verdict source: 'verifier' (scored here) or an importer ('art')",
+    )
 
 
 class DatasetSource(BaseModel):
@@ -124,12 +134,24 @@ def lineage_of(rows: list[SnapshotRow]) -> DatasetLineage:
         env_hashes=sorted({r.env_hash for r in rows}),
         models=sorted({r.model for r in rows}),
         outcomes=dict(sorted(outcomes.items())),
+        sources=source_counts(r.source for r in rows),
     )
+
+
+def source_counts(sources: Iterable[str | None]) -> dict[str, int]:
+    """Rows per verdict source: 'verifier' for the platform's own, else the importer's name."""
+    counts: dict[str, int] = {}
+    for source in sources:
+        counts[source or "verifier"] = counts.get(source or "verifier", 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def canonical_jsonl(rows: list[SnapshotRow]) -> bytes:
     """The rows as one JSON object a line, in order: equal rows give equal bytes (and hash)."""
-    return "".join(row.model_dump_json() + "\n" for row in rows).encode()
+    # A verifier-scored row leaves `source` out, so its bytes (and hash) are as before it.
+    return "".join(
+        row.model_dump_json(exclude=None if row.source else {"source"}) + "\n" for row in rows
+    ).encode()
 
 
 def rows_from_jsonl(data: bytes, where: str) -> list[SnapshotRow]:

@@ -284,3 +284,89 @@ def test_art_models_in_memory_import_too_and_the_cli_refuses_before_connecting(
     # No stack is running: the file's problem is what the user hears, not a connection error.
     assert main(["art", "import", str(path), "--env", "refunds"]) == 1
     assert "group 0 trajectory 0.reward: -1" in capsys.readouterr().err
+
+
+async def test_hostile_imports_are_refused_and_stored_trajectories_are_the_checked_ones(
+    client, settings, tmp_path
+) -> None:
+    from rollout.services.tracker.imports import MAX_PLANNED
+    from rollout.services.tracker.runs import MAX_N
+    from rollout.shared.contracts.requests import MAX_IMPORTED_SAMPLES
+
+    assert MAX_IMPORTED_SAMPLES == MAX_N  # an import's n fits where create_run's would
+    await client.push_environment(refund_env(tasks=12))
+
+    def rollout(task: int, sample: int, **trajectory: Any) -> ImportedRollout:
+        # Built unchecked: what a runner key could send past the client's own checks.
+        return ImportedRollout.model_construct(
+            task_index=task,
+            sample_index=sample,
+            trajectory={"messages": [{"role": "user", "content": "hi"}], **trajectory},
+            score=1.0,
+            passed=True,
+            reason="",
+            model=None,
+        )
+
+    # A huge sample index would make run.requested.n overflow the read models' columns.
+    huge = ImportRun.model_construct(
+        env_slug="refunds", env_version=None, source="art", model="imported/art", name=None,
+        rollouts=[rollout(0, 2**40)],
+    )  # fmt: skip
+    with pytest.raises(RolloutError) as refused:
+        await client.import_run(huge)
+    assert "sample_index" in str(refused.value) and "9999" in str(refused.value)
+    # In bounds one by one, but n x tasks plans more slots than one run may hold.
+    sparse = ImportRun(env_slug="refunds", rollouts=[rollout(t, MAX_N - 1) for t in range(12)])
+    with pytest.raises(RolloutError) as refused:
+        await client.import_run(sparse)
+    assert f"over the {MAX_PLANNED} one run may plan" in str(refused.value)
+    assert await client.list_runs() == []
+
+    # Keys a Trajectory does not know are dropped before anything is stored.
+    ok = ImportRun(env_slug="refunds", rollouts=[rollout(1, 0, smuggled={"payload": "x"})])
+    run_id = (await client.import_run(ok))["runId"]
+    done = await client.wait_for_run(run_id, timeout_s=60)  # the tracker is not stalled
+    assert done["status"] == "completed", done
+    (generated,) = await _events(client, run_id, "rollout.generated")
+    (stored,) = generated.payload["rollouts"]
+    assert "smuggled" not in stored["trajectory"]
+    assert stored["trajectory"]["messages"] == [{"role": "user", "content": "hi"}]
+    (row,) = await client.get_rollouts(run_id)
+    assert "smuggled" not in json.dumps(row)
+
+    # Provenance: the buffer knows the run's rewards were imported, not verified here.
+    from rollout.shared.contracts.buffer import RolloutsQuery
+    from rollout.snapshots import export_buffer_rows, export_rows, lineage
+
+    async def in_buffer() -> bool:
+        try:
+            found = await ask(settings, "rollouts", RolloutsQuery(run_ids=[run_id]))
+        except RolloutError:  # the buffer has not applied the run's events yet
+            return False
+        return found.count == 1
+
+    await wait_until(in_buffer, "the buffer to hold the imported run")
+    # A broad `export --buffer` leaves imported runs out; --include-imported keeps them.
+    with pytest.raises(RolloutError, match="the buffer holds no scored rollouts that match"):
+        await export_buffer_rows(client, RolloutsQuery(env_slug="refunds"))
+    rows, _ = await export_buffer_rows(client, RolloutsQuery(include_imported=True))
+    assert [(r["run_id"], r["source"]) for r in rows] == [(run_id, "art")]
+    assert lineage(rows)["sources"] == {"art": 1}
+    # Named explicitly, an imported run is exported, its rows still saying where they came from.
+    (named,) = (await export_buffer_rows(client, RolloutsQuery(run_ids=[run_id])))[0]
+    assert named["source"] == "art"
+    (row,) = await export_rows(client, run_ids=[run_id])
+    assert row["source"] == "art" and lineage([row])["sources"] == {"art": 1}
+    # `improve --dataset` reads the export back: its lineage still names the source.
+    from rollout.shared.contracts.snapshot import lineage_of
+    from rollout.snapshots import read_snapshot, write_snapshot
+
+    back = read_snapshot(write_snapshot([row], tmp_path / "imported.jsonl", "jsonl"))
+    assert [r.source for r in back] == ["art"] and lineage_of(back).sources == {"art": 1}
+
+
+def test_include_imported_selects_from_the_buffer_only(tmp_path, capsys) -> None:
+    out = str(tmp_path / "x.jsonl")
+    assert main(["export", "--run", "r1", "--include-imported", "--out", out]) == 1
+    assert "--include-imported: select from the buffer; add --buffer" in capsys.readouterr().err

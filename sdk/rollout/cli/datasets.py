@@ -81,6 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("hf", "parquet", "jsonl"), default="jsonl")
     p.add_argument("--out", required=True, type=Path, metavar="PATH")
     p.add_argument("--include-errored", action="store_true", help="keep errored rollouts too")
+    p.add_argument(
+        "--include-imported", action="store_true",
+        help="with --buffer: also imported runs' rollouts (rewards recorded elsewhere, e.g. ART,"
+        " not verified here; their rows carry source 'art')",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: asyncio.run(_export(a)))
 
@@ -162,6 +167,7 @@ def _buffer_query(args: argparse.Namespace) -> Any:
         "--verdict": args.verdict,
         "--policy-version": args.policy_versions,
         "--since": args.since,
+        "--include-imported": args.include_imported or None,
     }
     if not args.buffer:
         given = [name for name, value in filters.items() if value is not None]
@@ -180,6 +186,7 @@ def _buffer_query(args: argparse.Namespace) -> Any:
             include_errored=args.include_errored,
             policy_versions=args.policy_versions,
             since=_since(args.since) if args.since is not None else None,
+            include_imported=args.include_imported,
         )
     except ValidationError as exc:
         names = {"env_version": "--env-version", "verdict": "--verdict"}
