@@ -219,6 +219,38 @@ async def test_a_client_that_leaves_mid_stream_frees_its_generation(serve, talke
         assert running.policy.slot.served == 2
 
 
+async def test_a_switch_between_reading_the_slot_and_queuing_loses_no_request(
+    serve, talker: Path
+) -> None:
+    async with serve(f"hf:{talker}", name="tiny") as running:
+        policy, loop = running.policy, asyncio.get_running_loop()
+        read = policy.current
+
+        def current_then_switch():
+            # The version is retired right after a request reads it as current, as a
+            # `policy.updated` landing in that instant would (the next loop callback).
+            slot = read()
+            loop.call_soon(slot.retire)
+            return slot
+
+        policy.current = current_then_switch  # type: ignore[method-assign]
+        client = client_of(running)
+        messages = [{"role": "user", "content": "hi"}]
+
+        async def streamed() -> str:
+            stream = await client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=6, temperature=0, stream=True
+            )
+            return "".join([c.delta.content or "" async for k in stream for c in k.choices])
+
+        # The retired version still serves what was queued on it: no hang, a full answer.
+        text = await asyncio.wait_for(streamed(), timeout=60)
+        assert text and policy.slot.served == 1
+        # Asking a version that is gone fails at once with the reason, never hangs.
+        with pytest.raises(openai.InternalServerError, match="retired before this request ran"):
+            await asyncio.wait_for(streamed(), timeout=60)
+
+
 async def test_a_prompt_over_the_context_is_a_400_not_a_500(serve, tiny_model: Path) -> None:
     async with serve(f"hf:{tiny_model}", name="tiny") as running:
         client = client_of(running)
