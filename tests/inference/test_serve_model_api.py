@@ -191,6 +191,33 @@ def test_streamed_text_holds_back_tool_calls_stops_and_whitespace(talker: Path) 
     assert TextStream(tokenizer, None).rest(None) == ""
 
 
+def test_streamed_text_decodes_each_token_once_not_the_whole_text_again(talker: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from rollout.services.inference.api import TextStream
+
+    tokenizer = AutoTokenizer.from_pretrained(talker)
+    decoded: list[int] = []
+
+    class Counting:
+        """The real tokenizer, counting how many ids each decode is handed."""
+
+        def decode(self, ids, **options):
+            decoded.append(len(ids))
+            return tokenizer.decode(ids, **options)
+
+    text = " ".join(["Refund order O-1 in full, é 😀 refunded."] * 40)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 400
+    stream = TextStream(Counting(), None)
+    sent = "".join(stream.add(t) for t in ids)
+    content = tokenizer.decode(ids, skip_special_tokens=True).strip()
+    # The pieces still add up to the non-streamed answer...
+    assert len(sent) > len(content) // 2 and sent + stream.rest(content) == content
+    # ...and each token costs a few ids of decoding, not all the ids so far (n^2 / 2).
+    assert max(decoded) <= 16 and sum(decoded) <= 4 * len(ids)
+
+
 async def test_a_client_that_leaves_mid_stream_frees_its_generation(serve, talker: Path) -> None:
     async with serve(f"hf:{talker}", name="tiny") as running:
         client = client_of(running)
