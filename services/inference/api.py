@@ -416,6 +416,8 @@ class TextStream:
         self.text = ""
         self._prefix = 0
         self._read = 0
+        # Set once nothing more can become visible (a tool call or a stop sequence began).
+        self._final = False
 
     def _decode_new(self) -> None:
         """Extend `text` by what the tokens since `_read` add (none while a character is split)."""
@@ -435,9 +437,13 @@ class TextStream:
         self._decode_new()
         text = self.text.lstrip()
         if text.startswith(("{", "[")):
+            self._final = True
             return ""  # maybe a bare JSON tool call: told at the end
-        text = text.partition(OPEN_TAG)[0]
+        text, tag, _ = text.partition(OPEN_TAG)
         text, stopped = _stopped(text, self.stops or None)
+        if tag or stopped:
+            # Nothing after a tool call's tag or a stop sequence is ever shown: stop decoding.
+            self._final = True
         if not stopped:
             for k in range(len(OPEN_TAG) - 1, 0, -1):
                 if text.endswith(OPEN_TAG[:k]):
@@ -450,6 +456,8 @@ class TextStream:
     def add(self, token_id: int) -> str:
         """The text this token lets out (often "")."""
         self.ids.append(token_id)
+        if self._final:
+            return ""
         visible = self._visible()
         if len(visible) <= len(self.sent) or not visible.startswith(self.sent):
             return ""

@@ -217,6 +217,14 @@ def test_streamed_text_decodes_each_token_once_not_the_whole_text_again(talker: 
     # ...and each token costs a few ids of decoding, not all the ids so far (n^2 / 2).
     assert max(decoded) <= 16 and sum(decoded) <= 4 * len(ids)
 
+    # Once a tool call begins nothing more can show: its tokens are not decoded at all.
+    decoded.clear()
+    call = "<tool_call>" + '{"name": "refund", "arguments": {"order_id": "O-1"}}' * 20
+    ids = tokenizer(f"Sure. {call}</tool_call>", add_special_tokens=False)["input_ids"]
+    stream = TextStream(Counting(), None)
+    assert "".join(stream.add(t) for t in ids) == "Sure."
+    assert len(ids) > 200 and len(decoded) < 60
+
 
 async def test_a_client_that_leaves_mid_stream_frees_its_generation(serve, talker: Path) -> None:
     async with serve(f"hf:{talker}", name="tiny") as running:
