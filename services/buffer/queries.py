@@ -4,6 +4,8 @@ A reply whose items are larger than the query's `inline_limit` goes to the objec
 (content-addressed, so asking twice stores once) and the caller gets its URI and sha256.
 No reply exceeds the server's max payload: the threshold is capped by what the connection
 allows, and a query with `page_size` gets its items a page at a time (`next_offset`).
+The `rollouts` query (an export) pages in SQL: by key after the previous page's last rollout,
+at most ROLLOUTS_PAGE_MAX a reply, over what was scored up to the export's `as_of` sequence.
 A query with `after_seq` is answered only once the buffer has applied the events stream up to
 that sequence: the buffer is a projection that may lag, and a caller that knows a run ended
 at sequence N must not get an answer missing that run's last verdicts.
