@@ -215,19 +215,24 @@ async def export_buffer_rows(client: Any, query: Any) -> tuple[list[dict[str, An
         query = query.model_copy(
             update={"after_seq": await last_sequence(await client.jetstream())}
         )
+    if query.as_of is None:
+        # Every page sees the selection as of the export's start, not what is scored meanwhile.
+        query = query.model_copy(update={"as_of": query.after_seq})
     items: list[dict[str, Any]] = []
-    offset = 0
     store = None
     while True:
-        page = query.model_copy(update={"offset": offset, "page_size": BUFFER_PAGE})
+        # Each page starts after the previous page's last rollout (keyset, not an offset).
+        after = items[-1]["rollout_id"] if items else None
+        page = query.model_copy(
+            update={"offset": len(items), "page_size": BUFFER_PAGE, "after_rollout": after}
+        )
         data = BufferData.model_validate(await client.request("buffer", "rollouts", page))
         if data.ref is not None and store is None:
             store = object_store(client.settings)
         found, _ = await data.load(store)
         items.extend(found)
-        if data.next_offset is None or data.next_offset <= offset:
+        if data.next_offset is None or not found:
             break
-        offset = data.next_offset
     if not items:
         raise RolloutError(
             "the buffer holds no scored rollouts that match",

@@ -4,6 +4,8 @@ A reply whose items are larger than the query's `inline_limit` goes to the objec
 (content-addressed, so asking twice stores once) and the caller gets its URI and sha256.
 No reply exceeds the server's max payload: the threshold is capped by what the connection
 allows, and a query with `page_size` gets its items a page at a time (`next_offset`).
+The `rollouts` query (an export) pages in SQL: by key after the previous page's last rollout,
+at most ROLLOUTS_PAGE_MAX a reply, over what was scored up to the export's `as_of` sequence.
 A query with `after_seq` is answered only once the buffer has applied the events stream up to
 that sequence: the buffer is a projection that may lag, and a caller that knows a run ended
 at sequence N must not get an answer missing that run's last verdicts.
@@ -49,6 +51,10 @@ _ITEM_KEYS = (
     "model", "policy_version", "seed", "score", "passed", "trajectory", "tools",
 )  # fmt: skip
 _LISTED = 10
+# The rollouts query's order; unique (rollout_id breaks ties), so it can page by key.
+_ORDER = "run_id, task_index, sample_index, rollout_id"
+# The most rollouts one `rollouts` reply holds (with their trajectories): ask for the next page.
+ROLLOUTS_PAGE_MAX = 256
 _HINT = "is the buffer service running (`rollout status`) and has it caught up with the run?"
 # How long a query with `after_seq` waits for the buffer to catch up before it says so.
 CATCH_UP_S = 15.0
@@ -153,7 +159,28 @@ class BufferQueries:
             conditions.append(f"not {errored}")
         if query.verdict is not None:
             conditions.append("passed" if query.verdict == "passed" else "not passed")
-        rows = await self._select(conditions, args, extra=_EXPORTED)
+        if query.as_of is not None:
+            args.append(query.as_of)
+            conditions.append(f"scored_seq <= ${len(args)}")
+        async with self.pool.acquire() as conn:
+            total = await conn.fetchval(
+                f"select count(*) from buffer_rollouts where {' and '.join(conditions)}", *args
+            )
+        if query.after_rollout is not None:
+            await self._check_rollouts([query.after_rollout], None)
+            # Keyset paging: rows scored meanwhile cannot shift this page onto the last one.
+            args.append(query.after_rollout)
+            conditions.append(
+                f"({_ORDER}) > (select {_ORDER} from buffer_rollouts"
+                f" where rollout_id = ${len(args)})"
+            )
+        size = min(query.page_size or ROLLOUTS_PAGE_MAX, ROLLOUTS_PAGE_MAX)
+        # One more than the page, to know whether another follows; only this page is loaded.
+        tail = f" limit {size + 1}"
+        if query.after_rollout is None and query.offset:
+            tail += f" offset {query.offset}"
+        rows = await self._select(conditions, args, extra=_EXPORTED, tail=tail)
+        more, rows = len(rows) > size, rows[:size]
         items = []
         for row in rows:
             error = row["error"] or row["generation_error"]
@@ -168,8 +195,9 @@ class BufferQueries:
                     "source": row["source"],
                 }
             )
-        stats = {"rollouts": float(len(items))}
-        return await self._reply("rollouts", items, [{} for _ in items], stats, query)
+        stats = {"rollouts": float(total)}
+        meta: list[dict[str, Any]] = [{} for _ in items]
+        return await self._reply("rollouts", items, meta, stats, query, paged=(total, more))
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -237,13 +265,13 @@ class BufferQueries:
             )
 
     async def _select(
-        self, conditions: list[str], args: list[Any], *, extra: str = ""
+        self, conditions: list[str], args: list[Any], *, extra: str = "", tail: str = ""
     ) -> list[dict[str, Any]]:
         """Scored rollouts matching `conditions`, trajectories loaded, tools attached."""
         async with self.pool.acquire() as conn:
             records = await conn.fetch(
                 f"select {_COLUMNS}{extra} from buffer_rollouts where {' and '.join(conditions)}"
-                " order by run_id, task_index, sample_index",
+                f" order by {_ORDER}{tail}",
                 *args,
             )
         rows = []
@@ -272,17 +300,25 @@ class BufferQueries:
         meta: list[dict[str, Any]],
         stats: dict[str, float],
         query: BufferQuery,
+        *,
+        paged: tuple[int, bool] | None = None,
     ) -> BufferData:
-        total = len(items)
-        start = min(query.offset, total)
-        end = total if query.page_size is None else min(total, start + query.page_size)
-        items, meta = items[start:end], meta[start:end]
+        """The page of `items` the query asks for (`paged`: they are the page; total, more)."""
+        if paged is None:
+            total = len(items)
+            start = min(query.offset, total)
+            end = total if query.page_size is None else min(total, start + query.page_size)
+            items, meta = items[start:end], meta[start:end]
+            more = end < total
+        else:
+            (total, more), start = paged, query.offset
+            end = start + len(items)
         page = {
             "kind": kind,
             "count": len(items),
             "total": total,
             "offset": start,
-            "next_offset": end if end < total else None,
+            "next_offset": end if more else None,
             "stats": stats,
         }
         limit = query.inline_limit

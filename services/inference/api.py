@@ -393,6 +393,10 @@ def final_chunks(
     )  # fmt: skip
 
 
+# A character split over more tokens than this is let out as it decodes (\ufffd and all).
+_MAX_SPLIT_TOKENS = 8
+
+
 class TextStream:
     """One choice's text as its tokens come: only what the finished content will begin with.
 
@@ -407,15 +411,39 @@ class TextStream:
         self.stops = [s for s in ([stop] if isinstance(stop, str) else stop or []) if s]
         self.ids: list[int] = []
         self.sent = ""
+        # The decoded text of ids[:_read]; each token decodes only the window ids[_prefix:]
+        # (as transformers' TextStreamer and vLLM do), so the work per token stays bounded.
+        self.text = ""
+        self._prefix = 0
+        self._read = 0
+        # Set once nothing more can become visible (a tool call or a stop sequence began).
+        self._final = False
+
+    def _decode_new(self) -> None:
+        """Extend `text` by what the tokens since `_read` add (none while a character is split)."""
+        decode = self.tokenizer.decode
+        # Decoded with the token before them, so word-initial spaces come out as in a full decode.
+        before = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        window = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        pending = len(self.ids) - self._read
+        if window.endswith("\ufffd") and pending < _MAX_SPLIT_TOKENS:
+            return  # half a UTF-8 character: wait for the rest of it
+        self.text += window[len(before) :]
+        self._prefix, self._read = self._read, len(self.ids)
 
     def _visible(self) -> str:
         from rollout.shared.models.hermes import OPEN_TAG
 
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True).lstrip()
+        self._decode_new()
+        text = self.text.lstrip()
         if text.startswith(("{", "[")):
+            self._final = True
             return ""  # maybe a bare JSON tool call: told at the end
-        text = text.partition(OPEN_TAG)[0]
+        text, tag, _ = text.partition(OPEN_TAG)
         text, stopped = _stopped(text, self.stops or None)
+        if tag or stopped:
+            # Nothing after a tool call's tag or a stop sequence is ever shown: stop decoding.
+            self._final = True
         if not stopped:
             for k in range(len(OPEN_TAG) - 1, 0, -1):
                 if text.endswith(OPEN_TAG[:k]):
@@ -428,6 +456,8 @@ class TextStream:
     def add(self, token_id: int) -> str:
         """The text this token lets out (often "")."""
         self.ids.append(token_id)
+        if self._final:
+            return ""
         visible = self._visible()
         if len(visible) <= len(self.sent) or not visible.startswith(self.sent):
             return ""

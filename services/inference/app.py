@@ -231,7 +231,8 @@ def create_app(policy: ServedPolicy, config: ServeConfig) -> Starlette:
         loop = asyncio.get_running_loop()
         heard: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         listeners = [_Listener(loop, heard, i) for i in range(len(requests))]
-        generation = asyncio.create_task(slot.submit(requests, listeners))
+        # Queued now, with no await since `slot` was read: a switch cannot retire it in between.
+        generation = slot.enqueue(requests, listeners)
         # Wait for the first token (or the end): a request that cannot run is still a 4xx.
         first = asyncio.ensure_future(heard.get())
         await asyncio.wait({generation, first}, return_when=asyncio.FIRST_COMPLETED)

@@ -52,6 +52,7 @@ class Slot:
     batches: int = 0
     # Streamed requests whose client went away before the end (their generation stopped).
     cancelled: int = 0
+    retired: bool = False
 
     def start(self) -> None:
         """Start taking requests."""
@@ -62,17 +63,32 @@ class Slot:
         """Whether this version's backend can tell tokens as they are sampled."""
         return callable(getattr(self.backend, "generate_streaming", None))
 
+    def enqueue(
+        self, requests: list[ChatRequest], listeners: list[Any] | None = None
+    ) -> asyncio.Future[list[ChatResponse]]:
+        """Queue `requests` for this version's next batch now; the future holds their answers.
+
+        Synchronous on purpose: a caller that read this slot as current queues on it before
+        any switch can retire it (a retired slot fails the request instead of dropping it).
+        """
+        future: asyncio.Future[list[ChatResponse]] = asyncio.get_running_loop().create_future()
+        if self.retired:
+            future.set_exception(_retired_error(self.version))
+        else:
+            self.queue.put_nowait(_Item(requests, future, listeners))
+        return future
+
     async def submit(
         self, requests: list[ChatRequest], listeners: list[Any] | None = None
     ) -> list[ChatResponse]:
         """Generate for `requests` in the next batch of this version (tokens to `listeners`)."""
-        future: asyncio.Future[list[ChatResponse]] = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(_Item(requests, future, listeners))
-        return await future
+        return await self.enqueue(requests, listeners)
 
     def retire(self) -> None:
         """Take no more requests: finish the queued ones, then drop the weights."""
-        self.queue.put_nowait(None)
+        if not self.retired:
+            self.retired = True
+            self.queue.put_nowait(None)
 
     async def _work(self) -> None:
         closing = False
@@ -95,6 +111,11 @@ class Slot:
                     size += len(more.requests)
                 await self._run(batch)
         finally:
+            # Whatever is still queued would never be served: fail it now rather than hang it.
+            while not self.queue.empty():
+                left = self.queue.get_nowait()
+                if left is not None and not left.future.done():
+                    left.future.set_exception(_retired_error(self.version))
             await close_backend(self.backend)
 
     async def _run(self, batch: list[_Item]) -> None:
@@ -123,6 +144,13 @@ class Slot:
         self.served += len(flat)
         self.batches += 1
         self.cancelled += sum(1 for r in responses if r.finish_reason == "cancelled")
+
+
+def _retired_error(version: int | None) -> RolloutError:
+    return RolloutError(
+        f"policy version {version} was retired before this request ran",
+        problems=["ask again: new requests go to the version now served"],
+    )
 
 
 def version_of(backend: ModelBackend) -> int | None:

@@ -119,6 +119,17 @@ class RolloutsQuery(BufferQuery):
         description="also select imported runs' rollouts (rewards recorded elsewhere, e.g. ART);"
         " runs named in run_ids are always selected",
     )
+    as_of: int | None = Field(
+        None,
+        ge=0,
+        description="only rollouts scored at or before this events-stream sequence: the pages "
+        "of one export see one selection, whatever is scored while it pages",
+    )
+    after_rollout: str | None = Field(
+        None,
+        description="the page starts right after this rollout (the previous page's last), in "
+        "(run_id, task_index, sample_index) order; offset is then only reported back",
+    )
 
     @model_validator(mode="after")
     def _version_needs_env(self) -> RolloutsQuery:

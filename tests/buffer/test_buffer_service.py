@@ -19,11 +19,13 @@ from pipeline.kit import refund_env, wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.buffer import main as buffer_main
+from rollout.services.buffer import queries as buffer_queries
 from rollout.shared import subjects
 from rollout.shared.bus.reader import last_sequence
 from rollout.shared.contracts.buffer import (
     DpoPairsQuery,
     GrpoGroupsQuery,
+    RolloutsQuery,
     SftSetQuery,
 )
 from rollout.shared.objectstore import ObjectCorrupted
@@ -384,6 +386,90 @@ async def test_a_query_after_a_stream_position_gets_every_verdict_up_to_it(bare,
         assert found.count == 3
     finally:
         await nc.close()
+
+
+async def test_an_export_paging_while_rollouts_are_scored_sees_each_one_once(
+    bare, settings, store, monkeypatch
+) -> None:
+    await push_env(settings, bare, refund_env(tasks=3))
+    bare.start_buffer(inline_bytes=256)  # every trajectory lives in the object store
+    await wait_answering(settings, bare)
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        await publish_run(
+            js, "m-run", refund_env(tasks=3), {0: [1.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.0]}
+        )
+        start = await last_sequence(js)
+        export = RolloutsQuery(after_seq=start, as_of=start, page_size=4)
+        first = await ask(settings, "rollouts", export)
+        page1, _ = await first.load(store)
+        assert (first.count, first.total, first.next_offset) == (4, 6, 4)
+
+        # Scored mid-export, and sorting before every row already sent.
+        await publish_run(js, "a-run", refund_env(tasks=3), {0: [1.0, 1.0, 0.0]})
+        now = await last_sequence(js)
+        follow = export.model_copy(
+            update={"after_seq": now, "offset": 4, "after_rollout": page1[-1]["rollout_id"]}
+        )
+        second = await ask(settings, "rollouts", follow)
+        page2, _ = await second.load(store)
+    finally:
+        await nc.close()
+    ids = [i["rollout_id"] for i in page1 + page2]
+    assert ids == [f"m-run-{t}-{s}" for t in range(3) for s in range(2)]
+    assert second.next_offset is None and second.total == 6
+    # The new run is there for the next export, which starts after it was scored.
+    fresh = await ask(settings, "rollouts", RolloutsQuery(after_seq=now, as_of=now))
+    assert fresh.total == 9 and fresh.items[0]["rollout_id"] == "a-run-0-0"
+
+    # A page loads only its own trajectories: a bad blob on the last page leaves the first alone.
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        uri = await pool.fetchval(
+            "select trajectory_uri from buffer_rollouts where rollout_id = 'm-run-2-1'"
+        )
+    finally:
+        await pool.close()
+    path = store.root / store.key_for(uri)
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes().replace(b"refund", b"refunx"))
+    mine = RolloutsQuery(run_ids=["m-run"], as_of=now, page_size=4)
+    assert (await ask(settings, "rollouts", mine)).count == 4
+    with pytest.raises(RolloutError, match="corrupted"):
+        await ask(settings, "rollouts", mine.model_copy(update={"offset": 4}))
+    # And no reply holds more than the buffer's page cap, whatever the page size asked.
+    monkeypatch.setattr(buffer_queries, "ROLLOUTS_PAGE_MAX", 2)
+    capped = await ask(settings, "rollouts", RolloutsQuery(run_ids=["a-run"], page_size=1000))
+    assert (capped.count, capped.total, capped.next_offset) == (2, 3, 2)
+
+
+async def test_the_buffer_export_pages_by_key_and_writes_each_rollout_once(
+    bare, settings, monkeypatch
+) -> None:
+    from rollout import snapshots
+    from rollout.client import AsyncClient
+
+    await push_env(settings, bare, refund_env(tasks=2))
+    bare.start_buffer()
+    nc = await connect_nats(settings)
+    try:
+        await publish_run(
+            nc.jetstream(), "k-run", refund_env(tasks=2), {0: [1.0, 0.0, 1.0], 1: [0.0, 1.0]}
+        )
+    finally:
+        await nc.close()
+    await wait_caught_up(settings, bare)
+    monkeypatch.setattr(snapshots, "BUFFER_PAGE", 2)  # three pages for five rollouts
+    client = AsyncClient(settings, timeout_s=20)
+    try:
+        rows, skipped = await snapshots.export_buffer_rows(client, RolloutsQuery())
+    finally:
+        await client.close()
+    assert skipped == 0
+    assert [r["rollout_id"] for r in rows] == [
+        "k-run-0-0", "k-run-0-1", "k-run-0-2", "k-run-1-0", "k-run-1-1"
+    ]  # fmt: skip
 
 
 async def wait_answering(settings, platform) -> None:

@@ -191,6 +191,41 @@ def test_streamed_text_holds_back_tool_calls_stops_and_whitespace(talker: Path) 
     assert TextStream(tokenizer, None).rest(None) == ""
 
 
+def test_streamed_text_decodes_each_token_once_not_the_whole_text_again(talker: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from rollout.services.inference.api import TextStream
+
+    tokenizer = AutoTokenizer.from_pretrained(talker)
+    decoded: list[int] = []
+
+    class Counting:
+        """The real tokenizer, counting how many ids each decode is handed."""
+
+        def decode(self, ids, **options):
+            decoded.append(len(ids))
+            return tokenizer.decode(ids, **options)
+
+    text = " ".join(["Refund order O-1 in full, é 😀 refunded."] * 40)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 400
+    stream = TextStream(Counting(), None)
+    sent = "".join(stream.add(t) for t in ids)
+    content = tokenizer.decode(ids, skip_special_tokens=True).strip()
+    # The pieces still add up to the non-streamed answer...
+    assert len(sent) > len(content) // 2 and sent + stream.rest(content) == content
+    # ...and each token costs a few ids of decoding, not all the ids so far (n^2 / 2).
+    assert max(decoded) <= 16 and sum(decoded) <= 4 * len(ids)
+
+    # Once a tool call begins nothing more can show: its tokens are not decoded at all.
+    decoded.clear()
+    call = "<tool_call>" + '{"name": "refund", "arguments": {"order_id": "O-1"}}' * 20
+    ids = tokenizer(f"Sure. {call}</tool_call>", add_special_tokens=False)["input_ids"]
+    stream = TextStream(Counting(), None)
+    assert "".join(stream.add(t) for t in ids) == "Sure."
+    assert len(ids) > 200 and len(decoded) < 60
+
+
 async def test_a_client_that_leaves_mid_stream_frees_its_generation(serve, talker: Path) -> None:
     async with serve(f"hf:{talker}", name="tiny") as running:
         client = client_of(running)
@@ -217,6 +252,38 @@ async def test_a_client_that_leaves_mid_stream_frees_its_generation(serve, talke
         assert done.choices[0].finish_reason == "length"
         assert loop.time() - started < 30
         assert running.policy.slot.served == 2
+
+
+async def test_a_switch_between_reading_the_slot_and_queuing_loses_no_request(
+    serve, talker: Path
+) -> None:
+    async with serve(f"hf:{talker}", name="tiny") as running:
+        policy, loop = running.policy, asyncio.get_running_loop()
+        read = policy.current
+
+        def current_then_switch():
+            # The version is retired right after a request reads it as current, as a
+            # `policy.updated` landing in that instant would (the next loop callback).
+            slot = read()
+            loop.call_soon(slot.retire)
+            return slot
+
+        policy.current = current_then_switch  # type: ignore[method-assign]
+        client = client_of(running)
+        messages = [{"role": "user", "content": "hi"}]
+
+        async def streamed() -> str:
+            stream = await client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=6, temperature=0, stream=True
+            )
+            return "".join([c.delta.content or "" async for k in stream for c in k.choices])
+
+        # The retired version still serves what was queued on it: no hang, a full answer.
+        text = await asyncio.wait_for(streamed(), timeout=60)
+        assert text and policy.slot.served == 1
+        # Asking a version that is gone fails at once with the reason, never hangs.
+        with pytest.raises(openai.InternalServerError, match="retired before this request ran"):
+            await asyncio.wait_for(streamed(), timeout=60)
 
 
 async def test_a_prompt_over_the_context_is_a_400_not_a_500(serve, tiny_model: Path) -> None:
