@@ -153,6 +153,8 @@ async def export_rows(
         )
     if not rows:
         raise RolloutError(f"no scored rollouts to export in {', '.join(run_ids or [])}")
+    # The buffer export's order, so both give byte-equal snapshots and training sets.
+    rows.sort(key=lambda r: (r["run_id"], r["task_index"], r["sample_index"], r["rollout_id"]))
     return rows
 
 

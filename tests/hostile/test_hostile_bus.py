@@ -63,6 +63,7 @@ VALID: dict[tuple[str, str], dict[str, Any]] = {
     ("buffer", "sft_set"): {"env_slug": "refunds"},
     ("buffer", "dpo_pairs"): {"env_slug": "refunds"},
     ("buffer", "grpo_groups"): {"env_slug": "refunds"},
+    ("buffer", "rollouts"): {"env_slug": "refunds"},
 }
 WRONG = [
     None,
