@@ -80,8 +80,12 @@ async def test_new_methods_train_checkpoint_and_publish(
 STEPS = 40
 
 
-async def test_kto_sigkill_mid_job_resumes_with_no_step_done_twice(
-    learner_env, agent_server, tiny_model: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("method", "hyperparams"),
+    [("kto", {}), ("ipo", {"min_margin": 0.5}), ("rm", {"min_margin": 0.5})],
+)
+async def test_sigkill_mid_job_resumes_with_no_step_done_twice(
+    learner_env, agent_server, tiny_model: Path, tmp_path: Path, method, hyperparams
 ) -> None:
     platform = Platform(learner_env)
     for name in ("env-registry", "tracker", "verifier", "actor", "buffer"):
@@ -92,9 +96,9 @@ async def test_kto_sigkill_mid_job_resumes_with_no_step_done_twice(
     try:
         run = await scripted_run(client, agent_server, n=8, seed=7)
         job = await client.create_training_job(
-            base_model=f"hf:{tiny_model}", method="kto", source_run_id=run["runId"],
+            base_model=f"hf:{tiny_model}", method=method, source_run_id=run["runId"],
             hyperparams={"max_steps": STEPS, "save_every": 5, "batch_size": 2,
-                         "learning_rate": 1e-3},
+                         "learning_rate": 1e-3} | hyperparams,
         )  # fmt: skip
         js = await client.jetstream()
         first = await wait_for_event(js, job["id"], "checkpoint.saved", limit_s=180)
