@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -118,9 +119,11 @@ def main() -> None:
     for s in settings:  # warm-up: first calls pay allocation and kernel selection
         steps[s]()
     tps: dict[str, list[float]] = {s: [] for s in settings}
-    for _ in range(args.repeats):
+    for round_ in range(args.repeats):
         for s in settings:
             tps[s].append(steps[s]())
+            # Each measurement as it lands: a slow shared box may not reach the summary.
+            print(f"round {round_ + 1} {s}: {tps[s][-1]:.1f} tokens/s", file=sys.stderr, flush=True)
     base = statistics.median(tps["fp32"])
     results: dict[str, Any] = {
         "model": NAME,
