@@ -21,6 +21,7 @@ import json
 import os
 import random
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +30,18 @@ from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
 from rollout.shared.models.hermes import CLOSE_TAG, parse_tool_calls
 
 DEFAULT_MAX_NEW_TOKENS = 512
+# A shared prompt prefix shorter than this is not worth its own forward pass.
+MIN_SHARED_PREFIX = 16
+
+
+@dataclass
+class BatchStats:
+    """What the last sampled batch fed the model: the shared prefix, prompt and decode rows."""
+
+    rows: int = 0
+    shared_prefix: int = 0
+    prefill_tokens: int = 0
+    decode_rows: int = 0
 
 
 class TokenListener(Protocol):
@@ -58,6 +71,7 @@ class HFBackend:
         self.path = str(path)
         self.name = name or f"hf:{self.path}"
         self.threads = threads
+        self.last_batch = BatchStats()
         # End a turn at `</tool_call>` (for models that otherwise write the tool's reply).
         self.stop_after_tool_call = stop_after_tool_call
         # The base reference of the loaded adapter (None: plain weights).
@@ -258,11 +272,9 @@ class HFBackend:
         heard = listeners or [None] * len(requests)
 
         tok, model = self.tokenizer, self.model
-        enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
-        input_ids = enc["input_ids"].to(self.device)
-        attention = enc["attention_mask"].to(self.device)
-        batch = input_ids.shape[0]
-        lengths = enc["attention_mask"].sum(-1).tolist()
+        prompt_ids: list[list[int]] = tok(prompts, add_special_tokens=False)["input_ids"]
+        batch = len(prompt_ids)
+        lengths = [len(ids) for ids in prompt_ids]
         budgets = [
             max(0, min(r.max_tokens or self.max_new_tokens, limit - int(n)))
             for r, n in zip(requests, lengths, strict=True)
@@ -278,32 +290,61 @@ class HFBackend:
         logprobs: list[list[float]] = [[] for _ in requests]
         finish = ["length"] * batch
         done = [b == 0 for b in budgets]
-        position = (attention.cumsum(-1) - 1).clamp(min=0)
+        # On CPU a forward costs about the same per row however many rows run together, so
+        # rows are not made to wait on each other: the prompt prefix every row shares (the
+        # system message and tool list) is computed once, and finished rows leave the batch.
+        shared = _shared_prefix(prompt_ids)
+        self.last_batch = BatchStats(rows=batch, shared_prefix=shared)
+        cache_kw, extra = _forward_kwargs(model)
         with torch.inference_mode():
-            cache_kw, extra = _forward_kwargs(model)
+            cache: dict[str, Any] = {}
+            if shared:
+                head = torch.tensor([prompt_ids[0][:shared]], device=self.device)
+                first = model(input_ids=head, use_cache=True, **extra)
+                self.last_batch.prefill_tokens += shared
+                past = _cache_of(first)
+                past.batch_repeat_interleave(batch)
+                cache = {cache_kw: past}
+            tails = [ids[shared:] for ids in prompt_ids]
+            width = max(len(t) for t in tails)
+            pad = tok.pad_token_id
+            input_ids = torch.tensor(
+                [[pad] * (width - len(t)) + t for t in tails], dtype=torch.long, device=self.device
+            )
+            attention = torch.tensor(
+                [[1] * shared + [0] * (width - len(t)) + [1] * len(t) for t in tails],
+                dtype=torch.long,
+                device=self.device,
+            )
+            # Positions count real tokens only, so padding (between the shared prefix and a
+            # shorter row's tail) changes no row's numbers.
+            position = (attention.cumsum(-1) - 1).clamp(min=0)[:, shared:]
             out = model(
                 input_ids=input_ids,
                 attention_mask=attention,
                 position_ids=position,
                 use_cache=True,
+                **cache,
                 **extra,
             )
-            while not all(done):
+            self.last_batch.prefill_tokens += batch * width
+            rows = list(range(batch))  # batch position -> request index
+            while rows:
                 logits = out.logits[:, -1, :].float()
                 policy_logp = torch.log_softmax(logits, dim=-1)
-                next_ids = torch.full((batch,), tok.pad_token_id, dtype=torch.long)
-                for i, request in enumerate(requests):
+                next_ids = torch.full((len(rows),), pad, dtype=torch.long)
+                for pos, i in enumerate(rows):
                     if done[i]:
                         continue
-                    listener = heard[i]
+                    request, listener = requests[i], heard[i]
                     if listener is not None and listener.cancelled:
                         # Its client went away: stop spending steps on it.
                         done[i], finish[i] = True, "cancelled"
                         continue
-                    token = _sample(logits[i], request, generators[i])
-                    next_ids[i] = token
+                    token = _sample(logits[pos], request, generators[i])
+                    next_ids[pos] = token
                     tokens[i].append(token)
-                    logprobs[i].append(float(policy_logp[i, token]))
+                    logprobs[i].append(float(policy_logp[pos, token]))
                     if listener is not None:
                         listener.on_token(token)
                     if token in eos_ids:
@@ -314,10 +355,23 @@ class HFBackend:
                         done[i], finish[i] = True, "tool_calls"
                     elif len(tokens[i]) >= budgets[i]:
                         done[i] = True
-                if all(done):
+                keep = [pos for pos, i in enumerate(rows) if not done[i]]
+                if not keep:
                     break
+                if len(keep) < len(rows):
+                    index = torch.tensor(keep, device=self.device)
+                    past = _cache_of(out)
+                    past.batch_select_indices(index)
+                    attention, position = attention[index], position[index]
+                    next_ids = next_ids[keep]
+                    rows = [rows[pos] for pos in keep]
+                else:
+                    past = _cache_of(out)
                 attention = torch.cat(
-                    [attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)],
+                    [
+                        attention,
+                        torch.ones((len(rows), 1), dtype=attention.dtype, device=self.device),
+                    ],
                     dim=-1,
                 )
                 position = position[:, -1:] + 1
@@ -326,9 +380,10 @@ class HFBackend:
                     attention_mask=attention,
                     position_ids=position,
                     use_cache=True,
-                    **{cache_kw: _cache_of(out)},
+                    **{cache_kw: past},
                     **extra,
                 )
+                self.last_batch.decode_rows += len(rows)
 
         responses = []
         for i in range(batch):
@@ -339,7 +394,7 @@ class HFBackend:
             reason = finish[i]
             if calls and reason == "stop":
                 reason = "tool_calls"
-            prompt_tokens = int(enc["attention_mask"][i].sum())
+            prompt_tokens = lengths[i]
             responses.append(
                 ChatResponse(
                     content=content,
@@ -357,6 +412,20 @@ class HFBackend:
         return responses
 
 
+def _shared_prefix(prompt_ids: list[list[int]]) -> int:
+    """How many leading tokens every prompt shares, when worth computing once (else 0)."""
+    if len(prompt_ids) < 2:
+        return 0
+    shortest = min(len(ids) for ids in prompt_ids)
+    first = prompt_ids[0]
+    n = 0
+    while n < shortest and all(ids[n] == first[n] for ids in prompt_ids):
+        n += 1
+    # Each row keeps at least its last prompt token: its logits start the sampling.
+    n = min(n, shortest - 1)
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
 def _closes_tool_call(tokenizer: Any, ids: list[int]) -> bool:
     # Only the last few tokens can complete the closing tag; decoding them is cheap next to
     # a forward pass.
@@ -372,7 +441,9 @@ def _forward_kwargs(model: Any) -> tuple[str, dict[str, Any]]:
     # compute the last position's logits when the model allows it (prompts can be long).
     import inspect
 
-    params = inspect.signature(model.forward).parameters
+    # A peft wrapper forwards keyword arguments to the model it wraps: ask that one.
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(inner.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
     extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
     return cache_kw, extra

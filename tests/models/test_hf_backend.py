@@ -179,3 +179,31 @@ async def test_prompt_over_the_context_is_a_per_request_error(hf: HFBackend) -> 
     long, fine = await hf.generate([greedy(huge), greedy(PLAIN)])
     assert long.finish_reason == "error" and "does not fit the model's context" in long.error
     assert fine.content == "Hello there."
+
+
+async def test_shared_prompt_prefix_runs_once_and_finished_rows_leave_the_batch(
+    hf: HFBackend,
+) -> None:
+    requests = [greedy(GOOD), greedy(PLAIN), greedy(BROKEN), greedy(GOOD + GOOD)]
+    alone = [(await hf.generate([r]))[0] for r in requests]
+    together = await hf.generate(requests)
+    stats = hf.last_batch
+
+    # Same answers, token for token, as each request sampled on its own.
+    for a, t in zip(alone, together, strict=True):
+        assert t.token_ids == a.token_ids
+        assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+        assert t.finish_reason == a.finish_reason
+
+    # The system message with the tool list is computed once, not once per row.
+    prompts = [
+        hf.tokenizer(hf.render_prompt(r), add_special_tokens=False)["input_ids"] for r in requests
+    ]
+    assert stats.shared_prefix >= 16
+    assert all(p[: stats.shared_prefix] == prompts[0][: stats.shared_prefix] for p in prompts)
+    widest_tail = max(len(p) for p in prompts) - stats.shared_prefix
+    assert stats.prefill_tokens == stats.shared_prefix + len(requests) * widest_tail
+    # A row runs one decode step per token after its first: none waits for a longer one.
+    lengths = [len(t.token_ids) for t in together]
+    assert len(set(lengths)) > 1
+    assert stats.decode_rows == sum(n - 1 for n in lengths)
