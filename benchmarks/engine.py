@@ -214,6 +214,28 @@ def fair_baseline_scores(n: int) -> float:
     return n / (_cpu() - start)
 
 
+def result_only_scores(n: int) -> float:
+    """Only building the VerifierResult a score returns (its three primitives as dicts, one
+    pydantic validation: the engine's way, and no slower than model_construct or a hand-built
+    instance), with nothing checked: the floor under any verifier that returns the contract."""
+    from rollout.shared.contracts.trajectory import VerifierResult
+
+    build = VerifierResult.__pydantic_validator__.validate_python
+    start = _cpu()
+    for _ in range(n):
+        prims = [
+            {"name": "called", "type": "tool_was_called", "weight": 1.0, "score": 1.0,
+             "passed": True, "reason": "get_order called 1 time(s), needed >= 1"},
+            {"name": "count", "type": "state_match", "weight": 2.0, "score": 1.0,
+             "passed": True, "reason": "all 1 path(s) match"},
+            {"name": "no_errors", "type": "no_tool_errors", "weight": 1.0, "score": 1.0,
+             "passed": True, "reason": "2 call(s), no errors"},
+        ]  # fmt: skip
+        result = build({"score": 1.0, "passed": True, "primitives": prims, "error": None})
+        assert result.passed
+    return n / (_cpu() - start)
+
+
 async def _async(measure: Any, n: int) -> float:
     return measure(n)
 
@@ -468,14 +490,14 @@ async def main() -> None:
         if count <= 0:
             continue
         per_round = max(1, count // args.rounds)
-        rates, ratios = await _alternated(
-            {
-                "plain python": lambda b=baseline, n=per_round: _async(b, n),
-                "engine": lambda e=engine, n=per_round: e(n),
-                "same work": lambda f=fair, n=per_round: _async(f, n),
-            },
-            args.rounds,
-        )
+        measures = {
+            "plain python": lambda b=baseline, n=per_round: _async(b, n),
+            "engine": lambda e=engine, n=per_round: e(n),
+            "same work": lambda f=fair, n=per_round: _async(f, n),
+        }
+        if engine is engine_scores:
+            measures["result only"] = lambda n=per_round: _async(result_only_scores, n)
+        rates, ratios = await _alternated(measures, args.rounds)
         vs_fair = [e / f for e, f in zip(rates["engine"], rates["same work"], strict=True)]
         print(
             f"{label}: engine {_spread(rates['engine'], ',.0f')}  "
@@ -486,6 +508,18 @@ async def main() -> None:
             f"    plain python doing the same work {_spread(rates['same work'], ',.0f')}  "
             f"ratio {_spread(vs_fair, fmt)}"
         )
+        if "result only" in rates:
+            # A score does at least the baseline's work and builds the result: its time is at
+            # least the sum of the two, so its ratio at most base / (base + result) per round.
+            ceiling = [
+                (1 / b) / (1 / b + 1 / r)
+                for b, r in zip(rates["plain python"], rates["result only"], strict=True)
+            ]
+            print(
+                f"    building the VerifierResult alone {_spread(rates['result only'], ',.0f')}"
+                f"  ratio {_spread(ratios['result only'], fmt)}; ceiling for the engine "
+                f"(baseline + result) {_spread(ceiling, fmt)}"
+            )
     if args.steps > 0 or args.scores > 0:
         print(
             f"    (CPU time, median [min-max] of {args.rounds} alternated rounds, ratio per round; "

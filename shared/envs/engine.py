@@ -16,7 +16,7 @@ from rollout.shared.envs.plugin_host.client import HostPool, default_pool, start
 from rollout.shared.envs.plugin_host.worker import PluginError
 from rollout.shared.envs.runtime import EnvRuntime
 from rollout.shared.envs.templates import REGISTRY, Template
-from rollout.shared.envs.verifiers.engine import score_spec
+from rollout.shared.envs.verifiers.engine import score_now, score_spec
 
 
 def build_runtime(spec: Any, task: Any) -> EnvRuntime:
@@ -116,7 +116,10 @@ def _start_host_group(
 async def score(spec: Any, task: Any, trajectory: Trajectory) -> VerifierResult:
     """Score a trajectory (async: `tests_pass` runs the tests in the sandbox)."""
     env = as_spec(spec)
-    return await score_spec(env, as_task(env, task), trajectory)
+    t = as_task(env, task)
+    # All-sync verifiers (compiled primitives) are scored without awaiting another coroutine.
+    done = score_now(env, t, trajectory)
+    return done if done is not None else await score_spec(env, t, trajectory)
 
 
 async def run_tool_script(

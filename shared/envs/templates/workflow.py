@@ -89,6 +89,36 @@ def find_match(items: Any, field: str, wanted: Any) -> Any:
 _ABSENT = object()
 
 
+def match_index(items: Any, field: str) -> tuple[type, dict[Any, Any]] | None:
+    """(kind, value -> first item) when find_match over `items` is a plain dict lookup.
+
+    That holds when every element is a plain dict and every `field` present is of one exact
+    kind, str or int: find_match then compares a wanted value of that kind with == only, and
+    returns the first equal element (the index keeps the first). None otherwise.
+    """
+    pool = items.values() if isinstance(items, dict) else items
+    kind: type | None = None
+    index: dict[Any, Any] = {}
+    for item in pool:
+        if type(item) is not dict:
+            return None
+        have = item.get(field, _ABSENT)
+        if have is _ABSENT:
+            continue
+        if kind is None:
+            kind = type(have)
+            if kind is not str and kind is not int:
+                return None
+        elif type(have) is not kind:
+            return None
+        index.setdefault(have, item)
+    return (kind, index) if kind is not None else None
+
+
+def _no_indexes(config: WorkflowConfig) -> dict[tuple[int, str], Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class _Compiled:
     """A tool's templated fields parsed once (None where the tool has none)."""
@@ -145,6 +175,9 @@ class WorkflowRuntime(BaseRuntime):
         self.state: dict[str, Any] = json_copy(config.initial_mutable_state)
         # Paths resolved into the fixtures, which never change: found once per episode.
         self._fixture_arrays: dict[str, Any] = {}
+        # find_match over a fixture array as a dict lookup (match_index), built once per config:
+        # (id(array), field) -> the index or None; the config keeps the arrays alive.
+        self._indexes = per_object(config, _no_indexes)
         # The config's tools are the spec's (immutable): their templates are parsed once.
         compiled = per_object(config, _compile_tools)
         for tool in config.tools:
@@ -178,7 +211,17 @@ class WorkflowRuntime(BaseRuntime):
         key = tool.match_arg or tool.match_field
         if key not in args:
             raise ToolError(f"missing required argument {key!r}")
-        found = find_match(source, tool.match_field, args[key])
+        wanted = args[key]
+        index = self._indexes.get((id(source), tool.match_field), _ABSENT)
+        if index is _ABSENT and source is self._fixture_arrays.get(name):
+            # Fixtures only: mutable state can change under an index.
+            index = self._indexes[(id(source), tool.match_field)] = match_index(
+                source, tool.match_field
+            )
+        if index is not None and index is not _ABSENT and type(wanted) is index[0]:
+            found = index[1].get(wanted)
+        else:
+            found = find_match(source, tool.match_field, wanted)
         if found is None:
             raise ToolError(
                 f"no {tool.from_array} entry with {tool.match_field} = {short(args[key])}"

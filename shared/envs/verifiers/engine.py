@@ -19,6 +19,7 @@ from rollout.shared.envs.verifiers import ruler as _ruler  # noqa: F401  (regist
 from rollout.shared.envs.verifiers import verifiers_rubric as _vf  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers.registry import (
     REGISTRY,
+    Compiled,
     InfraError,
     Outcome,
     PrimitiveDef,
@@ -86,17 +87,57 @@ def _prepare(prim: PrimitiveSpec) -> _Prepared:
     return _Prepared(definition, params)
 
 
-def _prepared(prim: PrimitiveSpec) -> _Prepared:
-    # A spec's params are parsed once (specs are immutable once built); a type registered
-    # since then is looked up again.
-    prep = per_object(prim, _prepare)
-    if prep.definition is not REGISTRY.get(prim.type):
-        prep = _prepare(prim)
-    return prep
+# One primitive of a verifier, ready to score: (spec, its definition, its params bound by
+# the definition's compile hook or None, the _Prepared for the general path).
+_Step = tuple[PrimitiveSpec, "PrimitiveDef | None", "Compiled | None", _Prepared]
 
 
-def _plan(verifier: VerifierSpec) -> list[tuple[PrimitiveSpec, _Prepared]]:
-    return [(prim, _prepare(prim)) for prim in verifier.primitives]
+def _step(prim: PrimitiveSpec) -> _Step:
+    prep = _prepare(prim)
+    definition = prep.definition
+    compiled = None
+    if prep.failed is None and definition is not None and definition.compile is not None:
+        try:
+            compiled = definition.compile(prep.params)
+        except Exception:  # noqa: BLE001  (the scorer compiles again and reports it per score)
+            compiled = None
+    return prim, definition, compiled, prep
+
+
+class _Plan:
+    """A verifier's steps, valid while the registry's generation is the one they came from;
+    `fast` holds (name, type, weight, compiled, spec) when every step is compiled."""
+
+    __slots__ = ("generation", "steps", "fast")
+
+    def __init__(self, verifier: VerifierSpec) -> None:
+        self.generation = -1
+        self.steps: list[_Step] = []
+        self.fast: list[tuple[str, str, float, Compiled, PrimitiveSpec]] | None = None
+        self.refresh(verifier)
+
+    def refresh(self, verifier: VerifierSpec) -> None:
+        """Rebuild the steps from the registry as it is now."""
+        self.generation = REGISTRY.generation
+        self.steps = [_step(prim) for prim in verifier.primitives]
+        fast = [(p.name, p.type, p.weight, c, p) for p, _, c, _ in self.steps if c is not None]
+        self.fast = fast if len(fast) == len(self.steps) else None
+
+
+def _plan(verifier: VerifierSpec) -> _Plan:
+    # Specs are immutable once built: a verifier's params are parsed and bound once.
+    plan = per_object(verifier, _Plan)
+    if plan.generation != REGISTRY.generation:
+        plan.refresh(verifier)
+    return plan
+
+
+def _failed(prim: PrimitiveSpec, exc: Exception) -> tuple[float, bool, str, str | None]:
+    """(score, passed, reason, infra error) of a compiled primitive that raised, as _start."""
+    if isinstance(exc, InfraError):
+        return 0.0, False, f"could not run: {exc}", f"{prim.name}: {exc}"
+    log.warning("primitive_failed", primitive=prim.name, error=repr(exc))
+    return 0.0, False, f"error: {type(exc).__name__}: {exc}", None
 
 
 def _start(prep: _Prepared, prim: PrimitiveSpec, ctx: ScoreContext) -> tuple[Any, str | None]:
@@ -124,8 +165,18 @@ async def _finish(pending: Any, prim: PrimitiveSpec) -> tuple[Any, str | None]:
 
 
 async def _outcome(prim: PrimitiveSpec, ctx: ScoreContext) -> tuple[Any, str | None]:
-    # Sync scorers (most) finish without a coroutine of their own.
-    outcome, infra = _start(_prepared(prim), prim, ctx)
+    # Compiled and sync scorers (most) finish without a coroutine of their own.
+    step = per_object(prim, _step)
+    if step[1] is not REGISTRY.get(prim.type):  # registered (or replaced) since
+        step = _step(prim)
+    compiled, prep = step[2], step[3]
+    if compiled is not None:
+        try:
+            return Outcome(*compiled(ctx.trajectory, ctx.task)), None
+        except Exception as exc:  # a primitive bug must not lose the whole score
+            value, ok, reason, infra = _failed(prim, exc)
+            return Outcome(value, ok, reason), infra
+    outcome, infra = _start(prep, prim, ctx)
     if type(outcome) is not Outcome and inspect.isawaitable(outcome):
         outcome, infra = await _finish(outcome, prim)
     return outcome, infra
@@ -154,45 +205,125 @@ async def run_primitive(
     return validated(PrimitiveResult, _fields(prim, outcome)), infra
 
 
-async def score_spec(
+def _verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
+    verifier = spec.verifier
+    if verifier and verifier.primitives:
+        return verifier
+    return _default_verifier(spec, task)
+
+
+def score_now(
     spec: EnvironmentSpec, task: TaskSpec, trajectory: Trajectory
-) -> VerifierResult:
-    """Score a trajectory of `task` under `spec`'s verifier (or the default one)."""
-    verifier = spec.verifier if spec.verifier and spec.verifier.primitives else None
-    verifier = verifier or _default_verifier(spec, task)
-    try:
-        config = spec.typed_config()
-    except (ValidationError, ValueError):
-        config = None
-    ctx = ScoreContext(spec=spec, task=task, trajectory=trajectory, config=config)
+) -> VerifierResult | None:
+    """score_spec's verdict without a coroutine when every primitive is compiled (sync),
+    else None (then await score_spec)."""
+    fast = _plan(_verifier(spec, task)).fast
+    if fast is None:
+        return None
     results: list[dict[str, Any]] = []
     errors: list[str] = []
     total = weighted = 0.0
     passed = True
-    # The verifier's params parsed once per spec (see _prepared).
-    for prim, prep in per_object(verifier, _plan):
-        if prep.definition is not REGISTRY.get(prim.type):
-            prep = _prepare(prim)
-        outcome, infra = _start(prep, prim, ctx)
-        if type(outcome) is not Outcome and inspect.isawaitable(outcome):
-            outcome, infra = await _finish(outcome, prim)
-        fields = _fields(prim, outcome)
-        results.append(fields)
+    for name, kind, weight, compiled, prim in fast:
+        try:
+            value, ok, reason = compiled(trajectory, task)
+        except Exception as exc:  # a primitive bug must not lose the whole score
+            value, ok, reason, infra = _failed(prim, exc)
+            if infra:
+                errors.append(infra)
+        value = float(value)
+        if not 0.0 < value <= 1.0:  # NaN and -0.0 too: they become 0.0
+            value = min(1.0, max(0.0, value))
+        ok = bool(ok)
+        results.append(
+            {
+                "name": name,
+                "type": kind,
+                "weight": weight,
+                "score": value,
+                "passed": ok,
+                "reason": reason,
+            }
+        )
+        total += weight
+        weighted += weight * value
+        passed = passed and ok
+    return _verdict(results, errors, total, weighted, passed)
+
+
+def _verdict(
+    results: list[dict[str, Any]], errors: list[str], total: float, weighted: float, passed: bool
+) -> VerifierResult:
+    if total > 0:
+        score = weighted / total
+    else:
+        score = 1.0 if results and passed else 0.0
+    # The primitives as dicts: pydantic builds their models in the same (one) validation.
+    # Validated, not built trusted: reasons come from primitives (a plugin may register its
+    # own), and pydantic's validator costs no more than building the models by hand.
+    return _verifier_result(
+        {
+            "score": score,
+            "passed": bool(results) and passed,
+            "primitives": results,
+            "error": "; ".join(errors) or None,
+        }
+    )
+
+
+_verifier_result = VerifierResult.__pydantic_validator__.validate_python
+
+
+async def score_spec(
+    spec: EnvironmentSpec, task: TaskSpec, trajectory: Trajectory
+) -> VerifierResult:
+    """Score a trajectory of `task` under `spec`'s verifier (or the default one)."""
+    done = score_now(spec, task, trajectory)
+    if done is not None:
+        return done
+    ctx: ScoreContext | None = None  # built for the first primitive that is not compiled
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+    total = weighted = 0.0
+    passed = True
+    for prim, _, compiled, prep in _plan(_verifier(spec, task)).steps:
+        if compiled is not None:
+            try:
+                value, ok, reason = compiled(trajectory, task)
+                infra = None
+            except Exception as exc:  # a primitive bug must not lose the whole score
+                value, ok, reason, infra = _failed(prim, exc)
+        else:
+            if ctx is None:
+                ctx = ScoreContext(spec, task, trajectory, _config(spec))
+            outcome, infra = _start(prep, prim, ctx)
+            if type(outcome) is not Outcome and inspect.isawaitable(outcome):
+                outcome, infra = await _finish(outcome, prim)
+            value, ok, reason = outcome.score, outcome.passed, outcome.reason
+        value = float(value)
+        if not 0.0 < value <= 1.0:  # NaN and -0.0 too: they become 0.0
+            value = min(1.0, max(0.0, value))
+        ok = bool(ok)
+        results.append(
+            {
+                "name": prim.name,
+                "type": prim.type,
+                "weight": prim.weight,
+                "score": value,
+                "passed": ok,
+                "reason": reason,
+            }
+        )
         if infra:
             errors.append(infra)
-        weight = fields["weight"]
-        total += weight
-        weighted += weight * fields["score"]
-        passed = passed and fields["passed"]
-    if total > 0:
-        value = weighted / total
-    else:
-        value = 1.0 if results and passed else 0.0
-    verdict = {
-        "score": value,
-        "passed": bool(results) and passed,
-        # Dicts: pydantic builds the PrimitiveResults in the same (one) validation.
-        "primitives": results,
-        "error": "; ".join(errors) or None,
-    }
-    return validated(VerifierResult, verdict)
+        total += prim.weight
+        weighted += prim.weight * value
+        passed = passed and ok
+    return _verdict(results, errors, total, weighted, passed)
+
+
+def _config(spec: EnvironmentSpec) -> Any:
+    try:
+        return spec.typed_config()
+    except (ValidationError, ValueError):
+        return None

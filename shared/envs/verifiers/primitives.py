@@ -18,14 +18,23 @@ from rollout.shared.contracts.envspec import (
     SqlConfig,
     SqlResultMatchParams,
     StateMatchParams,
+    TaskSpec,
     TestsPassParams,
     ToolCallOrderParams,
     ToolWasCalledParams,
     UrlReachedParams,
 )
+from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.compare import canonical, multiset_equal, normalise, short, values_equal
-from rollout.shared.envs.paths import PathError, resolve_path
-from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
+from rollout.shared.envs.paths import PathError, parse_cached, resolve_path
+from rollout.shared.envs.verifiers.registry import (
+    Compiled,
+    InfraError,
+    Outcome,
+    ScoreContext,
+    register,
+    register_compiled,
+)
 
 _MISSING = object()
 
@@ -60,27 +69,67 @@ def _text_of(ctx: ScoreContext, source: str) -> str | None:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-@register("state_match")
-def state_match(p: StateMatchParams, ctx: ScoreContext) -> Outcome:
-    """Each expected path in the final state equals its value (numbers by value)."""
-    expected = p.expected if p.expected is not None else ctx.ground_truth
+def _state_match(expected: Any, state: Any, partial: bool) -> tuple[float, bool, str]:
     if expected is None:
-        return _binary(False, "nothing to compare: no expected state and no hidden ground truth")
+        return 0.0, False, "nothing to compare: no expected state and no hidden ground truth"
     if not isinstance(expected, dict):
-        return _binary(False, f"expected state must be an object of paths, got {short(expected)}")
+        return 0.0, False, f"expected state must be an object of paths, got {short(expected)}"
     if not expected:
-        return _binary(True, "no paths to check")
+        return 1.0, True, "no paths to check"
     misses = []
     for key, want in expected.items():
-        have = _lookup(ctx.state, key)
+        have = _lookup(state, key)
         if have is _MISSING:
             misses.append(f"{key}: missing (expected {short(want)})")
-        elif not values_equal(want, have, partial=p.partial):
+        elif not values_equal(want, have, partial=partial):
             misses.append(f"{key}: expected {short(want)}, got {short(have)}")
     matched = len(expected) - len(misses)
     if not misses:
-        return Outcome(1.0, True, f"all {len(expected)} path(s) match")
-    return Outcome(matched / len(expected), False, "; ".join(misses))
+        return 1.0, True, f"all {len(expected)} path(s) match"
+    return matched / len(expected), False, "; ".join(misses)
+
+
+def _segments(key: str) -> tuple[Any, ...] | None:
+    try:
+        return parse_cached(key)
+    except PathError:
+        return None
+
+
+@register_compiled("state_match")
+def state_match(p: StateMatchParams) -> Compiled:
+    """Each expected path in the final state equals its value (numbers by value)."""
+    partial = p.partial
+    fixed = p.expected
+    if not isinstance(fixed, dict) or not fixed:
+        # The hidden ground truth (or a degenerate expectation): read on every score.
+        def from_task(trajectory: Trajectory, task: TaskSpec) -> tuple[float, bool, str]:
+            expected = fixed if fixed is not None else task.hidden_ground_truth
+            return _state_match(expected, trajectory.final_state or {}, partial)
+
+        return from_task
+    # Fixed paths: parsed once; the general loop (_state_match) runs when one misses.
+    checks = [(key, want, _segments(key)) for key, want in fixed.items()]
+    all_match = f"all {len(fixed)} path(s) match"
+
+    def run(trajectory: Trajectory, task: TaskSpec) -> tuple[float, bool, str]:
+        state = trajectory.final_state or {}
+        is_dict = isinstance(state, dict)
+        for key, want, segments in checks:
+            if is_dict and key in state:
+                have = state[key]
+            elif segments is None:
+                return _state_match(fixed, state, partial)
+            else:
+                try:
+                    have = resolve_path(state, segments)
+                except PathError:
+                    return _state_match(fixed, state, partial)
+            if not values_equal(want, have, partial=partial):
+                return _state_match(fixed, state, partial)
+        return 1.0, True, all_match
+
+    return run
 
 
 @register("contains_terms")
@@ -101,38 +150,49 @@ def contains_terms(p: ContainsTermsParams, ctx: ScoreContext) -> Outcome:
     return Outcome(len(found) / len(p.terms), ok, why)
 
 
-@register("tool_was_called", tool_fields=("tool",))
-def tool_was_called(p: ToolWasCalledParams, ctx: ScoreContext) -> Outcome:
+@register_compiled("tool_was_called", tool_fields=("tool",))
+def tool_was_called(p: ToolWasCalledParams) -> Compiled:
     """The tool was called (with matching args) between minCount and maxCount times."""
-    count = 0
-    for call in ctx.trajectory.tool_calls:
-        if call.name != p.tool or (p.successful_only and call.error):
-            continue
-        if p.args is not None and not all(
-            k in call.arguments
-            and (values_equal(v, call.arguments[k]) or str(v) == str(call.arguments[k]))
-            for k, v in p.args.items()
-        ):
-            continue
-        count += 1
-    what = p.tool + (f" with {short(p.args)}" if p.args else "")
-    bounds = f">= {p.min_count}" if p.max_count is None else f"in [{p.min_count}, {p.max_count}]"
-    ok = count >= p.min_count and (p.max_count is None or count <= p.max_count)
-    return _binary(ok, f"{what} called {count} time(s), needed {bounds}")
+    tool, args, successful_only = p.tool, p.args, p.successful_only
+    low, high = p.min_count, p.max_count
+    what = tool + (f" with {short(args)}" if args else "")
+    bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+    # The reason is f"{what} called {count} time(s), needed {bounds}".
+    head, tail = f"{what} called ", f" time(s), needed {bounds}"
+
+    def run(trajectory: Trajectory, task: TaskSpec) -> tuple[float, bool, str]:
+        count = 0
+        for call in trajectory.tool_calls:
+            if call.name != tool or (successful_only and call.error):
+                continue
+            if args is not None and not all(
+                k in call.arguments
+                and (values_equal(v, call.arguments[k]) or str(v) == str(call.arguments[k]))
+                for k, v in args.items()
+            ):
+                continue
+            count += 1
+        ok = count >= low and (high is None or count <= high)
+        return (1.0 if ok else 0.0), ok, f"{head}{count}{tail}"
+
+    return run
 
 
-@register("no_tool_errors", tool_fields=("tools",))
-def no_tool_errors(p: NoToolErrorsParams, ctx: ScoreContext) -> Outcome:
+@register_compiled("no_tool_errors", tool_fields=("tools",))
+def no_tool_errors(p: NoToolErrorsParams) -> Compiled:
     """No tool call returned an error."""
-    errors = [
-        c for c in ctx.trajectory.tool_calls if c.error and (p.tools is None or c.name in p.tools)
-    ]
-    if not errors:
-        return _binary(True, f"{len(ctx.trajectory.tool_calls)} call(s), no errors")
-    first = errors[0]
-    return _binary(
-        False, f"{len(errors)} tool error(s); first: {first.name}: {(first.error or '')[:160]}"
-    )
+    tools = p.tools
+
+    def run(trajectory: Trajectory, task: TaskSpec) -> tuple[float, bool, str]:
+        calls = trajectory.tool_calls
+        errors = [c for c in calls if c.error and (tools is None or c.name in tools)]
+        if not errors:
+            return 1.0, True, f"{len(calls)} call(s), no errors"
+        first = errors[0]
+        why = f"{len(errors)} tool error(s); first: {first.name}: {(first.error or '')[:160]}"
+        return 0.0, False, why
+
+    return run
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")

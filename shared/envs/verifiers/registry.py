@@ -49,6 +49,8 @@ class ScoreContext:
 
 
 Scorer = Callable[[Any, ScoreContext], Outcome | Awaitable[Outcome]]
+# A sync scorer with its params bound once: (trajectory, task) -> (score, passed, reason).
+Compiled = Callable[[Trajectory, TaskSpec], tuple[float, bool, str]]
 # A plan-time check of parsed params beyond their model: (param key, problem) pairs.
 Check = Callable[[Any], list[tuple[str, str]]]
 
@@ -66,9 +68,55 @@ class PrimitiveDef:
     templates: tuple[str, ...] | None = None
     # Checks that look outside the spec (e.g. that a named model exists), run by validation.
     check: Check | None = None
+    # Parsed params -> Compiled: the engine binds a verifier's params once (per spec) and
+    # scores with a plain call; `scorer` is the same function through the Scorer signature.
+    compile: Callable[[Any], Compiled] | None = None
 
 
-REGISTRY: dict[str, PrimitiveDef] = {}
+class _Registry(dict[str, PrimitiveDef]):
+    """A dict that counts its changes: a verifier's plan, built from the definitions it held,
+    is rebuilt when `generation` moved (a type registered, replaced or removed since)."""
+
+    generation = 0
+
+    def __setitem__(self, key: str, value: PrimitiveDef) -> None:
+        super().__setitem__(key, value)
+        self.generation += 1
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.generation += 1
+
+    def __ior__(self, other: Any) -> _Registry:
+        self.update(other)
+        return self
+
+    def _changed(self, result: Any) -> Any:
+        self.generation += 1
+        return result
+
+    def pop(self, *args: Any) -> Any:  # type: ignore[override]
+        """dict.pop, counted."""
+        return self._changed(super().pop(*args))
+
+    def popitem(self) -> tuple[str, PrimitiveDef]:
+        """dict.popitem, counted."""
+        return self._changed(super().popitem())
+
+    def clear(self) -> None:
+        """dict.clear, counted."""
+        self._changed(super().clear())
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """dict.update, counted."""
+        self._changed(super().update(*args, **kwargs))
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        """dict.setdefault, counted."""
+        return self._changed(super().setdefault(key, default))
+
+
+REGISTRY: _Registry = _Registry()
 
 
 def register(
@@ -85,6 +133,39 @@ def register(
             type_name, PRIMITIVE_PARAMS[type_name], fn, tool_fields, templates, check
         )
         return fn
+
+    return wrap
+
+
+def register_compiled(
+    type_name: str,
+    *,
+    tool_fields: tuple[str, ...] = (),
+    templates: tuple[str, ...] | None = None,
+    check: Check | None = None,
+) -> Callable[[Callable[[Any], Compiled]], Callable[[Any], Compiled]]:
+    """Decorator: register a sync primitive written as `compile(params) -> Compiled`.
+
+    Its scorer is `Outcome(*compile(params)(ctx.trajectory, ctx.task))`: one implementation,
+    which the engine calls without rebuilding anything derived from the params per score.
+    """
+
+    def wrap(compile_fn: Callable[[Any], Compiled]) -> Callable[[Any], Compiled]:
+        def scorer(params: Any, ctx: ScoreContext) -> Outcome:
+            return Outcome(*compile_fn(params)(ctx.trajectory, ctx.task))
+
+        scorer.__name__ = scorer.__qualname__ = type_name
+        scorer.__doc__ = compile_fn.__doc__
+        REGISTRY[type_name] = PrimitiveDef(
+            type_name,
+            PRIMITIVE_PARAMS[type_name],
+            scorer,
+            tool_fields,
+            templates,
+            check,
+            compile_fn,
+        )
+        return compile_fn
 
     return wrap
 
