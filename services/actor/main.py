@@ -6,8 +6,7 @@ import asyncio
 import os
 
 import httpx
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats import NatsBroker, NatsMessage
 
 from rollout.errors import RolloutError
 from rollout.services.actor.generate import failed_batch, generate_batch, without_trajectory
@@ -16,7 +15,6 @@ from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
-from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import (
     ErrorKind,
@@ -31,12 +29,15 @@ from rollout.shared.models.trained import TrainedBackend, apply_update, refresh_
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.observability import get_logger
-from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.service import durables
+from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
+from rollout.shared.service.consumer import Consumer
+from rollout.shared.settings import Settings
 from rollout.shared.stack.health import default_replica_id
 from rollout.shared.store.spec_cache import SpecCache
 from rollout.shared.store.trajectories import inline_limit, object_store, offload
 
-DURABLE = "actors"
+DURABLE = durables.ACTORS.name
 # How long a silent replica holds a work item before another one gets it (in-progress acks
 # keep a working replica's items); tests shorten it to see a dead replica's work move quickly.
 # Read when the service starts (not at import), like the verifier's.
@@ -77,6 +78,11 @@ def concurrency() -> int:
 
 
 log = get_logger(__name__)
+
+
+def consumer() -> Consumer:
+    """The actors' work consumer with this replica's AckWait and fetch size (its concurrency)."""
+    return durables.ACTORS.tuned(ack_wait_s=ack_wait_s(), batch_size=concurrency())
 
 
 class Backends:
@@ -121,7 +127,6 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
     """The actor's broker and its handler."""
     broker = make_broker(settings)
     keepalive_s = min(10.0, ack_wait_s() / 3)
-    in_flight = concurrency()
     backends = Backends()
     caches: dict[str, SpecCache] = {}
     stores: dict[str, ObjectStore] = {}
@@ -133,16 +138,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
 
     me = actor_id or default_replica_id()
 
-    @broker.subscriber(
-        subjects.work_filter("rollouts"),
-        stream=JStream(subjects.WORK_STREAM, declare=False),
-        durable=DURABLE,
-        # The items of one fetch are handled concurrently (each acked on its own).
-        pull_sub=PullSub(batch_size=in_flight, timeout=1.0),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        title="actor/generate",
-        description="Generates a batch of rollouts and emits them as one rollout.generated event.",
-    )
+    @consumer().subscriber(broker)
     async def generate(work: RolloutWork, message: NatsMessage) -> None:
         """Run the agent loop on every rollout of a work item; ack after the event is stored."""
         js = jetstream(broker)
@@ -239,28 +235,9 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
 
 async def serve(settings: Settings) -> None:
     """Run one actor replica until cancelled."""
-    wait_s = ack_wait_s()  # a bad setting stops the replica before it connects
-    concurrency()
-    nc = await connect_nats(settings)
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, settings.stream_replicas)
-        await ensure_consumer(
-            js,
-            subjects.WORK_STREAM,
-            pull_consumer_config(
-                DURABLE,
-                subjects.work_filter("rollouts"),
-                ack_wait_s=wait_s,
-                max_deliver=DEFAULT_MAX_DELIVER,
-            ),
-        )
-    finally:
-        await nc.close()
-    broker = build_broker(settings)
-    await broker.start()
-    log.info("actor started")
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await broker.stop()
+    declared = consumer()  # a bad setting stops the replica before it connects
+
+    async def build(runtime: ServiceRuntime) -> NatsBroker:
+        return build_broker(settings)
+
+    await serve_service("actor", settings, build, consumers=[declared])

@@ -7,17 +7,10 @@ effect and the stream position commit together, so a redelivered event changes n
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
 
 import asyncpg
-import pydantic
-from faststream import AckPolicy, Context
-from faststream.nats import JStream, NatsBroker, PullSub
-from faststream.nats.message import NatsBatchMessage
-from nats.aio.msg import Msg
+from faststream.nats import NatsBroker
 
 from rollout.errors import RolloutError
 from rollout.services.buffer.projection import DEFAULT_INLINE_BYTES, BufferProjection, wanted
@@ -25,9 +18,7 @@ from rollout.services.buffer.queries import CATCH_UP_S, BufferQueries
 from rollout.services.buffer.tools import TaskTools
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
-from rollout.shared.bus.deadletter import describe, retry_delay
 from rollout.shared.bus.publisher import payload_budget
-from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.buffer import (
     SERVICE,
     DpoPairsQuery,
@@ -35,21 +26,16 @@ from rollout.shared.contracts.buffer import (
     RolloutsQuery,
     SftSetQuery,
 )
-from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.requests import Reply
 from rollout.shared.objectstore import ObjectStore, default_store_url, open_store
 from rollout.shared.observability import get_logger
-from rollout.shared.settings import Settings, connect_nats
-from rollout.shared.store.db import close_pool, create_pool, migrate
+from rollout.shared.service import durables
+from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
+from rollout.shared.service.projection_consumer import subscribe_projection
+from rollout.shared.settings import Settings
 from rollout.shared.store.projection import ProjectionRunner
 
-DURABLE = "buffer"
-BATCH = 128
-# A short AckWait: a delivered batch that never reached the handler (a pull request that
-# expired with messages in flight) comes back in seconds, not half a minute. A batch being
-# applied is kept alive with in-progress acks, so a slow one is not redelivered meanwhile.
-ACK_WAIT_S = 5.0
-KEEPALIVE_S = 1.5
+DURABLE = durables.BUFFER.name
 QUEUE = "buffer"
 # Trajectories whose JSON is larger than this many bytes go to the object store.
 INLINE_BYTES_ENV = "ROLLOUT_BUFFER_INLINE_BYTES"
@@ -70,42 +56,6 @@ def inline_bytes_from_env(env: dict[str, str] | None = None) -> int:
     if value < 0:
         raise RolloutError(f"{INLINE_BYTES_ENV}={raw!r} must be a whole number of bytes >= 0")
     return value
-
-
-def _items(msgs: list[Msg]) -> list[tuple[EventEnvelope | None, int]]:
-    """(event, position) per message; events the buffer does not read are passed over unparsed."""
-    items: list[tuple[EventEnvelope | None, int]] = []
-    for msg in msgs:
-        event = None
-        if wanted(msg.subject):
-            try:
-                event = EventEnvelope.from_bytes(msg.data)
-            except pydantic.ValidationError as exc:
-                # The tracker records the dead letter for it; the buffer only moves past it.
-                log.warning(
-                    "invalid event skipped", seq=msg.metadata.sequence.stream, error=describe(exc)
-                )
-        items.append((event, msg.metadata.sequence.stream))
-    return items
-
-
-@asynccontextmanager
-async def _working_on_all(msgs: list[Msg]) -> AsyncIterator[None]:
-    """In-progress acks for every message of a batch while the block runs."""
-
-    async def beat() -> None:
-        while True:
-            await asyncio.sleep(KEEPALIVE_S)
-            for msg in msgs:
-                await msg.in_progress()
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
 
 
 def build_broker(
@@ -134,30 +84,8 @@ def build_broker(
         reply_budget=lambda: payload_budget(jetstream(broker)),
     )
 
-    @broker.subscriber(
-        subjects.ALL_EVENTS,
-        stream=JStream(subjects.EVENTS_STREAM, declare=False),
-        durable=DURABLE,
-        pull_sub=PullSub(batch_size=BATCH, timeout=1.0, batch=True),
-        ack_policy=AckPolicy.MANUAL,
-        title="buffer/ingest",
-        description="Stores generated rollouts and their verdicts, in stream order, exactly once.",
-    )
-    async def ingest(message: NatsBatchMessage = Context("message")) -> None:  # noqa: B008
-        msgs: list[Msg] = message.raw_message
-        try:
-            async with _working_on_all(msgs):
-                settled = await runner.handle_batch(_items(msgs))
-        except (asyncpg.PostgresError, OSError, RolloutError, RuntimeError) as exc:
-            settled = 0
-            log.warning("buffer ingest failed; retrying", error=describe(exc))
-        for msg in msgs[:settled]:
-            await msg.ack()
-        if settled < len(msgs):
-            # A gap or a failure: the rest comes back later, so no event overtakes another.
-            delay = retry_delay(msgs[settled].metadata.num_delivered)
-            for msg in msgs[settled:]:
-                await msg.nak(delay=delay)
+    # The tracker records the dead letter of an invalid event; the buffer only moves past it.
+    subscribe_projection(broker, durables.BUFFER, runner, wanted=wanted)
 
     @broker.subscriber(subjects.request(SERVICE, "sft_set"), queue=QUEUE, title="buffer/sft_set")
     async def sft_set(query: SftSetQuery) -> Reply:
@@ -194,40 +122,15 @@ async def serve(
     catch_up_s: float = CATCH_UP_S,
 ) -> None:
     """Run one buffer replica until cancelled (`catch_up_s`: how long a query waits to catch up)."""
-    if not settings.database_url:
-        raise RolloutError("the buffer needs a database (ROLLOUT_DATABASE_URL or `rollout up`)")
     threshold = inline_bytes_from_env() if inline_bytes is None else inline_bytes
     store = store or open_store(default_store_url(settings.home), source=f"{settings.home}")
-    nc = await connect_nats(settings)
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, settings.stream_replicas)
-        # Unlimited deliveries: the buffer must never skip an event because Postgres was down.
-        await ensure_consumer(
-            js,
-            subjects.EVENTS_STREAM,
-            pull_consumer_config(
-                DURABLE,
-                subjects.ALL_EVENTS,
-                ack_wait_s=ACK_WAIT_S,
-                max_deliver=-1,
-                max_ack_pending=BATCH * 2,
-            ),
-        )
-    finally:
-        await nc.close()
-    pool = await create_pool(settings.database_url)
-    try:
-        await migrate(pool)
+
+    async def build(runtime: ServiceRuntime) -> NatsBroker:
+        pool = runtime.database()
         runner = ProjectionRunner(
             pool, BufferProjection(store, inline_bytes=threshold), contiguous=True
         )
-        broker = build_broker(settings, runner, pool, store, catch_up_s=catch_up_s)
-        await broker.start()
         log.info("buffer started", position=await runner.position(), inline_bytes=threshold)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await broker.stop()
-    finally:
-        await close_pool(pool)
+        return build_broker(settings, runner, pool, store, catch_up_s=catch_up_s)
+
+    await serve_service("buffer", settings, build, consumers=[durables.BUFFER], database=True)

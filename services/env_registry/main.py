@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from faststream.nats import NatsBroker
 
 from rollout.services.env_registry import handlers
 from rollout.shared.bus.broker import make_broker
-from rollout.shared.bus.streams import ensure_streams
-from rollout.shared.observability import get_logger
-from rollout.shared.settings import Settings, connect_nats
-
-log = get_logger(__name__)
+from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
+from rollout.shared.settings import Settings
 
 
 def build_broker(settings: Settings) -> NatsBroker:
@@ -24,15 +19,8 @@ def build_broker(settings: Settings) -> NatsBroker:
 
 async def serve(settings: Settings) -> None:
     """Run the env registry until cancelled."""
-    nc = await connect_nats(settings)
-    try:
-        await ensure_streams(nc.jetstream(), settings.stream_replicas)
-    finally:
-        await nc.close()
-    broker = build_broker(settings)
-    await broker.start()
-    log.info("env registry started")
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await broker.stop()
+
+    async def build(runtime: ServiceRuntime) -> NatsBroker:
+        return build_broker(settings)
+
+    await serve_service("env-registry", settings, build)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats import NatsBroker, NatsMessage
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict
@@ -38,7 +37,6 @@ from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import describe, record_dead_letter
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
-from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import DeadLettered, JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob, Reply, request_fingerprint
@@ -47,13 +45,13 @@ from rollout.shared.models.trained import JOB_PREFIX, new_job_id
 from rollout.shared.objectstore import open_store
 from rollout.shared.objectstore.factory import default_store_url
 from rollout.shared.observability import get_logger
-from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.service import durables
+from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
+from rollout.shared.service.consumer import Consumer
+from rollout.shared.settings import Settings
 
-DURABLE = "learner"
-DEADLETTER_DURABLE = "learner-deadletters"
-# Only dead letters the job consumer itself recorded: every service may record dead letters,
-# but only under its own consumers' names, so no other service's credential can fail a job.
-DEADLETTER_FILTER = subjects.dead_letter(DURABLE)
+DURABLE = durables.LEARNER_JOBS.name
+DEADLETTER_DURABLE = durables.LEARNER_DEADLETTERS.name
 QUEUE = "learner"
 WORK_KIND = "jobs"
 # Attempts per job: a failing attempt is retried with backoff, a replica that died mid-job
@@ -271,15 +269,7 @@ def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsB
         """Validate and record a training job; the work happens from the work stream."""
         return Reply(data=await create_job(context(), cmd))
 
-    @broker.subscriber(
-        subjects.work_filter(WORK_KIND),
-        stream=JStream(subjects.WORK_STREAM, declare=False),
-        durable=DURABLE,
-        pull_sub=PullSub(batch_size=1, timeout=1.0),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        title="learner/run-job",
-        description="Runs one training job to its end (resuming from its last checkpoint).",
-    )
+    @durables.LEARNER_JOBS.subscriber(broker)
     async def run_job(work: JobWork, message: NatsMessage) -> None:
         """Run a job while telling JetStream we are still on it; ack when it ended."""
         raw = message.raw_message
@@ -295,15 +285,7 @@ def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsB
         async with working_on(raw, every_s=every_s):
             await execute(context(), work.job_id, deliveries=deliveries, limit=limit)
 
-    @broker.subscriber(
-        DEADLETTER_FILTER,
-        stream=JStream(subjects.EVENTS_STREAM, declare=False),
-        durable=DEADLETTER_DURABLE,
-        pull_sub=PullSub(batch_size=1, timeout=1.0),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        title="learner/dead-lettered-jobs",
-        description="Ends a job whose work item was dead-lettered with job.failed and the reason.",
-    )
+    @durables.LEARNER_DEADLETTERS.subscriber(broker)
     async def dead_lettered(event: EventEnvelope) -> None:
         """Fail the job a dead-lettered work item belonged to (other dead letters: ignored)."""
         body = event.body()
@@ -313,39 +295,22 @@ def build_broker(settings: Settings, ctx: LearnerContext | None = None) -> NatsB
     return broker
 
 
+def consumers() -> list[Consumer]:
+    """The job consumer (with this replica's AckWait) and the dead-lettered jobs' follower."""
+    return [durables.LEARNER_JOBS.tuned(ack_wait_s=ack_wait_s()), durables.LEARNER_DEADLETTERS]
+
+
 async def serve(settings: Settings) -> None:
     """Run one learner replica until cancelled."""
-    nc = await connect_nats(settings, name="learner")
-    store = open_store(default_store_url(settings.home), source="ROLLOUT_OBJECT_STORE_URL")
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, settings.stream_replicas)
-        # Unlimited at the JetStream level: the learner counts deliveries itself (run_job),
-        # so a job whose replicas keep dying is dead-lettered with a reason, never dropped.
-        await ensure_consumer(
-            js,
-            subjects.WORK_STREAM,
-            pull_consumer_config(
-                DURABLE,
-                subjects.work_filter(WORK_KIND),
-                ack_wait_s=ack_wait_s(),
-                max_deliver=-1,
-                max_ack_pending=64,
-            ),
+
+    async def build(runtime: ServiceRuntime) -> NatsBroker:
+        store = open_store(default_store_url(settings.home), source="ROLLOUT_OBJECT_STORE_URL")
+        runtime.on_stop(store.close)
+        assert runtime.nc is not None
+        ctx = LearnerContext(
+            nc=runtime.nc, js=runtime.js, store=store, work_dir=settings.home / "learner" / "jobs"
         )
-        await ensure_consumer(
-            js,
-            subjects.EVENTS_STREAM,
-            pull_consumer_config(DEADLETTER_DURABLE, DEADLETTER_FILTER),
-        )
-        ctx = LearnerContext(nc=nc, js=js, store=store, work_dir=settings.home / "learner" / "jobs")
-        broker = build_broker(settings, ctx)
-        await broker.start()
         log.info("learner started", work_dir=str(ctx.work_dir))
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await broker.stop()
-    finally:
-        await store.close()
-        await nc.close()
+        return build_broker(settings, ctx)
+
+    await serve_service("learner", settings, build, consumers=consumers(), keep_connection=True)

@@ -11,32 +11,28 @@ from contextlib import suppress
 import asyncpg
 import nats.errors
 import pydantic
-from faststream import AckPolicy, Context
-from faststream.nats import JStream, NatsBroker, PullSub
-from faststream.nats.message import NatsBatchMessage
+from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from rollout.errors import RolloutError
 from rollout.services.tracker import imports, plans, queries, runs
 from rollout.services.tracker.projections import ReadModels
-from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
-from rollout.shared.bus.deadletter import describe, record_dead_letter, retry_delay
+from rollout.shared.bus.deadletter import describe, record_dead_letter
 from rollout.shared.bus.lease import DEFAULT_TTL_S, Lease, bucket_ttl, lead, lease_bucket
-from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.observability import get_logger
-from rollout.shared.settings import Settings, connect_nats
-from rollout.shared.store.db import close_pool, create_pool, migrate
+from rollout.shared.service import durables
+from rollout.shared.service.bootstrap import ServiceRuntime, serve_service, started
+from rollout.shared.service.projection_consumer import subscribe_projection
+from rollout.shared.settings import Settings
 from rollout.shared.store.projection import ProjectionRunner
 from rollout.shared.store.trajectories import object_store
 
-PROJECTION_DURABLE = "tracker-read-models"
-PROJECTION_BATCH = 128
-# Batches commit in milliseconds; a short AckWait lets a restarted tracker get a crashed
-# predecessor's unacked events back quickly (later events wait for them: stream order).
-PROJECTION_ACK_WAIT_S = 5.0
+PROJECTION_DURABLE = durables.TRACKER_READ_MODELS.name
+# Only the leader consumes these (see `serve`).
+LEADER_CONSUMERS = (durables.TRACKER_READ_MODELS, durables.TRACKER_FANOUT)
 GAP_RETRY_S = 0.25
 DEADLINE_CHECK_S = 2.0
 # The leader lease: one key of the leases bucket; its TTL bounds how long a dead leader's
@@ -49,31 +45,16 @@ _COMPLETION_TRIGGERS = ("rollout.scored", "run.started")
 log = get_logger(__name__)
 
 
-async def _project_batch(
-    runner: ProjectionRunner, js: JetStreamContext, pool: asyncpg.Pool, msgs: list[Msg]
-) -> int:
-    """Apply a fetched batch in one transaction; return how many messages are settled."""
-    items: list[tuple[EventEnvelope | None, int]] = []
-    for msg in msgs:
-        try:
-            event: EventEnvelope | None = EventEnvelope.from_bytes(msg.data)
-        except pydantic.ValidationError as exc:
-            await record_dead_letter(js, msg, describe(exc))
-            event = None  # only advances the position
-        items.append((event, msg.metadata.sequence.stream))
-    settled = await runner.handle_batch(items)
+async def _complete_finished_runs(
+    js: JetStreamContext, pool: asyncpg.Pool, items: list[tuple[EventEnvelope | None, int]]
+) -> None:
+    """End every run a settled batch may have just completed."""
     # Checked on redelivery too: a crash between commit and publish must not strand a run.
     runs_to_check = {
-        e.run_id
-        for e, _ in items[:settled]
-        if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
+        e.run_id for e, _ in items if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
     }
     for run_id in sorted(runs_to_check):
         await runs.complete_if_done(js, pool, run_id)
-    log.debug(
-        "events projected", count=settled, last_seq=items[settled - 1][1] if settled else None
-    )
-    return settled
 
 
 def register_leader_handlers(
@@ -81,35 +62,22 @@ def register_leader_handlers(
 ) -> None:
     """The leader's consumers: the read models in stream order, and the runs' fan-out."""
 
-    @broker.subscriber(
-        subjects.ALL_EVENTS,
-        stream=JStream(subjects.EVENTS_STREAM, declare=False),
-        durable=PROJECTION_DURABLE,
-        pull_sub=PullSub(batch_size=PROJECTION_BATCH, timeout=0.2, batch=True),
-        ack_policy=AckPolicy.MANUAL,
-        title="tracker/read-models",
-        description="Applies every event to the Postgres read models, in stream order.",
-    )
-    async def project_events(message: NatsBatchMessage = Context("message")) -> None:  # noqa: B008
-        # In stream order, one transaction per batch, acks only after its commit.
-        msgs: list[Msg] = message.raw_message
-        failed: BaseException | None = None
-        try:
-            settled = await _project_batch(runner, jetstream(broker), pool, msgs)
-        except (asyncpg.PostgresError, OSError, RuntimeError, nats.errors.Error) as exc:
-            settled, failed = 0, exc
-            log.warning("projection failed; retrying", error=describe(exc))
-        for msg in msgs[:settled]:
-            await msg.ack()
-        if settled < len(msgs):
-            # A gap (an earlier event awaits redelivery) or a failure: the rest comes back
-            # later, so no event overtakes another. A gap closes within PROJECTION_ACK_WAIT_S.
-            delay = (
-                GAP_RETRY_S if failed is None else retry_delay(msgs[settled].metadata.num_delivered)
-            )
-            for msg in msgs[settled:]:
-                await msg.nak(delay=delay)
+    async def dead_letter(msg: Msg, exc: pydantic.ValidationError) -> None:
+        # Recorded with its reason; the position moves past it.
+        await record_dead_letter(jetstream(broker), msg, describe(exc))
 
+    async def completed(items: list[tuple[EventEnvelope | None, int]]) -> None:
+        await _complete_finished_runs(jetstream(broker), pool, items)  # type: ignore[arg-type]
+
+    # A gap (an earlier event awaits redelivery) closes within the consumer's AckWait.
+    subscribe_projection(
+        broker,
+        durables.TRACKER_READ_MODELS,
+        runner,
+        on_invalid=dead_letter,
+        after_batch=completed,
+        gap_retry_s=GAP_RETRY_S,
+    )
     runs.register_fan_out(broker)
 
 
@@ -178,57 +146,33 @@ async def serve(settings: Settings) -> None:
     are safe anywhere, spread over the replicas by the queue group, and keep being answered
     while leadership moves.
     """
-    if not settings.database_url:
-        raise RuntimeError("the tracker needs a database (ROLLOUT_DATABASE_URL or `rollout up`)")
-    nc = await connect_nats(settings)
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, settings.stream_replicas)
-        # Unlimited deliveries: a read model must never skip an event because Postgres was down.
-        await ensure_consumer(
-            js,
-            subjects.EVENTS_STREAM,
-            pull_consumer_config(
-                PROJECTION_DURABLE,
-                subjects.ALL_EVENTS,
-                ack_wait_s=PROJECTION_ACK_WAIT_S,
-                max_deliver=-1,
-                max_ack_pending=PROJECTION_BATCH * 2,
-            ),
-        )
-        await ensure_consumer(
-            js,
-            subjects.EVENTS_STREAM,
-            pull_consumer_config(
-                runs.FANOUT_DURABLE, subjects.event_filter("run", "run.requested")
-            ),
-        )
-    finally:
-        await nc.close()
-    pool = await create_pool(settings.database_url)
-    try:
-        await migrate(pool)
-        runner = ProjectionRunner(pool, ReadModels(), contiguous=True)
+
+    async def build(runtime: ServiceRuntime) -> NatsBroker:
         requests = make_broker(settings)
-        register_request_handlers(requests, settings, pool)
-        await requests.start()
-        try:
-            js = jetstream(requests)
-            kv = await lease_bucket(js, lease_ttl_s(), settings.stream_replicas)
-            lease = Lease(kv, LEASE_NAME, replica_holder(), await bucket_ttl(kv))
-            if abs(lease.ttl_s - lease_ttl_s()) > 1e-3:
-                # The bucket keeps the TTL it was made with: every replica must agree on it.
-                log.warning("lease TTL is the bucket's", ttl_s=lease.ttl_s, asked=lease_ttl_s())
-            log.info("tracker started", holder=lease.holder, lease_ttl_s=lease.ttl_s)
+        register_request_handlers(requests, settings, runtime.database())
+        return requests
 
-            async def duty() -> None:
-                await _lead(settings, runner, pool, js)
+    async def run(runtime: ServiceRuntime) -> None:
+        pool = runtime.database()
+        runner = ProjectionRunner(pool, ReadModels(), contiguous=True)
+        js = jetstream(runtime.brokers[0])
+        kv = await lease_bucket(js, lease_ttl_s(), settings.stream_replicas)
+        lease = Lease(kv, LEASE_NAME, replica_holder(), await bucket_ttl(kv))
+        if abs(lease.ttl_s - lease_ttl_s()) > 1e-3:
+            # The bucket keeps the TTL it was made with: every replica must agree on it.
+            log.warning("lease TTL is the bucket's", ttl_s=lease.ttl_s, asked=lease_ttl_s())
+        log.info("tracker started", holder=lease.holder, lease_ttl_s=lease.ttl_s)
 
-            await lead(lease, duty)
-        finally:
-            await requests.stop()
-    finally:
-        await close_pool(pool)
+        async def duty() -> None:
+            await _lead(settings, runner, pool, js)
+
+        await lead(lease, duty)
+
+    # The leader's consumers are ensured by every replica, so a standby's takeover only starts
+    # a broker on them.
+    await serve_service(
+        "tracker", settings, build, consumers=LEADER_CONSUMERS, database=True, run=run
+    )
 
 
 async def _lead(
@@ -237,13 +181,12 @@ async def _lead(
     """The leader's part, until cancelled: the projection, the fan-out, the deadlines."""
     broker = make_broker(settings)
     register_leader_handlers(broker, runner, pool)
-    await broker.start()
-    watcher = asyncio.create_task(_watch_deadlines(js, pool))
-    log.info("tracker leading", position=await runner.position())
-    try:
-        await asyncio.Event().wait()
-    finally:
-        watcher.cancel()
-        with suppress(asyncio.CancelledError):
-            await watcher
-        await broker.stop()
+    async with started(broker):
+        watcher = asyncio.create_task(_watch_deadlines(js, pool))
+        log.info("tracker leading", position=await runner.position())
+        try:
+            await asyncio.Event().wait()
+        finally:
+            watcher.cancel()
+            with suppress(asyncio.CancelledError):
+                await watcher

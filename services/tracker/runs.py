@@ -7,8 +7,7 @@ import random
 from datetime import UTC, datetime
 
 import asyncpg
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import NatsBroker
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
@@ -31,10 +30,11 @@ from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.models.registry import backend_forms
 from rollout.shared.observability import event_context, get_logger
+from rollout.shared.service import durables
 from rollout.shared.store import env_versions
 
 QUEUE = "tracker"
-FANOUT_DURABLE = "tracker-fanout"
+FANOUT_DURABLE = durables.TRACKER_FANOUT.name
 MAX_N = 10_000
 MAX_BATCH = 1_024
 # How often a decision is re-made after the run's history moved under it.
@@ -375,14 +375,7 @@ def register(broker: NatsBroker) -> None:
 def register_fan_out(broker: NatsBroker) -> None:
     """Attach the fan-out consumer (the leader's: see tracker/main.py) to `broker`."""
 
-    @broker.subscriber(
-        subjects.event_filter("run", "run.requested"),
-        stream=JStream(subjects.EVENTS_STREAM, declare=False),
-        durable=FANOUT_DURABLE,
-        pull_sub=PullSub(batch_size=8, timeout=1.0),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        title="runs/fan-out",
-    )
+    @durables.TRACKER_FANOUT.subscriber(broker)
     async def on_run_requested(event: EventEnvelope) -> None:
         """Queue a requested run's work items, then mark it started."""
         with event_context(event):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections import OrderedDict
 
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats import NatsBroker, NatsMessage
 
 from rollout.errors import RolloutError
 from rollout.services.verifier.scoring import (
@@ -24,7 +22,6 @@ from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
-from rollout.shared.bus.streams import ensure_consumer, ensure_streams, pull_consumer_config
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import (
     RolloutsGenerated,
@@ -35,12 +32,15 @@ from rollout.shared.contracts.events import (
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
-from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.service import durables
+from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
+from rollout.shared.service.consumer import Consumer
+from rollout.shared.settings import Settings
 from rollout.shared.store.spec_cache import SpecCache
 from rollout.shared.store.trajectories import object_store
 
-DURABLE = "verifier"
-GENERATED = subjects.event_filter("run", "rollout.generated")
+DURABLE = durables.VERIFIER.name
+GENERATED = durables.VERIFIER.filter
 # How long a silent verifier holds a generated batch before another replica gets it. While it
 # scores (sandboxed test suites can take minutes) it sends in-progress acks, so a long batch
 # is not redelivered; tests shorten the wait to show that.
@@ -61,6 +61,11 @@ def ack_wait_s() -> float:
 
 
 log = get_logger(__name__)
+
+
+def consumer() -> Consumer:
+    """The verifier's consumer of generated batches, with this replica's AckWait."""
+    return durables.VERIFIER.tuned(ack_wait_s=ack_wait_s())
 
 
 # Run requests kept per replica: a request never changes, so each run is read once, not once
@@ -99,15 +104,7 @@ def build_broker(settings: Settings) -> NatsBroker:
             stores["store"] = object_store(settings)
         return stores["store"]
 
-    @broker.subscriber(
-        GENERATED,
-        stream=JStream(subjects.EVENTS_STREAM, declare=False),
-        durable=DURABLE,
-        pull_sub=PullSub(batch_size=4, timeout=1.0),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        title="verifier/score",
-        description="Scores a generated batch with the environment's verifier.",
-    )
+    @consumer().subscriber(broker)
     async def score_batch(event: EventEnvelope, message: NatsMessage) -> None:
         """Score every rollout of the batch; ack after the scored event is stored."""
         js = jetstream(broker)
@@ -201,23 +198,9 @@ def _too_large(verdict: ScoredRollout, size: int, budget: int) -> ScoredRollout:
 
 async def serve(settings: Settings) -> None:
     """Run one verifier replica until cancelled."""
-    nc = await connect_nats(settings)
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, settings.stream_replicas)
-        await ensure_consumer(
-            js,
-            subjects.EVENTS_STREAM,
-            pull_consumer_config(
-                DURABLE, GENERATED, ack_wait_s=ack_wait_s(), max_deliver=DEFAULT_MAX_DELIVER
-            ),
-        )
-    finally:
-        await nc.close()
-    broker = build_broker(settings)
-    await broker.start()
-    log.info("verifier started")
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await broker.stop()
+    declared = consumer()  # a bad setting stops the replica before it connects
+
+    async def build(runtime: ServiceRuntime) -> NatsBroker:
+        return build_broker(settings)
+
+    await serve_service("verifier", settings, build, consumers=[declared])

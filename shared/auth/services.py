@@ -22,19 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.shared import subjects
+from rollout.shared.service import durables
+from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import SERVICE_USER_PREFIX
 
 # The `rollout up` supervisor's own user: it only waits for the services' heartbeats.
 SUPERVISOR = "supervisor"
 
 
-@dataclass(frozen=True)
-class Durable:
-    """A durable pull consumer a service owns: stream, name, and the filter it is made with."""
-
-    stream: str
-    name: str
-    filter: str
+# A durable pull consumer a service owns: its stream, name and filter are what the permissions
+# pin. The roles below hold the very declarations the services consume with.
+Durable = Consumer
 
 
 @dataclass(frozen=True)
@@ -120,8 +118,8 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
             ),
             queues=("rollouts",),
             consumes=(
-                Durable(_EVENTS, "tracker-read-models", subjects.ALL_EVENTS),
-                Durable(_EVENTS, "tracker-fanout", subjects.event_filter("run", "run.requested")),
+                durables.TRACKER_READ_MODELS,
+                durables.TRACKER_FANOUT,
             ),
             manages_streams=True,
             # Replicas elect one leader for the projection and the process manager.
@@ -130,15 +128,13 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
         ServiceRole(
             "actor",
             emits=("rollout.generated", _DEAD_LETTER),
-            consumes=(Durable(_WORK, "actors", subjects.work_filter("rollouts")),),
+            consumes=(durables.ACTORS,),
             follows=(subjects.event_filter("policy", "policy.updated"),),
         ),
         ServiceRole(
             "verifier",
             emits=("rollout.scored", _DEAD_LETTER),
-            consumes=(
-                Durable(_EVENTS, "verifier", subjects.event_filter("run", "rollout.generated")),
-            ),
+            consumes=(durables.VERIFIER,),
         ),
         ServiceRole(
             "buffer",
@@ -149,7 +145,7 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 ("buffer", "rollouts"),
             ),
             emits=(_DEAD_LETTER,),
-            consumes=(Durable(_EVENTS, "buffer", subjects.ALL_EVENTS),),
+            consumes=(durables.BUFFER,),
         ),
         ServiceRole(
             "learner",
@@ -172,9 +168,9 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
             ),
             queues=("jobs",),
             consumes=(
-                Durable(_WORK, "learner", subjects.work_filter("jobs")),
+                durables.LEARNER_JOBS,
                 # Only the dead letters its own job consumer recorded (see deadletters.py).
-                Durable(_EVENTS, "learner-deadletters", subjects.dead_letter("learner")),
+                durables.LEARNER_DEADLETTERS,
             ),
         ),
         ServiceRole(SUPERVISOR, reads_heartbeats=True),

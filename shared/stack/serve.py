@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 
 from rollout.errors import RolloutError
 from rollout.shared.observability import configure_logging, get_logger
-from rollout.shared.settings import Settings, connect_nats, load_settings
-from rollout.shared.stack.health import BEATS_DIR, DEFAULT_INTERVAL, default_replica_id, heartbeat
+from rollout.shared.service.bootstrap import beating
+from rollout.shared.settings import Settings, load_settings
+from rollout.shared.stack.health import DEFAULT_INTERVAL
 from rollout.shared.stack.services import load_serve
 
 log = get_logger(__name__)
@@ -24,27 +24,12 @@ async def run_service(
 ) -> None:
     """Run service `name` until it returns or is cancelled, beating while it runs."""
     serve = load_serve(name)
-    replica_id = replica_id or default_replica_id()
-    nc = await connect_nats(settings, name=f"{name}-heartbeat")
-    beats = asyncio.create_task(
-        heartbeat(
-            nc.jetstream(),
-            name,
-            replica_id,
-            interval,
-            settings.stream_replicas,
-            beat_dir=settings.home / BEATS_DIR,
-        )
-    )
-    log.info("service starting", replica_id=replica_id)
-    try:
-        await serve(settings)
-    finally:
-        beats.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beats
-        await nc.close()
-        log.info("service stopped", replica_id=replica_id)
+    async with beating(name, settings, replica_id=replica_id, interval=interval) as replica_id:
+        log.info("service starting", replica_id=replica_id)
+        try:
+            await serve(settings)
+        finally:
+            log.info("service stopped", replica_id=replica_id)
 
 
 async def _main(name: str, replica_id: str | None) -> int:

@@ -165,16 +165,22 @@ async def test_revoked_key_is_refused_after_reload(
 
 
 def test_service_durables_on_the_events_stream_are_all_protected() -> None:
-    """Every durable a service declares is denied to keys (see roles.SERVICE_DURABLES)."""
+    """Every declared durable is denied to keys (see roles.SERVICE_DURABLES), and no service
+    names a durable of its own outside the declarations (shared/service/durables.py)."""
     import re
     from pathlib import Path
 
-    services = Path(__file__).resolve().parents[2] / "services"
-    declared = set()
-    for path in services.rglob("*.py"):
-        declared |= set(re.findall(r'^\w*DURABLE\w* = "([^"]+)"', path.read_text(), re.M))
-    assert declared, "found no durable consumer names under services/"
+    from rollout.shared.service import durables
+    from rollout.shared.service.consumer import Consumer
+
+    declared = {c.name for c in vars(durables).values() if isinstance(c, Consumer)}
+    assert declared, "found no durable consumer declarations"
     assert declared <= set(SERVICE_DURABLES)
+    services = Path(__file__).resolve().parents[2] / "services"
+    for path in services.rglob("*.py"):
+        text = path.read_text()
+        assert not re.findall(r'^\w*DURABLE\w* = "([^"]+)"', text, re.M), path
+        assert "durable=" not in text, f"{path} subscribes to a durable it did not declare"
 
 
 def test_every_request_verb_has_a_role() -> None:

@@ -1,0 +1,1 @@
+"""The service kit: consumers declared once, one bootstrap, one batched projection consumer."""

@@ -1,0 +1,182 @@
+"""The bootstrap every service shares: connect, streams, consumers, database, brokers, stop.
+
+A service says what it consumes, whether it needs Postgres and how to build its brokers;
+`serve_service` does the rest in one order for all of them:
+
+    connect -> ensure the streams -> ensure the declared consumers -> pool + migrations
+      -> start the brokers -> run (by default: until cancelled) -> stop brokers, close pool
+
+Heartbeats come from the process entry point (`rollout serve`, rollout.shared.stack.serve),
+which beats around every service's `serve` through `beating` below, kit-built or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import asyncpg
+import nats.aio.client
+from faststream.nats import NatsBroker
+from nats.js import JetStreamContext
+
+from rollout.errors import RolloutError
+from rollout.shared.bus.streams import ensure_consumer, ensure_streams
+from rollout.shared.observability import get_logger
+from rollout.shared.service.consumer import Consumer
+from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stack.health import BEATS_DIR, DEFAULT_INTERVAL, default_replica_id, heartbeat
+from rollout.shared.store.db import close_pool, create_pool, migrate
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ServiceRuntime:
+    """What a service's setup works with: its settings, database pool and started brokers."""
+
+    name: str
+    settings: Settings
+    pool: asyncpg.Pool | None = None
+    # The setup connection, open for the service's life only when it asked to keep it.
+    nc: nats.aio.client.Client | None = None
+    brokers: list[NatsBroker] = field(default_factory=list)
+    _stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+    @property
+    def js(self) -> JetStreamContext:
+        """JetStream on the kept setup connection."""
+        assert self.nc is not None, f"{self.name}: serve_service(keep_connection=True) first"
+        return self.nc.jetstream()
+
+    def database(self) -> asyncpg.Pool:
+        """The migrated pool (the service was declared with `database=True`)."""
+        assert self.pool is not None, f"{self.name}: serve_service(database=True) first"
+        return self.pool
+
+    async def start(self, broker: NatsBroker) -> NatsBroker:
+        """Start `broker`; it is stopped when the service stops (last started, first stopped)."""
+        await self._stack.enter_async_context(started(broker))
+        self.brokers.append(broker)
+        return broker
+
+    def on_stop(self, close: Callable[[], Awaitable[object]]) -> None:
+        """Run `close` when the service stops (before what was set up earlier is closed)."""
+        self._stack.push_async_callback(close)
+
+
+@contextlib.asynccontextmanager
+async def started(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
+    """A started broker for the block; stopped on the way out, however the block ends."""
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+
+
+async def ensure_consumers(js: JetStreamContext, consumers: Sequence[Consumer]) -> None:
+    """Create or update each declared durable with its declared config (idempotent)."""
+    for consumer in consumers:
+        await ensure_consumer(js, consumer.stream, consumer.config())
+
+
+@contextlib.asynccontextmanager
+async def running(
+    name: str,
+    settings: Settings,
+    *,
+    consumers: Sequence[Consumer] = (),
+    database: bool = False,
+    keep_connection: bool = False,
+) -> AsyncIterator[ServiceRuntime]:
+    """Streams and consumers ensured, Postgres migrated; everything closed after the block."""
+    if database and not settings.database_url:
+        raise RolloutError(f"the {name} needs a database (ROLLOUT_DATABASE_URL or `rollout up`)")
+    runtime = ServiceRuntime(name, settings)
+    async with contextlib.AsyncExitStack() as stack:
+        nc = await connect_nats(settings, name=name)
+        stack.push_async_callback(nc.close)  # a second close is a no-op
+        js = nc.jetstream()
+        await ensure_streams(js, settings.stream_replicas)
+        # Before any broker starts: FastStream binds to the durable as it finds it.
+        await ensure_consumers(js, consumers)
+        if keep_connection:
+            runtime.nc = nc
+        else:
+            await nc.close()  # the brokers have their own connections
+        if database:
+            assert settings.database_url is not None
+            pool = await create_pool(settings.database_url)
+            stack.push_async_callback(close_pool, pool)
+            await migrate(pool)
+            runtime.pool = pool
+        # Brokers and the service's own resources close before the pool and the connection.
+        stack.push_async_callback(runtime._stack.aclose)
+        yield runtime
+
+
+async def until_cancelled(runtime: ServiceRuntime) -> None:
+    """The default life of a service: its brokers work until the task is cancelled."""
+    await asyncio.Event().wait()
+
+
+BuildFn = Callable[[ServiceRuntime], Awaitable[NatsBroker | Sequence[NatsBroker] | None]]
+
+
+async def serve_service(
+    name: str,
+    settings: Settings,
+    build: BuildFn,
+    *,
+    consumers: Sequence[Consumer] = (),
+    database: bool = False,
+    keep_connection: bool = False,
+    run: Callable[[ServiceRuntime], Awaitable[None]] = until_cancelled,
+) -> None:
+    """Run one replica of service `name` until cancelled (or until `run` returns).
+
+    `build` gets the ready runtime and returns the broker(s) to start (or starts what it
+    needs itself with `runtime.start`); `run` is the service's life once they are started.
+    """
+    async with running(
+        name, settings, consumers=consumers, database=database, keep_connection=keep_connection
+    ) as runtime:
+        built = await build(runtime)
+        brokers = [] if built is None else [built] if isinstance(built, NatsBroker) else built
+        for broker in brokers:
+            await runtime.start(broker)
+        log.info("service started", service=name, consumers=[c.name for c in consumers])
+        await run(runtime)
+
+
+@contextlib.asynccontextmanager
+async def beating(
+    name: str,
+    settings: Settings,
+    *,
+    replica_id: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+) -> AsyncIterator[str]:
+    """The replica's heartbeat (on a connection of its own) while the block runs; its id."""
+    replica_id = replica_id or default_replica_id()
+    nc = await connect_nats(settings, name=f"{name}-heartbeat")
+    beats = asyncio.create_task(
+        heartbeat(
+            nc.jetstream(),
+            name,
+            replica_id,
+            interval,
+            settings.stream_replicas,
+            beat_dir=settings.home / BEATS_DIR,
+        )
+    )
+    try:
+        yield replica_id
+    finally:
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
+        await nc.close()

@@ -1,0 +1,129 @@
+"""The batched, in-order projection consumer (the tracker's read models, the buffer).
+
+Each fetch of the events stream is applied by a ProjectionRunner in one transaction: in-
+progress acks keep the batch while it is applied, the settled prefix is acked after commit,
+and the rest (a gap before it, or a failure) is nakked with a delay, so no event overtakes
+another. What differs between projections are hooks: which subjects are parsed at all, what
+an invalid event costs (a dead letter, or a warning), and what runs once a batch commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+
+import asyncpg
+import nats.errors
+import pydantic
+from faststream import Context
+from faststream.nats import NatsBroker
+from faststream.nats.message import NatsBatchMessage
+from nats.aio.msg import Msg
+
+from rollout.errors import RolloutError
+from rollout.shared.bus.deadletter import describe, retry_delay
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.observability import get_logger
+from rollout.shared.service.consumer import Consumer
+from rollout.shared.store.projection import ProjectionRunner
+
+log = get_logger(__name__)
+
+Items = list[tuple[EventEnvelope | None, int]]
+# Failures a later attempt may not meet (Postgres or NATS away, a runner's out-of-order
+# refusal): the batch is nakked with backoff, not lost.
+RETRIED = (asyncpg.PostgresError, OSError, RuntimeError, RolloutError, nats.errors.Error)
+# In-progress acks this often, as a share of the consumer's AckWait.
+KEEPALIVE_SHARE = 0.3
+
+
+async def _skip_invalid(msg: Msg, exc: pydantic.ValidationError) -> None:
+    log.warning("invalid event skipped", seq=msg.metadata.sequence.stream, error=describe(exc))
+
+
+def _everything(subject: str) -> bool:
+    return True
+
+
+@asynccontextmanager
+async def working_on_all(msgs: list[Msg], *, every_s: float) -> AsyncIterator[None]:
+    """In-progress acks for every message of a batch while the block runs."""
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            for msg in msgs:
+                await msg.in_progress()
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+
+def subscribe_projection(
+    broker: NatsBroker,
+    consumer: Consumer,
+    runner: ProjectionRunner,
+    *,
+    wanted: Callable[[str], bool] = _everything,
+    on_invalid: Callable[[Msg, pydantic.ValidationError], Awaitable[None]] = _skip_invalid,
+    after_batch: Callable[[Items], Awaitable[None]] | None = None,
+    gap_retry_s: float | None = None,
+) -> None:
+    """Register `consumer` (a batch consumer with manual acks) as a projection on `broker`.
+
+    `wanted`: subjects worth parsing (others only advance the position); `on_invalid`: what an
+    event that does not parse costs (it then only advances the position); `after_batch`: runs
+    with the settled items after the commit, before the acks (a failure retries the batch,
+    which the runner then finds applied); `gap_retry_s`: the nak delay when the batch stopped
+    at a gap (None: the failure backoff).
+    """
+    assert consumer.batch, f"{consumer.name}: a projection consumes whole fetches"
+    keepalive_s = consumer.ack_wait_s * KEEPALIVE_SHARE
+
+    async def parse(msgs: list[Msg]) -> Items:
+        items: Items = []
+        for msg in msgs:
+            event = None
+            if wanted(msg.subject):
+                try:
+                    event = EventEnvelope.from_bytes(msg.data)
+                except pydantic.ValidationError as exc:
+                    await on_invalid(msg, exc)
+            items.append((event, msg.metadata.sequence.stream))
+        return items
+
+    @consumer.subscriber(broker)
+    async def project(message: NatsBatchMessage = Context("message")) -> None:  # noqa: B008
+        msgs: list[Msg] = message.raw_message
+        failed: BaseException | None = None
+        try:
+            async with working_on_all(msgs, every_s=keepalive_s):
+                items = await parse(msgs)
+                settled = await runner.handle_batch(items)
+                if after_batch is not None and settled:
+                    await after_batch(items[:settled])
+        except RETRIED as exc:
+            settled, failed = 0, exc
+            log.warning("projection failed; retrying", consumer=consumer.name, error=describe(exc))
+        else:
+            log.debug(
+                "events projected",
+                consumer=consumer.name,
+                count=settled,
+                last_seq=items[settled - 1][1] if settled else None,
+            )
+        for msg in msgs[:settled]:
+            await msg.ack()
+        if settled < len(msgs):
+            # The rest comes back later, so no event overtakes another; a gap closes within
+            # the consumer's AckWait (the earlier event is redelivered first).
+            backoff = retry_delay(msgs[settled].metadata.num_delivered)
+            delay = backoff if failed is not None or gap_retry_s is None else gap_retry_s
+            for msg in msgs[settled:]:
+                await msg.nak(delay=delay)

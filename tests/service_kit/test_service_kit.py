@@ -1,0 +1,179 @@
+"""The service kit: a new service in a handful of lines, and consumers that cannot drift.
+
+A tiny service (tiny_service.py: one work consumer, one request handler, Postgres) runs
+through `rollout serve`'s own entry with the kit's bootstrap against the real nats-server and
+Postgres, and must consume, answer and beat. The declared consumers of every platform service
+are checked against the server-side consumers the bootstrap creates and the permissions its
+role is granted: one declaration, three uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from service_kit.tiny_service import GREETINGS, CountGreetings, Greeting
+
+from rollout.shared import subjects
+from rollout.shared.auth.services import SERVICE_ROLES, service_permissions
+from rollout.shared.bus.requests import call
+from rollout.shared.bus.streams import ensure_streams
+from rollout.shared.service import durables
+from rollout.shared.service.bootstrap import ServiceRuntime, ensure_consumers, serve_service
+from rollout.shared.service.consumer import Consumer
+from rollout.shared.service_catalog import asyncapi_brokers
+from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stack.health import read_beat
+from rollout.shared.stack.serve import run_service
+from rollout.shared.stack.services import EXTRA_ENV
+
+DEADLINE_S = 20.0
+
+
+async def _until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
+    """Poll `check` until it returns something truthy, within the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while True:
+        found = await check()
+        if found:
+            return found
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_tiny_kit_service_consumes_answers_and_beats(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(EXTRA_ENV, "tiny=service_kit.tiny_service")
+    task = asyncio.create_task(run_service("tiny", settings, replica_id="tiny-1", interval=0.2))
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+
+        async def counted() -> int | None:
+            if task.done():
+                task.result()  # a crashed service fails here with its own error
+            with contextlib.suppress(Exception):
+                reply = await call(nc, subjects.request("tiny", "count"), CountGreetings())
+                return int(reply["greetings"]) or None
+            return None
+
+        # The bootstrap ensured the streams and the declared durable with its declared config.
+        info = await _until(lambda: _consumer(js, GREETINGS), "the tiny durable")
+        assert info.config.filter_subject == GREETINGS.filter
+        assert info.config.ack_wait == GREETINGS.ack_wait_s
+        assert info.config.max_deliver == GREETINGS.max_deliver
+        for name in ("ada", "grace", "ada"):  # a repeat is stored once
+            payload = Greeting(name=name).model_dump_json().encode()
+            await js.publish(subjects.work("greetings", name), payload)
+        # Consumed and acked (after the insert): nothing left on the work queue.
+        await _until(lambda: _drained(js, GREETINGS), "the work items to be acked")
+        assert await _until(counted, "the service to answer") == 2
+        beat = await _until(lambda: read_beat(js, "tiny", "tiny-1"), "the tiny heartbeat")
+        assert beat.live
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # A clean stop takes its beat away and stops answering.
+        assert await read_beat(js, "tiny", "tiny-1") is None
+        with pytest.raises(Exception, match="no service answers"):
+            await call(nc, subjects.request("tiny", "count"), CountGreetings(), timeout_s=2)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await nc.close()
+
+
+async def _consumer(js: Any, consumer: Consumer) -> Any:
+    with contextlib.suppress(Exception):
+        return await js.consumer_info(consumer.stream, consumer.name)
+    return None
+
+
+async def _drained(js: Any, consumer: Consumer) -> bool:
+    info = await js.consumer_info(consumer.stream, consumer.name)
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def test_a_service_needing_a_database_without_one_is_told_so(
+    nats_settings: Settings,
+) -> None:
+    async def build(runtime: ServiceRuntime) -> None:
+        raise AssertionError("must not be reached")
+
+    with pytest.raises(Exception, match="the tiny needs a database"):
+        await serve_service("tiny", nats_settings, build, database=True)
+
+
+async def test_the_bootstrap_creates_each_declared_consumer_as_declared(
+    nats_settings: Settings,
+) -> None:
+    """Every platform durable, ensured from its declaration, has that config on the server."""
+    declared = [c for role in SERVICE_ROLES.values() for c in role.consumes]
+    nc = await connect_nats(nats_settings)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        await ensure_consumers(js, declared)
+        for consumer in declared:
+            info = await js.consumer_info(consumer.stream, consumer.name)
+            assert info.config.filter_subject == consumer.filter, consumer.name
+            assert info.config.ack_wait == consumer.ack_wait_s, consumer.name
+            assert info.config.max_deliver == consumer.max_deliver, consumer.name
+            assert info.config.max_ack_pending == consumer.max_ack_pending, consumer.name
+    finally:
+        await nc.close()
+
+
+def test_roles_grant_the_very_declarations_the_services_subscribe_with() -> None:
+    """A durable's name and filter live in one object: the role, the subscriber, the config."""
+    every = [v for v in vars(durables).values() if isinstance(v, Consumer)]
+    granted = [c for role in SERVICE_ROLES.values() for c in role.consumes]
+    # The roles hold exactly the declared objects (not copies that could be edited apart).
+    assert sorted(map(id, granted)) == sorted(map(id, every))
+    names = ["env-registry", "tracker", "actor", "verifier", "learner", "buffer"]
+    for name, broker in zip(names, asyncapi_brokers(), strict=True):
+        role = SERVICE_ROLES[name]
+        by_name = {c.name: c for c in role.consumes}
+        pulled = {}
+        for handler in broker.subscribers:
+            durable = handler.extra_options.get("durable")
+            if durable:
+                pulled[durable] = handler
+        assert set(pulled) == set(by_name), name
+        for durable, handler in pulled.items():
+            declared = by_name[durable]
+            assert handler.subject.broker_address == declared.filter, durable
+            assert handler.extra_options["stream"] == declared.stream, durable
+        perms = service_permissions(role)["publish"]
+        for consumer in role.consumes:
+            api = subjects.js_api
+            assert api("CONSUMER", "MSG", "NEXT", consumer.stream, consumer.name) in perms["allow"]
+            create = api("CONSUMER", "CREATE", consumer.stream, consumer.name)
+            assert any(a.startswith(create) for a in perms["allow"]), consumer.name
+        # And no other service's durable may be pulled with this role.
+        for other in set(SERVICE_ROLES) - {name}:
+            for consumer in SERVICE_ROLES[other].consumes:
+                next_ = subjects.js_api("CONSUMER", "MSG", "NEXT", consumer.stream, consumer.name)
+                assert next_ in perms["deny"] and next_ not in perms["allow"], (name, consumer)
+
+
+def test_a_tuned_consumer_keeps_its_identity() -> None:
+    tuned = durables.ACTORS.tuned(ack_wait_s=3.0, batch_size=9)
+    assert (tuned.stream, tuned.name, tuned.filter) == (
+        durables.ACTORS.stream,
+        durables.ACTORS.name,
+        durables.ACTORS.filter,
+    )
+    assert tuned.config().ack_wait == 3.0
+    for field in ("stream", "name", "filter"):
+        with pytest.raises(ValueError, match="cannot be tuned"):
+            durables.ACTORS.tuned(**{field: "other"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        durables.ACTORS.name = "other"  # type: ignore[misc]
