@@ -436,3 +436,26 @@ async def test_lookups_through_the_index_match_the_scan_and_read_state_live():
         assert (await rt.call_tool("get_refund", {"order_id": "O-1"})).error
         await rt.call_tool("refund", {"order_id": "O-1"})
         assert (await rt.call_tool("get_refund", {"order_id": "O-1"})).output == {"order_id": "O-1"}
+
+
+async def test_scoring_one_primitive_does_not_keep_it_alive():
+    # run_primitive caches what it derives from a primitive on the primitive (per_object):
+    # that must not hold the primitive itself, or every primitive ever scored stays in memory.
+    import gc
+    import weakref
+
+    from rollout.shared.contracts.envspec import PrimitiveSpec
+    from rollout.shared.envs.verifiers import run_primitive
+    from rollout.shared.envs.verifiers.registry import ScoreContext
+
+    spec = _spec([{"name": "n", "type": "no_tool_errors"}])
+    ctx = ScoreContext(spec, spec.tasks[0], Trajectory())
+    refs = []
+    for kind in ("no_tool_errors", "contains_terms"):
+        prim = PrimitiveSpec.model_validate({"name": "p", "type": kind, "terms": ["x"]})
+        result, _ = await run_primitive(prim, ctx)
+        assert result.type == kind
+        refs.append(weakref.ref(prim))
+        del prim
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]

@@ -104,6 +104,12 @@ def _step(prim: PrimitiveSpec) -> _Step:
     return prim, definition, compiled, prep
 
 
+def _bound(prim: PrimitiveSpec) -> tuple[PrimitiveDef | None, Compiled | None, _Prepared]:
+    # A _Step without the spec itself: per_object's value must not refer to its key object,
+    # or every primitive ever scored alone (run_primitive) would be kept alive.
+    return _step(prim)[1:]
+
+
 class _Plan:
     """A verifier's steps, valid while the registry's generation is the one they came from;
     `fast` holds (name, type, weight, compiled, spec) when every step is compiled."""
@@ -166,10 +172,10 @@ async def _finish(pending: Any, prim: PrimitiveSpec) -> tuple[Any, str | None]:
 
 async def _outcome(prim: PrimitiveSpec, ctx: ScoreContext) -> tuple[Any, str | None]:
     # Compiled and sync scorers (most) finish without a coroutine of their own.
-    step = per_object(prim, _step)
-    if step[1] is not REGISTRY.get(prim.type):  # registered (or replaced) since
-        step = _step(prim)
-    compiled, prep = step[2], step[3]
+    step = per_object(prim, _bound)
+    if step[0] is not REGISTRY.get(prim.type):  # registered (or replaced) since
+        step = _bound(prim)
+    compiled, prep = step[1], step[2]
     if compiled is not None:
         try:
             return Outcome(*compiled(ctx.trajectory, ctx.task)), None
