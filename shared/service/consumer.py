@@ -19,6 +19,7 @@ from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js import api
 
+from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER
 from rollout.shared.bus.streams import pull_consumer_config
 
 # What permissions are derived from: a tuned consumer keeps these.
@@ -37,7 +38,8 @@ class Consumer:
     # Server side: how long a delivery waits for an ack, how often it is redelivered (-1: for
     # ever), and how many deliveries may be unacked at once.
     ack_wait_s: float = 30.0
-    max_deliver: int = 5
+    # The handlers dead-letter on their last delivery by this same constant: tied, not copied.
+    max_deliver: int = DEFAULT_MAX_DELIVER
     max_ack_pending: int = 1000
     # Client side: messages per fetch, how long a fetch waits, and whether the handler gets
     # the whole fetch at once (a list of messages) or one message per call.
