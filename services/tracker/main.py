@@ -50,7 +50,11 @@ log = get_logger(__name__)
 
 
 async def _project_batch(
-    runner: ProjectionRunner, js: JetStreamContext, pool: asyncpg.Pool, msgs: list[Msg]
+    runner: ProjectionRunner,
+    js: JetStreamContext,
+    pool: asyncpg.Pool,
+    msgs: list[Msg],
+    states: runs.RunStates | None = None,
 ) -> int:
     """Apply a fetched batch in one transaction; return how many messages are settled."""
     items: list[tuple[EventEnvelope | None, int]] = []
@@ -62,6 +66,8 @@ async def _project_batch(
             event = None  # only advances the position
         items.append((event, msg.metadata.sequence.stream))
     settled = await runner.handle_batch(items)
+    states = runs.RunStates() if states is None else states
+    states.fold(items[:settled])
     # Checked on redelivery too: a crash between commit and publish must not strand a run.
     runs_to_check = {
         e.run_id
@@ -69,7 +75,7 @@ async def _project_batch(
         if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
     }
     for run_id in sorted(runs_to_check):
-        await runs.complete_if_done(js, pool, run_id)
+        await states.complete_if_done(js, pool, run_id)
     log.debug(
         "events projected", count=settled, last_seq=items[settled - 1][1] if settled else None
     )
@@ -80,6 +86,7 @@ def register_leader_handlers(
     broker: NatsBroker, runner: ProjectionRunner, pool: asyncpg.Pool | None = None
 ) -> None:
     """The leader's consumers: the read models in stream order, and the runs' fan-out."""
+    states = runs.RunStates()  # this tenure's run aggregates, folded as they are projected
 
     @broker.subscriber(
         subjects.ALL_EVENTS,
@@ -95,7 +102,7 @@ def register_leader_handlers(
         msgs: list[Msg] = message.raw_message
         failed: BaseException | None = None
         try:
-            settled = await _project_batch(runner, jetstream(broker), pool, msgs)
+            settled = await _project_batch(runner, jetstream(broker), pool, msgs, states)
         except (asyncpg.PostgresError, OSError, RuntimeError, nats.errors.Error) as exc:
             settled, failed = 0, exc
             log.warning("projection failed; retrying", error=describe(exc))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import OrderedDict
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -13,7 +15,13 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from rollout.errors import RolloutError
-from rollout.services.tracker.aggregate import Ending, RunState, load_run, rollout_id
+from rollout.services.tracker.aggregate import (
+    STATE_EVENTS,
+    Ending,
+    RunState,
+    load_run,
+    rollout_id,
+)
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
@@ -39,6 +47,9 @@ MAX_N = 10_000
 MAX_BATCH = 1_024
 # How often a decision is re-made after the run's history moved under it.
 CONFLICT_RETRIES = 8
+# Unfinished runs whose aggregate the leader keeps in memory (least recently moved go first).
+RUN_STATES_LIMIT = 4096
+_STATE_NAMES = frozenset(subjects.event_name(t) for t in STATE_EVENTS)
 
 log = get_logger(__name__)
 
@@ -268,19 +279,101 @@ async def settle(
     return None
 
 
-async def complete_if_done(js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
-    """Complete a run once every rollout is scored; True when this call completed it.
+class RunStates:
+    """The runs' aggregates, folded from the events the leader's projection reads in order.
 
-    The read model only says when to look (so a busy run is not reloaded per verdict); the
-    run's own events decide.
+    The projection reads the whole events stream in stream order, so it sees every event of
+    a run, from its first (`run.requested`, appended expecting an empty history), in the
+    order `load_run` would read them: folding them gives the same state at the same version,
+    without a read of the run's history per decision. A run this tracker did not see from
+    its start (a leader taking over mid-run) is loaded from its events once, then folded.
+    A decision is appended expecting the run's history to end at the folded version, as
+    every decision is: if anything of the run landed since, the append is refused and the
+    run is decided the usual way (`settle`, from a fresh load).
     """
-    async with pool.acquire() as conn:
-        row = await conn.fetchrow(
-            "select status, total, scored from runs where run_id = $1", run_id
-        )
-    if row is None or row["status"] != "running" or row["scored"] < row["total"]:
-        return False
-    return isinstance(await settle(js, run_id), RunCompleted)
+
+    def __init__(self, limit: int = RUN_STATES_LIMIT) -> None:
+        self._states: OrderedDict[str, RunState] = OrderedDict()
+        self._limit = limit
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, run_id: str) -> RunState | None:
+        """The folded state of `run_id`, or None when it is not kept."""
+        return self._states.get(run_id)
+
+    def fold(self, items: Iterable[tuple[EventEnvelope | None, int]]) -> None:
+        """Fold settled events (in stream order, none skipped) into the runs they belong to."""
+        for event, position in items:
+            if event is None:
+                continue  # dead-lettered: no part of the run's state, as in load_run
+            try:
+                aggregate, run_id, name = subjects.parse_event_subject(event.subject)
+            except subjects.SubjectError:
+                continue
+            if aggregate != "run":
+                continue
+            state = self._states.get(run_id)
+            if state is None:
+                if event.type != RunRequested.event_type or name not in _STATE_NAMES:
+                    continue  # not seen from its start: loaded when a decision needs it
+                state = self._keep(RunState(run_id))
+            if position <= state.version:
+                continue  # already in the state (a redelivery, or a load that read ahead)
+            if name in _STATE_NAMES:
+                state.apply(event)
+            # Any event of the run moves its version: the guard of the next append.
+            state.version = position
+            self._states.move_to_end(run_id)
+            if state.ended is not None:
+                del self._states[run_id]
+
+    def _keep(self, state: RunState) -> RunState:
+        self._states[state.run_id] = state
+        while len(self._states) > self._limit:
+            self._states.popitem(last=False)
+        return state
+
+    def forget(self, run_id: str) -> None:
+        """Drop a run's state (it ended, or its history moved past what was folded)."""
+        self._states.pop(run_id, None)
+
+    async def complete_if_done(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
+        """Complete the run once its folded state has every rollout scored; True when it did."""
+        state = self._states.get(run_id)
+        if state is None:
+            state = await self._load(js, pool, run_id)
+            if state is None:
+                return False
+        ending = state.decide(datetime.now(UTC))
+        if not isinstance(ending, RunCompleted):
+            return False  # still going (a passed deadline is the deadline check's to act on)
+        try:
+            await append_to_run(js, state, ending)
+        except ConcurrencyConflict:
+            # Something of the run landed after the folded version: decide from a fresh load.
+            self.forget(run_id)
+            return isinstance(await settle(js, run_id), RunCompleted)
+        self.forget(run_id)
+        log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
+        return True
+
+    async def _load(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> RunState | None:
+        """A run not folded from its start: load it once (if it may still complete) and keep it."""
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow("select status from runs where run_id = $1", run_id)
+        if row is None:
+            # The projection is past this event, so it is past the run's first event too:
+            # with no row the run was never requested (and now never can be, its history not
+            # being empty). Kept as such, so its later events cost no read.
+            return self._keep(RunState(run_id))
+        if row["status"] in ("completed", "failed"):
+            return None
+        state = await load_run(js, run_id)
+        if state.ended is not None:
+            return None
+        return self._keep(state)
 
 
 async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
