@@ -157,6 +157,8 @@ class EventEnvelope(BaseModel):
 
     @model_validator(mode="after")
     def _check_payload(self) -> EventEnvelope:
+        if self._parsed is not None:
+            return self  # validated already (the bytes path of _from_wire comes through here)
         model = _REGISTRY.get(self.type)
         if model is None:
             raise ValueError(f"unknown event type {self.type!r}")
