@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
@@ -208,8 +208,15 @@ async def append_to_run(js: JetStreamContext, state: RunState, payload: Payload)
     )
 
 
-async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | None:
-    """Mark a run started and queue its work items; None when the run already ended."""
+async def fan_out(
+    js: JetStreamContext, event: EventEnvelope, position: int | None = None
+) -> RunStarted | None:
+    """Mark a run started and queue its work items; None when the run already ended.
+
+    `position` is the request's stream sequence, when the caller has it: the request is its
+    run's first event, so a run whose history still ends there is one the request alone
+    makes, and it is started expecting exactly that, without reading the history first.
+    """
     run = event.body()
     assert isinstance(run, RunRequested)
     if run.source is not None:
@@ -225,20 +232,10 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | No
     # Started first, so the total is known before any verdict can arrive. A redelivered
     # request (a crash between the two steps) finds it started and queues the items again:
     # their derived ids make that a no-op where they were queued.
-    for _ in range(CONFLICT_RETRIES):
-        state = await load_run(js, run.run_id)
-        if state.ended is not None:
-            log.info("run already ended; not fanned out", run_id=run.run_id)
-            return None
-        if state.total is not None:
-            break
-        try:
-            await append_to_run(js, state, started)
-        except ConcurrencyConflict:
-            continue  # its deadline, or another tracker, got in first: look again
-        break
-    else:
-        raise ConcurrencyConflict(f"run {run.run_id} kept changing while it was being started")
+    fresh = position is not None and await _start_fresh(js, event, run, started, position)
+    if not fresh and not await _start_from_history(js, run, started):
+        log.info("run already ended; not fanned out", run_id=run.run_id)
+        return None
     futures = [
         await js.publish_async(
             subjects.work("rollouts", run.run_id),
@@ -249,6 +246,38 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | No
     ]
     await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
     return started
+
+
+async def _start_fresh(
+    js: JetStreamContext,
+    event: EventEnvelope,
+    run: RunRequested,
+    started: RunStarted,
+    position: int,
+) -> bool:
+    """Append run.started to a run whose history is its request alone; False if it is not."""
+    state = RunState(run.run_id, requested=run, requested_event=event, version=position)
+    try:
+        await append_to_run(js, state, started)
+    except ConcurrencyConflict:
+        return False  # started already (a redelivery), or ended, or failed: look at it
+    return True
+
+
+async def _start_from_history(js: JetStreamContext, run: RunRequested, started: RunStarted) -> bool:
+    """Append run.started unless the run's history has it; False when the run already ended."""
+    for _ in range(CONFLICT_RETRIES):
+        state = await load_run(js, run.run_id)
+        if state.ended is not None:
+            return False
+        if state.total is not None:
+            return True
+        try:
+            await append_to_run(js, state, started)
+        except ConcurrencyConflict:
+            continue  # its deadline, or another tracker, got in first: look again
+        return True
+    raise ConcurrencyConflict(f"run {run.run_id} kept changing while it was being started")
 
 
 async def settle(
@@ -476,9 +505,10 @@ def register_fan_out(broker: NatsBroker) -> None:
         ack_policy=AckPolicy.NACK_ON_ERROR,
         title="runs/fan-out",
     )
-    async def on_run_requested(event: EventEnvelope) -> None:
+    async def on_run_requested(event: EventEnvelope, message: NatsMessage) -> None:
         """Queue a requested run's work items, then mark it started."""
         with event_context(event):
-            started = await fan_out(jetstream(broker), event)
+            position = message.raw_message.metadata.sequence.stream
+            started = await fan_out(jetstream(broker), event, position)
             if started is not None:
                 log.info("run fanned out", work_items=started.work_items)

@@ -204,3 +204,43 @@ async def test_events_of_a_run_never_requested_cost_no_decision(
         assert await _endings(js) == []
     finally:
         await close_pool(pool)
+
+
+async def _requested_at(js) -> tuple[EventEnvelope, int]:  # type: ignore[no-untyped-def]
+    event = history()[0]
+    result = await EventPublisher(js).publish(event, expected_last_subject_seq=0)
+    return event, result.seq
+
+
+async def _types(js) -> list[str]:  # type: ignore[no-untyped-def]
+    return [e.type for e, _ in await _log(js)]
+
+
+async def test_a_fresh_run_is_started_from_its_request_alone(
+    nats_client: nats.aio.client.Client,
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    event, seq = await _requested_at(js)
+    started = await runs.fan_out(js, event, seq)
+    assert started is not None and started.total_rollouts == 4
+    # A redelivered request: the history moved past it, so it is looked at, not started again.
+    again = await runs.fan_out(js, event, seq)
+    assert again is not None
+    assert await _types(js) == ["run.requested", "run.started"]
+    info = await js.stream_info(subjects.WORK_STREAM)
+    assert info.state.messages == 1  # 4 rollouts in one work item of 16 (the default), once
+    state = await load_run(js, RUN)
+    assert state.total == 4 and state.version == seq + 1
+
+
+async def test_a_run_that_ended_before_its_fan_out_is_not_started(
+    nats_client: nats.aio.client.Client,
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    event, seq = await _requested_at(js)
+    await runs.append_to_run(js, await load_run(js, RUN), ev.RunFailed(run_id=RUN, reason="x"))
+    assert await runs.fan_out(js, event, seq) is None
+    assert await _types(js) == ["run.requested", "run.failed"]
+    assert (await js.stream_info(subjects.WORK_STREAM)).state.messages == 0
