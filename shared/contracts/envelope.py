@@ -12,11 +12,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ModelWrapValidatorHandler,
     PrivateAttr,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, from_json
 
 from rollout.shared import subjects
 
@@ -134,18 +133,13 @@ class EventEnvelope(BaseModel):
 
     _parsed: Payload | None = PrivateAttr(default=None)
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _from_wire(cls, data: Any, handler: ModelWrapValidatorHandler[EventEnvelope]) -> Any:
-        # A handler argument typed EventEnvelope gets the message's bytes (see CONTENT_TYPE):
-        # parsed in JSON mode, in one pass.
-        if isinstance(data, bytes | bytearray):
-            return cls.model_validate_json(data)
-        return handler(data)
-
     @model_validator(mode="before")
     @classmethod
     def _check_version(cls, data: Any) -> Any:
+        if isinstance(data, bytes | bytearray):
+            # A handler argument typed EventEnvelope gets the message's bytes (CONTENT_TYPE):
+            # parsed here by pydantic-core, in one pass, not by json.loads first.
+            data = from_json(data)
         if not isinstance(data, dict):
             return data
         major, minor = _check_readable(data)
@@ -157,8 +151,6 @@ class EventEnvelope(BaseModel):
 
     @model_validator(mode="after")
     def _check_payload(self) -> EventEnvelope:
-        if self._parsed is not None:
-            return self  # validated already (the bytes path of _from_wire comes through here)
         model = _REGISTRY.get(self.type)
         if model is None:
             raise ValueError(f"unknown event type {self.type!r}")
