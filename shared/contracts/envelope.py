@@ -142,6 +142,8 @@ class EventEnvelope(BaseModel):
             data = from_json(data)
         if not isinstance(data, dict):
             return data
+        if data.get("schema_version") == SCHEMA_VERSION:
+            return data  # what every current writer sends: nothing to normalise
         major, minor = _check_readable(data)
         data = {**data, "schema_version": f"{major}.{minor}"}
         if minor > SCHEMA_MINOR:
@@ -155,6 +157,9 @@ class EventEnvelope(BaseModel):
         if model is None:
             raise ValueError(f"unknown event type {self.type!r}")
         # Fields this reader does not know are a mistake at our version, news at a newer minor.
+        if self.schema_version == SCHEMA_VERSION:
+            self._parsed = model.model_validate(self.payload)
+            return self
         _, minor = parse_schema_version(self.schema_version)
         extra = "ignore" if minor > SCHEMA_MINOR else None
         self._parsed = model.model_validate(self.payload, extra=extra)
