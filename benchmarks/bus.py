@@ -246,6 +246,13 @@ async def main(count: int, repeat: int, in_process: bool) -> None:
     print(f"{'ours, one at a time -> tracker -> Postgres':<44} {one_pub:>13,.0f} {one_e2e:>16,.0f}")
     print(f"batched / one-at-a-time publish: {batch_pub / one_pub:.1f}x;"
           f" end to end: {batch_e2e / one_e2e:.2f}x")  # fmt: skip
+    if not in_process:
+        logs = (
+            (home / "tracker.log").read_text(errors="replace")
+            if (home / "tracker.log").exists()
+            else ""
+        )
+        print(f"tracebacks in the tracker processes' log: {logs.count('Traceback')}")
     print(f"batched publish / raw baseline publish: {batch_pub / raw_pub:.2f};"
           f" end to end (with projection) / raw consume: {batch_e2e / raw_e2e:.2f}")  # fmt: skip
 
