@@ -54,7 +54,7 @@ async def _project_batch(
     js: JetStreamContext,
     pool: asyncpg.Pool,
     msgs: list[Msg],
-    states: runs.RunStates | None = None,
+    states: runs.RunStates,
 ) -> int:
     """Apply a fetched batch in one transaction; return how many messages are settled."""
     items: list[tuple[EventEnvelope | None, int]] = []
@@ -66,8 +66,10 @@ async def _project_batch(
             event = None  # only advances the position
         items.append((event, msg.metadata.sequence.stream))
     settled = await runner.handle_batch(items)
-    states = runs.RunStates() if states is None else states
-    states.fold(items[:settled])
+    states.fold(
+        (msg.subject, event, position)
+        for msg, (event, position) in zip(msgs[:settled], items[:settled], strict=True)
+    )
     # Checked on redelivery too: a crash between commit and publish must not strand a run.
     runs_to_check = {
         e.run_id

@@ -332,13 +332,17 @@ class RunStates:
         """The folded state of `run_id`, or None when it is not kept."""
         return self._states.get(run_id)
 
-    def fold(self, items: Iterable[tuple[EventEnvelope | None, int]]) -> None:
-        """Fold settled events (in stream order, none skipped) into the runs they belong to."""
-        for event, position in items:
+    def fold(self, items: Iterable[tuple[str, EventEnvelope | None, int]]) -> None:
+        """Fold settled events (subject, event, stream position), in stream order, none skipped.
+
+        The subject is the one the message was stored under, as `load_run` selects by it,
+        never the envelope's own claim.
+        """
+        for subject, event, position in items:
             if event is None:
                 continue  # dead-lettered: no part of the run's state, as in load_run
             try:
-                aggregate, run_id, name = subjects.parse_event_subject(event.subject)
+                aggregate, run_id, name = subjects.parse_event_subject(subject)
             except subjects.SubjectError:
                 continue
             if aggregate != "run":

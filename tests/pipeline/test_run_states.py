@@ -84,6 +84,11 @@ async def _log(js) -> list[tuple[EventEnvelope, int]]:  # type: ignore[no-untype
     ]
 
 
+def _stored(items: list[tuple[EventEnvelope, int]]) -> list[tuple[str, EventEnvelope, int]]:
+    """(subject, event, position) as the projection folds them (our events' own subjects)."""
+    return [(e.subject, e, seq) for e, seq in items]
+
+
 async def _endings(js) -> list[str]:  # type: ignore[no-untyped-def]
     return [e.type for e, _ in await _log(js) if e.type in ("run.completed", "run.failed")]
 
@@ -99,7 +104,7 @@ async def test_the_folded_state_is_the_loaded_state(
     await ensure_streams(js)
     await _append(js, history())
     states = runs.RunStates()
-    states.fold(await _log(js))
+    states.fold(_stored(await _log(js)))
     folded, loaded = states.get(RUN), await load_run(js, RUN)
     assert folded is not None
     assert (folded.version, folded.total, folded.planned) == (
@@ -121,10 +126,10 @@ async def test_a_run_completes_once_from_its_folded_state(
         await migrate(pool)
         states = runs.RunStates()
         await _append(js, history(scored_all=False))
-        states.fold(await _log(js))
+        states.fold(_stored(await _log(js)))
         assert not await states.complete_if_done(js, pool, RUN)  # 2 of 4 still unscored
         await _append(js, history()[-1:])
-        states.fold((await _log(js))[-1:])
+        states.fold(_stored((await _log(js))[-1:]))
         assert await states.complete_if_done(js, pool, RUN)
         assert await _endings(js) == ["run.completed"]
         completed = next(e for e, _ in await _log(js) if e.type == "run.completed").body()
@@ -132,7 +137,7 @@ async def test_a_run_completes_once_from_its_folded_state(
         assert (completed.total, completed.passed) == (4, 2)
         assert completed.mean_score == (1.0 + 0.0 + 1.0 + 0.5) / 4
         # Its ending folded, the run is no longer kept; a late trigger ends nothing again.
-        states.fold((await _log(js))[-1:])
+        states.fold(_stored((await _log(js))[-1:]))
         assert states.get(RUN) is None
         await _projected(pool, await _log(js))
         assert not await states.complete_if_done(js, pool, RUN)
@@ -151,7 +156,7 @@ async def test_a_history_that_moved_past_the_fold_is_decided_from_a_load(
         await migrate(pool)
         await _append(js, history())
         states = runs.RunStates()
-        states.fold(await _log(js))
+        states.fold(_stored(await _log(js)))
         folded_version = states.get(RUN).version  # type: ignore[union-attr]
         # A verdict lands that the fold has not seen: the append from the fold is refused.
         await _append(js, [_scored(9, [(rollout_id(RUN, 1, 1), 1.0, True)])])
@@ -176,7 +181,7 @@ async def test_a_run_not_seen_from_its_start_is_loaded_once(
         log = await _log(js)
         await _projected(pool, log)
         states = runs.RunStates()
-        states.fold(log[3:])  # a leader that took over mid-run: no run.requested folded
+        states.fold(_stored(log[3:]))  # a leader that took over mid-run: no requested folded
         assert states.get(RUN) is None
         assert await states.complete_if_done(js, pool, RUN)
         assert await _endings(js) == ["run.completed"]
@@ -197,7 +202,7 @@ async def test_events_of_a_run_never_requested_cost_no_decision(
         log = await _log(js)
         await _projected(pool, log)
         states = runs.RunStates()
-        states.fold(log)
+        states.fold(_stored(log))
         assert not await states.complete_if_done(js, pool, RUN)
         kept = states.get(RUN)
         assert kept is not None and kept.requested is None  # kept: the next batch reads nothing
@@ -244,3 +249,17 @@ async def test_a_run_that_ended_before_its_fan_out_is_not_started(
     assert await runs.fan_out(js, event, seq) is None
     assert await _types(js) == ["run.requested", "run.failed"]
     assert (await js.stream_info(subjects.WORK_STREAM)).state.messages == 0
+
+
+def test_the_stored_subject_names_the_run_not_the_envelopes_claim() -> None:
+    states = runs.RunStates()
+    events = history(scored_all=False)[:2]
+    states.fold(_stored(list(zip(events, (1, 2), strict=True))))
+    verdict = _scored(5, [(rollout_id(RUN, 1, 1), 1.0, True)])
+    # Stored under another run's subject while its envelope claims this run: not this run's.
+    other = subjects.event("run", "other-run", subjects.event_name("rollout.scored"))
+    states.fold([(other, verdict, 3)])
+    state = states.get(RUN)
+    assert state is not None and state.verdicts == {} and state.version == 2
+    states.fold([(verdict.subject, verdict, 4)])
+    assert list(state.verdicts) == [rollout_id(RUN, 1, 1)] and state.version == 4
