@@ -5,7 +5,12 @@ measure the platform: registry, tracker fan-out, actor, verifier, events and rea
 real nats-server and Postgres. The in-process loop (build_runtime -> agent loop -> score) is
 the limit. Work-item batch sizes 1, 16 and 64.
 
-    python benchmarks/pipeline.py [--rollouts 256] [--repeat 3]
+By default each service runs as its own process (`rollout serve NAME`, as a deployment and
+`rollout up` run them); `--mode one-process` runs every service as a task in this process
+(the measure before, where services, client and baseline shared one Python thread), and
+`--mode both` prints both.
+
+    python benchmarks/pipeline.py [--rollouts 256] [--repeat 3] [--mode processes]
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import asyncio
 import contextlib
 import importlib
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +41,7 @@ from rollout.shared.observability import configure_logging
 from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import start_nats
 from rollout.shared.stack.postgres import start_postgres
+from rollout.shared.stack.process import die_with_parent
 
 TASKS = 8
 SERVICES = {
@@ -41,6 +50,16 @@ SERVICES = {
     "actor": "rollout.services.actor.main",
     "verifier": "rollout.services.verifier.main",
 }
+# `rollout serve` names of the services as processes: the actor and the tracker need the
+# scripted model's backend registered, so they run through this module's wrappers.
+PROCESSES = {
+    "env-registry": "env-registry",
+    "tracker": "bench-tracker",
+    "actor": "bench-actor",
+    "verifier": "verifier",
+}
+EXTRA_SERVICES = "bench-tracker=pipeline:serve_tracker,bench-actor=pipeline:serve_actor"
+STOP_TIMEOUT_S = 15.0
 
 
 class InstantAgent:
@@ -61,6 +80,23 @@ class InstantAgent:
             args = json.dumps({"order_id": order, "amount": amount})
             out.append(ChatResponse(tool_calls=[ToolCall(id="c1", name="refund", arguments=args)]))
         return out
+
+
+def register_instant() -> None:
+    """The scripted model's backend (actors generate with it; run creation checks its name)."""
+    register_backend("bench-scripted:", lambda name: InstantAgent(), example="bench-scripted:x")
+
+
+async def serve_tracker(settings: Settings) -> None:
+    """The tracker as `rollout serve bench-tracker` runs it in a child process."""
+    register_instant()
+    await importlib.import_module(SERVICES["tracker"]).serve(settings)
+
+
+async def serve_actor(settings: Settings) -> None:
+    """The actor as `rollout serve bench-actor` runs it in a child process."""
+    register_instant()
+    await importlib.import_module(SERVICES["actor"]).serve(settings)
 
 
 def env_spec() -> dict[str, Any]:
@@ -129,42 +165,80 @@ async def through_platform(client: AsyncClient, rollouts: int, batch: int) -> fl
     return rollouts / elapsed
 
 
-async def main(rollouts: int, repeat: int) -> None:
-    configure_logging("bench", level="WARNING")
-    register_backend("bench-scripted:", lambda name: InstantAgent(), example="bench-scripted:x")
-    home = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
-    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
-    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
-    settings = Settings(
-        home=home,
-        nats_url=nats_server.url,
-        database_url=pg.dsn(),
-        nats_user=nats_server.user,
-        nats_password=nats_server.password,
+def service_process(settings: Settings, name: str) -> subprocess.Popen[bytes]:
+    """One service as its own process, logging to ROLLOUT_HOME/<name>.log."""
+    here = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "ROLLOUT_HOME": str(settings.home),
+        "ROLLOUT_NATS_URL": settings.nats_url,
+        "ROLLOUT_NATS_USER": settings.nats_user or "",
+        "ROLLOUT_NATS_PASSWORD": settings.nats_password or "",
+        "ROLLOUT_DATABASE_URL": settings.database_url or "",
+        "ROLLOUT_EXTRA_SERVICES": EXTRA_SERVICES,
+        "ROLLOUT_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])),
+    }
+    log = (settings.home / f"{name}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "rollout.cli", "serve", name],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,
     )
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every service (they stop gracefully), SIGKILL one that does not."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def tracebacks(home: Path) -> int:
+    """Tracebacks the service processes logged (a healthy run has none)."""
+    return sum(path.read_text(errors="replace").count("Traceback") for path in home.glob("*.log"))
+
+
+async def measure(
+    client: AsyncClient, rollouts: int, repeat: int
+) -> list[tuple[int, float, float]]:
+    """(batch, in-process r/s, platform r/s) for each batch size, best of `repeat` rounds."""
+    for _ in range(600):
+        try:
+            await client.list_runs()
+            await client.list_environments()
+            break
+        except RolloutError:
+            await asyncio.sleep(0.05)
+    await client.push_environment(env_spec())
+    await through_platform(client, TASKS, 1)  # warm-up: caches, consumers, connections
+    rows = []
+    for batch in (1, 16, 64):
+        # Best of `repeat` alternating rounds: on a shared machine a neighbour's burst
+        # lands on one side of a single pair and makes its ratio noise.
+        limit = platform = 0.0
+        for _ in range(repeat):
+            limit = max(limit, await in_process(rollouts, batch))
+            platform = max(platform, await through_platform(client, rollouts, batch))
+        rows.append((batch, limit, platform))
+    return rows
+
+
+async def in_one_process(settings: Settings, rollouts: int, repeat: int) -> list:
+    """Every service a task of this process, sharing its one thread with client and baseline."""
     tasks = [
         asyncio.create_task(importlib.import_module(m).serve(settings)) for m in SERVICES.values()
     ]
     client = AsyncClient(settings)
     try:
-        for _ in range(600):
-            try:
-                await client.list_runs()
-                await client.list_environments()
-                break
-            except RolloutError:
-                await asyncio.sleep(0.05)
-        await client.push_environment(env_spec())
-        await through_platform(client, TASKS, 1)  # warm-up: caches, consumers, connections
-        rows = []
-        for batch in (1, 16, 64):
-            # Best of `repeat` alternating rounds: on a shared machine a neighbour's burst
-            # lands on one side of a single pair and makes its ratio noise.
-            limit = platform = 0.0
-            for _ in range(repeat):
-                limit = max(limit, await in_process(rollouts, batch))
-                platform = max(platform, await through_platform(client, rollouts, batch))
-            rows.append((batch, limit, platform))
+        return await measure(client, rollouts, repeat)
     finally:
         await client.close()
         for t in tasks:
@@ -172,12 +246,22 @@ async def main(rollouts: int, repeat: int) -> None:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, asyncpg.PostgresError):
                 await t
-        pg.stop()
-        nats_server.stop()
-    print(
-        f"rollouts per run: {rollouts} ({TASKS} tasks), instant scripted model, workflow env;"
-        f" best of {repeat} rounds"
-    )
+
+
+async def as_processes(settings: Settings, rollouts: int, repeat: int) -> list:
+    """Every service its own process, as deployed; this process is the client and baseline."""
+    procs = [service_process(settings, name) for name in PROCESSES.values()]
+    client = AsyncClient(settings)
+    try:
+        return await measure(client, rollouts, repeat)
+    finally:
+        await client.close()
+        stop_processes(procs)
+
+
+def report(title: str, rows: list[tuple[int, float, float]]) -> None:
+    """One table of rates, ratios and overheads."""
+    print(title)
     print(
         f"{'batch':>5} {'in-process r/s':>15} {'platform r/s':>13} {'ratio':>7} {'overhead ms/rollout':>20}"
     )
@@ -188,9 +272,49 @@ async def main(rollouts: int, repeat: int) -> None:
         )
 
 
+async def main(rollouts: int, repeat: int, mode: str) -> None:
+    configure_logging("bench", level="WARNING")
+    register_instant()
+    home = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
+    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
+    settings = Settings(
+        home=home,
+        nats_url=nats_server.url,
+        database_url=pg.dsn(),
+        nats_user=nats_server.user,
+        nats_password=nats_server.password,
+    )
+    results = []
+    try:
+        if mode in ("processes", "both"):
+            rows = await as_processes(settings, rollouts, repeat)
+            results.append(("services as processes (as deployed)", rows))
+        if mode in ("one-process", "both"):
+            rows = await in_one_process(settings, rollouts, repeat)
+            results.append(("services as tasks of one process", rows))
+    finally:
+        pg.stop()
+        nats_server.stop()
+    print(
+        f"rollouts per run: {rollouts} ({TASKS} tasks), instant scripted model, workflow env;"
+        f" best of {repeat} rounds"
+    )
+    for title, rows in results:
+        report(title, rows)
+    if mode != "one-process":
+        print(f"tracebacks in the service processes' logs: {tracebacks(home)}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=256, help="a multiple of 8")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per batch size (best kept)")
+    parser.add_argument(
+        "--mode",
+        choices=("processes", "one-process", "both"),
+        default="processes",
+        help="services as their own processes (default), as tasks of this one, or both",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.rollouts, args.repeat))
+    asyncio.run(main(args.rollouts, args.repeat, args.mode))

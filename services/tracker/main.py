@@ -46,28 +46,36 @@ log = get_logger(__name__)
 
 
 async def _complete_finished_runs(
-    js: JetStreamContext, pool: asyncpg.Pool, items: list[tuple[EventEnvelope | None, int]]
+    js: JetStreamContext,
+    pool: asyncpg.Pool,
+    msgs: list[Msg],
+    items: list[tuple[EventEnvelope | None, int]],
+    states: runs.RunStates,
 ) -> None:
-    """End every run a settled batch may have just completed."""
+    """Fold a settled batch into the runs' states; end every run it may have just completed."""
+    states.fold(
+        (msg.subject, event, position) for msg, (event, position) in zip(msgs, items, strict=True)
+    )
     # Checked on redelivery too: a crash between commit and publish must not strand a run.
     runs_to_check = {
         e.run_id for e, _ in items if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
     }
     for run_id in sorted(runs_to_check):
-        await runs.complete_if_done(js, pool, run_id)
+        await states.complete_if_done(js, pool, run_id)
 
 
 def register_leader_handlers(
     broker: NatsBroker, runner: ProjectionRunner, pool: asyncpg.Pool | None = None
 ) -> None:
     """The leader's consumers: the read models in stream order, and the runs' fan-out."""
+    states = runs.RunStates()  # this tenure's run aggregates, folded as they are projected
 
     async def dead_letter(msg: Msg, exc: pydantic.ValidationError) -> None:
         # Recorded with its reason; the position moves past it.
         await record_dead_letter(jetstream(broker), msg, describe(exc))
 
-    async def completed(items: list[tuple[EventEnvelope | None, int]]) -> None:
-        await _complete_finished_runs(jetstream(broker), pool, items)  # type: ignore[arg-type]
+    async def completed(msgs: list[Msg], items: list[tuple[EventEnvelope | None, int]]) -> None:
+        await _complete_finished_runs(jetstream(broker), pool, msgs, items, states)  # type: ignore[arg-type]
 
     # A gap (an earlier event awaits redelivery) closes within the consumer's AckWait.
     subscribe_projection(

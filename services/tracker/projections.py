@@ -141,7 +141,7 @@ class _RolloutGroup:
                     (r.rollout_id, p.run_id),
                     (
                         r.rollout_id, p.run_id, r.score, r.passed,
-                        _json([x.model_dump() for x in r.primitives]), r.error, r.outcome,
+                        _json(r.primitives), r.error, r.outcome,
                         r.error_kind, e.time,
                     ),
                 )  # fmt: skip

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import OrderedDict
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import asyncpg
-from faststream.nats import NatsBroker
+from faststream.nats import NatsBroker, NatsMessage
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from rollout.errors import RolloutError
-from rollout.services.tracker.aggregate import Ending, RunState, load_run, rollout_id
+from rollout.services.tracker.aggregate import (
+    STATE_EVENTS,
+    Ending,
+    RunState,
+    load_run,
+    rollout_id,
+)
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
@@ -39,6 +47,9 @@ MAX_N = 10_000
 MAX_BATCH = 1_024
 # How often a decision is re-made after the run's history moved under it.
 CONFLICT_RETRIES = 8
+# Unfinished runs whose aggregate the leader keeps in memory (least recently moved go first).
+RUN_STATES_LIMIT = 4096
+_STATE_NAMES = frozenset(subjects.event_name(t) for t in STATE_EVENTS)
 
 log = get_logger(__name__)
 
@@ -197,8 +208,15 @@ async def append_to_run(js: JetStreamContext, state: RunState, payload: Payload)
     )
 
 
-async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | None:
-    """Mark a run started and queue its work items; None when the run already ended."""
+async def fan_out(
+    js: JetStreamContext, event: EventEnvelope, position: int | None = None
+) -> RunStarted | None:
+    """Mark a run started and queue its work items; None when the run already ended.
+
+    `position` is the request's stream sequence, when the caller has it: the request is its
+    run's first event, so a run whose history still ends there is one the request alone
+    makes, and it is started expecting exactly that, without reading the history first.
+    """
     run = event.body()
     assert isinstance(run, RunRequested)
     if run.source is not None:
@@ -214,20 +232,10 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | No
     # Started first, so the total is known before any verdict can arrive. A redelivered
     # request (a crash between the two steps) finds it started and queues the items again:
     # their derived ids make that a no-op where they were queued.
-    for _ in range(CONFLICT_RETRIES):
-        state = await load_run(js, run.run_id)
-        if state.ended is not None:
-            log.info("run already ended; not fanned out", run_id=run.run_id)
-            return None
-        if state.total is not None:
-            break
-        try:
-            await append_to_run(js, state, started)
-        except ConcurrencyConflict:
-            continue  # its deadline, or another tracker, got in first: look again
-        break
-    else:
-        raise ConcurrencyConflict(f"run {run.run_id} kept changing while it was being started")
+    fresh = position is not None and await _start_fresh(js, event, run, started, position)
+    if not fresh and not await _start_from_history(js, run, started):
+        log.info("run already ended; not fanned out", run_id=run.run_id)
+        return None
     futures = [
         await js.publish_async(
             subjects.work("rollouts", run.run_id),
@@ -238,6 +246,38 @@ async def fan_out(js: JetStreamContext, event: EventEnvelope) -> RunStarted | No
     ]
     await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
     return started
+
+
+async def _start_fresh(
+    js: JetStreamContext,
+    event: EventEnvelope,
+    run: RunRequested,
+    started: RunStarted,
+    position: int,
+) -> bool:
+    """Append run.started to a run whose history is its request alone; False if it is not."""
+    state = RunState(run.run_id, requested=run, requested_event=event, version=position)
+    try:
+        await append_to_run(js, state, started)
+    except ConcurrencyConflict:
+        return False  # started already (a redelivery), or ended, or failed: look at it
+    return True
+
+
+async def _start_from_history(js: JetStreamContext, run: RunRequested, started: RunStarted) -> bool:
+    """Append run.started unless the run's history has it; False when the run already ended."""
+    for _ in range(CONFLICT_RETRIES):
+        state = await load_run(js, run.run_id)
+        if state.ended is not None:
+            return False
+        if state.total is not None:
+            return True
+        try:
+            await append_to_run(js, state, started)
+        except ConcurrencyConflict:
+            continue  # its deadline, or another tracker, got in first: look again
+        return True
+    raise ConcurrencyConflict(f"run {run.run_id} kept changing while it was being started")
 
 
 async def settle(
@@ -268,19 +308,105 @@ async def settle(
     return None
 
 
-async def complete_if_done(js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
-    """Complete a run once every rollout is scored; True when this call completed it.
+class RunStates:
+    """The runs' aggregates, folded from the events the leader's projection reads in order.
 
-    The read model only says when to look (so a busy run is not reloaded per verdict); the
-    run's own events decide.
+    The projection reads the whole events stream in stream order, so it sees every event of
+    a run, from its first (`run.requested`, appended expecting an empty history), in the
+    order `load_run` would read them: folding them gives the same state at the same version,
+    without a read of the run's history per decision. A run this tracker did not see from
+    its start (a leader taking over mid-run) is loaded from its events once, then folded.
+    A decision is appended expecting the run's history to end at the folded version, as
+    every decision is: if anything of the run landed since, the append is refused and the
+    run is decided the usual way (`settle`, from a fresh load).
     """
-    async with pool.acquire() as conn:
-        row = await conn.fetchrow(
-            "select status, total, scored from runs where run_id = $1", run_id
-        )
-    if row is None or row["status"] != "running" or row["scored"] < row["total"]:
-        return False
-    return isinstance(await settle(js, run_id), RunCompleted)
+
+    def __init__(self, limit: int = RUN_STATES_LIMIT) -> None:
+        self._states: OrderedDict[str, RunState] = OrderedDict()
+        self._limit = limit
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, run_id: str) -> RunState | None:
+        """The folded state of `run_id`, or None when it is not kept."""
+        return self._states.get(run_id)
+
+    def fold(self, items: Iterable[tuple[str, EventEnvelope | None, int]]) -> None:
+        """Fold settled events (subject, event, stream position), in stream order, none skipped.
+
+        The subject is the one the message was stored under, as `load_run` selects by it,
+        never the envelope's own claim.
+        """
+        for subject, event, position in items:
+            if event is None:
+                continue  # dead-lettered: no part of the run's state, as in load_run
+            try:
+                aggregate, run_id, name = subjects.parse_event_subject(subject)
+            except subjects.SubjectError:
+                continue
+            if aggregate != "run":
+                continue
+            state = self._states.get(run_id)
+            if state is None:
+                if event.type != RunRequested.event_type or name not in _STATE_NAMES:
+                    continue  # not seen from its start: loaded when a decision needs it
+                state = self._keep(RunState(run_id))
+            if position <= state.version:
+                continue  # already in the state (a redelivery, or a load that read ahead)
+            if name in _STATE_NAMES:
+                state.apply(event)
+            # Any event of the run moves its version: the guard of the next append.
+            state.version = position
+            self._states.move_to_end(run_id)
+            if state.ended is not None:
+                del self._states[run_id]
+
+    def _keep(self, state: RunState) -> RunState:
+        self._states[state.run_id] = state
+        while len(self._states) > self._limit:
+            self._states.popitem(last=False)
+        return state
+
+    def forget(self, run_id: str) -> None:
+        """Drop a run's state (it ended, or its history moved past what was folded)."""
+        self._states.pop(run_id, None)
+
+    async def complete_if_done(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
+        """Complete the run once its folded state has every rollout scored; True when it did."""
+        state = self._states.get(run_id)
+        if state is None:
+            state = await self._load(js, pool, run_id)
+            if state is None:
+                return False
+        ending = state.decide(datetime.now(UTC))
+        if not isinstance(ending, RunCompleted):
+            return False  # still going (a passed deadline is the deadline check's to act on)
+        try:
+            await append_to_run(js, state, ending)
+        except ConcurrencyConflict:
+            # Something of the run landed after the folded version: decide from a fresh load.
+            self.forget(run_id)
+            return isinstance(await settle(js, run_id), RunCompleted)
+        self.forget(run_id)
+        log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
+        return True
+
+    async def _load(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> RunState | None:
+        """A run not folded from its start: load it once (if it may still complete) and keep it."""
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow("select status from runs where run_id = $1", run_id)
+        if row is None:
+            # The projection is past this event, so it is past the run's first event too:
+            # with no row the run was never requested (and now never can be, its history not
+            # being empty). Kept as such, so its later events cost no read.
+            return self._keep(RunState(run_id))
+        if row["status"] in ("completed", "failed"):
+            return None
+        state = await load_run(js, run_id)
+        if state.ended is not None:
+            return None
+        return self._keep(state)
 
 
 async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
@@ -376,9 +502,10 @@ def register_fan_out(broker: NatsBroker) -> None:
     """Attach the fan-out consumer (the leader's: see tracker/main.py) to `broker`."""
 
     @durables.TRACKER_FANOUT.subscriber(broker)
-    async def on_run_requested(event: EventEnvelope) -> None:
+    async def on_run_requested(event: EventEnvelope, message: NatsMessage) -> None:
         """Queue a requested run's work items, then mark it started."""
         with event_context(event):
-            started = await fan_out(jetstream(broker), event)
+            position = message.raw_message.metadata.sequence.stream
+            started = await fan_out(jetstream(broker), event, position)
             if started is not None:
                 log.info("run fanned out", work_items=started.work_items)

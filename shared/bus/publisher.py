@@ -17,7 +17,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.envelope import CONTENT_TYPE, EventEnvelope
 
 # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence check.
 _WRONG_LAST_SEQUENCE = 10071
@@ -143,7 +143,11 @@ def _headers(
     expected_last_subject_seq: int | None,
     expected_subject: str | None = None,
 ) -> dict[str, str]:
-    headers = {api.Header.MSG_ID: envelope.id, "Rollout-Type": envelope.type}
+    headers = {
+        api.Header.MSG_ID: envelope.id,
+        "Rollout-Type": envelope.type,
+        "content-type": CONTENT_TYPE,
+    }
     if expected_last_subject_seq is not None:
         headers[api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_last_subject_seq)
         if expected_subject is not None:

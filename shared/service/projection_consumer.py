@@ -72,14 +72,14 @@ def subscribe_projection(
     *,
     wanted: Callable[[str], bool] = _everything,
     on_invalid: Callable[[Msg, pydantic.ValidationError], Awaitable[None]] = _skip_invalid,
-    after_batch: Callable[[Items], Awaitable[None]] | None = None,
+    after_batch: Callable[[list[Msg], Items], Awaitable[None]] | None = None,
     gap_retry_s: float | None = None,
 ) -> None:
     """Register `consumer` (a batch consumer with manual acks) as a projection on `broker`.
 
     `wanted`: subjects worth parsing (others only advance the position); `on_invalid`: what an
     event that does not parse costs (it then only advances the position); `after_batch`: runs
-    with the settled items after the commit, before the acks (a failure retries the batch,
+    with the settled messages and items after the commit, before the acks (a failure retries the batch,
     which the runner then finds applied); `gap_retry_s`: the nak delay when the batch stopped
     at a gap (None: the failure backoff).
     """
@@ -107,7 +107,7 @@ def subscribe_projection(
                 items = await parse(msgs)
                 settled = await runner.handle_batch(items)
                 if after_batch is not None and settled:
-                    await after_batch(items[:settled])
+                    await after_batch(msgs[:settled], items[:settled])
         except RETRIED as exc:
             settled, failed = 0, exc
             log.warning("projection failed; retrying", consumer=consumer.name, error=describe(exc))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pydantic_core
+
 from rollout.shared.contracts.events import GeneratedRollout
 from rollout.shared.objectstore import ObjectStore, default_store_url, open_store
 from rollout.shared.objectstore.checksum import sha256_bytes
@@ -27,6 +29,12 @@ __all__ = [
     "offload",
 ]
 
+# The canonical encoding (sorted keys, stdlib json) is about ten times the cost of
+# pydantic-core's compact one, and the two differ in length only in how a number or a
+# non-finite float is spelled, never by this factor: a trajectory whose quick encoding is
+# under a third of the limit is inline for sure, and only those near it are encoded exactly.
+_SURELY_INLINE = 3
+
 
 def object_store(settings: Settings) -> ObjectStore:
     """The platform's object store (ROLLOUT_OBJECT_STORE_URL, else `<home>/objects`)."""
@@ -42,6 +50,9 @@ async def offload(store: ObjectStore, rollouts: list[GeneratedRollout]) -> list[
             out.append(rollout)
             continue
         # store_if_large's test, without parsing the encoding back for a trajectory kept inline.
+        if len(pydantic_core.to_json(rollout.trajectory)) * _SURELY_INLINE <= limit:
+            out.append(rollout)
+            continue
         data = to_json_bytes(rollout.trajectory)
         if len(data) > limit:
             claim = await store.put(content_key("trajectories", sha256_bytes(data)), data)

@@ -1,0 +1,265 @@
+"""The leader's run aggregates folded from the projected events: the loaded state, no reads.
+
+Real NATS and Postgres. A run's history is appended by hand (requested, started, generated,
+verdicts with a repeat and one for a rollout the run never planned), projected with the
+tracker's read models, and folded as the projection would fold it.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import nats.aio.client
+
+from rollout.services.tracker import runs
+from rollout.services.tracker.aggregate import load_run, rollout_id
+from rollout.services.tracker.projections import ReadModels
+from rollout.shared import subjects
+from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.bus.reader import read_events
+from rollout.shared.bus.streams import ensure_streams
+from rollout.shared.contracts import EventEnvelope
+from rollout.shared.contracts import events as ev
+from rollout.shared.settings import Settings
+from rollout.shared.store.db import close_pool, create_pool, migrate
+from rollout.shared.store.projection import ProjectionRunner
+
+RUN = "folded-run"
+PLANNED = [(t, s) for t in (0, 1) for s in (0, 1)]
+
+
+def _event(payload: ev.Payload, *parts: object) -> EventEnvelope:
+    return EventEnvelope.new(payload, aggregate_id=RUN, id_parts=(RUN, *parts), run_id=RUN)
+
+
+def _scored(index: int, verdicts: list[tuple[str, float, bool]]) -> EventEnvelope:
+    rollouts = [
+        ev.ScoredRollout(rollout_id=rid, task_index=0, sample_index=0, score=s, passed=p)
+        for rid, s, p in verdicts
+    ]
+    return _event(ev.RolloutsScored(run_id=RUN, work_item_id=f"w{index}", rollouts=rollouts), index)
+
+
+def _generated(index: int, pairs: list[tuple[int, int]]) -> EventEnvelope:
+    rollouts = [
+        ev.GeneratedRollout(
+            rollout_id=rollout_id(RUN, t, s), task_index=t, sample_index=s, model="m", seed=1
+        )
+        for t, s in pairs
+    ]
+    return _event(
+        ev.RolloutsGenerated(run_id=RUN, work_item_id=f"w{index}", rollouts=rollouts), index
+    )
+
+
+def history(scored_all: bool = True) -> list[EventEnvelope]:
+    """Requested, started, generated, verdicts (one repeated, one not planned)."""
+    ids = [rollout_id(RUN, t, s) for t, s in PLANNED]
+    requested = ev.RunRequested(
+        run_id=RUN, env_slug="refunds", env_version=1, env_hash="h", model="m", n=2,
+        task_indices=[0, 1],
+    )  # fmt: skip
+    events = [
+        _event(requested),
+        _event(ev.RunStarted(run_id=RUN, work_items=2, total_rollouts=4)),
+        _generated(0, PLANNED[:2]),
+        _scored(0, [(ids[0], 1.0, True), (ids[1], 0.0, False), ("not-planned", 1.0, True)]),
+        _scored(1, [(ids[0], 0.0, False)]),  # a repeat: the first verdict stays
+        _generated(1, PLANNED[2:]),
+    ]
+    if scored_all:
+        events.append(_scored(2, [(ids[2], 1.0, True), (ids[3], 0.5, False)]))
+    return events
+
+
+async def _append(js, events: list[EventEnvelope]) -> None:  # type: ignore[no-untyped-def]
+    publisher = EventPublisher(js)
+    for event in events:
+        await publisher.publish(event)
+
+
+async def _log(js) -> list[tuple[EventEnvelope, int]]:  # type: ignore[no-untyped-def]
+    return [
+        (EventEnvelope.from_bytes(m.data), m.metadata.sequence.stream)
+        async for m in read_events(js, subjects.run_events(RUN))
+    ]
+
+
+def _stored(items: list[tuple[EventEnvelope, int]]) -> list[tuple[str, EventEnvelope, int]]:
+    """(subject, event, position) as the projection folds them (our events' own subjects)."""
+    return [(e.subject, e, seq) for e, seq in items]
+
+
+async def _endings(js) -> list[str]:  # type: ignore[no-untyped-def]
+    return [e.type for e, _ in await _log(js) if e.type in ("run.completed", "run.failed")]
+
+
+async def _projected(pool: asyncpg.Pool, items: list[tuple[EventEnvelope, int]]) -> None:
+    await ProjectionRunner(pool, ReadModels()).handle_batch(list(items))
+
+
+async def test_the_folded_state_is_the_loaded_state(
+    nats_client: nats.aio.client.Client,
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    await _append(js, history())
+    states = runs.RunStates()
+    states.fold(_stored(await _log(js)))
+    folded, loaded = states.get(RUN), await load_run(js, RUN)
+    assert folded is not None
+    assert (folded.version, folded.total, folded.planned) == (
+        loaded.version,
+        loaded.total,
+        loaded.planned,
+    )
+    assert folded.verdicts == loaded.verdicts
+    assert len(folded.verdicts) == 4 and folded.verdicts[rollout_id(RUN, 0, 0)].passed
+
+
+async def test_a_run_completes_once_from_its_folded_state(
+    nats_client: nats.aio.client.Client, settings: Settings
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        states = runs.RunStates()
+        await _append(js, history(scored_all=False))
+        states.fold(_stored(await _log(js)))
+        assert not await states.complete_if_done(js, pool, RUN)  # 2 of 4 still unscored
+        await _append(js, history()[-1:])
+        states.fold(_stored((await _log(js))[-1:]))
+        assert await states.complete_if_done(js, pool, RUN)
+        assert await _endings(js) == ["run.completed"]
+        completed = next(e for e, _ in await _log(js) if e.type == "run.completed").body()
+        assert isinstance(completed, ev.RunCompleted)
+        assert (completed.total, completed.passed) == (4, 2)
+        assert completed.mean_score == (1.0 + 0.0 + 1.0 + 0.5) / 4
+        # Its ending folded, the run is no longer kept; a late trigger ends nothing again.
+        states.fold(_stored((await _log(js))[-1:]))
+        assert states.get(RUN) is None
+        await _projected(pool, await _log(js))
+        assert not await states.complete_if_done(js, pool, RUN)
+        assert await _endings(js) == ["run.completed"]
+    finally:
+        await close_pool(pool)
+
+
+async def test_a_history_that_moved_past_the_fold_is_decided_from_a_load(
+    nats_client: nats.aio.client.Client, settings: Settings
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        await _append(js, history())
+        states = runs.RunStates()
+        states.fold(_stored(await _log(js)))
+        folded_version = states.get(RUN).version  # type: ignore[union-attr]
+        # A verdict lands that the fold has not seen: the append from the fold is refused.
+        await _append(js, [_scored(9, [(rollout_id(RUN, 1, 1), 1.0, True)])])
+        assert await states.complete_if_done(js, pool, RUN)
+        log = await _log(js)
+        assert await _endings(js) == ["run.completed"]
+        ending = next(seq for e, seq in log if e.type == "run.completed")
+        assert ending > folded_version + 1  # appended after the verdict it had not folded
+    finally:
+        await close_pool(pool)
+
+
+async def test_a_run_not_seen_from_its_start_is_loaded_once(
+    nats_client: nats.aio.client.Client, settings: Settings
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        await _append(js, history())
+        log = await _log(js)
+        await _projected(pool, log)
+        states = runs.RunStates()
+        states.fold(_stored(log[3:]))  # a leader that took over mid-run: no requested folded
+        assert states.get(RUN) is None
+        assert await states.complete_if_done(js, pool, RUN)
+        assert await _endings(js) == ["run.completed"]
+    finally:
+        await close_pool(pool)
+
+
+async def test_events_of_a_run_never_requested_cost_no_decision(
+    nats_client: nats.aio.client.Client, settings: Settings
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        events = history()[2:]  # verdicts with no run.requested before them
+        await _append(js, events)
+        log = await _log(js)
+        await _projected(pool, log)
+        states = runs.RunStates()
+        states.fold(_stored(log))
+        assert not await states.complete_if_done(js, pool, RUN)
+        kept = states.get(RUN)
+        assert kept is not None and kept.requested is None  # kept: the next batch reads nothing
+        assert await _endings(js) == []
+    finally:
+        await close_pool(pool)
+
+
+async def _requested_at(js) -> tuple[EventEnvelope, int]:  # type: ignore[no-untyped-def]
+    event = history()[0]
+    result = await EventPublisher(js).publish(event, expected_last_subject_seq=0)
+    return event, result.seq
+
+
+async def _types(js) -> list[str]:  # type: ignore[no-untyped-def]
+    return [e.type for e, _ in await _log(js)]
+
+
+async def test_a_fresh_run_is_started_from_its_request_alone(
+    nats_client: nats.aio.client.Client,
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    event, seq = await _requested_at(js)
+    started = await runs.fan_out(js, event, seq)
+    assert started is not None and started.total_rollouts == 4
+    # A redelivered request: the history moved past it, so it is looked at, not started again.
+    again = await runs.fan_out(js, event, seq)
+    assert again is not None
+    assert await _types(js) == ["run.requested", "run.started"]
+    info = await js.stream_info(subjects.WORK_STREAM)
+    assert info.state.messages == 1  # 4 rollouts in one work item of 16 (the default), once
+    state = await load_run(js, RUN)
+    assert state.total == 4 and state.version == seq + 1
+
+
+async def test_a_run_that_ended_before_its_fan_out_is_not_started(
+    nats_client: nats.aio.client.Client,
+) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    event, seq = await _requested_at(js)
+    await runs.append_to_run(js, await load_run(js, RUN), ev.RunFailed(run_id=RUN, reason="x"))
+    assert await runs.fan_out(js, event, seq) is None
+    assert await _types(js) == ["run.requested", "run.failed"]
+    assert (await js.stream_info(subjects.WORK_STREAM)).state.messages == 0
+
+
+def test_the_stored_subject_names_the_run_not_the_envelopes_claim() -> None:
+    states = runs.RunStates()
+    events = history(scored_all=False)[:2]
+    states.fold(_stored(list(zip(events, (1, 2), strict=True))))
+    verdict = _scored(5, [(rollout_id(RUN, 1, 1), 1.0, True)])
+    # Stored under another run's subject while its envelope claims this run: not this run's.
+    other = subjects.event("run", "other-run", subjects.event_name("rollout.scored"))
+    states.fold([(other, verdict, 3)])
+    state = states.get(RUN)
+    assert state is not None and state.verdicts == {} and state.version == 2
+    states.fold([(verdict.subject, verdict, 4)])
+    assert list(state.verdicts) == [rollout_id(RUN, 1, 1)] and state.version == 4
