@@ -11,7 +11,7 @@ backward, AdamW) on the same batch of chat-length rows, under each setting:
 
 Variants run interleaved, `--repeats` times each (the box is shared and noisy); medians of
 tokens/s and each one's ratio to fp32 are printed. Run: `python benchmarks/train_settings.py
-[--batch 4] [--seq-len 256] [--repeats 3] [--json]`.
+[--batch 4] [--seq-len 256] [--repeats 3] [--skip bf16-autocast] [--json]`.
 """
 
 from __future__ import annotations
@@ -109,11 +109,18 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-threads", type=int, default=2)
+    parser.add_argument(
+        "--skip", action="append", default=[], help="a setting to leave out (repeatable)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     settings = ["fp32", "bf16-autocast", "grad-ckpt"] + [
         f"threads-{n}" for n in range(2, args.max_threads + 1)
     ]
+    unknown = sorted(set(args.skip) - set(settings) | ({"fp32"} & set(args.skip)))
+    if unknown:
+        parser.error(f"--skip: {', '.join(unknown)} is not a setting that can be left out")
+    settings = [s for s in settings if s not in args.skip]
     model, rows, opt = build(args.seq_len, args.batch)
     steps = {s: step_fn(model, rows, opt, s) for s in settings}
     for s in settings:  # warm-up: first calls pay allocation and kernel selection

@@ -71,8 +71,10 @@ def _smollm2() -> LocalModel:
         # LoRA r=16 on every linear layer: the adapter (~4.9M weights) is what each policy
         # version ships, and the optimizer state stays small. Threads are left to torch's
         # default for training (a 135M model keeps 2 cores busy: 55 tokens/s with 2 threads
-        # on a LoRA step of 8x256 tokens on the shared box); no gradient checkpointing
-        # (activations of 4x1024 tokens fit easily, and recomputing them costs a forward).
+        # on a LoRA step of 8x256 tokens on the shared box; on the quiet box a 4x256 step ran
+        # 76.7 tokens/s on 2 threads against 43.4 on 1); no gradient checkpointing (it ran
+        # 0.71x as fast: activations of 4x1024 tokens fit easily, and recomputing them costs a
+        # forward; benchmarks/train_settings.py).
         train_defaults={
             "lora": True,
             "lora_r": 16,

@@ -73,13 +73,15 @@ RECIPES: dict[str, Recipe] = {
     # confused base model otherwise rambles for 256 tokens a turn, 3 turns per task).
     "local/smollm2-135m": Recipe(
         demos="scripted",
-        # One training thread: with the cores oversubscribed, two threads ran a step slower.
+        # SFT has the cores to itself: a LoRA step ran 1.77x faster on 2 threads than on 1 on
+        # the quiet box (benchmarks/train_settings.py). GRPO keeps one: the actor samples the
+        # next round on the other core meanwhile (max_staleness 1).
         sft={
             "epochs": 1.0,
             "learning_rate": 2e-3,
             "batch_size": 4,
             "max_seq_len": 320,
-            "threads": 1,
+            "threads": 2,
         },  # fmt: skip
         # Two tasks a step: each GRPO step trains on tasks x group-size sampled chats. No KL
         # penalty: its reference forward was 26% of a step (py-spy), and with the reference
