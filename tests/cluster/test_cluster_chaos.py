@@ -113,8 +113,10 @@ async def _until(client: AsyncClient, run_id: str, what: str, done: Any, limit_s
 
 async def _start_run(client: AsyncClient, server: FakeOpenAI) -> str:
     await client.push_environment(refund_env(tasks=TASKS))
+    # One rollout a work item: with several items in flight at once (actor concurrency), a
+    # bigger item could have each of its rollouts held at a different gate, and none scored.
     run = await client.create_run(
-        "refunds", f"{server.base_url}#gated", n=SAMPLES, batch_size=2, temperature=0.0
+        "refunds", f"{server.base_url}#gated", n=SAMPLES, batch_size=1, temperature=0.0
     )
     run_id = run["runId"]
     await _until(client, run_id, "a first scored rollout", lambda r: r.get("scored"), 60)
