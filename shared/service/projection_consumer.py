@@ -9,9 +9,7 @@ an invalid event costs (a dead letter, or a warning), and what runs once a batch
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import nats.errors
@@ -23,6 +21,7 @@ from nats.aio.msg import Msg
 
 from rollout.errors import RolloutError
 from rollout.shared.bus.deadletter import describe, retry_delay
+from rollout.shared.bus.keepalive import working_on_all
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
@@ -44,25 +43,6 @@ async def _skip_invalid(msg: Msg, exc: pydantic.ValidationError) -> None:
 
 def _everything(subject: str) -> bool:
     return True
-
-
-@asynccontextmanager
-async def working_on_all(msgs: list[Msg], *, every_s: float) -> AsyncIterator[None]:
-    """In-progress acks for every message of a batch while the block runs."""
-
-    async def beat() -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            for msg in msgs:
-                await msg.in_progress()
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
 
 
 def subscribe_projection(
