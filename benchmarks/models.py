@@ -5,8 +5,12 @@
    prompts, the same model and the same number of new tokens. Target ratio >= 0.9.
 2. SFT: tokens/s of `train_sft` (LoRA r=16, all linear layers) against TRL's SFTTrainer called
    directly with the same model, data, LoRA config and arguments. Target >= 0.95.
-3. GRPO: tokens/s of `GRPOLearner.step` against a plain torch/peft step on the same rows
-   (same forward, clipped surrogate, backward, AdamW). Target >= 0.95.
+3. GRPO: tokens/s of `GRPOLearner.step` against a plain torch/peft step on the same
+   completions (same clipped surrogate, backward, AdamW): the plain step forwards each turn
+   as its own full row, as the learner did before it computed the rows' shared prompt prefix
+   once and merged a completion's consecutive turns into one row. The completions are
+   ticket-routing's shape: a tool call, the tool's reply, a short last answer. Tokens/s
+   counts the unmerged rows' tokens for both. Target >= 0.95.
 
 Each comparison runs `--repeats` times interleaved (the box is shared and noisy); medians are
 reported. Run: `python benchmarks/models.py [--batch 16] [--new-tokens 40] [--json]`.
@@ -160,24 +164,45 @@ def _groups(learner: GRPOLearner, size: int) -> list[dict[str, Any]]:
     for i in range(2):
         completions = []
         for j in range(size):
+            team = TEAMS[(i + j) % 4]
             text = '<tool_call>{"name": "route_ticket", "arguments": {"team": "%s"}}</tool_call>'
-            ids = tok(text % TEAMS[(i + j) % 4], add_special_tokens=False)["input_ids"]
-            completions.append({"token_ids": [ids], "reward": float(j % 2), "policy_version": 0})
+            call = tok(text % team, add_special_tokens=False)["input_ids"]
+            done = tok("Done.", add_special_tokens=False)["input_ids"]
+            call_msg = {"id": "c0", "type": "function", "function": {
+                "name": "route_ticket", "arguments": json.dumps({"team": team})}}  # fmt: skip
+            messages = [
+                *prompt(i),
+                {"role": "assistant", "content": None, "tool_calls": [call_msg]},
+                {
+                    "role": "tool",
+                    "tool_call_id": "c0",
+                    "name": "route_ticket",
+                    "content": json.dumps({"ok": True, "recorded": {"team": team}}),
+                },  # fmt: skip
+                {"role": "assistant", "content": "Done."},
+            ]
+            completions.append({"token_ids": [call, done], "messages": messages,
+                                "reward": float(j % 2), "policy_version": 0})  # fmt: skip
         groups.append({"prompt": prompt(i), "tools": TOOLS, "completions": completions})
     return groups
 
 
 def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
     """Tokens/s of GRPOLearner.step vs a plain peft/torch step on the same rows."""
-    # One micro-batch of all rows, as the plain step below does.
-    defaults = train_defaults(NAME) | {"batch_size": 16}
+    # Micro-batches of 8 rows for both; a step of the demo's shape: 2 tasks x 4 completions.
+    defaults = train_defaults(NAME) | {"batch_size": 8}
     config = TrainConfig(method="grpo", **defaults, max_steps=100, beta=0.0,
                          threads=torch.get_num_threads())  # fmt: skip
     learner = GRPOLearner(base, work / "grpo", config, resume=False)
-    groups = _groups(learner, 8)
+    groups = _groups(learner, 4)
+    learner.merge_turns = False
     rows, _ = learner._rows(groups)
-    batch = learner._tensors(rows)
+    learner.merge_turns = True
+    merged, _ = learner._rows(groups)
+    size = config.batch_size
+    batches = [learner._tensors(rows[i : i + size]) for i in range(0, len(rows), size)]
     tokens = sum(len(r.context) + len(r.completion) for r in rows)
+    trained = sum(len(r.completion) for r in rows)
 
     def ours() -> float:
         started = time.perf_counter()
@@ -192,13 +217,16 @@ def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
         started = time.perf_counter()
         with torch_threads(config.threads, model):
             opt.zero_grad(set_to_none=True)
-            logits = model(input_ids=batch["ids"], attention_mask=batch["attention"]).logits
-            logp = selective_log_softmax(logits[:, :-1].float(), batch["ids"][:, 1:])
-            ratio = torch.exp(logp - logp.detach())
-            adv = batch["advantage"][:, None]
-            per = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
-            loss = (per * batch["mask"]).sum() / batch["mask"].sum()
-            loss.backward()
+            for batch in batches:
+                # Every position of every turn's row, as a plain causal-LM forward does.
+                ids = batch["ids"]
+                logits = model(input_ids=ids, attention_mask=batch["attention"]).logits
+                logp = selective_log_softmax(logits[:, :-1].float(), ids[:, 1:])
+                ratio = torch.exp(logp - logp.detach())
+                adv = batch["advantage"][:, None]
+                per = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
+                loss = (per * batch["mask"]).sum() / trained
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(learner._params, 1.0)
             opt.step()
         return tokens / (time.perf_counter() - started)
@@ -209,7 +237,8 @@ def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
         ours_tps.append(ours())
         plain_tps.append(plain())
     o, p = statistics.median(ours_tps), statistics.median(plain_tps)
-    return {"rows": len(rows), "tokens": tokens, "ours_tokens_per_s": o,
+    return {"rows": len(rows), "merged_rows": len(merged), "shared_prefix": batches[0]["shared"],
+            "tokens": tokens, "ours_tokens_per_s": o,
             "plain_torch_tokens_per_s": p, "ratio": o / p}  # fmt: skip
 
 

@@ -43,6 +43,11 @@ from rollout.shared.learning.checkpoints import (
     prepare_resume,
 )
 from rollout.shared.learning.config import Progress, TrainConfig
+from rollout.shared.learning.forward import (
+    ForwardStats,
+    completion_forward,
+    shared_prefix_length,
+)
 from rollout.shared.learning.loading import (
     device,
     is_peft,
@@ -81,6 +86,57 @@ class _Row:
     completion: list[int]
     old_logprobs: list[float] | None
     advantage: float
+    # Per completion token, whether it is trained on: a row merged from consecutive turns
+    # holds the tool reply between them, which the model did not sample. None: every token.
+    trained: list[bool] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        """How many of the completion's tokens the loss covers."""
+        return len(self.completion) if self.trained is None else sum(self.trained)
+
+
+def merge_turns(rows: list[_Row]) -> list[_Row]:
+    """Consecutive turns of one completion as one row wherever a turn's context is exactly
+    the previous turn's context and sampled tokens, then more (the tool reply).
+
+    Causal attention makes each position's logits depend on the tokens before it only, so
+    the merged row's loss and gradients are the separate rows'; the shared positions are
+    computed once instead of once per turn (a second turn otherwise recomputes the whole
+    first turn).
+    """
+    out: list[_Row] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if last is not None and _continues(last, row):
+            seen = len(last.context) + len(last.completion)
+            gap = len(row.context) - seen
+            trained = last.trained or [True] * len(last.completion)
+            old = None
+            if last.old_logprobs is not None and row.old_logprobs is not None:
+                old = [*last.old_logprobs, *[0.0] * gap, *row.old_logprobs]
+            out[-1] = _Row(
+                last.context,
+                [*last.completion, *row.context[seen:], *row.completion],
+                old,
+                last.advantage,
+                [*trained, *[False] * gap, *[True] * len(row.completion)],
+            )
+        else:
+            out.append(row)
+    return out
+
+
+def _continues(last: _Row, row: _Row) -> bool:
+    seen = len(last.context) + len(last.completion)
+    return (
+        row.advantage == last.advantage
+        # Both turns with the actor's logprobs or neither: a merged row has one kind.
+        and (row.old_logprobs is None) == (last.old_logprobs is None)
+        and len(row.context) >= seen
+        and row.context[: len(last.context)] == last.context
+        and row.context[len(last.context) : seen] == last.completion
+    )
 
 
 class GRPOLearner:
@@ -130,6 +186,10 @@ class GRPOLearner:
             "steps_without_data": 0.0,
         }
         self.last_checkpoint: Path | None = None
+        # What the last policy forward computed (shared prefix, logit positions): for tests.
+        self.forward_stats = ForwardStats()
+        # Train a completion's consecutive turns as one row where exact (see merge_turns).
+        self.merge_turns = True
         self._ref_adapter: dict[str, Any] | None = None
         self._elapsed_total = 0.0
         self._steps_timed = 0
@@ -300,7 +360,7 @@ class GRPOLearner:
                 turns = self._turn_rows(prompt, tools, completion, advantage)
                 if turns:
                     self.metrics["completions_trained"] += 1
-                rows.extend(turns)
+                rows.extend(merge_turns(turns) if self.merge_turns else turns)
         return rows, rewards
 
     def _turn_rows(
@@ -338,8 +398,17 @@ class GRPOLearner:
     def _optimize(self, rows: list[_Row]) -> tuple[float, dict[str, float]]:
         import torch
 
-        total_tokens = sum(len(r.completion) for r in rows)
         self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, stats = self._accumulate(rows)
+        torch.nn.utils.clip_grad_norm_(self._params, 1.0)
+        self.optimizer.step()
+        return loss_sum, stats
+
+    def _accumulate(self, rows: list[_Row]) -> tuple[float, dict[str, float]]:
+        """Forward and backward over `rows` in micro-batches: the step's gradients, summed."""
+        import torch
+
+        total_tokens = sum(r.trained_tokens for r in rows)
         loss_sum = kl_sum = clipped = drift = 0.0
         recorded = 0.0
         size = self.config.batch_size
@@ -372,8 +441,6 @@ class GRPOLearner:
             loss.backward()
             loss_sum += float(loss.detach())
             clipped += float((((ratio < low) | (ratio > high)).float() * mask).sum())
-        torch.nn.utils.clip_grad_norm_(self._params, 1.0)
-        self.optimizer.step()
         return loss_sum, {
             "last_kl": kl_sum / total_tokens,
             "last_clip_fraction": clipped / total_tokens,
@@ -398,12 +465,19 @@ class GRPOLearner:
             attention[i, : len(seq)] = 1
             first = len(row.context) - 1
             span = slice(first, first + len(row.completion))
-            mask[i, span] = 1
+            trained = torch.ones(len(row.completion)) if row.trained is None else (
+                torch.tensor(row.trained, dtype=torch.float32)
+            )  # fmt: skip
+            mask[i, span] = trained
             if row.old_logprobs is not None:
                 old[i, span] = torch.tensor(row.old_logprobs)
-                has_old[i, span] = True
+                has_old[i, span] = trained.bool()
         advantage = torch.tensor([r.advantage for r in rows])
+        first = min(len(r.context) for r in rows) - 1
+        shared = shared_prefix_length([r.context for r in rows], first)
         return {
+            "first": first,
+            "shared": shared,
             "ids": ids.to(self.device),
             "attention": attention.to(self.device),
             "mask": mask.to(self.device),
@@ -413,10 +487,7 @@ class GRPOLearner:
         }
 
     def _logprobs(self, model: Any, batch: dict[str, Any]) -> Any:
-        from trl.trainer.utils import selective_log_softmax
-
-        logits = model(input_ids=batch["ids"], attention_mask=batch["attention"]).logits
-        return selective_log_softmax(logits[:, :-1].float(), batch["ids"][:, 1:])
+        return completion_forward(model, batch, stats=self.forward_stats)[0]
 
     def _reference_logprobs(self, batch: dict[str, Any]) -> Any:
         if self.ref_model is not None:

@@ -32,6 +32,7 @@ import structlog
 
 from rollout.errors import RolloutError
 from rollout.shared.learning.config import Progress, TrainConfig
+from rollout.shared.learning.forward import completion_forward
 from rollout.shared.learning.grpo import Group, GRPOLearner, _mean, _Row
 
 log = structlog.get_logger(__name__)
@@ -179,13 +180,8 @@ class PPOLearner(GRPOLearner):
 
     def _forward(self, model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
         """(token logprobs, values), both in target space (position t predicts token t+1)."""
-        from trl.trainer.utils import selective_log_softmax
-
-        out = model(
-            input_ids=batch["ids"], attention_mask=batch["attention"], output_hidden_states=True
-        )
-        logp = selective_log_softmax(out.logits[:, :-1].float(), batch["ids"][:, 1:])
-        values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
+        logp, states = completion_forward(model, batch, hidden=True, stats=self.forward_stats)
+        values = self.value_head(states.float()).squeeze(-1)
         return logp, values
 
     def _rollout_stats(self, rows: list[_PpoRow]) -> None:
