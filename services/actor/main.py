@@ -10,7 +10,12 @@ import httpx
 from faststream.nats import NatsBroker, NatsMessage
 
 from rollout.errors import RolloutError
-from rollout.services.actor.generate import failed_batch, generate_batch, without_trajectory
+from rollout.services.actor.generate import (
+    dumped_batch,
+    failed_batch,
+    generate_batch,
+    without_trajectory,
+)
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
@@ -191,16 +196,18 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
             # One event when the batch fits; else parts named by the rollouts they hold, so a
             # redelivery that splits differently never collides with a part it did not send.
             whole = start == 0 and end == len(rollouts)
+            payload = RolloutsGenerated(
+                run_id=work.run_id, work_item_id=work.work_item_id, rollouts=items
+            )
             return EventEnvelope.new(
-                RolloutsGenerated(
-                    run_id=work.run_id, work_item_id=work.work_item_id, rollouts=items
-                ),
+                payload,
                 aggregate_id=work.run_id,
                 id_parts=(work.work_item_id,) if whole else (work.work_item_id, start, end),
                 run_id=work.run_id,
                 trace_id=work.trace_id,
                 correlation_id=work.correlation_id,
                 causation_id=work.causation_id,
+                dumped=dumped_batch(payload),
             )
 
         # Split (if at all) between tasks: a `ruler` verifier judges a task's samples in one
@@ -248,4 +255,9 @@ async def serve(settings: Settings) -> None:
         gc.freeze()
         return broker
 
-    await serve_service("actor", settings, build, consumers=[declared])
+    try:
+        await serve_service("actor", settings, build, consumers=[declared])
+    finally:
+        # Services sharing a process (tests, one-process stacks) stop and start again: what
+        # was frozen must be collectable once this one is gone.
+        gc.unfreeze()

@@ -211,4 +211,9 @@ async def serve(settings: Settings) -> None:
         gc.freeze()
         return broker
 
-    await serve_service("verifier", settings, build, consumers=[declared])
+    try:
+        await serve_service("verifier", settings, build, consumers=[declared])
+    finally:
+        # Services sharing a process (tests, one-process stacks) stop and start again: what
+        # was frozen must be collectable once this one is gone.
+        gc.unfreeze()
