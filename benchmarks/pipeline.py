@@ -222,9 +222,20 @@ class Row:
     platform_cpu_ms: dict[str, float] = field(default_factory=dict)
 
 
+def _tree_cpu_s(proc: psutil.Process) -> float:
+    """User + system CPU seconds of a process, its live children and those it has reaped
+    (Postgres' backends are children of the postmaster)."""
+    times = proc.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
 def cpu_s(procs: dict[str, psutil.Process]) -> dict[str, float]:
-    """User + system CPU seconds of each process (this one as `client`)."""
-    out = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+    """CPU seconds of each process (this one, the client and baseline, as `client`)."""
+    out = {name: _tree_cpu_s(p) for name, p in procs.items()}
     out["client"] = time.process_time()
     return out
 
@@ -289,13 +300,18 @@ async def in_one_process(
 
 
 async def as_processes(
-    settings: Settings, rollouts: int, repeat: int, batches: tuple[int, ...]
+    settings: Settings,
+    rollouts: int,
+    repeat: int,
+    batches: tuple[int, ...],
+    servers: dict[str, psutil.Process],
 ) -> list[Row]:
     """Every service its own process, as deployed; this process is the client and baseline."""
     procs = {name: service_process(settings, name) for name in PROCESSES.values()}
     client = AsyncClient(settings)
     try:
         watched = {name: psutil.Process(p.pid) for name, p in procs.items()}
+        watched.update(servers)
         return await measure(client, rollouts, repeat, batches, watched)
     finally:
         await client.close()
@@ -333,10 +349,15 @@ async def main(rollouts: int, repeat: int, mode: str, batches: tuple[int, ...]) 
         nats_user=nats_server.user,
         nats_password=nats_server.password,
     )
+    servers = {
+        name: psutil.Process(server.process.pid)
+        for name, server in (("nats-server", nats_server), ("postgres", pg))
+        if server.process is not None
+    }
     results = []
     try:
         if mode in ("processes", "both"):
-            rows = await as_processes(settings, rollouts, repeat, batches)
+            rows = await as_processes(settings, rollouts, repeat, batches, servers)
             results.append(("services as processes (as deployed)", rows))
         if mode in ("one-process", "both"):
             rows = await in_one_process(settings, rollouts, repeat, batches)
