@@ -7,7 +7,7 @@ import gc
 import os
 
 import httpx
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 
 from rollout.errors import RolloutError
 from rollout.services.actor.generate import (
@@ -17,7 +17,7 @@ from rollout.services.actor.generate import (
     without_trajectory,
 )
 from rollout.shared import subjects
-from rollout.shared.bus.broker import jetstream, make_broker
+from rollout.shared.bus.broker import current_message, jetstream, make_broker
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
@@ -145,8 +145,9 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
     me = actor_id or default_replica_id()
 
     @consumer().subscriber(broker)
-    async def generate(work: RolloutWork, message: NatsMessage) -> None:
+    async def generate(work: RolloutWork) -> None:
         """Run the agent loop on every rollout of a work item; ack after the event is stored."""
+        message = current_message(broker)
         js = jetstream(broker)
         cache = caches.setdefault("specs", SpecCache(js))
         raw = message.raw_message

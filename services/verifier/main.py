@@ -6,7 +6,7 @@ import gc
 import os
 from collections import OrderedDict
 
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 
 from rollout.errors import RolloutError
 from rollout.services.verifier.scoring import (
@@ -19,7 +19,7 @@ from rollout.services.verifier.scoring import (
     unscored,
 )
 from rollout.shared import subjects
-from rollout.shared.bus.broker import jetstream, make_broker
+from rollout.shared.bus.broker import current_message, jetstream, make_broker
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
@@ -106,8 +106,9 @@ def build_broker(settings: Settings) -> NatsBroker:
         return stores["store"]
 
     @consumer().subscriber(broker)
-    async def score_batch(event: EventEnvelope, message: NatsMessage) -> None:
+    async def score_batch(event: EventEnvelope) -> None:
         """Score every rollout of the batch; ack after the scored event is stored."""
+        message = current_message(broker)
         js = jetstream(broker)
         cache = state.setdefault("specs", SpecCache(js))
         generated = event.body()
