@@ -1,5 +1,6 @@
-"""The actor's fast paths build exactly what the plain pydantic ones did: the generated event's
-payload (assembled from already-dumped trajectories) and each rollout's sampling."""
+"""The actor's and verifier's fast paths build exactly what the plain pydantic ones did: the
+generated event's payload (assembled from already-dumped trajectories), each rollout's
+sampling, and the verdicts (primitives validated from their results' fields)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ import json
 from kit import refund_env
 
 from rollout.services.actor.generate import dumped_batch, generate_batch, without_trajectory
+from rollout.services.verifier.scoring import errored_verdict, score_rollout
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import GeneratedRollout, RolloutsGenerated
+from rollout.shared.contracts.events import (
+    GeneratedRollout,
+    PrimitiveScore,
+    RolloutsGenerated,
+    ScoredRollout,
+)
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.coerce import as_spec
+from rollout.shared.envs.engine import score
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 
 
@@ -94,3 +102,33 @@ async def test_each_rollout_keeps_the_runs_sampling_with_its_own_seed() -> None:
     # The run's own sampling is untouched (no seed leaks into it).
     assert work.sampling.seed is None
     assert isinstance(rollouts[0], GeneratedRollout)
+
+
+async def test_the_verifiers_verdicts_are_the_plainly_built_ones() -> None:
+    spec = as_spec(refund_env())
+    work = _work(3)
+    rollouts = await generate_batch(work, spec, Refunder(), actor_id="a1")
+    wrong = rollouts[1].trajectory | {"final_state": {"refunds": []}}
+    rollouts[1] = rollouts[1].model_copy(update={"trajectory": wrong})
+    rollouts[2] = rollouts[2].model_copy(update={"error": "cut short", "error_kind": "model"})
+    verdicts = [await score_rollout(spec, r) for r in rollouts]
+    assert [v.outcome for v in verdicts] == ["passed", "failed", "errored"]
+    for rollout, verdict in zip(rollouts, verdicts, strict=True):
+        result = await score(spec, rollout.task_index, Trajectory(**rollout.trajectory))
+        primitives = [PrimitiveScore(**p.model_dump()) for p in result.primitives]
+        if rollout.error:
+            plain = errored_verdict(rollout, rollout.error, "model").model_copy(
+                update={"primitives": primitives}
+            )
+        else:
+            plain = ScoredRollout(
+                rollout_id=rollout.rollout_id,
+                task_index=rollout.task_index,
+                sample_index=rollout.sample_index,
+                score=result.score,
+                passed=result.passed,
+                primitives=primitives,
+            )
+        assert verdict == plain
+        assert verdict.model_dump_json() == plain.model_dump_json()
+        assert all(isinstance(p, PrimitiveScore) for p in verdict.primitives)
