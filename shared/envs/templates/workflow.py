@@ -166,6 +166,7 @@ class WorkflowRuntime(BaseRuntime):
     """One episode of a workflow environment."""
 
     template = "workflow"
+    immediate_tools = True  # lookups, actions and mocks are dict operations
 
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: WorkflowConfig) -> None:
         super().__init__(spec, task)
