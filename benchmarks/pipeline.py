@@ -10,7 +10,7 @@ By default each service runs as its own process (`rollout serve NAME`, as a depl
 (the measure before, where services, client and baseline shared one Python thread), and
 `--mode both` prints both.
 
-    python benchmarks/pipeline.py [--rollouts 256] [--repeat 3] [--mode processes]
+    python benchmarks/pipeline.py [--rollouts 256] [--repeat 3] [--mode processes] [--batches 1,16,64]
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psutil
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -44,6 +46,7 @@ from rollout.shared.stack.postgres import start_postgres
 from rollout.shared.stack.process import die_with_parent
 
 TASKS = 8
+BATCHES = (1, 16, 64)
 SERVICES = {
     "env-registry": "rollout.services.env_registry.main",
     "tracker": "rollout.services.tracker.main",
@@ -206,10 +209,46 @@ def tracebacks(home: Path) -> int:
     return sum(path.read_text(errors="replace").count("Traceback") for path in home.glob("*.log"))
 
 
+@dataclass
+class Row:
+    """One batch size's best rates and the CPU each side spent per rollout."""
+
+    batch: int
+    limit: float
+    platform: float
+    # ms of CPU per rollout over all rounds: the in-process loop's, and each service
+    # process's (and this client's) while the platform ran.
+    limit_cpu_ms: float = 0.0
+    platform_cpu_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _tree_cpu_s(proc: psutil.Process) -> float:
+    """User + system CPU seconds of a process, its live children and those it has reaped
+    (Postgres' backends are children of the postmaster)."""
+    times = proc.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+def cpu_s(procs: dict[str, psutil.Process]) -> dict[str, float]:
+    """CPU seconds of each process (this one, the client and baseline, as `client`)."""
+    out = {name: _tree_cpu_s(p) for name, p in procs.items()}
+    out["client"] = time.process_time()
+    return out
+
+
 async def measure(
-    client: AsyncClient, rollouts: int, repeat: int
-) -> list[tuple[int, float, float]]:
-    """(batch, in-process r/s, platform r/s) for each batch size, best of `repeat` rounds."""
+    client: AsyncClient,
+    rollouts: int,
+    repeat: int,
+    batches: tuple[int, ...] = BATCHES,
+    procs: dict[str, psutil.Process] | None = None,
+) -> list[Row]:
+    """Each batch size's in-process and platform r/s, best of `repeat` alternating rounds."""
+    procs = procs or {}
     for _ in range(600):
         try:
             await client.list_runs()
@@ -220,25 +259,37 @@ async def measure(
     await client.push_environment(env_spec())
     await through_platform(client, TASKS, 1)  # warm-up: caches, consumers, connections
     rows = []
-    for batch in (1, 16, 64):
+    for batch in batches:
         # Best of `repeat` alternating rounds: on a shared machine a neighbour's burst
         # lands on one side of a single pair and makes its ratio noise.
-        limit = platform = 0.0
+        row = Row(batch, 0.0, 0.0)
+        spent: dict[str, float] = {}
+        limit_cpu = 0.0
         for _ in range(repeat):
-            limit = max(limit, await in_process(rollouts, batch))
-            platform = max(platform, await through_platform(client, rollouts, batch))
-        rows.append((batch, limit, platform))
+            before = time.process_time()
+            row.limit = max(row.limit, await in_process(rollouts, batch))
+            limit_cpu += time.process_time() - before
+            start = cpu_s(procs)
+            row.platform = max(row.platform, await through_platform(client, rollouts, batch))
+            for name, value in cpu_s(procs).items():
+                spent[name] = spent.get(name, 0.0) + value - start[name]
+        total = rollouts * repeat
+        row.limit_cpu_ms = 1000 * limit_cpu / total
+        row.platform_cpu_ms = {name: 1000 * value / total for name, value in spent.items()}
+        rows.append(row)
     return rows
 
 
-async def in_one_process(settings: Settings, rollouts: int, repeat: int) -> list:
+async def in_one_process(
+    settings: Settings, rollouts: int, repeat: int, batches: tuple[int, ...]
+) -> list[Row]:
     """Every service a task of this process, sharing its one thread with client and baseline."""
     tasks = [
         asyncio.create_task(importlib.import_module(m).serve(settings)) for m in SERVICES.values()
     ]
     client = AsyncClient(settings)
     try:
-        return await measure(client, rollouts, repeat)
+        return await measure(client, rollouts, repeat, batches)
     finally:
         await client.close()
         for t in tasks:
@@ -248,31 +299,44 @@ async def in_one_process(settings: Settings, rollouts: int, repeat: int) -> list
                 await t
 
 
-async def as_processes(settings: Settings, rollouts: int, repeat: int) -> list:
+async def as_processes(
+    settings: Settings,
+    rollouts: int,
+    repeat: int,
+    batches: tuple[int, ...],
+    servers: dict[str, psutil.Process],
+) -> list[Row]:
     """Every service its own process, as deployed; this process is the client and baseline."""
-    procs = [service_process(settings, name) for name in PROCESSES.values()]
+    procs = {name: service_process(settings, name) for name in PROCESSES.values()}
     client = AsyncClient(settings)
     try:
-        return await measure(client, rollouts, repeat)
+        watched = {name: psutil.Process(p.pid) for name, p in procs.items()}
+        watched.update(servers)
+        return await measure(client, rollouts, repeat, batches, watched)
     finally:
         await client.close()
-        stop_processes(procs)
+        stop_processes(list(procs.values()))
 
 
-def report(title: str, rows: list[tuple[int, float, float]]) -> None:
-    """One table of rates, ratios and overheads."""
+def report(title: str, rows: list[Row]) -> None:
+    """One table of rates, ratios and overheads, then CPU per rollout by process."""
     print(title)
     print(
         f"{'batch':>5} {'in-process r/s':>15} {'platform r/s':>13} {'ratio':>7} {'overhead ms/rollout':>20}"
     )
-    for batch, limit, platform in rows:
-        overhead = 1000 / platform - 1000 / limit
+    for r in rows:
+        overhead = 1000 / r.platform - 1000 / r.limit
         print(
-            f"{batch:>5} {limit:>15,.0f} {platform:>13,.1f} {platform / limit:>7.3f} {overhead:>20.2f}"
+            f"{r.batch:>5} {r.limit:>15,.0f} {r.platform:>13,.1f} {r.platform / r.limit:>7.3f}"
+            f" {overhead:>20.2f}"
         )
+    print("CPU ms per rollout (in-process loop | platform, by process):")
+    for r in rows:
+        parts = " ".join(f"{name} {ms:.3f}" for name, ms in r.platform_cpu_ms.items())
+        print(f"{r.batch:>5} in-process {r.limit_cpu_ms:.3f} | {parts}")
 
 
-async def main(rollouts: int, repeat: int, mode: str) -> None:
+async def main(rollouts: int, repeat: int, mode: str, batches: tuple[int, ...]) -> None:
     configure_logging("bench", level="WARNING")
     register_instant()
     home = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
@@ -285,13 +349,18 @@ async def main(rollouts: int, repeat: int, mode: str) -> None:
         nats_user=nats_server.user,
         nats_password=nats_server.password,
     )
+    servers = {
+        name: psutil.Process(server.process.pid)
+        for name, server in (("nats-server", nats_server), ("postgres", pg))
+        if server.process is not None
+    }
     results = []
     try:
         if mode in ("processes", "both"):
-            rows = await as_processes(settings, rollouts, repeat)
+            rows = await as_processes(settings, rollouts, repeat, batches, servers)
             results.append(("services as processes (as deployed)", rows))
         if mode in ("one-process", "both"):
-            rows = await in_one_process(settings, rollouts, repeat)
+            rows = await in_one_process(settings, rollouts, repeat, batches)
             results.append(("services as tasks of one process", rows))
     finally:
         pg.stop()
@@ -316,5 +385,11 @@ if __name__ == "__main__":
         default="processes",
         help="services as their own processes (default), as tasks of this one, or both",
     )
+    parser.add_argument(
+        "--batches",
+        type=lambda text: tuple(int(b) for b in text.split(",")),
+        default=BATCHES,
+        help="work-item batch sizes, comma separated (default 1,16,64)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.rollouts, args.repeat, args.mode))
+    asyncio.run(main(args.rollouts, args.repeat, args.mode, args.batches))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
 from rollout.shared.contracts.envspec import EnvironmentSpec
-from rollout.shared.contracts.events import ErrorKind, GeneratedRollout
+from rollout.shared.contracts.events import ErrorKind, GeneratedRollout, RolloutsGenerated
+from rollout.shared.contracts.events import SamplingParams as RolloutSampling
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.envs.engine import start_runtimes
 from rollout.shared.models.base import ModelBackend
@@ -44,6 +46,8 @@ async def generate_batch(
         for rt in runtimes:
             await rt.close()
     elapsed = (time.perf_counter() - started) / max(1, len(work.items))
+    # Validated from the run's settings plus the item's seed: a third of model_copy's cost.
+    sampling = work.sampling.model_dump()
     return [
         GeneratedRollout(
             rollout_id=item.rollout_id,
@@ -52,7 +56,7 @@ async def generate_batch(
             trajectory=trajectory.model_dump(mode="json"),
             model=work.model,
             policy_version=work.policy_version,
-            sampling=work.sampling.model_copy(update={"seed": item.seed}),
+            sampling=RolloutSampling(**{**sampling, "seed": item.seed}),
             env_hash=work.env_hash,
             seed=item.seed,
             actor_id=actor_id,
@@ -104,3 +108,29 @@ def without_trajectory(rollout: GeneratedRollout, cause: str) -> GeneratedRollou
             "error_kind": "infra",
         }
     )
+
+
+def _in_order(fields: tuple[str, ...], rest: dict[str, Any], name: str, value: Any) -> dict:
+    # In field order, as model_dump writes them (the event's bytes stay the same).
+    return {f: value if f == name else rest[f] for f in fields if f == name or f in rest}
+
+
+_ROLLOUT = GeneratedRollout.__pydantic_serializer__
+_ROLLOUT_FIELDS = tuple(GeneratedRollout.model_fields)
+_BATCH_FIELDS = tuple(RolloutsGenerated.model_fields)
+
+
+def dumped_rollout(rollout: GeneratedRollout) -> dict[str, Any]:
+    """`rollout.model_dump(mode="json")` without walking the trajectory a second time.
+
+    The trajectory of every rollout this actor builds is already a JSON-mode dump (or None):
+    dumping it again would copy it unchanged, at most of the cost of building the event.
+    """
+    rest = _ROLLOUT.to_python(rollout, mode="json", exclude={"trajectory"})
+    return _in_order(_ROLLOUT_FIELDS, rest, "trajectory", rollout.trajectory)
+
+
+def dumped_batch(batch: RolloutsGenerated) -> dict[str, Any]:
+    """`batch.model_dump(mode="json")` for a batch of this actor's rollouts (dumped_rollout)."""
+    rest = batch.model_dump(mode="json", exclude={"rollouts"})
+    return _in_order(_BATCH_FIELDS, rest, "rollouts", [dumped_rollout(r) for r in batch.rollouts])

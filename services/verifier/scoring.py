@@ -94,12 +94,15 @@ def _not_generated(rollout: GeneratedRollout) -> bool:
 
 def _verdict(rollout: GeneratedRollout, result: VerifierResult) -> ScoredRollout:
     """The verdict on one rollout from its verifier result (errored if it was cut short)."""
-    primitives = [PrimitiveScore(**p.model_dump()) for p in result.primitives]
+    # A primitive's result has a PrimitiveScore's fields: its field dict validates as one, in
+    # the verdict's own validation (no dump and no model per primitive first).
+    primitives = [p.__dict__ for p in result.primitives]
     if rollout.error:
         # The episode was cut short (the model endpoint failed, the env broke): the verdict
         # on what it left is kept for reading, but it is no verdict on the model.
         errored = errored_verdict(rollout, rollout.error, rollout.error_kind or "env")
-        return errored.model_copy(update={"primitives": primitives})
+        scores = [PrimitiveScore(**p) for p in primitives]
+        return errored.model_copy(update={"primitives": scores})
     return ScoredRollout(
         rollout_id=rollout.rollout_id,
         task_index=rollout.task_index,
@@ -107,6 +110,8 @@ def _verdict(rollout: GeneratedRollout, result: VerifierResult) -> ScoredRollout
         score=result.score,
         passed=result.passed,
         primitives=primitives,
+        # What the verdict's validator would set (saying it skips an attribute assignment).
+        outcome="passed" if result.passed else "failed",
     )
 
 

@@ -133,8 +133,15 @@ async def run_episodes(
                 f"model backend {getattr(backend, 'name', backend)!r} returned "
                 f"{len(responses)} responses for {len(live)} requests"
             )
-        # Episodes are independent: run their tools concurrently (sandboxed test runs are slow).
-        await asyncio.gather(*(_apply(s, r) for s, r in zip(live, responses, strict=True)))
+        if all(getattr(s.episode.runtime, "immediate_tools", False) for s in live):
+            # No call can wait (declarative tools): in order, with no task per episode (a
+            # task and a gather per turn cost more than the calls themselves).
+            for s, r in zip(live, responses, strict=True):
+                await _apply(s, r)
+        else:
+            # Episodes are independent: run their tools concurrently (sandboxed test runs are
+            # slow).
+            await asyncio.gather(*(_apply(s, r) for s, r in zip(live, responses, strict=True)))
     return [_finish(s) for s in states]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from faststream.nats import NatsBroker, NatsToken, NatsUserPassword
+from faststream.nats import NatsBroker, NatsMessage, NatsToken, NatsUserPassword
 from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
 
@@ -84,3 +84,16 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
 def jetstream(broker: NatsBroker) -> JetStreamContext:
     """The JetStream context of a started broker (for admin calls and direct publishes)."""
     return broker.config.connection_state.stream
+
+
+def current_message(broker: NatsBroker) -> NatsMessage:
+    """The message `broker` is handling in this task (read inside a subscriber).
+
+    Not a `message: NatsMessage` handler argument: fast_depends resolves a context argument
+    with a synchronous call it runs in a worker thread, a thread hop (and a task group) on
+    every message; the context holds the same object.
+    """
+    message = broker.context.get_local("message")
+    if message is None:
+        raise RuntimeError("current_message() is only valid inside a message handler")
+    return message

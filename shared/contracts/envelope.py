@@ -182,8 +182,13 @@ class EventEnvelope(BaseModel):
         trace_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        dumped: dict[str, Any] | None = None,
     ) -> EventEnvelope:
-        """Build an event; ids derive from `id_parts`, trace ids from `parent` when given."""
+        """Build an event; ids derive from `id_parts`, trace ids from `parent` when given.
+
+        `dumped` is `payload.model_dump(mode="json")` when the caller has it already (the
+        actor assembles a batch's from trajectories already dumped): it must equal that dump.
+        """
         if _REGISTRY.get(payload.event_type) is not type(payload):
             raise ValueError(f"unknown event type {payload.event_type!r}")
         event_id = deterministic_id(payload.event_type, *id_parts)
@@ -203,7 +208,7 @@ class EventEnvelope(BaseModel):
             run_id=run_id or (parent.run_id if parent else None),
             trace_id=trace_id or (parent.trace_id if parent else None) or new_id(),
             span_id=deterministic_id("span", event_id)[:16],
-            payload=payload.model_dump(mode="json"),
+            payload=payload.model_dump(mode="json") if dumped is None else dumped,
             schema_version=SCHEMA_VERSION,
         )
         envelope._parsed = payload

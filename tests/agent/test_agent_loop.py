@@ -334,3 +334,76 @@ async def test_malformed_call_from_a_real_local_model_is_a_tool_error(tmp_path: 
     assert all(
         len(t) == len(lp) for t, lp in zip(trajectory.token_ids, trajectory.logprobs, strict=True)
     )
+
+
+class ScriptedRefunds:
+    """No HTTP: refund O-1 (twice for even seeds, one call a turn), then answer."""
+
+    name = "scripted-refunds"
+
+    async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        from rollout.shared.models.base import ToolCall
+
+        out = []
+        for r in requests:
+            done = sum(m.get("role") == "tool" for m in r.messages)
+            wanted = 2 if (r.seed or 0) % 2 == 0 else 1
+            if done >= wanted + 1:
+                out.append(ChatResponse(content=f"done after {done}"))
+                continue
+            name = "lookup_order" if done == 0 else "refund"
+            args = json.dumps({"order_id": "O-1", "amount": done})
+            out.append(
+                ChatResponse(tool_calls=[ToolCall(id=f"c{done}", name=name, arguments=args)])
+            )
+        return out
+
+
+class ImmediateShop(ShopRuntime):
+    """The same shop declaring that its calls never wait (the in-order path)."""
+
+    immediate_tools = True
+
+
+async def test_immediate_tools_run_in_order_with_the_same_trajectories() -> None:
+    def episodes(kind: type) -> list[Episode]:
+        return [
+            Episode(kind(), "refund O-1", sampling=SamplingParams(seed=seed)) for seed in range(5)
+        ]
+
+    plain = await run_episodes(episodes(ShopRuntime), ScriptedRefunds(), max_tool_calls=3)
+    ordered = await run_episodes(episodes(ImmediateShop), ScriptedRefunds(), max_tool_calls=3)
+    assert [t.model_dump() for t in ordered] == [t.model_dump() for t in plain]
+    assert [len(t.tool_calls) for t in plain] == [3, 2, 3, 2, 3]
+    assert plain[0].final_state == {
+        "refunds": [{"order_id": "O-1", "amount": 1}] + [{"order_id": "O-1", "amount": 2}]
+    }
+
+
+class WaitingShop(ShopRuntime):
+    """A shop whose refund waits until every episode of the batch has called it."""
+
+    def __init__(self, arrived: list[int], everyone: Any, size: int) -> None:
+        super().__init__()
+        self.arrived, self.everyone, self.size = arrived, everyone, size
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        if name == "refund":
+            self.arrived.append(1)
+            if len(self.arrived) == self.size:
+                self.everyone.set()
+            await self.everyone.wait()  # only returns if the episodes' calls run concurrently
+        return await super().call_tool(name, arguments)
+
+
+async def test_tools_that_wait_still_run_concurrently_across_episodes() -> None:
+    import asyncio
+
+    arrived: list[int] = []
+    everyone = asyncio.Event()
+    episodes = [
+        Episode(WaitingShop(arrived, everyone, 3), "refund", sampling=SamplingParams(seed=1))
+        for _ in range(3)
+    ]
+    done = await asyncio.wait_for(run_episodes(episodes, ScriptedRefunds()), 10)
+    assert all(t.final_state["refunds"] for t in done) and len(arrived) == 3

@@ -350,3 +350,28 @@ def test_per_object_entries_drop_quietly_at_interpreter_exit(monkeypatch):
     del obj
     gc.collect()
     assert hits == [] and key not in cache
+
+
+async def test_episodes_of_one_batch_share_no_state_and_final_state_is_a_copy():
+    from rollout.shared.envs.engine import start_runtimes
+
+    spec = _env().to_spec()
+    first, second = await start_runtimes(spec, [0, 0])  # one work item, the same task twice
+    assert (await first.call_tool("refund", {"order_id": "O-1", "amount": 5})).ok
+    assert second.final_state() == {"refunds": []}  # nothing leaked from its sibling
+    done = first.final_state()
+    assert done == {"refunds": [{"order_id": "O-1", "amount": 5}]}
+    done["refunds"][0]["amount"] = 999  # the verifier's copy, not the runtime's state
+    done["refunds"].append("extra")
+    assert first.final_state() == {"refunds": [{"order_id": "O-1", "amount": 5}]}
+    # Later calls do not reach into a state already handed out either.
+    assert (await first.call_tool("refund", {"order_id": "O-1", "amount": 1})).ok
+    assert len(done["refunds"]) == 2 and len(first.final_state()["refunds"]) == 2
+    # The spec's initial state and fixtures are untouched.
+    config = spec.typed_config()
+    assert config.initial_mutable_state == {"refunds": []}
+    assert config.fixtures == {"orders": [{"id": "O-1", "amount": 5}]}
+    fresh = build_runtime(spec, 0)
+    assert fresh.final_state() == {"refunds": []}
+    for rt in (first, second, fresh):
+        await rt.close()

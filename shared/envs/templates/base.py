@@ -57,6 +57,9 @@ class BaseRuntime:
     # Outputs of declarative templates are built from JSON config, so they are JSON already;
     # runtimes returning arbitrary Python objects (plugins, sqlite values) set this.
     sanitize_outputs = False
+    # True when no tool call ever waits on anything (every handler is a plain function): the
+    # agent loop then runs a turn's calls in order, without a task per episode.
+    immediate_tools = False
 
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec) -> None:
         self.spec = spec

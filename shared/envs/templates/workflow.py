@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
 from collections.abc import Callable
@@ -167,6 +166,7 @@ class WorkflowRuntime(BaseRuntime):
     """One episode of a workflow environment."""
 
     template = "workflow"
+    immediate_tools = True  # lookups, actions and mocks are dict operations
 
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: WorkflowConfig) -> None:
         super().__init__(spec, task)
@@ -266,8 +266,10 @@ class WorkflowRuntime(BaseRuntime):
         return compiled.response(self.context(args, self.state))
 
     def final_state(self) -> dict[str, Any]:
-        """The mutable state after the episode."""
-        return copy.deepcopy(self.state)
+        """The mutable state after the episode (a copy: later calls cannot change it)."""
+        # State is built from JSON (config, arguments, templates): json_copy, not deepcopy's
+        # memo and dispatch (an eighth of an in-process rollout's CPU at batch 64).
+        return json_copy(self.state)
 
 
 class WorkflowTemplate(Template):
