@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply
 from kit import Platform, refund_agent, refund_env, snapshot, wait_for_platform, wait_until
+from nats.js.errors import NotFoundError
 
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
@@ -44,6 +45,8 @@ def actor_process(settings: Settings, home: Path, name: str) -> subprocess.Popen
         "ROLLOUT_NATS_PASSWORD": settings.nats_password or "",
         "ROLLOUT_EXTRA_SERVICES": "actor=rollout.services.actor.main",
         "ROLLOUT_ACTOR_ACK_WAIT_S": "3",
+        # One work item at a time: while two are unacknowledged, each replica holds one.
+        "ROLLOUT_ACTOR_CONCURRENCY": "1",
     }
     log = (home / f"{name}.log").open("wb")
     return subprocess.Popen(
@@ -76,14 +79,32 @@ async def test_sigkill_one_of_two_actors_mid_run_loses_and_doubles_nothing(
     from rollout.client import AsyncClient
 
     client = AsyncClient(settings, timeout_s=20)
+    watcher = await connect_nats(settings)
+    watch = watcher.jetstream()
     try:
+
+        async def actors_pulling() -> bool:
+            # Both replicas connected and asking for work: neither starts after the run ends.
+            try:
+                info = await watch.consumer_info(subjects.WORK_STREAM, "actors")
+            except NotFoundError:  # the first actor to start creates the consumer
+                return False
+            return info.num_waiting >= 2
+
+        async def both_hold_one() -> bool:
+            info = await watch.consumer_info(subjects.WORK_STREAM, "actors")
+            return info.num_ack_pending >= 2
+
         with FakeOpenAI(slow_agent) as server:
             await wait_for_platform(client, platform)
+            await wait_until(actors_pulling, "both actors pulling work", 60)
             await client.push_environment(refund_env(tasks=3))
             run = await client.create_run(
                 "refunds", f"{server.base_url}#slow", n=8, batch_size=2, temperature=0.0
             )
             await asyncio.wait_for(first_scored(settings, run["runId"]), 60)
+            # The replica killed must hold a work item for the test to show its recovery.
+            await wait_until(both_hold_one, "each actor holding a work item", 60)
             actors[0].send_signal(signal.SIGKILL)
             actors[0].wait()
             done = await client.wait_for_run(run["runId"], timeout_s=180)
@@ -109,6 +130,7 @@ async def test_sigkill_one_of_two_actors_mid_run_loses_and_doubles_nothing(
                 p.terminate()
                 p.wait(timeout=30)
         await client.close()
+        await watcher.close()
         await platform.stop_all()
 
 
