@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 from collections import OrderedDict
 
@@ -203,18 +202,6 @@ async def serve(settings: Settings) -> None:
     declared = consumer()  # a bad setting stops the replica before it connects
 
     async def build(runtime: ServiceRuntime) -> NatsBroker:
-        broker = build_broker(settings)
-        # What startup built (modules, pydantic schemas, the broker) lives as long as the
-        # process: frozen, the collector stops re-scanning it on every full collection, which
-        # cost 10-25% of this process's CPU per rollout (benchmarks/pipeline.py, batch 64).
-        # Collected first, so no garbage is frozen with it.
-        gc.collect()
-        gc.freeze()
-        return broker
+        return build_broker(settings)
 
-    try:
-        await serve_service("verifier", settings, build, consumers=[declared])
-    finally:
-        # Services sharing a process (tests, one-process stacks) stop and start again: what
-        # was frozen must be collectable once this one is gone.
-        gc.unfreeze()
+    await serve_service("verifier", settings, build, consumers=[declared])

@@ -80,13 +80,7 @@ async def start_runtimes(
     process's). On an error the runtimes already started are closed and the first is raised.
     """
     env = as_spec(spec)
-    if _template(env).starts_in_host:
-        typed = [as_task(env, t) for t in tasks]
-        size = (pool or default_pool()).settings.episodes_per_host
-        chunks = [typed[i : i + size] for i in range(0, len(typed), size)]
-        loop = asyncio.get_running_loop()
-        starts = [loop.run_in_executor(starter(), _start_host_group, env, c, pool) for c in chunks]
-    else:
+    if not _template(env).starts_in_host:
         # Built in microseconds, in this thread: in order, with no task per episode.
         started: list[EnvRuntime] = []
         try:
@@ -97,6 +91,11 @@ async def start_runtimes(
                 await rt.close()
             raise
         return started
+    typed = [as_task(env, t) for t in tasks]
+    size = (pool or default_pool()).settings.episodes_per_host
+    chunks = [typed[i : i + size] for i in range(0, len(typed), size)]
+    loop = asyncio.get_running_loop()
+    starts = [loop.run_in_executor(starter(), _start_host_group, env, c, pool) for c in chunks]
     results = await asyncio.gather(*starts, return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:

@@ -16,9 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Below this many shared tokens the second forward call costs more than it saves.
-MIN_SHARED_PREFIX = 16
-
 
 @dataclass
 class ForwardStats:
@@ -28,25 +25,6 @@ class ForwardStats:
     shared_prefix: int = 0
     tail_width: int = 0
     logit_positions: int = 0
-
-
-def shared_prefix_length(sequences: list[list[int]], first_predicted: int) -> int:
-    """Tokens every sequence starts with, capped so each row keeps its predicting positions.
-
-    `first_predicted` is the earliest position whose logits are read (target space: position
-    t predicts token t + 1); the prefix must end before it, so that logit comes from the tail.
-    """
-    if len(sequences) < 2:
-        return 0
-    head = sequences[0]
-    n = min(len(s) for s in sequences)
-    for seq in sequences[1:]:
-        i = 0
-        while i < n and seq[i] == head[i]:
-            i += 1
-        n = i
-    n = min(n, first_predicted)
-    return n if n >= MIN_SHARED_PREFIX else 0
 
 
 def completion_forward(

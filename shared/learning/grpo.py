@@ -43,11 +43,7 @@ from rollout.shared.learning.checkpoints import (
     prepare_resume,
 )
 from rollout.shared.learning.config import Progress, TrainConfig
-from rollout.shared.learning.forward import (
-    ForwardStats,
-    completion_forward,
-    shared_prefix_length,
-)
+from rollout.shared.learning.forward import ForwardStats, completion_forward
 from rollout.shared.learning.loading import (
     device,
     is_peft,
@@ -473,6 +469,9 @@ class GRPOLearner:
                 old[i, span] = torch.tensor(row.old_logprobs)
                 has_old[i, span] = trained.bool()
         advantage = torch.tensor([r.advantage for r in rows])
+        from rollout.shared.models.hf import shared_prefix_length
+
+        # Target space: the first logits read are at `first`, so the prefix run once ends there.
         first = min(len(r.context) for r in rows) - 1
         shared = shared_prefix_length([r.context for r in rows], first)
         return {

@@ -414,15 +414,19 @@ class HFBackend:
 
 def _shared_prefix(prompt_ids: list[list[int]]) -> int:
     """How many leading tokens every prompt shares, when worth computing once (else 0)."""
-    if len(prompt_ids) < 2:
-        return 0
-    shortest = min(len(ids) for ids in prompt_ids)
-    first = prompt_ids[0]
-    n = 0
-    while n < shortest and all(ids[n] == first[n] for ids in prompt_ids):
-        n += 1
     # Each row keeps at least its last prompt token: its logits start the sampling.
-    n = min(n, shortest - 1)
+    return shared_prefix_length(prompt_ids, min((len(ids) for ids in prompt_ids), default=1) - 1)
+
+
+def shared_prefix_length(sequences: list[list[int]], limit: int) -> int:
+    """Leading tokens all `sequences` share, at most `limit` (0 below MIN_SHARED_PREFIX)."""
+    if len(sequences) < 2:
+        return 0
+    shortest = min(limit, *(len(ids) for ids in sequences))
+    first = sequences[0]
+    n = 0
+    while n < shortest and all(ids[n] == first[n] for ids in sequences):
+        n += 1
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
