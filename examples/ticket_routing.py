@@ -62,24 +62,40 @@ COMPLAINTS = {
             "the invoice total is higher than the quoted price",
             "I need a refund because the payment was taken by mistake",
             "a second payment left my bank yesterday",
+            "there is a late fee on my statement that should not be there",
+            "I was charged for a plan I never picked",
+            "please send me a copy of the receipt for march",
+            "my refund still has not reached my card",
         ],
         "shipping": [
             "the courier says it was dropped off but nothing is here",
             "my package was sent to my old street",
             "tracking has not moved since last monday",
             "half of the shipment is missing from the box",
+            "the parcel was opened before it reached me",
+            "can the delivery be moved to friday instead",
+            "the shipment arrived with the wrong items inside",
+            "a neighbour signed for my package and kept it",
         ],
         "technical": [
             "after the update the app will not start",
             "the website keeps logging an error in the console",
             "files never sync between my two laptops",
             "the app crashes as soon as I tap settings",
+            "the website is very slow on my tablet",
+            "video upload fails with a timeout",
+            "the app shows old data after I add a note",
+            "my calendar will not sync with the phone",
         ],
         "account": [
             "my account is locked after three wrong tries",
             "how do I change the email tied to my login",
             "I would like a new username please",
             "the password rules will not accept anything I type",
+            "I need to reset the password for my work address",
+            "please delete the photo on my profile",
+            "my email changed and I cannot verify it",
+            "two people share one login and we want separate ones",
         ],
     },
 }
@@ -88,7 +104,7 @@ CUSTOMERS = {
     "test": ["Kofi", "Lena", "Mateo", "Nadia", "Omar", "Priya"],
 }
 TEAMS = sorted(CUES)
-# Each train complaint is filed twice (by two customers), each test complaint once: 48 / 16.
+# Each train complaint is filed twice (by two customers), each test complaint once: 48 / 32.
 COPIES = {"train": 2, "test": 1}
 
 rng = random.Random(11)

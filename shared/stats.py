@@ -9,6 +9,7 @@ and 10).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 Z95 = 1.959963984540054
 """The two-sided 95% standard normal quantile."""
@@ -49,3 +50,38 @@ def format_interval(interval: tuple[float, float], *, signed: bool = False) -> s
     """`[41%, 63%]` (or `[+3%, +28%]` for a difference)."""
     spec = "+.0%" if signed else ".0%"
     return f"[{interval[0]:{spec}}, {interval[1]:{spec}}]"
+
+
+def paired_difference_interval(
+    base: Sequence[bool], other: Sequence[bool], z: float = Z95
+) -> tuple[float, float, float]:
+    """(difference, low, high) of other's rate - base's on the SAME items, paired.
+
+    Newcombe's method 10 for paired proportions (Statistics in Medicine 1998, 17:2635): the
+    two Wilson intervals combined with the correlation of the pairs, so items that pass (or
+    fail) in both runs count as the agreement they are. Two runs of the same tasks are paired
+    data; the independent-samples interval over-states their uncertainty.
+    """
+    if len(base) != len(other):
+        raise ValueError(f"paired outcomes need equal lengths, got {len(base)} and {len(other)}")
+    n = len(base)
+    if n == 0:
+        return 0.0, -1.0, 1.0
+    both = sum(1 for b, o in zip(base, other, strict=True) if b and o)
+    only_base = sum(1 for b, o in zip(base, other, strict=True) if b and not o)
+    only_other = sum(1 for b, o in zip(base, other, strict=True) if o and not b)
+    neither = n - both - only_base - only_other
+    p_base, p_other = (both + only_base) / n, (both + only_other) / n
+    lb, ub = wilson_interval(both + only_base, n, z)
+    lo, uo = wilson_interval(both + only_other, n, z)
+    margins = (both + only_base) * (only_other + neither) * (both + only_other)
+    margins *= only_base + neither
+    # The correlation of the pairs, with Newcombe's correction towards 0 for positive values
+    # (ad - bc shrunk by n/2, not below 0), as in the published method.
+    cross = both * neither - only_base * only_other
+    cross = max(cross - n / 2, 0.0) if cross > 0 else cross
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    d = p_other - p_base
+    below = (p_other - lo) ** 2 - 2 * phi * (p_other - lo) * (ub - p_base) + (ub - p_base) ** 2
+    above = (uo - p_other) ** 2 - 2 * phi * (uo - p_other) * (p_base - lb) + (p_base - lb) ** 2
+    return d, max(-1.0, d - math.sqrt(max(below, 0.0))), min(1.0, d + math.sqrt(max(above, 0.0)))

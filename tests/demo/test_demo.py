@@ -70,6 +70,15 @@ async def test_demo_runs_the_loop_and_reports_measured_pass_rates(
     assert compare["deltaPassRate"] == pytest.approx(
         stages["grpo"]["passRate"] - stages["baseline"]["passRate"]
     )
+    # What GRPO added: the SFT'd model's test run against the final one (None without SFT).
+    added = doc["grpoOverSft"]
+    if sft["runId"] is None:
+        assert added is None
+    else:
+        assert (added["base"]["runId"], added["other"]["runId"]) == (
+            sft["runId"], stages["grpo"]["runId"],
+        )  # fmt: skip
+        assert added["deltaPassRate"] == pytest.approx(stages["grpo"]["passRate"] - sft["passRate"])
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.cli.platform import comparison
-from rollout.shared.stats import format_interval, newcombe_interval, wilson_interval
+from rollout.cli.platform import comparison, print_comparison
+from rollout.shared.stats import (
+    format_interval,
+    newcombe_interval,
+    paired_difference_interval,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize(
@@ -80,3 +85,79 @@ def test_comparison_warns_about_other_versions_splits_and_task_sets() -> None:
     assert len(warnings) == 1 and "2 only in base: 0, 1" in warnings[0]
     warnings = comparison(base, _run("b", 5, 16, envSlug="fix-calc"))["warnings"]
     assert "different environments (ticket-routing vs fix-calc)" in warnings[0]
+
+
+def _pairs(both: int, only_other: int, only_base: int, neither: int) -> tuple[list, list]:
+    base = [True] * both + [False] * only_other + [True] * only_base + [False] * neither
+    other = [True] * both + [True] * only_other + [False] * only_base + [False] * neither
+    return base, other
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        # Newcombe (1998), "Improved confidence intervals for the difference between binomial
+        # proportions based on paired data", method 10: (both, only other, only base, neither).
+        ((36, 12, 2, 0), (0.0569, 0.3404)),
+        ((18, 12, 2, 18), (0.0562, 0.3290)),
+        ((53, 0, 0, 1), (-0.0729, 0.0729)),
+    ],
+)
+def test_paired_interval_matches_published_values(table, expected) -> None:
+    d, low, high = paired_difference_interval(*_pairs(*table))
+    assert d == pytest.approx((table[1] - table[2]) / sum(table))
+    assert (low, high) == pytest.approx(expected, abs=5e-5)
+
+
+def test_paired_interval_is_narrower_than_independent_when_runs_agree() -> None:
+    # 16 tasks: 7 pass in both, 5 more pass only after training, none lost.
+    base, other = _pairs(7, 5, 0, 4)
+    _, low, high = paired_difference_interval(base, other)
+    independent = newcombe_interval(sum(base), 16, sum(other), 16)
+    assert independent[0] < 0 < low  # the same numbers read as independent runs: not measurable
+    assert high - low < independent[1] - independent[0]
+    # Uncorrelated pairs give the independent interval.
+    base, other = [True, False] * 8, [True, True, False, False] * 4
+    assert paired_difference_interval(base, other)[1:] == pytest.approx(
+        newcombe_interval(8, 16, 8, 16)
+    )
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_difference_interval([True], [True, False])
+
+
+def _greedy_run(run_id: str, outcomes: list[bool], **extra) -> dict:
+    passed = sum(outcomes)
+    return {
+        "runId": run_id, "model": "m", "envSlug": "ticket-routing", "envVersion": 1,
+        "envHash": "h1", "split": "test", "passed": passed, "scored": len(outcomes),
+        "passRate": passed / len(outcomes), "meanScore": passed / len(outcomes),
+        "tasks": [
+            {"taskIndex": 48 + i, "n": 1, "scored": 1, "errored": 0, "passed": int(ok),
+             "passRate": float(ok), "meanScore": float(ok)}
+            for i, ok in enumerate(outcomes)
+        ],
+        **extra,
+    }  # fmt: skip
+
+
+def test_comparison_pairs_two_greedy_runs_of_the_same_tasks(capsys) -> None:
+    base, other = _pairs(7, 5, 0, 4)
+    result = comparison(_greedy_run("a", base), _greedy_run("b", other))
+    assert result["deltaPassRatePairedInterval"] == list(
+        paired_difference_interval(base, other)[1:]
+    )
+    print_comparison(result)
+    assert "paired CI" in capsys.readouterr().out
+    # Not pairs: another env version, a task sampled twice, an errored rollout.
+    bumped = _greedy_run("b", other, envVersion=2, envHash="h2")
+    assert comparison(_greedy_run("a", base), bumped)["deltaPassRatePairedInterval"] is None
+    twice = _greedy_run("b", other)
+    twice["tasks"][0] |= {"n": 2, "scored": 2}
+    assert comparison(_greedy_run("a", base), twice)["deltaPassRatePairedInterval"] is None
+    errored = _greedy_run("b", other)
+    errored["tasks"][3]["errored"] = 1
+    assert comparison(_greedy_run("a", base), errored)["deltaPassRatePairedInterval"] is None
+    result = comparison(_run("a", 4, 16), _run("b", 12, 16))  # no per-task counts: unpaired
+    assert result["deltaPassRatePairedInterval"] is None
+    print_comparison(result)
+    assert "paired CI" not in capsys.readouterr().out

@@ -332,6 +332,7 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
             suffix=f"demo-{tag}-sft", hyperparams=recipe.sft,
         )  # fmt: skip
         sft_entry: dict[str, Any] = {"stage": "sft"}
+        after_sft: dict[str, Any] | None = None
         if sft_job.get("status") == "completed":
             model = sft_job["modelId"]
             after_sft = await evaluate(
@@ -376,6 +377,8 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         "finalModel": final_model,
         "stages": stages,
         "compare": comparison(baseline, final),
+        # What GRPO added over SFT: the same test tasks before and after the GRPO steps.
+        "grpoOverSft": comparison(after_sft, final) if after_sft is not None else None,
     }
 
 
@@ -550,3 +553,7 @@ def print_summary(result: dict[str, Any]) -> None:
         f"\ncompare {c['base']['runId']} (baseline) -> {c['other']['runId']} (after SFT + GRPO)\n"
     )
     print_comparison(c)
+    g = result.get("grpoOverSft")
+    if g is not None:
+        print(f"\nwhat GRPO added: {g['base']['runId']} (after SFT) -> {g['other']['runId']}\n")
+        print_comparison(g, per_task=False)

@@ -281,7 +281,9 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
     Pass-rate intervals are Wilson score intervals over the scored rollouts; the difference's
     is Newcombe's hybrid score interval (independent runs). Rollouts of one task are counted as
-    independent trials, so with n > 1 per task the intervals are on the narrow side.
+    independent trials, so with n > 1 per task the intervals are on the narrow side. When both
+    runs scored one rollout of each of the same tasks of the same env version (two greedy
+    evaluations of a test split), the tasks are pairs and the paired interval is given too.
     """
     from rollout.shared.stats import newcombe_interval, wilson_interval
 
@@ -308,16 +310,50 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         return out
 
     delta = newcombe_interval(base["passed"], base["scored"], other["passed"], other["scored"])
+    warnings = comparison_warnings(base, other, set(tasks_b), set(tasks_o))
     return {
         "base": summary(base),
         "other": summary(other),
         "deltaPassRate": other["passRate"] - base["passRate"],
         "deltaPassRateInterval": list(delta),
+        "deltaPassRatePairedInterval": _paired_interval(base, other, tasks_b, tasks_o, warnings),
         "deltaScore": other["meanScore"] - base["meanScore"],
         "confidence": 0.95,
-        "warnings": comparison_warnings(base, other, set(tasks_b), set(tasks_o)),
+        "warnings": warnings,
         "tasks": rows,
     }
+
+
+def _paired_interval(
+    base: dict[str, Any],
+    other: dict[str, Any],
+    tasks_b: dict[int, dict[str, Any]],
+    tasks_o: dict[int, dict[str, Any]],
+    warnings: list[str],
+) -> list[float] | None:
+    """Newcombe's paired interval of the difference, when each task is one pair; else None.
+
+    Pairs need the same tasks of the same env version (no warning), every task scored once in
+    both runs, and the runs' counts to be those tasks' (nothing errored or left out).
+    """
+    from rollout.shared.stats import paired_difference_interval
+
+    if warnings or not tasks_b or set(tasks_b) != set(tasks_o):
+        return None
+    if base.get("tasksCursor") is not None or other.get("tasksCursor") is not None:
+        return None  # a partial task table: not every pair is known
+    order = sorted(tasks_b)
+    if base["scored"] != len(order) or other["scored"] != len(order):
+        return None
+    outcomes: list[list[bool]] = [[], []]
+    for side, tasks in zip(outcomes, (tasks_b, tasks_o), strict=True):
+        for index in order:
+            task = tasks[index]
+            if task.get("n") != 1 or task.get("errored", 0) or task.get("scored") != 1:
+                return None
+            side.append(bool(task.get("passed")))
+    _, low, high = paired_difference_interval(outcomes[0], outcomes[1])
+    return [low, high]
 
 
 def comparison_warnings(
@@ -367,7 +403,7 @@ def _delta(value: float | None, pct: bool = True) -> str:
     return f"{value:+.0%}" if pct else f"{value:+.3f}"
 
 
-def print_comparison(result: dict[str, Any]) -> None:
+def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
     """The compare table: pass rates with 95% intervals, the delta's interval, per-task rows."""
     from rollout.shared.stats import format_interval
 
@@ -383,8 +419,14 @@ def print_comparison(result: dict[str, Any]) -> None:
           f" {format_interval(result['deltaPassRateInterval'], signed=True):>8}")  # fmt: skip
     print(f"{'score':<10} {base['meanScore']:>12.3f} {other['meanScore']:>12.3f}"
           f" {_delta(result['deltaScore'], False):>8}")  # fmt: skip
+    paired = result.get("deltaPassRatePairedInterval")
+    if paired is not None:
+        print(f"{'paired CI':<10} {'':>12} {'':>12} {format_interval(paired, signed=True):>8}")
     print(f"(95% Wilson intervals over {base['scored']} and {other['scored']} scored rollouts;"
-          " the delta's is Newcombe's)")  # fmt: skip
+          " the delta's is Newcombe's" + ("; paired: the same tasks, one rollout each, "
+          "Newcombe's paired method" if paired is not None else "") + ")")  # fmt: skip
+    if not per_task:
+        return
     print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
     for row in result["tasks"]:
         print(f"{row['taskIndex']:>5} {_pct(row['basePassRate']):>7} {_pct(row['otherPassRate']):>7}"

@@ -1,0 +1,281 @@
+"""Does GRPO add over SFT on the real model? The demo's two learning stages, in one process.
+
+`rollout demo --model local/smollm2-135m` measures one SFT -> GRPO path through the platform
+(about ten minutes). Whether GRPO *reliably* adds over SFT needs several GRPO paths from the same
+SFT'd model, so this script runs the demo's stages without the services, on the same code:
+
+1. SFT (TRL, LoRA) on the scripted demonstrations of the first `--sft-tasks` train tasks,
+   exactly as the demo selects them; once, cached under `--work`;
+2. the SFT'd model, greedy, on the test split (the baseline GRPO has to beat);
+3. per `--seeds`: online GRPO from the SFT adapter (`GRPOLearner`, the learner service's
+   class) for `--steps` steps, each on `--tasks-per-step` train tasks x `--group-size`
+   samples drawn by the hf backend from the current policy (synchronous: max_staleness 0),
+   then the test split again, greedy.
+
+It prints, per seed, the test pass rate after GRPO and the difference to SFT with the paired
+95% interval (same tasks, greedy: each task is a pair), and in the end how many seeds GRPO
+helped, hurt or left alone. Numbers are measured; nothing is assumed.
+
+Run: `python benchmarks/grpo_over_sft.py --seeds 0 1 2 [--steps 6] [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_FILE = ROOT / "examples" / "ticket_routing.py"
+MAX_TOKENS = 48
+MAX_TOOL_CALLS = 3
+
+
+def load_spec(path: Path) -> Any:
+    """The example env's spec."""
+    from rollout.shared.envs.loader import load_environments
+
+    [env] = load_environments(path)
+    return env.to_spec()
+
+
+async def rollouts(
+    spec: Any,
+    backend: Any,
+    indices: list[int],
+    *,
+    n: int,
+    temperature: float,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """`n` episodes of each task (one batch), scored: the buffer's row shape."""
+    from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
+    from rollout.shared.envs.engine import build_runtime, score
+
+    items = [(i, k) for i in indices for k in range(n)]
+    runtimes = [build_runtime(spec, i) for i, _ in items]
+    try:
+        episodes = [
+            Episode(
+                rt,
+                spec.tasks[i].instruction,
+                sampling=SamplingParams(
+                    temperature=temperature, max_tokens=MAX_TOKENS, seed=seed * 100_003 + j
+                ),
+            )
+            for j, (rt, (i, _)) in enumerate(zip(runtimes, items, strict=True))
+        ]
+        trajectories = await run_episodes(episodes, backend, max_tool_calls=MAX_TOOL_CALLS)
+        tools = [s.to_openai() for s in runtimes[0].tool_specs()] if runtimes else []
+    finally:
+        for rt in runtimes:
+            await rt.close()
+    out = []
+    for (i, k), trajectory in zip(items, trajectories, strict=True):
+        verdict = await score(spec, i, trajectory)
+        out.append(
+            {
+                "task_index": i,
+                "sample_index": k,
+                "trajectory": trajectory.model_dump(mode="json"),
+                "tools": tools,
+                "score": None if trajectory.error else float(verdict.score),
+                "passed": bool(verdict.passed) and not trajectory.error,
+                "error": trajectory.error,
+                "routed": trajectory.final_state.get("routed"),
+            }
+        )
+    return out
+
+
+def groups_of(rows: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
+    """GRPO groups per task, built as the buffer builds them (prompt, turns, reward)."""
+    from rollout.services.buffer.datasets import split_prompt
+
+    by_task: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["score"] is None or not split_prompt(row["trajectory"]["messages"]):
+            continue
+        by_task.setdefault(row["task_index"], []).append(row)
+    groups = []
+    for task in sorted(by_task):
+        members = by_task[task]
+        prompt, _ = split_prompt(members[0]["trajectory"]["messages"])
+        completions = []
+        for row in members:
+            _, turns = split_prompt(row["trajectory"]["messages"])
+            completions.append(
+                {
+                    "token_ids": row["trajectory"].get("token_ids"),
+                    "logprobs": row["trajectory"].get("logprobs"),
+                    "messages": turns,
+                    "reward": row["score"],
+                    "policy_version": version,
+                }
+            )
+        groups.append({"prompt": prompt, "tools": members[0]["tools"], "completions": completions})
+    return groups
+
+
+def sft_model(base: Path, spec: Any, work: Path, tasks: int, settings: dict[str, Any]) -> Path:
+    """The demo's SFT stage (cached): LoRA on the first `tasks` scripted train demonstrations."""
+    from rollout.shared.learning import TrainConfig, train_sft
+    from rollout.shared.learning.data import sft_examples
+    from rollout.shared.learning.scripted import scripted_rollouts
+    from rollout.shared.models.local_models import train_defaults
+    from rollout.shared.models.smollm2 import NAME
+
+    key = hashlib.sha256(json.dumps([tasks, settings], sort_keys=True).encode()).hexdigest()
+    out = work / f"sft-{key[:12]}"
+    if (out / "adapter_config.json").is_file():
+        return out
+    demos, _ = asyncio.run(scripted_rollouts([ENV_FILE], split="train", per_env=tasks))
+    config = TrainConfig(method="sft", **{**train_defaults(NAME), **settings})
+    result = train_sft(base, sft_examples(demos), out / "job", config, resume=False)
+    done = Path(result.model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in done.iterdir():
+        if f.is_file():
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def evaluate(spec: Any, model_dir: Path, test: list[int]) -> list[dict[str, Any]]:
+    """Greedy test rollouts of the model saved at `model_dir`."""
+    from rollout.shared.models.hf import HFBackend
+
+    backend = HFBackend(model_dir, device="cpu", threads=2, stop_after_tool_call=True)
+    return asyncio.run(rollouts(spec, backend, test, n=1, temperature=0.0, seed=0))
+
+
+def passes(rows: list[dict[str, Any]]) -> list[bool]:
+    """Pass/fail per task, in task order."""
+    return [r["passed"] for r in sorted(rows, key=lambda r: r["task_index"])]
+
+
+def teams(rows: list[dict[str, Any]]) -> str:
+    """The team each test task was routed to (first letter; '-' none), in task order."""
+    out = []
+    for r in sorted(rows, key=lambda r: r["task_index"]):
+        routed = r["routed"] or []
+        team = routed[0].get("team") if routed and isinstance(routed[0], dict) else None
+        out.append(str(team)[0] if team else "-")
+    return "".join(out)
+
+
+def grpo_path(
+    spec: Any,
+    sft_dir: Path,
+    work: Path,
+    seed: int,
+    args: argparse.Namespace,
+    train: list[int],
+) -> tuple[Path, list[dict[str, Any]]]:
+    """GRPO from the SFT adapter for `args.steps` steps; returns the final policy and a log."""
+    from rollout.shared.learning import GRPOLearner, TrainConfig
+    from rollout.shared.models.hf import HFBackend
+
+    config = TrainConfig(
+        method="grpo", lora=True, lora_r=16, lora_alpha=32, learning_rate=args.lr,
+        batch_size=4, max_seq_len=320, threads=2, beta=args.beta, max_staleness=0,
+        group_size=args.group_size, tasks_per_step=args.tasks_per_step, seed=seed,
+        temperature=args.temperature, max_steps=args.steps,
+    )  # fmt: skip
+    learner = GRPOLearner(sft_dir, work / f"grpo-{seed}", config, resume=False)
+    backend = HFBackend(sft_dir, device="cpu", threads=2, stop_after_tool_call=True)
+    rng = random.Random(seed)
+    log = []
+    attempts = 0
+    while learner.policy_version < args.steps and attempts < args.steps * 3:
+        attempts += 1
+        tasks = sorted(rng.sample(train, min(args.tasks_per_step, len(train))))
+        t0 = time.monotonic()
+        rows = asyncio.run(
+            rollouts(spec, backend, tasks, n=args.group_size, temperature=args.temperature,
+                     seed=seed * 1000 + attempts)
+        )  # fmt: skip
+        sampled = time.monotonic() - t0
+        before = learner.policy_version
+        progress = learner.step(groups_of(rows, learner.policy_version))
+        stepped = time.monotonic() - t0 - sampled
+        reward = sum(r["score"] or 0 for r in rows) / len(rows)
+        log.append({"version": learner.policy_version, "reward": round(reward, 3),
+                    "pass": sum(r["passed"] for r in rows) / len(rows),
+                    "sample_s": round(sampled, 1), "step_s": round(stepped, 1),
+                    "kl": progress.kl})  # fmt: skip
+        print(f"    seed {seed} v{learner.policy_version}: reward {reward:.3f} "
+              f"pass {log[-1]['pass']:.2f} sample {sampled:.0f}s step {stepped:.0f}s",
+              file=sys.stderr, flush=True)  # fmt: skip
+        if learner.policy_version != before:
+            backend.reload(learner.save())
+    return learner.save(), log
+
+
+def main() -> None:
+    """Run the stages and print the comparison."""
+    from rollout.shared.models.smollm2 import ensure_smollm2
+    from rollout.shared.stats import format_interval, paired_difference_interval, wilson_interval
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--tasks-per-step", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--sft-tasks", type=int, default=24)
+    p.add_argument("--sft-epochs", type=float, default=1.0)
+    p.add_argument("--sft-lr", type=float, default=2e-3)
+    p.add_argument("--work", type=Path, default=Path("/tmp/grpo-over-sft"))
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    base = ensure_smollm2()
+    spec = load_spec(ENV_FILE)
+    train = [i for i, t in enumerate(spec.tasks) if t.split == "train"]
+    test = [i for i, t in enumerate(spec.tasks) if t.split == "test"]
+    t0 = time.monotonic()
+    sft_settings = {"epochs": args.sft_epochs, "learning_rate": args.sft_lr, "batch_size": 4,
+                    "max_seq_len": 320, "threads": 2}  # fmt: skip
+    sft_dir = sft_model(base, spec, args.work, args.sft_tasks, sft_settings)
+    sft_rows = evaluate(spec, sft_dir, test)
+    sft_pass = passes(sft_rows)
+    n = len(sft_pass)
+    k = sum(sft_pass)
+    print(f"SFT: {k}/{n} {format_interval(wilson_interval(k, n))} teams {teams(sft_rows)} "
+          f"({time.monotonic() - t0:.0f}s)", flush=True)  # fmt: skip
+    results = []
+    for seed in args.seeds:
+        t1 = time.monotonic()
+        final_dir, log = grpo_path(spec, sft_dir, args.work, seed, args, train)
+        rows = evaluate(spec, final_dir, test)
+        after = passes(rows)
+        diff = paired_difference_interval(sft_pass, after)
+        results.append({"seed": seed, "passed": sum(after), "n": n, "teams": teams(rows),
+                        "difference": diff, "log": log,
+                        "seconds": round(time.monotonic() - t1, 1)})  # fmt: skip
+        print(f"seed {seed}: {sum(after)}/{n} {format_interval(wilson_interval(sum(after), n))} "
+              f"teams {teams(rows)}  SFT->GRPO {diff[0]:+.0%} paired 95% "
+              f"[{diff[1]:+.0%}, {diff[2]:+.0%}]  ({results[-1]['seconds']:.0f}s)", flush=True)  # fmt: skip
+    helped = sum(r["passed"] > k for r in results)
+    hurt = sum(r["passed"] < k for r in results)
+    print(
+        f"GRPO over SFT ({k}/{n}): helped {helped}, hurt {hurt}, same "
+        f"{len(results) - helped - hurt} of {len(results)} seeds; "
+        f"measurable (paired interval above 0) in {sum(r['difference'][1] > 0 for r in results)}"
+    )
+    if args.json:
+        print(json.dumps({"sft": {"passed": k, "n": n}, "args": vars(args) | {"work": str(args.work)},
+                          "results": results}, default=str))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
