@@ -23,7 +23,8 @@ async def test_demo_runs_the_loop_and_reports_measured_pass_rates(
 ) -> None:
     # A short recipe: this test checks the loop, not how good the tiny model gets.
     monkeypatch.setattr(tiny_agent, "TRAINING", {**tiny_agent.TRAINING, "max_steps": 60})
-    argv = ["demo", "--json", "--env", "submit-codes", "--steps", "1", "--group-size", "2",
+    argv = ["demo", "--json", "--env", "submit-codes", "--model", "local/tiny-agent",
+            "--steps", "1", "--group-size", "2",
             "--train-n", "4", "--temperature", "1.0"]  # fmt: skip
     code = await asyncio.to_thread(main, argv)
     captured = capsys.readouterr()
