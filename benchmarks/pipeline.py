@@ -334,6 +334,21 @@ def report(title: str, rows: list[Row]) -> None:
     for r in rows:
         parts = " ".join(f"{name} {ms:.3f}" for name, ms in r.platform_cpu_ms.items())
         print(f"{r.batch:>5} in-process {r.limit_cpu_ms:.3f} | {parts}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(
+        f"ceiling of the ratio on {cores} cores, from the CPU each side spent (the loop runs on"
+        " one core; the platform's processes at best keep every core busy with nothing idle):"
+    )
+    for r in rows:
+        if r.platform_cpu_ms:
+            print(f"{r.batch:>5} {ceiling(r, cores or 1):.3f}")
+
+
+def ceiling(row: Row, cores: int) -> float:
+    """The best ratio the platform could reach here: CPU-bound on `cores` cores against a
+    one-core loop, i.e. cores x loop CPU / the platform's CPU, per rollout."""
+    spent = sum(row.platform_cpu_ms.values())
+    return cores * row.limit_cpu_ms / spent if spent else float("inf")
 
 
 async def main(rollouts: int, repeat: int, mode: str, batches: tuple[int, ...]) -> None:

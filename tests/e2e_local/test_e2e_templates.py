@@ -4,7 +4,6 @@ scripted model served over real HTTP by the fake OpenAI server, real runtimes an
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -291,7 +290,6 @@ def test_sql_template_wrong_rows_fail(rollout_test) -> None:
     assert task["toolCalls"][1]["error"]
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 def test_code_editing_fix_runs_tests_in_the_sandbox(rollout_test) -> None:
     source = """
         from rollout import Environment, Task, code_editing_config, primitive, verifier_config
@@ -340,7 +338,6 @@ def test_code_editing_fix_runs_tests_in_the_sandbox(rollout_test) -> None:
     assert task["status"] == "PASS", verdicts(task)
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 def test_code_editing_unfixed_code_fails_hidden_tests(rollout_test) -> None:
     source = """
         from rollout import Environment, Task, code_editing_config

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fakes.openai_server import FakeOpenAI
 from kit import Platform, fix_env, fixer, refund_env, wait_for_platform, wait_until
 
@@ -26,8 +24,6 @@ from rollout.shared.replay import replay_run
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.store import env_versions
 from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
-
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 
 async def verifier_deliveries(settings: Settings) -> int:
@@ -66,7 +62,6 @@ def assert_errored(run: dict[str, Any], kind: str, *causes: str) -> None:
             assert cause in r["error"], r["error"]
 
 
-@needs_bwrap
 async def test_sandbox_unavailable_is_retried_then_errored_with_its_cause(
     client, settings, monkeypatch, tmp_path: Path
 ) -> None:
@@ -90,7 +85,6 @@ async def test_sandbox_unavailable_is_retried_then_errored_with_its_cause(
     assert (summary["errored"], summary["failed"], summary["passed"]) == (2, 0, 0)
 
 
-@needs_bwrap
 async def test_a_sandbox_back_before_the_last_attempt_gives_a_real_verdict(
     client, settings, monkeypatch, tmp_path: Path
 ) -> None:
@@ -140,7 +134,6 @@ async def test_a_model_endpoint_that_is_down_is_errored_after_retries(client) ->
     assert_errored(full, "model", "after 2 attempts")
 
 
-@needs_bwrap
 async def test_a_scoring_batch_longer_than_ack_wait_is_not_redelivered(
     settings, monkeypatch
 ) -> None:

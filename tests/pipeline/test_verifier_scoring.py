@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,6 @@ from rollout.shared.contracts.events import GeneratedRollout, ScoredRollout
 from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.sandbox import BWRAP_ENV_VAR
 from rollout.shared.objectstore import open_store
-
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 
 def generated(files: dict[str, str] | None = None, **fields) -> GeneratedRollout:
@@ -30,7 +27,6 @@ def generated(files: dict[str, str] | None = None, **fields) -> GeneratedRollout
     )
 
 
-@needs_bwrap
 async def test_a_fix_passes_and_no_fix_fails_with_verdicts() -> None:
     spec = as_spec(fix_env())
     good = await score_rollout(spec, generated())
