@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from rollout.errors import RolloutError
 from rollout.shared.bus.deadletter import describe, retry_delay
 from rollout.shared.bus.keepalive import working_on_all
+from rollout.shared.bus.sequence import stream_sequence
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
@@ -80,7 +81,7 @@ def subscribe_projection(
                     event = EventEnvelope.from_bytes(msg.data)
                 except pydantic.ValidationError as exc:
                     await on_invalid(msg, exc)
-            items.append((event, msg.metadata.sequence.stream))
+            items.append((event, stream_sequence(msg)))
         return items
 
     # The raw fetch, undecoded, as the handler's one argument: FastStream's batch decoding
