@@ -16,7 +16,8 @@ It prints, per seed, the test pass rate after GRPO and the difference to SFT wit
 95% interval (same tasks, greedy: each task is a pair), and in the end how many seeds GRPO
 helped, hurt or left alone. Numbers are measured; nothing is assumed.
 
-Run: `python benchmarks/grpo_over_sft.py --seeds 0 1 2 [--steps 6] [--json]`.
+Run: `python benchmarks/grpo_over_sft.py --seeds 0 1 2 [--steps N] [--lr X] [--json]` (defaults: the
+demo's recipe for local/smollm2-135m).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_FILE = ROOT / "examples" / "ticket_routing.py"
-MAX_TOKENS = 48
-MAX_TOOL_CALLS = 3
+# The in-process rows' run id (the buffer groups by run and task).
+RUN_ID = "grpo-over-sft"
 
 
 def load_spec(path: Path) -> Any:
@@ -53,6 +54,7 @@ async def rollouts(
     n: int,
     temperature: float,
     seed: int,
+    recipe: Any,
 ) -> list[dict[str, Any]]:
     """`n` episodes of each task (one batch), scored: the buffer's row shape."""
     from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
@@ -66,12 +68,12 @@ async def rollouts(
                 rt,
                 spec.tasks[i].instruction,
                 sampling=SamplingParams(
-                    temperature=temperature, max_tokens=MAX_TOKENS, seed=seed * 100_003 + j
+                    temperature=temperature, max_tokens=recipe.max_tokens, seed=seed * 100_003 + j
                 ),
             )
             for j, (rt, (i, _)) in enumerate(zip(runtimes, items, strict=True))
         ]
-        trajectories = await run_episodes(episodes, backend, max_tool_calls=MAX_TOOL_CALLS)
+        trajectories = await run_episodes(episodes, backend, max_tool_calls=recipe.max_tool_calls)
         tools = [s.to_openai() for s in runtimes[0].tool_specs()] if runtimes else []
     finally:
         for rt in runtimes:
@@ -95,32 +97,19 @@ async def rollouts(
 
 
 def groups_of(rows: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
-    """GRPO groups per task, built as the buffer builds them (prompt, turns, reward)."""
-    from rollout.services.buffer.datasets import split_prompt
+    """GRPO groups per task, built by the buffer's own builder (what the learner gets)."""
+    from rollout.services.buffer.datasets import grpo_groups
+    from rollout.shared.contracts.buffer import GrpoGroupsQuery
 
-    by_task: dict[int, list[dict[str, Any]]] = {}
-    for row in rows:
-        if row["score"] is None or not split_prompt(row["trajectory"]["messages"]):
-            continue
-        by_task.setdefault(row["task_index"], []).append(row)
-    groups = []
-    for task in sorted(by_task):
-        members = by_task[task]
-        prompt, _ = split_prompt(members[0]["trajectory"]["messages"])
-        completions = []
-        for row in members:
-            _, turns = split_prompt(row["trajectory"]["messages"])
-            completions.append(
-                {
-                    "token_ids": row["trajectory"].get("token_ids"),
-                    "logprobs": row["trajectory"].get("logprobs"),
-                    "messages": turns,
-                    "reward": row["score"],
-                    "policy_version": version,
-                }
-            )
-        groups.append({"prompt": prompt, "tools": members[0]["tools"], "completions": completions})
-    return groups
+    query = GrpoGroupsQuery(
+        run_ids=[RUN_ID], current_policy_version=version, max_staleness=0, min_group_size=2
+    )
+    items, _, _ = grpo_groups(
+        ({**r, "run_id": RUN_ID, "rollout_id": f"{r['task_index']}-{r['sample_index']}",
+          "policy_version": version} for r in rows),
+        query,
+    )  # fmt: skip
+    return items
 
 
 def sft_model(base: Path, spec: Any, work: Path, tasks: int, settings: dict[str, Any]) -> Path:
@@ -131,7 +120,9 @@ def sft_model(base: Path, spec: Any, work: Path, tasks: int, settings: dict[str,
     from rollout.shared.models.local_models import train_defaults
     from rollout.shared.models.smollm2 import NAME
 
-    key = hashlib.sha256(json.dumps([tasks, settings], sort_keys=True).encode()).hexdigest()
+    # A changed train split, base model or setting trains again.
+    stamp = [tasks, settings, ENV_FILE.read_text(), str(base)]
+    key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()
     out = work / f"sft-{key[:12]}"
     if (out / "adapter_config.json").is_file():
         return out
@@ -146,16 +137,16 @@ def sft_model(base: Path, spec: Any, work: Path, tasks: int, settings: dict[str,
     return out
 
 
-def evaluate(spec: Any, model_dir: Path, test: list[int]) -> list[dict[str, Any]]:
+def evaluate(spec: Any, model_dir: Path, test: list[int], recipe: Any) -> list[dict[str, Any]]:
     """Greedy test rollouts of the model saved at `model_dir`."""
     from rollout.shared.models.hf import HFBackend
 
     backend = HFBackend(model_dir, device="cpu", threads=2, stop_after_tool_call=True)
-    return asyncio.run(rollouts(spec, backend, test, n=1, temperature=0.0, seed=0))
+    return asyncio.run(rollouts(spec, backend, test, n=1, temperature=0.0, seed=0, recipe=recipe))
 
 
 def passes(rows: list[dict[str, Any]]) -> list[bool]:
-    """Pass/fail per task, in task order."""
+    """Pass/fail per task, in task order (an errored rollout is a fail, and is counted)."""
     return [r["passed"] for r in sorted(rows, key=lambda r: r["task_index"])]
 
 
@@ -176,8 +167,10 @@ def grpo_path(
     seed: int,
     args: argparse.Namespace,
     train: list[int],
-) -> tuple[Path, list[dict[str, Any]]]:
-    """GRPO from the SFT adapter for `args.steps` steps; returns the final policy and a log."""
+    recipe: Any,
+) -> tuple[Path, list[dict[str, Any]], int]:
+    """GRPO from the SFT adapter for `args.steps` steps: the final policy, a log, the steps taken
+    (fewer when rounds kept giving no reward differences)."""
     from rollout.shared.learning import GRPOLearner, TrainConfig
     from rollout.shared.models.hf import HFBackend
 
@@ -198,7 +191,7 @@ def grpo_path(
         t0 = time.monotonic()
         rows = asyncio.run(
             rollouts(spec, backend, tasks, n=args.group_size, temperature=args.temperature,
-                     seed=seed * 1000 + attempts)
+                     seed=seed * 1000 + attempts, recipe=recipe)
         )  # fmt: skip
         sampled = time.monotonic() - t0
         before = learner.policy_version
@@ -214,25 +207,29 @@ def grpo_path(
               file=sys.stderr, flush=True)  # fmt: skip
         if learner.policy_version != before:
             backend.reload(learner.save())
-    return learner.save(), log
+    return learner.save(), log, learner.policy_version
 
 
 def main() -> None:
     """Run the stages and print the comparison."""
+    from rollout.cli.demo import BASE_MODEL, recipe_for
     from rollout.shared.models.smollm2 import ensure_smollm2
     from rollout.shared.stats import format_interval, paired_difference_interval, wilson_interval
 
+    # Defaults: the demo's own recipe for the model (what `rollout demo` runs).
+    recipe = recipe_for(BASE_MODEL)
+    grpo, sft = recipe.grpo, recipe.sft
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--tasks-per-step", type=int, default=2)
+    p.add_argument("--steps", type=int, default=recipe.steps)
+    p.add_argument("--tasks-per-step", type=int, default=grpo["tasks_per_step"])
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=grpo["learning_rate"])
+    p.add_argument("--beta", type=float, default=grpo["beta"])
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--sft-tasks", type=int, default=24)
-    p.add_argument("--sft-epochs", type=float, default=1.0)
-    p.add_argument("--sft-lr", type=float, default=2e-3)
+    p.add_argument("--sft-tasks", type=int, default=recipe.sft_max)
+    p.add_argument("--sft-epochs", type=float, default=sft["epochs"])
+    p.add_argument("--sft-lr", type=float, default=sft["learning_rate"])
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-over-sft"))
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -243,10 +240,9 @@ def main() -> None:
     train = [i for i, t in enumerate(spec.tasks) if t.split == "train"]
     test = [i for i, t in enumerate(spec.tasks) if t.split == "test"]
     t0 = time.monotonic()
-    sft_settings = {"epochs": args.sft_epochs, "learning_rate": args.sft_lr, "batch_size": 4,
-                    "max_seq_len": 320, "threads": 2}  # fmt: skip
+    sft_settings = {**sft, "epochs": args.sft_epochs, "learning_rate": args.sft_lr}
     sft_dir = sft_model(base, spec, args.work, args.sft_tasks, sft_settings)
-    sft_rows = evaluate(spec, sft_dir, test)
+    sft_rows = evaluate(spec, sft_dir, test, recipe)
     sft_pass = passes(sft_rows)
     n = len(sft_pass)
     k = sum(sft_pass)
@@ -255,11 +251,15 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         t1 = time.monotonic()
-        final_dir, log = grpo_path(spec, sft_dir, args.work, seed, args, train)
-        rows = evaluate(spec, final_dir, test)
+        final_dir, log, steps = grpo_path(spec, sft_dir, args.work, seed, args, train, recipe)
+        if steps < args.steps:
+            print(f"seed {seed}: only {steps} of {args.steps} steps (rounds without reward "
+                  "differences)", flush=True)  # fmt: skip
+        rows = evaluate(spec, final_dir, test, recipe)
         after = passes(rows)
         diff = paired_difference_interval(sft_pass, after)
-        results.append({"seed": seed, "passed": sum(after), "n": n, "teams": teams(rows),
+        results.append({"seed": seed, "steps": steps, "passed": sum(after), "n": n,
+                        "teams": teams(rows),
                         "difference": diff, "log": log,
                         "seconds": round(time.monotonic() - t1, 1)})  # fmt: skip
         print(f"seed {seed}: {sum(after)}/{n} {format_interval(wilson_interval(sum(after), n))} "

@@ -10,7 +10,6 @@ an invalid event costs (a dead letter, or a warning), and what runs once a batch
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import asyncpg
 import nats.errors
@@ -20,6 +19,7 @@ from faststream.nats.message import NatsBatchMessage
 from nats.aio.msg import Msg
 
 from rollout.errors import RolloutError
+from rollout.shared.bus.broker import current_message
 from rollout.shared.bus.deadletter import describe, retry_delay
 from rollout.shared.bus.keepalive import working_on_all
 from rollout.shared.bus.sequence import stream_sequence
@@ -46,9 +46,9 @@ def _everything(subject: str) -> bool:
     return True
 
 
-async def _raw_fetch(message: NatsBatchMessage) -> list[Msg]:
-    """A fetch's messages as nats-py delivered them (the projection parses each itself)."""
-    return message.raw_message  # type: ignore[no-any-return]
+async def _undecoded(message: NatsBatchMessage) -> None:
+    """Decode nothing: the projection parses each event of the fetch itself."""
+    return None
 
 
 def subscribe_projection(
@@ -84,11 +84,13 @@ def subscribe_projection(
             items.append((event, stream_sequence(msg)))
         return items
 
-    # The raw fetch, undecoded, as the handler's one argument: FastStream's batch decoding
-    # would JSON-parse every body for nothing (parse() reads the envelopes), and a context
-    # argument is resolved in a worker thread, a thread hop per fetch.
-    @consumer.subscriber(broker, decoder=_raw_fetch)
-    async def project(msgs: Any) -> None:
+    # No argument, and a decoder that decodes nothing: FastStream's batch decoding would
+    # JSON-parse every body for nothing (parse() reads the envelopes), and a context argument
+    # is resolved in a worker thread, a thread hop per fetch. The fetch is read from the
+    # context directly.
+    @consumer.subscriber(broker, decoder=_undecoded)
+    async def project() -> None:
+        msgs: list[Msg] = current_message(broker).raw_message
         failed: BaseException | None = None
         try:
             async with working_on_all(msgs, every_s=keepalive_s):

@@ -12,8 +12,8 @@ from rollout.shared.settings import connect_nats
 
 async def test_matches_the_metadata_of_real_jetstream_messages(settings) -> None:
     nc = await connect_nats(settings)
+    js = nc.jetstream()
     try:
-        js = nc.jetstream()
         await js.add_stream(name="SEQPROBE", subjects=["seqprobe.>"])
         for i in range(5):
             await js.publish(f"seqprobe.n.{i}", b"x")
@@ -26,8 +26,8 @@ async def test_matches_the_metadata_of_real_jetstream_messages(settings) -> None
             got.extend(await sub.fetch(8 - len(got), timeout=5))
         assert [stream_sequence(m) for m in got] == [m.metadata.sequence.stream for m in got]
         assert [stream_sequence(m) for m in got] == [1, 2, 3, 4, 5, 7, 8, 9]
-        await js.delete_stream("SEQPROBE")
     finally:
+        await js.delete_stream("SEQPROBE")
         await nc.close()
 
 
