@@ -58,10 +58,10 @@ async def rollouts(
 ) -> list[dict[str, Any]]:
     """`n` episodes of each task (one batch), scored: the buffer's row shape."""
     from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
-    from rollout.shared.envs.engine import build_runtime, score
+    from rollout.shared.envs.engine import score, start_runtimes
 
     items = [(i, k) for i in indices for k in range(n)]
-    runtimes = [build_runtime(spec, i) for i, _ in items]
+    runtimes = await start_runtimes(spec, [i for i, _ in items])  # as the actor starts them
     try:
         episodes = [
             Episode(

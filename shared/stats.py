@@ -9,6 +9,7 @@ and 10).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 Z95 = 1.959963984540054
@@ -67,10 +68,10 @@ def paired_difference_interval(
     n = len(base)
     if n == 0:
         return 0.0, -1.0, 1.0
-    both = sum(1 for b, o in zip(base, other, strict=True) if b and o)
-    only_base = sum(1 for b, o in zip(base, other, strict=True) if b and not o)
-    only_other = sum(1 for b, o in zip(base, other, strict=True) if o and not b)
-    neither = n - both - only_base - only_other
+    # The 2x2 table of (base passed, other passed) pairs.
+    table = Counter(zip(map(bool, base), map(bool, other), strict=True))
+    both, neither = table[True, True], table[False, False]
+    only_base, only_other = table[True, False], table[False, True]
     p_base, p_other = (both + only_base) / n, (both + only_other) / n
     lb, ub = wilson_interval(both + only_base, n, z)
     lo, uo = wilson_interval(both + only_other, n, z)

@@ -93,8 +93,9 @@ RECIPES: dict[str, Recipe] = {
         # (benchmarks/grpo_over_sft.py, 32 held-out tasks): 3 steps of 2 tasks at 2e-4 moved
         # the default to another team in every seed (44% -> 38, 31, 44% on the 16 then held
         # out); 6 steps of 8 tasks at 5e-5 gave 44% -> 72, 72, 69% (3 of 3 seeds measurable);
-        # through the platform 44% -> 72, 62, 47% (2 of 3): docs/real-model.md. No KL penalty: its reference forward was 26% of a
-        # step (py-spy), and the low learning rate already keeps the policy near SFT's.
+        # through the platform 44% -> 72, 62, 47% (2 of 3): docs/real-model.md. No KL
+        # penalty: its reference forward was 26% of a step (py-spy), and the low learning rate
+        # already keeps the policy near SFT's.
         grpo={
             "learning_rate": 5e-5,
             "max_staleness": 1,

@@ -333,8 +333,8 @@ def _paired_interval(
 ) -> list[float] | None:
     """Newcombe's paired interval of the difference, when each task is one pair; else None.
 
-    Pairs need the same tasks of the same env version (no warning), every task scored once in
-    both runs, and the runs' counts to be those tasks' (nothing errored or left out).
+    Pairs need the same tasks of the same env version (no warning), a whole task table in both
+    runs, and every task sampled and scored once, with no error.
     """
     from rollout.shared.stats import paired_difference_interval
 
@@ -343,8 +343,6 @@ def _paired_interval(
     if base.get("tasksCursor") is not None or other.get("tasksCursor") is not None:
         return None  # a partial task table: not every pair is known
     order = sorted(tasks_b)
-    if base["scored"] != len(order) or other["scored"] != len(order):
-        return None
     outcomes: list[list[bool]] = [[], []]
     for side, tasks in zip(outcomes, (tasks_b, tasks_o), strict=True):
         for index in order:
