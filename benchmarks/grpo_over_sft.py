@@ -112,7 +112,7 @@ def groups_of(rows: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
     return items
 
 
-def sft_model(base: Path, spec: Any, work: Path, tasks: int, settings: dict[str, Any]) -> Path:
+def sft_model(base: Path, env_file: Path, work: Path, tasks: int, settings: dict[str, Any]) -> Path:
     """The demo's SFT stage (cached): LoRA on the first `tasks` scripted train demonstrations."""
     from rollout.shared.learning import TrainConfig, train_sft
     from rollout.shared.learning.data import sft_examples
@@ -121,12 +121,12 @@ def sft_model(base: Path, spec: Any, work: Path, tasks: int, settings: dict[str,
     from rollout.shared.models.smollm2 import NAME
 
     # A changed train split, base model or setting trains again.
-    stamp = [tasks, settings, ENV_FILE.read_text(), str(base)]
+    stamp = [tasks, settings, env_file.read_text(), str(base)]
     key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()
     out = work / f"sft-{key[:12]}"
     if (out / "adapter_config.json").is_file():
         return out
-    demos, _ = asyncio.run(scripted_rollouts([ENV_FILE], split="train", per_env=tasks))
+    demos, _ = asyncio.run(scripted_rollouts([env_file], split="train", per_env=tasks))
     config = TrainConfig(method="sft", **{**train_defaults(NAME), **settings})
     result = train_sft(base, sft_examples(demos), out / "job", config, resume=False)
     done = Path(result.model_dir)
@@ -176,7 +176,7 @@ def grpo_path(
 
     config = TrainConfig(
         method="grpo", lora=True, lora_r=16, lora_alpha=32, learning_rate=args.lr,
-        batch_size=4, max_seq_len=320, threads=2, beta=args.beta, max_staleness=0,
+        batch_size=4, max_seq_len=recipe.grpo["max_seq_len"], threads=2, beta=args.beta, max_staleness=0,
         group_size=args.group_size, tasks_per_step=args.tasks_per_step, seed=seed,
         temperature=args.temperature, max_steps=args.steps,
     )  # fmt: skip
@@ -220,7 +220,7 @@ def main() -> None:
     recipe = recipe_for(BASE_MODEL)
     grpo, sft = recipe.grpo, recipe.sft
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=recipe.steps)
     p.add_argument("--tasks-per-step", type=int, default=grpo["tasks_per_step"])
     p.add_argument("--group-size", type=int, default=4)
@@ -231,17 +231,27 @@ def main() -> None:
     p.add_argument("--sft-epochs", type=float, default=sft["epochs"])
     p.add_argument("--sft-lr", type=float, default=sft["learning_rate"])
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-over-sft"))
+    p.add_argument("--env", type=Path, default=ENV_FILE, help="example env file")
+    p.add_argument(
+        "--split",
+        help="split the stages are measured on (default: validation where the env has one, "
+        "else test; recipes are chosen on validation, test is only reported)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
     base = ensure_smollm2()
-    spec = load_spec(ENV_FILE)
+    spec = load_spec(args.env)
+    splits = {t.split for t in spec.tasks}
+    split = args.split or ("validation" if "validation" in splits else "test")
     train = [i for i, t in enumerate(spec.tasks) if t.split == "train"]
-    test = [i for i, t in enumerate(spec.tasks) if t.split == "test"]
+    test = [i for i, t in enumerate(spec.tasks) if t.split == split]
+    print(f"{spec.slug}: {len(train)} train tasks, measured on {len(test)} {split} tasks",
+          flush=True)  # fmt: skip
     t0 = time.monotonic()
     sft_settings = {**sft, "epochs": args.sft_epochs, "learning_rate": args.sft_lr}
-    sft_dir = sft_model(base, spec, args.work, args.sft_tasks, sft_settings)
+    sft_dir = sft_model(base, args.env, args.work, args.sft_tasks, sft_settings)
     sft_rows = evaluate(spec, sft_dir, test, recipe)
     sft_pass = passes(sft_rows)
     n = len(sft_pass)

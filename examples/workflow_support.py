@@ -1,7 +1,8 @@
 """Workflow template, built with the SDK helpers: look up orders, refund the right amount.
 
-Train and test orders come from one family (a customer asks for a full refund of an order) but
-from disjoint pools: other customers, order numbers, amounts and phrasings.
+Train, validation and test orders come from one family (a customer asks for a full refund of an
+order) but from disjoint pools: other customers, order numbers, amounts and phrasings. Recipes
+are tuned on validation; test is only reported.
 """
 
 import random
@@ -19,18 +20,34 @@ from rollout import (
 
 CUSTOMERS = {
     "train": ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo"],
-    "test": ["Ines", "Jamal", "Keiko"],
+    "validation": ["Lena", "Mateo", "Nadia", "Oscar"],
+    "test": ["Ines", "Jamal", "Keiko", "Priya", "Quentin", "Rosa"],
 }
-# O-1001.. train orders, O-9001.. test orders.
-FIRST_NUMBER = {"train": 1001, "test": 9001}
-COUNT = {"train": 24, "test": 8}
-PHRASING = {
-    "train": "{customer} wants a full refund for order {id}.",
-    "test": "Please give back everything paid on {id}; the customer is {customer}.",
+# O-1001.. train orders, O-5001.. validation orders, O-9001.. test orders.
+FIRST_NUMBER = {"train": 1001, "validation": 5001, "test": 9001}
+COUNT = {"train": 24, "validation": 8, "test": 16}
+# Several phrasings per split, none shared across splits (no 6-word span either): a model has
+# to read the order id out of a request it has not seen worded that way.
+PHRASINGS = {
+    "train": [
+        "{customer} wants a full refund for order {id}.",
+        "Refund order {id} in full, please. It belongs to {customer}.",
+        "{customer} returned everything from {id}; pay it all back.",
+        "Customer {customer} asks for their money back on order {id}.",
+    ],
+    "validation": [
+        "Order {id} needs a complete refund ({customer} asked).",
+        "{customer} would like order {id} refunded entirely.",
+    ],
+    "test": [
+        "Please give back everything paid on {id}; the customer is {customer}.",
+        "{customer} is owed the whole amount of {id}. Process that refund.",
+    ],
 }
+SPLITS = ("train", "validation", "test")
 rng = random.Random(5)
-# Every order a different amount (multiples of 5), so no amount occurs in both splits.
-AMOUNTS = iter(5 * a for a in rng.sample(range(2, 200), COUNT["train"] + COUNT["test"]))
+# Every order a different amount (multiples of 5), so no amount occurs in two splits.
+AMOUNTS = iter(5 * a for a in rng.sample(range(2, 400), sum(COUNT.values())))
 ORDERS = [
     {
         "id": f"O-{FIRST_NUMBER[split] + k}",
@@ -38,8 +55,9 @@ ORDERS = [
         "amount": next(AMOUNTS),
         "status": "shipped",
         "split": split,
+        "phrasing": PHRASINGS[split][k % len(PHRASINGS[split])],
     }
-    for split in ("train", "test")
+    for split in SPLITS
     for k in range(COUNT[split])
 ]
 
@@ -70,12 +88,16 @@ env = Environment(
                 params_schema={"customer": "string"},
             ),
         ],
-        fixtures={"orders": [{k: v for k, v in o.items() if k != "split"} for o in ORDERS]},
+        fixtures={
+            "orders": [
+                {k: v for k, v in o.items() if k not in ("split", "phrasing")} for o in ORDERS
+            ]
+        },
         initial_mutable_state={"refunds": []},
     ),
     tasks=[
         Task(
-            instruction=PHRASING[o["split"]].format(**o),
+            instruction=o["phrasing"].format(**o),
             hidden_ground_truth={"refunds": [{"order_id": o["id"], "amount": o["amount"]}]},
             split=o["split"],
             id=o["id"],

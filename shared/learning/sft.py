@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,8 @@ def sft_trainer(
     """The TRL SFTTrainer train_sft runs (assistant-only loss from the template's markers)."""
     from trl import SFTConfig, SFTTrainer
 
+    check_lengths(tokenizer, dataset, kw.get("max_length"))
+
     with warnings.catch_warnings():
         # transformers flags TRL's own argument names as deprecated: not actionable here.
         warnings.simplefilter("ignore", FutureWarning)
@@ -59,6 +62,39 @@ def sft_trainer(
         processing_class=tokenizer,
         callbacks=callbacks,
         peft_config=peft,
+    )
+
+
+def rendered_length(tokenizer: Any, example: dict[str, Any]) -> int:
+    """Tokens of one chat example as TRL renders it for SFT (chat template, tools)."""
+    tools = example.get("tools")
+    ids = tokenizer.apply_chat_template(
+        example["messages"],
+        tools=json.loads(tools) if isinstance(tools, str) else tools,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    return len(ids)
+
+
+def check_lengths(tokenizer: Any, examples: Any, max_length: int | None) -> None:
+    """Refuse examples longer than `max_length`: TRL would cut their ends off silently.
+
+    The end of a multi-turn chat holds its last tool call and the final answer, the turns that
+    teach a model to finish: cut, the model learns the first call and never to stop (issue 20).
+    """
+    if not max_length:
+        return
+    lengths = [rendered_length(tokenizer, example) for example in examples]
+    over = [(i, n) for i, n in enumerate(lengths) if n > max_length]
+    if not over:
+        return
+    worst, longest = max(over, key=lambda item: item[1])
+    raise RolloutError(
+        f"sft: max_seq_len {max_length} is shorter than {len(over)} of {len(lengths)} "
+        f"examples (longest: examples[{worst}], {longest} tokens); their ends, with the last "
+        "assistant turns, would not be trained",
+        problems=[f"max_seq_len: raise it to at least {longest}, or train on shorter chats"],
     )
 
 

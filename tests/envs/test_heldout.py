@@ -1,4 +1,4 @@
-"""Held out means held out: no example env's test task shares text or an entity with a train task.
+"""Held out means held out: no example env's test or validation task shares text or an entity with a train task.
 
 For every example env (each file in examples/ with both splits):
 
@@ -35,6 +35,8 @@ from rollout.shared.learning.scripted import ScriptedBackend, plan_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPAN = 6
+# Recipes are tuned on validation and test is only reported: both are held out from train.
+HELD_OUT = ("validation", "test")
 
 # Labels and structure every task of a family shares (documented in the module docstring).
 SHARED_VOCABULARY: dict[str, set[Any]] = {
@@ -129,10 +131,10 @@ def entities(spec: Any, task: Any) -> set[Any]:
 
 
 def split_tasks(spec: Any) -> tuple[list[Any], list[Any]]:
-    """The train tasks and the test tasks."""
+    """The train tasks and the held-out ones (test, and validation where an env has it)."""
     return (
         [t for t in spec.tasks if t.split == "train"],
-        [t for t in spec.tasks if t.split == "test"],
+        [t for t in spec.tasks if t.split in HELD_OUT],
     )
 
 

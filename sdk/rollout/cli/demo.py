@@ -42,6 +42,10 @@ DEFAULT_TRAIN_N = 8
 # The tiny model's turns are short; a cap keeps a confused sample from rambling for minutes.
 MAX_TOKENS = 256
 MAX_TOOL_CALLS = 8
+# Longest chat trained on. A multi-turn demonstration of the example envs renders to 230
+# (ticket-routing) to ~600 tokens; at 320 TRL cut support-refunds' chats (420 tokens) after
+# the lookup, so the refund call and the final answer were never trained (issue 20).
+MAX_SEQ_LEN = 1024
 # Evaluation is greedy so a pass-rate change comes from the weights, not from sampling luck.
 EVAL_TEMPERATURE = 0.0
 # The train run and GRPO sample: low enough that a tiny model still passes some tasks (the
@@ -83,7 +87,7 @@ RECIPES: dict[str, Recipe] = {
             "epochs": 1.0,
             "learning_rate": 2e-3,
             "batch_size": 4,
-            "max_seq_len": 320,
+            "max_seq_len": MAX_SEQ_LEN,
             "threads": 2,
         },  # fmt: skip
         # Each GRPO step trains on tasks x group-size sampled chats. The SFT'd model routes
@@ -100,7 +104,7 @@ RECIPES: dict[str, Recipe] = {
             "learning_rate": 5e-5,
             "max_staleness": 1,
             "tasks_per_step": 8,
-            "max_seq_len": 320,
+            "max_seq_len": MAX_SEQ_LEN,
             "threads": 1,
             "beta": 0.0,
         },
@@ -231,11 +235,12 @@ def ensure_stack(say: Say) -> None:
     if settings.external_nats or _answers(settings):
         return
     say("starting the local stack (rollout up) ...")
-    from rollout.cli.stack import DEFAULT_UP_TIMEOUT, cmd_up
+    from rollout.cli.stack import cmd_up, up_args
 
-    # `up` prints its status table; keep stdout for the demo's own output.
+    # `up` prints its status table; keep stdout for the demo's own output. Its arguments come
+    # from its own parser, so an option added to `up` never leaves this call short of one.
     with contextlib.redirect_stdout(sys.stderr):
-        code = cmd_up(argparse.Namespace(foreground=False, timeout=DEFAULT_UP_TIMEOUT))
+        code = cmd_up(up_args())
     if code != 0:
         raise RolloutError("the local stack is not healthy", problems=["see `rollout status`"])
 

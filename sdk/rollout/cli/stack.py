@@ -80,6 +80,13 @@ def _fast_postgres() -> bool:
     return os.environ.get("ROLLOUT_PG_FSYNC", "on").lower() == "off"
 
 
+def up_args(*argv: str) -> argparse.Namespace:
+    """`rollout up`'s arguments as its parser reads `argv` (every option's default included)."""
+    parser = argparse.ArgumentParser(prog="rollout")
+    register(parser.add_subparsers())
+    return parser.parse_args(["up", *argv])
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the stack (a background supervisor unless --foreground)."""
     from rollout.shared.settings import load_settings
