@@ -58,6 +58,7 @@ async def rollouts(
 ) -> list[dict[str, Any]]:
     """`n` episodes of each task (one batch), scored: the buffer's row shape."""
     from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
+    from rollout.shared.contracts.budgets import resolve_budgets
     from rollout.shared.envs.engine import score, start_runtimes
 
     items = [(i, k) for i in indices for k in range(n)]
@@ -73,7 +74,12 @@ async def rollouts(
             )
             for j, (rt, (i, _)) in enumerate(zip(runtimes, items, strict=True))
         ]
-        trajectories = await run_episodes(episodes, backend, max_tool_calls=recipe.max_tool_calls)
+        trajectories = await run_episodes(
+            episodes,
+            backend,
+            max_tool_calls=recipe.max_tool_calls,
+            budgets=resolve_budgets(spec.budgets, None),
+        )
         tools = [s.to_openai() for s in runtimes[0].tool_specs()] if runtimes else []
     finally:
         for rt in runtimes:

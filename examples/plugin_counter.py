@@ -25,6 +25,8 @@ env = Environment(
     name="Counter (plugin)",
     template="plugin",
     config=plugin_config("example_plugins.counter:make_env", {"step": 1}),
+    # Counting up is the same call again and again: no repeated-call limit here.
+    budgets={"max_repeated_calls": 0},
     tasks=[
         Task(
             instruction=phrasing.format(n=n),

@@ -104,6 +104,7 @@ class Environment:
         schema: str | None = None,
         seed: str | None = None,
         entrypoint: str | None = None,
+        budgets: Mapping[str, Any] | None = None,
     ) -> None:
         self.slug = slug
         self.name = name if name is not None else slug
@@ -122,6 +123,9 @@ class Environment:
                 self.config["entrypoint"] = entrypoint
         self.tasks: list[Any] = list(tasks) if tasks is not None else []
         self.verifier = verifier
+        # Per-rollout limits of this env (max_turn_tokens, max_rollout_tokens,
+        # max_rollout_seconds, max_repeated_calls); unset ones are the platform's.
+        self.budgets = budgets
 
     def __repr__(self) -> str:
         return (
@@ -141,6 +145,8 @@ class Environment:
         }
         if self.verifier is not None:
             raw["verifier"] = _plain(self.verifier)
+        if self.budgets is not None:
+            raw["budgets"] = _plain(self.budgets)
         return raw
 
     def to_spec(self) -> EnvironmentSpec:
@@ -188,4 +194,5 @@ class Environment:
             config=copy.deepcopy(spec.config),
             tasks=[Task.model_validate(t.model_dump()) for t in spec.tasks],
             verifier=verifier.model_dump(mode="json", by_alias=True) if verifier else None,
+            budgets=spec.budgets.model_dump(exclude_none=True) if spec.budgets else None,
         )

@@ -191,6 +191,7 @@ async def _run(
         temperature=spec.temperature,
         max_tokens=spec.max_tokens,
         max_tool_calls=spec.max_tool_calls,
+        budgets=spec.budgets.model_dump(exclude_none=True) if spec.budgets else None,
         seed=plan.seed,
         name=f"{plan.name}/{stage.name}",
         split=spec.split,

@@ -151,6 +151,59 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
         cache = caches.setdefault("specs", SpecCache(js))
         raw = message.raw_message
         attempt = raw.metadata.num_delivered
+        publisher = EventPublisher(js)
+        # Each rollout's position in the work item, and the ids of those already on the log.
+        positions = {item.rollout_id: k for k, item in enumerate(work.items)}
+        published: set[str] = set()
+
+        def part(items: list[GeneratedRollout], start: int, end: int) -> EventEnvelope:
+            # One event for the whole item when it fits; else parts named by the positions of
+            # the rollouts they hold, so a redelivery that splits or finishes differently never
+            # collides with a part it did not send (and one that repeats it is deduplicated).
+            first, last = positions[items[0].rollout_id], positions[items[-1].rollout_id]
+            whole = len(items) == len(work.items)
+            payload = RolloutsGenerated(
+                run_id=work.run_id, work_item_id=work.work_item_id, rollouts=items
+            )
+            return EventEnvelope.new(
+                payload,
+                aggregate_id=work.run_id,
+                id_parts=(work.work_item_id,) if whole else (work.work_item_id, first, last + 1),
+                run_id=work.run_id,
+                trace_id=work.trace_id,
+                correlation_id=work.correlation_id,
+                causation_id=work.causation_id,
+                dumped=dumped_batch(payload),
+            )
+
+        async def publish(rollouts: list[GeneratedRollout], *, last: bool) -> None:
+            try:
+                rollouts = await offload(store(), rollouts)
+            except (ObjectStoreError, OSError) as exc:
+                if not last:
+                    raise
+                rollouts = _unstored(rollouts, f"object store failed: {describe(exc)}")
+            # Split (if at all) between tasks: a `ruler` verifier judges a task's samples in
+            # one call, and it sees only the samples of one event together.
+            sent = await publisher.publish_fitted(
+                rollouts,
+                part,
+                shrink=_too_large,
+                group_by=lambda r: r.task_index,
+            )
+            published.update(r.rollout_id for r in rollouts)
+            log.info(
+                "rollouts generated",
+                run_id=work.run_id,
+                count=len(rollouts),
+                events=len(sent),
+                actor=me,
+            )
+
+        async def finished(rollouts: list[GeneratedRollout]) -> None:
+            # Each task's rollouts go out as soon as they are done, while the batch goes on.
+            await publish(rollouts, last=attempt >= DEFAULT_MAX_DELIVER)
+
         async with working_on(raw, every_s=keepalive_s):
             stage: ErrorKind = "env"
             try:
@@ -161,20 +214,20 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
                 # thread: it may download weights); no other backend pays for the thread hop.
                 if isinstance(backend, TrainedBackend):
                     await asyncio.to_thread(refresh_policy, backend)
+                # The version that produces them, not the run's.
                 version = getattr(backend, "policy_version", None)
                 rollouts = await generate_batch(
                     work,
                     spec,
                     backend,
                     actor_id=me,
-                    delivery_attempt=raw.metadata.num_delivered,
+                    delivery_attempt=attempt,
+                    policy_version=version,
+                    on_rollouts=finished,
                 )
-                if version is not None:  # the version that produced them, not the run's
-                    for rollout in rollouts:
-                        rollout.policy_version = version
-            except (RolloutError, httpx.HTTPError, OSError) as exc:
+            except (RolloutError, httpx.HTTPError, OSError, ObjectStoreError) as exc:
                 # Retry a few times (a flaky endpoint); then record the failure on each rollout
-                # so the run still finishes and says why.
+                # not yet on the log so the run still finishes and says why.
                 if attempt < DEFAULT_MAX_DELIVER:
                     raise
                 kind: ErrorKind = "infra" if isinstance(exc, OSError | ObjectStoreError) else stage
@@ -185,43 +238,9 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
                     delivery_attempt=attempt,
                     kind=kind,
                 )
-            try:
-                rollouts = await offload(store(), rollouts)
-            except (ObjectStoreError, OSError) as exc:
-                if attempt < DEFAULT_MAX_DELIVER:
-                    raise
-                rollouts = _unstored(rollouts, f"object store failed: {describe(exc)}")
-
-        def part(items: list[GeneratedRollout], start: int, end: int) -> EventEnvelope:
-            # One event when the batch fits; else parts named by the rollouts they hold, so a
-            # redelivery that splits differently never collides with a part it did not send.
-            whole = start == 0 and end == len(rollouts)
-            payload = RolloutsGenerated(
-                run_id=work.run_id, work_item_id=work.work_item_id, rollouts=items
-            )
-            return EventEnvelope.new(
-                payload,
-                aggregate_id=work.run_id,
-                id_parts=(work.work_item_id,) if whole else (work.work_item_id, start, end),
-                run_id=work.run_id,
-                trace_id=work.trace_id,
-                correlation_id=work.correlation_id,
-                causation_id=work.causation_id,
-                dumped=dumped_batch(payload),
-            )
-
-        # Split (if at all) between tasks: a `ruler` verifier judges a task's samples in one
-        # call, and it sees only the samples of one event together.
-        published = await EventPublisher(js).publish_fitted(
-            rollouts, part, shrink=_too_large, group_by=lambda r: r.task_index
-        )
-        log.info(
-            "rollouts generated",
-            run_id=work.run_id,
-            count=len(rollouts),
-            events=len(published),
-            actor=me,
-        )
+            rest = [r for r in rollouts if r.rollout_id not in published]
+            if rest:
+                await publish(rest, last=True)
 
     @broker.subscriber(
         subjects.event_filter("policy", "policy.updated"),

@@ -70,12 +70,14 @@ async def _run_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunStarted
 _GENERATED_SQL = (
     "with ins as (insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
     " model, policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
-    " error_kind, generated_at) select u.id, u.run, u.task, u.sample, 'generated', u.model,"
-    " u.policy, u.seed, u.trajectory::jsonb, u.uri, u.sha, u.error, u.kind, u.at"
+    " error_kind, generated_at, ended_by, turns, completion_tokens) select u.id, u.run, u.task,"
+    " u.sample, 'generated', u.model, u.policy, u.seed, u.trajectory::jsonb, u.uri, u.sha,"
+    " u.error, u.kind, u.at, u.ended, u.turns, u.tokens"
     " from unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[], $6::int[],"
     " $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],"
-    " $13::timestamptz[])"
-    " as u(id, run, task, sample, model, policy, seed, trajectory, uri, sha, error, kind, at)"
+    " $13::timestamptz[], $14::text[], $15::int[], $16::int[])"
+    " as u(id, run, task, sample, model, policy, seed, trajectory, uri, sha, error, kind, at,"
+    " ended, turns, tokens)"
     " on conflict (rollout_id) do nothing returning run_id),"
     " counts as (select run_id, count(*) as n from ins group by run_id)"
     " update runs set generated = runs.generated + counts.n from counts"
@@ -132,6 +134,7 @@ class _RolloutGroup:
                         r.policy_version, r.seed,
                         None if r.trajectory is None else _json(r.trajectory),
                         r.trajectory_uri, r.trajectory_sha256, r.error, r.error_kind, e.time,
+                        r.ended_by, r.turns, r.completion_tokens,
                     ),
                 )  # fmt: skip
         elif isinstance(p, ev.RolloutsScored):
@@ -149,7 +152,7 @@ class _RolloutGroup:
     async def flush(self, c: asyncpg.Connection) -> None:
         """Apply the group (at most two statements) and empty it."""
         if self.generated:
-            await c.execute(_GENERATED_SQL, *_columns(self.generated.values(), 13))
+            await c.execute(_GENERATED_SQL, *_columns(self.generated.values(), 16))
         if self.scored:
             await c.execute(_SCORED_SQL, *_columns(self.scored.values(), 9))
         self.generated.clear()

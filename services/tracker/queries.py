@@ -73,6 +73,16 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
+def endings_summary(rows: list[asyncpg.Record]) -> dict[str, Any]:
+    """Per ending (`model`: the model stopped; else the budget), rollouts; mean turns, tokens."""
+    count = sum(r["n"] for r in rows)
+    return {
+        "endedBy": {r["ended_by"] or "model": r["n"] for r in rows},
+        "meanTurns": sum(r["turns"] or 0 for r in rows) / count if count else None,
+        "meanCompletionTokens": sum(r["tokens"] or 0 for r in rows) / count if count else None,
+    }
+
+
 def outcome_of(row: asyncpg.Record) -> str | None:
     """passed / failed / errored, or None while the rollout awaits its verdict."""
     if row["status"] == "errored":
@@ -101,6 +111,9 @@ def rollout_row(row: asyncpg.Record, *, with_trajectory: bool) -> dict[str, Any]
         "primitives": json.loads(row["primitives"]) if row["primitives"] else [],
         "trajectoryUri": row["trajectory_uri"],
         "trajectorySha256": row["trajectory_sha256"],
+        "endedBy": row["ended_by"],
+        "turns": row["turns"],
+        "completionTokens": row["completion_tokens"],
     }
     if with_trajectory:
         out["trajectory"] = json.loads(row["trajectory"]) if row["trajectory"] else None
@@ -123,6 +136,13 @@ async def get_run(
         )
         if row is None:
             raise RolloutError(f"no run {query.run_id!r} (see `rollout runs`)")
+        # How the run's rollouts ended: by the model, or by which budget.
+        endings = await conn.fetch(
+            "select ended_by, count(*) as n, sum(turns) as turns,"
+            " sum(completion_tokens) as tokens from rollouts where run_id = $1"
+            " and turns is not null group by ended_by",
+            query.run_id,
+        )
         tasks = []
         if query.include_tasks:
             # One more than a page: whether another page follows.
@@ -149,7 +169,7 @@ async def get_run(
                 after[1],
                 query.page_size + 1,
             )
-    out = run_summary(row)
+    out = run_summary(row) | endings_summary(endings)
     tasks_cut = False
     if query.include_tasks:
         room = budget - len(to_json_bytes(out)) - _REPLY_ROOM

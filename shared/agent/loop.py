@@ -1,7 +1,9 @@
 """The agent loop: model -> tool calls -> results -> model ... until an answer or a limit.
 
 Many episodes step together: each turn makes one `backend.generate` call for every live
-episode, so batching backends (hf, vLLM) see full batches. Whatever the model gets wrong
+episode, so batching backends (hf, vLLM) see full batches. Every episode ends at its first
+budget (shared/contracts/budgets.py: tokens per turn and per rollout, a wall deadline, the same
+call repeated), and its trajectory says which (`ended_by`). Whatever the model gets wrong
 (malformed tool-call JSON, an unknown tool, arguments that are not an object, a tool that
 raises) becomes a tool error in the trajectory and is shown to the model; the loop never
 crashes on model output. Backend configuration errors (a bad key) do raise RolloutError.
@@ -11,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
 from rollout.errors import RolloutError
+from rollout.shared.contracts.budgets import DEFAULT_BUDGETS, Budgets
 from rollout.shared.contracts.events import ErrorKind
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs.runtime import EnvironmentFailed, EnvRuntime, ToolResult
@@ -30,6 +34,11 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 # Tool outputs are shown to the model in full up to this size; beyond it they are cut.
 MAX_TOOL_MESSAGE_CHARS = 20_000
+# A backend that does not stop at a request's deadline itself is given this long past the
+# latest one before the turn is abandoned (the hf backend stops its rows on time).
+DEADLINE_GRACE_S = 5.0
+# Called with (episode index, trajectory) as each episode ends, before the batch does.
+OnFinished = Callable[[int, Trajectory], Awaitable[None]]
 
 
 class SamplingParams(BaseModel):
@@ -52,6 +61,8 @@ class Episode:
     # Earlier turns of a multi-turn prompt (a leading system message replaces the default one);
     # the instruction is the user turn that follows them.
     history: list[dict[str, Any]] | None = None
+    # This episode's budgets (all set); None: the ones given to run_episodes.
+    budgets: Budgets | None = None
 
 
 @dataclass
@@ -72,9 +83,25 @@ class _State:
     error_kind: ErrorKind | None = None
     done: bool = False
     turn: int = 0
+    budgets: Budgets = field(default_factory=lambda: DEFAULT_BUDGETS)
+    deadline: float | None = None
+    tokens: int = 0
+    ended_by: str | None = None
+    # The last tool call (name, canonical arguments) and how many times in a row it came.
+    last_call: tuple[str, str] | None = None
+    repeats: int = 0
+    # Which limit bounds this turn's tokens, for `ended_by` when the turn runs out.
+    turn_limit: str = "max_turn_tokens"
 
     def request(self) -> ChatRequest:
         seed = self.sampling.seed
+        # The turn may write what is left of the rollout's tokens, at most a turn's worth.
+        caps = [("max_turn_tokens", self.budgets.max_turn_tokens), ("max_turn_tokens",
+                self.sampling.max_tokens)]  # fmt: skip
+        if self.budgets.max_rollout_tokens is not None:
+            caps.append(("max_rollout_tokens", self.budgets.max_rollout_tokens - self.tokens))
+        limit, max_tokens = min(((k, v) for k, v in caps if v is not None), key=lambda c: c[1])
+        self.turn_limit = limit
         # A different seed per turn, derived from the episode's, keeps turns reproducible
         # without every turn sampling the same way.
         return ChatRequest(
@@ -82,9 +109,14 @@ class _State:
             tools=self.tools or None,
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
-            max_tokens=self.sampling.max_tokens,
+            max_tokens=max(1, max_tokens),
             seed=None if seed is None else seed + self.turn,
+            deadline=self.deadline,
         )
+
+    def end(self, budget: str) -> None:
+        """End the episode because `budget` ran out."""
+        self.ended_by, self.done = budget, True
 
 
 async def run_episode(
@@ -95,6 +127,7 @@ async def run_episode(
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
     sampling: SamplingParams | None = None,
+    budgets: Budgets | None = None,
 ) -> Trajectory:
     """Run one episode to its end and return its trajectory (the caller closes `runtime`)."""
     [trajectory] = await run_episodes(
@@ -103,6 +136,7 @@ async def run_episode(
         system_prompt=system_prompt,
         max_tool_calls=max_tool_calls,
         sampling=sampling,
+        budgets=budgets,
     )
     return trajectory
 
@@ -114,20 +148,45 @@ async def run_episodes(
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
     sampling: SamplingParams | None = None,
+    budgets: Budgets | None = None,
+    on_finished: OnFinished | None = None,
 ) -> list[Trajectory]:
     """Run many episodes in lock step, one batched `generate` per turn; trajectories in order.
 
-    `system_prompt=None` or `""` sends no system message; an Episode's own `system_prompt`
-    and `sampling` override the shared ones.
+    `system_prompt=None` or `""` sends no system message; an Episode's own `system_prompt`,
+    `sampling` and `budgets` override the shared ones (`budgets` None: the platform's
+    defaults). `on_finished(index, trajectory)` is awaited as each episode ends, so a caller
+    can report it while the rest of the batch goes on.
     """
     if max_tool_calls < 0:
         raise RolloutError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
+    shared = budgets or DEFAULT_BUDGETS
+    started = time.monotonic()
     states = [_start(ep, system_prompt, max_tool_calls, sampling) for ep in episodes]
+    for state in states:
+        state.budgets = state.episode.budgets or shared
+        seconds = state.budgets.max_rollout_seconds
+        state.deadline = None if seconds is None else started + seconds
+    finished: list[Trajectory | None] = [None] * len(states)
+
+    async def report() -> None:
+        # Finish (and report) every episode that ended since the last turn, in order.
+        for i, state in enumerate(states):
+            if state.done and finished[i] is None:
+                finished[i] = _finish(state)
+                if on_finished is not None:
+                    await on_finished(i, finished[i])
+
     while True:
+        now = time.monotonic()
+        for state in states:
+            if not state.done and state.deadline is not None and now >= state.deadline:
+                state.end("max_rollout_seconds")
+        await report()
         live = [s for s in states if not s.done]
         if not live:
             break
-        responses = await backend.generate([s.request() for s in live])
+        responses = await _generate(backend, [s.request() for s in live], live)
         if len(responses) != len(live):
             raise RolloutError(
                 f"model backend {getattr(backend, 'name', backend)!r} returned "
@@ -142,7 +201,22 @@ async def run_episodes(
             # Episodes are independent: run their tools concurrently (sandboxed test runs are
             # slow).
             await asyncio.gather(*(_apply(s, r) for s, r in zip(live, responses, strict=True)))
-    return [_finish(s) for s in states]
+    return [t for t in finished if t is not None]
+
+
+async def _generate(
+    backend: ModelBackend, requests: list[ChatRequest], live: list[_State]
+) -> list[ChatResponse]:
+    deadlines = [s.deadline for s in live]
+    if any(d is None for d in deadlines):
+        return await backend.generate(requests)
+    # Every live episode has a deadline: a backend that overruns the latest of them (a hung
+    # endpoint) is abandoned, and each episode ends on its own deadline.
+    timeout = max(deadlines) - time.monotonic() + DEADLINE_GRACE_S  # type: ignore[type-var]
+    try:
+        return await asyncio.wait_for(backend.generate(requests), timeout=max(timeout, 0.0))
+    except TimeoutError:
+        return [ChatResponse(finish_reason="deadline") for _ in requests]
 
 
 def _start(
@@ -185,6 +259,11 @@ def _start(
 
 async def _apply(state: _State, response: ChatResponse) -> None:
     state.turn += 1
+    if response.finish_reason == "deadline":
+        # The backend stopped this row at the rollout's deadline: what it wrote is kept.
+        _record_turn(state, response)
+        state.end("max_rollout_seconds")
+        return
     if response.error is not None:
         # The backend gave up on this request (endpoint down, retries exhausted): no verdict.
         state.error = response.error
@@ -192,20 +271,17 @@ async def _apply(state: _State, response: ChatResponse) -> None:
         state.finish_reason = "error"
         state.done = True
         return
-    if response.token_ids is not None and response.logprobs is not None:
-        state.token_ids.append(list(response.token_ids))
-        state.logprobs.append(list(response.logprobs))
-    else:
-        state.has_tokens = False
-    state.messages.append(response.assistant_message())
-    state.final_output = response.content
+    _record_turn(state, response)
     if not response.tool_calls:
         state.finish_reason = "length" if response.finish_reason == "length" else "stop"
         state.done = True
+        if response.finish_reason == "length":
+            state.ended_by = state.turn_limit
         return
     for call in response.tool_calls:
-        if state.finish_reason == "error":  # the environment failed on an earlier call
-            state.messages.append(_tool_message(call, None, "not run: the environment failed"))
+        if state.finish_reason == "error":  # an earlier call ended the episode
+            why = "the environment failed" if state.ended_by is None else "the episode ended"
+            state.messages.append(_tool_message(call, None, f"not run: {why}"))
             continue
         if len(state.records) >= state.max_tool_calls:
             # Every call id still needs an answer for the conversation to stay well formed.
@@ -215,7 +291,10 @@ async def _apply(state: _State, response: ChatResponse) -> None:
                 )
             )
             state.finish_reason = "max_tool_calls"
-            state.done = True
+            state.end("max_tool_calls")
+            continue
+        if _repeated(state, call):
+            state.messages.append(_tool_message(call, None, f"not run: {state.error}"))
             continue
         arguments, result = await _execute(state, call)
         state.records.append(
@@ -228,6 +307,55 @@ async def _apply(state: _State, response: ChatResponse) -> None:
             )
         )
         state.messages.append(_tool_message(call, result.output, result.error))
+    rollout_tokens = state.budgets.max_rollout_tokens
+    if not state.done and rollout_tokens is not None and state.tokens >= rollout_tokens:
+        state.end("max_rollout_tokens")
+
+
+def _record_turn(state: _State, response: ChatResponse) -> None:
+    if response.token_ids is not None and response.logprobs is not None:
+        state.token_ids.append(list(response.token_ids))
+        state.logprobs.append(list(response.logprobs))
+    else:
+        state.has_tokens = False
+    state.tokens += _completion_tokens(response)
+    state.messages.append(response.assistant_message())
+    state.final_output = response.content
+
+
+def _completion_tokens(response: ChatResponse) -> int:
+    if response.usage is not None and response.usage.completion_tokens:
+        return response.usage.completion_tokens
+    if response.token_ids is not None:
+        return len(response.token_ids)
+    # A backend that reports no tokens: about four characters a token.
+    text = (response.content or "") + "".join(c.arguments + c.name for c in response.tool_calls)
+    return (len(text) + 3) // 4
+
+
+def _repeated(state: _State, call: ToolCall) -> bool:
+    """True (and the episode ended as a model error) when `call` repeats one time too many."""
+    key = (call.name, _canonical(call.arguments))
+    state.repeats = state.repeats + 1 if key == state.last_call else 1
+    state.last_call = key
+    limit = state.budgets.max_repeated_calls
+    if not limit or state.repeats < limit:
+        return False
+    state.error = (
+        f"repeated call: {call.name}({_clip(call.arguments.strip(), 200)}) {limit} times in a "
+        f"row (max_repeated_calls {limit}); the last one was not run"
+    )
+    state.error_kind, state.finish_reason = "model", "error"
+    state.end("max_repeated_calls")
+    return True
+
+
+def _canonical(arguments: str) -> str:
+    # {"a": 1, "b": 2} and {"b":2,"a":1} are the same call.
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        return arguments.strip()
 
 
 async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolResult]:
@@ -296,4 +424,7 @@ def _finish(state: _State) -> Trajectory:
         error_kind=kind,
         token_ids=state.token_ids if state.has_tokens and state.token_ids else None,
         logprobs=state.logprobs if state.has_tokens and state.logprobs else None,
+        ended_by=state.ended_by,
+        turns=state.turn,
+        completion_tokens=state.tokens,
     )

@@ -20,6 +20,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from rollout.shared.contracts.budgets import Budgets
+
 # Which templates exist, their spellings and config models are the template registry's
 # (rollout.shared.envs.templates.REGISTRY): TEMPLATES, TEMPLATE_ALIASES and TEMPLATE_CONFIGS
 # here are views of it, built on first use (see __getattr__ at the end).
@@ -523,6 +525,8 @@ class EnvironmentSpec(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     tasks: list[TaskSpec] = Field(default_factory=list)
     verifier: VerifierSpec | None = None
+    # The env's own rollout budgets (unset ones: the platform's); a run may override them.
+    budgets: Budgets | None = None
     _typed: Any = PrivateAttr(default=None)
 
     @field_validator("template", mode="before")

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.contracts.envelope import Payload, register
 from rollout.shared.contracts.snapshot import DatasetSource
 
@@ -63,6 +64,7 @@ class RunRequested(Payload):
     n: int = Field(ge=1)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     max_tool_calls: int = 16
+    budgets: Budgets | None = None
     split: str | None = None
     name: str | None = None
     parent_run_id: str | None = None
@@ -111,6 +113,11 @@ class GeneratedRollout(Payload):
     delivery_attempt: int = 1
     # What broke, when `error` says the rollout could not be generated or stored.
     error_kind: ErrorKind | None = None
+    # Which budget ended the episode (None: the model did), its model turns and new tokens
+    # (None: no episode ran, e.g. the rollout could not be generated).
+    ended_by: str | None = None
+    turns: int | None = None
+    completion_tokens: int | None = None
 
 
 @register

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollout.shared.contracts.budgets import Budgets
+
 # Stage, env and model names: also the keys a stage's references use.
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$"
 STAGE_KINDS: tuple[str, ...] = ("run", "train", "evaluate", "compare")
@@ -61,6 +63,9 @@ class RunStage(_Strict):
     max_tokens: int = Field(512, ge=1, le=131_072, description="Tokens sampled per model turn.")
     max_tool_calls: int = Field(16, ge=0, le=1024, description="Tool calls per episode.")
     deadline_s: float = Field(3600.0, gt=0, le=86_400, description="Seconds before it fails.")
+    budgets: Budgets | None = Field(
+        None, description="Overrides of the env's rollout budgets (tokens, seconds, repeats)."
+    )
 
 
 class TrainStage(_Strict):

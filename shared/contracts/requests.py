@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.contracts.events import Method
 from rollout.shared.contracts.snapshot import DatasetSource
 
@@ -83,6 +84,8 @@ class CreateRun(Request):
     max_tokens: int = 512
     seed: int | None = None
     max_tool_calls: int = 16
+    # Overrides of the env's rollout budgets (unset fields: the env's, else the platform's).
+    budgets: Budgets | None = None
     split: str | None = None
     name: str | None = None
     parent_run_id: str | None = None

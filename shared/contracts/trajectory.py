@@ -35,6 +35,10 @@ class Trajectory(BaseModel):
     # Kept when the backend gives them, so training sees exactly the sampled tokens.
     token_ids: list[list[int]] | None = None
     logprobs: list[list[float]] | None = None
+    # Which budget ended the episode (None: the model ended it); its model turns and tokens.
+    ended_by: str | None = None
+    turns: int = 0
+    completion_tokens: int = 0
 
 
 class PrimitiveResult(BaseModel):

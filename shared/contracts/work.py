@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.contracts.events import SamplingParams
 
 
@@ -31,6 +32,8 @@ class RolloutWork(BaseModel):
     model: str
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     max_tool_calls: int = 16
+    # The run's overrides of the env's budgets (the actor resolves them with the env's).
+    budgets: Budgets | None = None
     policy_version: int = 0
     items: list[RolloutItem]
     # Carried so the events an actor emits join the run's trace.

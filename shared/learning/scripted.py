@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from rollout.errors import RolloutError
+from rollout.shared.contracts.budgets import resolve_budgets
 from rollout.shared.envs.templates.protocol import Plan
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 
@@ -114,7 +115,12 @@ async def scripted_rollouts(
                         continue
                     tally["planned"] += 1
                     tools = [s.to_openai() for s in runtime.tool_specs()]
-                    trajectory = await run_episode(runtime, ScriptedBackend(plan), task.instruction)
+                    trajectory = await run_episode(
+                        runtime,
+                        ScriptedBackend(plan),
+                        task.instruction,
+                        budgets=resolve_budgets(spec.budgets, None),
+                    )
                 finally:
                     await runtime.close()
                 done.append((spec.slug, index, spec, task, trajectory, tools))

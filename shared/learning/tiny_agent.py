@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from rollout.errors import RolloutError
+from rollout.shared.contracts.budgets import resolve_budgets
 from rollout.shared.learning.config import TrainConfig
 
 log = structlog.get_logger(__name__)
@@ -315,6 +316,7 @@ async def evaluate(
                     backend,
                     max_tool_calls=12,
                     sampling=SamplingParams(temperature=0.0, max_tokens=256),
+                    budgets=resolve_budgets(spec.budgets, None),
                 )
             finally:
                 for rt in runtimes:

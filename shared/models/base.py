@@ -35,6 +35,9 @@ class ChatRequest(BaseModel):
     top_p: float = 1.0
     max_tokens: int | None = None
     seed: int | None = None
+    # When the rollout's wall budget runs out (time.monotonic() of this process): a backend
+    # that can stops the request there, finish reason "deadline". Never sent anywhere.
+    deadline: float | None = Field(None, exclude=True)
 
 
 class ChatResponse(BaseModel):

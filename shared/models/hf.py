@@ -21,6 +21,7 @@ import json
 import os
 import random
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -329,10 +330,13 @@ class HFBackend:
             )
             self.last_batch.prefill_tokens += batch * width
             rows = list(range(batch))  # batch position -> request index
+            deadlines = [r.deadline for r in requests]
+            timed = any(d is not None for d in deadlines)
             while rows:
                 logits = out.logits[:, -1, :].float()
                 policy_logp = torch.log_softmax(logits, dim=-1)
                 next_ids = torch.full((len(rows),), pad, dtype=torch.long)
+                now = time.monotonic() if timed else 0.0
                 for pos, i in enumerate(rows):
                     if done[i]:
                         continue
@@ -340,6 +344,10 @@ class HFBackend:
                     if listener is not None and listener.cancelled:
                         # Its client went away: stop spending steps on it.
                         done[i], finish[i] = True, "cancelled"
+                        continue
+                    if deadlines[i] is not None and now >= deadlines[i]:
+                        # Its rollout's wall budget ran out: the row ends with what it wrote.
+                        done[i], finish[i] = True, "deadline"
                         continue
                     token = _sample(logits[pos], request, generators[i])
                     next_ids[pos] = token

@@ -208,17 +208,21 @@ async def test_a_repeated_create_run_returns_the_same_run_and_fans_out_once(
 
     nc = await connect_nats(settings)
     try:
-        types = Counter(
-            [
-                EventEnvelope.from_bytes(m.data).type
-                async for m in read_events(nc.jetstream(), subjects.run_events(first["runId"]))
-            ]
-        )
+        events = [
+            EventEnvelope.from_bytes(m.data)
+            async for m in read_events(nc.jetstream(), subjects.run_events(first["runId"]))
+        ]
+        types = Counter(e.type for e in events)
         work = await nc.jetstream().stream_info(subjects.WORK_STREAM)
     finally:
         await nc.close()
     assert (types["run.requested"], types["run.started"], types["run.completed"]) == (1, 1, 1)
     # One work item (4 rollouts, batch 16), generated once: a second fan-out would add more.
-    assert types["rollout.generated"] == 1 and work.state.messages <= 1  # the other run's
+    # Each task's rollouts are published as soon as they are done: one event per task.
+    generated = [
+        r.rollout_id for e in events if e.type == "rollout.generated" for r in e.body().rollouts
+    ]
+    assert types["rollout.generated"] == 2 and work.state.messages <= 1  # the other run's
+    assert len(generated) == len(set(generated)) == 4
     runs_listed = [r for r in await client.list_runs() if r["runId"] == first["runId"]]
     assert len(runs_listed) == 1

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.contracts.budgets import resolve_budgets
 
 TRACE_CLIP = 160
 
@@ -182,6 +183,7 @@ async def _run_env(
             system_prompt=system_prompt,
             max_tool_calls=max_tool_calls,
             sampling=sampling,
+            budgets=resolve_budgets(spec.budgets, None),
         )
         for i, trajectory in zip(order, trajectories, strict=True):
             verdict = await score(spec, i, trajectory)

@@ -44,6 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n", type=int, default=1, help="rollouts per task")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tool-calls", type=int, default=16)
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override one of the env's rollout budgets (max_turn_tokens, max_rollout_tokens, "
+        "max_rollout_seconds, max_repeated_calls; 0 turns the repeat guard off); repeatable",
+    )
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--name", default=None)
@@ -140,6 +148,33 @@ async def _require_local_sandbox(client: AsyncClient, slug: str) -> None:
     await require_sandbox({e["template"] for e in envs if e["slug"] == slug})
 
 
+def budget_overrides(pairs: list[str]) -> dict[str, Any] | None:
+    """`--budget NAME=VALUE` flags as a Budgets dict (None when none); RolloutError naming one."""
+    from pydantic import ValidationError
+
+    from rollout.shared.contracts.budgets import Budgets
+
+    if not pairs:
+        return None
+    raw: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise RolloutError(
+                f"--budget {pair!r}: expected NAME=VALUE, e.g. max_rollout_seconds=60"
+            )
+        raw[name.strip()] = value.strip()
+    try:
+        return Budgets.model_validate(raw).model_dump(exclude_none=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(p) for p in first["loc"])
+        known = ", ".join(Budgets.model_fields)
+        raise RolloutError(
+            f"--budget {name}: {first['msg']}", problems=[f"budgets: {known}"]
+        ) from None
+
+
 async def _run_cmd(args: argparse.Namespace) -> int:
     if args.config:
         from rollout.cli.experiments import run_config_command
@@ -161,6 +196,7 @@ async def _run_cmd(args: argparse.Namespace) -> int:
             args.n,
             temperature=args.temperature,
             max_tool_calls=args.max_tool_calls,
+            budgets=budget_overrides(args.budget),
             max_tokens=args.max_tokens,
             seed=args.seed,
             name=args.name,
