@@ -68,11 +68,29 @@ def _counter_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
     return [("increment", {})] * truth["value"]
 
 
+def _reservation_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
+    # Look the order up, check its sku's stock, reserve: three calls where the template's plan
+    # makes two.
+    truth = task.hidden_ground_truth
+    records = truth.get("reservations") if isinstance(truth, dict) else None
+    if not isinstance(records, list) or not records:
+        return None
+    plan: Plan = []
+    for record in records:
+        plan += [
+            ("get_order", {"id": record["order_id"]}),
+            ("check_stock", {"sku": record["sku"]}),
+            ("reserve", dict(record)),
+        ]
+    return plan
+
+
 # Example envs whose ground truth alone does not say what to do, by slug; every other env
 # gets its template's plan (Template.plan).
 EXAMPLE_PLANNERS: dict[str, Callable[[Any, Any, Any], Plan | None]] = {
     "fix-calc": _fix_calc_plan,
     "counter-plugin": _counter_plan,
+    "stock-reservations": _reservation_plan,
 }
 
 

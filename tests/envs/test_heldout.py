@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from rollout.shared.contracts.budgets import resolve_budgets
 from rollout.shared.envs import build_runtime, load_environments, score
 from rollout.shared.learning.scripted import ScriptedBackend, plan_for
 
@@ -43,6 +44,7 @@ SHARED_VOCABULARY: dict[str, set[Any]] = {
     "ticket-routing": {"billing", "shipping", "technical", "account"},
     "ticket-desk": {"closed", "open", 1, "closed.length"},
     "support-refunds": {"shipped"},
+    "stock-reservations": {"north", "south", "east", "west"},
     "shop-signup": {"signup", "free", "pro", "team"},
     "fix-calc": set(),
     "sales-sql": set(),
@@ -217,7 +219,11 @@ async def test_scripted_plan_solves_every_task_of_both_splits(name: str, spec: A
         try:
             plan = plan_for(spec, task, runtime)
             assert plan is not None, f"task {index}: no scripted plan"
-            trajectories.append(await run_episode(runtime, ScriptedBackend(plan), task.instruction))
+            # Under the env's own budgets, as the actor runs it.
+            budgets = resolve_budgets(spec.budgets, None)
+            trajectories.append(
+                await run_episode(runtime, ScriptedBackend(plan), task.instruction, budgets=budgets)
+            )
         finally:
             await runtime.close()
     # Scoring may run the tests in the sandbox (a second or two each): all at once.
