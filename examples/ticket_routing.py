@@ -123,6 +123,8 @@ env = Environment(
     name="Ticket routing",
     template="workflow",
     description="Route a support ticket to billing, shipping, technical or account.",
+    # A right answer is one ~20-token call: a confused model is cut at 48 tokens a turn.
+    budgets={"max_turn_tokens": 48},
     config=workflow_config(
         tools=[
             action_tool(

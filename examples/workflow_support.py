@@ -66,6 +66,8 @@ env = Environment(
     name="Support refunds",
     template="workflow",
     description="Look up an order, then refund its full amount.",
+    # The longest right turn, the refund call, is about 41 tokens.
+    budgets={"max_turn_tokens": 64},
     config=workflow_config(
         tools=[
             lookup_tool(

@@ -165,6 +165,14 @@ async def test_lora_sft_step_then_the_trained_name_loads_base_plus_adapter(
     backend = resolve_backend(name)
     assert isinstance(backend, trained.TrainedBackend) and backend.adapter_base == smollm2.NAME
     assert hasattr(backend.model, "peft_config")  # base + adapter, never merged
+    # The adapter the actor serves is, tensor for tensor, the one the job trained.
+    import torch
+    from peft import get_peft_model_state_dict
+
+    served = get_peft_model_state_dict(backend.model, adapter_name=backend.model.active_adapter)
+    saved = load_file(adapter / "adapter_model.safetensors")
+    assert served.keys() == saved.keys()
+    assert all(torch.equal(served[k].cpu(), saved[k]) for k in saved)
     good, bad = await backend.generate(
         [ChatRequest(messages=m, tools=TOOLS, temperature=0, max_tokens=32) for m in (GOOD, BROKEN)]
     )

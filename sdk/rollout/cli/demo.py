@@ -20,7 +20,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,17 @@ class Recipe:
     steps: int = DEFAULT_STEPS
     # At most this many SFT rollouts, spread over the train tasks in task order (None: all).
     sft_max: int | None = None
+    # Per example env: settings that differ from the above (`steps`, `grpo` entries).
+    per_env: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def for_env(self, slug: str) -> Recipe:
+        """This recipe with `slug`'s own settings applied."""
+        own = self.per_env.get(slug) or {}
+        return replace(
+            self,
+            steps=own.get("steps", self.steps),
+            grpo={**self.grpo, **own.get("grpo", {})},
+        )
 
 
 RECIPES: dict[str, Recipe] = {
@@ -108,23 +119,44 @@ RECIPES: dict[str, Recipe] = {
             "threads": 1,
             "beta": 0.0,
         },
-        max_tokens=48,
+        # Each env bounds a turn's tokens by its own budget (max_turn_tokens: 48 for a routing
+        # call, 64 for a refund, 96 for a reservation's four arguments); this is only a cap.
+        max_tokens=512,
         max_tool_calls=3,
         steps=6,
         sft_max=24,
     ),
 }
 DEMO_SOURCES = ("scripted", "self")
+# Any local transformers model (`hf:DIR`): learn from the scripted teacher, as SmolLM2 does,
+# with the platform's defaults and a short GRPO stage. Nothing about its quality is assumed;
+# the README's commands run the demo this way on a tiny model (tests/stack/test_readme_commands.py).
+HF_RECIPE = Recipe(
+    demos="scripted",
+    sft={"epochs": 1.0, "learning_rate": 2e-3, "batch_size": 4, "max_seq_len": MAX_SEQ_LEN},
+    grpo={
+        "learning_rate": 5e-5,
+        "max_staleness": 1,
+        "tasks_per_step": 4,
+        "beta": 0.0,
+        "max_seq_len": MAX_SEQ_LEN,
+    },  # fmt: skip
+    max_tokens=512,
+    max_tool_calls=3,
+    steps=2,
+)
 
 
 def recipe_for(model: str) -> Recipe:
     """The demo's recipe for a base model; RolloutError naming the models it has one for."""
-    if model not in RECIPES:
-        raise RolloutError(
-            f"--model {model!r}: the demo has no recipe for it",
-            problems=[f"models: {', '.join(RECIPES)}"],
-        )
-    return RECIPES[model]
+    if model in RECIPES:
+        return RECIPES[model]
+    if model.startswith("hf:"):
+        return HF_RECIPE
+    raise RolloutError(
+        f"--model {model!r}: the demo has no recipe for it",
+        problems=[f"models: {', '.join(RECIPES)}, or hf:DIR (a local transformers model)"],
+    )
 
 
 RUN_TIMEOUT_S = 1200.0
@@ -189,7 +221,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 when every stage ran (whatever the pass rates are)."""
-    recipe = recipe_for(args.model)
+    recipe = recipe_for(args.model).for_env(args.env)
     if args.steps is None:
         args.steps = recipe.steps
     args.demos = args.demos or recipe.demos
@@ -266,6 +298,12 @@ def ensure_model(name: str, say: Say) -> Path:
     """Prepare the local model here first (cached), so actors find it ready."""
     from rollout.shared.models.local_models import ensure
 
+    if name.startswith("hf:"):
+        folder = Path(name[3:]).expanduser()
+        if not (folder / "config.json").is_file():
+            raise RolloutError(f"--model {name!r}: no transformers model in {folder}")
+        return folder
+
     def progress(stage: str, done: int, total: int) -> None:
         say(f"      {stage}" if total <= 1 else f"      {stage} ({done}/{total})")
 
@@ -302,7 +340,7 @@ def example_env(slug: str, folder: Path | None) -> Any:
 async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, Any]:
     """Every stage in order; returns run ids, job ids, models and measured pass rates."""
     base = args.model
-    recipe = recipe_for(base)
+    recipe = recipe_for(base).for_env(args.env)
     say(f"[1/6] model: {base}")
     await asyncio.to_thread(ensure_model, base, say)
     tag = new_id()[:8]
@@ -315,8 +353,10 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         say(f"      pushed {slug} v{pushed['version']}")
 
         say(f"[2/6] baseline: {base} on the test split")
+        clock = time.monotonic()
         baseline = await evaluate(client, slug, base, args.n, "baseline", tag, args.json, limits)
-        stages.append(_stage("baseline", baseline))
+        stages.append(_stage("baseline", baseline) | {"seconds": _since(clock)})
+        clock = time.monotonic()
         say(f"      pass rate {baseline['passRate']:.0%} ({_counts(baseline)})")
 
         if args.demos == "scripted":
@@ -330,7 +370,7 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
             train = await run(client, slug, base, split="train", n=args.train_n,
                               temperature=args.temperature, name=f"demo {tag} train",
                               quiet=args.json, **limits)  # fmt: skip
-        stages.append(_stage("train", train))
+        stages.append(_stage("train", train) | {"seconds": _since(clock)})
         say(f"      {train['passed']} of {train['scored']} passed")
 
         chosen = await sft_selection(client, train["runId"], recipe.sft_max)
@@ -338,6 +378,7 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most {SFT_PER_TASK} per "
             f"task{cap}, so the tasks it already solves do not drown the rest)")  # fmt: skip
         model = base
+        clock = time.monotonic()
         sft_job = await improve(
             client, say, args.json, base_model=base, method="sft",
             source_run_id=train["runId"], rollout_ids=chosen or None,
@@ -345,6 +386,7 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
         )  # fmt: skip
         sft_entry: dict[str, Any] = {"stage": "sft"}
         after_sft: dict[str, Any] | None = None
+        sft_entry["trainSeconds"] = _since(clock)
         if sft_job.get("status") == "completed":
             model = sft_job["modelId"]
             after_sft = await evaluate(
@@ -357,9 +399,11 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
             say(f"      skipped: {sft_job.get('reason')}")
         else:
             raise RolloutError(f"the SFT job {sft_job.get('id')} failed: {sft_job.get('reason')}")
+        sft_entry["seconds"] = _since(clock)
         stages.append(sft_entry)
 
         say(f"[5/6] GRPO: {args.steps} online steps on the train split from {model}")
+        clock = time.monotonic()
         grpo_job = await improve(
             client, say, args.json, base_model=model, method="grpo", env_slug=slug,
             suffix=f"demo-{tag}-grpo",
@@ -372,10 +416,14 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
                 f"the GRPO job {grpo_job.get('id')} failed: {grpo_job.get('reason')}"
             )
         final_model = grpo_job["modelId"]
+        trained_s = _since(clock)
 
         say(f"[6/6] {final_model} on the test split")
         final = await evaluate(client, slug, final_model, args.n, "final", tag, args.json, limits)
-        stages.append({**_stage("grpo", final), "jobId": grpo_job["id"]})
+        stages.append(
+            _stage("grpo", final)
+            | {"jobId": grpo_job["id"], "trainSeconds": trained_s, "seconds": _since(clock)}
+        )
         say(f"      pass rate {final['passRate']:.0%} ({_counts(final)})")
     finally:
         await client.close()
@@ -425,7 +473,29 @@ def _stage(name: str, r: dict[str, Any]) -> dict[str, Any]:
         "passed": r["passed"],
         "passRate": r["passRate"],
         "meanScore": r["meanScore"],
+        # Per rollout: how it ended (the model, or which budget), its turns and new tokens.
+        "endedBy": r.get("endedBy") or {},
+        "meanTurns": r.get("meanTurns"),
+        "meanCompletionTokens": r.get("meanCompletionTokens"),
     }
+
+
+def _since(clock: float) -> float:
+    """Seconds since `clock` (time.monotonic), to one decimal; the stage times it reports."""
+    return round(time.monotonic() - clock, 1)
+
+
+def _endings(stage: dict[str, Any]) -> str:
+    """`model 12, max_repeated_calls 4`: how a stage's rollouts ended, most common first."""
+    ended = sorted((stage.get("endedBy") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{k} {v}" for k, v in ended) or "-"
+
+
+def _per_rollout(stage: dict[str, Any]) -> str:
+    turns, tokens = stage.get("meanTurns"), stage.get("meanCompletionTokens")
+    if turns is None or tokens is None:
+        return "-"
+    return f"{turns:.1f} turns, {tokens:.0f} tokens"
 
 
 def _counts(r: dict[str, Any]) -> str:
@@ -549,7 +619,8 @@ def print_summary(result: dict[str, Any]) -> None:
     from rollout.shared.stats import format_interval, wilson_interval
 
     print(f"\nrollout demo on {result['env']}  ({result['elapsedS']:.0f}s)\n")
-    print(f"{'STAGE':<9} {'RUN':<17} {'SPLIT':<6} {'PASS':>6} {'95% CI':>11} {'SCORE':>7}  MODEL")
+    print(f"{'STAGE':<9} {'RUN':<17} {'SPLIT':<6} {'PASS':>6} {'95% CI':>11} {'SCORE':>7}"
+          f" {'SECONDS':>7}  MODEL")  # fmt: skip
     for s in result["stages"]:
         if s.get("runId") is None:
             print(
@@ -559,7 +630,8 @@ def print_summary(result: dict[str, Any]) -> None:
             continue
         ci = format_interval(wilson_interval(s["passed"], s["scored"]))
         print(f"{s['stage']:<9} {s['runId']:<17} {s['split'] or '-':<6} {s['passRate']:>6.0%}"
-              f" {ci:>11} {s['meanScore']:>7.3f}  {s['model']}")  # fmt: skip
+              f" {ci:>11} {s['meanScore']:>7.3f} {s.get('seconds') or 0:>7.0f}  {s['model']}")  # fmt: skip
+        print(f"{'':<9} per rollout: {_per_rollout(s)}; ended by: {_endings(s)}")
     c = result["compare"]
     print(
         f"\ncompare {c['base']['runId']} (baseline) -> {c['other']['runId']} (after SFT + GRPO)\n"

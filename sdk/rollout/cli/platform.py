@@ -284,6 +284,11 @@ def print_run(run: dict[str, Any]) -> None:
           f"  failed {run.get('failed', run['scored'] - run['passed'] - run['errored'])}"
           f"  errored {run['errored']}"
           f"  pass rate {run['passRate']:.1%}  mean score {run['meanScore']:.3f}")  # fmt: skip
+    if run.get("endedBy"):
+        # How the rollouts ended: the model finished them, or which budget did.
+        ended = ", ".join(f"{k} {v}" for k, v in sorted(run["endedBy"].items()))
+        print(f"  ended by: {ended}  mean turns {run['meanTurns']:.1f}"
+              f"  mean new tokens {run['meanCompletionTokens']:.0f}")  # fmt: skip
     if run.get("tasks"):
         print(f"  {'TASK':>5} {'N':>4} {'PASS':>6} {'SCORE':>7} {'ERR':>4}")
         for t in run["tasks"]:
