@@ -125,6 +125,14 @@ RECIPES: dict[str, Recipe] = {
         max_tool_calls=3,
         steps=6,
         sft_max=24,
+        # The multi-turn envs: SFT on whole chats already passes 8 of 8 validation tasks of
+        # each (benchmarks/grpo_over_sft.py --env ...), so GRPO has little to add there and a
+        # step costs 2-3 times ticket-routing's (three turns, ~500-token contexts): a short
+        # GRPO stage keeps the demo within 15 minutes.
+        per_env={
+            "support-refunds": {"steps": 2, "grpo": {"tasks_per_step": 4}},
+            "stock-reservations": {"steps": 2, "grpo": {"tasks_per_step": 4}},
+        },
     ),
 }
 DEMO_SOURCES = ("scripted", "self")
