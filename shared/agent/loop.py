@@ -61,7 +61,7 @@ class Episode:
     # Earlier turns of a multi-turn prompt (a leading system message replaces the default one);
     # the instruction is the user turn that follows them.
     history: list[dict[str, Any]] | None = None
-    # This episode's budgets (all set); None: the ones given to run_episodes.
+    # This episode's budgets; None: the ones given to run_episodes.
     budgets: Budgets | None = None
 
 
@@ -154,8 +154,7 @@ async def run_episodes(
     """Run many episodes in lock step, one batched `generate` per turn; trajectories in order.
 
     `system_prompt=None` or `""` sends no system message; an Episode's own `system_prompt`,
-    `sampling` and `budgets` override the shared ones (`budgets` None: the platform's
-    defaults). `on_finished(index, trajectory)` is awaited as each episode ends, so a caller
+    `sampling` and `budgets` override the shared ones (a budget left unset: the platform's). `on_finished(index, trajectory)` is awaited as each episode ends, so a caller
     can report it while the rest of the batch goes on.
     """
     if max_tool_calls < 0:
@@ -164,7 +163,8 @@ async def run_episodes(
     started = time.monotonic()
     states = [_start(ep, system_prompt, max_tool_calls, sampling) for ep in episodes]
     for state in states:
-        state.budgets = state.episode.budgets or shared
+        # A budget left unset is the platform's.
+        state.budgets = (state.episode.budgets or shared).over(DEFAULT_BUDGETS)
         seconds = state.budgets.max_rollout_seconds
         state.deadline = None if seconds is None else started + seconds
     finished: list[Trajectory | None] = [None] * len(states)

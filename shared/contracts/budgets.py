@@ -60,7 +60,7 @@ DEFAULT_BUDGETS = Budgets(
     max_turn_tokens=512,
     max_rollout_tokens=4096,
     max_rollout_seconds=300.0,
-    max_repeated_calls=3,
+    max_repeated_calls=5,
 )
 
 

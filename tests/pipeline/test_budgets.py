@@ -71,15 +71,15 @@ async def test_degenerate_policies_end_at_their_budgets_and_the_run_says_which(
     assert runs["healthy"]["endedBy"] == {"model": TASKS}
     assert runs["healthy"]["meanTurns"] == 2  # the refund call, then the answer
 
-    # The same call three times in a row (the platform's default) ends it as a model error
-    # naming the call; the third is not run.
+    # The same call five times in a row (the platform's default) ends it as a model error
+    # naming the call; the fifth is not run.
     looped = runs["looping"]
     assert looped["endedBy"] == {"max_repeated_calls": TASKS}
-    assert looped["meanTurns"] == 3 and asked["looping"] == 3 * TASKS
+    assert looped["meanTurns"] == 5 and asked["looping"] == 5 * TASKS
     for r in looped["rollouts"]:
         assert r["outcome"] == "errored" and r["errorKind"] == "model", r
-        assert 'lookup_order({"order_id": "O-1"}) 3 times in a row' in r["error"]
-        assert r["endedBy"] == "max_repeated_calls" and len(r["trajectory"]["tool_calls"]) == 2
+        assert 'lookup_order({"order_id": "O-1"}) 5 times in a row' in r["error"]
+        assert r["endedBy"] == "max_repeated_calls" and len(r["trajectory"]["tool_calls"]) == 4
 
     # The run's own budgets: turns of at most 100 tokens, 250 in all, so the third turn is
     # cut to the 50 left and the rollout ends there (not at its 100 tool calls).

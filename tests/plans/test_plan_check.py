@@ -157,7 +157,7 @@ def test_a_split_the_env_lacks(tmp_path: Path) -> None:
     (tmp_path / "p.toml").write_text(text)
     result = check(tmp_path / "p.toml")
     assert result.problems == [
-        f"stages[{i}].evaluate.split: support-refunds has no 'tset' tasks (splits: test, train)"
+        f"stages[{i}].evaluate.split: support-refunds has no 'tset' tasks (splits: test, train, validation)"
         for i in (0, 2)
     ]
 
