@@ -98,20 +98,49 @@ COMPLAINTS = {
             "two people share one login and we want separate ones",
         ],
     },
+    # Where recipes are chosen (learning rate, steps, tasks per step); test is only reported.
+    "validation": {
+        "billing": [
+            "the fee on this month's invoice looks wrong",
+            "I paid but the receipt never came",
+            "please explain the extra charge from tuesday",
+            "I still wait for the refund you promised",
+        ],
+        "shipping": [
+            "the courier has not shown up all week",
+            "my parcel went to a different city",
+            "the tracking page says lost in transit",
+            "one box of the shipment is still out there",
+        ],
+        "technical": [
+            "the app logs me out every few minutes",
+            "the website buttons do not respond",
+            "an error pops up when I save a file",
+            "since the app update my screen stays black",
+        ],
+        "account": [
+            "I cannot remember my username",
+            "my profile picture will not change",
+            "the login page rejects my new code",
+            "please merge my two account records",
+        ],
+    },
 }
 CUSTOMERS = {
     "train": ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Gita", "Hugo", "Iris", "Jon"],
     "test": ["Kofi", "Lena", "Mateo", "Nadia", "Omar", "Priya"],
+    "validation": ["Quinn", "Rosa", "Sven", "Tara"],
 }
 TEAMS = sorted(CUES)
-# Each train complaint is filed twice (by two customers), each test complaint once: 48 / 32.
-COPIES = {"train": 2, "test": 1}
+# Each train complaint is filed twice (by two customers), each held-out one once: 48 / 32 / 16.
+COPIES = {"train": 2, "test": 1, "validation": 1}
 
 rng = random.Random(11)
 # Teams interleaved: every team shows up early in the train split.
 TICKETS = [
     {"team": team, "customer": rng.choice(CUSTOMERS[split]), "text": text, "split": split}
-    for split in ("train", "test")
+    # Validation last: the train and test tasks keep their indices and customers.
+    for split in ("train", "test", "validation")
     for _ in range(COPIES[split])
     for j in range(len(COMPLAINTS[split][TEAMS[0]]))
     for team in TEAMS
