@@ -407,3 +407,55 @@ async def test_tools_that_wait_still_run_concurrently_across_episodes() -> None:
     ]
     done = await asyncio.wait_for(run_episodes(episodes, ScriptedRefunds()), 10)
     assert all(t.final_state["refunds"] for t in done) and len(arrived) == 3
+
+
+async def test_the_repeated_call_guard_ends_the_episode_before_the_repeat_runs() -> None:
+    from rollout.shared.contracts.budgets import Budgets
+    from rollout.shared.learning.scripted import ScriptedBackend
+
+    # A policy that refunds the same order forever: the third identical call is not run.
+    refund = ("refund", {"order_id": "O-1", "amount": 100})
+    shop = ShopRuntime()
+    trajectory = await run_episode(
+        shop, ScriptedBackend([refund] * 10), "go", budgets=Budgets(max_repeated_calls=3)
+    )
+    assert shop.refunds == [refund[1]] * 2  # two ran, the third was refused
+    assert trajectory.ended_by == "max_repeated_calls" and trajectory.error_kind == "model"
+    assert 'refund({"order_id": "O-1", "amount": 100}) 3 times in a row' in trajectory.error
+    assert trajectory.turns == 3 and len(trajectory.tool_calls) == 2
+    # The same arguments in another order are the same call; other arguments reset the count.
+    lookups = [("lookup_order", {"order_id": "O-1"}), ("lookup_order", {"order_id": "O-2"})]
+    varied = await run_episode(
+        ShopRuntime(), ScriptedBackend(lookups * 3), "go", budgets=Budgets(max_repeated_calls=2)
+    )
+    assert varied.ended_by is None and varied.error is None and len(varied.tool_calls) == 6
+
+
+async def test_each_episode_is_reported_as_it_ends_not_when_the_batch_does() -> None:
+    from rollout.shared.learning.scripted import ScriptedBackend
+
+    class PerTask(ScriptedBackend):
+        """Task 'short' answers at once; task 'long' makes three calls first."""
+
+        async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+            out = []
+            for request in requests:
+                user = next(m["content"] for m in request.messages if m["role"] == "user")
+                turn = sum(1 for m in request.messages if m["role"] == "assistant")
+                calls = 0 if user == "short" else 3
+                self.plan = [("lookup_order", {"order_id": f"O-{k}"}) for k in range(calls)]
+                out.extend(await super().generate([request]))
+                heard.append(("turn", user, turn))
+            return out
+
+    heard: list[tuple[str, str, int]] = []
+
+    async def finished(index: int, trajectory: Any) -> None:
+        heard.append(("finished", ["long", "short"][index], trajectory.turns))
+
+    episodes = [Episode(ShopRuntime(), "long"), Episode(ShopRuntime(), "short")]
+    done = await run_episodes(episodes, PerTask([]), on_finished=finished)
+    assert [t.turns for t in done] == [4, 1]  # in episode order
+    # 'short' was reported right after its only turn, while 'long' still had turns to go.
+    assert heard.index(("finished", "short", 1)) < heard.index(("turn", "long", 1))
+    assert heard[-1] == ("finished", "long", 4)
