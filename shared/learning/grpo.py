@@ -376,6 +376,15 @@ class GRPOLearner:
         for k, ids in enumerate(token_ids[: len(starts)]):
             context = self._context_ids(full[: starts[k]], tools)
             if len(context) + len(ids) > self.config.max_seq_len:
+                if not self.metrics["turns_too_long"]:
+                    # Said once per job: a max_seq_len too short for the env's chats drops
+                    # their later turns (the second call, the final answer) from training.
+                    log.warning(
+                        "grpo: a turn longer than max_seq_len is not trained on",
+                        tokens=len(context) + len(ids),
+                        max_seq_len=self.config.max_seq_len,
+                        turn=k,
+                    )
                 self.metrics["turns_too_long"] += 1
                 continue
             old = logprobs[k] if k < len(logprobs) and len(logprobs[k]) == len(ids) else None
