@@ -85,12 +85,24 @@ def _reservation_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
     return plan
 
 
+def _returns_plan(spec: Any, task: Any, runtime: Any) -> Plan | None:
+    # Look the order up, then the refund and/or the notice its status calls for.
+    truth = task.hidden_ground_truth
+    if not isinstance(truth, dict):
+        return None
+    plan: Plan = [("get_order", {"id": task.id})]
+    plan += [("refund", dict(r)) for r in truth.get("refunds") or []]
+    plan += [("notify_customer", dict(n)) for n in truth.get("notices") or []]
+    return plan
+
+
 # Example envs whose ground truth alone does not say what to do, by slug; every other env
 # gets its template's plan (Template.plan).
 EXAMPLE_PLANNERS: dict[str, Callable[[Any, Any, Any], Plan | None]] = {
     "fix-calc": _fix_calc_plan,
     "counter-plugin": _counter_plan,
     "stock-reservations": _reservation_plan,
+    "returns-desk": _returns_plan,
 }
 
 

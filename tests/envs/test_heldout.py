@@ -45,6 +45,7 @@ SHARED_VOCABULARY: dict[str, set[Any]] = {
     "ticket-desk": {"closed", "open", 1, "closed.length"},
     "support-refunds": {"shipped"},
     "stock-reservations": {"north", "south", "east", "west"},
+    "returns-desk": {"delivered", "lost", "in_transit"},
     "shop-signup": {"signup", "free", "pro", "team"},
     "fix-calc": set(),
     "sales-sql": set(),
