@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.budgets import DEFAULT_BUDGETS, Budgets
+from rollout.shared.contracts.budgets import DEFAULT_BUDGETS, Budgets, EndedBy
 from rollout.shared.contracts.events import ErrorKind
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs.runtime import EnvironmentFailed, EnvRuntime, ToolResult
@@ -86,12 +86,12 @@ class _State:
     budgets: Budgets = field(default_factory=lambda: DEFAULT_BUDGETS)
     deadline: float | None = None
     tokens: int = 0
-    ended_by: str | None = None
+    ended_by: EndedBy | None = None
     # The last tool call (name, canonical arguments) and how many times in a row it came.
     last_call: tuple[str, str] | None = None
     repeats: int = 0
     # Which limit bounds this turn's tokens, for `ended_by` when the turn runs out.
-    turn_limit: str = "max_turn_tokens"
+    turn_limit: EndedBy = "max_turn_tokens"
 
     def request(self) -> ChatRequest:
         seed = self.sampling.seed
@@ -114,7 +114,7 @@ class _State:
             deadline=self.deadline,
         )
 
-    def end(self, budget: str) -> None:
+    def end(self, budget: EndedBy) -> None:
         """End the episode because `budget` ran out."""
         self.ended_by, self.done = budget, True
 

@@ -21,7 +21,6 @@ EndedBy = Literal[
     "max_repeated_calls",
     "max_tool_calls",
 ]
-ENDED_BY: tuple[str, ...] = EndedBy.__args__  # type: ignore[attr-defined]
 
 
 class Budgets(BaseModel):

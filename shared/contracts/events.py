@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rollout.shared.contracts.budgets import Budgets
+from rollout.shared.contracts.budgets import Budgets, EndedBy
 from rollout.shared.contracts.envelope import Payload, register
 from rollout.shared.contracts.snapshot import DatasetSource
 
@@ -115,7 +115,7 @@ class GeneratedRollout(Payload):
     error_kind: ErrorKind | None = None
     # Which budget ended the episode (None: the model did), its model turns and new tokens
     # (None: no episode ran, e.g. the rollout could not be generated).
-    ended_by: str | None = None
+    ended_by: EndedBy | None = None
     turns: int | None = None
     completion_tokens: int | None = None
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.shared.contracts.budgets import EndedBy
 from rollout.shared.contracts.events import ErrorKind
 
 
@@ -36,7 +37,7 @@ class Trajectory(BaseModel):
     token_ids: list[list[int]] | None = None
     logprobs: list[list[float]] | None = None
     # Which budget ended the episode (None: the model ended it); its model turns and tokens.
-    ended_by: str | None = None
+    ended_by: EndedBy | None = None
     turns: int = 0
     completion_tokens: int = 0
 
