@@ -19,6 +19,8 @@ import psutil
 from rollout.errors import RolloutError
 
 LOOPBACK = "127.0.0.1"
+# How far two reads of one process's start time may differ (see ProcessRef.alive).
+CREATE_TIME_SLACK_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -50,7 +52,10 @@ class ProcessRef:
         try:
             proc = psutil.Process(self.pid)
             return (
-                abs(proc.create_time() - self.create_time) < 0.01
+                # Linux derives a start time from /proc/stat's btime (wall clock minus uptime),
+                # which moves when the clock is stepped: two reads may differ by a second. A
+                # reused pid started within that second of the original is not a real risk.
+                abs(proc.create_time() - self.create_time) < CREATE_TIME_SLACK_S
                 and proc.status() != psutil.STATUS_ZOMBIE
             )
         except psutil.Error:

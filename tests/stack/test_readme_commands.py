@@ -303,12 +303,15 @@ def plan_replay(s: Session) -> None:
 
 
 def key_viewer(s: Session) -> None:
-    assert "rk_viewer_" in s.rollout("keys", "create", "--role", "viewer").stdout
+    made = s.rollout("keys", "create", "--role", "viewer")
+    assert "rk_viewer_" in made.stdout
+    assert "stack is not running" not in made.stderr, made.stderr  # applied to the server now
 
 
 def key_runner(s: Session) -> None:
-    out = s.rollout("keys", "create", "--role", "runner").stdout
-    s.ids["KEY"] = re.search(r"rk_runner_\S+", out).group()  # type: ignore[union-attr]
+    made = s.rollout("keys", "create", "--role", "runner")
+    assert "stack is not running" not in made.stderr, made.stderr
+    s.ids["KEY"] = re.search(r"rk_runner_\S+", made.stdout).group()  # type: ignore[union-attr]
 
 
 def login(s: Session) -> None:
