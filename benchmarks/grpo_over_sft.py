@@ -104,8 +104,8 @@ async def rollouts(
 
 def groups_of(rows: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
     """GRPO groups per task, built by the buffer's own builder (what the learner gets)."""
-    from rollout.services.buffer.datasets import grpo_groups
     from rollout.shared.contracts.buffer import GrpoGroupsQuery
+    from rollout.shared.learning.datasets import grpo_groups
 
     query = GrpoGroupsQuery(
         run_ids=[RUN_ID], current_policy_version=version, max_staleness=0, min_group_size=2

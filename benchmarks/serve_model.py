@@ -23,10 +23,11 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from rollout.services.inference.main import bind, serving
+from rollout.services.inference.main import serving
 from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.hf import HFBackend
 from rollout.shared.models.tiny import build_tiny_model
+from rollout.shared.service.sockets import bind
 
 
 def _prompt(i: int) -> list[dict[str, str]]:

@@ -27,13 +27,14 @@ import httpx
 from rollout.services.tracker.queries import get_run as tracker_get_run
 from rollout.services.ui.app import create_app
 from rollout.services.ui.auth import COOKIE, Viewer
-from rollout.services.ui.main import bind, start_in_loop, url_of
+from rollout.services.ui.main import start_in_loop
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.requests import GetRun
 from rollout.shared.observability import configure_logging
+from rollout.shared.service.sockets import bind, url_of
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.nats import start_nats
 from rollout.shared.stack.postgres import start_postgres

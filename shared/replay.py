@@ -7,13 +7,13 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.engine import score
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.store import env_versions
 from rollout.shared.store.spec_cache import SpecCache

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.errors import RolloutError
 
 if TYPE_CHECKING:
     import nats.aio.client
@@ -252,8 +253,6 @@ def nats_tls_context(settings: Settings) -> ssl.SSLContext | None:
 
 def inbox_prefix_of(settings: Settings) -> str | None:
     """The private reply prefix of a key's or a service's user (they may subscribe only there)."""
-    from rollout.shared import subjects
-
     user = settings.nats_user
     if user and user.startswith((API_KEY_PREFIX, SERVICE_USER_PREFIX)):
         return subjects.inbox_prefix(user)

@@ -12,6 +12,7 @@ from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.auth.credentials import client_settings, with_credentials
 from rollout.shared.auth.denials import PermissionWatch
+from rollout.shared.bus.reader import read_events
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
@@ -173,8 +174,6 @@ class AsyncClient:
 
     async def wait_for_run(self, run_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
         """Block until the run completes or fails (follows its events), then return it."""
-        from rollout.shared.bus.reader import read_events
-
         js = await self.jetstream()
 
         async def follow() -> None:

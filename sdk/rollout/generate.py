@@ -26,7 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.chat import check_messages
+from rollout.shared.contracts.envelope import EventEnvelope, new_id
+from rollout.shared.contracts.envspec import EnvironmentSpec
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 MAX_PROMPTS = 100_000
@@ -333,9 +337,6 @@ async def generate(
     client: Any, req: GenerateRequest, *, progress: ProgressFn | None = None
 ) -> GenerateResult:
     """Run `req` as a run through the actor pool and stream its rollouts to `req.out`."""
-    from rollout.shared.contracts.envelope import new_id
-    from rollout.shared.contracts.envspec import EnvironmentSpec
-
     fmt = req.format
     if (req.env is None) == (req.prompts is None):
         raise RolloutError("give exactly one of --env SLUG or --prompts FILE.jsonl")
@@ -450,10 +451,6 @@ async def _stream(
     progress: ProgressFn | None,
 ) -> tuple[int, str, str | None]:
     """Follow the run's events from its start; write each newly scored rollout once."""
-    from rollout.shared import subjects
-    from rollout.shared.bus.reader import read_events
-    from rollout.shared.contracts.envelope import EventEnvelope
-
     js = await client.jetstream()
     generated: dict[str, Any] = {}
     # Trajectories too large for an event sit in the object store: read from the tracker.

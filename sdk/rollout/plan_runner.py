@@ -17,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout.client import AsyncClient
+from rollout.comparison import comparison
 from rollout.errors import RolloutError
+from rollout.follow import follow_job
 from rollout.plans import (
     PLAN_COMPLETED,
     PLAN_FAILED,
@@ -34,6 +36,7 @@ from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, payload_types
 from rollout.shared.contracts.plan import ExperimentPlan, RunStage, Stage
 from rollout.shared.contracts.training import resolve_method
+from rollout.shared.envs import load_environments, select_environment
 
 Say = Callable[[str], None]
 
@@ -121,8 +124,6 @@ def _brief(outputs: dict[str, Any]) -> str:
 async def _push_envs(client: AsyncClient, check: PlanCheck, say: Say) -> dict[str, int]:
     """Push the plan's environment files (identical content is a no-op); every env's version."""
     from pathlib import Path
-
-    from rollout.shared.envs import load_environments, select_environment
 
     assert check.plan is not None
     versions: dict[str, int] = {}
@@ -224,8 +225,6 @@ def _slug(state: PlanState, env: str) -> str:
 async def _train(
     client: AsyncClient, plan: ExperimentPlan, plan_id: str, stage: Stage, state: PlanState
 ) -> dict[str, Any]:
-    from rollout.cli.training import follow_job
-
     train = stage.train
     assert train is not None
     method, config = resolve_method(train.method, dict(train.config))
@@ -259,8 +258,6 @@ async def _train(
 
 
 async def _compare(client: AsyncClient, state: PlanState, base: str, other: str) -> dict[str, Any]:
-    from rollout.cli.platform import comparison
-
     result = comparison(
         await client.get_run(state.outputs[base]["runId"]),
         await client.get_run(state.outputs[other]["runId"]),

@@ -20,7 +20,16 @@ from typing import Any
 import pydantic
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.plan import ExperimentPlan, Stage
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.plan import (
+    CheckpointPolicy,
+    EnvEntry,
+    ExperimentPlan,
+    Resources,
+    Stage,
+)
 from rollout.shared.contracts.training import (
     METHOD_ALIASES,
     METHODS,
@@ -30,6 +39,10 @@ from rollout.shared.contracts.training import (
     parse_config,
     resolve_method,
 )
+from rollout.shared.envs import load_environments, select_environment, validate_environment
+from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
+from rollout.shared.models.local_models import local_model, local_model_names
+from rollout.shared.models.trained import check_suffix, find_trained, split_trained_name
 
 # Event types of the plan aggregate, in the order a plan emits them.
 PLAN_STARTED = "plan.started"
@@ -173,7 +186,6 @@ async def check_plan(
 
 def _salvage(data: dict[str, Any], check: PlanCheck) -> ExperimentPlan:
     """The valid parts of an invalid plan (invalid stages as None), to check them further."""
-    from rollout.shared.contracts.plan import CheckpointPolicy, EnvEntry, Resources
 
     def part(model: type[pydantic.BaseModel], value: Any) -> Any:
         try:
@@ -272,8 +284,6 @@ def _check_stages(plan: ExperimentPlan, check: PlanCheck) -> None:
 
 
 def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
-    from rollout.shared.models.trained import check_suffix
-
     train = plan.stages[i].train
     assert train is not None
     where = f"stages[{i}].train"
@@ -343,9 +353,6 @@ def _add(check: PlanCheck, path: str, problem: str | None, ref: str | None = Non
 
 
 def _check_models(plan: ExperimentPlan, check: PlanCheck) -> None:
-    from rollout.shared.models.local_models import local_model, local_model_names
-    from rollout.shared.models.trained import find_trained, split_trained_name
-
     for key, name in plan.models.items():
         where = f"models.{key}"
         if not name.strip():
@@ -373,8 +380,6 @@ def _check_resources(plan: ExperimentPlan, check: PlanCheck) -> None:
 
 async def _check_reward_models(plan: ExperimentPlan, check: PlanCheck) -> None:
     """A `reward_model` that names no stage must be a published reward model."""
-    from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
-
     stage_names = {s.name for s in plan.stages if s is not None} | check.unchecked
     for i, stage in enumerate(plan.stages):
         name = stage.train.config.get("reward_model") if stage and stage.train else None
@@ -397,8 +402,6 @@ async def _check_reward_models(plan: ExperimentPlan, check: PlanCheck) -> None:
 
 def parse_env_ref(ref: str) -> tuple[str, int | None] | str:
     """(slug, version or None) of `slug[@version]`, or the problem with it."""
-    from rollout.shared import subjects
-
     slug, sep, version = ref.partition("@")
     try:
         subjects.token(slug, "environment slug")
@@ -412,8 +415,6 @@ def parse_env_ref(ref: str) -> tuple[str, int | None] | str:
 
 
 async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client: Any) -> None:
-    from rollout.shared.envs import load_environments, select_environment, validate_environment
-
     reached = client is not None
     for key, entry in plan.envs.items():
         where = f"envs.{key}"
@@ -596,10 +597,6 @@ async def load_plan_state(js: Any, plan_id: str) -> PlanState:
     from contextlib import aclosing
 
     from nats.js.errors import NotFoundError
-
-    from rollout.shared import subjects
-    from rollout.shared.bus.reader import read_events
-    from rollout.shared.contracts.envelope import EventEnvelope
 
     state = PlanState(plan_id)
     subject = subjects.aggregate_events("plan", plan_id)

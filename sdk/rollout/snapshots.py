@@ -6,8 +6,8 @@ passed, outcome, per-primitive scores). Its trajectory (token ids and logprobs i
 the task's tools are JSON text, so every environment's rows share one Arrow schema.
 
 Import checks every row before writing anything, then builds the training sets with the
-buffer's own builders (services/buffer/datasets.py) and the learner's row shapes
-(services/learner/training_sets.py): the SFT examples, DPO pairs, KTO rows and GRPO groups are
+buffer's own builders (shared/learning/datasets.py) and the learner's row shapes
+(shared/learning/trainer_rows.py): the SFT examples, DPO pairs, KTO rows and GRPO groups are
 those the platform would train on from the same rollouts.
 """
 
@@ -24,7 +24,24 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.snapshot import FORMAT, SnapshotRow, source_counts
+from rollout.shared import subjects
+from rollout.shared.bus.reader import last_sequence, read_events
+from rollout.shared.contracts.buffer import BufferData, GrpoGroupsQuery
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.contracts.snapshot import (
+    FORMAT,
+    DatasetSource,
+    SnapshotRow,
+    canonical_jsonl,
+    lineage_of,
+    source_counts,
+)
+from rollout.shared.envs.engine import start_runtime
+from rollout.shared.learning.datasets import dpo_pairs, grpo_groups, sft_set
+from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
+from rollout.shared.objectstore import content_key, sha256_bytes
+from rollout.shared.store.trajectories import object_store
 
 MAX_ROWS = 1_000_000
 
@@ -46,7 +63,6 @@ def _features() -> Any:
 
 async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[dict]]:
     # The runtime the actor built for a task is where its tool list comes from (as the buffer).
-    from rollout.shared.envs.engine import start_runtime
 
     tools = {}
     for index in task_indices:
@@ -105,10 +121,6 @@ def snapshot_row(
 
 async def _run_source(client: Any, run_id: str) -> str | None:
     """Where the run's verdicts came from (its run.requested's `source`; None: verified here)."""
-    from rollout.shared import subjects
-    from rollout.shared.bus.reader import read_events
-    from rollout.shared.contracts.envelope import EventEnvelope
-
     subject = subjects.event("run", run_id, subjects.event_name("run.requested"))
     sources = [
         EventEnvelope.from_bytes(msg.data).body().source
@@ -125,8 +137,6 @@ async def export_rows(
     include_errored: bool = False,
 ) -> list[dict[str, Any]]:
     """The scored rollouts of `run_ids` (or every completed run of `env_slug`) as rows."""
-    from rollout.shared.contracts.envspec import EnvironmentSpec
-
     if env_slug is not None:
         runs = await client.list_runs(1000, env_slug)
         run_ids = [r["runId"] for r in runs if r["status"] == "completed"]
@@ -208,11 +218,6 @@ async def export_buffer_rows(client: Any, query: Any) -> tuple[list[dict[str, An
     The buffer answers once it has applied the events stream up to now (its last sequence when
     asked), so a verdict recorded before the export is never missing from it.
     """
-    from rollout.shared.bus.reader import last_sequence
-    from rollout.shared.contracts.buffer import BufferData
-    from rollout.shared.contracts.envspec import EnvironmentSpec
-    from rollout.shared.store.trajectories import object_store
-
     if query.after_seq is None:
         query = query.model_copy(
             update={"after_seq": await last_sequence(await client.jetstream())}
@@ -383,10 +388,6 @@ async def stage_dataset(settings: Any, path: Path) -> Any:
     Nothing is stored when a row is bad (named by file, row and field). The bytes are
     content-addressed, so staging the same dataset twice stores it once, under one hash.
     """
-    from rollout.shared.contracts.snapshot import DatasetSource, canonical_jsonl, lineage_of
-    from rollout.shared.objectstore import content_key, sha256_bytes
-    from rollout.shared.store.trajectories import object_store
-
     rows = read_snapshot(path)
     data = canonical_jsonl(rows)
     sha = sha256_bytes(data)
@@ -399,10 +400,6 @@ async def stage_dataset(settings: Any, path: Path) -> Any:
 
 def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str, list[dict]]:
     """SFT, DPO, KTO and GRPO rows from snapshot rows, as the buffer and learner build them."""
-    from rollout.services.buffer.datasets import dpo_pairs, grpo_groups, sft_set
-    from rollout.services.learner.training_sets import TrainingSet, dpo_rows, kto_rows, sft_rows
-    from rollout.shared.contracts.buffer import GrpoGroupsQuery
-
     if min_margin < 0:
         raise RolloutError(f"--min-margin must be >= 0, got {min_margin}")
     buffer_rows = [r.buffer_row() for r in rows]

@@ -8,7 +8,6 @@ import os
 import httpx
 from faststream.nats import NatsBroker
 
-from rollout.errors import RolloutError
 from rollout.services.actor.generate import (
     dumped_batch,
     failed_batch,
@@ -28,6 +27,7 @@ from rollout.shared.contracts.events import (
     RolloutsGenerated,
 )
 from rollout.shared.contracts.work import RolloutWork
+from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.registry import resolve_backend
 from rollout.shared.models.trained import TrainedBackend, apply_update, refresh_policy
@@ -225,7 +225,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
                     policy_version=version,
                     on_rollouts=finished,
                 )
-            except (RolloutError, httpx.HTTPError, OSError, ObjectStoreError) as exc:
+            except (RolloutError, RetrySignal, httpx.HTTPError, OSError, ObjectStoreError) as exc:
                 # Retry a few times (a flaky endpoint); then record the failure on each rollout
                 # not yet on the log so the run still finishes and says why.
                 if attempt < DEFAULT_MAX_DELIVER:

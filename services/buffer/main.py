@@ -12,7 +12,6 @@ import os
 import asyncpg
 from faststream.nats import NatsBroker
 
-from rollout.errors import RolloutError
 from rollout.services.buffer.projection import DEFAULT_INLINE_BYTES, BufferProjection, wanted
 from rollout.services.buffer.queries import CATCH_UP_S, BufferQueries
 from rollout.services.buffer.tools import TaskTools
@@ -27,6 +26,7 @@ from rollout.shared.contracts.buffer import (
     SftSetQuery,
 )
 from rollout.shared.contracts.requests import Reply
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore, default_store_url, open_store
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables

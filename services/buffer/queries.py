@@ -20,8 +20,6 @@ from typing import Any
 
 import asyncpg
 
-from rollout.errors import RolloutError
-from rollout.services.buffer import datasets
 from rollout.services.buffer.tools import TaskTools
 from rollout.shared.contracts.buffer import (
     BEHIND,
@@ -33,6 +31,8 @@ from rollout.shared.contracts.buffer import (
     RolloutsQuery,
     SftSetQuery,
 )
+from rollout.shared.errors import RolloutError
+from rollout.shared.learning import datasets
 from rollout.shared.objectstore import ObjectStore, content_key, sha256_bytes, to_json_bytes
 
 EXPORT_PREFIX = "buffer/exports"

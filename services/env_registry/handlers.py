@@ -6,7 +6,6 @@ import asyncio
 
 from faststream.nats import NatsBroker
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
@@ -20,6 +19,7 @@ from rollout.shared.contracts.requests import (
 )
 from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.validation import validate_environment
+from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions as versions
 

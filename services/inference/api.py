@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
+from rollout.shared.models.hermes import OPEN_TAG
 
 DEFAULT_MAX_N = 8
 DEFAULT_MAX_TOKENS_LIMIT = 4096
@@ -432,8 +433,6 @@ class TextStream:
         self._prefix, self._read = self._read, len(self.ids)
 
     def _visible(self) -> str:
-        from rollout.shared.models.hermes import OPEN_TAG
-
         self._decode_new()
         text = self.text.lstrip()
         if text.startswith(("{", "[")):

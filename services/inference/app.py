@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rollout.errors import RolloutError
 from rollout.services.inference import api
 from rollout.services.inference.policy import ServedPolicy
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatResponse
 from rollout.shared.observability import get_logger
 

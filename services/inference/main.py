@@ -20,9 +20,9 @@ from typing import Any
 
 import uvicorn
 
-from rollout.errors import RolloutError
 from rollout.services.inference.app import KeyRing, ServeConfig, create_app
 from rollout.services.inference.policy import DEFAULT_MAX_BATCH, ServedPolicy
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.registry import resolve_backend
 from rollout.shared.observability import get_logger
@@ -84,13 +84,6 @@ def check_exposure(host: str, keys: KeyRing | None) -> None:
                 f"or listen on {DEFAULT_HOST} (the default)",
             ],
         )
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (0: any free port), or a clear error."""
-    from rollout.services.ui.main import bind as bind_socket
-
-    return bind_socket(host, port)
 
 
 @dataclass

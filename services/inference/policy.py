@@ -17,11 +17,11 @@ from typing import Any
 from nats.js import JetStreamContext
 from pydantic import ValidationError
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import PolicyUpdated
+from rollout.shared.errors import RolloutError
 from rollout.shared.models import trained
 from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend, close_backend
 from rollout.shared.observability import get_logger

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
+from rollout.shared.learning.tiny_agent import ensure_tiny_agent
 from rollout.shared.models import local_models, trained
 from rollout.shared.models.openai_compat import OPENAI_DEFAULT_BASE, TOGETHER_DEFAULT_BASE
 
@@ -56,8 +57,6 @@ class TrainBase:
 
 def tiny_agent_dir() -> Path:
     """The `local/tiny-agent` folder, built on first use (the learning package owns it)."""
-    from rollout.shared.learning.tiny_agent import ensure_tiny_agent
-
     return ensure_tiny_agent()
 
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import RunCompleted, RunFailed, RunRequested
+from rollout.shared.errors import RolloutError
 
 _ENDINGS = {subjects.event_name(t.event_type): t for t in (RunCompleted, RunFailed)}
 

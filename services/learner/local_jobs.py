@@ -18,8 +18,9 @@ from rollout.services.learner.bridge import JobCancelled, ThreadBridge, run_in_t
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.planning import JobPlan
-from rollout.services.learner.training_sets import TrainingSet, dpo_rows, kto_rows, sft_rows
+from rollout.shared.learning import train_dpo, train_kto, train_rm, train_sft
 from rollout.shared.learning.config import Progress
+from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
 from rollout.shared.models.trained import trained_name
 from rollout.shared.observability import get_logger
 
@@ -68,8 +69,6 @@ def training_data(plan: JobPlan) -> list[dict[str, Any]]:
 
 def trainer(method: str) -> Any:
     """The shared.learning trainer module's entry point of an offline `method`."""
-    from rollout.shared.learning import train_dpo, train_kto, train_rm, train_sft
-
     return {"sft": train_sft, "dpo": train_dpo, "kto": train_kto, "rm": train_rm}[method]
 
 

@@ -24,13 +24,14 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict
 
-from rollout.errors import RolloutError
 from rollout.services.learner.bridge import JobCancelled
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.deadletters import fail_dead_lettered_job
 from rollout.services.learner.journal import JobJournal, job_history
-from rollout.services.learner.local_jobs import model_name
+from rollout.services.learner.local_jobs import model_name, run_local_job
+from rollout.services.learner.online_grpo import run_grpo_job
 from rollout.services.learner.planning import plan_job, request_of
+from rollout.services.learner.providers import run_provider_job
 from rollout.services.learner.training_sets import BufferUnavailable
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream, make_broker
@@ -41,6 +42,7 @@ from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import DeadLettered, JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob, Reply, request_fingerprint
 from rollout.shared.contracts.training import ONLINE_METHODS
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.trained import JOB_PREFIX, new_job_id
 from rollout.shared.objectstore import open_store
 from rollout.shared.objectstore.factory import default_store_url
@@ -207,10 +209,6 @@ async def execute(
     ctx: LearnerContext, job_id: str, *, deliveries: int, limit: int = MAX_DELIVER
 ) -> None:
     """Run (or resume) one job; user-facing problems end it as job.failed with the reason."""
-    from rollout.services.learner.local_jobs import run_local_job
-    from rollout.services.learner.online_grpo import run_grpo_job
-    from rollout.services.learner.providers import run_provider_job
-
     history = await job_history(ctx.js, job_id)
     if history.requested is None:
         log.warning("work item for an unknown job; dropped", job_id=job_id)

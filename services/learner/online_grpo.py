@@ -20,7 +20,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.errors import RolloutError
 from rollout.services.learner import training_sets
 from rollout.services.learner.artifacts import (
     announced_version,
@@ -38,6 +37,8 @@ from rollout.shared import subjects
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts.envelope import deterministic_id
 from rollout.shared.contracts.requests import CreateRun
+from rollout.shared.errors import RolloutError
+from rollout.shared.learning import GRPOLearner, PPOLearner
 from rollout.shared.learning.config import GrpoConfig, PpoConfig
 from rollout.shared.models import trained
 from rollout.shared.observability import get_logger
@@ -144,8 +145,6 @@ class OnlineGRPO:
 
     async def run(self) -> None:
         """Drive runs and steps until `max_steps` versions; then complete the job."""
-        from rollout.shared.learning import GRPOLearner, PPOLearner
-
         self.out_dir.mkdir(parents=True, exist_ok=True)
         resumed = await restore_checkpoint(
             self.ctx.store, self.out_dir, self.history.last_checkpoint()

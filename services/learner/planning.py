@@ -11,7 +11,6 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollout.errors import RolloutError
 from rollout.services.learner import training_sets
 from rollout.services.learner.basemodels import TrainBase, resolve_base, validate_local
 from rollout.services.learner.context import LearnerContext
@@ -20,7 +19,9 @@ from rollout.shared import subjects
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
 from rollout.shared.contracts.training import ONLINE_METHODS
+from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import CONFIG_MODELS, TrainConfig, config_problems, parse_config
+from rollout.shared.learning.rm import RM_MARKER
 from rollout.shared.models import trained
 from rollout.shared.models.trained import check_suffix, new_job_id
 from rollout.shared.objectstore import ObjectStore
@@ -275,8 +276,6 @@ async def _check_env(js: JetStreamContext, slug: str | None) -> None:
 
 async def reward_model_dir(name: str | None) -> Path | None:
     """The folder of PPO's `reward_model` (a trained name or hf:DIR); None when not set."""
-    from rollout.shared.learning.rm import RM_MARKER
-
     if name is None:
         return None
     where = "hyperparams.reward_model"

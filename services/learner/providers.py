@@ -17,13 +17,14 @@ from typing import Any
 
 import httpx
 
-from rollout.errors import RolloutError
 from rollout.services.learner.basemodels import TrainBase
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
 from rollout.services.learner.planning import JobPlan, ProviderOptions
-from rollout.services.learner.training_sets import as_rollout
+from rollout.shared.errors import RolloutError
+from rollout.shared.learning.data import conversation
+from rollout.shared.learning.trainer_rows import as_rollout
 from rollout.shared.models import trained
 from rollout.shared.objectstore import ObjectNotFound, get_json, put_json
 from rollout.shared.observability import get_logger
@@ -45,8 +46,6 @@ def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
 
 def chat_rows(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat fine-tuning rows (OpenAI's format, which Together also reads): messages + tools."""
-    from rollout.shared.learning.data import conversation
-
     rows = []
     for example in examples:
         rollout = as_rollout(example["messages"], example.get("tools"))
@@ -62,8 +61,6 @@ def chat_rows(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def preference_rows(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Together's preference format: a prompt, one preferred and one non-preferred reply."""
-    from rollout.shared.learning.data import conversation
-
     rows = []
     for pair in pairs:
         cut = len(pair["prompt"])

@@ -10,13 +10,9 @@ so at once (no responders), and one that does not answer is given up on after a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import nats.errors
 from nats.aio.client import Client
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.contracts.buffer import (
     BEHIND,
@@ -29,6 +25,9 @@ from rollout.shared.contracts.buffer import (
 )
 from rollout.shared.contracts.requests import Reply
 from rollout.shared.contracts.snapshot import DatasetSource, lineage_of, rows_from_jsonl
+from rollout.shared.errors import RetrySignal, RolloutError
+from rollout.shared.learning import datasets
+from rollout.shared.learning.trainer_rows import TrainingSet
 from rollout.shared.objectstore import ObjectRef, ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError
 
@@ -39,17 +38,8 @@ _START_IT = (
 )
 
 
-class BufferUnavailable(RolloutError):
+class BufferUnavailable(RetrySignal):
     """The buffer could not give the data now (not running, too slow, or behind the log)."""
-
-
-@dataclass
-class TrainingSet:
-    """A buffer answer: its items, their aligned metadata, and the buffer's counts."""
-
-    items: list[dict[str, Any]]
-    meta: list[dict[str, Any]]
-    stats: dict[str, float] = field(default_factory=dict)
 
 
 async def ask(
@@ -167,8 +157,6 @@ async def dataset_set(
     The bytes are fetched by claim check (sha256-verified) and every row is checked again:
     a job records only what it can train on, and a replayed job gets the very same rows.
     """
-    from rollout.services.buffer import datasets
-
     where = f"source_dataset {source.name}"
     ref = ObjectRef(uri=source.uri, sha256=source.sha256, size=source.size)
     try:
@@ -197,63 +185,3 @@ async def dataset_set(
     else:
         items, meta, stats = datasets.dpo_pairs(buffer_rows, min_margin)
     return TrainingSet(items=items, meta=meta, stats=stats)
-
-
-# --- the trainers' row shapes ----------------------------------------------------------------
-
-
-def as_rollout(messages: list[dict[str, Any]], tools: Any) -> dict[str, Any]:
-    """A buffer conversation in the shape shared.learning.data normalises (a rollout)."""
-    return {"trajectory": {"messages": messages}, "tools": tools or None}
-
-
-def sft_rows(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """SFT examples as the trainer takes them (conversations normalised, tools as JSON)."""
-    from rollout.shared.learning.data import sft_examples
-
-    return sft_examples([as_rollout(e["messages"], e.get("tools")) for e in examples])
-
-
-def dpo_rows(pairs: TrainingSet) -> list[dict[str, Any]]:
-    """DPO pairs as the trainer takes them: normalised prompt/chosen/rejected, tools, margin."""
-    from rollout.shared.learning.data import conversation, tools_json
-
-    rows = []
-    for i, (pair, meta) in enumerate(zip(pairs.items, pairs.meta, strict=True)):
-        cut = len(pair["prompt"])
-        where = f"dpo_pairs[{i}]"
-        chosen = conversation(as_rollout(pair["prompt"] + pair["chosen"], None), where=where)
-        rejected = conversation(as_rollout(pair["prompt"] + pair["rejected"], None), where=where)
-        rows.append(
-            {
-                "prompt": chosen[:cut],
-                "chosen": chosen[cut:],
-                "rejected": rejected[cut:],
-                "tools": tools_json(pair.get("tools") or None),
-                "margin": float(meta.get("margin", 0.0)),
-            }
-        )
-    return rows
-
-
-def kto_rows(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One unpaired KTO example per rollout: prompt, completion, label (= passed), tools."""
-    from rollout.shared.learning.data import conversation, tools_json
-
-    rows = []
-    for g, group in enumerate(groups):
-        cut = len(group["prompt"])
-        for c, completion in enumerate(group["completions"]):
-            where = f"labelled[{g}].completions[{c}]"
-            messages = conversation(
-                as_rollout(group["prompt"] + completion["messages"], None), where=where
-            )
-            rows.append(
-                {
-                    "prompt": messages[:cut],
-                    "completion": messages[cut:],
-                    "label": bool(completion["passed"]),
-                    "tools": tools_json(group.get("tools") or None),
-                }
-            )
-    return rows

@@ -22,7 +22,6 @@ import pydantic
 from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 
-from rollout.errors import RolloutError
 from rollout.services.tracker.aggregate import load_run, rollout_id
 from rollout.services.tracker.runs import MAX_N, QUEUE
 from rollout.shared import subjects
@@ -40,6 +39,7 @@ from rollout.shared.contracts.events import (
 )
 from rollout.shared.contracts.requests import ImportRun, Reply
 from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
 

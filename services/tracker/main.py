@@ -15,13 +15,13 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from rollout.errors import RolloutError
 from rollout.services.tracker import imports, plans, queries, runs
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared.bus.broker import jetstream, make_broker
 from rollout.shared.bus.deadletter import describe, record_dead_letter
 from rollout.shared.bus.lease import DEFAULT_TTL_S, Lease, bucket_ttl, lead, lease_bucket
 from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service, started
@@ -113,7 +113,13 @@ async def _watch_deadlines(js: JetStreamContext, pool: asyncpg.Pool) -> None:
     while True:
         try:
             await runs.fail_overdue(js, pool)
-        except (asyncpg.PostgresError, OSError, nats.errors.Error, RolloutError) as exc:
+        except (
+            asyncpg.PostgresError,
+            OSError,
+            nats.errors.Error,
+            RolloutError,
+            RetrySignal,
+        ) as exc:
             # The next check decides again from the runs' events: nothing is lost by waiting.
             log.warning("deadline check failed", error=describe(exc))
         await asyncio.sleep(DEADLINE_CHECK_S)

@@ -16,12 +16,12 @@ from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, payload_types
 from rollout.shared.contracts.requests import RecordPlanEvent, Reply
+from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
 
 QUEUE = "tracker"

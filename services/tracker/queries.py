@@ -15,11 +15,11 @@ from typing import Any
 import asyncpg
 from faststream.nats import NatsBroker
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM, payload_budget
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns, Reply
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.store.trajectories import load_trajectory
 

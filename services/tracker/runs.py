@@ -13,7 +13,6 @@ from faststream.nats import NatsBroker, NatsMessage
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from rollout.errors import RolloutError
 from rollout.services.tracker.aggregate import (
     STATE_EVENTS,
     Ending,
@@ -35,6 +34,7 @@ from rollout.shared.contracts.events import (
 from rollout.shared.contracts.requests import CreateRun, Reply, request_fingerprint
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.models.registry import backend_forms
 from rollout.shared.observability import event_context, get_logger

@@ -20,12 +20,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from rollout.errors import RolloutError
 from rollout.services.ui import events as ev_reads
 from rollout.services.ui import plots, queries
 from rollout.services.ui.auth import COOKIE, SESSION_S, Authenticator, SessionSigner, Viewer
 from rollout.services.ui.live import Change, EventHub, drain
 from rollout.shared import subjects
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
 from rollout.shared.replay import replay_run, reverify

@@ -10,9 +10,9 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 
-from rollout.errors import RolloutError
 from rollout.shared.auth.identity import server_identity
 from rollout.shared.auth.keys import ApiKey
+from rollout.shared.errors import RolloutError
 from rollout.shared.settings import Settings, connect_nats
 
 COOKIE = "rollout_ui"

@@ -7,7 +7,6 @@ from collections import OrderedDict
 
 from faststream.nats import NatsBroker
 
-from rollout.errors import RolloutError
 from rollout.services.verifier.scoring import (
     ScoringUnavailable,
     errored_verdict,
@@ -30,6 +29,7 @@ from rollout.shared.contracts.events import (
     ScoredRollout,
 )
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.service import durables

@@ -19,7 +19,6 @@ from typing import Any
 
 import pydantic
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.events import (
     ErrorKind,
@@ -31,12 +30,13 @@ from rollout.shared.contracts.trajectory import Trajectory, VerifierResult
 from rollout.shared.envs.coerce import as_task
 from rollout.shared.envs.engine import score
 from rollout.shared.envs.verifiers.ruler import judged_in_groups, score_group
+from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.store.trajectories import load_trajectory
 
 
-class ScoringUnavailable(RolloutError):
+class ScoringUnavailable(RetrySignal):
     """The platform could not score a rollout right now (sandbox, object store): retry."""
 
 

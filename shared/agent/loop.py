@@ -20,11 +20,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.budgets import DEFAULT_BUDGETS, Budgets, EndedBy
 from rollout.shared.contracts.events import ErrorKind
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs.runtime import EnvironmentFailed, EnvRuntime, ToolResult
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend, ToolCall
 
 DEFAULT_MAX_TOOL_CALLS = 20

@@ -13,9 +13,9 @@ import re
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from rollout.errors import RolloutError
 from rollout.shared.auth.keys import role_of_user
 from rollout.shared.auth.roles import denied_action, roles_allowed
+from rollout.shared.errors import RolloutError
 from rollout.shared.settings import is_permission_violation
 
 T = TypeVar("T")

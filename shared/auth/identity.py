@@ -7,11 +7,11 @@ from typing import Any
 
 import nats.errors
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.auth.keys import key_id_of_user, role_of_user
 from rollout.shared.auth.roles import Role
 from rollout.shared.auth.services import is_service_user
+from rollout.shared.errors import RolloutError
 
 
 async def server_identity(nc: Any, timeout_s: float = 5.0) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from pathlib import Path
 import bcrypt
 from pydantic import BaseModel, ValidationError
 
-from rollout.errors import RolloutError
 from rollout.shared.auth.roles import KEY_ROLES, Role
+from rollout.shared.errors import RolloutError
 from rollout.shared.settings import read_json_file
 from rollout.shared.stack.files import write_json
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from rollout.shared import subjects
-from rollout.shared.auth.services import all_durables
+from rollout.shared.auth.services import all_durables, event_reader_subjects
 
 
 class Role(StrEnum):
@@ -61,26 +61,6 @@ ROLE_REQUESTS: dict[Role, tuple[tuple[str, str], ...]] = {
 # pulled, unacked message is redelivered late and counts towards the service's max-deliver,
 # then is dead-lettered) nor recreate them with another config.
 SERVICE_DURABLES: tuple[str, ...] = tuple(dict.fromkeys(d.name for d in all_durables()))
-
-
-def event_reader_subjects() -> list[str]:
-    """JetStream API subjects needed to read and follow the events stream, and nothing more."""
-    stream = subjects.EVENTS_STREAM
-    return [
-        subjects.js_api("INFO"),
-        subjects.js_api("STREAM", "NAMES"),
-        subjects.js_api("STREAM", "INFO", stream),
-        # Named creates only (nats-py names its ephemeral consumers, with the filter after the
-        # name). The nameless form is not allowed: it would update any consumer named in the
-        # body, and names cannot be checked there. Service durables are denied below.
-        subjects.js_api("CONSUMER", "CREATE", stream, "*"),
-        subjects.js_api("CONSUMER", "CREATE", stream, "*", ">"),
-        subjects.js_api("CONSUMER", "INFO", stream, "*"),
-        subjects.js_api("CONSUMER", "MSG", "NEXT", stream, "*"),
-        subjects.js_api("DIRECT", "GET", stream),
-        subjects.js_api("DIRECT", "GET", stream, ">"),
-        subjects.js_api("STREAM", "MSG", "GET", stream),
-    ]
 
 
 def permissions(role: Role, user: str) -> dict[str, Any] | None:

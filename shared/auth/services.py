@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.shared import subjects
+from rollout.shared.contracts.envelope import payload_types
 from rollout.shared.service import durables
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import SERVICE_USER_PREFIX
+from rollout.shared.stack.health import beat_key
 
 # The `rollout up` supervisor's own user: it only waits for the services' heartbeats.
 SUPERVISOR = "supervisor"
@@ -193,8 +195,6 @@ def role_for(service: str) -> ServiceRole:
 
 def _event_subject(event_type: str) -> str:
     # The event models register themselves with the envelope on import.
-    import rollout.shared.contracts.events  # noqa: F401
-    from rollout.shared.contracts.envelope import payload_types
 
     model = payload_types().get(event_type)
     if model is None:
@@ -221,8 +221,6 @@ def _consumer_subjects(durable: Durable) -> list[str]:
 
 
 def _heartbeat_subjects(role: ServiceRole) -> list[str]:
-    from rollout.shared.stack.health import beat_key
-
     bucket = subjects.HEARTBEATS_BUCKET
     stream = f"KV_{bucket}"
     api = subjects.js_api
@@ -251,10 +249,28 @@ def _lease_subjects(role: ServiceRole) -> list[str]:
     return allowed
 
 
+def event_reader_subjects() -> list[str]:
+    """JetStream API subjects needed to read and follow the events stream, and nothing more."""
+    stream = subjects.EVENTS_STREAM
+    return [
+        subjects.js_api("INFO"),
+        subjects.js_api("STREAM", "NAMES"),
+        subjects.js_api("STREAM", "INFO", stream),
+        # Named creates only (nats-py names its ephemeral consumers, with the filter after the
+        # name). The nameless form is not allowed: it would update any consumer named in the
+        # body, and names cannot be checked there. Service durables are denied below.
+        subjects.js_api("CONSUMER", "CREATE", stream, "*"),
+        subjects.js_api("CONSUMER", "CREATE", stream, "*", ">"),
+        subjects.js_api("CONSUMER", "INFO", stream, "*"),
+        subjects.js_api("CONSUMER", "MSG", "NEXT", stream, "*"),
+        subjects.js_api("DIRECT", "GET", stream),
+        subjects.js_api("DIRECT", "GET", stream, ">"),
+        subjects.js_api("STREAM", "MSG", "GET", stream),
+    ]
+
+
 def service_permissions(role: ServiceRole) -> dict[str, Any]:
     """The nats-server `permissions` block of a service's user, from its declaration."""
-    from rollout.shared.auth.roles import event_reader_subjects
-
     api = subjects.js_api
     publish: list[str] = [subjects.request(s, v) for s, v in role.calls]
     publish += [

@@ -15,7 +15,6 @@ from faststream.exceptions import HandlerException
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts.envelope import (
@@ -25,6 +24,7 @@ from rollout.shared.contracts.envelope import (
 )
 from rollout.shared.contracts.events import DeadLettered
 from rollout.shared.contracts.requests import Reply
+from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.observability import get_logger
 
 DEFAULT_MAX_DELIVER = 5
@@ -50,7 +50,8 @@ def retry_delay(deliveries: int) -> float:
 
 def error_reply(exc: BaseException) -> Reply:
     """The reply a failed request gets: the user error's problems, or a one-line reason."""
-    if isinstance(exc, RolloutError):
+    if isinstance(exc, RolloutError | RetrySignal):
+        # A retry signal that outlived its retries reads as what it is, without its type.
         return Reply.failure(exc.message, exc.problems)
     if isinstance(exc, pydantic.ValidationError):
         problems = [

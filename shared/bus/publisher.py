@@ -16,8 +16,8 @@ from typing import TypeVar
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envelope import CONTENT_TYPE, EventEnvelope
+from rollout.shared.errors import RetrySignal, RolloutError
 
 # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence check.
 _WRONG_LAST_SEQUENCE = 10071
@@ -41,7 +41,7 @@ EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
 ACK_TIMEOUT_S = 30.0
 
 
-class ConcurrencyConflict(RolloutError):
+class ConcurrencyConflict(RetrySignal):
     """Someone appended to the aggregate since we read it."""
 
 

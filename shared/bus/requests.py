@@ -5,8 +5,8 @@ from __future__ import annotations
 import nats.errors
 from nats.aio.client import Client
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.requests import Reply, Request
+from rollout.shared.errors import RolloutError
 
 
 async def call(

@@ -10,8 +10,8 @@ import nats.errors
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
-from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
 
 # JetStream drops a second publish with the same Nats-Msg-Id inside this window.

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.requests import Request
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore.base import ObjectRef, ObjectStore
 from rollout.shared.objectstore.claimcheck import DEFAULT_INLINE_LIMIT, get_json
 

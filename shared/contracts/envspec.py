@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from rollout.shared.contracts.budgets import Budgets
+from rollout.shared.contracts.chat import check_messages
 
 # Which templates exist, their spellings and config models are the template registry's
 # (rollout.shared.envs.templates.REGISTRY): TEMPLATES, TEMPLATE_ALIASES and TEMPLATE_CONFIGS
@@ -506,8 +507,6 @@ class TaskSpec(BaseModel):
     @field_validator("messages")
     @classmethod
     def _chat(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        from rollout.shared.contracts.chat import check_messages
-
         if value is not None:
             check_messages(value, "messages")
         return value

@@ -9,13 +9,11 @@ from pydantic import Field, model_validator
 from rollout.shared.contracts.budgets import Budgets, EndedBy
 from rollout.shared.contracts.envelope import Payload, register
 from rollout.shared.contracts.snapshot import DatasetSource
+from rollout.shared.contracts.trajectory import ErrorKind
 
 Method = Literal["sft", "dpo", "grpo", "ppo", "kto", "rm"]
 # How a rollout ended: a verdict (passed / failed), or none at all (errored, with its cause).
 RolloutOutcome = Literal["passed", "failed", "errored"]
-# What kept an errored rollout from a verdict: the platform (sandbox, object store, bus), the
-# environment's own code (a plugin, a verifier that raised), or the model endpoint.
-ErrorKind = Literal["infra", "env", "model"]
 
 
 class SamplingParams(Payload):

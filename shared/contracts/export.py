@@ -86,18 +86,3 @@ def stale_schemas(folder: Path) -> list[str]:
         if rel not in wanted:
             problems.append(f"{rel}: no model produces it")
     return problems
-
-
-def asyncapi_document() -> str:
-    """The AsyncAPI document of every service's broker (handlers and their messages)."""
-    from faststream.specification import AsyncAPI
-
-    from rollout.shared.service_catalog import asyncapi_brokers
-
-    spec = AsyncAPI(
-        *asyncapi_brokers(),
-        title="rollout",
-        version="1",
-        description="Events, work items and requests of the rollout services over NATS JetStream.",
-    )
-    return json.dumps(spec.to_specification().to_jsonable(), indent=2, sort_keys=True) + "\n"

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rollout.shared.contracts.trajectory import Trajectory
+
 FORMAT = "rollout.snapshot/1"
 Outcome = Literal["passed", "failed", "errored"]
 
@@ -48,8 +50,6 @@ class SnapshotRow(BaseModel):
     @field_validator("trajectory")
     @classmethod
     def _trajectory(cls, value: str) -> str:
-        from rollout.shared.contracts.trajectory import Trajectory
-
         try:
             trajectory = Trajectory.model_validate_json(value)
         except ValidationError as exc:

@@ -14,6 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter, model_validator
 
+from rollout.shared.errors import RolloutError
+
 # TRL's DPO loss functions (DPOConfig.loss_type), each a single loss; `ipo` is the IPO paper's.
 DpoLossType = Literal[
     "sigmoid",
@@ -76,8 +78,6 @@ class TrainConfig(BaseModel):
     def from_user(cls, data: dict[str, Any], *, where: str = "hyperparams") -> TrainConfig:
         """Validate user input into its method's model; RolloutError naming `<where>.<field>`."""
         from pydantic import ValidationError
-
-        from rollout.errors import RolloutError
 
         if not isinstance(data, dict):
             raise RolloutError(f"{where}: must be a mapping, got {type(data).__name__}")

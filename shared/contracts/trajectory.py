@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout.shared.contracts.budgets import EndedBy
-from rollout.shared.contracts.events import ErrorKind
+
+# What kept an errored rollout from a verdict: the platform (sandbox, object store, bus), the
+# environment's own code (a plugin, a verifier that raised), or the model endpoint.
+ErrorKind = Literal["infra", "env", "model"]
 
 
 class ToolCallRecord(BaseModel):

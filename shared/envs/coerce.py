@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
+from rollout.shared.errors import RolloutError
 
 
 def loc_path(loc: tuple[Any, ...] | list[Any], prefix: str = "") -> str:

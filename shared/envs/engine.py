@@ -8,7 +8,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory, VerifierResult
 from rollout.shared.envs.coerce import as_spec, as_task, pydantic_problems
@@ -17,6 +16,7 @@ from rollout.shared.envs.plugin_host.worker import PluginError
 from rollout.shared.envs.runtime import EnvRuntime
 from rollout.shared.envs.templates import REGISTRY, Template
 from rollout.shared.envs.verifiers.engine import score_now, score_spec
+from rollout.shared.errors import RolloutError
 
 
 def build_runtime(spec: Any, task: Any) -> EnvRuntime:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import importlib.util
 import sys
 import traceback
@@ -10,13 +9,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
-
-# The directory of the env file being loaded: Task.from_jsonl resolves relative paths
-# against it when they are not found from the working directory.
-LOADING_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
-    "rollout_loading_dir", default=None
-)
+from rollout.shared.envs.environment import LOADING_DIR, Environment
+from rollout.shared.errors import RolloutError
 
 
 def _user_frame(exc: BaseException, path: Path) -> int | None:
@@ -32,8 +26,6 @@ def _user_frame(exc: BaseException, path: Path) -> int | None:
 
 
 def _collect(namespace: dict[str, Any]) -> list[Any]:
-    from rollout.environment import Environment
-
     found: list[Any] = []
     seen: set[int] = set()
 

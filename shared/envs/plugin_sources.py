@@ -17,7 +17,7 @@ import site
 import sysconfig
 from pathlib import Path, PurePosixPath
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 
 MAX_SOURCE_BYTES = 2 * 1024 * 1024
 MAX_SOURCE_FILES = 200

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 
 
 class ToolSpec(BaseModel):

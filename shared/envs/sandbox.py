@@ -37,7 +37,7 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, Field
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.stack.process import die_with_parent
 
 log = structlog.get_logger(__name__)

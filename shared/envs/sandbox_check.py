@@ -12,7 +12,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollout.errors import RolloutError
 from rollout.shared.envs.sandbox import (
     SANDBOX_FIX,
     SandboxLimits,
@@ -20,6 +19,8 @@ from rollout.shared.envs.sandbox import (
     find_bwrap,
     run_sandboxed,
 )
+from rollout.shared.envs.templates import get_template
+from rollout.shared.errors import RolloutError
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,6 @@ def check_sandbox_sync() -> SandboxCheck:
 
 async def require_sandbox(templates: set[str]) -> None:
     """RolloutError with the one-line problem when any of `templates` needs a missing sandbox."""
-    from rollout.shared.envs.templates import get_template
-
     if not any((t := get_template(name)) is not None and t.sandboxed for name in templates):
         return
     check = await check_sandbox()

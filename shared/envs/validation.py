@@ -11,7 +11,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, VerifierSpec
 from rollout.shared.envs.checks import duplicates as _duplicates
 from rollout.shared.envs.coerce import pydantic_problems, raw_environment
@@ -20,6 +19,7 @@ from rollout.shared.envs.templates import REGISTRY, canonical_name
 from rollout.shared.envs.verifiers import REGISTRY as PRIMITIVES
 from rollout.shared.envs.verifiers import known_types
 from rollout.shared.envs.verifiers.engine import default_verifier
+from rollout.shared.errors import RolloutError
 
 
 class _Problems(list):

@@ -23,9 +23,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.contracts.requests import ImportedRollout, ImportRun
 from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.envs.engine import build_runtime
+from rollout.shared.envs.templates import get_template
+from rollout.shared.errors import RolloutError
 from rollout.shared.interop.backends import require
+from rollout.shared.learning.data import dpo_pairs, sft_examples
 
 require("art")
 
@@ -410,8 +415,6 @@ def import_request(
     line, group, trajectory and field, so nothing is sent unless every row is good. Group i is
     task i of the environment unless its metadata names a `task_index` (our export does).
     """
-    from rollout.shared.contracts.requests import ImportedRollout, ImportRun
-
     rollouts = []
     samples: dict[int, int] = {}
     for position, (where, group, data) in enumerate(checked_groups(source)):
@@ -482,8 +485,6 @@ async def import_run(
 
 def training_sets(rollouts: Sequence[Mapping[str, Any]], min_margin: float = 0.0) -> dict:
     """SFT examples (passing rollouts), DPO pairs and GRPO prompt groups from imported rollouts."""
-    from rollout.shared.learning.data import dpo_pairs, sft_examples
-
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in rollouts:
         groups.setdefault(str(r["task_index"]), []).append(r)
@@ -503,8 +504,6 @@ def tools_known_statically(spec: Any) -> bool:
     Asked of the Template protocol (`tool_names` is None when only a plugin or a remote server
     knows them), so a template added to the registry is handled here without naming it.
     """
-    from rollout.shared.envs.templates import get_template
-
     template = get_template(spec.template)
     if template is None:
         return False
@@ -518,7 +517,6 @@ def tools_known_statically(spec: Any) -> bool:
 async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[dict]]:
     # Tools of declarative templates are known without running user code; plugin and remote
     # envs (plugin hosts, servers) are not started just to export.
-    from rollout.shared.envs.engine import build_runtime
 
     if not tools_known_statically(spec):
         return {}
@@ -534,8 +532,6 @@ async def _task_tools(spec: Any, task_indices: Iterable[int]) -> dict[int, list[
 
 async def export_run(client: Any, run_id: str) -> list[Any]:
     """A run's scored rollouts as ART trajectory groups (one per task), from the platform."""
-    from rollout.shared.contracts.envspec import EnvironmentSpec
-
     run = await client.get_run(run_id, include_rollouts=True, include_trajectories=True)
     rollouts = run.get("rollouts") or []
     if not rollouts:

@@ -11,7 +11,7 @@ import importlib.util
 import types
 from dataclasses import dataclass
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 
 MAX_BACKEND_NAME_LEN = 32
 

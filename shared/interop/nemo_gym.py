@@ -25,9 +25,9 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
+from rollout.shared.errors import RolloutError
 
 log = structlog.get_logger(__name__)
 

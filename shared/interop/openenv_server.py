@@ -20,9 +20,11 @@ from typing import Any
 import structlog
 from pydantic import Field
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
+from rollout.shared.envs.engine import build_runtime, score
+from rollout.shared.envs.validation import validate_environment
+from rollout.shared.errors import RolloutError
 from rollout.shared.interop.backends import require
 
 log = structlog.get_logger(__name__)
@@ -90,7 +92,6 @@ def _pick_task(spec: EnvironmentSpec, task: Any, seed: int | None, split: str | 
 
 def environment_class(spec: EnvironmentSpec, max_steps: int = DEFAULT_MAX_STEPS) -> type:
     """An openenv `Environment` subclass playing episodes of `spec` on our engine."""
-    from rollout.shared.envs.engine import build_runtime, score
 
     class RolloutEnvironment(Environment[ToolAction, ToolObservation, EpisodeState]):
         """One OpenEnv session: an episode at a time of one rollout env."""
@@ -237,8 +238,6 @@ def create_app(
     max_sessions: int = DEFAULT_MAX_SESSIONS,
 ) -> Any:
     """The OpenEnv FastAPI app serving `spec` (validated first: a bad env never serves)."""
-    from rollout.shared.envs.validation import validate_environment
-
     problems = validate_environment(spec)
     if problems:
         raise RolloutError(f"environment {spec.slug!r} is invalid", problems=problems)

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
+from rollout.shared.contracts.envspec import PluginConfig
+from rollout.shared.envs.plugin_host.client import HostFailed, ReplyError
+from rollout.shared.envs.plugin_host.worker import PluginError
+from rollout.shared.envs.plugin_sources import bundle_sources
+from rollout.shared.envs.templates.plugin import lease_host
+from rollout.shared.errors import RolloutError
 from rollout.shared.interop.backends import validate_backend_name
 
 MAX_ROLLOUT_FUNC_LEN = 260
@@ -130,12 +135,6 @@ def launch_rollout(
     pool: Any = None,
 ) -> RolloutResult:
     """Call the rollout_func in a plugin host with the seed prompts; its normalised rows."""
-    from rollout.shared.contracts.envspec import PluginConfig
-    from rollout.shared.envs.plugin_host.client import HostFailed, ReplyError
-    from rollout.shared.envs.plugin_host.worker import PluginError
-    from rollout.shared.envs.plugin_sources import bundle_sources
-    from rollout.shared.envs.templates.plugin import lease_host
-
     name = validate_backend_name(backend)
     if name != "openenv":
         raise RolloutError(f"rollout_func is the 'openenv' backend's protocol, not {name!r}'s")

@@ -17,8 +17,8 @@ import keyword
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, PluginConfig, VerifiersConfig
+from rollout.shared.errors import RolloutError
 
 _ADAPTER = "_verifiers_adapter"
 _ADAPTER_SOURCE = (Path(__file__).parent / f"{_ADAPTER}.py").read_text(encoding="utf-8")
@@ -121,7 +121,7 @@ def environment(
     pass_at: float = 1.0,
 ) -> Any:
     """A verifiers taskset as a rollout `Environment` (template `verifiers`)."""
-    from rollout.environment import Environment
+    from rollout.shared.envs.environment import Environment
 
     config = config_for(taskset, options)
     tasks = tasks_of(config, limit)

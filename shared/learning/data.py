@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 
 
 def sft_examples(rollouts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from typing import Any, TypedDict
 
 import structlog
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.learning.checkpoints import (
     CHECKPOINTS,
     GRPO_MARKER,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 
 # Below this many parameters a CPU model trains fastest on one intra-op thread: OpenMP threads
 # of a model this small spend most of their time waiting on each other.

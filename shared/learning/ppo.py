@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import Progress, TrainConfig
 from rollout.shared.learning.forward import completion_forward
 from rollout.shared.learning.grpo import Group, GRPOLearner, _mean, _Row

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
-from rollout.shared.learning.rm import RM_MARKER
+from rollout.shared.errors import RolloutError
+from rollout.shared.learning.rm import RM_MARKER, classifier_from
 
 # Conversations scored per forward pass.
 SCORE_BATCH = 8
@@ -20,8 +20,6 @@ class RewardScorer:
 
     def __init__(self, model_dir: Path, *, max_len: int = 2048) -> None:
         from transformers import AutoTokenizer
-
-        from rollout.shared.learning.rm import classifier_from
 
         self.model_dir = Path(model_dir)
         if not (self.model_dir / RM_MARKER).is_file():

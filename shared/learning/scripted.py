@@ -18,9 +18,12 @@ from typing import Any
 
 import structlog
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.budgets import resolve_budgets
+from rollout.shared.envs.engine import build_runtime, score
+from rollout.shared.envs.loader import load_environments
+from rollout.shared.envs.templates import get_template
 from rollout.shared.envs.templates.protocol import Plan
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 
 log = structlog.get_logger(__name__)
@@ -108,8 +111,6 @@ EXAMPLE_PLANNERS: dict[str, Callable[[Any, Any, Any], Plan | None]] = {
 
 def plan_for(spec: Any, task: Any, runtime: Any) -> Plan | None:
     """The scripted plan for one task, or None when there is no planner for its env."""
-    from rollout.shared.envs.templates import get_template
-
     planner = EXAMPLE_PLANNERS.get(spec.slug)
     if planner is not None:
         return planner(spec, task, runtime)
@@ -123,8 +124,6 @@ async def scripted_rollouts(
     """Passing scripted rollouts of the `split` tasks (the first `per_env` planned ones of each
     env, all when None), and per-env counts (tasks/planned/passed)."""
     from rollout.shared.agent.loop import run_episode
-    from rollout.shared.envs.engine import build_runtime, score
-    from rollout.shared.envs.loader import load_environments
 
     done: list[tuple[str, int, Any, Any, Any, list[dict[str, Any]]]] = []
     counts: dict[str, dict[str, int]] = {}

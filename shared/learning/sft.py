@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import TrainConfig, TrainResult
 from rollout.shared.learning.trl_job import CheckpointHook, ProgressHook, run_trl
 

@@ -29,9 +29,14 @@ from typing import Any
 
 import structlog
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.budgets import resolve_budgets
+from rollout.shared.envs.engine import build_runtime, score
+from rollout.shared.envs.loader import load_environments
+from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import TrainConfig
+from rollout.shared.learning.data import sft_examples
+from rollout.shared.learning.sft import train_sft
+from rollout.shared.settings import default_home
 
 log = structlog.get_logger(__name__)
 
@@ -58,8 +63,6 @@ _HASHED_MODULES = ("tiny_agent", "scripted", "sft", "trl_job", "data", "config")
 
 def default_dir() -> Path:
     """Where the built model lives: `$ROLLOUT_HOME/models/tiny-agent`."""
-    from rollout.shared.settings import default_home
-
     home = os.environ.get("ROLLOUT_HOME")
     return (Path(home).expanduser() if home else default_home()) / "models" / "tiny-agent"
 
@@ -69,9 +72,8 @@ def examples_dir() -> Path:
     chosen = os.environ.get("ROLLOUT_EXAMPLES_DIR")
     if chosen:
         return Path(chosen).expanduser()
-    import rollout
-
-    return Path(rollout.__file__).resolve().parents[2] / "examples"
+    # The repository's examples/ beside shared/ (this file is shared/learning/tiny_agent.py).
+    return Path(__file__).resolve().parents[2] / "examples"
 
 
 def example_files(directory: Path | None = None) -> list[Path]:
@@ -197,8 +199,6 @@ def _digest(examples: Path, seed: int, recipe: dict[str, Any]) -> str:
 def _train(
     target: Path, rollouts: list[dict], seed: int, recipe: dict[str, Any], say: Callable
 ) -> Path:
-    from rollout.shared.learning.data import sft_examples
-    from rollout.shared.learning.sft import train_sft
     from rollout.shared.models.tiny import build_tiny_model
 
     work = target.with_name(target.name + ".build")
@@ -294,8 +294,6 @@ async def evaluate(
 ) -> dict[str, Any]:
     """Greedy pass rate of a model on every example env's `split` tasks (per env and total)."""
     from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
-    from rollout.shared.envs.engine import build_runtime, score
-    from rollout.shared.envs.loader import load_environments
     from rollout.shared.models.hf import HFBackend
 
     backend = HFBackend(model_dir, max_new_tokens=256)

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.learning.checkpoints import (
     CHECKPOINTS,
     FINAL_MODEL,

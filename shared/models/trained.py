@@ -31,11 +31,12 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.hf import HFBackend
 from rollout.shared.objectstore import ObjectNotFound, ObjectRef, ObjectStore, open_store
 from rollout.shared.objectstore.factory import default_store_url
+from rollout.shared.settings import default_home
 
 T = TypeVar("T")
 
@@ -209,8 +210,6 @@ async def fetch_checkpoint(store: ObjectStore, uri: str, sha256: str, directory:
 
 def rollout_home() -> Path:
     """ROLLOUT_HOME (or the per-user default), where stores and caches live."""
-    from rollout.shared.settings import default_home
-
     value = os.environ.get("ROLLOUT_HOME")
     return Path(value).expanduser() if value else default_home()
 

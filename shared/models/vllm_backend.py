@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
 from rollout.shared.models.hermes import parse_tool_calls
 from rollout.shared.models.hf import _template_messages

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 
 CLOUD_EXTRA_HINT = "pip install 'rolloutdev[cloud]'"
 

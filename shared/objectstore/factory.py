@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore.base import ObjectStore
 from rollout.shared.objectstore.errors import CloudExtraMissing, ObjectStoreError
 from rollout.shared.objectstore.local import LocalObjectStore

@@ -23,8 +23,8 @@ import nats.aio.client
 from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 
-from rollout.errors import RolloutError
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams
+from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings, connect_nats

@@ -18,12 +18,12 @@ from faststream.nats import NatsBroker
 from faststream.nats.message import NatsBatchMessage
 from nats.aio.msg import Msg
 
-from rollout.errors import RolloutError
 from rollout.shared.bus.broker import current_message
 from rollout.shared.bus.deadletter import describe, retry_delay
 from rollout.shared.bus.keepalive import working_on_all
 from rollout.shared.bus.sequence import stream_sequence
 from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.store.projection import ProjectionRunner
@@ -33,7 +33,14 @@ log = get_logger(__name__)
 Items = list[tuple[EventEnvelope | None, int]]
 # Failures a later attempt may not meet (Postgres or NATS away, a runner's out-of-order
 # refusal): the batch is nakked with backoff, not lost.
-RETRIED = (asyncpg.PostgresError, OSError, RuntimeError, RolloutError, nats.errors.Error)
+RETRIED = (
+    asyncpg.PostgresError,
+    OSError,
+    RuntimeError,
+    RolloutError,
+    RetrySignal,
+    nats.errors.Error,
+)
 # In-progress acks this often, as a share of the consumer's AckWait.
 KEEPALIVE_SHARE = 0.3
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
-from rollout.shared.settings import CREDENTIALS_FILE, read_json_file
+from rollout.shared.errors import RolloutError
 
 
 def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
@@ -41,48 +38,6 @@ def write_json(path: Path, data: dict[str, Any], *, private: bool = False) -> No
     write_atomic(
         path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=0o600 if private else 0o644
     )
-
-
-def load_or_create_credentials(
-    home: Path, services: Iterable[str] = ()
-) -> dict[str, dict[str, Any]]:
-    """The embedded servers' credentials, generated once and kept in ROLLOUT_HOME (0600).
-
-    `nats` is the unrestricted admin user (the operator's CLI, `rollout admin`); `services`
-    holds one user per service named in `services` (see shared/auth/services.py). Each NATS
-    entry keeps its bcrypt hash too, which is all the server config ever holds.
-    """
-    from rollout.shared.auth.keys import hash_secret
-    from rollout.shared.auth.services import service_user
-
-    path = home / CREDENTIALS_FILE
-    creds = read_json_file(path)
-    changed = False
-    # nats_route: the user a cluster's servers authenticate each other's routes with.
-    for server, user in (("nats", "rollout"), ("postgres", "rollout"), ("nats_route", "route")):
-        entry = creds.get(server)
-        if not isinstance(entry, dict) or not entry.get("user") or not entry.get("password"):
-            creds[server] = {"user": user, "password": secrets.token_urlsafe(32)}
-            changed = True
-    users = creds.get("services")
-    if not isinstance(users, dict):
-        users = creds["services"] = {}
-        changed = True
-    for name in services:
-        entry = users.get(name)
-        if not isinstance(entry, dict) or not entry.get("user") or not entry.get("password"):
-            users[name] = {"user": service_user(name), "password": secrets.token_urlsafe(32)}
-            changed = True
-    for entry in (creds["nats"], *users.values()):
-        if isinstance(entry, dict) and entry.get("password") and not entry.get("password_hash"):
-            entry["password_hash"] = hash_secret(entry["password"])
-            changed = True
-    if changed:
-        write_json(path, creds, private=True)
-    elif path.stat().st_mode & 0o077:
-        # Someone loosened the mode: tighten it again rather than serve secrets to others.
-        path.chmod(0o600)
-    return creds
 
 
 def ensure_home(home: Path) -> Path:

@@ -18,12 +18,13 @@ from typing import Any
 
 import httpx
 
-from rollout.errors import RolloutError
-from rollout.shared.auth.keys import KeyStore, ensure_local_key
+from rollout.shared.auth.credentials import load_or_create_credentials
+from rollout.shared.auth.keys import KeyStore, ensure_local_key, hash_secret
 from rollout.shared.auth.roles import permissions
-from rollout.shared.auth.services import SUPERVISOR, role_for, service_permissions
+from rollout.shared.auth.services import SUPERVISOR, role_for, service_permissions, service_user
+from rollout.shared.errors import RolloutError
 from rollout.shared.settings import STATE_FILE, read_json_file
-from rollout.shared.stack.files import ensure_home, load_or_create_credentials, write_private
+from rollout.shared.stack.files import ensure_home, write_private
 from rollout.shared.stack.process import (
     LOOPBACK,
     ProcessRef,
@@ -39,6 +40,7 @@ from rollout.shared.stack.process import (
     tail,
     wait_for_log,
 )
+from rollout.shared.stack.services import registry
 
 DEFAULT_PORT = 4222
 DEFAULT_MONITOR_PORT = 8222
@@ -331,9 +333,6 @@ def deployment_config(
     """A nats-server config for a deployment (compose, Kubernetes): the admin user and one user
     per service with its role's permissions, passwords read from `env` and kept only as bcrypt.
     """
-    from rollout.shared.auth.keys import hash_secret
-    from rollout.shared.auth.services import service_user
-
     wanted = ["ROLLOUT_NATS_PASSWORD", *(service_password_variable(name) for name in services)]
     missing = [variable for variable in wanted if not env.get(variable)]
     if missing:
@@ -387,8 +386,6 @@ def config_users(server: NatsServer) -> list[dict[str, Any]]:
 
 def service_names() -> list[str]:
     """Every service that gets its own NATS user: the registry's (extras too), the supervisor."""
-    from rollout.shared.stack.services import registry
-
     return [*registry(), SUPERVISOR]
 
 

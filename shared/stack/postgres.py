@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from rollout.errors import RolloutError
-from rollout.shared.stack.files import ensure_home, load_or_create_credentials
+from rollout.shared.auth.credentials import load_or_create_credentials
+from rollout.shared.errors import RolloutError
+from rollout.shared.stack.files import ensure_home
 from rollout.shared.stack.process import (
     LOOPBACK,
     ProcessRef,

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 
 LOOPBACK = "127.0.0.1"
 # How far two reads of one process's start time may differ (see ProcessRef.alive).

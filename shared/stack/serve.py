@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.observability import configure_logging, get_logger
 from rollout.shared.service.bootstrap import beating
 from rollout.shared.settings import Settings, load_settings

@@ -7,7 +7,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import cast
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.settings import Settings
 
 SERVICES: dict[str, str] = {

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from rollout.errors import RolloutError
+from rollout.shared.errors import RolloutError
 from rollout.shared.settings import Settings, connect_nats, redact_url
 from rollout.shared.stack.health import read_beats
 from rollout.shared.stack.nats import jetstream_report, nats_healthy

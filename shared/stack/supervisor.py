@@ -17,10 +17,17 @@ from typing import Any, TextIO
 
 import nats.errors
 
-from rollout.errors import RolloutError
 from rollout.shared.auth.services import SUPERVISOR
+from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
-from rollout.shared.settings import STATE_FILE, Settings, load_settings, read_json_file, redact_url
+from rollout.shared.settings import (
+    STATE_FILE,
+    Settings,
+    connect_nats,
+    load_settings,
+    read_json_file,
+    redact_url,
+)
 from rollout.shared.stack.files import ensure_home, write_json
 from rollout.shared.stack.health import read_beat
 from rollout.shared.stack.nats import NatsCluster, NatsServer, start_nats, start_nats_cluster
@@ -297,8 +304,6 @@ class Supervisor:
 
     async def _until_healthy(self) -> None:
         """Wait until every service has a live heartbeat from the process we started."""
-        from rollout.shared.settings import connect_nats
-
         if not self.children:
             return
         # Its own user (heartbeats only), not the admin one: the supervisor runs for days.

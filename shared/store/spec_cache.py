@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from nats.js import JetStreamContext
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.envs.coerce import as_spec
+from rollout.shared.errors import RolloutError
 from rollout.shared.store import env_versions
 
 

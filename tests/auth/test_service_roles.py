@@ -20,6 +20,7 @@ from pipeline.kit import Platform, as_service, refund_agent, refund_env, wait_fo
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.services.catalog import asyncapi_brokers
 from rollout.shared import subjects
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.auth.roles import SERVICE_DURABLES
@@ -34,7 +35,6 @@ from rollout.shared.auth.services import (
 from rollout.shared.bus.reader import read_events
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts.envelope import payload_types
-from rollout.shared.service_catalog import asyncapi_brokers
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import heartbeat_bucket
 from rollout.shared.stack.nats import NatsServer
@@ -342,8 +342,8 @@ async def test_the_pipeline_completes_with_every_service_on_its_own_credential(
 
 
 async def test_rollout_serve_picks_its_own_credential(tmp_path: Any) -> None:
+    from rollout.shared.auth.credentials import load_or_create_credentials
     from rollout.shared.settings import load_settings
-    from rollout.shared.stack.files import load_or_create_credentials
 
     home = tmp_path / "home"
     creds = load_or_create_credentials(home, ["tracker", "actor"])

@@ -8,11 +8,12 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from rollout.services.catalog import asyncapi_document
 from rollout.shared import subjects
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.contracts import EventEnvelope
 from rollout.shared.contracts.events import RunFailed, RunRequested
-from rollout.shared.contracts.export import asyncapi_document, stale_schemas
+from rollout.shared.contracts.export import stale_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from rollout.cli import main
-from rollout.cli.platform import comparison
 from rollout.client import AsyncClient
+from rollout.comparison import comparison
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events

@@ -16,7 +16,8 @@ from test_cli_platform import rollout
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.learner.data import run_info
-from rollout.services.learner.training_sets import dpo_pairs, dpo_rows, sft_rows, sft_set
+from rollout.services.learner.training_sets import dpo_pairs, sft_set
+from rollout.shared.learning.trainer_rows import dpo_rows, sft_rows
 from rollout.shared.settings import Settings, connect_nats
 from rollout.snapshots import import_snapshot, read_snapshot
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from service_kit.tiny_service import GREETINGS, CountGreetings, Greeting
 
+from rollout.services.catalog import asyncapi_brokers
 from rollout.shared import subjects
 from rollout.shared.auth.services import SERVICE_ROLES, service_permissions
 from rollout.shared.bus.requests import call
@@ -25,7 +26,6 @@ from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, ensure_consumers, serve_service
 from rollout.shared.service.consumer import Consumer
-from rollout.shared.service_catalog import asyncapi_brokers
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import read_beat
 from rollout.shared.stack.serve import run_service

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from rollout.errors import RolloutError
+from rollout.shared.auth.credentials import load_or_create_credentials
 from rollout.shared.settings import load_settings, nats_connect_kwargs, redact_url
-from rollout.shared.stack.files import load_or_create_credentials, write_json
+from rollout.shared.stack.files import write_json
 from rollout.shared.stack.process import choose_port
 from rollout.shared.stack.services import load_serve, registry, selected
 

@@ -9,8 +9,9 @@ from typing import Any
 
 from rollout.services.ui.app import create_app
 from rollout.services.ui.auth import Viewer
-from rollout.services.ui.main import bind, start_in_loop, url_of
+from rollout.services.ui.main import start_in_loop
 from rollout.shared.auth.keys import ApiKey
+from rollout.shared.service.sockets import bind, url_of
 from rollout.shared.settings import Settings
 from rollout.shared.store.trajectories import object_store
 

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.auth.credentials import client_settings
 from rollout.shared.settings import Settings, load_settings
 
 
@@ -17,8 +18,6 @@ def settings_or_error() -> Settings:
 
 def client_settings_or_error() -> Settings:
     """What a user's verb connects with: API key / login / the local stack's key."""
-    from rollout.shared.auth.credentials import client_settings
-
     return client_settings()
 
 

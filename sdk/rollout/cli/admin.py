@@ -6,9 +6,13 @@ import argparse
 import asyncio
 
 from rollout.cli._common import print_json, require_database, settings_or_error
+from rollout.errors import RolloutError
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.settings import connect_nats
+from rollout.shared.stack.files import write_atomic
+from rollout.shared.stack.nats import deployment_config
+from rollout.shared.stack.services import SERVICES
 from rollout.shared.store.db import create_pool, migrate
 from rollout.shared.store.projection import ProjectionRunner
 
@@ -75,11 +79,6 @@ def _rebuild(args: argparse.Namespace) -> int:
 def _nats_config(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
-
-    from rollout.errors import RolloutError
-    from rollout.shared.stack.files import write_atomic
-    from rollout.shared.stack.nats import deployment_config
-    from rollout.shared.stack.services import SERVICES
 
     if args.terraform_template:
         from rollout.shared.auth.services import authorization_template

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from rollout.cli._common import print_json
+from rollout.cli._common import client_settings_or_error, print_json
+from rollout.cli.env_specs import resolve_spec
+from rollout.client import AsyncClient
+from rollout.shared.interop.backends import describe
+from rollout.shared.interop.verifiers_env import export_module
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -87,8 +91,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from rollout.shared.interop.backends import describe
-
     rows = describe()
     if args.json:
         print_json({"backends": rows})
@@ -110,8 +112,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rollout.shared.interop.specs import resolve_spec
-
     spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
     if args.protocol == "nemo-gym":
         from rollout.shared.interop.nemo_gym import serve as serve_gym
@@ -125,9 +125,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _export_verifiers(args: argparse.Namespace) -> int:
-    from rollout.shared.interop.specs import resolve_spec
-    from rollout.shared.interop.verifiers_env import export_module
-
     path = export_module(resolve_spec(args.env, args.slug), args.out, args.name)
     print(path)
     return 0
@@ -136,8 +133,6 @@ def _export_verifiers(args: argparse.Namespace) -> int:
 def _art_export(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollout.cli._common import client_settings_or_error
-    from rollout.client import AsyncClient
     from rollout.shared.interop.art import export_run, write_groups
 
     async def run() -> list:
@@ -180,8 +175,6 @@ def _art_import(args: argparse.Namespace) -> int:
 def _art_import_run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollout.cli._common import client_settings_or_error, print_json
-    from rollout.client import AsyncClient
     from rollout.shared.interop.art import import_run
 
     async def run() -> dict:

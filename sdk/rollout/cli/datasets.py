@@ -14,6 +14,15 @@ import rollout.shared.models.trained  # noqa: F401
 from rollout.cli._common import print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.generate import GenerateRequest, generate, progress_bar
+from rollout.shared.contracts.buffer import RolloutsQuery
+from rollout.snapshots import (
+    export_buffer_rows,
+    export_rows,
+    import_snapshot,
+    lineage,
+    write_snapshot,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,8 +114,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _generate(args: argparse.Namespace) -> int:
-    from rollout.generate import GenerateRequest, generate, progress_bar
-
     req = GenerateRequest(
         model=args.model,
         out=args.out,
@@ -160,8 +167,6 @@ def _buffer_query(args: argparse.Namespace) -> Any:
     """The buffer selection --buffer asks for; filters without --buffer are refused."""
     from pydantic import ValidationError
 
-    from rollout.shared.contracts.buffer import RolloutsQuery
-
     filters = {
         "--env-version": args.env_version,
         "--verdict": args.verdict,
@@ -198,8 +203,6 @@ def _buffer_query(args: argparse.Namespace) -> Any:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from rollout.snapshots import export_buffer_rows, export_rows, lineage, write_snapshot
-
     query = _buffer_query(args)
     skipped = 0
     client = AsyncClient()
@@ -231,8 +234,6 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from rollout.snapshots import import_snapshot
-
     counts = import_snapshot(args.path, args.out, min_margin=args.min_margin)
     if args.json:
         print_json({"out": str(args.out), **counts})

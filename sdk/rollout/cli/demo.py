@@ -25,9 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from rollout.cli._common import print_json
+from rollout.cli.platform import follow_run, print_comparison
+from rollout.cli.stack import cmd_up, up_args
 from rollout.client import AsyncClient
+from rollout.comparison import comparison
 from rollout.errors import RolloutError
+from rollout.follow import follow_job
 from rollout.shared.contracts.envelope import new_id
+from rollout.shared.envs.loader import load_environments
+from rollout.shared.learning.tiny_agent import example_files
+from rollout.shared.models.local_models import ensure
+from rollout.shared.settings import load_settings
+from rollout.shared.stats import format_interval, wilson_interval
 
 # The real pretrained model is the default: its whole demo fits in about 8 minutes here
 # (docs/real-model.md); the tiny agent (built from code) stays as `--model local/tiny-agent`.
@@ -273,13 +282,10 @@ def _sayer(*, quiet_stdout: bool) -> Say:
 
 def ensure_stack(say: Say) -> None:
     """Use the running stack, or start it with `rollout up` (external servers: just use them)."""
-    from rollout.shared.settings import load_settings
-
     settings = load_settings()
     if settings.external_nats or _answers(settings):
         return
     say("starting the local stack (rollout up) ...")
-    from rollout.cli.stack import cmd_up, up_args
 
     # `up` prints its status table; keep stdout for the demo's own output. Its arguments come
     # from its own parser, so an option added to `up` never leaves this call short of one.
@@ -308,8 +314,6 @@ def _answers(settings: Any) -> bool:
 
 def ensure_model(name: str, say: Say) -> Path:
     """Prepare the local model here first (cached), so actors find it ready."""
-    from rollout.shared.models.local_models import ensure
-
     if name.startswith("hf:"):
         folder = Path(name[3:]).expanduser()
         if not (folder / "config.json").is_file():
@@ -324,9 +328,6 @@ def ensure_model(name: str, say: Say) -> Path:
 
 def example_env(slug: str, folder: Path | None) -> Any:
     """The example environment named `slug` (from examples/ or `folder`)."""
-    from rollout.shared.envs.loader import load_environments
-    from rollout.shared.learning.tiny_agent import example_files
-
     found: dict[str, Any] = {}
     for file in example_files(folder):
         for env in load_environments(file):
@@ -440,8 +441,6 @@ async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, An
     finally:
         await client.close()
 
-    from rollout.cli.platform import comparison
-
     return {
         "env": slug,
         "baseModel": base,
@@ -543,8 +542,6 @@ async def run(
     max_tool_calls: int = MAX_TOOL_CALLS,
 ) -> dict[str, Any]:
     """Create a run, follow it with a progress bar, return it once completed."""
-    from rollout.cli.platform import follow_run
-
     created = await client.create_run(
         slug, model, n=n, split=split, temperature=temperature, max_tokens=max_tokens,
         max_tool_calls=max_tool_calls, name=name, seed=0,
@@ -563,8 +560,6 @@ async def run(
 
 async def improve(client: AsyncClient, say: Say, quiet: bool, **job: Any) -> dict[str, Any]:
     """Start a training job and follow it; a refused SFT (nothing passed) is returned, not raised."""
-    from rollout.cli.training import follow_job
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + CATCH_UP_S
     while True:
@@ -627,9 +622,6 @@ async def _settle(task: asyncio.Future[Any]) -> None:
 
 def print_summary(result: dict[str, Any]) -> None:
     """The stages, then the compare table of the final model against the baseline."""
-    from rollout.cli.platform import print_comparison
-    from rollout.shared.stats import format_interval, wilson_interval
-
     print(f"\nrollout demo on {result['env']}  ({result['elapsedS']:.0f}s)\n")
     print(f"{'STAGE':<9} {'RUN':<17} {'SPLIT':<6} {'PASS':>6} {'95% CI':>11} {'SCORE':>7}"
           f" {'SECONDS':>7}  MODEL")  # fmt: skip

@@ -10,6 +10,13 @@ from collections import Counter
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.envs import (
+    build_runtime,
+    default_verifier,
+    load_environments,
+    select_environment,
+    validate_environment,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _summary(env: Any) -> dict[str, Any]:
     """Counts and names a person checks at a glance (only for a valid spec)."""
-    from rollout.shared.envs import build_runtime, default_verifier
-
     spec = env.to_spec()
     splits = Counter(t.split for t in spec.tasks)
     verifier = spec.verifier if spec.verifier and spec.verifier.primitives else None
@@ -78,8 +83,6 @@ def _summary(env: Any) -> dict[str, Any]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rollout.shared.envs import load_environments, select_environment, validate_environment
-
     if args.file.endswith(".toml"):
         from rollout.cli.experiments import plan_command
 

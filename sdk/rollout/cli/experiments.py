@@ -8,8 +8,13 @@ import asyncio
 import sys
 from typing import Any
 
-from rollout.cli._common import print_json
+from rollout.cli._common import client_settings_or_error, print_json
+from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.plan_runner import run_plan
+from rollout.plans import check_plan, load_plan_state
+from rollout.shared import subjects
+from rollout.shared.settings import connect_nats
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 async def _reachable_client() -> Any:
     """A client of the configured stack when one answers, else None (refs stay unresolved)."""
-    from rollout.client import AsyncClient
-
     try:
         client = AsyncClient(timeout_s=5.0)
     except RolloutError:
@@ -73,7 +76,6 @@ def _stage_line(stage: Any) -> str:
 
 def plan_command(args: argparse.Namespace) -> int:
     """`rollout plan PLAN.toml`: validate everything, print the pinned plan and its hash."""
-    from rollout.plans import check_plan
 
     async def go() -> Any:
         client = await _reachable_client()
@@ -93,9 +95,6 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def run_config_command(args: argparse.Namespace) -> int:
     """`rollout run --config PLAN.toml`: validate, then run it stage by stage (or resume it)."""
-    from rollout.client import AsyncClient
-    from rollout.plan_runner import run_plan
-    from rollout.plans import check_plan
 
     def say(line: str) -> None:
         if not args.json:
@@ -147,11 +146,6 @@ def _print_state(summary: dict[str, Any]) -> None:
 
 def replay_plan_command(args: argparse.Namespace) -> int:
     """`rollout replay --plan ID`: a plan's stages and outcomes rebuilt from its events."""
-    from rollout.cli._common import client_settings_or_error
-    from rollout.plans import load_plan_state
-    from rollout.shared import subjects
-    from rollout.shared.settings import connect_nats
-
     subjects.token(args.plan, "plan id")
 
     async def go() -> Any:

@@ -21,7 +21,19 @@ import time
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.agent.loop import DEFAULT_SYSTEM_PROMPT, Episode, SamplingParams, run_episodes
 from rollout.shared.contracts.budgets import resolve_budgets
+from rollout.shared.envs import (
+    build_runtime,
+    load_environments,
+    score,
+    select_environment,
+    validate_environment,
+)
+from rollout.shared.envs.sandbox_check import require_sandbox
+from rollout.shared.models.base import close_backend
+from rollout.shared.models.registry import resolve_backend
+from rollout.shared.observability import configure_logging
 
 TRACE_CLIP = 160
 
@@ -66,8 +78,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from rollout.shared.observability import configure_logging
-
     # Logs go to stderr (stdout carries the report, or the --json document); quiet by default.
     configure_logging("rollout-test", level=os.environ.get("ROLLOUT_LOG_LEVEL", "WARNING"))
     try:
@@ -85,11 +95,6 @@ def _test(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from rollout.shared.agent.loop import DEFAULT_SYSTEM_PROMPT, SamplingParams
-    from rollout.shared.envs import load_environments, select_environment, validate_environment
-    from rollout.shared.models.base import close_backend
-    from rollout.shared.models.registry import resolve_backend
-
     envs = select_environment(load_environments(args.file), args.slug)
     invalid = []
     for env in envs:
@@ -101,7 +106,6 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.file}: invalid environment (run `rollout plan`)", problems=invalid
         )
     selections = [(env.to_spec(), _select_tasks(env.to_spec(), args)) for env in envs]
-    from rollout.shared.envs.sandbox_check import require_sandbox
 
     # Before any model call: without a sandbox every code-editing task would error alike.
     await require_sandbox({spec.template for spec, _ in selections})
@@ -163,9 +167,6 @@ async def _run_env(
     system_prompt: str,
     max_tool_calls: int,
 ) -> dict[str, Any]:
-    from rollout.shared.agent.loop import Episode, run_episodes
-    from rollout.shared.envs import build_runtime, score
-
     runtimes: dict[int, Any] = {}
     startup_errors: dict[int, str] = {}
     for i in indices:

@@ -9,6 +9,12 @@ from typing import Any
 
 from rollout.cli._common import print_json
 from rollout.errors import RolloutError
+from rollout.shared.models.local_models import (
+    folder_size,
+    local_model,
+    local_model_names,
+    local_models,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +40,6 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _rows() -> list[dict[str, Any]]:
-    from rollout.shared.models.local_models import folder_size, local_models
-
     rows = []
     for model in local_models():
         directory = model.directory()
@@ -97,8 +101,6 @@ class _Bar:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from rollout.shared.models.local_models import folder_size, local_model, local_model_names
-
     model = local_model(args.name)
     if model is None:
         raise RolloutError(

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from rollout.errors import RolloutError
-from rollout.shared.contracts.export import asyncapi_document, stale_schemas, write_schemas
+from rollout.services.catalog import asyncapi_document
+from rollout.shared.contracts.export import stale_schemas, write_schemas
 
 
 def register(sub: argparse._SubParsersAction) -> None:

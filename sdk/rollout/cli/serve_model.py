@@ -7,6 +7,11 @@ import asyncio
 import sys
 from pathlib import Path
 
+from rollout.cli._common import client_settings_or_error
+from rollout.services.inference.api import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS_LIMIT
+from rollout.services.inference.policy import DEFAULT_MAX_BATCH
+from rollout.shared.service.sockets import bind
+
 EPILOG = """\
 Endpoints: GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions (tools, n, seed,
 logprobs, stream=true as server-sent events), GET /health. Any OpenAI client works:
@@ -27,9 +32,7 @@ request must send `Authorization: Bearer <key>`.
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `serve-model` verb."""
-    from rollout.services.inference.api import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS_LIMIT
     from rollout.services.inference.main import DEFAULT_HOST, DEFAULT_PORT
-    from rollout.services.inference.policy import DEFAULT_MAX_BATCH
 
     p = sub.add_parser(
         "serve-model",
@@ -91,8 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve_model(args: argparse.Namespace) -> int:
-    from rollout.cli._common import client_settings_or_error
-    from rollout.services.inference.main import bind, check_exposure, load_keys, serve_forever
+    from rollout.services.inference.main import check_exposure, load_keys, serve_forever
 
     for flag, value, low in (("--port", args.port, 0), ("--max-n", args.max_n, 1),
                              ("--max-tokens-limit", args.max_tokens_limit, 1),

@@ -13,6 +13,25 @@ from pathlib import Path
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.envs.sandbox_check import check_sandbox_sync
+from rollout.shared.observability import configure_logging
+from rollout.shared.settings import default_home, load_settings
+from rollout.shared.stack.files import ensure_home
+from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, local_beats
+from rollout.shared.stack.process import read_from, tail
+from rollout.shared.stack.serve import serve_main
+from rollout.shared.stack.services import registry, selected
+from rollout.shared.stack.status import as_json as to_json
+from rollout.shared.stack.status import as_table, collect_status
+from rollout.shared.stack.supervisor import (
+    TOKEN_ENV,
+    Supervisor,
+    check_nats_mode,
+    cli_command,
+    down,
+    read_state,
+    supervisor_running,
+)
 
 DEFAULT_UP_TIMEOUT = 120.0
 # More trackers than this only add standbys polling the lease.
@@ -89,16 +108,6 @@ def up_args(*argv: str) -> argparse.Namespace:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the stack (a background supervisor unless --foreground)."""
-    from rollout.shared.settings import load_settings
-    from rollout.shared.stack.files import ensure_home
-    from rollout.shared.stack.services import selected
-    from rollout.shared.stack.supervisor import (
-        TOKEN_ENV,
-        check_nats_mode,
-        cli_command,
-        supervisor_running,
-    )
-
     settings = load_settings()
     services = selected()
     ensure_home(settings.home)
@@ -144,8 +153,6 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _cluster_size(requested: int | None, settings: Any) -> int:
     """The nats-servers to run: as asked, else as this home last ran, else one."""
-    from rollout.shared.stack.supervisor import read_state
-
     if requested is None:
         recorded = (read_state(settings.home).get("nats") or {}).get("cluster")
         return recorded if isinstance(recorded, int) and recorded > 1 else 1
@@ -178,9 +185,6 @@ def _tracker_replicas(requested: int, services: list[str]) -> int:
 
 
 def _run_foreground(settings: Any, services: list[str], cluster: int = 1, trackers: int = 1) -> int:
-    from rollout.shared.observability import configure_logging
-    from rollout.shared.stack.supervisor import TOKEN_ENV, Supervisor
-
     configure_logging("supervisor")
     supervisor = Supervisor(
         settings=settings,
@@ -199,9 +203,6 @@ def _wait_ready(
     home: Path, token: str | None, proc: subprocess.Popen[bytes] | None, timeout: float
 ) -> None:
     """Wait for the supervisor to report `ready`; fail with its log when it gives up."""
-    from rollout.shared.stack.process import read_from, tail
-    from rollout.shared.stack.supervisor import read_state
-
     log_path = home / "logs" / "supervisor.log"
     deadline = time.monotonic() + timeout
     while True:
@@ -230,8 +231,6 @@ def _wait_ready(
 
 
 def _unhealthy_summary(home: Path) -> list[str]:
-    from rollout.shared.stack.supervisor import read_state
-
     state = read_state(home)
     lines = []
     for name, entry in (state.get("services") or {}).items():
@@ -244,9 +243,6 @@ def _unhealthy_summary(home: Path) -> list[str]:
 
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop everything `up` started for this ROLLOUT_HOME."""
-    from rollout.shared.settings import load_settings
-    from rollout.shared.stack.supervisor import down
-
     settings = load_settings()
     stopped = down(settings.home, timeout=args.timeout)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
@@ -259,11 +255,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _print_status(*, as_json: bool) -> int:
-    from rollout.shared.envs.sandbox_check import check_sandbox_sync
-    from rollout.shared.settings import load_settings
-    from rollout.shared.stack.status import as_json as to_json
-    from rollout.shared.stack.status import as_table, collect_status
-
     settings = load_settings()
     components = asyncio.run(collect_status(settings))
     # Not a stack component (the stack runs without it), but code-editing envs need it here:
@@ -282,10 +273,6 @@ def _print_status(*, as_json: bool) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when this home's newest beat of the service is fresh, 1 (saying why) otherwise."""
-    from rollout.shared.settings import default_home
-    from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, local_beats
-    from rollout.shared.stack.services import registry
-
     known = registry()
     if args.name not in known:
         raise RolloutError(
@@ -313,6 +300,4 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run one service until SIGTERM."""
-    from rollout.shared.stack.serve import serve_main
-
     return serve_main(args.name, args.replica_id)

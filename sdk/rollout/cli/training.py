@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import rollout.shared.models.trained  # noqa: F401
 from rollout.cli._common import print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.follow import eta, follow_job, num
 from rollout.shared import subjects
 from rollout.shared.contracts.training import (
     METHOD_ALIASES,
@@ -21,8 +21,6 @@ from rollout.shared.contracts.training import (
     ONLINE_METHODS,
     resolve_method,
 )
-
-_FINAL = ("completed", "failed")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -181,7 +179,7 @@ async def _jobs(args: argparse.Namespace) -> int:
         step = f"{j['step']}/{j['totalSteps']}" if j["totalSteps"] else "-"
         model = j["modelId"] or j["baseModel"]
         print(f"{j['id']:<21} {j['method']:<6} {j['status']:<10} {step:>9}"
-              f" {_num(j['loss']):>8}  {model}")  # fmt: skip
+              f" {num(j['loss']):>8}  {model}")  # fmt: skip
     return 0
 
 
@@ -202,17 +200,6 @@ async def _job(args: argparse.Namespace) -> int:
     return 0 if job.get("status") != "failed" else 1
 
 
-def _num(value: float | None, fmt: str = ".4f") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
 def print_job(job: dict[str, Any]) -> None:
     """Human summary of a training job."""
     print(f"job {job['id']}  {job['status']}  {job['method']} of {job['baseModel']}")
@@ -221,65 +208,9 @@ def print_job(job: dict[str, Any]) -> None:
     if job.get("envSlug"):
         print(f"  environment {job['envSlug']}")
     step = f"{job['step']}/{job['totalSteps']}" if job.get("totalSteps") else "-"
-    print(f"  step {step}  loss {_num(job.get('loss'))}  reward {_num(job.get('reward'))}"
-          f"  tokens/s {_num(job.get('tokensPerS'), '.0f')}  ETA {_eta(job.get('etaS'))}")  # fmt: skip
+    print(f"  step {step}  loss {num(job.get('loss'))}  reward {num(job.get('reward'))}"
+          f"  tokens/s {num(job.get('tokensPerS'), '.0f')}  ETA {eta(job.get('etaS'))}")  # fmt: skip
     if job.get("modelId"):
         print(f"  model {job['modelId']}  (also: {job['id']})")
     if job.get("reason"):
         print(f"  reason: {job['reason']}")
-
-
-def _bar(step: int, total: int, width: int = 30) -> str:
-    filled = int(width * step / total) if total else 0
-    return "█" * filled + "░" * (width - filled)
-
-
-async def follow_job(
-    client: AsyncClient, job_id: str, *, quiet: bool = False, timeout_s: float | None = None
-) -> dict[str, Any]:
-    """Follow a job's events (progress bar on stderr) until it ends; return the job."""
-    from nats.js.errors import NotFoundError
-
-    from rollout.shared.bus.reader import read_events
-    from rollout.shared.contracts.envelope import EventEnvelope
-
-    js = await client.jetstream()
-    requested = subjects.event("job", job_id, subjects.event_name("job.requested"))
-    try:  # a clear error for an unknown id, before waiting (the log knows a new job first)
-        await js.get_last_msg(subjects.EVENTS_STREAM, requested)
-    except NotFoundError:
-        raise RolloutError(f"no training job {job_id!r} (see `rollout jobs`)") from None
-
-    async def follow() -> None:
-        async for msg in read_events(js, subjects.aggregate_events("job", job_id), follow=True):
-            event = EventEnvelope.from_bytes(msg.data)
-            body: Any = event.body()
-            if event.type == "job.progress" and not quiet:
-                sys.stderr.write(
-                    f"\r  [{_bar(body.step, body.total_steps)}] step {body.step}/"
-                    f"{body.total_steps}  loss {_num(body.loss)}  reward {_num(body.reward)}"
-                    f"  tok/s {_num(body.tokens_per_s, '.0f')}  ETA {_eta(body.eta_s)}  "
-                )
-                sys.stderr.flush()
-            if event.type in ("job.completed", "job.failed"):
-                return
-
-    try:
-        await asyncio.wait_for(follow(), timeout=timeout_s)
-    except TimeoutError:
-        raise RolloutError(f"job {job_id} did not finish within {timeout_s:.0f}s") from None
-    if not quiet:
-        sys.stderr.write("\n")
-    # The event is on the log; the read model follows it within moments.
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
-        try:
-            job = await client.get_training_job(job_id)
-        except RolloutError:
-            if loop.time() > deadline:
-                raise
-            job = {"status": None}
-        if job["status"] in _FINAL or loop.time() > deadline:
-            return job
-        await asyncio.sleep(0.1)

@@ -8,6 +8,7 @@ import sys
 
 from rollout.cli._common import client_settings_or_error, require_database
 from rollout.shared.auth.keys import read_local_key
+from rollout.shared.service.sockets import bind
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    from rollout.services.ui.main import bind, serve_ui
+    from rollout.services.ui.main import serve_ui
 
     settings = client_settings_or_error()
     require_database(settings)

@@ -45,11 +45,11 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
-from rollout.errors import RolloutError
 from rollout.shared.envs.plugin_host import protocol
 from rollout.shared.envs.plugin_host.worker import PluginError
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.sandbox import SandboxedProcess, SandboxLimits, start_sandboxed
+from rollout.shared.errors import RolloutError
 
 log = structlog.get_logger(__name__)
 

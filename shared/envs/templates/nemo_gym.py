@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, NemoGymConfig, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord
 from rollout.shared.envs.checks import duplicates
@@ -24,6 +23,8 @@ from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.openenv import ENV_REWARD, check_url
 from rollout.shared.envs.templates.protocol import Template
+from rollout.shared.errors import RolloutError
+from rollout.shared.interop.nemo_gym import discover_tools, responses_payload
 
 PROBE_TIMEOUT_S = 5.0
 # A request's headers and body go out as two writes: without TCP_NODELAY the body waits for
@@ -78,8 +79,6 @@ class NemoGymRuntime(BaseRuntime):
     sanitize_outputs = True
 
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: NemoGymConfig) -> None:
-        from rollout.shared.interop.nemo_gym import discover_tools
-
         super().__init__(spec, task)
         self.config = config
         self.base_url = check_url(config.url)
@@ -193,8 +192,6 @@ class NemoGymRuntime(BaseRuntime):
 
     def final_state(self) -> dict[str, Any]:
         """`/verify` once: its reward, the answer sent, and the server's verify answer."""
-        from rollout.shared.interop.nemo_gym import responses_payload
-
         if self._failure is not None:
             raise EnvironmentFailed(self._failure)
         if self._verified is None:

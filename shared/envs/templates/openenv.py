@@ -19,11 +19,12 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, OpenEnvConfig, TaskSpec
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Template
+from rollout.shared.errors import RolloutError
+from rollout.shared.interop.backends import require
 
 _SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
 SCHEMA_TIMEOUT_S = 5.0
@@ -142,8 +143,6 @@ class OpenEnvRuntime(BaseRuntime):
     sanitize_outputs = True
 
     def __init__(self, spec: EnvironmentSpec, task: TaskSpec, config: OpenEnvConfig) -> None:
-        from rollout.shared.interop.backends import require
-
         require("openenv")
         from openenv.core.generic_client import GenericEnvClient
 

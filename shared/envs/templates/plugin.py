@@ -41,6 +41,7 @@ from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Template
+from rollout.shared.errors import RolloutError
 
 log = structlog.get_logger(__name__)
 
@@ -82,8 +83,8 @@ def lease_host(
     if problems:
         raise PluginError(problems[0].partition(": ")[2])
     if config.sources:
-        from rollout.errors import RolloutError
         from rollout.shared.envs.plugin_sources import check_sources
+        from rollout.shared.errors import RolloutError
 
         try:
             check_sources(config.sources)
@@ -379,8 +380,6 @@ class PluginTemplate(Template):
 
     def plan_tools(self, config: PluginConfig, out: list[str]) -> list[str] | None:
         """Ask the plugin for its tools, in a plugin host (never imported in this process)."""
-        from rollout.errors import RolloutError
-
         refused = shadowing_problems(config)
         if refused:
             out.extend(refused)

@@ -12,10 +12,10 @@ import sqlite3
 import time
 from typing import Any
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, SqlConfig, TaskSpec
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import STATE_MATCH, Plan, Template
+from rollout.shared.errors import RolloutError
 
 # Tables dumped into the final state are capped so trajectories stay small; counts are exact.
 STATE_ROWS_PER_TABLE = 500

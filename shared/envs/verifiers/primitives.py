@@ -8,7 +8,6 @@ import math
 import re
 from typing import Any
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import (
     CodeEditingConfig,
     ContainsTermsParams,
@@ -35,6 +34,7 @@ from rollout.shared.envs.verifiers.registry import (
     register,
     register_compiled,
 )
+from rollout.shared.errors import RolloutError
 
 _MISSING = object()
 

@@ -24,9 +24,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec, RewardModelParams, TaskSpec
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
+from rollout.shared.errors import RolloutError
+from rollout.shared.learning.data import conversation
+from rollout.shared.learning.rm import RM_MARKER
+from rollout.shared.learning.rm_scoring import drop_scorer, scorer_for
 
 _JOB_ID = re.compile(r"^job-[A-Za-z0-9]{1,64}$")
 HINT = "train one with `rollout improve --method rm --suffix S` (see `rollout jobs`)"
@@ -69,8 +72,6 @@ async def resolve(name: str) -> tuple[Any, Path]:
 
 def not_a_reward_model(name: str, path: Path) -> str | None:
     """Why the checkpoint at `path` is not a one-output reward model, or None when it is one."""
-    from rollout.shared.learning.rm import RM_MARKER
-
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
@@ -157,9 +158,6 @@ def sigmoid(x: float) -> float:
 @register("reward_model", check=check)
 async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
     """sigmoid(the reward model's logit) on the conversation; passed at `threshold`."""
-    from rollout.shared.learning.data import conversation
-    from rollout.shared.learning.rm_scoring import drop_scorer, scorer_for
-
     try:
         messages = conversation({"trajectory": ctx.trajectory.model_dump()})
     except RolloutError as exc:

@@ -22,7 +22,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import (
     EnvironmentSpec,
     PrimitiveSpec,
@@ -32,6 +31,7 @@ from rollout.shared.contracts.envspec import (
 )
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
+from rollout.shared.errors import RolloutError
 
 MAX_TRAJECTORY_CHARS = 20_000
 

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import math
 
-from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import VerifiersConfig, VerifiersRubricParams
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
+from rollout.shared.errors import RolloutError
+from rollout.shared.interop.verifiers_env import ahost_call
 
 
 @register("verifiers_rubric", templates=("verifiers",))
 async def verifiers_rubric(p: VerifiersRubricParams, ctx: ScoreContext) -> Outcome:
     """The weighted reward of the task's `@vf.reward` functions, clipped to [0, 1]."""
-    from rollout.shared.interop.verifiers_env import ahost_call
-
     if not isinstance(ctx.config, VerifiersConfig):
         raise InfraError("verifiers_rubric needs the verifiers template's config")
     data = ctx.ground_truth if isinstance(ctx.ground_truth, dict) else {}

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollout.errors import RolloutError
+from rollout.cli._common import client_settings_or_error
+from rollout.client import Client
 from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.envs import load_environments, select_environment
+from rollout.shared.errors import RolloutError
 
 
 def resolve_spec(target: str, slug: str | None = None) -> EnvironmentSpec:
     """FILE (a .py defining Environment(s)) or SLUG (a registered env) as a spec."""
-    from rollout.shared.envs import load_environments, select_environment
-
     if target.endswith(".py") or Path(target).is_file():
         envs = select_environment(load_environments(target), slug)
         if len(envs) != 1:
@@ -20,9 +21,6 @@ def resolve_spec(target: str, slug: str | None = None) -> EnvironmentSpec:
                 f"({', '.join(str(getattr(e, 'slug', '?')) for e in envs)})"
             )
         return envs[0].to_spec()
-    from rollout.cli._common import client_settings_or_error
-    from rollout.client import Client
-
     with Client(settings=client_settings_or_error()) as client:
         doc = client.get_environment(target)
     return EnvironmentSpec.model_validate(doc.get("spec", doc))
