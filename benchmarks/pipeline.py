@@ -38,7 +38,7 @@ from rollout.shared.agent.loop import Episode, run_episodes
 from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.engine import build_runtime, score
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
-from rollout.shared.models.registry import register_backend
+from rollout.shared.models.catalog import register_backend
 from rollout.shared.observability import configure_logging
 from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import start_nats

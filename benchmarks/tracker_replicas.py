@@ -35,7 +35,7 @@ from rollout.errors import RolloutError
 from rollout.services.tracker.main import LEASE_NAME, LEASE_TTL_ENV
 from rollout.services.tracker.main import serve as serve_tracker_replica
 from rollout.shared.bus.lease import BUCKET, DEFAULT_TTL_S, current_holder
-from rollout.shared.models.registry import register_backend
+from rollout.shared.models.catalog import register_backend
 from rollout.shared.observability import configure_logging
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.nats import start_nats

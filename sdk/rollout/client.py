@@ -19,6 +19,7 @@ from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
 from rollout.shared.envs.coerce import raw_environment
 from rollout.shared.settings import Settings, connect_nats
+from rollout.snapshots import stage_dataset
 
 T = TypeVar("T")
 # How often an unanswered create is resent (with its client request id: never a second run).
@@ -226,8 +227,6 @@ class AsyncClient:
         method, hyperparams = resolve_method(method, dict(hyperparams or {}))
         source_dataset = None
         if dataset is not None:
-            from rollout.snapshots import stage_dataset
-
             source_dataset = await stage_dataset(self.settings, Path(dataset))
         try:
             body = rq.CreateTrainingJob(

@@ -41,8 +41,9 @@ from rollout.shared.contracts.training import (
 )
 from rollout.shared.envs import load_environments, select_environment, validate_environment
 from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
-from rollout.shared.models.local_models import local_model, local_model_names
-from rollout.shared.models.trained import check_suffix, find_trained, split_trained_name
+from rollout.shared.models.catalog import local_model, local_model_names
+from rollout.shared.models.names import check_suffix, split_trained_name
+from rollout.shared.models.trained import find_trained
 
 # Event types of the plan aggregate, in the order a plan emits them.
 PLAN_STARTED = "plan.started"

@@ -29,7 +29,7 @@ from rollout.shared.contracts.events import (
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.models.base import ModelBackend
-from rollout.shared.models.registry import resolve_backend
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.trained import TrainedBackend, apply_update, refresh_policy
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError

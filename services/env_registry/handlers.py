@@ -7,6 +7,7 @@ import asyncio
 from faststream.nats import NatsBroker
 
 from rollout.shared import subjects
+from rollout.shared.aggregates.append import decide_and_append
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -24,7 +25,6 @@ from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions as versions
 
 QUEUE = "env-registry"
-_CONFLICT_RETRIES = 5
 
 log = get_logger(__name__)
 
@@ -50,12 +50,13 @@ def register(broker: NatsBroker) -> None:
             raise RolloutError(f"environment {slug or '?'!r} is invalid", problems=problems)
         spec = as_spec(cmd.spec)
         js = jetstream(broker)
-        for _ in range(_CONFLICT_RETRIES):
-            newest, seq = await versions.latest(js, spec.slug)
-            digest = spec.spec_hash()
+        digest = spec.spec_hash()
+
+        def decide(latest: tuple[EnvRegistered | None, int]) -> EnvRegistered | None:
+            newest, _ = latest
             if newest is not None and newest.spec_hash == digest:
-                return Reply(data={**summary(newest), "created": False})
-            event = EnvRegistered(
+                return None  # the same content: its version stands
+            return EnvRegistered(
                 slug=spec.slug,
                 version=(newest.version + 1) if newest else 1,
                 spec_hash=digest,
@@ -64,16 +65,27 @@ def register(broker: NatsBroker) -> None:
                 task_count=len(spec.tasks),
                 spec=spec.to_json_dict(),
             )
+
+        async def append(latest: tuple[EnvRegistered | None, int], event: EnvRegistered) -> None:
             envelope = EventEnvelope.new(
                 event, aggregate_id=spec.slug, id_parts=(spec.slug, event.version, digest)
             )
-            try:
-                await EventPublisher(js).publish(envelope, expected_last_subject_seq=seq)
-            except ConcurrencyConflict:
-                continue  # another push landed first: re-read and decide again
-            log.info("environment registered", slug=spec.slug, version=event.version)
-            return Reply(data={**summary(event), "created": True})
-        raise RolloutError(f"environment {spec.slug!r} is being pushed concurrently; try again")
+            await EventPublisher(js).publish(envelope, expected_last_subject_seq=latest[1])
+
+        try:
+            # Another push may land first: re-read and decide again.
+            (newest, _), event = await decide_and_append(
+                lambda: versions.latest(js, spec.slug), decide, append, what=spec.slug
+            )
+        except ConcurrencyConflict:
+            raise RolloutError(
+                f"environment {spec.slug!r} is being pushed concurrently; try again"
+            ) from None
+        if event is None:
+            assert newest is not None
+            return Reply(data={**summary(newest), "created": False})
+        log.info("environment registered", slug=spec.slug, version=event.version)
+        return Reply(data={**summary(event), "created": True})
 
     @broker.subscriber(subjects.request("registry", "get"), queue=QUEUE, title="registry/get")
     async def get(query: GetEnvironment) -> Reply:

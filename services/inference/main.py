@@ -24,7 +24,7 @@ from rollout.services.inference.app import KeyRing, ServeConfig, create_app
 from rollout.services.inference.policy import DEFAULT_MAX_BATCH, ServedPolicy
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ModelBackend
-from rollout.shared.models.registry import resolve_backend
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.observability import get_logger
 from rollout.shared.settings import Settings, connect_nats
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning.tiny_agent import ensure_tiny_agent
-from rollout.shared.models import local_models, trained
+from rollout.shared.models import catalog, names, trained
 from rollout.shared.models.openai_compat import OPENAI_DEFAULT_BASE, TOGETHER_DEFAULT_BASE
 
 TINY_AGENT = "local/tiny-agent"
@@ -49,7 +49,7 @@ class TrainBase:
             return {}
         names = [self.name] + ([self.record.base_model] if self.record is not None else [])
         for name in names:
-            defaults = local_models.train_defaults(name)
+            defaults = catalog.train_defaults(name)
             if defaults:
                 return defaults
         return {}
@@ -87,7 +87,7 @@ def resolve_base(name: str) -> TrainBase:
             # A provider fine-tune trains further at the provider, from its fine-tuned model.
             return _provider(f"{record.kind}/{record.remote_model}", f"{record.kind}/")
         return TrainBase(name=name, kind="local", record=record)
-    if local_models.local_model(name) is not None:
+    if catalog.local_model(name) is not None:
         return TrainBase(name=name, kind="local")
     hf_path = Path(name[3:].strip()).expanduser() if name.startswith("hf:") else None
     if name == "hf:" or (hf_path is not None and not name[3:].strip()):
@@ -96,7 +96,7 @@ def resolve_base(name: str) -> TrainBase:
         return TrainBase(name=name, kind="local", path=hf_path)
     if name.startswith(trained.JOB_PREFIX):
         raise RolloutError(f"base_model: no finished job {name!r} produced a model")
-    if trained.split_trained_name(name) is not None:
+    if names.split_trained_name(name) is not None:
         raise RolloutError(
             f"base_model: no trained model {name!r}",
             problems=["see `rollout jobs` for the model names finished jobs produced"],
@@ -154,4 +154,4 @@ async def local_dir(base: TrainBase) -> Path:
         return base.path
     if base.name == TINY_AGENT:
         return await asyncio.to_thread(tiny_agent_dir)
-    return await asyncio.to_thread(local_models.ensure, base.name)
+    return await asyncio.to_thread(catalog.ensure, base.name)

@@ -10,7 +10,8 @@ import pydantic
 from nats.js import JetStreamContext
 
 from rollout.shared import subjects
-from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
+from rollout.shared.aggregates.append import decide_and_append
+from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import (
@@ -25,7 +26,6 @@ from rollout.shared.models.trained import policy_key
 from rollout.shared.observability import get_logger
 
 # How often a job's ending is decided again after another event of the job got in first.
-_CONFLICT_RETRIES = 5
 
 log = get_logger(__name__)
 
@@ -159,27 +159,31 @@ async def end_job(js: JetStreamContext, ending: JobCompleted | JobFailed) -> boo
     moved since it was read, so whichever ending gets in first is the only one.
     """
     job_id = ending.job_id
-    for _ in range(_CONFLICT_RETRIES):
-        history = await job_history(js, job_id)
+
+    def decide(history: JobHistory) -> JobCompleted | JobFailed | None:
         if history.requested is None or history.finished:
             if history.finished:
                 log.info("job already ended; ending not recorded", job_id=job_id,
                          kept="completed" if history.completed else "failed",
                          dropped=ending.event_type)  # fmt: skip
-            return False
+            return None
+        return ending
+
+    async def append_ending(history: JobHistory, decision: JobCompleted | JobFailed) -> None:
         envelope = EventEnvelope.new(
-            ending, aggregate_id=job_id, id_parts=(job_id,), parent=history.envelope
+            decision, aggregate_id=job_id, id_parts=(job_id,), parent=history.envelope
         )
-        try:
-            await EventPublisher(js).publish(
-                envelope,
-                expected_last_subject_seq=history.last_seq,
-                expected_subject=subjects.aggregate_events("job", job_id),
-            )
-        except ConcurrencyConflict:
-            continue  # progress or another ending arrived meanwhile: look again
-        return True
-    raise ConcurrencyConflict(f"job {job_id} kept changing while its ending was being recorded")
+        await EventPublisher(js).publish(
+            envelope,
+            expected_last_subject_seq=history.last_seq,
+            expected_subject=subjects.aggregate_events("job", job_id),
+        )
+
+    # Progress or another ending may arrive meanwhile: decided again from a fresh read.
+    _, appended = await decide_and_append(
+        lambda: job_history(js, job_id), decide, append_ending, what=f"job {job_id}"
+    )
+    return appended is not None
 
 
 async def fail_unless_finished(js: JetStreamContext, job_id: str, reason: str) -> bool:

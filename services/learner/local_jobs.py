@@ -21,7 +21,7 @@ from rollout.services.learner.planning import JobPlan
 from rollout.shared.learning import train_dpo, train_kto, train_rm, train_sft
 from rollout.shared.learning.config import Progress
 from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
-from rollout.shared.models.trained import trained_name
+from rollout.shared.models.names import trained_name
 from rollout.shared.observability import get_logger
 
 log = get_logger(__name__)

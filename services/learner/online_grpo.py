@@ -29,11 +29,11 @@ from rollout.services.learner.artifacts import (
 )
 from rollout.services.learner.basemodels import local_dir
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.data import wait_for_run_end
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
-from rollout.services.learner.planning import JobPlan, train_task_indices
+from rollout.services.learner.planning import JobPlan, reward_model_dir, train_task_indices
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import follow_run
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts.envelope import deterministic_id
 from rollout.shared.contracts.requests import CreateRun
@@ -151,8 +151,6 @@ class OnlineGRPO:
         )
         base_dir = await local_dir(self.plan.base)
         if self.method == "ppo":
-            from rollout.services.learner.planning import reward_model_dir
-
             scorer = await reward_model_dir(self.options.reward_model)
             self.learner = await asyncio.to_thread(
                 PPOLearner, base_dir, self.out_dir, self.config, resume=True, reward_model=scorer
@@ -187,8 +185,12 @@ class OnlineGRPO:
             current = in_flight.popleft()
             run_id = current.run_id
             waited = time.monotonic()
-            run = await wait_for_run_end(
-                self.ctx.js, run_id, timeout_s=self.options.run_deadline_s + 30
+            # One run per round: its reader's consumer goes at once.
+            run = await follow_run(
+                self.ctx.js,
+                run_id,
+                timeout_s=self.options.run_deadline_s + 30,
+                delete_consumer=True,
             )
             if run.status != "completed":
                 raise RolloutError(
@@ -197,7 +199,7 @@ class OnlineGRPO:
             found = await training_sets.grpo_groups(
                 self.ctx.nc, self.ctx.store, run_id,
                 current_version=int(self.learner.policy_version),
-                max_staleness=self.config.max_staleness, after_seq=run.seq,
+                max_staleness=self.config.max_staleness, after_seq=run.ended_seq,
                 min_group_size=self.min_group,
             )  # fmt: skip
             self.timing.waiting_s += time.monotonic() - waited

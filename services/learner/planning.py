@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollout.services.learner import training_sets
 from rollout.services.learner.basemodels import TrainBase, resolve_base, validate_local
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.data import RunInfo, run_info
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import RunState, load_run_head
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
 from rollout.shared.contracts.training import ONLINE_METHODS
@@ -23,7 +23,8 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import CONFIG_MODELS, TrainConfig, config_problems, parse_config
 from rollout.shared.learning.rm import RM_MARKER
 from rollout.shared.models import trained
-from rollout.shared.models.trained import check_suffix, new_job_id
+from rollout.shared.models.names import check_suffix
+from rollout.shared.models.trained import new_job_id
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.store import env_versions
 
@@ -64,7 +65,7 @@ class JobPlan:
     base: TrainBase
     config: TrainConfig | None
     options: Any
-    run: RunInfo | None = None
+    run: RunState | None = None
     rows: list[dict[str, Any]] | None = None
     pair_meta: list[dict[str, Any]] | None = None
     pairs: int = 0
@@ -107,7 +108,7 @@ def settings(method: str, base: TrainBase, hyperparams: dict[str, Any]) -> tuple
     return config, config
 
 
-async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunInfo:
+async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunState:
     """The completed run a job trains on (every problem with it named)."""
     run_id = cmd.source_run_id
     if not run_id:
@@ -118,7 +119,7 @@ async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunInfo:
         subjects.token(run_id, "source_run_id")
     except subjects.SubjectError as exc:
         raise RolloutError(str(exc)) from None
-    run = await run_info(js, run_id)
+    run = await load_run_head(js, run_id)
     if run is None:
         raise RolloutError(f"source_run_id: no run {run_id!r} (see `rollout runs`)")
     if run.status != "completed":
@@ -130,7 +131,7 @@ async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunInfo:
 
 
 async def _training_rows(
-    nc: Client, store: ObjectStore, cmd: CreateTrainingJob, run: RunInfo | None, options: Any
+    nc: Client, store: ObjectStore, cmd: CreateTrainingJob, run: RunState | None, options: Any
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(rows, meta) from the buffer, or from the dataset snapshot; RolloutError when empty."""
     ids = cmd.rollout_ids
@@ -144,12 +145,14 @@ async def _training_rows(
         assert run is not None
         source = f"run {run.run_id}"
         if cmd.method == "sft":
-            found = await training_sets.sft_set(nc, store, run.run_id, ids, after_seq=run.seq)
+            found = await training_sets.sft_set(nc, store, run.run_id, ids, after_seq=run.ended_seq)
         elif cmd.method == "kto":
-            found = await training_sets.labelled_set(nc, store, run.run_id, ids, after_seq=run.seq)
+            found = await training_sets.labelled_set(
+                nc, store, run.run_id, ids, after_seq=run.ended_seq
+            )
         else:
             found = await training_sets.dpo_pairs(
-                nc, store, run.run_id, ids, min_margin=margin, after_seq=run.seq
+                nc, store, run.run_id, ids, min_margin=margin, after_seq=run.ended_seq
             )
     if cmd.method == "sft":
         if not found.items:

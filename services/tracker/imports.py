@@ -22,9 +22,9 @@ import pydantic
 from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 
-from rollout.services.tracker.aggregate import load_run, rollout_id
 from rollout.services.tracker.runs import MAX_N, QUEUE
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import load_run, rollout_id
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher, payload_budget
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id

@@ -11,19 +11,21 @@ from datetime import UTC, datetime
 import asyncpg
 from faststream.nats import NatsBroker, NatsMessage
 from nats.js import JetStreamContext, api
-from nats.js.errors import NotFoundError
 
-from rollout.services.tracker.aggregate import (
+from rollout.shared import subjects
+from rollout.shared.aggregates.run import (
     STATE_EVENTS,
     Ending,
     RunState,
+    append_to_run,
+    decide_and_append,
     load_run,
+    recorded_request,
     rollout_id,
 )
-from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
-from rollout.shared.contracts.envelope import EventEnvelope, Payload, deterministic_id, new_id
+from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
 from rollout.shared.contracts.events import (
     RunCompleted,
     RunFailed,
@@ -35,8 +37,8 @@ from rollout.shared.contracts.requests import CreateRun, Reply, request_fingerpr
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RolloutError
+from rollout.shared.models.catalog import backend_forms
 from rollout.shared.models.openai_compat import check_endpoint_policy
-from rollout.shared.models.registry import backend_forms
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.service import durables
 from rollout.shared.store import env_versions
@@ -46,7 +48,6 @@ FANOUT_DURABLE = durables.TRACKER_FANOUT.name
 MAX_N = 10_000
 MAX_BATCH = 1_024
 # How often a decision is re-made after the run's history moved under it.
-CONFLICT_RETRIES = 8
 # Unfinished runs whose aggregate the leader keeps in memory (least recently moved go first).
 RUN_STATES_LIMIT = 4096
 _STATE_NAMES = frozenset(subjects.event_name(t) for t in STATE_EVENTS)
@@ -195,21 +196,6 @@ def work_items(event: EventEnvelope, run: RunRequested) -> list[RolloutWork]:
     ]
 
 
-async def append_to_run(js: JetStreamContext, state: RunState, payload: Payload) -> None:
-    """Append an event the run's state decided, only if no event of the run came since."""
-    envelope = EventEnvelope.new(
-        payload,
-        aggregate_id=state.run_id,
-        id_parts=(state.run_id,),
-        parent=state.requested_event,
-    )
-    await EventPublisher(js).publish(
-        envelope,
-        expected_last_subject_seq=state.version,
-        expected_subject=subjects.run_events(state.run_id),
-    )
-
-
 async def fan_out(
     js: JetStreamContext, event: EventEnvelope, position: int | None = None
 ) -> RunStarted | None:
@@ -268,18 +254,13 @@ async def _start_fresh(
 
 async def _start_from_history(js: JetStreamContext, run: RunRequested, started: RunStarted) -> bool:
     """Append run.started unless the run's history has it; False when the run already ended."""
-    for _ in range(CONFLICT_RETRIES):
-        state = await load_run(js, run.run_id)
-        if state.ended is not None:
-            return False
-        if state.total is not None:
-            return True
-        try:
-            await append_to_run(js, state, started)
-        except ConcurrencyConflict:
-            continue  # its deadline, or another tracker, got in first: look again
-        return True
-    raise ConcurrencyConflict(f"run {run.run_id} kept changing while it was being started")
+
+    def decide(state: RunState) -> RunStarted | None:
+        return started if state.ended is None and state.total is None else None
+
+    # Its deadline, or another tracker, may get in first: decided again from a fresh read.
+    state, appended = await decide_and_append(js, run.run_id, decide)
+    return appended is not None or state.ended is None
 
 
 async def settle(
@@ -291,23 +272,19 @@ async def settle(
     tracker's ending, got in first, the run is read again and decided again. So a last
     rollout racing the deadline ends the run once, never as both completed and failed.
     """
-    for _ in range(CONFLICT_RETRIES):
-        state = await load_run(js, run_id)
-        ending = state.decide(now or datetime.now(UTC))
-        if ending is None:
-            return None
-        try:
-            await append_to_run(js, state, ending)
-        except ConcurrencyConflict:
-            continue
-        if isinstance(ending, RunCompleted):
-            log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
-        else:
-            log.warning("run failed", run_id=run_id, reason=ending.reason)
-        return ending
-    # Verdicts keep landing: the next one triggers this again (or the next deadline check).
-    log.info("run busy; its ending is decided on the next trigger", run_id=run_id)
-    return None
+    try:
+        _, ending = await decide_and_append(
+            js, run_id, lambda state: state.decide(now or datetime.now(UTC))
+        )
+    except ConcurrencyConflict:
+        # Verdicts keep landing: the next one triggers this again (or the next deadline check).
+        log.info("run busy; its ending is decided on the next trigger", run_id=run_id)
+        return None
+    if isinstance(ending, RunCompleted):
+        log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
+    elif isinstance(ending, RunFailed):
+        log.warning("run failed", run_id=run_id, reason=ending.reason)
+    return ending if isinstance(ending, RunCompleted | RunFailed) else None
 
 
 class RunStates:
@@ -357,7 +334,7 @@ class RunStates:
             if position <= state.version:
                 continue  # already in the state (a redelivery, or a load that read ahead)
             if name in _STATE_NAMES:
-                state.apply(event)
+                state.apply(event, position)
             # Any event of the run moves its version: the guard of the next append.
             state.version = position
             self._states.move_to_end(run_id)
@@ -434,18 +411,6 @@ def run_id_for(cmd: CreateRun) -> str:
     if cmd.client_request_id is None:
         return new_id()[:16]
     return deterministic_id("run-request", cmd.client_request_id)[:16]
-
-
-async def recorded_request(js: JetStreamContext, run_id: str) -> RunRequested | None:
-    """The run.requested already on the log for `run_id`, or None."""
-    name = subjects.event_name(RunRequested.event_type)
-    try:
-        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.event("run", run_id, name))
-    except NotFoundError:
-        return None
-    body = EventEnvelope.from_bytes(raw.data).body()
-    assert isinstance(body, RunRequested)
-    return body
 
 
 def same_request(recorded: RunRequested, cmd: CreateRun) -> RunRequested:

@@ -16,7 +16,7 @@ from rollout.services.verifier.scoring import (
     scoring_units,
     unscored,
 )
-from rollout.shared import subjects
+from rollout.shared.aggregates.run import recorded_request
 from rollout.shared.bus.broker import current_message, jetstream, make_broker
 from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
 from rollout.shared.bus.keepalive import working_on
@@ -29,7 +29,7 @@ from rollout.shared.contracts.events import (
     ScoredRollout,
 )
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
-from rollout.shared.errors import RolloutError
+from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.service import durables
@@ -76,14 +76,14 @@ RUN_CACHE_SIZE = 1024
 async def run_of(
     js, run_id: str, cache: OrderedDict[str, RunRequested] | None = None
 ) -> RunRequested:
-    """The run request (for its env version), read from the run's first event."""
+    """The run request (for its env version), read from the run's first event (cached)."""
     if cache is not None and (hit := cache.get(run_id)) is not None:
         cache.move_to_end(run_id)
         return hit
-    raw = await js.get_last_msg(
-        subjects.EVENTS_STREAM, subjects.event("run", run_id, "run_requested")
-    )
-    run: RunRequested = EventEnvelope.from_bytes(raw.data).body()  # type: ignore[assignment]
+    run = await recorded_request(js, run_id)
+    if run is None:
+        # Not yet visible to this replica's read, or never requested: retried, then errored.
+        raise RetrySignal(f"run {run_id}: no run.requested on the log")
     if cache is not None:
         cache[run_id] = run
         if len(cache) > RUN_CACHE_SIZE:

@@ -29,7 +29,8 @@ from rollout.shared.contracts.events import (
 from rollout.shared.contracts.trajectory import Trajectory, VerifierResult
 from rollout.shared.envs.coerce import as_task
 from rollout.shared.envs.engine import score
-from rollout.shared.envs.verifiers.ruler import judged_in_groups, score_group
+from rollout.shared.envs.verifiers.engine import score_group
+from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import (
@@ -24,8 +25,15 @@ from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.contracts.chat import check_messages
 
 # Which templates exist, their spellings and config models are the template registry's
-# (rollout.shared.envs.templates.REGISTRY): TEMPLATES, TEMPLATE_ALIASES and TEMPLATE_CONFIGS
-# here are views of it, built on first use (see __getattr__ at the end).
+# (rollout.shared.envs.templates): a spec names its template, the registry knows it. The
+# registry installs its spelling rule here when it loads (`code_editing` -> `code-editing`),
+# so specs are canonical without the contract importing the engine.
+_template_spelling: list[Callable[[str], str]] = []
+
+
+def set_template_spelling(rule: Callable[[str], str]) -> None:
+    """Install the rule that turns a spelling users type into the registered template name."""
+    _template_spelling[:] = [rule]
 
 
 class CamelModel(BaseModel):
@@ -531,10 +539,8 @@ class EnvironmentSpec(BaseModel):
     @field_validator("template", mode="before")
     @classmethod
     def _template_alias(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            from rollout.shared.envs.templates import canonical_name
-
-            return canonical_name(value)
+        if isinstance(value, str) and _template_spelling:
+            return _template_spelling[0](value)
         return value
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -550,35 +556,3 @@ class EnvironmentSpec(BaseModel):
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON: the content address of this spec version."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
-
-    def typed_config(self) -> CamelModel:
-        """Parse `config` with the template's model (raises pydantic.ValidationError).
-
-        The parsed config is cached on the spec: treat a spec as immutable once built.
-        """
-        # Read the private dict directly: `self._typed` goes through pydantic's __getattr__,
-        # which costs microseconds, and this runs on every score.
-        cached = (self.__pydantic_private__ or {}).get("_typed")
-        if cached is not None:
-            return cached
-        from rollout.shared.envs.templates import get_template
-
-        template = get_template(self.template)
-        if template is None:
-            raise ValueError(f"unknown template {self.template!r}")
-        self._typed = template.config_model.model_validate(self.config)
-        return self._typed
-
-
-def __getattr__(name: str) -> Any:
-    # Views of the template registry for older imports; the registry imports this module,
-    # so they are built on first use rather than at import.
-    if name in ("TEMPLATES", "TEMPLATE_ALIASES", "TEMPLATE_CONFIGS"):
-        from rollout.shared.envs.templates import REGISTRY
-
-        if name == "TEMPLATES":
-            return tuple(REGISTRY)
-        if name == "TEMPLATE_ALIASES":
-            return {alias: t.name for t in REGISTRY.values() for alias in t.aliases}
-        return {n: t.config_model for n, t in REGISTRY.items()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

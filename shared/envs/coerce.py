@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
+from rollout.shared.envs.templates import REGISTRY
 from rollout.shared.errors import RolloutError
 
 
@@ -56,7 +57,6 @@ def _complete_config(raw: dict[str, Any]) -> None:
     config, template = raw.get("config"), raw.get("template")
     if not isinstance(config, dict) or not isinstance(template, str):
         return
-    from rollout.shared.envs.templates import REGISTRY
 
     found = REGISTRY.get(template)
     if found is not None:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, VerifierSpec
 from rollout.shared.envs.checks import duplicates as _duplicates
-from rollout.shared.envs.coerce import pydantic_problems, raw_environment
+from rollout.shared.envs.coerce import as_spec, pydantic_problems, raw_environment
 from rollout.shared.envs.paths import PathError, format_path, parse_path
 from rollout.shared.envs.templates import REGISTRY, canonical_name
 from rollout.shared.envs.verifiers import REGISTRY as PRIMITIVES
@@ -261,6 +261,5 @@ def check_or_raise(env_or_spec: Any) -> EnvironmentSpec:
         raise RolloutError(
             f"environment {slug!r} has {len(problems)} problem(s)", problems=problems
         )
-    from rollout.shared.envs.coerce import as_spec
 
     return as_spec(env_or_spec)

@@ -27,7 +27,7 @@ from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.requests import ImportedRollout, ImportRun
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.engine import build_runtime
-from rollout.shared.envs.templates import get_template
+from rollout.shared.envs.templates import get_template, typed_config
 from rollout.shared.errors import RolloutError
 from rollout.shared.interop.backends import require
 from rollout.shared.learning.data import dpo_pairs, sft_examples
@@ -508,7 +508,7 @@ def tools_known_statically(spec: Any) -> bool:
     if template is None:
         return False
     try:
-        config = spec.typed_config()
+        config = typed_config(spec)
     except (ValueError, TypeError):
         return False
     return template.tool_names(config) is not None

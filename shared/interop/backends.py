@@ -69,7 +69,8 @@ BACKENDS: types.MappingProxyType[str, BackendSpec] = types.MappingProxyType(
             "any env (`rollout env serve --protocol nemo-gym`), consume one (template "
             "`nemo_gym`); built to the documented wire protocol, nemo-gym itself not needed",
             (),
-            "rollout.shared.interop.nemo_gym, rollout.shared.envs.templates.nemo_gym",
+            "rollout.shared.interop.nemo_gym, rollout.shared.interop.nemo_gym_wire, "
+            "rollout.shared.envs.templates.nemo_gym",
         ),
         "openenv": BackendSpec(
             "openenv",

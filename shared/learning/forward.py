@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.shared.models.hf import _cache_of, _forward_kwargs
+
 
 @dataclass
 class ForwardStats:
@@ -42,8 +44,6 @@ def completion_forward(
     """
     import torch
     from trl.trainer.utils import selective_log_softmax
-
-    from rollout.shared.models.hf import _cache_of, _forward_kwargs
 
     ids, attention = batch["ids"], batch["attention"]
     rows, width = ids.shape

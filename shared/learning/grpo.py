@@ -51,6 +51,9 @@ from rollout.shared.learning.loading import (
     quiet_libraries,
     torch_threads,
 )
+from rollout.shared.learning.trl_job import lora_config
+from rollout.shared.models.hf import _template_messages, shared_prefix_length
+from rollout.shared.models.local_models import write_adapter_base
 
 log = structlog.get_logger(__name__)
 
@@ -232,8 +235,6 @@ class GRPOLearner:
         if self.config.lora:
             from peft import get_peft_model
 
-            from rollout.shared.learning.trl_job import lora_config
-
             # A base that is an adapter already (a trained name) trains that adapter on.
             model = base if is_peft(base) else get_peft_model(base, lora_config(self.config))
             if is_peft(base):
@@ -393,7 +394,6 @@ class GRPOLearner:
 
     def _context_ids(self, messages: list[dict], tools: Any) -> list[int]:
         # Render exactly as HFBackend.render_prompt did when the actor sampled this turn.
-        from rollout.shared.models.hf import _template_messages
 
         text = self.tokenizer.apply_chat_template(
             _template_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False
@@ -478,7 +478,6 @@ class GRPOLearner:
                 old[i, span] = torch.tensor(row.old_logprobs)
                 has_old[i, span] = trained.bool()
         advantage = torch.tensor([r.advantage for r in rows])
-        from rollout.shared.models.hf import shared_prefix_length
 
         # Target space: the first logits read are at `first`, so the prefix run once ends there.
         first = min(len(r.context) for r in rows) - 1
@@ -539,8 +538,6 @@ class GRPOLearner:
         self.model.save_pretrained(tmp)
         self.tokenizer.save_pretrained(tmp)
         if self.config.lora:
-            from rollout.shared.models.local_models import write_adapter_base
-
             write_adapter_base(tmp, self.base_ref)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}

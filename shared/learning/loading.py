@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.shared.errors import RolloutError
+from rollout.shared.models.local_models import adapter_base, base_dir, base_ref_of, is_adapter
 
 # Below this many parameters a CPU model trains fastest on one intra-op thread: OpenMP threads
 # of a model this small spend most of their time waiting on each other.
@@ -61,8 +62,6 @@ def load_policy(
     trains on (a PeftModel with only its weights trainable), without it the adapter is merged
     and everything trains. The base reference is what a new adapter records as its base.
     """
-    from rollout.shared.models.local_models import adapter_base, base_dir, base_ref_of, is_adapter
-
     path = Path(str(base_model)).expanduser()
     if not is_adapter(path):
         tokenizer, model = load_base(path, where=where)

@@ -34,6 +34,7 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import Progress, TrainConfig
 from rollout.shared.learning.forward import completion_forward
 from rollout.shared.learning.grpo import Group, GRPOLearner, _mean, _Row
+from rollout.shared.learning.rm_scoring import scorer_for
 
 log = structlog.get_logger(__name__)
 
@@ -80,8 +81,6 @@ class PPOLearner(GRPOLearner):
             raise RolloutError(f"config.method: PPOLearner trains ppo, not {config.method!r}")
         self.scorer: Any = None
         if reward_model is not None:
-            from rollout.shared.learning.rm_scoring import scorer_for
-
             self.scorer = scorer_for(Path(reward_model))
         super().__init__(base_model, out_dir, config, resume=resume, clip_eps=config.clip_range)
         for name in ("completions_rescored", "last_value_loss", "last_policy_loss"):

@@ -16,7 +16,9 @@ from typing import Any
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import RmConfig, TrainConfig, TrainResult
 from rollout.shared.learning.data import preference_rows
+from rollout.shared.learning.loading import load_base
 from rollout.shared.learning.trl_job import CheckpointHook, ProgressHook, run_trl
+from rollout.shared.models.local_models import base_ref_of, is_adapter
 
 # Written beside a trained reward model, so a verifier can tell one from a policy.
 RM_MARKER = "rollout_reward_model.json"
@@ -54,9 +56,6 @@ def train_rm(
 
 def load_classifier(base_model: Path, lora: bool) -> tuple[Any, Any, str]:
     """(tokenizer, one-output sequence classifier, base reference) from a causal LM dir."""
-    from rollout.shared.learning.loading import load_base
-    from rollout.shared.models.local_models import base_ref_of, is_adapter
-
     if lora or is_adapter(base_model):
         raise RolloutError(
             "base_model: a reward model trains every weight of a full model (no LoRA adapter)"

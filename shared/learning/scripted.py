@@ -18,13 +18,16 @@ from typing import Any
 
 import structlog
 
+from rollout.shared.agent.loop import run_episode
 from rollout.shared.contracts.budgets import resolve_budgets
 from rollout.shared.envs.engine import build_runtime, score
 from rollout.shared.envs.loader import load_environments
 from rollout.shared.envs.templates import get_template
 from rollout.shared.envs.templates.protocol import Plan
 from rollout.shared.errors import RolloutError
+from rollout.shared.learning.examples import example_files
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
+from rollout.shared.models.registry import register_backend
 
 log = structlog.get_logger(__name__)
 
@@ -123,8 +126,6 @@ async def scripted_rollouts(
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
     """Passing scripted rollouts of the `split` tasks (the first `per_env` planned ones of each
     env, all when None), and per-env counts (tasks/planned/passed)."""
-    from rollout.shared.agent.loop import run_episode
-
     done: list[tuple[str, int, Any, Any, Any, list[dict[str, Any]]]] = []
     counts: dict[str, dict[str, int]] = {}
     for file in sorted(env_files):
@@ -205,9 +206,6 @@ class ScriptedPlayer:
 
     def _index(self) -> dict[str, tuple[Any, Any]]:
         if self._tasks is None:
-            from rollout.shared.envs.loader import load_environments
-            from rollout.shared.learning.tiny_agent import example_files
-
             tasks: dict[str, tuple[Any, Any]] = {}
             for file in example_files(self.examples):
                 for env in load_environments(file):
@@ -220,8 +218,6 @@ class ScriptedPlayer:
 
     async def _plan(self, instruction: str) -> Plan | None:
         if instruction not in self._plans:
-            from rollout.shared.envs.engine import build_runtime
-
             found = self._index().get(instruction)
             plan = None
             if found is not None:
@@ -260,8 +256,6 @@ def _scripted_backend(rest: str) -> ScriptedPlayer:
 
 def register() -> None:
     """Make `local/scripted` resolvable."""
-    from rollout.shared.models.registry import register_backend
-
     register_backend(SCRIPTED_MODEL, _scripted_backend, example=SCRIPTED_MODEL)
 
 

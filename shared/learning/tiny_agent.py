@@ -29,13 +29,21 @@ from typing import Any
 
 import structlog
 
+from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
 from rollout.shared.contracts.budgets import resolve_budgets
 from rollout.shared.envs.engine import build_runtime, score
 from rollout.shared.envs.loader import load_environments
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import TrainConfig
 from rollout.shared.learning.data import sft_examples
+from rollout.shared.learning.examples import example_files
+from rollout.shared.learning.scripted import scripted_rollouts
 from rollout.shared.learning.sft import train_sft
+from rollout.shared.models import tiny
+from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.local_models import LocalModel, ProgressHook, register_local_model
+from rollout.shared.models.registry import register_backend
+from rollout.shared.models.tiny import build_tiny_model
 from rollout.shared.settings import default_home
 
 log = structlog.get_logger(__name__)
@@ -65,27 +73,6 @@ def default_dir() -> Path:
     """Where the built model lives: `$ROLLOUT_HOME/models/tiny-agent`."""
     home = os.environ.get("ROLLOUT_HOME")
     return (Path(home).expanduser() if home else default_home()) / "models" / "tiny-agent"
-
-
-def examples_dir() -> Path:
-    """The example environments: `ROLLOUT_EXAMPLES_DIR`, else the repo's `examples/`."""
-    chosen = os.environ.get("ROLLOUT_EXAMPLES_DIR")
-    if chosen:
-        return Path(chosen).expanduser()
-    # The repository's examples/ beside shared/ (this file is shared/learning/tiny_agent.py).
-    return Path(__file__).resolve().parents[2] / "examples"
-
-
-def example_files(directory: Path | None = None) -> list[Path]:
-    """The example env files the tiny agent learns from."""
-    folder = directory or examples_dir()
-    files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
-    if not files:
-        raise RolloutError(
-            f"{NAME}: no example environments in {folder} (set ROLLOUT_EXAMPLES_DIR to the "
-            "repo's examples/ folder)"
-        )
-    return files
 
 
 def _run_to_end(make: Callable[[], Any]) -> Any:
@@ -148,8 +135,6 @@ def build_tiny_agent(
 
 
 async def _demonstrations(files: list[Path]) -> tuple[list[dict], dict]:
-    from rollout.shared.learning.scripted import scripted_rollouts
-
     return await scripted_rollouts(files, split="train", per_env=MAX_DEMOS_PER_ENV)
 
 
@@ -164,8 +149,6 @@ def _digest(examples: Path, seed: int, recipe: dict[str, Any]) -> str:
     import torch
     import transformers
     import trl
-
-    from rollout.shared.models import tiny
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
@@ -199,8 +182,6 @@ def _digest(examples: Path, seed: int, recipe: dict[str, Any]) -> str:
 def _train(
     target: Path, rollouts: list[dict], seed: int, recipe: dict[str, Any], say: Callable
 ) -> Path:
-    from rollout.shared.models.tiny import build_tiny_model
-
     work = target.with_name(target.name + ".build")
     shutil.rmtree(work, ignore_errors=True)
     examples = sft_examples(rollouts)
@@ -275,17 +256,32 @@ def ensure_tiny_agent(progress: Callable[[str], None] | None = None) -> Path:
 
 
 def _backend(rest: str) -> Any:
-    from rollout.shared.models.hf import HFBackend
-
     if rest.strip():
         raise RolloutError(f"unknown model '{NAME}{rest}': did you mean '{NAME}'?")
     return HFBackend(ensure_tiny_agent())
 
 
-def register() -> None:
-    """Make `local/tiny-agent` resolvable through `rollout.shared.models.registry`."""
-    from rollout.shared.models.registry import register_backend
+def _local_model() -> LocalModel:
+    def prepared() -> bool:
+        return bool(_stamp(default_dir()).get("hash"))
 
+    def prepare(progress: ProgressHook | None) -> Path:
+        say = (lambda m: progress(m, 0, 1)) if progress else None
+        return ensure_tiny_agent(progress=say)
+
+    return LocalModel(
+        name=NAME,
+        description="a few-MB model trained here from scripted demonstrations (fast tests)",
+        directory=default_dir,
+        prepared=prepared,
+        prepare=prepare,
+        threads=1,
+    )
+
+
+def register() -> None:
+    """Make `local/tiny-agent` a local model, resolvable through the model registry."""
+    register_local_model(NAME, _local_model)
     register_backend(NAME, _backend, example=NAME)
 
 
@@ -293,9 +289,6 @@ async def evaluate(
     model_dir: Path, *, split: str = "test", examples: Path | None = None
 ) -> dict[str, Any]:
     """Greedy pass rate of a model on every example env's `split` tasks (per env and total)."""
-    from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
-    from rollout.shared.models.hf import HFBackend
-
     backend = HFBackend(model_dir, max_new_tokens=256)
     per_env: dict[str, dict[str, int]] = {}
     for file in example_files(examples):

@@ -37,6 +37,7 @@ from rollout.shared.learning.loading import (
     quiet_libraries,
     torch_threads,
 )
+from rollout.shared.models.local_models import write_adapter_base
 
 log = structlog.get_logger(__name__)
 
@@ -174,8 +175,6 @@ def lora_config(config: TrainConfig) -> Any:
 def _save_final(
     trainer: Any, tokenizer: Any, out_dir: Path, method: str, base: str, config: TrainConfig
 ) -> Path:
-    from rollout.shared.models.local_models import write_adapter_base
-
     model = trainer.model
     tmp = out_dir / (FINAL_MODEL + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

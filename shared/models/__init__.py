@@ -1,4 +1,4 @@
-"""Model backends behind one batch interface."""
+"""Model backends behind one batch interface (model names: rollout.shared.models.catalog)."""
 
 from rollout.shared.models.base import (
     ChatRequest,
@@ -8,7 +8,6 @@ from rollout.shared.models.base import (
     Usage,
     close_backend,
 )
-from rollout.shared.models.registry import register_backend, resolve_backend
 
 __all__ = [
     "ChatRequest",
@@ -17,6 +16,4 @@ __all__ = [
     "ToolCall",
     "Usage",
     "close_backend",
-    "register_backend",
-    "resolve_backend",
 ]

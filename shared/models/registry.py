@@ -1,7 +1,9 @@
 """Model name -> backend: `resolve_backend("openai/gpt-4o-mini")` and friends.
 
-Other parts of the platform add their own forms with `register_backend` (the actor's `vllm:`
-engine, trained policies such as `local/tiny-agent` or `BASE:SUFFIX`) without editing this file.
+This module knows the endpoint forms, `hf:` and `local/smollm2-135m`. Other modules add their
+own forms with `register_backend` when imported (`vllm:`, `local/scripted`, `local/tiny-agent`,
+trained `BASE:SUFFIX` names); rollout.shared.models.catalog imports them all, so an entry point
+that resolves names users type imports the catalog.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rollout.shared.errors import RolloutError
+from rollout.shared.models import smollm2
 from rollout.shared.models.base import ModelBackend
+from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.local_models import require as require_local
+from rollout.shared.models.openai_compat import endpoint_backend, openai_backend, together_backend
 
 BackendFactory = Callable[[str], ModelBackend]
 
@@ -74,28 +80,20 @@ def resolve_backend(model: str) -> ModelBackend:
 
 
 def _hf(path: str) -> ModelBackend:
-    from rollout.shared.models.hf import HFBackend
-
     if not path.strip():
         raise RolloutError("model 'hf:': missing the model directory after 'hf:'")
     return HFBackend(path.strip())
 
 
 def _openai(model: str) -> ModelBackend:
-    from rollout.shared.models.openai_compat import openai_backend
-
     return openai_backend(model)
 
 
 def _together(model: str) -> ModelBackend:
-    from rollout.shared.models.openai_compat import together_backend
-
     return together_backend(model)
 
 
 def _endpoint(spec: str) -> ModelBackend:
-    from rollout.shared.models.openai_compat import endpoint_backend
-
     return endpoint_backend(spec)
 
 
@@ -113,19 +111,18 @@ register_backend(
 )
 register_backend("hf:", _hf, example="hf:./models/my-model")
 
-# `vllm:<dir>` (the `gpu` extra): registered here, imported lazily when used.
-from rollout.shared.models import vllm_backend as _vllm  # noqa: E402
 
-_vllm.register()
+def _smollm2(rest: str) -> ModelBackend:
+    if rest.strip():
+        raise RolloutError(f"unknown model '{smollm2.NAME}{rest}': did you mean '{smollm2.NAME}'?")
+    model = require_local(smollm2.NAME)
+    return HFBackend(
+        smollm2.ensure_smollm2(),
+        threads=model.threads,
+        name=smollm2.NAME,
+        stop_after_tool_call=True,
+    )
 
-# `local/scripted`: plays the ground-truth plans of the example train tasks (a teacher).
-from rollout.shared.learning import scripted as _scripted  # noqa: E402, F401
-
-# `local/tiny-agent`: the model this repo builds itself (torch is imported only on first use).
-from rollout.shared.learning import tiny_agent as _tiny_agent  # noqa: E402, F401
 
 # `local/smollm2-135m`: a real pretrained model prepared from a PyPI wheel on first use.
-from rollout.shared.models import local_models as _local_models  # noqa: E402, F401
-
-# Trained policies (`BASE:SUFFIX`, job ids): a resolver asked before every form.
-from rollout.shared.models import trained as _trained  # noqa: E402, F401
+register_backend(smollm2.NAME, _smollm2, example=smollm2.NAME)

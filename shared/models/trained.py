@@ -34,6 +34,10 @@ from pydantic import BaseModel, ConfigDict
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.local_models import root_model
+from rollout.shared.models.names import split_trained_name
+from rollout.shared.models.openai_compat import openai_backend, together_backend
+from rollout.shared.models.registry import register_backend, register_resolver
 from rollout.shared.objectstore import ObjectNotFound, ObjectRef, ObjectStore, open_store
 from rollout.shared.objectstore.factory import default_store_url
 from rollout.shared.settings import default_home
@@ -44,7 +48,6 @@ JOB_PREFIX = "job-"
 POLICY_PREFIX = "policies"
 CHECKPOINT_PREFIX = "checkpoints"
 CACHE_FOLDER = Path("models") / "trained"
-_SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]+")
 
 Kind = Literal["hf", "openai", "together"]
@@ -68,29 +71,6 @@ class PolicyRecord(BaseModel):
 
 
 # --- names ------------------------------------------------------------------------------------
-
-
-def check_suffix(suffix: str) -> str | None:
-    """A problem with a suffix, or None when it is usable in `BASE:SUFFIX`."""
-    if not _SUFFIX.match(suffix or ""):
-        return (
-            f"suffix {suffix!r}: 1-64 characters of letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return None
-
-
-def trained_name(base_model: str, suffix: str) -> str:
-    """The name a trained policy is addressed by: `BASE:SUFFIX`."""
-    return f"{base_model}:{suffix}"
-
-
-def split_trained_name(name: str) -> tuple[str, str] | None:
-    """(base, suffix) when `name` has the `BASE:SUFFIX` shape, else None."""
-    base, sep, suffix = name.rpartition(":")
-    if not sep or not base or check_suffix(suffix) is not None:
-        return None
-    return base, suffix
 
 
 def policy_key(model: str) -> str:
@@ -265,8 +245,6 @@ class TrainedBackend(HFBackend):
     """An `hf` backend on a trained policy that follows new versions of its name."""
 
     def __init__(self, record: PolicyRecord, path: Path) -> None:
-        from rollout.shared.models.local_models import root_model
-
         # A policy trained from a local model samples as that model does.
         root = root_model(record.model) or root_model(record.base_model)
         super().__init__(
@@ -303,12 +281,8 @@ class TrainedBackend(HFBackend):
 def backend_for(record: PolicyRecord) -> ModelBackend:
     """A backend on a published policy version."""
     if record.kind == "openai":
-        from rollout.shared.models.openai_compat import openai_backend
-
         return openai_backend(record.remote_model or "")
     if record.kind == "together":
-        from rollout.shared.models.openai_compat import together_backend
-
         return together_backend(record.remote_model or "")
     return TrainedBackend(record, run_sync(lambda: materialize(record)))
 
@@ -369,8 +343,6 @@ def resolve_trained_name(name: str) -> ModelBackend | None:
 
 def install() -> None:
     """Make trained names resolvable: a resolver before every form, and the `job-` form."""
-    from rollout.shared.models.registry import register_backend, register_resolver
-
     register_resolver(resolve_trained_name)
     register_backend(JOB_PREFIX, resolve_trained, example="job-3f2a9c1d0b7e4a55", whole_name=True)
 

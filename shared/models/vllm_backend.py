@@ -37,6 +37,7 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, Usage
 from rollout.shared.models.hermes import parse_tool_calls
 from rollout.shared.models.hf import _template_messages
+from rollout.shared.models.registry import register_backend
 
 log = structlog.get_logger(__name__)
 
@@ -655,6 +656,4 @@ def _factory(path: str) -> VLLMBackend:
 
 def register() -> None:
     """Accept `vllm:<path>` model names in `resolve_backend`."""
-    from rollout.shared.models.registry import register_backend
-
     register_backend("vllm:", _factory, example="vllm:./models/my-model")

@@ -10,12 +10,13 @@ import import_graph
 import pytest
 from import_graph import Edge, Graph, circles, deferred_for_nothing, floor_violations
 
-# What is left of the tangle this floor plan found (issue 21): the env engine, its templates and
-# verifier primitives, the model registry and the learning helpers reach each other through
-# imports inside functions. These may only shrink; a module that joins a circle fails.
-KNOWN_CIRCLE_MODULES: frozenset[str] = frozenset()
-# Imports inside functions that load nothing heavy (they only dodge a circle): may only shrink.
-MAX_DEFERRED_FOR_NOTHING = 0
+# Imports inside functions that defer a project module loading nothing from HEAVY, each with
+# its reason. Everything else is imported at the top of its module.
+JUSTIFIED_DEFERRALS: dict[tuple[str, str], str] = {
+    # Env files import `rollout` (Environment, Task), also inside the sandbox: the client
+    # would pull in the NATS stack for nothing there.
+    ("rollout", "rollout.client"): "keeps `import rollout` light for env files",
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +69,25 @@ def test_no_circle_among_module_level_imports(graph: Graph) -> None:
     assert circles(graph, module_level_only=True) == []
 
 
-def test_no_new_circle_through_deferred_imports(graph: Graph) -> None:
-    found = {m for circle in circles(graph) for m in circle}
-    joined = sorted(found - KNOWN_CIRCLE_MODULES)
-    assert joined == [], f"new import circle through {joined}"
-    left = sorted(KNOWN_CIRCLE_MODULES - found)
-    assert left == [], f"these left the circle: remove them from KNOWN_CIRCLE_MODULES: {left}"
+def test_no_circle_at_all(graph: Graph) -> None:
+    # Imports inside functions count: a deferred import does not make a circle go away.
+    assert circles(graph) == []
+
+
+def test_circles_are_found_through_deferred_imports() -> None:
+    fake = Graph(
+        modules={},
+        edges=[
+            Edge("rollout.shared.a", "rollout.shared.b", 1, False, False),
+            Edge("rollout.shared.b", "rollout.shared.a", 9, True, False),
+            Edge("rollout.shared.b", "rollout.shared.c", 2, False, False),
+        ],
+        external={},
+    )
+    assert circles(fake) == [["rollout.shared.a", "rollout.shared.b"]]
+    assert circles(fake, module_level_only=True) == []
 
 
 def test_imports_inside_functions_defer_something_heavy(graph: Graph) -> None:
-    lazy = deferred_for_nothing(graph)
-    assert len(lazy) <= MAX_DEFERRED_FOR_NOTHING, "\n".join(str(e) for e in lazy)
+    lazy = [e for e in deferred_for_nothing(graph) if (e.src, e.dst) not in JUSTIFIED_DEFERRALS]
+    assert lazy == [], "\n".join(str(e) for e in lazy)

@@ -10,7 +10,7 @@ import pytest
 
 from rollout.cli import main
 from rollout.client import AsyncClient
-from rollout.shared.learning import tiny_agent
+from rollout.shared.learning import examples, tiny_agent
 
 # The trained names (`BASE:SUFFIX`) resolve in this process, where the actor runs.
 import rollout.shared.models.trained  # noqa: F401  isort: skip
@@ -141,14 +141,14 @@ async def test_the_scripted_player_solves_train_tasks_and_knows_no_test_task(mon
     from rollout.shared.envs.engine import build_runtime, score
     from rollout.shared.envs.loader import load_environments
     from rollout.shared.learning.scripted import UNKNOWN_TASK_ANSWER, ScriptedPlayer
-    from rollout.shared.models.registry import resolve_backend
+    from rollout.shared.models.catalog import resolve_backend
 
     monkeypatch.delenv("ROLLOUT_EXAMPLES_DIR", raising=False)  # the repo's examples
     player = resolve_backend("local/scripted")
     assert isinstance(player, ScriptedPlayer)
     [spec] = [
         env.to_spec()
-        for file in tiny_agent.example_files()
+        for file in examples.example_files()
         for env in load_environments(file)
         if env.to_spec().slug == "ticket-routing"
     ]

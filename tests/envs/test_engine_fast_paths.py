@@ -24,6 +24,7 @@ from rollout.shared.envs.interpolate import InterpolationError, compile_template
 from rollout.shared.envs.memo import per_object
 from rollout.shared.envs.params import argument_checker, argument_errors
 from rollout.shared.envs.paths import PathError, resolve_path, set_path
+from rollout.shared.envs.templates import typed_config
 from rollout.shared.envs.verifiers.registry import REGISTRY, Outcome, PrimitiveDef
 
 
@@ -368,7 +369,7 @@ async def test_episodes_of_one_batch_share_no_state_and_final_state_is_a_copy():
     assert (await first.call_tool("refund", {"order_id": "O-1", "amount": 1})).ok
     assert len(done["refunds"]) == 2 and len(first.final_state()["refunds"]) == 2
     # The spec's initial state and fixtures are untouched.
-    config = spec.typed_config()
+    config = typed_config(spec)
     assert config.initial_mutable_state == {"refunds": []}
     assert config.fixtures == {"orders": [{"id": "O-1", "amount": 5}]}
     fresh = build_runtime(spec, 0)

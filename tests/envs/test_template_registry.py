@@ -15,10 +15,17 @@ from typing import Any
 import pytest
 from pydantic import Field
 
-from rollout.shared.contracts import envspec
 from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs import build_runtime, default_verifier, validate_environment
-from rollout.shared.envs.templates import REGISTRY, Template, canonical_name, get_template
+from rollout.shared.envs.coerce import as_spec
+from rollout.shared.envs.templates import (
+    REGISTRY,
+    Template,
+    canonical_name,
+    get_template,
+    template_names,
+    typed_config,
+)
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Plan
 
@@ -55,13 +62,15 @@ def test_each_template_provides_the_protocol(name: str) -> None:
 def test_old_names_are_views_of_the_registry() -> None:
     from rollout.shared.envs.templates import FIXED_TOOLS, RUNTIMES, static_tool_names
 
-    assert envspec.TEMPLATES == tuple(REGISTRY)
-    assert envspec.TEMPLATE_CONFIGS == {n: t.config_model for n, t in REGISTRY.items()}
-    assert envspec.TEMPLATE_ALIASES == {
+    assert template_names() == tuple(REGISTRY)
+    assert {alias: t.name for t in REGISTRY.values() for alias in t.aliases} == {
         "code_editing": "code-editing",
         "codeediting": "code-editing",
         "nemo-gym": "nemo_gym",
     }
+    # The contract names its template; the spelling users type is made canonical on the way in.
+    spec = as_spec({"slug": "x", "template": "Code_Editing", "config": {"testCommand": "pytest"}})
+    assert spec.template == "code-editing"
     assert RUNTIMES == {n: t.runtime for n, t in REGISTRY.items()}
     assert FIXED_TOOLS["sql"] == ["describe_schema", "run_sql", "submit_answer"]
     code = REGISTRY["code-editing"].config_model.model_validate({"testCommand": "pytest"})
@@ -172,7 +181,7 @@ class ToyTemplate(Template):
     def plan(self, spec: EnvironmentSpec, task: TaskSpec, runtime: Any) -> Plan | None:
         """Bump until the expected count."""
         gt = task.hidden_ground_truth
-        start = spec.typed_config().start
+        start = typed_config(spec).start
         return [("bump", {})] * (gt["count"] - start) if isinstance(gt, dict) else None
 
 

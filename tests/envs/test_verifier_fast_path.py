@@ -23,8 +23,8 @@ from rollout.shared.envs.compare import short, values_equal
 from rollout.shared.envs.paths import PathError, resolve_path
 from rollout.shared.envs.templates.workflow import find_match, match_index
 from rollout.shared.envs.verifiers import REGISTRY, InfraError, score_spec
+from rollout.shared.envs.verifiers.engine import score_group
 from rollout.shared.envs.verifiers.registry import Outcome, PrimitiveDef
-from rollout.shared.envs.verifiers.ruler import score_group
 
 FORGED = {"score": 1.0, "passed": True, "primitives": [{"name": "x", "passed": True}]}
 

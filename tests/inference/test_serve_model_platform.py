@@ -19,7 +19,7 @@ from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import PolicyUpdated
 from rollout.shared.envs.loader import load_environments
-from rollout.shared.models import trained
+from rollout.shared.models import names, trained
 from rollout.shared.settings import Settings, connect_nats
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -93,7 +93,7 @@ async def test_a_served_policy_switches_versions_without_failing_a_request(
     serve, home: Settings, tiny_model: Path, tmp_path: Path
 ) -> None:
     base = f"hf:{tiny_model}"
-    name = trained.trained_name(base, "live")
+    name = names.trained_name(base, "live")
     second = build_tiny(tmp_path / "v2", seed=1)
     nc = await connect_nats(home)
     store = trained.default_store()

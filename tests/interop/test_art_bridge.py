@@ -87,7 +87,7 @@ async def test_engine_rollouts_export_with_their_sampled_tokens(tmp_path) -> Non
     from rollout.shared.agent.loop import Episode, SamplingParams, run_episodes
     from rollout.shared.envs import build_runtime, score
     from rollout.shared.interop.art import to_trajectory_groups
-    from rollout.shared.models.registry import resolve_backend
+    from rollout.shared.models.catalog import resolve_backend
 
     spec = refund_env(tasks=2)
 

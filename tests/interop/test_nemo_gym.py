@@ -17,7 +17,8 @@ from test_openenv_server import REFUND
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.envs import build_runtime, run_tool_script, score, validate_environment
 from rollout.shared.envs.runtime import EnvironmentFailed
-from rollout.shared.interop.nemo_gym import create_app, responses_payload
+from rollout.shared.interop.nemo_gym import create_app
+from rollout.shared.interop.nemo_gym_wire import responses_payload
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from fakes.openai_server import FakeOpenAI, text_reply
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs import validate_environment
-from rollout.shared.envs.verifiers.ruler import score_group
+from rollout.shared.envs.verifiers.engine import score_group
 
 
 def _spec(judge: str, extra: list | None = None) -> EnvironmentSpec:

@@ -17,9 +17,10 @@ from learner_kit import (
 
 from rollout.errors import RolloutError
 from rollout.services.learner import training_sets
-from rollout.services.learner.data import run_info
+from rollout.shared.aggregates.run import load_run_head
 from rollout.shared.contracts.buffer import SftSetQuery
 from rollout.shared.learning.data import sft_examples
+from rollout.shared.learning.trainer_rows import sft_rows
 from rollout.shared.objectstore import open_store
 from rollout.shared.objectstore.factory import default_store_url
 from rollout.shared.settings import connect_nats
@@ -87,17 +88,15 @@ async def test_sft_rows_from_the_buffer_are_the_runs_whole_verified_trajectories
             for r in sorted(full["rollouts"], key=lambda r: (r["taskIndex"], r["sampleIndex"]))
             if r["passed"]
         ]
-        info = await run_info(nc.jetstream(), run["runId"])
-        assert info is not None and info.status == "completed" and info.seq > 0
-        found = await training_sets.sft_set(nc, store, run["runId"], None, after_seq=info.seq)
+        info = await load_run_head(nc.jetstream(), run["runId"])
+        assert info is not None and info.status == "completed" and info.ended_seq > 0
+        found = await training_sets.sft_set(nc, store, run["runId"], None, after_seq=info.ended_seq)
         assert len(found.items) == len(expected) == run["passed"]
         # The buffer's conversations are the run's trajectories, turn for turn.
-        assert messages_of(training_sets.sft_rows(found.items)) == messages_of(
-            sft_examples(expected)
-        )
+        assert messages_of(sft_rows(found.items)) == messages_of(sft_examples(expected))
         assert all(e["tools"] for e in found.items)  # the tools the task offered
         # An answer too large for a message comes back as a claim check, verified on load.
-        small = SftSetQuery(run_id=run["runId"], inline_limit=1024, after_seq=info.seq)
+        small = SftSetQuery(run_id=run["runId"], inline_limit=1024, after_seq=info.ended_seq)
         as_ref = await training_sets.ask(nc, store, "sft_set", small)
         assert as_ref.items == found.items and as_ref.meta == found.meta
 

@@ -12,7 +12,7 @@ from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.models.registry import resolve_backend
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.trained import TrainedBackend, latest_record
 from rollout.shared.objectstore import open_store
 from rollout.shared.objectstore.factory import default_store_url

@@ -22,7 +22,7 @@ from test_plan_training import cli
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.learning import tiny_agent
+from rollout.shared.learning import examples, tiny_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -50,7 +50,7 @@ async def test_example_plan_runs(
 @pytest.fixture(scope="session")
 def built_tiny_agent() -> Path:
     """`local/tiny-agent` built by its own recipe, cached by its content hash across sessions."""
-    digest = tiny_agent._digest(tiny_agent.examples_dir(), 0, tiny_agent.TRAINING)
+    digest = tiny_agent._digest(examples.examples_dir(), 0, tiny_agent.TRAINING)
     cache = Path(tempfile.gettempdir()) / f"rollout-tiny-agent-{digest[:16]}"
     return tiny_agent.build_tiny_agent(cache)
 

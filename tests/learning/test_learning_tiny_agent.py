@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from rollout.errors import RolloutError
+from rollout.shared.learning import examples as example_envs
 from rollout.shared.learning import tiny_agent
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.hf import HFBackend
-from rollout.shared.models.registry import resolve_backend
 
 
 def test_tiny_agent_builds_once_and_resolves(
@@ -39,7 +40,7 @@ def test_tiny_agent_builds_once_and_resolves(
     assert tiny_agent.build_tiny_agent(model_dir, progress=messages.append) == model_dir
     assert messages == []  # cached: same code, data and seed
     # Another seed, recipe or example file is another build.
-    examples = tiny_agent.examples_dir()
+    examples = example_envs.examples_dir()
     recipe = tiny_agent.TRAINING
     assert stamp["hash"] == tiny_agent._digest(examples, 0, recipe)
     assert tiny_agent._digest(examples, 1, recipe) != stamp["hash"]
@@ -63,7 +64,7 @@ def test_trained_tiny_agent_names_resolve_whatever_the_import_order(order: tuple
     code = (
         "import importlib, sys\n"
         f"for name in {list(order)!r}: importlib.import_module(name)\n"
-        "from rollout.shared.models.registry import backend_forms, name_resolvers\n"
+        "from rollout.shared.models.catalog import backend_forms, name_resolvers\n"
         "from rollout.shared.models.trained import resolve_trained_name\n"
         "assert any(f.prefix == 'local/tiny-agent' for f in backend_forms())\n"
         "sys.exit(0 if resolve_trained_name in name_resolvers() else 3)\n"

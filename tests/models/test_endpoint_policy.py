@@ -19,8 +19,8 @@ from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.tracker.runs import check_model_name
 from rollout.shared.models.base import ChatRequest
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.endpoints import load_policy
-from rollout.shared.models.registry import resolve_backend
 from rollout.shared.settings import Settings
 
 SECRET = "sk-operator-secret-123"

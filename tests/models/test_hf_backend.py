@@ -10,9 +10,9 @@ from fakes.trained_tiny import Lesson, train_parrot
 
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.hermes import render_tool_call
 from rollout.shared.models.hf import HFBackend
-from rollout.shared.models.registry import resolve_backend
 from rollout.shared.models.tiny import build_tiny_model
 
 TOOLS = [

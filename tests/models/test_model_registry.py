@@ -7,9 +7,9 @@ from fakes.openai_server import text_reply
 
 from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ModelBackend
+from rollout.shared.models.catalog import register_backend, resolve_backend
 from rollout.shared.models.hermes import parse_tool_calls
 from rollout.shared.models.openai_compat import OpenAICompatBackend
-from rollout.shared.models.registry import register_backend, resolve_backend
 
 
 @pytest.fixture(autouse=True)

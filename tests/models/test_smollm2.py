@@ -20,8 +20,8 @@ import pytest
 from rollout.shared.learning import TrainConfig, train_sft
 from rollout.shared.models import smollm2
 from rollout.shared.models.base import ChatRequest
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.local_models import adapter_base, train_defaults
-from rollout.shared.models.registry import resolve_backend
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +116,7 @@ def _digest(path: Path) -> str:
 async def test_lora_sft_step_then_the_trained_name_loads_base_plus_adapter(
     home: Path, tmp_path: Path
 ) -> None:
-    from rollout.shared.models import trained
+    from rollout.shared.models import names, trained
     from rollout.shared.objectstore import open_store
     from rollout.shared.objectstore.factory import default_store_url
 
@@ -155,7 +155,7 @@ async def test_lora_sft_step_then_the_trained_name_loads_base_plus_adapter(
         archive = trained.pack_dir(adapter, tmp_path / "adapter.tar")
         sha = hashlib.sha256(archive.read_bytes()).hexdigest()
         ref = await store.put(f"models/test/{sha}.tar", archive)
-        name = trained.trained_name(smollm2.NAME, "t1")
+        name = names.trained_name(smollm2.NAME, "t1")
         record = trained.PolicyRecord(model=name, version=1, uri=ref.uri, sha256=ref.sha256,
                                       base_model=smollm2.NAME)  # fmt: skip
         await trained.publish_record(store, record)

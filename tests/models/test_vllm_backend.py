@@ -16,8 +16,8 @@ import pytest
 from rollout.errors import RolloutError
 from rollout.shared.models import vllm_backend
 from rollout.shared.models.base import ChatRequest
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.hermes import render_tool_call
-from rollout.shared.models.registry import resolve_backend
 from rollout.shared.models.tiny import IM_END, build_tiny_model
 from rollout.shared.models.vllm_backend import (
     ENGINE_ARGS_ENV,

@@ -13,9 +13,9 @@ from nats.js.errors import NotFoundError
 
 from rollout.errors import RolloutError
 from rollout.services.tracker import runs
-from rollout.services.tracker.aggregate import load_run
 from rollout.services.tracker.main import serve as serve_tracker
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import load_run
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
 from rollout.shared.bus.streams import ensure_streams

@@ -11,9 +11,9 @@ import asyncpg
 import nats.aio.client
 
 from rollout.services.tracker import runs
-from rollout.services.tracker.aggregate import load_run, rollout_id
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import load_run, rollout_id
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
 from rollout.shared.bus.streams import ensure_streams

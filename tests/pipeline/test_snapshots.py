@@ -15,8 +15,8 @@ from test_cli_platform import rollout
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.services.learner.data import run_info
 from rollout.services.learner.training_sets import dpo_pairs, sft_set
+from rollout.shared.aggregates.run import load_run_head
 from rollout.shared.learning.trainer_rows import dpo_rows, sft_rows
 from rollout.shared.settings import Settings, connect_nats
 from rollout.snapshots import import_snapshot, read_snapshot
@@ -79,9 +79,11 @@ async def test_export_then_import_rebuilds_the_buffers_training_sets(
     # What the buffer gives the learner for this run, asked as the learner asks it.
     nc = await connect_nats(as_service(settings, "learner"))
     try:
-        ended = await run_info(nc.jetstream(), run["runId"])
-        sft = await sft_set(nc, None, run["runId"], None, after_seq=ended.seq)
-        pairs = await dpo_pairs(nc, None, run["runId"], None, min_margin=0.0, after_seq=ended.seq)
+        ended = await load_run_head(nc.jetstream(), run["runId"])
+        sft = await sft_set(nc, None, run["runId"], None, after_seq=ended.ended_seq)
+        pairs = await dpo_pairs(
+            nc, None, run["runId"], None, min_margin=0.0, after_seq=ended.ended_seq
+        )
     finally:
         await nc.close()
     buffer_sft, buffer_dpo = sft_rows(sft.items), dpo_rows(pairs)

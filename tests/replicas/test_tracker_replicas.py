@@ -25,9 +25,9 @@ from replicas_kit import (
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.tracker import runs
-from rollout.services.tracker.aggregate import load_run
 from rollout.services.tracker.main import LEASE_NAME, LEASE_TTL_ENV
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import load_run
 from rollout.shared.bus.lease import Lease, bucket_ttl, lease_bucket
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.bus.reader import read_events

@@ -33,7 +33,21 @@ async def test_nats_rejects_wrong_credentials(nats_server: NatsServer) -> None:
 
 
 async def test_nats_admits_the_generated_credentials(nats_server: NatsServer) -> None:
-    await _connect_raw(nats_server.url, user=nats_server.user, password=nats_server.password)
+    client = await nats.connect(
+        nats_server.url,
+        user=nats_server.user,
+        password=nats_server.password,
+        allow_reconnect=False,
+        connect_timeout=2,
+        max_reconnect_attempts=0,
+    )
+    try:
+        # Admitted, and allowed to act: the server answers a JetStream request of this user.
+        info = await client.jetstream().account_info()
+        assert client.is_connected
+        assert info.limits is not None
+    finally:
+        await client.close()
 
 
 async def test_connect_nats_reports_wrong_credentials_clearly(nats_settings: Settings) -> None:

@@ -8,6 +8,7 @@ import asyncio
 from rollout.cli._common import print_json, require_database, settings_or_error
 from rollout.errors import RolloutError
 from rollout.services.tracker.projections import ReadModels
+from rollout.shared.auth.services import authorization_template
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.settings import connect_nats
 from rollout.shared.stack.files import write_atomic
@@ -81,8 +82,6 @@ def _nats_config(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if args.terraform_template:
-        from rollout.shared.auth.services import authorization_template
-
         out = Path(args.out)
         try:
             write_atomic(out, authorization_template(list(SERVICES)), mode=0o644)

@@ -8,6 +8,7 @@ from rollout.cli._common import client_settings_or_error, print_json
 from rollout.cli.env_specs import resolve_spec
 from rollout.client import AsyncClient
 from rollout.shared.interop.backends import describe
+from rollout.shared.interop.nemo_gym import serve as serve_gym
 from rollout.shared.interop.verifiers_env import export_module
 
 
@@ -114,8 +115,6 @@ def _list(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
     if args.protocol == "nemo-gym":
-        from rollout.shared.interop.nemo_gym import serve as serve_gym
-
         serve_gym(spec, host=args.host, port=args.port)
         return 0
     from rollout.shared.interop.openenv_server import serve

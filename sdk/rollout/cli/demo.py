@@ -33,8 +33,8 @@ from rollout.errors import RolloutError
 from rollout.follow import follow_job
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.envs.loader import load_environments
-from rollout.shared.learning.tiny_agent import example_files
-from rollout.shared.models.local_models import ensure
+from rollout.shared.learning.examples import example_files
+from rollout.shared.models.catalog import ensure
 from rollout.shared.settings import load_settings
 from rollout.shared.stats import format_interval, wilson_interval
 

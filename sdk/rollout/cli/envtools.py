@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from rollout.cli.experiments import plan_command
 from rollout.errors import RolloutError
 from rollout.shared.envs import (
     build_runtime,
@@ -84,8 +85,6 @@ def _summary(env: Any) -> dict[str, Any]:
 
 def _plan(args: argparse.Namespace) -> int:
     if args.file.endswith(".toml"):
-        from rollout.cli.experiments import plan_command
-
         return plan_command(args)
 
     try:

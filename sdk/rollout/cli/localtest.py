@@ -32,7 +32,7 @@ from rollout.shared.envs import (
 )
 from rollout.shared.envs.sandbox_check import require_sandbox
 from rollout.shared.models.base import close_backend
-from rollout.shared.models.registry import resolve_backend
+from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.observability import configure_logging
 
 TRACE_CLIP = 160

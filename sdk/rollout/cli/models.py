@@ -9,7 +9,7 @@ from typing import Any
 
 from rollout.cli._common import print_json
 from rollout.errors import RolloutError
-from rollout.shared.models.local_models import (
+from rollout.shared.models.catalog import (
     folder_size,
     local_model,
     local_model_names,

@@ -8,11 +8,12 @@ import sys
 from typing import Any
 
 from rollout.cli._common import print_json
+from rollout.cli.experiments import run_config_command
 from rollout.client import AsyncClient
 from rollout.comparison import comparison
 from rollout.errors import RolloutError
-from rollout.shared import subjects
-from rollout.shared.bus.reader import read_events
+from rollout.shared.aggregates.run import RunState
+from rollout.shared.aggregates.run import follow_run as follow_run_events
 from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.envs.loader import load_environments, select_environment
@@ -178,8 +179,6 @@ def budget_overrides(pairs: list[str]) -> dict[str, Any] | None:
 
 async def _run_cmd(args: argparse.Namespace) -> int:
     if args.config:
-        from rollout.cli.experiments import run_config_command
-
         return await asyncio.to_thread(run_config_command, args)
     if not args.slug or not args.model:
         # A usage error, exit 2 as argparse's own are.
@@ -229,20 +228,13 @@ async def _run_cmd(args: argparse.Namespace) -> int:
 
 async def follow_run(client: AsyncClient, run_id: str, *, quiet: bool = False) -> None:
     """Follow a run's events with a progress bar until it completes or fails."""
-    js = await client.jetstream()
-    total = scored = passed = 0
-    async for msg in read_events(js, subjects.run_events(run_id), follow=True):
-        event = EventEnvelope.from_bytes(msg.data)
-        body = event.body()
-        if event.type == "run.started":
-            total = body.total_rollouts  # type: ignore[attr-defined]
-        elif event.type == "rollout.scored":
-            scored += len(body.rollouts)  # type: ignore[attr-defined]
-            passed += sum(r.passed for r in body.rollouts)  # type: ignore[attr-defined]
+
+    def show(event: EventEnvelope, state: RunState) -> None:
         if not quiet:
-            _progress(scored, total, passed)
-        if event.type in ("run.completed", "run.failed"):
-            break
+            passed = sum(v.passed for v in state.verdicts.values())
+            _progress(len(state.verdicts), state.total or 0, passed)
+
+    await follow_run_events(await client.jetstream(), run_id, on_event=show)
     if not quiet:
         sys.stderr.write("\n")
 

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 
 from rollout.cli._common import client_settings_or_error, print_json
+from rollout.cli.experiments import replay_plan_command
+from rollout.errors import RolloutError
 from rollout.shared.replay import replay_run, reverify
 from rollout.shared.settings import connect_nats
 from rollout.shared.store.trajectories import object_store
@@ -31,12 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.plan:
-        from rollout.cli.experiments import replay_plan_command
-
         return replay_plan_command(args)
     if not args.run_id:
-        from rollout.errors import RolloutError
-
         raise RolloutError("rollout replay needs RUN (or --plan PLAN_ID)")
     return asyncio.run(_replay(args))
 

@@ -144,8 +144,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         _wait_ready(settings.home, token, proc, args.timeout)
     except RolloutError:
         if proc.poll() is None:
-            from rollout.shared.stack.supervisor import down
-
             down(settings.home)
         raise
     return _print_status(as_json=False)

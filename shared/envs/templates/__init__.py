@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, set_template_spelling
 from rollout.shared.envs.templates import (
     browser,
     code_editing,
@@ -49,9 +50,30 @@ def canonical_name(name: str) -> str:
     return name
 
 
+set_template_spelling(canonical_name)
+
+
 def get_template(name: str) -> Template | None:
     """The registered template of that name (or alias), None when there is none."""
     return REGISTRY.get(canonical_name(name))
+
+
+def typed_config(spec: EnvironmentSpec) -> CamelModel:
+    """Parse the spec's `config` with its template's model (raises pydantic.ValidationError).
+
+    The parsed config is cached on the spec: treat a spec as immutable once built.
+    """
+    # Read the private dict directly: `spec._typed` goes through pydantic's __getattr__,
+    # which costs microseconds, and this runs on every score.
+    private = spec.__pydantic_private__ or {}
+    cached = private.get("_typed")
+    if cached is not None:
+        return cached
+    template = get_template(spec.template)
+    if template is None:
+        raise ValueError(f"unknown template {spec.template!r}")
+    spec._typed = template.config_model.model_validate(spec.config)
+    return spec._typed
 
 
 # Views of the registry under the names older callers import.

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.shared.contracts.envspec import CodeEditingConfig, EnvironmentSpec, TaskSpec
+from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import STATE_MATCH, Template
 
@@ -88,8 +89,6 @@ async def run_tests_in_sandbox(
     Raises SandboxUnavailable (a RolloutError) when bubblewrap cannot be used: tests never run
     unsandboxed.
     """
-    from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
-
     argv = test_command(command)
     if not argv:
         raise ToolError("the test command is empty")
@@ -379,8 +378,6 @@ async def run_hidden_tests(
     to a private directory with random names and are read after the run. The exit code alone
     never passes. Raises SandboxUnavailable when bubblewrap cannot be used.
     """
-    from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
-
     expected: list[HiddenTest] = []
     runnable: dict[str, str] = {}
     for path, source in tests.items():

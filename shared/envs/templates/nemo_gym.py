@@ -24,7 +24,7 @@ from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.openenv import ENV_REWARD, check_url
 from rollout.shared.envs.templates.protocol import Template
 from rollout.shared.errors import RolloutError
-from rollout.shared.interop.nemo_gym import discover_tools, responses_payload
+from rollout.shared.interop.nemo_gym_wire import discover_tools, responses_payload
 
 PROBE_TIMEOUT_S = 5.0
 # A request's headers and body go out as two writes: without TCP_NODELAY the body waits for

@@ -38,6 +38,7 @@ from rollout.shared.envs.plugin_host.client import (
     starter,
 )
 from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
+from rollout.shared.envs.plugin_sources import bundle_sources, check_sources
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Template
@@ -83,9 +84,6 @@ def lease_host(
     if problems:
         raise PluginError(problems[0].partition(": ")[2])
     if config.sources:
-        from rollout.shared.envs.plugin_sources import check_sources
-        from rollout.shared.errors import RolloutError
-
         try:
             check_sources(config.sources)
         except RolloutError as exc:
@@ -368,7 +366,6 @@ class PluginTemplate(Template):
         entrypoint = config.get("entrypoint")
         if "sources" in config or not isinstance(entrypoint, str) or ":" not in entrypoint:
             return
-        from rollout.shared.envs.plugin_sources import bundle_sources
 
         sources = bundle_sources(entrypoint)
         if sources:

@@ -12,10 +12,14 @@ from pydantic import ValidationError
 from rollout.shared.contracts.envspec import EnvironmentSpec, PrimitiveSpec, TaskSpec, VerifierSpec
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
 from rollout.shared.envs.memo import per_object, validated
+from rollout.shared.envs.templates import get_template, typed_config
+from rollout.shared.envs.templates.protocol import STATE_MATCH
 from rollout.shared.envs.verifiers import env_reward as _env_reward  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import primitives as _primitives  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers import reward_model as _rm  # noqa: F401  (registers)
-from rollout.shared.envs.verifiers import ruler as _ruler  # noqa: F401  (registers)
+from rollout.shared.envs.verifiers import (
+    ruler as _ruler,  # registers it; ruler_group judges a group
+)
 from rollout.shared.envs.verifiers import verifiers_rubric as _vf  # noqa: F401  (registers)
 from rollout.shared.envs.verifiers.registry import (
     REGISTRY,
@@ -36,9 +40,6 @@ def default_verifier(spec: EnvironmentSpec, task: TaskSpec) -> VerifierSpec:
     (sql `query`/`rows` -> sql_result_match; code-editing `files` -> state_match on those
     files, `tests` -> tests_pass; remote envs -> env_reward; verifiers -> its rubric).
     """
-    from rollout.shared.envs.templates import get_template
-    from rollout.shared.envs.templates.protocol import STATE_MATCH
-
     template = get_template(spec.template)
     prims = template.default_primitives(task) if template is not None else [dict(STATE_MATCH)]
     return VerifierSpec.model_validate({"primitives": prims})
@@ -330,6 +331,53 @@ async def score_spec(
 
 def _config(spec: EnvironmentSpec) -> Any:
     try:
-        return spec.typed_config()
+        return typed_config(spec)
     except (ValidationError, ValueError):
         return None
+
+
+async def score_group(
+    spec: EnvironmentSpec, task: TaskSpec, group: list[Trajectory]
+) -> list[VerifierResult]:
+    """Score the n samples of one task: `ruler` primitives judge the whole group in one call
+    (relative scores, usable as GRPO rewards); every other primitive scores each sample."""
+    verifier: VerifierSpec = (
+        spec.verifier
+        if spec.verifier and spec.verifier.primitives
+        else default_verifier(spec, task)
+    )
+    try:
+        config = typed_config(spec)
+    except (ValidationError, ValueError):
+        config = None
+    per_sample: list[list[PrimitiveResult]] = [[] for _ in group]
+    errors: list[list[str]] = [[] for _ in group]
+    for prim in verifier.primitives:
+        if prim.type == "ruler":
+            for i, (result, infra) in enumerate(await _ruler.ruler_group(prim, task, group)):
+                per_sample[i].append(result)
+                if infra:
+                    errors[i].append(infra)
+            continue
+        for i, trajectory in enumerate(group):
+            ctx = ScoreContext(spec=spec, task=task, trajectory=trajectory, config=config)
+            result, infra = await run_primitive(prim, ctx)
+            per_sample[i].append(result)
+            if infra:
+                errors[i].append(infra)
+    out = []
+    for results, errs in zip(per_sample, errors, strict=True):
+        total = sum(r.weight for r in results)
+        if total > 0:
+            value = sum(r.weight * r.score for r in results) / total
+        else:
+            value = 1.0 if results and all(r.passed for r in results) else 0.0
+        out.append(
+            VerifierResult(
+                score=value,
+                passed=bool(results) and all(r.passed for r in results),
+                primitives=results,
+                error="; ".join(errs) or None,
+            )
+        )
+    return out

@@ -26,6 +26,16 @@ from rollout.shared.contracts.envspec import (
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.compare import canonical, multiset_equal, normalise, short, values_equal
 from rollout.shared.envs.paths import PathError, parse_cached, resolve_path
+from rollout.shared.envs.templates.base import ToolError
+from rollout.shared.envs.templates.code_editing import (
+    is_pytest_command,
+    run_hidden_tests,
+    run_tests_in_sandbox,
+    task_files,
+    test_command,
+    trusted_test_files,
+)
+from rollout.shared.envs.templates.sql import SUBMIT_ROW_CAP, open_database, run_query
 from rollout.shared.envs.verifiers.registry import (
     Compiled,
     InfraError,
@@ -294,7 +304,6 @@ def _expected_rows(p: SqlResultMatchParams, ctx: ScoreContext) -> tuple[list[Any
         raise ValueError("no reference: give params.query / params.rows or ground truth query/rows")
     if not isinstance(ctx.config, SqlConfig):
         raise ValueError("a reference query needs the sql template's config")
-    from rollout.shared.envs.templates.sql import SUBMIT_ROW_CAP, open_database, run_query
 
     conn = open_database(ctx.config)
     try:
@@ -411,16 +420,6 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
     A command that is not pytest keeps exit-code semantics: it runs in the work dir with the
     hidden files laid over the model's, and a model can forge its result; prefer pytest.
     """
-    from rollout.shared.envs.templates.base import ToolError
-    from rollout.shared.envs.templates.code_editing import (
-        is_pytest_command,
-        run_hidden_tests,
-        run_tests_in_sandbox,
-        task_files,
-        test_command,
-        trusted_test_files,
-    )
-
     files = ctx.state.get("files")
     if not isinstance(files, dict):
         return _binary(False, "no files in the final state")

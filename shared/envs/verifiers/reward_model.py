@@ -25,11 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, RewardModelParams, TaskSpec
+from rollout.shared.envs.runtimes import start_runtime
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning.data import conversation
 from rollout.shared.learning.rm import RM_MARKER
 from rollout.shared.learning.rm_scoring import drop_scorer, scorer_for
+from rollout.shared.models import names, trained
+from rollout.shared.models.trained import run_sync
 
 _JOB_ID = re.compile(r"^job-[A-Za-z0-9]{1,64}$")
 HINT = "train one with `rollout improve --method rm --suffix S` (see `rollout jobs`)"
@@ -41,12 +44,10 @@ _CURRENT: dict[str, Path] = {}
 
 async def resolve(name: str) -> tuple[Any, Path]:
     """(policy record, local checkpoint folder) of the newest version of a trained name."""
-    from rollout.shared.models import trained
-
     name = name.strip()
     is_job = name.startswith(trained.JOB_PREFIX)
     if (is_job and not _JOB_ID.match(name)) or (
-        not is_job and trained.split_trained_name(name) is None
+        not is_job and names.split_trained_name(name) is None
     ):
         raise RolloutError(
             f"{name!r} is not a trained model name (BASE:SUFFIX or a job id, "
@@ -93,8 +94,6 @@ def not_a_reward_model(name: str, path: Path) -> str | None:
 
 def check(params: RewardModelParams) -> list[tuple[str, str]]:
     """Plan time: the name resolves to a published reward model (its checkpoint is fetched)."""
-    from rollout.shared.models.trained import run_sync
-
     try:
         _, path = run_sync(lambda: resolve(params.model))
     except RolloutError as exc:
@@ -107,8 +106,6 @@ def check(params: RewardModelParams) -> list[tuple[str, str]]:
 
 async def task_tools(spec: EnvironmentSpec, task: TaskSpec) -> list[dict[str, Any]]:
     """The OpenAI tools the task offered the model (what the RM saw in training)."""
-    from rollout.shared.envs.engine import start_runtime
-
     key = (spec.spec_hash(), task.model_dump_json())
     if key not in _TOOLS:
         runtime = await start_runtime(spec, task)

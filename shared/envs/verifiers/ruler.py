@@ -3,7 +3,7 @@
 One judge call sees every sample of one task (rendered as numbered trajectories) and the
 rubric, and answers JSON `{"scores": [{"trajectory_id", "explanation", "score"}]}`: a score in
 [0, 1] and a reason per sample. Relative scores are what GRPO needs (its advantage is already
-group-relative), so `score_group` gives each sample's reward in one call; the verifier
+group-relative), so `score_group` (verifiers/engine.py) gives each sample's reward in one call; the verifier
 service scores a task's samples this way (services/verifier/scoring.py score_task_group), and
 the tracker keeps a run's groups whole in its work items. Scoring a single trajectory
 (`rollout test`) is a group of one. Samples are escaped so none can close its block.
@@ -27,11 +27,12 @@ from rollout.shared.contracts.envspec import (
     PrimitiveSpec,
     RulerParams,
     TaskSpec,
-    VerifierSpec,
 )
-from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory, VerifierResult
+from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
 from rollout.shared.errors import RolloutError
+from rollout.shared.models.base import ChatRequest
+from rollout.shared.models.registry import resolve_backend
 
 MAX_TRAJECTORY_CHARS = 20_000
 
@@ -131,9 +132,6 @@ async def judge_group(
     params: RulerParams, task: TaskSpec, group: list[Trajectory]
 ) -> list[Outcome]:
     """One judge call over the group: an Outcome (score, passed, reason) per trajectory."""
-    from rollout.shared.models.base import ChatRequest
-    from rollout.shared.models.registry import resolve_backend
-
     try:
         backend = resolve_backend(params.judge_model)
         request = ChatRequest(
@@ -169,56 +167,7 @@ async def ruler(params: RulerParams, ctx: ScoreContext) -> Outcome:
     return outcome
 
 
-async def score_group(
-    spec: EnvironmentSpec, task: TaskSpec, group: list[Trajectory]
-) -> list[VerifierResult]:
-    """Score the n samples of one task: `ruler` primitives judge the whole group in one call
-    (relative scores, usable as GRPO rewards); every other primitive scores each sample."""
-    from rollout.shared.envs.verifiers.engine import default_verifier, run_primitive
-
-    verifier: VerifierSpec = (
-        spec.verifier
-        if spec.verifier and spec.verifier.primitives
-        else default_verifier(spec, task)
-    )
-    try:
-        config = spec.typed_config()
-    except (ValidationError, ValueError):
-        config = None
-    per_sample: list[list[PrimitiveResult]] = [[] for _ in group]
-    errors: list[list[str]] = [[] for _ in group]
-    for prim in verifier.primitives:
-        if prim.type == "ruler":
-            for i, (result, infra) in enumerate(await _ruler_group(prim, task, group)):
-                per_sample[i].append(result)
-                if infra:
-                    errors[i].append(infra)
-            continue
-        for i, trajectory in enumerate(group):
-            ctx = ScoreContext(spec=spec, task=task, trajectory=trajectory, config=config)
-            result, infra = await run_primitive(prim, ctx)
-            per_sample[i].append(result)
-            if infra:
-                errors[i].append(infra)
-    out = []
-    for results, errs in zip(per_sample, errors, strict=True):
-        total = sum(r.weight for r in results)
-        if total > 0:
-            value = sum(r.weight * r.score for r in results) / total
-        else:
-            value = 1.0 if results and all(r.passed for r in results) else 0.0
-        out.append(
-            VerifierResult(
-                score=value,
-                passed=bool(results) and all(r.passed for r in results),
-                primitives=results,
-                error="; ".join(errs) or None,
-            )
-        )
-    return out
-
-
-async def _ruler_group(
+async def ruler_group(
     prim: PrimitiveSpec, task: TaskSpec, group: list[Trajectory]
 ) -> list[tuple[PrimitiveResult, str | None]]:
     def result(outcome: Outcome) -> PrimitiveResult:

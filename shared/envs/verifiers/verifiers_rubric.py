@@ -12,7 +12,7 @@ import math
 from rollout.shared.contracts.envspec import VerifiersConfig, VerifiersRubricParams
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
 from rollout.shared.errors import RolloutError
-from rollout.shared.interop.verifiers_env import ahost_call
+from rollout.shared.interop.verifiers_host import ahost_call
 
 
 @register("verifiers_rubric", templates=("verifiers",))

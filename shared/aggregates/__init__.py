@@ -1,0 +1,1 @@
+"""Aggregates rebuilt from their own events: what decisions about them are made from."""

@@ -1,0 +1,44 @@
+"""Load, decide, append on the condition that the history read has not moved; again on a race.
+
+Every aggregate (a run, a job, an environment) decides from its own events and appends its
+decision expecting the stream sequence it read: of two deciders racing, one appends and the
+other reads again and decides again, so a decision is made once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from rollout.shared.bus.publisher import ConcurrencyConflict
+
+State = TypeVar("State")
+Decision = TypeVar("Decision")
+# How often a decision is made again after another append got in first.
+CONFLICT_RETRIES = 8
+
+
+async def decide_and_append(
+    load: Callable[[], Awaitable[State]],
+    decide: Callable[[State], Decision | None],
+    append: Callable[[State, Decision], Awaitable[object]],
+    *,
+    what: str,
+    retries: int = CONFLICT_RETRIES,
+) -> tuple[State, Decision | None]:
+    """(the state decided from, the decision appended, or None when there was none to append).
+
+    `append` raises ConcurrencyConflict when the history moved since `load` read it. After
+    `retries` races this raises ConcurrencyConflict (a RetrySignal) naming `what`.
+    """
+    for _ in range(retries):
+        state = await load()
+        decision = decide(state)
+        if decision is None:
+            return state, None
+        try:
+            await append(state, decision)
+        except ConcurrencyConflict:
+            continue  # something landed after the read: decide again from a fresh one
+        return state, decision
+    raise ConcurrencyConflict(f"{what} kept changing while a decision was being recorded")

@@ -1,0 +1,273 @@
+"""The run aggregate: its state rebuilt from the run's own events, how it decides, and how a
+decision is appended.
+
+The read models answer queries; they never decide. Whether a run starts, completes or times out
+is decided here from the run's history, and the decision is appended on the condition that the
+history has not moved since (`decide_and_append`), so a run ends exactly once. The tracker,
+the verifier, the learner and the CLI read runs through this module: the whole history
+(`load_run`), its head alone, cheaply (`recorded_request`, `load_run_head`), or live until it
+ends (`follow_run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import pydantic
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from rollout.shared import subjects
+from rollout.shared.aggregates import append
+from rollout.shared.aggregates.append import CONFLICT_RETRIES
+from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope, Payload, deterministic_id
+from rollout.shared.contracts.events import (
+    RolloutsScored,
+    RunCompleted,
+    RunFailed,
+    RunRequested,
+    RunStarted,
+    ScoredRollout,
+)
+from rollout.shared.errors import RolloutError
+
+# The event types the run's state is made of (its trajectories are not needed to decide).
+STATE_EVENTS = ("run.requested", "run.started", "rollout.scored", "run.completed", "run.failed")
+ENDINGS = ("run.completed", "run.failed")
+
+Ending = RunCompleted | RunFailed
+
+
+def rollout_id(run_id: str, task_index: int, sample_index: int) -> str:
+    """Stable id of one rollout of a run."""
+    return deterministic_id("rollout", run_id, task_index, sample_index)[:24]
+
+
+@dataclass
+class RunState:
+    """One run as its events tell it, as of stream sequence `version`."""
+
+    run_id: str
+    requested: RunRequested | None = None
+    requested_event: EventEnvelope | None = None
+    total: int | None = None
+    planned: frozenset[str] = frozenset()
+    verdicts: dict[str, ScoredRollout] = field(default_factory=dict)
+    ended: Ending | None = None
+    # Stream sequence of the event that ended the run (0 while it runs): a reader of the run's
+    # verdicts (the buffer) must have applied the stream up to it to hold every one.
+    ended_seq: int = 0
+    # Stream sequence of the newest event of the run (any type): the guard for appends.
+    version: int = 0
+
+    @property
+    def status(self) -> str:
+        """`running`, `completed` or `failed`."""
+        if self.ended is None:
+            return "running"
+        return "completed" if isinstance(self.ended, RunCompleted) else "failed"
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run failed (None otherwise)."""
+        return self.ended.reason if isinstance(self.ended, RunFailed) else None
+
+    def apply(self, event: EventEnvelope, seq: int = 0) -> None:
+        """Fold one event of the run (at stream sequence `seq`, when known) into the state."""
+        body = event.body()
+        if isinstance(body, RunRequested) and self.requested is None:
+            self.requested, self.requested_event = body, event
+            self.planned = frozenset(
+                rollout_id(body.run_id, t, s) for t in body.task_indices for s in range(body.n)
+            )
+        elif isinstance(body, RunStarted) and self.total is None:
+            self.total = body.total_rollouts
+        elif isinstance(body, RolloutsScored):
+            # Only the first verdict per planned rollout counts, as in the read model.
+            for r in body.rollouts:
+                if r.rollout_id in self.planned:
+                    self.verdicts.setdefault(r.rollout_id, r)
+        elif isinstance(body, RunCompleted | RunFailed) and self.ended is None:
+            self.ended, self.ended_seq = body, seq
+
+    @property
+    def deadline(self) -> datetime | None:
+        """When the run times out (its request's time plus its deadline)."""
+        if self.requested is None or self.requested_event is None:
+            return None
+        return self.requested_event.time + timedelta(seconds=self.requested.deadline_s)
+
+    def decide(self, now: datetime) -> Ending | None:
+        """How the run ends now: completed once all is scored, failed past its deadline."""
+        if self.requested is None or self.ended is not None:
+            return None
+        scored = len(self.verdicts)
+        if self.total is not None and scored >= self.total:
+            return self._completed()
+        deadline = self.deadline
+        if deadline is not None and now >= deadline:
+            total = self.total if self.total is not None else len(self.planned)
+            return RunFailed(
+                run_id=self.run_id,
+                reason=(
+                    f"deadline of {self.requested.deadline_s:.0f}s passed with {scored}/{total}"
+                    " rollouts scored (are actors and verifiers running? see `rollout status`)"
+                ),
+            )
+        return None
+
+    def _completed(self) -> RunCompleted:
+        total = self.total or 0
+        verdicts = self.verdicts.values()
+        passed = sum(1 for v in verdicts if v.outcome == "passed")
+        errored = sum(1 for v in verdicts if v.outcome == "errored")
+        # An errored rollout has no verdict: rates are over passed + failed, as in get_run.
+        judged = total - errored
+        return RunCompleted(
+            run_id=self.run_id,
+            total=total,
+            passed=passed,
+            errored=errored,
+            pass_rate=passed / judged if judged else 0.0,
+            mean_score=sum(v.score for v in verdicts if v.outcome != "errored") / judged
+            if judged
+            else 0.0,
+        )
+
+
+async def load_run(js: JetStreamContext, run_id: str) -> RunState:
+    """Rebuild a run's state from its events, up to the newest one when this was called."""
+    state = RunState(run_id)
+    try:
+        newest = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.run_events(run_id))
+    except NotFoundError:
+        return state
+    state.version = newest.seq
+    filters = [subjects.event("run", run_id, subjects.event_name(t)) for t in STATE_EVENTS]
+    async with aclosing(read_events(js, filters, delete_consumer=True)) as messages:
+        async for msg in messages:
+            if msg.metadata.sequence.stream > state.version:
+                break  # the state is as of `version`: what came later is decided next time
+            try:
+                event = EventEnvelope.from_bytes(msg.data)
+            except pydantic.ValidationError:
+                continue  # the projection dead-letters it; it is no part of the run's state
+            state.apply(event, msg.metadata.sequence.stream)
+    return state
+
+
+async def append_to_run(js: JetStreamContext, state: RunState, payload: Payload) -> None:
+    """Append an event the run's state decided, only if no event of the run came since."""
+    envelope = EventEnvelope.new(
+        payload,
+        aggregate_id=state.run_id,
+        id_parts=(state.run_id,),
+        parent=state.requested_event,
+    )
+    await EventPublisher(js).publish(
+        envelope,
+        expected_last_subject_seq=state.version,
+        expected_subject=subjects.run_events(state.run_id),
+    )
+
+
+async def decide_and_append(
+    js: JetStreamContext,
+    run_id: str,
+    decide: Callable[[RunState], Payload | None],
+    *,
+    retries: int = CONFLICT_RETRIES,
+) -> tuple[RunState, Payload | None]:
+    """Load the run, decide, append the decision expecting the history read; again on a race."""
+    return await append.decide_and_append(
+        lambda: load_run(js, run_id),
+        decide,
+        lambda state, decision: append_to_run(js, state, decision),
+        what=f"run {run_id}",
+        retries=retries,
+    )
+
+
+async def _last_of(js: JetStreamContext, run_id: str, event_type: str) -> tuple[object, int] | None:
+    subject = subjects.event("run", run_id, subjects.event_name(event_type))
+    try:
+        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subject)
+    except NotFoundError:
+        return None
+    return EventEnvelope.from_bytes(raw.data).body(), raw.seq
+
+
+async def recorded_request(js: JetStreamContext, run_id: str) -> RunRequested | None:
+    """The run.requested on the log for `run_id` (one read), or None."""
+    found = await _last_of(js, run_id, RunRequested.event_type)
+    if found is None or not isinstance(found[0], RunRequested):
+        return None
+    return found[0]
+
+
+async def load_run_head(js: JetStreamContext, run_id: str) -> RunState | None:
+    """The run's request and ending, each the last message on its subject (no verdicts read).
+
+    None when there is no such run. Cheap on runs of any size: what the learner checks
+    before it trains on a run.
+    """
+    found = await _last_of(js, run_id, RunRequested.event_type)
+    if found is None or not isinstance(found[0], RunRequested):
+        return None
+    state = RunState(run_id, requested=found[0])
+    endings = [await _last_of(js, run_id, t) for t in ENDINGS]
+    for body, seq in sorted((e for e in endings if e is not None), key=lambda e: e[1]):
+        if state.ended is None and isinstance(body, RunCompleted | RunFailed):
+            state.ended, state.ended_seq = body, seq
+    return state
+
+
+async def follow_run(
+    js: JetStreamContext,
+    run_id: str,
+    *,
+    timeout_s: float | None = None,
+    on_event: Callable[[EventEnvelope, RunState], Awaitable[None] | None] | None = None,
+    delete_consumer: bool = False,
+) -> RunState:
+    """Follow the run's events live until it ends; its state then (RolloutError on timeout).
+
+    `on_event` sees each event after it is folded in (a progress bar, say). Only lifecycle
+    events are decoded unless `on_event` is given: rollout batches are large.
+    `delete_consumer`: delete the reader's consumer at once when done (a service following one
+    run per round; a user's key may read the stream but not delete consumers).
+    """
+
+    async def follow() -> RunState:
+        state = RunState(run_id)
+        reader = read_events(
+            js, subjects.run_events(run_id), follow=True, delete_consumer=delete_consumer
+        )
+        async with aclosing(reader) as events:
+            async for msg in events:
+                _, _, name = subjects.parse_event_subject(msg.subject)
+                if on_event is None and name not in _LIFECYCLE:
+                    continue
+                event = EventEnvelope.from_bytes(msg.data)
+                state.apply(event, msg.metadata.sequence.stream)
+                if on_event is not None:
+                    done = on_event(event, state)
+                    if done is not None:
+                        await done
+                if state.ended is not None:
+                    return state
+        raise RolloutError(f"run {run_id}: its events ended before it did")
+
+    try:
+        return await asyncio.wait_for(follow(), timeout=timeout_s)
+    except TimeoutError:
+        raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s") from None
+
+
+_LIFECYCLE = {subjects.event_name(t) for t in ("run.requested", "run.started", *ENDINGS)}
