@@ -15,6 +15,7 @@ from typing import Any
 
 import nats
 import pytest
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -76,20 +77,19 @@ async def services(service_settings: Settings) -> AsyncIterator[None]:
         for name, module in SERVICES.items()
     ]
     admin = AsyncClient(service_settings, timeout_s=5)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
+
+    async def answering() -> bool:
         try:
             await admin.list_environments()
             await admin.list_runs()
-            break
         except RolloutError:
             for task in tasks:
                 if task.done():
-                    task.result()
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+                    task.result()  # a service that died says why
+            return False
+        return True
+
+    await wait_until(answering, "the registry and the tracker to answer", 30)
     await admin.close()
     yield
     for task in tasks:

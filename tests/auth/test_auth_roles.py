@@ -8,6 +8,7 @@ import time
 import nats.errors
 import pytest
 from nats.js import api
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -82,10 +83,11 @@ async def test_runner_may_push_and_run(
         assert pushed
         run = await runner.create_run("refunds", MODEL, n=1)
         # The read model follows the run's events within moments.
-        deadline = time.monotonic() + 30
-        while not [r for r in await runner.list_runs() if r["runId"] == run["runId"]]:
-            assert time.monotonic() < deadline, "the run never showed up in `runs`"
-            await asyncio.sleep(0.05)
+
+        async def listed() -> bool:
+            return any(r["runId"] == run["runId"] for r in await runner.list_runs())
+
+        await wait_until(listed, "the run to show up in `runs`", 30)
     finally:
         await runner.close()
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from fakes.openai_server import FakeOpenAI
 from pipeline.kit import Platform, as_service, refund_agent, refund_env, wait_for_platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -154,12 +155,17 @@ class As:
 
     async def violation(self, subject: str) -> None:
         """Wait until the server reports a violation naming `subject`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + REFUSED_WITHIN_S
-        while not any(subject.lower() in e.lower() for e in self.errors):
-            assert loop.time() < deadline, f"no violation for {subject}: {self.errors}"
+
+        async def reported() -> bool:
             await self.nc.flush()
-            await asyncio.sleep(0.02)
+            return any(subject.lower() in e.lower() for e in self.errors)
+
+        try:
+            await wait_until(
+                reported, f"a violation for {subject}", REFUSED_WITHIN_S, interval_s=0.02
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.errors}") from None
 
 
 async def _count(settings: Settings, filter_subject: str) -> int:

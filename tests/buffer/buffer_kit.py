@@ -8,7 +8,8 @@ from typing import Any
 import asyncpg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
-from pipeline.kit import Platform, wait_until
+from pipeline.kit import Platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -44,18 +45,17 @@ class BufferPlatform(Platform):
 async def push_env(settings: Settings, platform: Platform, env: dict[str, Any]) -> None:
     """Push an environment once the registry answers."""
     client = AsyncClient(settings, timeout_s=20)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
+
+    async def pushed() -> bool:
+        try:
+            await client.push_environment(env)
+        except RolloutError:
+            platform.check()
+            return False
+        return True
+
     try:
-        while True:
-            try:
-                await client.push_environment(env)
-                return
-            except RolloutError:
-                platform.check()
-                if loop.time() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        await wait_until(pushed, "the registry to take the environment", 30)
     finally:
         await client.close()
 

@@ -15,7 +15,8 @@ from buffer_kit import (
     wait_caught_up,
     wait_for_position,
 )
-from pipeline.kit import refund_env, wait_until
+from pipeline.kit import refund_env
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.buffer import main as buffer_main

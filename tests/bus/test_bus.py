@@ -9,6 +9,7 @@ import pytest
 from faststream.nats import JStream, PullSub
 from nats.js import api
 from nats.js.errors import APIError
+from waiting import wait_until
 
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
@@ -75,16 +76,6 @@ async def test_expected_last_subject_sequence_conflict_is_clear(nats_client) -> 
     assert "expected last subject sequence" in message and run_id in message
 
 
-async def wait_for(predicate, what: str, limit_s: float = DEADLINE_S) -> None:
-    """Poll a condition until it holds or the deadline passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def test_poison_message_is_dead_lettered_and_next_is_handled(settings, nats_client) -> None:
     js = nats_client.jetstream()
     await ensure_streams(js)
@@ -109,7 +100,7 @@ async def test_poison_message_is_dead_lettered_and_next_is_handled(settings, nat
     await js.publish(subject, failed(key, 1, reason="good").to_bytes())
     async with broker:
         await broker.start()
-        await wait_for(lambda: handled == ["good"], "the good message")
+        await wait_until(lambda: handled == ["good"], "the good message", DEADLINE_S)
         letters = await _dead_letters(js, key_subject=subject)
         # A service never gives up reconnecting (a closed connection makes pull loops spin).
         assert broker.config.connection_state.connection.options["max_reconnect_attempts"] == -1
@@ -146,14 +137,9 @@ async def test_failing_handler_gives_up_after_max_deliver(settings, nats_client)
     await js.publish(subject, failed(key, 1).to_bytes())
     async with broker:
         await broker.start()
-        letters: list[DeadLettered] = []
-
-        async def poll() -> None:
-            while not letters:
-                letters.extend(await _dead_letters(js, key_subject=subject))
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(poll(), DEADLINE_S)
+        letters = await wait_until(
+            lambda: _dead_letters(js, key_subject=subject), "a dead letter", DEADLINE_S
+        )
     assert len(attempts) == 3
     assert letters[0].reason == "gave up after 3 attempts: RuntimeError: model endpoint down"
 
@@ -222,7 +208,7 @@ async def test_a_major_version_event_is_dead_lettered_with_the_reason_and_next_i
     await js.publish(subject, _versioned(failed(key, 2, reason="minor"), "1.7", severity="high"))
     async with broker:
         await broker.start()
-        await wait_for(lambda: handled == ["minor"], "the newer-minor message")
+        await wait_until(lambda: handled == ["minor"], "the newer-minor message", DEADLINE_S)
         letters = await _dead_letters(js, key_subject=subject)
     assert len(letters) == 1
     assert letters[0].reason.startswith("unsupported schema version 2.0 of run.failed event")

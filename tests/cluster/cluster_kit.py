@@ -8,6 +8,7 @@ import signal
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
+from waiting import wait_until
 
 from rollout.shared.stack.nats import NatsCluster, NatsServer, wait_for_cluster
 
@@ -35,27 +36,24 @@ async def wait_for_stream_leaders(
 ) -> dict[str, str]:
     """Wait until every stream has a leader (not `not_on`) and its `replicas - 1` followers are
     current, asking JetStream each step until the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while True:
+
+    async def leaders() -> dict[str, str] | None:
         ready: dict[str, str] = {}
         for name in streams:
             try:
                 info = await js.stream_info(name)
             except (APIError, nats.errors.Error, TimeoutError):
-                break
+                return None
             cluster = info.cluster
             if cluster is None or not cluster.leader or cluster.leader == not_on:
-                break
+                return None
             followers = [peer for peer in cluster.replicas or [] if peer.current]
             if len(followers) < replicas - 1:
-                break
+                return None
             ready[name] = cluster.leader
-        if len(ready) == len(streams):
-            return ready
-        if loop.time() > deadline:
-            raise AssertionError(f"streams {streams} had no current leader and followers")
-        await asyncio.sleep(0.05)
+        return ready
+
+    return await wait_until(leaders, f"streams {streams} to have current leaders", limit_s)
 
 
 def kill_node(node: NatsServer) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from cluster_kit import kill_node, restart_node, wait_for_stream_leaders
 from fakes.openai_server import FakeOpenAI, Reply
-from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform, wait_until
+from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError

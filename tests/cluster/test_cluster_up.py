@@ -10,8 +10,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from pipeline.kit import wait_until
 from stack.conftest import Cli
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects

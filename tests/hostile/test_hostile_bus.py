@@ -18,6 +18,7 @@ import nats
 import nats.errors
 import pytest
 from auth.conftest import refund_env
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.services.tracker.projections import ReadModels
@@ -184,22 +185,21 @@ async def snapshot(settings: Settings) -> dict[str, list[tuple]]:
 
 async def answered(admin: AsyncClient, platform: list[asyncio.Task]) -> None:
     """Wait until the buffer and the learner answer their subjects."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
     nc = await nats.connect(**_kwargs(admin.settings))
     try:
         for service, verb in (("buffer", "sft_set"), ("learner", "create_job")):
-            while True:
+
+            async def answers(service: str = service, verb: str = verb) -> bool:
                 for task in platform:
                     if task.done():
                         task.result()
                 try:
                     await nc.request(subjects.request(service, verb), b"{", timeout=1)
-                    break
                 except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                    if loop.time() > deadline:
-                        raise
-                    await asyncio.sleep(0.1)
+                    return False
+                return True
+
+            await wait_until(answers, f"the {service} to answer", 60, interval_s=0.1)
     finally:
         await nc.close()
 
@@ -208,29 +208,28 @@ async def eventually(call: Any) -> Any:
     """The call's answer once the read model has caught up (a RolloutError until then)."""
     from rollout.errors import RolloutError
 
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
+    async def answer() -> tuple[Any] | None:
         try:
-            return await call()
+            return (await call(),)
         except RolloutError:
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+            return None
+
+    (found,) = await wait_until(answer, "the read model to catch up", 30)
+    return found
 
 
 async def caught_up(view: ProjectionRunner, js: Any) -> None:
     """Wait until the tracker's read models hold the whole log, twice in a row (a dead letter
     is appended after the event it refuses)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    steady = 0
-    while steady < 2:
+    steady = [0]
+
+    async def twice() -> bool:
         target = await last_sequence(js)
         position = await view.position()
-        steady = steady + 1 if position >= target else 0
-        assert loop.time() < deadline, f"tracker at {position}, log at {target}"
-        await asyncio.sleep(0.1)
+        steady[0] = steady[0] + 1 if position >= target else 0
+        return steady[0] >= 2
+
+    await wait_until(twice, "the tracker to hold the whole log twice in a row", 30, interval_s=0.1)
 
 
 def _kwargs(settings: Settings) -> dict[str, Any]:
@@ -308,11 +307,14 @@ async def test_hostile_messages_from_a_runner_key(
         await nc.flush()
         with pytest.raises(nats.errors.TimeoutError):
             await js.publish(subjects.event("run", run["runId"], "run_completed"), b"{}", timeout=1)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while len([d for d in denied if "permissions violation" in d.lower()]) < len(forged):
-            assert loop.time() < deadline, denied
-            await asyncio.sleep(0.05)
+        try:
+            await wait_until(
+                lambda: sum("permissions violation" in d.lower() for d in denied) >= len(forged),
+                "a violation reported per forged subject",
+                10,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {denied}") from None
         assert (await admin_js.stream_info(subjects.EVENTS_STREAM)).state.last_seq == before
     finally:
         await nc.close()

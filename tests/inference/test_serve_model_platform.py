@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from conftest import build_tiny, client_of
-from pipeline.kit import Platform, wait_for_platform, wait_until
+from pipeline.kit import Platform, wait_for_platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.services.inference.app import KeyRing

@@ -9,13 +9,13 @@ import ipaddress
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from k8s_kit import K8S, find, render
+from waiting import wait_until_sync
 
 from rollout.errors import RolloutError
 from rollout.shared.settings import connect_nats, load_settings
@@ -148,14 +148,13 @@ def tls_node(tmp_path: Path) -> Iterator[dict[str, Any]]:
         [nats_server_binary(), "-c", str(node["config"])], stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", node["client"])) == 0:
-                    break
+
+        def listening() -> bool:
             assert process.poll() is None, (tmp_path / "nats.log").read_text()
-            assert time.monotonic() < deadline, "nats-server did not listen"
-            time.sleep(0.05)
+            with socket.socket() as sock:
+                return sock.connect_ex(("127.0.0.1", node["client"])) == 0
+
+        wait_until_sync(listening, "nats-server to listen", 30)
         yield node
     finally:
         process.terminate()

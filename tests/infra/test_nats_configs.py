@@ -3,14 +3,12 @@ terraform startup scripts write, and the single JetStream server of compose.yaml
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import nats.js.errors
 import pytest
 import yaml
 from nats.js.api import StreamConfig
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = "rollout"
@@ -68,14 +67,27 @@ async def _connect(port: int, **options: object) -> nats.NATS:
 
 async def _connect_when_up(port: int) -> nats.NATS:
     """Connect with the credentials once the server listens (deadline, no fixed sleep)."""
-    deadline = time.monotonic() + READY_WITHIN_S
-    while True:
+
+    async def connected() -> nats.NATS | None:
         try:
             return await _connect(port, user=USER, password=PASSWORD)
         except (nats.errors.NoServersError, OSError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+            return None
+
+    return await wait_until(connected, f"nats-server on {port}", READY_WITHIN_S, interval_s=0.1)
+
+
+async def _add_replicated_stream(js: object, name: str, subject: str) -> None:
+    """Add a stream of 3 replicas once the cluster has elected its meta leader."""
+
+    async def added() -> bool:
+        try:
+            await js.add_stream(StreamConfig(name=name, subjects=[subject], num_replicas=3))  # type: ignore[attr-defined]
+        except (nats.errors.Error, nats.js.errors.Error):
+            return False
+        return True
+
+    await wait_until(added, f"stream {name} on the cluster", READY_WITHIN_S, interval_s=0.2)
 
 
 async def _refused(port: int, **options: object) -> bool:
@@ -192,15 +204,7 @@ async def test_terraform_nats_nodes_form_a_jetstream_cluster(terraform_cluster: 
     try:
         js = client.jetstream()
         # A replicated stream needs the cluster's meta leader: retry until it is elected.
-        deadline = time.monotonic() + READY_WITHIN_S
-        while True:
-            try:
-                await js.add_stream(StreamConfig(name="EVENTS", subjects=["evt.>"], num_replicas=3))
-                break
-            except (nats.errors.Error, nats.js.errors.Error):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+        await _add_replicated_stream(js, "EVENTS", "evt.>")
         for _ in range(2):
             await js.publish("evt.one", b"payload", headers={"Nats-Msg-Id": "event-1"})
         info = await js.stream_info("EVENTS")
@@ -224,17 +228,7 @@ async def _actor_has_only_its_own_permissions(port: int, passwords: dict[str, st
     admin = await _connect_when_up(port)
     try:
         js = admin.jetstream()
-        deadline = time.monotonic() + READY_WITHIN_S
-        while True:
-            try:
-                await js.add_stream(
-                    StreamConfig(name="ROLLOUT_EVENTS", subjects=["rollout.evt.>"], num_replicas=3)
-                )
-                break
-            except (nats.errors.Error, nats.js.errors.Error):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+        await _add_replicated_stream(js, "ROLLOUT_EVENTS", "rollout.evt.>")
     finally:
         await admin.close()
     errors: list[str] = []

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+from waiting import wait_until_sync
 
 
 def free_port() -> int:
@@ -26,11 +26,13 @@ def serving(app: Any, deadline_s: float = 20.0) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + deadline_s
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
+
+    def started() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError("uvicorn stopped while starting")
+        return server.started
+
+    wait_until_sync(started, "uvicorn to start", deadline_s, interval_s=0.01)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -5,13 +5,12 @@ as scored rollouts that the SFT / DPO / GRPO builders take."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 from fakes.openai_server import FakeOpenAI
 from openai.types.chat.chat_completion import Choice
+from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform
 
 from rollout.cli import main
 from rollout.client import AsyncClient
@@ -25,9 +24,6 @@ from rollout.shared.interop.art import (
     write_groups,
 )
 from rollout.shared.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
-from kit import Platform, refund_agent, refund_env, wait_for_platform  # noqa: E402
 
 
 @pytest.fixture

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from buffer.buffer_kit import ask
 from openai.types.chat.chat_completion import Choice
+from pipeline.kit import Platform, refund_env, wait_for_platform
+from waiting import wait_until
 
 from rollout.cli import main
 from rollout.client import AsyncClient
@@ -25,11 +27,6 @@ from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.requests import ImportedRollout, ImportRun
 from rollout.shared.interop.art import art, import_request, import_run, write_groups
 from rollout.shared.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from buffer.buffer_kit import ask  # noqa: E402
-from kit import Platform, refund_env, wait_for_platform, wait_until  # noqa: E402
 
 
 def _choice(content: str, tokens: list[int]) -> Choice:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import httpx
 import pytest
 from servers import free_port, serving
 from test_openenv_server import REFUND
+from waiting import wait_until_sync
 
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.envs import build_runtime, run_tool_script, score, validate_environment
@@ -148,16 +148,16 @@ def test_cli_serves_the_nemo_gym_protocol(tmp_path) -> None:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180  # a loaded machine imports slowly
-        while True:
+
+        def up() -> bool:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             try:
-                if httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200:
-                    break
+                return httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.05)
+                return False
+
+        # a loaded machine imports slowly
+        wait_until_sync(up, "the server to come up", 180)
         with httpx.Client(base_url=url) as gym:
             gym.post("/seed_session", json={"task": "noop"})
             assert gym.post("/verify", json={}).json()["reward"] == 1.0

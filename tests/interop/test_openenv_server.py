@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import httpx
 import pytest
 from openenv.core.generic_client import GenericEnvClient
 from servers import free_port, serving
+from waiting import wait_until_sync
 
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
@@ -168,16 +168,15 @@ def test_cli_serves_a_plugin_env_file(tmp_path) -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def up() -> bool:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
+                return httpx.get(f"{url}/health", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.05)
+                return False
+
+        wait_until_sync(up, "the server to come up", 60)
         with GenericEnvClient(base_url=url).sync() as env:
             env.reset()
             assert env.step({"tool": "inc"}).observation["result"] == 1

@@ -15,7 +15,7 @@ from fakes.openai_server import Reply, text_reply
 from pipeline.kit import Platform as Platform
 from pipeline.kit import refund_agent as refund_agent
 from pipeline.kit import refund_env
-from pipeline.kit import wait_until as wait_until
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -138,18 +138,20 @@ async def scripted_run(
 async def ready_client(settings: Settings, check: Any = None) -> AsyncClient:
     """A client once the registry, the tracker and the learner answer."""
     c = AsyncClient(settings, timeout_s=60)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while True:
+
+    async def answering() -> bool:
         try:
             await c.list_environments()
             await c.list_training_jobs()
             await c.create_training_job(base_model="hf:/nonexistent", method="sft")
         except RolloutError as exc:
+            # The learner refusing the base model is its answer: it is up.
             if "no service answers" not in str(exc) and "did not answer" not in str(exc):
-                return c
+                return True
             if check is not None:
                 check()
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+            return False
+        return True
+
+    await wait_until(answering, "the registry, the tracker and the learner to answer", 60)
+    return c

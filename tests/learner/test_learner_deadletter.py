@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from learner_kit import (
     shut_down,
     start_learner,
     wait_for_event,
-    wait_until,
 )
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.actor.main import build_broker as actor_broker
@@ -185,20 +184,18 @@ async def _status_is(client, job_id: str, status: str) -> bool:
 
 async def reply_to(nc, event: EventEnvelope) -> bytes | None:
     """What a core request with `event` gets back: None when subscribed but nobody answers."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
+
+    async def ask() -> tuple[bytes | None] | None:
         try:
             msg = await nc.request(event.subject, event.to_bytes(), timeout=1.0)
         except nats.errors.NoRespondersError:
-            # The broker's subscription has not reached the server yet: ask again.
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-            continue
+            return None  # the broker's subscription has not reached the server yet: ask again
         except nats.errors.TimeoutError:
-            return None
-        return msg.data
+            return (None,)  # subscribed, and nobody answered
+        return (msg.data,)
+
+    (answer,) = await wait_until(ask, "a subscriber of the subject", 30)
+    return answer
 
 
 def failing_policy_broker(settings):

@@ -6,7 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from learner_kit import job_events, scripted_run, wait_for_event, wait_until
+from learner_kit import job_events, scripted_run, wait_for_event
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects

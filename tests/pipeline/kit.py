@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 from fakes.openai_server import Reply, text_reply, tool_reply
+from waiting import wait_until
 
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared.settings import CREDENTIALS_FILE, Settings, read_json_file
@@ -161,16 +162,6 @@ async def snapshot(pool: asyncpg.Pool) -> dict[str, list[tuple]]:
             rows = await conn.fetch(f"select * from {table}")
             out[table] = sorted(tuple(r.values()) for r in rows)
     return out
-
-
-async def wait_until(predicate: Any, what: str, limit_s: float = 60.0) -> None:
-    """Await an async predicate until true or the deadline passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not await predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def wait_for_platform(client: Any, platform: Platform | None = None) -> None:

@@ -12,7 +12,8 @@ import threading
 from typing import Any
 
 from fakes.openai_server import FakeOpenAI, Reply, completion, text_reply, tool_reply
-from kit import refund_env, wait_until
+from pipeline.kit import refund_env
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from kit import refund_env
+from pipeline.kit import refund_env
 
 from rollout.shared.settings import Settings
 from rollout.shared.stats import format_interval, newcombe_interval, wilson_interval

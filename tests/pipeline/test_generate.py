@@ -15,9 +15,10 @@ from pathlib import Path
 import datasets
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text_reply
-from kit import refund_env
+from pipeline.kit import refund_env
 from pydantic import ValidationError
 from test_cli_platform import rollout
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.generate import read_prompts, written_ids
@@ -131,12 +132,13 @@ async def test_generate_prompts_resumes_after_sigkill_exactly_once(
         *args, env=_cli_env(settings), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 90
-    while not _lines(partial):  # the first row is durable: kill it now
+
+    async def first_row() -> bool:
         assert proc.returncode is None, (await proc.stderr.read()).decode()
-        assert loop.time() < deadline, "no row written within 90 s"
-        await asyncio.sleep(0.02)
+        return bool(_lines(partial))
+
+    # The first row is durable: kill it now.
+    await wait_until(first_row, "a first row written", 90, interval_s=0.02)
     proc.send_signal(signal.SIGKILL)
     await proc.wait()
     killed_at = _lines(partial)

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from fakes.openai_server import FakeOpenAI
-from kit import Platform, fix_env, fixer, refund_env, wait_for_platform, wait_until
+from pipeline.kit import Platform, fix_env, fixer, refund_env, wait_for_platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.services.actor.generate import failed_batch

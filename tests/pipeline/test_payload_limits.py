@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -10,7 +9,8 @@ from typing import Any
 
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
-from kit import Platform, wait_for_platform
+from pipeline.kit import Platform, wait_for_platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -39,18 +39,15 @@ BIG = 150 * 1024
 
 async def sft_set(client: Any, query: SftSetQuery, total: int) -> BufferData:
     """Ask the buffer, once it has ingested the run's `total` passing rollouts (it may lag)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while True:
+
+    async def answer() -> BufferData | None:
         try:
             data = BufferData.model_validate(await client.request("buffer", "sft_set", query))
         except RolloutError:
-            data = None
-        if data is not None and data.total == total:
-            return data
-        if loop.time() > deadline:
-            raise AssertionError(f"the buffer did not answer with {total} items: {data}")
-        await asyncio.sleep(0.2)
+            return None
+        return data if data.total == total else None
+
+    return await wait_until(answer, f"the buffer to answer with {total} items", 60, interval_s=0.2)
 
 
 def big_doc_env(slug: str = "bigdocs") -> dict[str, Any]:

@@ -6,7 +6,8 @@ import asyncio
 
 import asyncpg
 import pytest
-from kit import refund_env, snapshot, wait_until
+from pipeline.kit import refund_env, snapshot
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.tracker.projections import ReadModels

@@ -12,8 +12,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply
-from kit import Platform, refund_agent, refund_env, snapshot, wait_for_platform, wait_until
 from nats.js.errors import NotFoundError
+from pipeline.kit import Platform, refund_agent, refund_env, snapshot, wait_for_platform
+from waiting import wait_until
 
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import datasets
 import pytest
-from kit import Platform, as_service, refund_env, wait_for_platform
+from pipeline.kit import Platform, as_service, refund_env, wait_for_platform
 from test_cli_platform import rollout
 
 from rollout.client import AsyncClient

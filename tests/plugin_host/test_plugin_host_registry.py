@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from host_plugins import COUNTER, spec
-from kit import Platform, wait_until
+from kit import Platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError

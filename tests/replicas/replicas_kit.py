@@ -10,7 +10,8 @@ from pathlib import Path
 
 import asyncpg
 import nats.js.errors
-from pipeline.kit import as_service, snapshot, wait_until
+from pipeline.kit import as_service, snapshot
+from waiting import wait_until
 
 from rollout.services.tracker.main import LEASE_NAME, LEASE_TTL_ENV
 from rollout.services.tracker.projections import ReadModels

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import nats.aio.client
 import pytest
+from waiting import wait_until
 
 from rollout.shared.bus.lease import (
     BUCKET,
@@ -28,10 +29,7 @@ TTL_S = 1.0
 async def _wait(predicate, what: str, limit_s: float) -> float:  # type: ignore[no-untyped-def]
     """Seconds until `predicate()` (async) is true; AssertionError past `limit_s`."""
     start = time.monotonic()
-    while not await predicate():
-        if time.monotonic() - start > limit_s:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    await wait_until(predicate, what, limit_s, interval_s=0.02)
     return time.monotonic() - start
 
 

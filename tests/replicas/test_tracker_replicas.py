@@ -11,7 +11,7 @@ from typing import Any
 import nats.aio.client
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply
-from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform, wait_until
+from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform
 from replicas_kit import (
     assert_read_models_equal_a_rebuild,
     assert_scored_once,
@@ -21,6 +21,7 @@ from replicas_kit import (
     terms,
     tracker_process,
 )
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError

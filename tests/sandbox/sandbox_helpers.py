@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import textwrap
-import time
 from pathlib import Path
+
+from waiting import wait_until
 
 from rollout.shared.envs.sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
@@ -36,16 +36,15 @@ def pids_with_token(token: str) -> list[int]:
     return found
 
 
-def _poll_no_pids(token: str, deadline_s: float) -> list[int]:
-    end = time.monotonic() + deadline_s
-    while (left := pids_with_token(token)) and time.monotonic() < end:
-        time.sleep(0.05)
-    return left
-
-
 async def wait_no_pids(token: str, deadline_s: float = 10.0) -> list[int]:
     """Wait until no host process carries token; return the stragglers at the deadline."""
-    return await asyncio.to_thread(_poll_no_pids, token, deadline_s)
+    try:
+        await wait_until(
+            lambda: not pids_with_token(token), "no process with the token", deadline_s
+        )
+    except AssertionError:
+        return pids_with_token(token)
+    return []
 
 
 def host_path_exists(path: str | Path) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from sandbox_helpers import pids_with_token, run_python, wait_no_pids
+from waiting import wait_until
 
 from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
 
@@ -152,10 +153,7 @@ async def test_cancelling_the_caller_kills_the_sandbox(tmp_path: Path) -> None:
     # Unique per run even when a plugin seeds `random`: the token finds this run's processes.
     seconds = f"{1000 + secrets.randbelow(9000)}.{100000 + secrets.randbelow(900000)}"
     task = asyncio.create_task(run_sandboxed(["sleep", seconds], tmp_path))
-    deadline = asyncio.get_running_loop().time() + 10
-    while not pids_with_token(seconds):
-        assert asyncio.get_running_loop().time() < deadline, "sandbox never started"
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: pids_with_token(seconds), "the sandbox to start", 10, interval_s=0.02)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from service_kit.tiny_service import GREETINGS, CountGreetings, Greeting
+from waiting import wait_until
 
 from rollout.services.catalog import asyncapi_brokers
 from rollout.shared import subjects
@@ -36,14 +37,7 @@ DEADLINE_S = 20.0
 
 async def _until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
     """Poll `check` until it returns something truthy, within the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+    return await wait_until(check, what, DEADLINE_S)
 
 
 async def test_a_tiny_kit_service_consumes_answers_and_beats(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import asyncpg
 import nats.aio.client
 import nats.errors
+from waiting import wait_until
 
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.nats import NatsServer
@@ -74,13 +74,14 @@ async def test_connect_nats_rides_out_a_server_restart(fresh_nats: NatsServer, t
         fresh_nats.stop()
         fresh_nats.start()
         # The same client object works again once it has reconnected on its own.
-        deadline = time.monotonic() + 20
-        while True:
+
+        async def account() -> object:
             try:
-                info = await asyncio.wait_for(client.jetstream().account_info(), 1)
-                break
+                return await asyncio.wait_for(client.jetstream().account_info(), 1)
             except (nats.errors.Error, TimeoutError):
-                assert time.monotonic() < deadline, "client did not reconnect"
+                return None
+
+        info = await wait_until(account, "the client to reconnect", 20)
         assert info.streams == 0
     finally:
         await client.close()

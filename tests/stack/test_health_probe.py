@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from rollout.cli import main
 from rollout.shared.settings import Settings, connect_nats
@@ -19,10 +20,7 @@ INTERVAL = 0.2
 
 
 async def _until(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+    await wait_until(predicate, "the condition", within, interval_s=0.02)
 
 
 def _health(home: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:

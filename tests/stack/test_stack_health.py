@@ -8,18 +8,24 @@ import os
 import time
 
 import nats.aio.client
+from waiting import wait_until
 
 from rollout.shared.stack.health import Beat, heartbeat, read_beats
 
 
 async def _wait_for_beats(js, predicate, within: float = 10.0) -> list[Beat]:  # noqa: ANN001
-    deadline = time.monotonic() + within
-    while True:
-        beats = await read_beats(js)
-        if predicate(beats):
-            return beats
-        assert time.monotonic() < deadline, f"condition not met; beats: {beats}"
-        await asyncio.sleep(0.02)
+    seen: list[list[Beat]] = []
+
+    async def matching() -> bool:
+        # A bool, not the beats: "no beats left" is an empty list and still a match.
+        seen[:] = [await read_beats(js)]
+        return predicate(seen[0])
+
+    try:
+        await wait_until(matching, "heartbeats as expected", within, interval_s=0.02)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; beats: {seen}") from None
+    return seen[0]
 
 
 async def test_heartbeat_is_live_then_removed(nats_client: nats.aio.client.Client) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import nats.aio.client
+from waiting import wait_until
 
 from rollout.shared.stack.health import read_beats
 from rollout.shared.stack.nats import NatsServer
@@ -36,11 +36,12 @@ async def test_serve_beats_and_stops_on_sigterm(
     )
     try:
         js = nats_client.jetstream()
-        deadline = time.monotonic() + 30
-        while not [b for b in await read_beats(js) if b.live and b.pid == proc.pid]:
+
+        async def beating() -> bool:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+            return any(b.live and b.pid == proc.pid for b in await read_beats(js))
+
+        await wait_until(beating, "the service's live heartbeat", 30)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
         # A clean stop removes the beat at once instead of letting it age out.

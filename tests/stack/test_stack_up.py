@@ -6,12 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import asyncpg
 import nats
 import pytest
+from waiting import wait_until_sync
 
 from rollout.shared.settings import Settings, connect_nats, load_settings
 from rollout.shared.stack.nats import NatsServer
@@ -98,28 +98,27 @@ def test_crashed_processes_are_restarted(stack_home: Path) -> None:
     cli = Cli(home=home, env=stack_env(home, services="crash_once"))
     try:
         _up(cli)
+
         # The first process may beat once before it crashes, so `up` can return before the
         # restart: wait for the restarted replica (restarts are asynchronous by design).
-        deadline = time.monotonic() + 60
-        while True:
+        def restarted() -> bool:
             restarts = _entry(home, ("services", "crash_once")).get("restarts")
-            code, doc = _status(cli)
-            if restarts == 1 and code == 0:
-                break
-            assert time.monotonic() < deadline, (restarts, _component(doc, "crash_once"))
-            time.sleep(0.1)
+            return restarts == 1 and _status(cli)[0] == 0
+
+        try:
+            wait_until_sync(restarted, "the restarted replica", 60, interval_s=0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {_component(_status(cli)[1], 'crash_once')}") from None
         assert (home / "crashed-once").exists()
         # Killing the running replica, or nats-server itself: the supervisor starts new ones.
         for path in (("services", "crash_once"), ("nats",)):
             pid = _entry(home, path)["pid"]
             os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while True:
-                entry = _entry(home, path)
-                if entry.get("pid") not in (None, pid) and _status(cli)[0] == 0:
-                    break
-                assert time.monotonic() < deadline, (path, entry, _status(cli))
-                time.sleep(0.1)
+
+            def replaced(path: tuple[str, ...] = path, pid: int = pid) -> bool:
+                return _entry(home, path).get("pid") not in (None, pid) and _status(cli)[0] == 0
+
+            wait_until_sync(replaced, f"a new {'/'.join(path)} after SIGKILL", 60, interval_s=0.1)
     finally:
         cli("down")
 
@@ -170,11 +169,12 @@ def test_foreground_stops_everything_on_ctrl_c(stack_home: Path) -> None:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
-        while read_state(home).get("phase") != "ready":
+
+        def ready() -> bool:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            return read_state(home).get("phase") == "ready"
+
+        wait_until_sync(ready, "`up --foreground` to be ready", 60)
         state = read_state(home)
         pids = [state["nats"]["pid"], state["postgres"]["pid"], state["services"]["idle"]["pid"]]
         proc.send_signal(signal.SIGINT)

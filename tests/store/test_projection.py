@@ -8,6 +8,7 @@ import json
 import asyncpg
 import nats.errors
 from nats.js import api
+from waiting import wait_until
 
 from rollout.services.tracker.main import PROJECTION_DURABLE
 from rollout.services.tracker.main import serve as serve_tracker
@@ -193,26 +194,29 @@ async def test_tracker_projects_everything_and_rebuild_gives_identical_rows(
 
 async def wait_position_or_crash(task: asyncio.Task, pool: asyncpg.Pool, js) -> None:
     """Wait until the tracker has projected the whole log (dead letters included)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
     runner = ProjectionRunner(pool, ReadModels())
-    while True:
+    seen: dict[str, int] = {}
+
+    async def caught_up() -> bool:
         if task.done():
             task.result()
-        target = await last_sequence(js)
+        seen["target"] = await last_sequence(js)
         try:
-            position = await runner.position()
+            seen["position"] = await runner.position()
         except asyncpg.UndefinedTableError:
-            position = 0
-        if position >= target:
-            # The dead-letter event lands after the poison one; wait for it too.
-            async with pool.acquire() as conn:
-                letters = await conn.fetchval("select count(*) from dead_letters")
-            if letters:
-                return
-        if loop.time() > deadline:
-            raise AssertionError(f"tracker at {position}, log at {target}")
-        await asyncio.sleep(0.05)
+            seen["position"] = 0
+        if seen["position"] < seen["target"]:
+            return False
+        # The dead-letter event lands after the poison one; wait for it too.
+        async with pool.acquire() as conn:
+            return bool(await conn.fetchval("select count(*) from dead_letters"))
+
+    try:
+        await wait_until(caught_up, "the tracker to project the whole log", DEADLINE_S)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}: tracker at {seen.get('position')}, log at {seen.get('target')}"
+        ) from None
 
 
 async def test_a_second_verdict_for_the_same_rollouts_never_double_counts(pg_dsn) -> None:

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
-from pipeline.kit import Platform, refund_env, wait_for_platform, wait_until
+from pipeline.kit import Platform, refund_env, wait_for_platform
 from ui_kit import serve
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError

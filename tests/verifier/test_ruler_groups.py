@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from buffer.buffer_kit import BufferPlatform, ask
 from fakes.openai_server import FakeOpenAI, Reply, text_reply
-from pipeline.kit import wait_for_platform, wait_until
+from pipeline.kit import wait_for_platform
+from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kit import FIXED, fix_env
+from pipeline.kit import FIXED, fix_env
 
 from rollout.services.verifier.scoring import ScoringUnavailable, score_rollout
 from rollout.shared.contracts.events import GeneratedRollout, ScoredRollout

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from kit import refund_env
+from pipeline.kit import refund_env
 
 from rollout.services.actor.generate import dumped_batch, generate_batch, without_trajectory
 from rollout.services.verifier.scoring import errored_verdict, score_rollout

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from kit import refund_env, wait_until
 from nats.js.errors import NotFoundError
+from pipeline.kit import refund_env
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.tracker import runs
