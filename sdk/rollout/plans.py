@@ -32,8 +32,6 @@ from rollout.shared.contracts.plan import (
 )
 from rollout.shared.contracts.training import (
     METHOD_ALIASES,
-    METHODS,
-    ONLINE_METHODS,
     _message,
     config_problems,
     parse_config,
@@ -41,6 +39,7 @@ from rollout.shared.contracts.training import (
 )
 from rollout.shared.envs import load_environments, select_environment, validate_environment
 from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
+from rollout.shared.learning import methods
 from rollout.shared.models.catalog import local_model, local_model_names
 from rollout.shared.models.names import check_suffix, split_trained_name
 from rollout.shared.models.trained import find_trained
@@ -291,9 +290,10 @@ def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
     _add(check, f"{where}.model", _model_ref(plan, i, train.model), train.model)
     if train.suffix is not None:
         _add(check, f"{where}.suffix", check_suffix(train.suffix))
-    if train.method not in METHODS and train.method not in METHOD_ALIASES:
-        known = ", ".join((*METHODS, *METHOD_ALIASES))
-        check.problems.append(f"{where}.method: must be one of {known} (got {train.method!r})")
+    if train.method not in methods.TABLE and train.method not in METHOD_ALIASES:
+        check.problems.append(
+            f"{where}.method: must be one of {methods.known()} (got {train.method!r})"
+        )
         return
     method, config = resolve_method(train.method, dict(train.config))
     reward_model = config.get("reward_model")
@@ -321,7 +321,7 @@ def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
         parse_config({**config, "method": method})
     except pydantic.ValidationError as exc:
         check.problems += config_problems(exc, f"{where}.config")
-    if method in ONLINE_METHODS:
+    if methods.get(method).online:
         if train.env is None:
             check.problems.append(f"{where}.env: required for {method} (it trains online)")
         else:

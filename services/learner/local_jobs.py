@@ -18,9 +18,8 @@ from rollout.services.learner.bridge import JobCancelled, ThreadBridge, run_in_t
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.planning import JobPlan
-from rollout.shared.learning import train_dpo, train_kto, train_rm, train_sft
 from rollout.shared.learning.config import Progress
-from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
+from rollout.shared.learning.trainer_rows import TrainingSet
 from rollout.shared.models.names import trained_name
 from rollout.shared.observability import get_logger
 
@@ -58,18 +57,10 @@ def reporter(bridge: ThreadBridge, journal: JobJournal) -> Any:
 
 
 def training_data(plan: JobPlan) -> list[dict[str, Any]]:
-    """The trainer's rows from the buffer's answer: SFT examples, KTO examples or pairs."""
-    assert plan.rows is not None
-    if plan.event.method == "sft":
-        return sft_rows(plan.rows)
-    if plan.event.method == "kto":
-        return kto_rows(plan.rows)
-    return dpo_rows(TrainingSet(items=plan.rows, meta=plan.pair_meta or []))
-
-
-def trainer(method: str) -> Any:
-    """The shared.learning trainer module's entry point of an offline `method`."""
-    return {"sft": train_sft, "dpo": train_dpo, "kto": train_kto, "rm": train_rm}[method]
+    """The trainer's rows from the buffer's answer, shaped by the job's method."""
+    assert plan.rows is not None and plan.method.rows is not None
+    meta = plan.pair_meta or [{} for _ in plan.rows]
+    return plan.method.rows(TrainingSet(items=plan.rows, meta=meta))
 
 
 async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
@@ -89,7 +80,8 @@ async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory)
         # Waits for the upload: a checkpoint counts once the store holds it.
         bridge.call(lambda: save_checkpoint(ctx.store, journal, out_dir, path, step), wait=True)
 
-    train = trainer(plan.event.method)
+    train = plan.method.train
+    assert train is not None
     log.info("training", job_id=job_id, method=plan.event.method, rows=len(rows),
              resumed_from=resumed)  # fmt: skip
     result = await run_in_thread(

@@ -29,7 +29,7 @@ from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.deadletters import fail_dead_lettered_job
 from rollout.services.learner.journal import JobJournal, job_history
 from rollout.services.learner.local_jobs import model_name, run_local_job
-from rollout.services.learner.online_grpo import run_grpo_job
+from rollout.services.learner.online_jobs import run_online_job
 from rollout.services.learner.planning import plan_job, request_of
 from rollout.services.learner.providers import run_provider_job
 from rollout.services.learner.training_sets import BufferUnavailable
@@ -41,7 +41,6 @@ from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import DeadLettered, JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob, Reply, request_fingerprint
-from rollout.shared.contracts.training import ONLINE_METHODS
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.trained import JOB_PREFIX, new_job_id
 from rollout.shared.objectstore import open_store
@@ -220,8 +219,8 @@ async def execute(
         plan = await plan_job(ctx, request_of(history.requested), job_id=job_id)
         if not plan.base.local:
             await run_provider_job(ctx, plan, history)
-        elif plan.event.method in ONLINE_METHODS:
-            await run_grpo_job(ctx, plan, history)
+        elif plan.method.online:
+            await run_online_job(ctx, plan, history)
         else:
             await run_local_job(ctx, plan, history)
     except BufferUnavailable as exc:

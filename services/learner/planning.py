@@ -18,22 +18,16 @@ from rollout.shared import subjects
 from rollout.shared.aggregates.run import RunState, load_run_head
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
-from rollout.shared.contracts.training import ONLINE_METHODS
 from rollout.shared.errors import RolloutError
-from rollout.shared.learning.config import CONFIG_MODELS, TrainConfig, config_problems, parse_config
+from rollout.shared.learning import methods
+from rollout.shared.learning.config import TrainConfig, config_problems, parse_config
+from rollout.shared.learning.methods import Method
 from rollout.shared.learning.rm import RM_MARKER
 from rollout.shared.models import trained
 from rollout.shared.models.names import check_suffix
 from rollout.shared.models.trained import new_job_id
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.store import env_versions
-
-# Methods the learner trains locally, offline from a run's rollouts or online on an env.
-OFFLINE = ("sft", "dpo", "kto", "rm")
-ONLINE = ONLINE_METHODS
-SUPPORTED = OFFLINE + ONLINE
-_TITLES = {"sft": "SFT", "dpo": "DPO", "kto": "KTO", "rm": "a reward model", "grpo": "online GRPO",
-           "ppo": "online PPO"}  # fmt: skip
 
 
 class _Options(BaseModel):
@@ -62,6 +56,7 @@ class JobPlan:
     """
 
     event: JobRequested
+    method: Method
     base: TrainBase
     config: TrainConfig | None
     options: Any
@@ -71,7 +66,7 @@ class JobPlan:
     pairs: int = 0
 
 
-def settings(method: str, base: TrainBase, hyperparams: dict[str, Any]) -> tuple[Any, Any]:
+def settings(method: Method, base: TrainBase, hyperparams: dict[str, Any]) -> tuple[Any, Any]:
     """(TrainConfig or None, options) from the user's hyperparams; every bad key named."""
     if not isinstance(hyperparams, dict):
         raise RolloutError("hyperparams: must be a mapping")
@@ -91,17 +86,16 @@ def settings(method: str, base: TrainBase, hyperparams: dict[str, Any]) -> tuple
     config = None
     # The base's own defaults (LoRA for local/smollm2-135m) under what the user set; a default
     # the method has no field for (batch_size of ...) is not the user's mistake.
-    fields = CONFIG_MODELS[method].model_fields
+    fields = method.config.model_fields
     defaults = {k: v for k, v in base.train_defaults.items() if k in fields}
-    if method == "rm":
-        # A reward model trains every weight, whatever LoRA default its base has for policies.
+    if method.full_weights:
         defaults = {k: v for k, v in defaults.items() if not k.startswith("lora")}
     try:
-        config = parse_config({**defaults, **rest, "method": method})
+        config = parse_config({**defaults, **rest, "method": method.name})
     except ValidationError as exc:
         problems += config_problems(exc, "hyperparams")
-    if config is not None and method in ONLINE and config.max_steps is None:
-        problems.append(f"hyperparams.max_steps: required for {method} (`--steps K`)")
+    if config is not None and method.online and config.max_steps is None:
+        problems.append(f"hyperparams.max_steps: required for {method.name} (`--steps K`)")
     if problems:
         raise RolloutError("invalid hyperparameters", problems=problems)
     # A local job's options are its config: one model holds every setting of the method.
@@ -131,7 +125,12 @@ async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunState:
 
 
 async def _training_rows(
-    nc: Client, store: ObjectStore, cmd: CreateTrainingJob, run: RunState | None, options: Any
+    nc: Client,
+    store: ObjectStore,
+    cmd: CreateTrainingJob,
+    method: Method,
+    run: RunState | None,
+    options: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(rows, meta) from the buffer, or from the dataset snapshot; RolloutError when empty."""
     ids = cmd.rollout_ids
@@ -139,14 +138,14 @@ async def _training_rows(
     if cmd.source_dataset is not None:
         source = f"dataset {cmd.source_dataset.name} ({cmd.source_dataset.sha256[:12]})"
         found = await training_sets.dataset_set(
-            store, cmd.source_dataset, cmd.method, min_margin=margin
+            store, cmd.source_dataset, method.data, min_margin=margin
         )
     else:
         assert run is not None
         source = f"run {run.run_id}"
-        if cmd.method == "sft":
+        if method.data == "sft":
             found = await training_sets.sft_set(nc, store, run.run_id, ids, after_seq=run.ended_seq)
-        elif cmd.method == "kto":
+        elif method.data == "labelled":
             found = await training_sets.labelled_set(
                 nc, store, run.run_id, ids, after_seq=run.ended_seq
             )
@@ -154,7 +153,7 @@ async def _training_rows(
             found = await training_sets.dpo_pairs(
                 nc, store, run.run_id, ids, min_margin=margin, after_seq=run.ended_seq
             )
-    if cmd.method == "sft":
+    if method.data == "sft":
         if not found.items:
             considered = int(found.stats.get("examples", 0) + found.stats.get("skipped", 0))
             raise RolloutError(
@@ -165,21 +164,21 @@ async def _training_rows(
                 ],
             )
         return found.items, found.meta
-    if cmd.method == "kto":
+    if method.data == "labelled":
         labels = {bool(c["passed"]) for g in found.items for c in g["completions"]}
         if labels != {True, False}:
             which = "passed" if True in labels else "failed" if labels else "was scored"
             raise RolloutError(
-                f"{source} has nothing for KTO to weigh: "
+                f"{source} has nothing for {method.title} to weigh: "
                 + ("no rollout was scored" if not labels else f"every rollout {which}"),
                 problems=[
-                    "KTO learns from passed (desirable) against failed (undesirable) rollouts; "
-                    "run more samples (-n) or a model that sometimes fails"
+                    f"{method.title} learns from passed (desirable) against failed "
+                    "(undesirable) rollouts; run more samples (-n) or a model that sometimes fails"
                 ],
             )
         return found.items, found.meta
     if not found.items:
-        name = "a reward model" if cmd.method == "rm" else "DPO"
+        name = method.title
         raise RolloutError(
             f"{source} has no preference pairs for {name}",
             problems=[
@@ -199,26 +198,23 @@ async def plan_job(
     SFT and DPO data come from the buffer, asked once the run is known to have completed.
     """
     js = ctx.js
-    if cmd.method not in SUPPORTED:
-        raise RolloutError(
-            f"method: {cmd.method!r} is not supported by the learner; use one of "
-            f"{', '.join(SUPPORTED)}"
-        )
+    method = methods.get(cmd.method)
     if cmd.suffix is not None and (problem := check_suffix(cmd.suffix)) is not None:
         raise RolloutError(f"suffix: {problem}")
     base = await asyncio.to_thread(resolve_base, cmd.base_model)
     if base.local:
         await asyncio.to_thread(validate_local, base)
-    elif cmd.method not in ("sft", "dpo"):
+    elif not method.providers:
         raise RolloutError(
-            f"base_model: {_TITLES[cmd.method]} trains local weights; {cmd.base_model!r} is a "
+            f"base_model: {method.title} trains local weights; {cmd.base_model!r} is a "
             f"{base.kind} model (use hf:<dir>, local/smollm2-135m or local/tiny-agent)"
         )
-    elif cmd.method == "dpo" and base.kind != "together":
+    elif base.kind not in method.providers:
         raise RolloutError(
-            f"method: DPO on provider models is available for together/... only, not {base.kind}"
+            f"method: {method.title} on provider models is available for "
+            f"{', '.join(f'{k}/...' for k in method.providers)} only, not {base.kind}"
         )
-    config, options = settings(cmd.method, base, cmd.hyperparams)
+    config, options = settings(method, base, cmd.hyperparams)
     job_id = job_id or new_job_id()
     plan = JobPlan(
         event=JobRequested(
@@ -232,19 +228,19 @@ async def plan_job(
             hyperparams=dict(cmd.hyperparams),
             source_dataset=cmd.source_dataset,
         ),
+        method=method,
         base=base,
         config=config,
         options=options,
     )
-    if cmd.method in ONLINE:
+    if method.online:
         if cmd.source_dataset is not None:
             raise RolloutError(
                 f"source_dataset: {cmd.method} trains online on an env (--env); a dataset "
-                f"trains {', '.join(OFFLINE)}"
+                f"trains {', '.join(methods.names(online=False))}"
             )
         await _check_env(js, cmd.env_slug)
-        if cmd.method == "ppo":
-            await reward_model_dir(getattr(config, "reward_model", None))
+        await reward_model_dir(getattr(config, "reward_model", None))
         return plan
     if cmd.source_dataset is not None:
         if cmd.source_run_id or cmd.rollout_ids is not None:
@@ -256,8 +252,8 @@ async def plan_job(
         plan.run = await _source_run(js, cmd)
     if cmd.rollout_ids is not None and not cmd.rollout_ids:
         raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
-    plan.rows, meta = await _training_rows(ctx.nc, ctx.store, cmd, plan.run, options)
-    if cmd.method in ("dpo", "rm"):
+    plan.rows, meta = await _training_rows(ctx.nc, ctx.store, cmd, method, plan.run, options)
+    if method.data == "pairs":
         plan.pair_meta, plan.pairs = meta, len(plan.rows)
     return plan
 

@@ -213,7 +213,7 @@ async def _start(
     ctx: LearnerContext, api: ProviderAPI, plan: JobPlan, options: ProviderOptions
 ) -> dict[str, Any]:
     assert plan.rows is not None
-    rows = preference_rows(plan.rows) if plan.event.method == "dpo" else chat_rows(plan.rows)
+    rows = preference_rows(plan.rows) if plan.method.data == "pairs" else chat_rows(plan.rows)
     if not rows:
         raise RolloutError("nothing to upload: no rollout has an assistant turn")
     filename = f"rollout-{plan.event.job_id}.jsonl"

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from rollout.shared.contracts.budgets import Budgets, EndedBy
 from rollout.shared.contracts.envelope import Payload, register
 from rollout.shared.contracts.snapshot import DatasetSource
+from rollout.shared.contracts.training import known_method
 from rollout.shared.contracts.trajectory import ErrorKind
 
-Method = Literal["sft", "dpo", "grpo", "ppo", "kto", "rm"]
+# A training method with a config (shared/learning/methods.py lists them with their trainers).
+Method = Annotated[
+    str,
+    AfterValidator(known_method),
+    Field(description="A training method: one of training_config.json's `method` values."),
+]
 # How a rollout ended: a verdict (passed / failed), or none at all (errored, with its cause).
 RolloutOutcome = Literal["passed", "failed", "errored"]
 

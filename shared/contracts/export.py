@@ -10,6 +10,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from rollout.shared.contracts.envelope import EventEnvelope, payload_types
+from rollout.shared.envs.templates import REGISTRY as TEMPLATES
+from rollout.shared.envs.verifiers.registry import REGISTRY as PRIMITIVES
 
 # Contract models outside the event registry, by module and attribute; each is exported if present.
 EXTRA_MODELS: tuple[tuple[str, str, str], ...] = (
@@ -51,6 +53,12 @@ def json_schemas() -> dict[str, dict[str, Any]]:
                 and value.__module__ == module_name
             ):
                 out[f"{folder}/{name}.json"] = _schema(value)
+    # A spec's `config` is its template's, and a primitive's parameters its type's: each
+    # registry entry owns its model (environment.json leaves both open).
+    for name, template in sorted(TEMPLATES.items()):
+        out[f"templates/{name}.json"] = _schema(template.config_model)
+    for type_name, primitive in sorted(PRIMITIVES.items()):
+        out[f"primitives/{type_name}.json"] = _schema(primitive.params)
     return out
 
 

@@ -10,7 +10,7 @@ builds the method's own model, so existing callers keep working.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter, model_validator
 
@@ -246,14 +246,42 @@ TrainingConfig = Annotated[
     SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig | PpoConfig,
     Field(discriminator="method"),
 ]
+# Every method's config by name: the built-in ones above, and any registered at run time
+# (shared/learning/methods.py registers each method's config with its trainer).
 CONFIG_MODELS: dict[str, type[TrainConfig]] = {
-    m.method_name: m for m in (SftConfig, DpoConfig, KtoConfig, RmConfig, GrpoConfig, PpoConfig)
+    m.method_name: m for m in get_args(get_args(TrainingConfig)[0])
 }
-METHODS: tuple[str, ...] = tuple(CONFIG_MODELS)
-# Methods that train online on an environment (the learner drives actor runs) rather than on
-# a finished run's rollouts.
-ONLINE_METHODS: tuple[str, ...] = ("grpo", "ppo")
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(TrainingConfig)
+_ADAPTERS: dict[tuple[type[TrainConfig], ...], TypeAdapter[Any]] = {}
+
+
+def register_config(model: type[TrainConfig]) -> None:
+    """Let `parse_config` and the job contracts accept `model`'s method (by `method_name`)."""
+    name = model.method_name
+    field = model.model_fields.get("method")
+    if not name or field is None or get_args(field.annotation) != (name,):
+        raise ValueError(f"{model.__name__}: needs method_name and `method: Literal[{name!r}]`")
+    CONFIG_MODELS[name] = model
+
+
+def method_names() -> tuple[str, ...]:
+    """The names of every method a config exists for, in registration order."""
+    return tuple(CONFIG_MODELS)
+
+
+def known_method(name: str) -> str:
+    """`name` when a config exists for it; ValueError naming the known ones otherwise."""
+    if name not in CONFIG_MODELS:
+        raise ValueError(f"must be one of {', '.join(CONFIG_MODELS)} (got {name!r})")
+    return name
+
+
+def _adapter() -> TypeAdapter[Any]:
+    # The union of every registered config, discriminated on `method` (rebuilt when one is added).
+    models = tuple(CONFIG_MODELS.values())
+    if models not in _ADAPTERS:
+        union = models[0] if len(models) == 1 else Union[models]  # noqa: UP007
+        _ADAPTERS[models] = TypeAdapter(Annotated[union, Field(discriminator="method")])
+    return _ADAPTERS[models]
 
 
 class TrainingConfigSchema(RootModel[TrainingConfig]):
@@ -262,7 +290,7 @@ class TrainingConfigSchema(RootModel[TrainingConfig]):
 
 def parse_config(data: dict[str, Any]) -> TrainConfig:
     """`data` validated into its method's model (pydantic ValidationError when invalid)."""
-    return _ADAPTER.validate_python(data)
+    return _adapter().validate_python(data)
 
 
 def resolve_method(method: str, hyperparams: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -304,7 +332,7 @@ def _message(err: dict[str, Any]) -> str:
     if kind == "less_than_equal":
         return f"must be <= {_number(ctx.get('le'))}"
     if kind == "union_tag_invalid":
-        return f"must be one of {', '.join(METHODS)} (got {ctx.get('tag')!r})"
+        return f"must be one of {', '.join(CONFIG_MODELS)} (got {ctx.get('tag')!r})"
     if kind == "union_tag_not_found":
         return "required"
     if kind == "literal_error":

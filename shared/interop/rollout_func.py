@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout.shared.contracts.envspec import PluginConfig
 from rollout.shared.envs.plugin_host.client import HostFailed, ReplyError
 from rollout.shared.envs.plugin_host.worker import PluginError
 from rollout.shared.envs.plugin_sources import bundle_sources
-from rollout.shared.envs.templates.plugin import lease_host
+from rollout.shared.envs.templates.plugin import PluginConfig, lease_host
 from rollout.shared.errors import RolloutError
 from rollout.shared.interop.backends import validate_backend_name
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rollout.shared.contracts.envspec import PluginConfig, VerifiersConfig
 from rollout.shared.envs.plugin_host.client import HostFailed, ReplyError, default_pool
 from rollout.shared.envs.plugin_host.worker import PluginError
 from rollout.shared.envs.plugin_sources import bundle_sources
-from rollout.shared.envs.templates.plugin import lease_host
+from rollout.shared.envs.templates.plugin import PluginConfig, lease_host
+from rollout.shared.envs.templates.verifiers_taskset import VerifiersConfig
 from rollout.shared.errors import RolloutError
 
 _ADAPTER = "_verifiers_adapter"

@@ -9,7 +9,7 @@ from rollout.shared.learning.checkpoints import (
     load_checkpoint_state,
     read_step_log,
 )
-from rollout.shared.learning.config import METHODS, Progress, TrainConfig, TrainResult
+from rollout.shared.learning.config import Progress, TrainConfig, TrainResult
 from rollout.shared.learning.data import dpo_pairs, sft_examples
 from rollout.shared.learning.dpo import train_dpo
 from rollout.shared.learning.grpo import Group, GRPOLearner
@@ -19,7 +19,6 @@ from rollout.shared.learning.rm import train_rm
 from rollout.shared.learning.sft import train_sft
 
 __all__ = [
-    "METHODS",
     "CheckpointState",
     "GRPOLearner",
     "Group",

@@ -9,7 +9,6 @@ from pydantic import BaseModel, Field
 # The config models live with the contracts (their JSON Schema is schemas/training_config.json).
 from rollout.shared.contracts.training import (
     CONFIG_MODELS,
-    METHODS,
     DpoConfig,
     GrpoConfig,
     KtoConfig,
@@ -19,12 +18,12 @@ from rollout.shared.contracts.training import (
     TrainConfig,
     TrainingConfig,
     config_problems,
+    method_names,
     parse_config,
 )
 
 __all__ = [
     "CONFIG_MODELS",
-    "METHODS",
     "DpoConfig",
     "GrpoConfig",
     "KtoConfig",
@@ -36,6 +35,7 @@ __all__ = [
     "TrainResult",
     "TrainingConfig",
     "config_problems",
+    "method_names",
     "parse_config",
 ]
 

@@ -271,7 +271,8 @@ async def test_a_primitive_type_registered_later_is_used():
     env = _env()
     raw = env.to_spec().to_json_dict()
     raw["verifier"] = {"primitives": [{"name": "late", "type": "late_type_for_test"}]}
-    from rollout.shared.contracts.envspec import EnvironmentSpec, StateMatchParams
+    from rollout.shared.contracts.envspec import EnvironmentSpec
+    from rollout.shared.envs.verifiers.primitives.state_match import StateMatchParams
 
     spec = EnvironmentSpec.model_validate(raw)
     task = spec.tasks[0]
@@ -306,7 +307,8 @@ def test_json_copy_is_a_deep_copy():
 
 
 async def test_scores_are_clamped_as_before():
-    from rollout.shared.contracts.envspec import EnvironmentSpec, StateMatchParams
+    from rollout.shared.contracts.envspec import EnvironmentSpec
+    from rollout.shared.envs.verifiers.primitives.state_match import StateMatchParams
 
     raw = _env().to_spec().to_json_dict()
     raw["verifier"] = {"primitives": [{"name": "odd", "type": "odd_scores_for_test"}]}

@@ -16,6 +16,7 @@ import pytest
 from pydantic import Field
 
 from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
+from rollout.shared.contracts.export import json_schemas
 from rollout.shared.envs import build_runtime, default_verifier, validate_environment
 from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.templates import (
@@ -233,6 +234,8 @@ def test_toy_template_is_validated_through_its_module(toy: ToyTemplate) -> None:
     ]
     spec = EnvironmentSpec.model_validate(toy_env())
     assert [p.type for p in default_verifier(spec, spec.tasks[0]).primitives] == ["state_match"]
+    # Its config model is its own contract: exported as schemas/templates/toy.json.
+    assert "limit" in json_schemas()["templates/toy.json"]["properties"]
 
 
 async def test_toy_template_runs_in_rollout_test_and_scripted_demos(

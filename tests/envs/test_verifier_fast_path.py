@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rollout import Environment, Task, action_tool, lookup_tool, workflow_config
-from rollout.shared.contracts.envspec import EnvironmentSpec, StateMatchParams
+from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import (
     PrimitiveResult,
     ToolCallRecord,
@@ -24,6 +24,7 @@ from rollout.shared.envs.paths import PathError, resolve_path
 from rollout.shared.envs.templates.workflow import find_match, match_index
 from rollout.shared.envs.verifiers import REGISTRY, InfraError, score_spec
 from rollout.shared.envs.verifiers.engine import score_group
+from rollout.shared.envs.verifiers.primitives.state_match import StateMatchParams
 from rollout.shared.envs.verifiers.registry import Outcome, PrimitiveDef
 
 FORGED = {"score": 1.0, "passed": True, "primitives": [{"name": "x", "passed": True}]}

@@ -55,7 +55,7 @@ def test_completions_older_than_max_staleness_are_not_trained_on(
 ) -> None:
     from types import SimpleNamespace
 
-    from rollout.services.learner.online_grpo import OnlineGRPO, Timing
+    from rollout.services.learner.online_jobs import OnlineJob, Timing
     from rollout.shared.learning import GRPOLearner, TrainConfig
 
     config = TrainConfig(method="grpo", max_steps=5, max_staleness=1, group_size=2)
@@ -63,6 +63,6 @@ def test_completions_older_than_max_staleness_are_not_trained_on(
     learner.policy_version = 3  # as if three steps had been taken
     completions = [{"reward": float(v), "policy_version": v, "token_ids": [[1]]} for v in range(4)]
     driver = SimpleNamespace(learner=learner, timing=Timing(), min_group=2)
-    fresh = OnlineGRPO._fresh(driver, [{"prompt": [], "completions": completions}])  # type: ignore[arg-type]
+    fresh = OnlineJob._fresh(driver, [{"prompt": [], "completions": completions}])  # type: ignore[arg-type]
     assert [c["policy_version"] for c in fresh[0]["completions"]] == [2, 3]
     assert (driver.timing.stale_dropped, driver.timing.used) == (2, 2)

@@ -8,7 +8,7 @@ import pytest
 from learner_kit import job_events, wait_for_event
 from pipeline.kit import refund_env
 
-from rollout.services.learner import online_grpo
+from rollout.services.learner import online_jobs
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 
@@ -17,7 +17,7 @@ async def test_a_job_whose_rewards_never_differ_fails_with_the_reason(
     client, tiny_model: Path, learner_env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # It used to sample round after round, forever, re-saving the same version each time.
-    monkeypatch.setattr(online_grpo, "MAX_FLAT_ROUNDS", 2)
+    monkeypatch.setattr(online_jobs, "MAX_FLAT_ROUNDS", 2)
     env = refund_env(tasks=2, slug="never")
     # No reply of the tiny model contains this: every completion scores 0.
     env["verifier"] = {"primitives": [{"name": "x", "type": "contains_terms", "terms": ["qzxqzx"]}]}

@@ -17,7 +17,7 @@ from learner_kit import (
     wait_for_event,
 )
 
-from rollout.services.learner.online_grpo import MAX_EMPTY_RUNS, round_request_id
+from rollout.services.learner.online_jobs import MAX_EMPTY_RUNS, round_request_id
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope

@@ -266,7 +266,7 @@ async def test_a_ruler_run_keeps_its_groups_within_the_largest_batch(client, set
 def test_the_gullible_judge_is_fooled_by_an_undelimited_prompt() -> None:
     """The check above can fail: rendered without escaping, the injection escapes its block."""
     spec = EnvironmentSpec.model_validate(judged_env("http://127.0.0.1:9/v1"))
-    from rollout.shared.contracts.envspec import RulerParams
+    from rollout.shared.envs.verifiers.ruler import RulerParams
 
     params = RulerParams.model_validate(spec.verifier.primitives[0].params)
     group = [Trajectory(final_output="42"), Trajectory(final_output=INJECTION)]

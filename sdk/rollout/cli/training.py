@@ -15,38 +15,37 @@ from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.follow import eta, follow_job, num
 from rollout.shared import subjects
-from rollout.shared.contracts.training import (
-    METHOD_ALIASES,
-    METHODS,
-    ONLINE_METHODS,
-    resolve_method,
-)
+from rollout.shared.contracts.training import METHOD_ALIASES
+from rollout.shared.learning import methods
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the training verbs."""
+    offline = ", ".join((*methods.names(online=False), *METHOD_ALIASES))
+    online = ", ".join(methods.names(online=True))
     p = sub.add_parser(
         "improve",
-        help="fine-tune a model on a run's rollouts (sft, dpo, ipo, kto, rm) or online on an "
-        "env (grpo, ppo)",
+        help=f"fine-tune a model on a run's rollouts ({offline}) or online on an env ({online})",
     )
-    p.add_argument("--run", dest="run_id", help="source run (sft, dpo, ipo, kto, rm)")
+    p.add_argument("--run", dest="run_id", help=f"source run ({offline})")
     p.add_argument(
         "--dataset",
         type=Path,
         metavar="FILE|DIR",
         help="train on a dataset snapshot (`rollout export`: .jsonl, .parquet or an hf folder) "
-        "instead of a run (sft, dpo, ipo, kto, rm); every row is checked before the job starts",
+        f"instead of a run ({offline}); every row is checked before the job starts",
     )
     p.add_argument("--model", required=True, help="base model, e.g. local/tiny-agent, hf:DIR")
     p.add_argument(
         "--method",
-        choices=(*METHODS, *METHOD_ALIASES),
+        choices=(*methods.names(), *METHOD_ALIASES),
         default="sft",
-        help="sft, dpo (--set loss_type=ipo|hinge|...), ipo (dpo's IPO loss), kto (passed vs "
-        "failed rollouts), rm (a reward model), grpo, ppo (online; ppo scores with a reward "
-        "model given --set reward_model=NAME); settings: schemas/"
-        "training_config.json",
+        help=", ".join(f"{m.name} ({m.title})" for m in methods.TABLE.values())
+        + "".join(
+            f"; {a}: {r} with " + ", ".join(f"{k}={v}" for k, v in fixed.items())
+            for a, (r, fixed) in METHOD_ALIASES.items()
+        )
+        + "; settings (--set KEY=VALUE): schemas/training_config.json",
     )
     p.add_argument("--suffix", help="trained model name is MODEL:SUFFIX (default: the job id)")
     p.add_argument("--epochs", type=float)
@@ -59,10 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_false",
         help="train every weight (local/smollm2-135m trains a LoRA adapter by default)",
     )
-    p.add_argument("--env", dest="env_slug", help="environment to train on online (grpo, ppo)")
-    p.add_argument("--steps", type=int, help="optimizer steps (grpo, ppo: policy versions)")
-    p.add_argument("-n", "--group-size", type=int, help="rollouts per task and step (grpo, ppo)")
-    p.add_argument("--max-staleness", type=int, help="oldest policy version trained on (grpo, ppo)")
+    p.add_argument("--env", dest="env_slug", help=f"environment to train on online ({online})")
+    p.add_argument("--steps", type=int, help=f"optimizer steps ({online}: policy versions)")
+    p.add_argument("-n", "--group-size", type=int, help=f"rollouts per task and step ({online})")
+    p.add_argument("--max-staleness", type=int, help=f"oldest policy version trained on ({online})")
     p.add_argument(
         "--set",
         dest="settings",
@@ -125,7 +124,7 @@ def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _improve(args: argparse.Namespace) -> int:
-    online = resolve_method(args.method, {})[0] in ONLINE_METHODS
+    online = methods.get(args.method).online
     if args.dataset is not None and (online or args.run_id):
         what = f"--method {args.method} trains online" if online else "--run names a run"
         raise RolloutError(f"--dataset: {what}; give either a dataset or a run")

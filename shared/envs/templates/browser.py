@@ -7,18 +7,49 @@ per form id) and `submissions` (each submit's form, url and values).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
-from rollout.shared.contracts.envspec import (
-    BrowserConfig,
-    BrowserElement,
-    BrowserPage,
-    EnvironmentSpec,
-    TaskSpec,
-)
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.checks import duplicates
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Plan, Template
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class BrowserElement(CamelModel):
+    """One element of a mock page."""
+
+    id: str = Field(min_length=1)
+    type: Literal["text", "link", "input", "button", "form"]
+    text: str = ""
+    label: str = ""
+    href: str | None = None
+    name: str | None = None
+    form: str | None = None
+    value: str | None = None
+    placeholder: str | None = None
+    required: bool = False
+    action: str | None = None
+
+
+class BrowserPage(CamelModel):
+    """One page of the mock site."""
+
+    url: str = Field(min_length=1)
+    title: str = ""
+    text: str = ""
+    elements: list[BrowserElement] = Field(default_factory=list)
+
+
+class BrowserConfig(CamelModel):
+    """Config of the `browser` template: a mock DOM and where the agent starts."""
+
+    pages: list[BrowserPage] = Field(min_length=1)
+    initial_url: str | None = None
+
 
 NO_FORM = "_page"  # inputs outside any form keep their values under this key
 

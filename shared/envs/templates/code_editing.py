@@ -27,10 +27,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout.shared.contracts.envspec import CodeEditingConfig, EnvironmentSpec, TaskSpec
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import STATE_MATCH, Template
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class CodeEditingConfig(CamelModel):
+    """Config of the `code-editing` template: files, and how to run the tests in the sandbox."""
+
+    files: dict[str, str] = Field(default_factory=dict)
+    test_command: list[str] | str | None = None
+    test_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    memory_mb: int = Field(default=512, ge=64, le=16_384)
+
 
 DEFAULT_TEST_COMMAND = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 MAX_FILE_BYTES = 1_000_000

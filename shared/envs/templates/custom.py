@@ -6,7 +6,9 @@ import copy
 import re
 from typing import Any
 
-from rollout.shared.contracts.envspec import CustomConfig, CustomTool, EnvironmentSpec, TaskSpec
+from pydantic import Field, field_validator
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.checks import (
     check_schema,
     declared_params,
@@ -19,6 +21,44 @@ from rollout.shared.envs.params import to_json_schema
 from rollout.shared.envs.paths import PathError, parse_path, set_path
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Plan, Template, required_args, tools_by_name
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class Mutation(CamelModel):
+    """A state change: `path` is a dot path to set, or `name[]` to append; `value` is templated."""
+
+    path: str = Field(min_length=1)
+    value: Any = None
+
+
+class CustomTool(CamelModel):
+    """A custom tool: templated response plus optional state mutations."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    description: str = ""
+    params_schema: dict[str, Any] | None = None
+    response: Any = None
+    mutates: list[Mutation] = Field(default_factory=list)
+
+    @field_validator("mutates", mode="before")
+    @classmethod
+    def _normalise_mutates(cls, value: Any) -> Any:
+        # Accept "orders[]", {"path": ...} or a list of either: one shape downstream.
+        if value is None:
+            return []
+        if isinstance(value, str | dict):
+            value = [value]
+        if isinstance(value, list):
+            return [{"path": v} if isinstance(v, str) else v for v in value]
+        return value
+
+
+class CustomConfig(CamelModel):
+    """Config of the `custom` template."""
+
+    tools: list[CustomTool] = Field(default_factory=list)
+    initial_mutable_state: dict[str, Any] = Field(default_factory=dict)
 
 
 def custom_tool_parameters(tool: CustomTool) -> dict[str, Any]:

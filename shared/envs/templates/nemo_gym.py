@@ -15,8 +15,9 @@ import ssl
 from typing import Any
 
 import httpx
+from pydantic import Field
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, NemoGymConfig, TaskSpec
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord
 from rollout.shared.envs.checks import duplicates
 from rollout.shared.envs.runtime import EnvironmentFailed
@@ -25,6 +26,36 @@ from rollout.shared.envs.templates.openenv import ENV_REWARD, check_url
 from rollout.shared.envs.templates.protocol import Template
 from rollout.shared.errors import RolloutError
 from rollout.shared.interop.nemo_gym_wire import discover_tools, responses_payload
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class NemoGymTool(CamelModel):
+    """A tool of a NeMo Gym resources server (a `POST /<name>` route)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class NemoGymConfig(CamelModel):
+    """Config of the `nemo_gym` template: episodes on a remote NeMo Gym resources server.
+
+    Each episode is one session (a cookie): `/seed_session` with `seed` and the task's `input`,
+    a `POST /<tool>` per tool call, `/verify` at the end (its `reward` is what `env_reward`
+    reads). Tools are `tools` when given, else the server's POST routes from `/openapi.json`.
+    The URL carries no credentials.
+    """
+
+    url: str = Field(min_length=1, max_length=2048, description="http(s):// base URL.")
+    tools: list[NemoGymTool] | None = None
+    # A tool that records the final answer (sent as the response's output message at /verify).
+    answer_tool: str | None = Field(
+        default="submit_answer", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    seed: dict[str, Any] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
 
 PROBE_TIMEOUT_S = 5.0
 # A request's headers and body go out as two writes: without TCP_NODELAY the body waits for

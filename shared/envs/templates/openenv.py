@@ -16,15 +16,47 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, OpenEnvConfig, TaskSpec
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Template
 from rollout.shared.errors import RolloutError
 from rollout.shared.interop.backends import require
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class OpenEnvConfig(CamelModel):
+    """Config of the `openenv` template: episodes are played on a remote OpenEnv server.
+
+    Each episode is one WebSocket session on `url`/ws: `reset` with the task's `input` as
+    keyword arguments (over `resetOptions`), a `step` per tool call. `actions="tools"` expects
+    the server to list its tools in the reset observation (as `rollout env serve` does: a step
+    is `{"tool", "arguments"}`); `actions="raw"` offers one tool, `actionTool`, whose
+    parameters are the server's action schema (from `/schema`) and whose arguments are sent
+    as the action. The URL carries no credentials.
+    """
+
+    url: str = Field(min_length=1, max_length=2048, description="http(s):// or ws(s):// base URL.")
+    actions: Literal["tools", "raw"] = "tools"
+    action_tool: str = Field(
+        default="step", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    # tools mode: a tool that sends {"answer": ...} (ends the episode on `rollout env serve`).
+    answer_tool: str | None = Field(
+        default="submit_answer", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$"
+    )
+    # Sent when the model stops before the server said done (None: leave the episode as is).
+    finish_action: dict[str, Any] | None = None
+    reset_options: dict[str, Any] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    max_message_mb: float = Field(default=16.0, gt=0, le=256)
+
 
 _SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
 SCHEMA_TIMEOUT_S = 5.0

@@ -26,8 +26,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import structlog
+from pydantic import Field
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, PluginConfig, TaskSpec
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.checks import duplicates
 from rollout.shared.envs.plugin_host.client import (
     HostFailed,
@@ -43,6 +44,19 @@ from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Template
 from rollout.shared.errors import RolloutError
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class PluginConfig(CamelModel):
+    """Config of a Python plugin environment: `module.path:function` builds the env object."""
+
+    entrypoint: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    # The entrypoint's own .py files (relative path -> text), bundled by `push` when the module
+    # is the user's code rather than an installed package, so services can import it.
+    sources: dict[str, str] = Field(default_factory=dict)
+
 
 log = structlog.get_logger(__name__)
 

@@ -12,10 +12,24 @@ import sqlite3
 import time
 from typing import Any
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, SqlConfig, TaskSpec
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import STATE_MATCH, Plan, Template
 from rollout.shared.errors import RolloutError
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class SqlConfig(CamelModel):
+    """Config of the `sql` template: DDL plus optional INSERTs, one SQLite db per rollout."""
+
+    schema_: str = Field(alias="schema", min_length=1)
+    seed: str = ""
+    max_rows: int = Field(default=200, ge=1, le=100_000)
+    query_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+
 
 # Tables dumped into the final state are capped so trajectories stay small; counts are exact.
 STATE_ROWS_PER_TABLE = 500

@@ -9,15 +9,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout.shared.contracts.envspec import (
-    EnvironmentSpec,
-    PluginConfig,
-    TaskSpec,
-    VerifiersConfig,
-)
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.templates.base import BaseRuntime
-from rollout.shared.envs.templates.plugin import shadowing_problems
+from rollout.shared.envs.templates.plugin import PluginConfig, shadowing_problems
 from rollout.shared.envs.templates.protocol import Template
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class VerifiersConfig(CamelModel):
+    """Config of the `verifiers` template: a Prime Intellect verifiers (v1) taskset.
+
+    `taskset` is a verifiers taskset id (an importable module exporting one `vf.Taskset`
+    subclass); `options` are its `TasksetConfig` fields. Each task's hidden ground truth is
+    the taskset's own task data; the `verifiers_rubric` primitive scores the reply with the
+    task's `@vf.reward` functions. The taskset's code runs only in a plugin host.
+    """
+
+    taskset: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+    )
+    options: dict[str, Any] = Field(default_factory=dict)
+    # The taskset module's own .py files, bundled when it is the user's code (as for plugins).
+    sources: dict[str, str] = Field(default_factory=dict)
 
 
 class VerifiersRuntime(BaseRuntime):

@@ -6,9 +6,11 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, WorkflowConfig, WorkflowTool
+from pydantic import Field, model_validator
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.checks import (
     check_schema,
     declared_params,
@@ -31,6 +33,56 @@ from rollout.shared.envs.paths import (
 )
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Plan, Template, required_args, tools_by_name
+
+# The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+
+class WorkflowTool(CamelModel):
+    """A workflow tool: `lookup` reads fixtures, `action` appends to state, `mock` answers canned."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    kind: Literal["lookup", "action", "mock"]
+    description: str = ""
+    params_schema: dict[str, Any] | None = None
+    # lookup, README shape: a templated dot path into the fixtures.
+    fixture_path: str | None = None
+    # lookup, helper shape: find the element of fixtures[fromArray] whose matchField equals the arg.
+    from_array: str | None = None
+    match_field: str | None = None
+    match_arg: str | None = None
+    # action: README shape `appendTo` + templated `value`; helper shape `stateArray`.
+    append_to: str | None = None
+    state_array: str | None = None
+    value: Any = None
+    # mock (and optional override for action): templated response.
+    response: Any = None
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> WorkflowTool:
+        if self.kind == "lookup":
+            if not self.fixture_path and not self.from_array:
+                raise ValueError("a lookup tool needs fixturePath or fromArray")
+            if self.fixture_path and self.from_array:
+                raise ValueError("a lookup tool takes fixturePath or fromArray, not both")
+        if self.kind == "action":
+            if not self.append_to and not self.state_array:
+                raise ValueError("an action tool needs appendTo or stateArray")
+            if self.append_to and self.state_array:
+                raise ValueError("an action tool takes appendTo or stateArray, not both")
+        return self
+
+    @property
+    def target(self) -> str | None:
+        """The state array an action appends to."""
+        return self.append_to or self.state_array
+
+
+class WorkflowConfig(CamelModel):
+    """Config of the `workflow` template."""
+
+    tools: list[WorkflowTool] = Field(default_factory=list)
+    fixtures: dict[str, Any] = Field(default_factory=dict)
+    initial_mutable_state: dict[str, Any] = Field(default_factory=dict)
 
 
 def tool_arg_names(tool: WorkflowTool) -> list[str]:

@@ -10,13 +10,32 @@ from __future__ import annotations
 
 import math
 
-from rollout.shared.contracts.envspec import EnvRewardParams
+from pydantic import Field, model_validator
+
+from rollout.shared.contracts.envspec import CamelModel
 from rollout.shared.envs.compare import short
 from rollout.shared.envs.paths import PathError, resolve_path
 from rollout.shared.envs.verifiers.registry import Outcome, ScoreContext, register
 
 
-@register("env_reward")
+class EnvRewardParams(CamelModel):
+    """`env_reward`: the reward a remote environment (OpenEnv, NeMo Gym) recorded in the final
+    state, mapped from [min, max] to [0, 1]; passed when it reaches `passAt` (default: max)."""
+
+    path: str = Field(default="reward", min_length=1, description="Final-state path of the reward.")
+    min: float = 0.0
+    max: float = 1.0
+    pass_at: float | None = None
+    require_done: bool = True
+
+    @model_validator(mode="after")
+    def _range(self) -> EnvRewardParams:
+        if self.max <= self.min:
+            raise ValueError("max must be greater than min")
+        return self
+
+
+@register("env_reward", EnvRewardParams)
 def env_reward(p: EnvRewardParams, ctx: ScoreContext) -> Outcome:
     """The environment's own reward, normalised; fails when the episode did not end."""
     state = ctx.state

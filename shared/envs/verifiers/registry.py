@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.shared.contracts.envspec import (
-    PRIMITIVE_PARAMS,
     CamelModel,
     EnvironmentSpec,
     TaskSpec,
@@ -121,17 +120,16 @@ REGISTRY: _Registry = _Registry()
 
 def register(
     type_name: str,
+    params: type[CamelModel],
     *,
     tool_fields: tuple[str, ...] = (),
     templates: tuple[str, ...] | None = None,
     check: Check | None = None,
 ) -> Callable[[Scorer], Scorer]:
-    """Decorator: register a scorer under its type, with the params model from the contracts."""
+    """Decorator: register a scorer under its type, with the model of its parameters."""
 
     def wrap(fn: Scorer) -> Scorer:
-        REGISTRY[type_name] = PrimitiveDef(
-            type_name, PRIMITIVE_PARAMS[type_name], fn, tool_fields, templates, check
-        )
+        REGISTRY[type_name] = PrimitiveDef(type_name, params, fn, tool_fields, templates, check)
         return fn
 
     return wrap
@@ -139,6 +137,7 @@ def register(
 
 def register_compiled(
     type_name: str,
+    params: type[CamelModel],
     *,
     tool_fields: tuple[str, ...] = (),
     templates: tuple[str, ...] | None = None,
@@ -158,7 +157,7 @@ def register_compiled(
         scorer.__doc__ = compile_fn.__doc__
         REGISTRY[type_name] = PrimitiveDef(
             type_name,
-            PRIMITIVE_PARAMS[type_name],
+            params,
             scorer,
             tool_fields,
             templates,

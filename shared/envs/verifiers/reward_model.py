@@ -24,7 +24,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, RewardModelParams, TaskSpec
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.runtimes import start_runtime
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
 from rollout.shared.errors import RolloutError
@@ -33,6 +35,25 @@ from rollout.shared.learning.rm import RM_MARKER
 from rollout.shared.learning.rm_scoring import drop_scorer, scorer_for
 from rollout.shared.models import names, trained
 from rollout.shared.models.trained import run_sync
+
+
+class RewardModelParams(CamelModel):
+    """`reward_model`: a trained reward model (`rollout improve --method rm`) scores the whole
+    conversation; the score is the sigmoid of its logit, passed when it reaches `threshold`."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=512,
+        description="A trained reward model's name (BASE:SUFFIX or a job id), e.g. "
+        "local/tiny-agent:rm.",
+    )
+    threshold: float = Field(
+        default=0.5, ge=0, le=1, description="Passed when sigmoid(logit) >= threshold."
+    )
+    max_length: int = Field(
+        default=2048, ge=16, le=131072, description="Tokens of the conversation the model reads."
+    )
+
 
 _JOB_ID = re.compile(r"^job-[A-Za-z0-9]{1,64}$")
 HINT = "train one with `rollout improve --method rm --suffix S` (see `rollout jobs`)"
@@ -152,7 +173,7 @@ def sigmoid(x: float) -> float:
     return z / (1.0 + z)
 
 
-@register("reward_model", check=check)
+@register("reward_model", RewardModelParams, check=check)
 async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
     """sigmoid(the reward model's logit) on the conversation; passed at `threshold`."""
     try:

@@ -23,9 +23,9 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from rollout.shared.contracts.envspec import (
+    CamelModel,
     EnvironmentSpec,
     PrimitiveSpec,
-    RulerParams,
     TaskSpec,
 )
 from rollout.shared.contracts.trajectory import PrimitiveResult, Trajectory
@@ -33,6 +33,24 @@ from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreCon
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.registry import resolve_backend
+
+RULER_DEFAULT_RUBRIC = (
+    "- A trajectory that achieves its goal scores higher than one that does not.\n"
+    "- Among those that achieve it, a more efficient one (fewer, more direct steps) scores "
+    "higher.\n- A trajectory that makes progress scores higher than one that does not.\n"
+    "- Scores are between 0 and 1."
+)
+
+
+class RulerParams(CamelModel):
+    """`ruler`: an OpenAI-compatible judge scores the n samples of one task against a rubric,
+    relative to each other (RULER); a group of one is judged on its own."""
+
+    judge_model: str = Field(min_length=1, description="A model name, e.g. openai/gpt-4o-mini.")
+    rubric: str = Field(default=RULER_DEFAULT_RUBRIC, min_length=1)
+    pass_threshold: float = Field(default=0.5, ge=0, le=1)
+    max_tokens: int = Field(default=2048, ge=16, le=32768)
+
 
 MAX_TRAJECTORY_CHARS = 20_000
 
@@ -160,7 +178,7 @@ def _ranks(values: list[float]) -> list[int]:
     return [order.index(v) + 1 for v in values]
 
 
-@register("ruler")
+@register("ruler", RulerParams)
 async def ruler(params: RulerParams, ctx: ScoreContext) -> Outcome:
     """A group of one: the judge scores this trajectory against the rubric alone."""
     [outcome] = await judge_group(params, ctx.task, [ctx.trajectory])

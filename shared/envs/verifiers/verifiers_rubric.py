@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import math
 
-from rollout.shared.contracts.envspec import VerifiersConfig, VerifiersRubricParams
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel
+from rollout.shared.envs.templates.verifiers_taskset import VerifiersConfig
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
 from rollout.shared.errors import RolloutError
 from rollout.shared.interop.verifiers_host import ahost_call
 
 
-@register("verifiers_rubric", templates=("verifiers",))
+class VerifiersRubricParams(CamelModel):
+    """`verifiers_rubric`: the verifiers task's own rewards score the final reply (run in a
+    plugin host); the weighted reward, clipped to [0, 1], passes at `passAt`."""
+
+    pass_at: float = Field(default=1.0, ge=0, le=1)
+
+
+@register("verifiers_rubric", VerifiersRubricParams, templates=("verifiers",))
 async def verifiers_rubric(p: VerifiersRubricParams, ctx: ScoreContext) -> Outcome:
     """The weighted reward of the task's `@vf.reward` functions, clipped to [0, 1]."""
     if not isinstance(ctx.config, VerifiersConfig):

@@ -1,4 +1,4 @@
-"""Online GRPO and PPO: the learner asks actors for rollouts and steps as they arrive.
+"""Online methods (GRPO, PPO): the learner asks actors for rollouts and steps as they arrive.
 
 Up to `max_staleness + 1` runs are in flight at once: while the learner trains on the oldest,
 actors generate the next ones with whatever policy version they have loaded (each rollout
@@ -38,8 +38,6 @@ from rollout.shared.bus.requests import call
 from rollout.shared.contracts.envelope import deterministic_id
 from rollout.shared.contracts.requests import CreateRun
 from rollout.shared.errors import RolloutError
-from rollout.shared.learning import GRPOLearner, PPOLearner
-from rollout.shared.learning.config import GrpoConfig, PpoConfig
 from rollout.shared.models import trained
 from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
@@ -88,16 +86,15 @@ class Timing:
         }
 
 
-class OnlineGRPO:
+class OnlineJob:
     """One online job (GRPO or PPO): runs in flight, steps, versions."""
 
     def __init__(self, ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
-        assert plan.config is not None and isinstance(plan.options, GrpoConfig | PpoConfig)
+        assert plan.config is not None and plan.method.learner is not None
         self.ctx, self.plan, self.history = ctx, plan, history
         self.config, self.options = plan.config, plan.options
         self.method = plan.event.method
-        # GRPO's advantages compare completions of a task; PPO's critic needs no group.
-        self.min_group = 1 if self.method == "ppo" else 2
+        self.min_group = plan.method.min_group
         self.job_id = plan.event.job_id
         self.model = model_name(plan)
         self.journal = JobJournal(ctx.js, self.job_id, history.envelope)
@@ -150,15 +147,13 @@ class OnlineGRPO:
             self.ctx.store, self.out_dir, self.history.last_checkpoint()
         )
         base_dir = await local_dir(self.plan.base)
-        if self.method == "ppo":
-            scorer = await reward_model_dir(self.options.reward_model)
-            self.learner = await asyncio.to_thread(
-                PPOLearner, base_dir, self.out_dir, self.config, resume=True, reward_model=scorer
-            )
-        else:
-            self.learner = await asyncio.to_thread(
-                GRPOLearner, base_dir, self.out_dir, self.config, resume=True
-            )
+        # A method whose config names a reward model (PPO) learns from its scores.
+        extra = {}
+        if "reward_model" in type(self.config).model_fields:
+            extra["reward_model"] = await reward_model_dir(self.options.reward_model)
+        self.learner = await asyncio.to_thread(
+            self.plan.method.learner, base_dir, self.out_dir, self.config, resume=True, **extra
+        )
         version = int(self.learner.policy_version)
         announced = await announced_version(self.ctx.js, self.model)
         if announced is None or announced < version:
@@ -255,8 +250,8 @@ class OnlineGRPO:
             self.timing.training_s += time.monotonic() - trained_at
         metrics = self.timing.metrics()
         metrics.update(steps=float(self.learner.policy_version), version=float(target))
-        if self.method == "ppo":
-            # Which reward the policy learned from: the reward model's scores or the verifier's.
+        if "completions_rescored" in self.learner.metrics:
+            # Which reward the policy learned from (PPO): the reward model's or the verifier's.
             metrics["completions_rescored"] = float(self.learner.metrics["completions_rescored"])
         if resumed is not None:
             metrics["resumed_from_step"] = float(resumed)
@@ -279,6 +274,6 @@ class OnlineGRPO:
         return out
 
 
-async def run_grpo_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
-    """Run an online GRPO or PPO job to completion."""
-    await OnlineGRPO(ctx, plan, history).run()
+async def run_online_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
+    """Run an online job (GRPO, PPO, ...) to completion."""
+    await OnlineJob(ctx, plan, history).run()

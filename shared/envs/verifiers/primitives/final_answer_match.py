@@ -1,0 +1,109 @@
+"""`final_answer_match`: the final answer equals, is near or matches the expected one."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel
+from rollout.shared.envs.compare import short, values_equal
+from rollout.shared.envs.verifiers.primitives.common import MISSING, binary, lookup
+from rollout.shared.envs.verifiers.registry import (
+    Outcome,
+    ScoreContext,
+    register,
+)
+
+
+class FinalAnswerMatchParams(CamelModel):
+    """`final_answer_match`: the answer equals / is numerically close to / matches `expected`."""
+
+    expected: Any = None
+    mode: Literal["exact", "numeric", "regex", "contains"] = "exact"
+    tolerance: float = Field(default=1e-6, ge=0)
+    rel_tolerance: float = Field(default=0.0, ge=0)
+    case_sensitive: bool = False
+    source: str = "output"
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _last_number(text: str) -> float | None:
+    found = _NUMBER.findall(text)
+    for token in reversed(found):
+        try:
+            return float(token.replace(",", ""))
+        except ValueError:
+            continue
+    return None
+
+
+def _expected_answer(p: FinalAnswerMatchParams, ctx: ScoreContext) -> Any:
+    if p.expected is not None:
+        return p.expected
+    gt = ctx.ground_truth
+    if isinstance(gt, dict):
+        return gt.get("answer")
+    return gt
+
+
+@register("final_answer_match", FinalAnswerMatchParams)
+def final_answer_match(p: FinalAnswerMatchParams, ctx: ScoreContext) -> Outcome:
+    """The final answer equals / is within tolerance of / matches the expected answer."""
+    expected = _expected_answer(p, ctx)
+    if expected is None:
+        return binary(False, "no expected answer (params.expected or ground truth `answer`)")
+    if p.source == "output":
+        actual: Any = ctx.trajectory.final_output
+    else:
+        actual = lookup(ctx.state, p.source)
+        if actual is MISSING:
+            return binary(False, f"{p.source}: not in the final state")
+    if actual is None:
+        return binary(False, "no final answer")
+    text = actual if isinstance(actual, str) else json.dumps(actual, ensure_ascii=False)
+    flags = 0 if p.case_sensitive else re.IGNORECASE
+    if p.mode == "regex":
+        try:
+            ok = re.search(str(expected), text, flags) is not None
+        except re.error as exc:
+            return binary(False, f"bad regex {expected!r}: {exc}")
+        return binary(ok, f"{short(text, 80)} {'matches' if ok else 'does not match'} /{expected}/")
+    if p.mode == "contains":
+        want = str(expected)
+        ok = (want in text) if p.case_sensitive else (want.lower() in text.lower())
+        return binary(ok, f"answer {'contains' if ok else 'lacks'} {want!r}")
+    if p.mode == "numeric" or (
+        isinstance(expected, int | float) and not isinstance(expected, bool)
+    ):
+        try:
+            want_num = float(expected)
+        except (TypeError, ValueError):
+            return binary(False, f"expected {short(expected)} is not a number")
+        got = (
+            float(actual)
+            if isinstance(actual, int | float) and not isinstance(actual, bool)
+            else _last_number(text)
+        )
+        if got is None:
+            return binary(False, f"no number in the answer {short(text, 80)}")
+        tol = p.tolerance if p.mode == "numeric" else 0.0
+        ok = math.isclose(got, want_num, rel_tol=p.rel_tolerance, abs_tol=tol) or got == want_num
+        return binary(ok, f"answer {got:g} vs expected {want_num:g} (tolerance {tol:g})")
+    if isinstance(expected, str):
+        a, b = text.strip(), expected.strip()
+        ok = a == b if p.case_sensitive else a.casefold() == b.casefold()
+        return binary(ok, f"answer {short(a, 80)} {'==' if ok else '!='} {short(b, 80)}")
+    # Structured expectation: the answer must be JSON equal to it.
+    if isinstance(actual, str):
+        try:
+            actual = json.loads(actual)
+        except json.JSONDecodeError:
+            return binary(False, f"answer is not JSON; expected {short(expected)}")
+    ok = values_equal(expected, actual)
+    return binary(ok, f"answer {short(actual)} {'==' if ok else '!='} {short(expected)}")

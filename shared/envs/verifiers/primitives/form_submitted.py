@@ -1,0 +1,47 @@
+"""`form_submitted`: a form was submitted (minCount times) with the expected values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel
+from rollout.shared.envs.compare import short, values_equal
+from rollout.shared.envs.verifiers.primitives.common import binary
+from rollout.shared.envs.verifiers.registry import (
+    Outcome,
+    ScoreContext,
+    register,
+)
+
+
+class FormSubmittedParams(CamelModel):
+    """`form_submitted`: a form was submitted, optionally with these field values."""
+
+    form: str | None = None
+    fields: dict[str, Any] | None = None
+    min_count: int = Field(default=1, ge=1)
+
+
+@register("form_submitted", FormSubmittedParams, templates=("browser",))
+def form_submitted(p: FormSubmittedParams, ctx: ScoreContext) -> Outcome:
+    """A form was submitted (at least minCount times) with the expected field values."""
+    gt = ctx.ground_truth if isinstance(ctx.ground_truth, dict) else {}
+    form = p.form or gt.get("form")
+    fields = p.fields if p.fields is not None else gt.get("fields")
+    subs = [s for s in ctx.state.get("submissions") or [] if isinstance(s, dict)]
+    matching = []
+    for s in subs:
+        if form and s.get("form") != form:
+            continue
+        values = s.get("values") or {}
+        if fields and not all(
+            k in values and (values_equal(v, values[k]) or str(v).strip() == str(values[k]).strip())
+            for k, v in fields.items()
+        ):
+            continue
+        matching.append(s)
+    ok = len(matching) >= p.min_count
+    what = (form or "any form") + (f" with {short(fields)}" if fields else "")
+    return binary(ok, f"{what}: {len(matching)} matching submission(s) of {len(subs)}")

@@ -1,0 +1,53 @@
+"""`tool_was_called`: the tool was called (with matching args) minCount..maxCount times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rollout.shared.contracts.envspec import CamelModel, TaskSpec
+from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.envs.compare import short, values_equal
+from rollout.shared.envs.verifiers.registry import (
+    Compiled,
+    register_compiled,
+)
+
+
+class ToolWasCalledParams(CamelModel):
+    """`tool_was_called`: a tool was called, optionally with these args, between count bounds."""
+
+    tool: str = Field(min_length=1)
+    args: dict[str, Any] | None = None
+    min_count: int = Field(default=1, ge=0)
+    max_count: int | None = Field(default=None, ge=0)
+    successful_only: bool = False
+
+
+@register_compiled("tool_was_called", ToolWasCalledParams, tool_fields=("tool",))
+def tool_was_called(p: ToolWasCalledParams) -> Compiled:
+    """The tool was called (with matching args) between minCount and maxCount times."""
+    tool, args, successful_only = p.tool, p.args, p.successful_only
+    low, high = p.min_count, p.max_count
+    what = tool + (f" with {short(args)}" if args else "")
+    bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+    # The reason is f"{what} called {count} time(s), needed {bounds}".
+    head, tail = f"{what} called ", f" time(s), needed {bounds}"
+
+    def run(trajectory: Trajectory, task: TaskSpec) -> tuple[float, bool, str]:
+        count = 0
+        for call in trajectory.tool_calls:
+            if call.name != tool or (successful_only and call.error):
+                continue
+            if args is not None and not all(
+                k in call.arguments
+                and (values_equal(v, call.arguments[k]) or str(v) == str(call.arguments[k]))
+                for k, v in args.items()
+            ):
+                continue
+            count += 1
+        ok = count >= low and (high is None or count <= high)
+        return (1.0 if ok else 0.0), ok, f"{head}{count}{tail}"
+
+    return run
