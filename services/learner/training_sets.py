@@ -151,9 +151,9 @@ async def labelled_set(
 
 
 async def dataset_set(
-    store: ObjectStore, source: DatasetSource, data: DataKind, *, min_margin: float
+    store: ObjectStore, source: DatasetSource, kind: DataKind, *, min_margin: float
 ) -> TrainingSet:
-    """A dataset snapshot's training set of kind `data`, built as the buffer builds a run's.
+    """A dataset snapshot's training set of `kind`, built as the buffer builds a run's.
 
     The bytes are fetched by claim check (sha256-verified) and every row is checked again:
     a job records only what it can train on, and a replayed job gets the very same rows.
@@ -176,9 +176,9 @@ async def dataset_set(
     if expected != source.lineage:
         raise RolloutError(f"{where}: the lineage sent does not match the dataset's rows")
     buffer_rows = [r.buffer_row() for r in rows]
-    if data == "sft":
+    if kind == "sft":
         items, meta, stats = datasets.sft_set(buffer_rows)
-    elif data == "labelled":
+    elif kind == "labelled":
         query = GrpoGroupsQuery(
             run_ids=source.lineage.run_ids, min_group_size=1, require_tokens=False
         )

@@ -169,7 +169,14 @@ class _DeadLetterMiddleware(BaseMiddleware):
                 return True
             # A request: the caller gets the reason instead of a timeout.
             await msg.respond(error_reply(exc_val).model_dump_json().encode())
-            log.warning("request failed", subject=msg.subject, error=describe(exc_val))
+            # A user-facing error is its message; anything else is a bug: keep its traceback.
+            expected = isinstance(exc_val, RolloutError | RetrySignal | pydantic.ValidationError)
+            log.warning(
+                "request failed",
+                subject=msg.subject,
+                error=describe(exc_val),
+                exc_info=None if expected else exc_val,
+            )
             return True
         deliveries = msg.metadata.num_delivered
         poison = is_poison(exc_val, msg.data)
