@@ -9,7 +9,6 @@ same bytes is a no-op) and the row keeps only their URI and sha256.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
@@ -25,6 +24,7 @@ from rollout.shared.objectstore import (
     to_json_bytes,
 )
 from rollout.shared.observability import get_logger
+from rollout.shared.store.rollout_batch import RolloutBatch, apply_events, columns
 
 NAME = "buffer"
 TRAJECTORY_PREFIX = "buffer/trajectories"
@@ -59,16 +59,17 @@ class BufferProjection:
 
     async def apply(self, conn: asyncpg.Connection, event: EventEnvelope, position: int) -> None:
         """Apply one event inside the caller's transaction."""
-        body = event.body()
-        if isinstance(body, ev.RunRequested):
-            await self._run_requested(conn, event, body)
-        elif isinstance(body, ev.RolloutsGenerated):
-            await self._generated(conn, event, body, position)
-        elif isinstance(body, ev.RolloutsScored):
-            await self._scored(conn, event, body, position)
+        await self.apply_batch(conn, [(event, position)])
+
+    async def apply_batch(
+        self, conn: asyncpg.Connection, items: list[tuple[EventEnvelope, int]]
+    ) -> None:
+        """Apply a batch in stream order: runs of rollout events as one statement per type."""
+        handlers = {"run.requested": self._run_requested}
+        await apply_events(conn, items, handlers=handlers, flush=self._flush)
 
     async def _run_requested(
-        self, conn: asyncpg.Connection, e: EventEnvelope, p: ev.RunRequested
+        self, conn: asyncpg.Connection, e: EventEnvelope, p: ev.RunRequested, position: int
     ) -> None:
         await conn.execute(
             "insert into buffer_runs(run_id, env_slug, env_version, env_hash, model, split, n,"
@@ -78,70 +79,45 @@ class BufferProjection:
             p.policy_version, e.time, p.source,
         )  # fmt: skip
 
-    async def apply_batch(
-        self, conn: asyncpg.Connection, items: list[tuple[EventEnvelope, int]]
-    ) -> None:
-        """Apply a batch in stream order: runs of rollout events as one statement per type."""
-        group = _Group()
-        for event, position in items:
-            body = event.body()
-            if isinstance(body, ev.RunRequested):
-                await self._flush(conn, group)
-                await self._run_requested(conn, event, body)
-            elif isinstance(body, ev.RolloutsGenerated | ev.RolloutsScored):
-                if group.blocks(body):
-                    await self._flush(conn, group)
-                group.add(event, body, position)
-        await self._flush(conn, group)
-
-    async def _generated(
-        self, conn: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGenerated, position: int
-    ) -> None:
-        group = _Group()
-        group.add(e, p, position)
-        await self._flush(conn, group)
-
-    async def _scored(
-        self, conn: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored, position: int
-    ) -> None:
-        group = _Group()
-        group.add(e, p, position)
-        await self._flush(conn, group)
-
-    async def _flush(self, conn: asyncpg.Connection, group: _Group) -> None:
-        """Apply a group: one lookup of its runs, one insert, one update; then empty it."""
-        if group.generated:
+    async def _flush(self, conn: asyncpg.Connection, batch: RolloutBatch) -> None:
+        """Apply a batch: one lookup of its runs, one insert, one update."""
+        if batch.generated:
             runs = {
                 r["run_id"]: r
                 for r in await conn.fetch(
                     "select run_id, env_slug, env_version, env_hash from buffer_runs"
                     " where run_id = any($1::text[])",
-                    sorted({p.run_id for _, p, _ in group.generated}),
+                    sorted({p.run_id for _, p, _ in batch.generated}),
                 )
             }
-            rows: dict[str, tuple] = {}
-            for e, p, position in group.generated:
-                run = runs.get(p.run_id)
-                if run is None:
-                    # A run's request always precedes its rollouts on the stream; without it
-                    # the rows could not be indexed by env, so say so instead of storing half
-                    # a record.
-                    log.warning("rollouts of an unknown run skipped", run_id=p.run_id)
-                    continue
+            unknown = sorted({p.run_id for _, p, _ in batch.generated} - set(runs))
+            for run_id in unknown:
+                # A run's request always precedes its rollouts on the stream; without it the
+                # rows could not be indexed by env, so say so instead of storing half a record.
+                log.warning("rollouts of an unknown run skipped", run_id=run_id)
+            known = RolloutBatch()
+            for e, p, position in batch.generated:
+                if p.run_id in runs:
+                    known.add(e, p, position)
+            stored: dict[str, tuple] = {}
+            for _, p, _ in known.generated:
                 for r in p.rollouts:
-                    if r.rollout_id in rows:
-                        continue  # the first occurrence wins, as one by one
-                    stored = await self._trajectory(r)
-                    rows[r.rollout_id] = (
-                        r.rollout_id, p.run_id, run["env_slug"], run["env_version"],
-                        run["env_hash"], r.task_index, r.sample_index, r.model,
-                        r.policy_version, r.seed, *stored, _text(r.error), position, e.time,
-                    )  # fmt: skip
-            if rows:
-                await conn.execute(_GENERATED_SQL, *_columns(rows.values(), 18))
-        if group.scored:
-            await conn.execute(_SCORED_SQL, *_columns(group.scored.values(), 8))
-        group.clear()
+                    if r.rollout_id not in stored:  # the first occurrence wins, as one by one
+                        stored[r.rollout_id] = await self._trajectory(r)
+
+            def row(e: EventEnvelope, p: ev.RolloutsGenerated, r: Any, position: int) -> tuple:
+                run = runs[p.run_id]
+                return (
+                    r.rollout_id, p.run_id, run["env_slug"], run["env_version"],
+                    run["env_hash"], r.task_index, r.sample_index, r.model,
+                    r.policy_version, r.seed, *stored[r.rollout_id], _text(r.error), position,
+                    e.time,
+                )  # fmt: skip
+
+            if rows := known.generated_rows(row):
+                await conn.execute(_GENERATED_SQL, *columns(rows, 18))
+        if rows := batch.scored_rows(_scored_row):
+            await conn.execute(_SCORED_SQL, *columns(rows, 8))
 
     async def _trajectory(
         self, r: ev.GeneratedRollout
@@ -184,56 +160,11 @@ _SCORED_SQL = (
 )
 
 
-class _Group:
-    """Consecutive generated and scored events of a batch, applied together.
-
-    Generated rows go in before verdicts; that equals stream order unless a verdict of the
-    group names a rollout a later generated event brings, so such an event starts a new group.
-    """
-
-    def __init__(self) -> None:
-        self.generated: list[tuple[EventEnvelope, ev.RolloutsGenerated, int]] = []
-        self.scored: dict[tuple[str, str], tuple] = {}
-        self.scored_ids: set[str] = set()
-
-    def blocks(self, p: ev.RolloutsGenerated | ev.RolloutsScored) -> bool:
-        """True when `p` must wait for this group to be applied first."""
-        return isinstance(p, ev.RolloutsGenerated) and any(
-            r.rollout_id in self.scored_ids for r in p.rollouts
-        )
-
-    def add(
-        self, e: EventEnvelope, p: ev.RolloutsGenerated | ev.RolloutsScored, position: int
-    ) -> None:
-        """Add one generated or scored event at stream `position`."""
-        if isinstance(p, ev.RolloutsGenerated):
-            self.generated.append((e, p, position))
-            return
-        for r in p.rollouts:
-            self.scored_ids.add(r.rollout_id)
-            # The first verdict per (rollout, run) wins, as one by one.
-            self.scored.setdefault(
-                (r.rollout_id, p.run_id),
-                (
-                    r.rollout_id, r.score, r.passed, _json([x.model_dump() for x in r.primitives]),
-                    _text(r.error), position, e.time, p.run_id,
-                ),
-            )  # fmt: skip
-
-    def clear(self) -> None:
-        """Empty the group."""
-        self.generated.clear()
-        self.scored.clear()
-        self.scored_ids.clear()
-
-
-def _columns(rows: Iterable[tuple], width: int) -> list[list]:
-    """Rows as `width` column arrays, the shape unnest takes."""
-    cols: list[list] = [[] for _ in range(width)]
-    for row in rows:
-        for col, value in zip(cols, row, strict=True):
-            col.append(value)
-    return cols
+def _scored_row(e: EventEnvelope, p: ev.RolloutsScored, r: Any, position: int) -> tuple:
+    return (
+        r.rollout_id, r.score, r.passed, _json([x.model_dump() for x in r.primitives]),
+        _text(r.error), position, e.time, p.run_id,
+    )  # fmt: skip
 
 
 def _json(value: Any) -> str:

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope, Payload
 from rollout.shared.store.jsonb import jsonb_text
+from rollout.shared.store.rollout_batch import Handler, RolloutBatch, apply_events, columns
 
 Apply = Callable[[asyncpg.Connection, EventEnvelope, Payload], Awaitable[None]]
-_HANDLERS: dict[str, Apply] = {}
+_HANDLERS: dict[str, Handler] = {}
 
 
 def on(event_type: str) -> Callable[[Apply], Apply]:
-    """Register the read-model update for one event type."""
+    """Register the read-model update for one event type (rollout events are batched)."""
 
     def wrap(fn: Apply) -> Apply:
-        _HANDLERS[event_type] = fn
+        async def handler(c: asyncpg.Connection, e: EventEnvelope, p: Payload, _: int) -> None:
+            await fn(c, e, p)
+
+        _HANDLERS[event_type] = handler
         return fn
 
     return wrap
@@ -104,84 +109,29 @@ _SCORED_SQL = (
 )
 
 
-class _RolloutGroup:
-    """Consecutive generated and scored events, applied as one statement per type.
-
-    Generated rows go in before verdicts; that equals stream order unless a verdict of the
-    group names a rollout a later generated event of the group brings, so such an event
-    starts a new group. Within a type the first occurrence wins, as it would one by one.
-    """
-
-    def __init__(self) -> None:
-        self.generated: dict[str, tuple] = {}
-        self.scored: dict[tuple[str, str], tuple] = {}
-        self.scored_ids: set[str] = set()
-
-    def blocks(self, event: EventEnvelope, p: Payload) -> bool:
-        """True when `event` must wait for this group to be applied first."""
-        return isinstance(p, ev.RolloutsGenerated) and any(
-            r.rollout_id in self.scored_ids for r in p.rollouts
-        )
-
-    def add(self, e: EventEnvelope, p: Payload) -> None:
-        """Add the rows of one generated or scored event."""
-        if isinstance(p, ev.RolloutsGenerated):
-            for r in p.rollouts:
-                self.generated.setdefault(
-                    r.rollout_id,
-                    (
-                        r.rollout_id, p.run_id, r.task_index, r.sample_index, r.model,
-                        r.policy_version, r.seed,
-                        None if r.trajectory is None else _json(r.trajectory),
-                        r.trajectory_uri, r.trajectory_sha256, r.error, r.error_kind, e.time,
-                        r.ended_by, r.turns, r.completion_tokens,
-                    ),
-                )  # fmt: skip
-        elif isinstance(p, ev.RolloutsScored):
-            for r in p.rollouts:
-                self.scored_ids.add(r.rollout_id)
-                self.scored.setdefault(
-                    (r.rollout_id, p.run_id),
-                    (
-                        r.rollout_id, p.run_id, r.score, r.passed,
-                        _json(r.primitives), r.error, r.outcome,
-                        r.error_kind, e.time,
-                    ),
-                )  # fmt: skip
-
-    async def flush(self, c: asyncpg.Connection) -> None:
-        """Apply the group (at most two statements) and empty it."""
-        if self.generated:
-            await c.execute(_GENERATED_SQL, *_columns(self.generated.values(), 16))
-        if self.scored:
-            await c.execute(_SCORED_SQL, *_columns(self.scored.values(), 9))
-        self.generated.clear()
-        self.scored.clear()
-        self.scored_ids.clear()
+def _generated_row(e: EventEnvelope, p: ev.RolloutsGenerated, r: Any, position: int) -> tuple:
+    return (
+        r.rollout_id, p.run_id, r.task_index, r.sample_index, r.model, r.policy_version, r.seed,
+        None if r.trajectory is None else _json(r.trajectory),
+        r.trajectory_uri, r.trajectory_sha256, r.error, r.error_kind, e.time,
+        r.ended_by, r.turns, r.completion_tokens,
+    )  # fmt: skip
 
 
-def _columns(rows: Iterable[tuple], width: int) -> list[list]:
-    """Rows as `width` column arrays, the shape unnest takes."""
-    cols: list[list] = [[] for _ in range(width)]
-    for row in rows:
-        for col, value in zip(cols, row, strict=True):
-            col.append(value)
-    return cols
+def _scored_row(e: EventEnvelope, p: ev.RolloutsScored, r: Any, position: int) -> tuple:
+    return (
+        r.rollout_id, p.run_id, r.score, r.passed, _json(r.primitives), r.error, r.outcome,
+        r.error_kind, e.time,
+    )  # fmt: skip
 
 
-@on("rollout.generated")
-async def _generated(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsGenerated) -> None:
+async def _flush(c: asyncpg.Connection, batch: RolloutBatch) -> None:
+    """A batch of rollout events as at most two statements (each moves its runs' counters)."""
     # Only rollouts seen for the first time count: a re-generated batch never double-counts.
-    group = _RolloutGroup()
-    group.add(e, p)
-    await group.flush(c)
-
-
-@on("rollout.scored")
-async def _scored(c: asyncpg.Connection, e: EventEnvelope, p: ev.RolloutsScored) -> None:
-    group = _RolloutGroup()
-    group.add(e, p)
-    await group.flush(c)
+    if rows := batch.generated_rows(_generated_row):
+        await c.execute(_GENERATED_SQL, *columns(rows, 16))
+    if rows := batch.scored_rows(_scored_row):
+        await c.execute(_SCORED_SQL, *columns(rows, 9))
 
 
 @on("run.completed")
@@ -266,9 +216,6 @@ async def _dead_letter(c: asyncpg.Connection, e: EventEnvelope, p: ev.DeadLetter
     )  # fmt: skip
 
 
-_GROUPED = frozenset({"rollout.generated", "rollout.scored"})
-
-
 class ReadModels:
     """The tracker's projection: environments, runs, rollouts, jobs, policies, dead letters."""
 
@@ -285,25 +232,10 @@ class ReadModels:
 
     async def apply(self, conn: asyncpg.Connection, event: EventEnvelope, position: int) -> None:
         """Apply one event; types without a read model are skipped."""
-        handler = _HANDLERS.get(event.type)
-        if handler is not None:
-            await handler(conn, event, event.body())
+        await self.apply_batch(conn, [(event, position)])
 
     async def apply_batch(
         self, conn: asyncpg.Connection, items: list[tuple[EventEnvelope, int]]
     ) -> None:
         """Apply a batch in stream order: runs of rollout events as one statement per type."""
-        group = _RolloutGroup()
-        for event, _ in items:
-            handler = _HANDLERS.get(event.type)
-            if handler is None:
-                continue
-            body = event.body()
-            if event.type in _GROUPED:
-                if group.blocks(event, body):
-                    await group.flush(conn)
-                group.add(event, body)
-                continue
-            await group.flush(conn)
-            await handler(conn, event, body)
-        await group.flush(conn)
+        await apply_events(conn, items, handlers=_HANDLERS, flush=_flush)
