@@ -343,3 +343,42 @@ def refused_error(settings: Settings, exc: BaseException) -> RolloutError:
             "external: set ROLLOUT_NATS_USER and ROLLOUT_NATS_PASSWORD, or ROLLOUT_NATS_TOKEN",
         ],
     )
+
+
+def env_number(
+    name: str,
+    default: float,
+    *,
+    whole: bool = False,
+    unit: str = "",
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> float:
+    """A numeric knob from the environment: the one rule every service's settings follow.
+
+    Unset or blank gives `default`; otherwise the value must parse (as a whole number with
+    `whole`) and lie in [low, high] (and be > `above`), or a RolloutError names the variable,
+    what it must be and what it got.
+    """
+    env = os.environ if env is None else env
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    what = f"a {'whole ' if whole else ''}number" + (f" of {unit}" if unit else "")
+    try:
+        value: float = int(raw) if whole else float(raw)
+    except ValueError:
+        raise RolloutError(f"{name} must be {what}, got {raw!r}") from None
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    if above is not None and not value > above:
+        raise RolloutError(f"{name} must be > {above:g}, got {shown}")
+    if low is not None and high is not None and not low <= value <= high:
+        raise RolloutError(f"{name} must be between {low:g} and {high:g} {unit}".rstrip()
+                           + f", got {shown}")  # fmt: skip
+    if low is not None and value < low:
+        raise RolloutError(f"{name} must be >= {low:g}, got {shown}")
+    if high is not None and value > high:
+        raise RolloutError(f"{name} must be <= {high:g}, got {shown}")
+    return value

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import httpx
 from faststream.nats import NatsBroker
@@ -37,7 +36,7 @@ from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.consumer import Consumer
-from rollout.shared.settings import Settings
+from rollout.shared.settings import Settings, env_number
 from rollout.shared.stack.health import default_replica_id
 from rollout.shared.store.spec_cache import SpecCache
 from rollout.shared.store.trajectories import inline_limit, object_store, offload
@@ -52,14 +51,7 @@ DEFAULT_ACK_WAIT_S = 30.0
 
 def ack_wait_s() -> float:
     """The actors consumer's AckWait in seconds (ROLLOUT_ACTOR_ACK_WAIT_S, else 30)."""
-    raw = os.environ.get(ACK_WAIT_ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_ACK_WAIT_S
-    except ValueError:
-        raise RolloutError(f"{ACK_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise RolloutError(f"{ACK_WAIT_ENV} must be > 0, got {value:g}")
-    return value
+    return env_number(ACK_WAIT_ENV, DEFAULT_ACK_WAIT_S, unit="seconds", above=0)
 
 
 # How many work items one replica takes per fetch and generates at once. Each has its own
@@ -72,14 +64,7 @@ DEFAULT_CONCURRENCY = 4
 
 def concurrency() -> int:
     """Work items a replica generates at once (ROLLOUT_ACTOR_CONCURRENCY, else 4)."""
-    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
-    try:
-        value = int(raw) if raw else DEFAULT_CONCURRENCY
-    except ValueError:
-        raise RolloutError(f"{CONCURRENCY_ENV} must be a whole number, got {raw!r}") from None
-    if value < 1:
-        raise RolloutError(f"{CONCURRENCY_ENV} must be >= 1, got {value}")
-    return value
+    return int(env_number(CONCURRENCY_ENV, DEFAULT_CONCURRENCY, whole=True, low=1))
 
 
 log = get_logger(__name__)

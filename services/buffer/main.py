@@ -7,8 +7,6 @@ effect and the stream position commit together, so a redelivered event changes n
 
 from __future__ import annotations
 
-import os
-
 import asyncpg
 from faststream.nats import NatsBroker
 
@@ -26,13 +24,12 @@ from rollout.shared.contracts.buffer import (
     SftSetQuery,
 )
 from rollout.shared.contracts.requests import Reply
-from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore, default_store_url, open_store
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.projection_consumer import subscribe_projection
-from rollout.shared.settings import Settings
+from rollout.shared.settings import Settings, env_number
 from rollout.shared.store.projection import ProjectionRunner
 
 DURABLE = durables.BUFFER.name
@@ -45,17 +42,8 @@ log = get_logger(__name__)
 
 def inline_bytes_from_env(env: dict[str, str] | None = None) -> int:
     """The trajectory size threshold from ROLLOUT_BUFFER_INLINE_BYTES (default 64 KiB)."""
-    env = dict(os.environ) if env is None else env
-    raw = env.get(INLINE_BYTES_ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_INLINE_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise RolloutError(f"{INLINE_BYTES_ENV}={raw!r} must be a whole number of bytes >= 0")
-    return value
+    return int(env_number(INLINE_BYTES_ENV, DEFAULT_INLINE_BYTES, whole=True, unit="bytes",
+                          low=0, env=env))  # fmt: skip
 
 
 def build_broker(

@@ -17,7 +17,6 @@ item the job consumer recorded then ends its job with job.failed (see deadletter
 from __future__ import annotations
 
 import asyncio
-import os
 
 from faststream.nats import NatsBroker, NatsMessage
 from nats.js import JetStreamContext, api
@@ -49,7 +48,7 @@ from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.consumer import Consumer
-from rollout.shared.settings import Settings
+from rollout.shared.settings import Settings, env_number
 
 DURABLE = durables.LEARNER_JOBS.name
 DEADLETTER_DURABLE = durables.LEARNER_DEADLETTERS.name
@@ -67,26 +66,12 @@ log = get_logger(__name__)
 
 def ack_wait_s() -> float:
     """How long a job may go without an in-progress ack before it is redelivered."""
-    raw = os.environ.get(ACK_WAIT_ENV, "").strip()
-    try:
-        value = float(raw) if raw else 60.0
-    except ValueError:
-        raise RolloutError(f"{ACK_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
-    return max(1.0, value)
+    return max(1.0, env_number(ACK_WAIT_ENV, 60.0, unit="seconds"))
 
 
 def max_deliver() -> int:
     """How many attempts a job gets before it fails (`ROLLOUT_LEARNER_MAX_DELIVER`, default 3)."""
-    raw = os.environ.get(MAX_DELIVER_ENV, "").strip()
-    if not raw:
-        return MAX_DELIVER
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise RolloutError(f"{MAX_DELIVER_ENV} must be a whole number >= 1, got {raw!r}")
-    return value
+    return int(env_number(MAX_DELIVER_ENV, MAX_DELIVER, whole=True, low=1))
 
 
 def gave_up(attempts: int, why: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 
 import httpx
@@ -28,6 +27,7 @@ from rollout.shared.learning.trainer_rows import as_rollout
 from rollout.shared.models import trained
 from rollout.shared.objectstore import ObjectNotFound, get_json, put_json
 from rollout.shared.observability import get_logger
+from rollout.shared.settings import env_number
 
 log = get_logger(__name__)
 POLL_ENV = "ROLLOUT_PROVIDER_POLL_S"
@@ -229,7 +229,7 @@ async def _start(
 async def _track(
     ctx: LearnerContext, api: ProviderAPI, plan: JobPlan, journal: JobJournal, state: dict
 ) -> None:
-    every = float(os.environ.get(POLL_ENV, "") or 10.0)
+    every = env_number(POLL_ENV, 10.0, unit="seconds", above=0)
     while True:
         seen = await api.status(state["job"])
         if seen.get("step"):

@@ -26,7 +26,7 @@ from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service, started
 from rollout.shared.service.projection_consumer import subscribe_projection
-from rollout.shared.settings import Settings
+from rollout.shared.settings import Settings, env_number
 from rollout.shared.store.projection import ProjectionRunner
 from rollout.shared.store.trajectories import object_store
 
@@ -127,14 +127,7 @@ async def _watch_deadlines(js: JetStreamContext, pool: asyncpg.Pool) -> None:
 
 def lease_ttl_s() -> float:
     """The leader lease's TTL in seconds (ROLLOUT_TRACKER_LEASE_TTL_S, else 3)."""
-    raw = os.environ.get(LEASE_TTL_ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_TTL_S
-    except ValueError:
-        raise RolloutError(f"{LEASE_TTL_ENV} must be a number of seconds, got {raw!r}") from None
-    if not 0.5 <= value <= 60:
-        raise RolloutError(f"{LEASE_TTL_ENV} must be between 0.5 and 60 seconds, got {value:g}")
-    return value
+    return env_number(LEASE_TTL_ENV, DEFAULT_TTL_S, unit="seconds", low=0.5, high=60)
 
 
 def replica_holder() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 from faststream.nats import NatsBroker
@@ -29,13 +28,13 @@ from rollout.shared.contracts.events import (
     ScoredRollout,
 )
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
-from rollout.shared.errors import RetrySignal, RolloutError
+from rollout.shared.errors import RetrySignal
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.consumer import Consumer
-from rollout.shared.settings import Settings
+from rollout.shared.settings import Settings, env_number
 from rollout.shared.store.spec_cache import SpecCache
 from rollout.shared.store.trajectories import object_store
 
@@ -50,14 +49,7 @@ DEFAULT_ACK_WAIT_S = 60.0
 
 def ack_wait_s() -> float:
     """The verifier consumer's AckWait in seconds (ROLLOUT_VERIFIER_ACK_WAIT_S, else 60)."""
-    raw = os.environ.get(ACK_WAIT_ENV)
-    try:
-        value = float(raw) if raw else DEFAULT_ACK_WAIT_S
-    except ValueError:
-        raise RolloutError(f"{ACK_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise RolloutError(f"{ACK_WAIT_ENV} must be > 0, got {value:g}")
-    return value
+    return env_number(ACK_WAIT_ENV, DEFAULT_ACK_WAIT_S, unit="seconds", above=0)
 
 
 log = get_logger(__name__)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 
+from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore.base import ObjectRef, ObjectStore
 from rollout.shared.objectstore.checksum import sha256_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError
+from rollout.shared.settings import env_number
 
 T = TypeVar("T")
 
@@ -26,18 +27,12 @@ DEFAULT_CLAIM_PREFIX = "claims"
 
 def inline_limit() -> int:
     """The claim-check threshold in bytes: ROLLOUT_INLINE_TRAJECTORY_BYTES, else 256 KiB."""
-    raw = os.environ.get(INLINE_LIMIT_ENV)
-    if raw is None:
-        return DEFAULT_INLINE_LIMIT
     try:
-        value = int(raw)
-    except ValueError:
-        raise ObjectStoreError(
-            f"{INLINE_LIMIT_ENV} must be a whole number of bytes, got {raw!r}"
-        ) from None
-    if value < 0:
-        raise ObjectStoreError(f"{INLINE_LIMIT_ENV} must be >= 0, got {value}")
-    return value
+        return int(
+            env_number(INLINE_LIMIT_ENV, DEFAULT_INLINE_LIMIT, whole=True, unit="bytes", low=0)
+        )
+    except RolloutError as exc:
+        raise ObjectStoreError(str(exc)) from None
 
 
 class Inline(BaseModel):

@@ -88,7 +88,9 @@ def test_queries_and_settings_are_validated_with_the_field_named() -> None:
     # The buffer keeps the platform's one claim-check threshold unless told otherwise.
     assert inline_bytes_from_env({}) == DEFAULT_INLINE_LIMIT == 256 * 1024
     assert inline_bytes_from_env({INLINE_BYTES_ENV: "0"}) == 0
-    with pytest.raises(RolloutError, match=f"{INLINE_BYTES_ENV}='lots'"):
+    with pytest.raises(
+        RolloutError, match=f"{INLINE_BYTES_ENV} must be a whole number of bytes, got 'lots'"
+    ):
         inline_bytes_from_env({INLINE_BYTES_ENV: "lots"})
 
 
