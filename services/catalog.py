@@ -26,7 +26,7 @@ def asyncapi_brokers() -> list[NatsBroker]:
         actor_broker(offline),
         verifier_broker(offline),
         learner_broker(offline),
-        buffer_broker(offline, None, None, None),  # type: ignore[arg-type]
+        buffer_broker(offline),
     ]
 
 

@@ -24,6 +24,7 @@ from rollout.shared.objectstore import (
     to_json_bytes,
 )
 from rollout.shared.observability import get_logger
+from rollout.shared.settings import env_number
 from rollout.shared.store.rollout_batch import RolloutBatch, apply_events, columns
 
 NAME = "buffer"
@@ -35,7 +36,16 @@ _NUL_JSON = b"\\u0000"
 # so event types added by other services never stop it.
 WANTED = {subjects.event_name(t) for t in ("run.requested", "rollout.generated", "rollout.scored")}
 
+# Trajectories whose JSON is larger than this many bytes go to the object store.
+INLINE_BYTES_ENV = "ROLLOUT_BUFFER_INLINE_BYTES"
+
 log = get_logger(__name__)
+
+
+def inline_bytes_from_env(env: dict[str, str] | None = None) -> int:
+    """The trajectory size threshold from ROLLOUT_BUFFER_INLINE_BYTES (default: the platform's)."""
+    return int(env_number(INLINE_BYTES_ENV, DEFAULT_INLINE_BYTES, whole=True, unit="bytes",
+                          low=0, env=env))  # fmt: skip
 
 
 def wanted(subject: str) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rollout.errors import RolloutError
-from rollout.services.buffer.main import INLINE_BYTES_ENV, inline_bytes_from_env
+from rollout.services.buffer.projection import INLINE_BYTES_ENV, inline_bytes_from_env
 from rollout.shared.contracts.buffer import GrpoGroupsQuery, SftSetQuery
 from rollout.shared.learning import datasets
 from rollout.shared.objectstore import DEFAULT_INLINE_LIMIT

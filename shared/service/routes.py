@@ -1,0 +1,40 @@
+"""A service's handlers as a FastStream router: request routes declared once, dependencies by name.
+
+A service's `handlers.py` holds its handlers as plain module functions whose dependencies are
+keyword parameters defaulting to `Context()` (FastStream fills them from the broker's context by
+name) and lists them in `ROUTES`. Its `main.py` builds the broker with `service_broker`, which
+includes a fresh router of those routes (each broker its own subscribers, so replicas can share
+a process) and puts the dependencies in that broker's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from faststream.nats import NatsBroker, NatsRoute, NatsRouter
+
+from rollout.shared import subjects
+from rollout.shared.bus.broker import make_broker
+from rollout.shared.settings import Settings
+
+
+def request_route(handler: Callable[..., Any], service: str, verb: str, *, queue: str) -> NatsRoute:
+    """The route answering `service`'s `verb` requests (one queue group across replicas)."""
+    return NatsRoute(
+        handler, subjects.request(service, verb), queue=queue, title=f"{service}/{verb}"
+    )
+
+
+def service_broker(
+    settings: Settings, routes: Iterable[NatsRoute], **dependencies: Any
+) -> NatsBroker:
+    """A broker with `routes` on a router of its own and `dependencies` in its context.
+
+    Built without dependencies it still describes the service (the AsyncAPI document).
+    """
+    broker = make_broker(settings)
+    broker.include_router(NatsRouter(handlers=list(routes)))
+    for name, value in dependencies.items():
+        broker.context.set_global(name, value)
+    return broker
