@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from faststream.nats import NatsBroker
-
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import decide_and_append
 from rollout.shared.bus.broker import jetstream
@@ -22,6 +20,7 @@ from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
+from rollout.shared.service.routes import CurrentBroker, request_route
 from rollout.shared.store import env_versions as versions
 
 QUEUE = "env-registry"
@@ -37,72 +36,75 @@ def summary(env: EnvRegistered, *, with_spec: bool = False) -> dict:
     return out
 
 
-def register(broker: NatsBroker) -> None:
-    """Attach the registry's request handlers to `broker`."""
+async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
+    """Validate a spec; append a new version unless the newest has the same content."""
+    # A plugin env is imported in a sandboxed plugin host: wait for it off the event loop.
+    problems = await asyncio.to_thread(validate_environment, cmd.spec)
+    if problems:
+        slug = cmd.spec.get("slug") if isinstance(cmd.spec, dict) else None
+        raise RolloutError(f"environment {slug or '?'!r} is invalid", problems=problems)
+    spec = as_spec(cmd.spec)
+    js = jetstream(broker)
+    digest = spec.spec_hash()
 
-    @broker.subscriber(subjects.request("registry", "push"), queue=QUEUE, title="registry/push")
-    async def push(cmd: PushEnvironment) -> Reply:
-        """Validate a spec; append a new version unless the newest has the same content."""
-        # A plugin env is imported in a sandboxed plugin host: wait for it off the event loop.
-        problems = await asyncio.to_thread(validate_environment, cmd.spec)
-        if problems:
-            slug = cmd.spec.get("slug") if isinstance(cmd.spec, dict) else None
-            raise RolloutError(f"environment {slug or '?'!r} is invalid", problems=problems)
-        spec = as_spec(cmd.spec)
-        js = jetstream(broker)
-        digest = spec.spec_hash()
+    def decide(latest: tuple[EnvRegistered | None, int]) -> EnvRegistered | None:
+        newest, _ = latest
+        if newest is not None and newest.spec_hash == digest:
+            return None  # the same content: its version stands
+        return EnvRegistered(
+            slug=spec.slug,
+            version=(newest.version + 1) if newest else 1,
+            spec_hash=digest,
+            name=spec.name,
+            template=spec.template,
+            task_count=len(spec.tasks),
+            spec=spec.to_json_dict(),
+        )
 
-        def decide(latest: tuple[EnvRegistered | None, int]) -> EnvRegistered | None:
-            newest, _ = latest
-            if newest is not None and newest.spec_hash == digest:
-                return None  # the same content: its version stands
-            return EnvRegistered(
-                slug=spec.slug,
-                version=(newest.version + 1) if newest else 1,
-                spec_hash=digest,
-                name=spec.name,
-                template=spec.template,
-                task_count=len(spec.tasks),
-                spec=spec.to_json_dict(),
-            )
+    async def append(latest: tuple[EnvRegistered | None, int], event: EnvRegistered) -> None:
+        envelope = EventEnvelope.new(
+            event, aggregate_id=spec.slug, id_parts=(spec.slug, event.version, digest)
+        )
+        await EventPublisher(js).publish(envelope, expected_last_subject_seq=latest[1])
 
-        async def append(latest: tuple[EnvRegistered | None, int], event: EnvRegistered) -> None:
-            envelope = EventEnvelope.new(
-                event, aggregate_id=spec.slug, id_parts=(spec.slug, event.version, digest)
-            )
-            await EventPublisher(js).publish(envelope, expected_last_subject_seq=latest[1])
+    try:
+        # Another push may land first: re-read and decide again.
+        (newest, _), event = await decide_and_append(
+            lambda: versions.latest(js, spec.slug), decide, append, what=spec.slug
+        )
+    except ConcurrencyConflict:
+        raise RolloutError(
+            f"environment {spec.slug!r} is being pushed concurrently; try again"
+        ) from None
+    if event is None:
+        assert newest is not None
+        return Reply(data={**summary(newest), "created": False})
+    log.info("environment registered", slug=spec.slug, version=event.version)
+    return Reply(data={**summary(event), "created": True})
 
-        try:
-            # Another push may land first: re-read and decide again.
-            (newest, _), event = await decide_and_append(
-                lambda: versions.latest(js, spec.slug), decide, append, what=spec.slug
-            )
-        except ConcurrencyConflict:
-            raise RolloutError(
-                f"environment {spec.slug!r} is being pushed concurrently; try again"
-            ) from None
-        if event is None:
-            assert newest is not None
-            return Reply(data={**summary(newest), "created": False})
-        log.info("environment registered", slug=spec.slug, version=event.version)
-        return Reply(data={**summary(event), "created": True})
 
-    @broker.subscriber(subjects.request("registry", "get"), queue=QUEUE, title="registry/get")
-    async def get(query: GetEnvironment) -> Reply:
-        """One version (newest by default), with its spec."""
-        js = jetstream(broker)
-        subjects.token(query.slug, "environment slug")
-        if query.version is None:
-            found, _ = await versions.latest(js, query.slug)
-        else:
-            found = await versions.version(js, query.slug, query.version)
-        if found is None:
-            what = f"version {query.version} of " if query.version else ""
-            raise RolloutError(f"no {what}environment {query.slug!r}; push it with `rollout push`")
-        return Reply(data=summary(found, with_spec=True))
+async def get(query: GetEnvironment, broker: CurrentBroker) -> Reply:
+    """One version (newest by default), with its spec."""
+    js = jetstream(broker)
+    subjects.token(query.slug, "environment slug")
+    if query.version is None:
+        found, _ = await versions.latest(js, query.slug)
+    else:
+        found = await versions.version(js, query.slug, query.version)
+    if found is None:
+        what = f"version {query.version} of " if query.version else ""
+        raise RolloutError(f"no {what}environment {query.slug!r}; push it with `rollout push`")
+    return Reply(data=summary(found, with_spec=True))
 
-    @broker.subscriber(subjects.request("registry", "list"), queue=QUEUE, title="registry/list")
-    async def list_(query: ListEnvironments) -> Reply:
-        """Every environment's newest version."""
-        found = await versions.all_latest(jetstream(broker))
-        return Reply(data={"environments": [summary(e) for e in found]})
+
+async def list_(query: ListEnvironments, broker: CurrentBroker) -> Reply:
+    """Every environment's newest version."""
+    found = await versions.all_latest(jetstream(broker))
+    return Reply(data={"environments": [summary(e) for e in found]})
+
+
+ROUTES = [
+    request_route(push, "registry", "push", queue=QUEUE),
+    request_route(get, "registry", "get", queue=QUEUE),
+    request_route(list_, "registry", "list", queue=QUEUE),
+]

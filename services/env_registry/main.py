@@ -1,20 +1,18 @@
-"""Env registry service entry point."""
+"""Env registry service: validates, versions and serves environment specs (events only)."""
 
 from __future__ import annotations
 
 from faststream.nats import NatsBroker
 
 from rollout.services.env_registry import handlers
-from rollout.shared.bus.broker import make_broker
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
+from rollout.shared.service.routes import service_broker
 from rollout.shared.settings import Settings
 
 
 def build_broker(settings: Settings) -> NatsBroker:
-    """The registry's broker with its handlers."""
-    broker = make_broker(settings)
-    handlers.register(broker)
-    return broker
+    """The registry's broker with its request routes."""
+    return service_broker(settings, handlers.ROUTES)
 
 
 async def serve(settings: Settings) -> None:

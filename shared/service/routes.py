@@ -10,13 +10,17 @@ a process) and puts the dependencies in that broker's context.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Annotated, Any
 
+from faststream import Context
 from faststream.nats import NatsBroker, NatsRoute, NatsRouter
 
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
 from rollout.shared.settings import Settings
+
+# The broker a handler runs on (for its JetStream context), as a handler parameter.
+CurrentBroker = Annotated[NatsBroker, Context("broker")]
 
 
 def request_route(handler: Callable[..., Any], service: str, verb: str, *, queue: str) -> NatsRoute:
