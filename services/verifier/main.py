@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from faststream.nats import NatsBroker
 
-from rollout.services.verifier.scoring import (
-    ScoringUnavailable,
-    errored_verdict,
-    failure_kind,
-    score_rollout,
-    score_task_group,
-    scoring_units,
-    unscored,
-)
-from rollout.shared.aggregates.run import recorded_request
-from rollout.shared.bus.broker import current_message, jetstream, make_broker
-from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
-from rollout.shared.bus.keepalive import working_on
-from rollout.shared.bus.publisher import EventPublisher
-from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import (
-    RolloutsGenerated,
-    RolloutsScored,
-    RunRequested,
-    ScoredRollout,
-)
-from rollout.shared.envs.verifiers.ruler import judged_in_groups
-from rollout.shared.errors import RetrySignal
-from rollout.shared.objectstore import ObjectStore
-from rollout.shared.observability import event_context, get_logger
+from rollout.services.verifier import handlers
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.consumer import Consumer
+from rollout.shared.service.routes import service_broker
 from rollout.shared.settings import Settings, env_number
-from rollout.shared.store.spec_cache import SpecCache
-from rollout.shared.store.trajectories import object_store
 
 DURABLE = durables.VERIFIER.name
 GENERATED = durables.VERIFIER.filter
@@ -52,141 +25,15 @@ def ack_wait_s() -> float:
     return env_number(ACK_WAIT_ENV, DEFAULT_ACK_WAIT_S, unit="seconds", above=0)
 
 
-log = get_logger(__name__)
-
-
 def consumer() -> Consumer:
     """The verifier's consumer of generated batches, with this replica's AckWait."""
     return durables.VERIFIER.tuned(ack_wait_s=ack_wait_s())
 
 
-# Run requests kept per replica: a request never changes, so each run is read once, not once
-# per generated batch (a round trip per work item otherwise).
-RUN_CACHE_SIZE = 1024
-
-
-async def run_of(
-    js, run_id: str, cache: OrderedDict[str, RunRequested] | None = None
-) -> RunRequested:
-    """The run request (for its env version), read from the run's first event (cached)."""
-    if cache is not None and (hit := cache.get(run_id)) is not None:
-        cache.move_to_end(run_id)
-        return hit
-    run = await recorded_request(js, run_id)
-    if run is None:
-        # Not yet visible to this replica's read, or never requested: retried, then errored.
-        raise RetrySignal(f"run {run_id}: no run.requested on the log")
-    if cache is not None:
-        cache[run_id] = run
-        if len(cache) > RUN_CACHE_SIZE:
-            cache.popitem(last=False)
-    return run
-
-
 def build_broker(settings: Settings) -> NatsBroker:
-    """The verifier's broker and its handler."""
-    broker = make_broker(settings)
-    keepalive_s = min(10.0, ack_wait_s() / 3)
-    state: dict[str, SpecCache] = {}
-    requests: OrderedDict[str, RunRequested] = OrderedDict()
-    stores: dict[str, ObjectStore] = {}
-
-    def store() -> ObjectStore:
-        if "store" not in stores:
-            stores["store"] = object_store(settings)
-        return stores["store"]
-
-    @consumer().subscriber(broker)
-    async def score_batch(event: EventEnvelope) -> None:
-        """Score every rollout of the batch; ack after the scored event is stored."""
-        message = current_message(broker)
-        js = jetstream(broker)
-        cache = state.setdefault("specs", SpecCache(js))
-        generated = event.body()
-        assert isinstance(generated, RolloutsGenerated)
-        raw = message.raw_message
-        attempt = raw.metadata.num_delivered
-        with event_context(event):
-            async with working_on(raw, every_s=keepalive_s):
-                scored: list[ScoredRollout] = []
-                try:
-                    run = await run_of(js, generated.run_id, requests)
-                    if run.source is not None:
-                        # An imported run's verdicts came with it (tracker/imports.py).
-                        log.info("imported rollouts not rescored", run_id=run.run_id)
-                        return
-                    spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
-                except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
-                    # Retried with backoff; on the last attempt every rollout of the batch is
-                    # errored with the cause, so the run completes instead of waiting for
-                    # its deadline on a dead-lettered batch.
-                    if attempt < DEFAULT_MAX_DELIVER:
-                        raise
-                    cause = f"no environment to score with: {describe(exc)}"
-                    cause += f" (after {attempt} attempts)"
-                    kind = failure_kind(exc)
-                    log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
-                    scored = [unscored(r, cause, kind) for r in generated.rollouts]
-                else:
-                    for unit in scoring_units(spec, generated.rollouts):
-                        try:
-                            if len(unit) == 1 and not judged_in_groups(spec):
-                                scored.append(await score_rollout(spec, unit[0], store()))
-                            else:
-                                scored.extend(await score_task_group(spec, unit, store()))
-                        except Exception as exc:  # noqa: BLE001 (retried, then recorded)
-                            # Retried (the whole batch: scoring is idempotent); on the last
-                            # attempt the rollouts are errored with the cause.
-                            if attempt < DEFAULT_MAX_DELIVER:
-                                raise
-                            detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
-                            cause = f"{detail or describe(exc)} (after {attempt} attempts)"
-                            for rollout in unit:
-                                log.warning(
-                                    "rollout errored", rollout_id=rollout.rollout_id, cause=cause
-                                )
-                                # score_rollout itself errors what the env's own verifier raises.
-                                scored.append(errored_verdict(rollout, cause, "infra"))
-                    # Verdicts in the batch's order, whatever order the groups were judged in.
-                    order = {r.rollout_id: i for i, r in enumerate(generated.rollouts)}
-                    scored.sort(key=lambda v: order[v.rollout_id])
-
-                def part(items: list[ScoredRollout], start: int, end: int) -> EventEnvelope:
-                    whole = start == 0 and end == len(scored)
-                    return EventEnvelope.new(
-                        RolloutsScored(
-                            run_id=generated.run_id,
-                            work_item_id=generated.work_item_id,
-                            rollouts=items,
-                        ),
-                        aggregate_id=generated.run_id,
-                        id_parts=(event.id,) if whole else (event.id, start, end),
-                        parent=event,
-                    )
-
-                await EventPublisher(js).publish_fitted(scored, part, shrink=_too_large)
-            log.info(
-                "rollouts scored",
-                count=len(scored),
-                passed=sum(s.outcome == "passed" for s in scored),
-                errored=sum(s.outcome == "errored" for s in scored),
-            )
-
-    return broker
-
-
-def _too_large(verdict: ScoredRollout, size: int, budget: int) -> ScoredRollout:
-    """A verdict too large for one message (huge reasons) becomes errored, saying so."""
-    return ScoredRollout(
-        rollout_id=verdict.rollout_id,
-        task_index=verdict.task_index,
-        sample_index=verdict.sample_index,
-        score=0.0,
-        passed=False,
-        error=f"its verdict is {size} bytes encoded, over the {budget} bytes a message may carry",
-        outcome="errored",
-        error_kind="infra",
-    )
+    """The verifier's broker: its batch handler on its durable, with this replica's state."""
+    state = handlers.VerifierState(settings, keepalive_s=min(10.0, ack_wait_s() / 3))
+    return service_broker(settings, consumers=[(consumer(), handlers.score_batch)], verifier=state)
 
 
 async def serve(settings: Settings) -> None:

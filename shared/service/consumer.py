@@ -65,17 +65,18 @@ class Consumer:
             max_ack_pending=self.max_ack_pending,
         )
 
-    def subscriber(self, broker: NatsBroker, **options: Any) -> Callable[[Any], Any]:
-        """Register a FastStream handler on this durable (a decorator, like broker.subscriber)."""
-        return broker.subscriber(  # type: ignore[no-any-return]
-            self.filter,
-            stream=JStream(self.stream, declare=False),
-            durable=self.name,
-            pull_sub=PullSub(
+    def _options(self) -> dict[str, Any]:
+        return {
+            "stream": JStream(self.stream, declare=False),
+            "durable": self.name,
+            "pull_sub": PullSub(
                 batch_size=self.batch_size, timeout=self.pull_timeout_s, batch=self.batch
             ),
-            ack_policy=self.ack_policy,
-            title=self.title,
-            description=self.description,
-            **options,
-        )
+            "ack_policy": self.ack_policy,
+            "title": self.title,
+            "description": self.description,
+        }
+
+    def subscriber(self, broker: NatsBroker, **options: Any) -> Callable[[Any], Any]:
+        """Register a FastStream handler on this durable (a decorator, like broker.subscriber)."""
+        return broker.subscriber(self.filter, **self._options(), **options)  # type: ignore[no-any-return]

@@ -17,6 +17,7 @@ from faststream.nats import NatsBroker, NatsRoute, NatsRouter
 
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
+from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings
 
 # The broker a handler runs on (for its JetStream context), as a handler parameter.
@@ -31,14 +32,23 @@ def request_route(handler: Callable[..., Any], service: str, verb: str, *, queue
 
 
 def service_broker(
-    settings: Settings, routes: Iterable[NatsRoute], **dependencies: Any
+    settings: Settings,
+    routes: Iterable[NatsRoute] = (),
+    *,
+    consumers: Iterable[tuple[Consumer, Callable[..., Any]]] = (),
+    **dependencies: Any,
 ) -> NatsBroker:
-    """A broker with `routes` on a router of its own and `dependencies` in its context.
+    """A broker with `routes` on a router of its own, each (durable, handler) of `consumers`
+    subscribed, and `dependencies` in its context.
 
     Built without dependencies it still describes the service (the AsyncAPI document).
     """
     broker = make_broker(settings)
     broker.include_router(NatsRouter(handlers=list(routes)))
+    for consumer, handler in consumers:
+        # Durable pull consumers subscribe on the broker itself: through a router their pull
+        # loop never fetched (FastStream 0.7).
+        consumer.subscriber(broker)(handler)
     for name, value in dependencies.items():
         broker.context.set_global(name, value)
     return broker
