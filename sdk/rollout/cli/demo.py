@@ -100,9 +100,8 @@ RECIPES: dict[str, Recipe] = {
     # confused base model otherwise rambles for 256 tokens a turn, 3 turns per task).
     BASE_MODEL: Recipe(
         demos="scripted",
-        # SFT has the cores to itself: a LoRA step ran 1.77x faster on 2 threads than on 1 on
-        # the quiet box (benchmarks/train_settings.py). GRPO keeps one: the actor samples the
-        # next round on the other core meanwhile (max_staleness 1).
+        # SFT and GRPO steps have the cores to themselves: a LoRA step ran 1.77x faster on 2
+        # threads than on 1 on the quiet box (benchmarks/train_settings.py).
         sft={
             "epochs": 1.0,
             "learning_rate": 2e-3,
@@ -117,15 +116,18 @@ RECIPES: dict[str, Recipe] = {
         # (benchmarks/grpo_over_sft.py, 32 held-out tasks): 3 steps of 2 tasks at 2e-4 moved
         # the default to another team in every seed (44% -> 38, 31, 44% on the 16 then held
         # out); 6 steps of 8 tasks at 5e-5 gave 44% -> 72, 72, 69% (3 of 3 seeds measurable);
-        # through the platform 44% -> 72, 62, 47% (2 of 3): docs/real-model.md. No KL
-        # penalty: its reference forward was 26% of a step (py-spy), and the low learning rate
-        # already keeps the policy near SFT's.
+        # through the platform 44% -> 72, 62, 47% (2 of 3): docs/real-model.md. Synchronous
+        # (max_staleness 0), as the recipe was chosen on the validation split: with the actor
+        # one version ahead (max_staleness 1) GRPO added measurably in 2 of 4 demos, in step
+        # with the learner in 3 of 4 (docs/real-model.md). No KL penalty: its reference
+        # forward was 26% of a step (py-spy), and the low learning rate already keeps the
+        # policy near SFT's.
         grpo={
             "learning_rate": 5e-5,
-            "max_staleness": 1,
+            "max_staleness": 0,
             "tasks_per_step": 8,
             "max_seq_len": MAX_SEQ_LEN,
-            "threads": 1,
+            "threads": 2,
             "beta": 0.0,
         },
         # Each env bounds a turn's tokens by its own budget (max_turn_tokens: 48 for a routing
