@@ -32,7 +32,7 @@ from pipeline import TASKS, InstantAgent, env_spec, through_platform
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.services.tracker.main import LEASE_NAME, LEASE_TTL_ENV
+from rollout.services.tracker.leader import LEASE_NAME, LEASE_TTL_ENV
 from rollout.services.tracker.main import serve as serve_tracker_replica
 from rollout.shared.bus.lease import BUCKET, DEFAULT_TTL_S, current_holder
 from rollout.shared.models.catalog import register_backend

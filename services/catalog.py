@@ -22,7 +22,7 @@ def asyncapi_brokers() -> list[NatsBroker]:
     offline = Settings(home=Path("."), nats_url="nats://127.0.0.1:4222", database_url=None)
     return [
         registry_broker(offline),
-        tracker_broker(offline, runner=None),  # type: ignore[arg-type]
+        tracker_broker(offline),
         actor_broker(offline),
         verifier_broker(offline),
         learner_broker(offline),

@@ -19,13 +19,11 @@ import json
 from typing import Any
 
 import pydantic
-from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 
-from rollout.services.tracker.runs import MAX_N, QUEUE
+from rollout.services.tracker.runs import MAX_N
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import load_run, rollout_id
-from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher, payload_budget
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import (
@@ -37,7 +35,7 @@ from rollout.shared.contracts.events import (
     RunStarted,
     ScoredRollout,
 )
-from rollout.shared.contracts.requests import ImportRun, Reply
+from rollout.shared.contracts.requests import ImportRun
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
@@ -234,21 +232,3 @@ async def import_run(js: JetStreamContext, cmd: ImportRun) -> tuple[RunRequested
         resumed=already,
     )
     return run, already
-
-
-def register(broker: NatsBroker) -> None:
-    """Attach the import handler to `broker`."""
-
-    @broker.subscriber(subjects.request("tracker", "import_run"), queue=QUEUE, title="runs/import")
-    async def import_run_handler(cmd: ImportRun) -> Reply:
-        """Check and record an imported run; answers with its id (the same on a re-import)."""
-        run, duplicate = await import_run(jetstream(broker), cmd)
-        return Reply(
-            data={
-                "runId": run.run_id,
-                "duplicate": duplicate,
-                "rollouts": len(cmd.rollouts),
-                "envSlug": run.env_slug,
-                "envVersion": run.env_version,
-            }
-        )

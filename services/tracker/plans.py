@@ -12,15 +12,13 @@ from __future__ import annotations
 import hashlib
 
 import pydantic
-from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rollout.shared import subjects
-from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, payload_types
-from rollout.shared.contracts.requests import RecordPlanEvent, Reply
+from rollout.shared.contracts.requests import RecordPlanEvent
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
 
@@ -65,30 +63,24 @@ async def _newest(js: JetStreamContext, plan_id: str) -> tuple[int, EventEnvelop
     return msg.seq, EventEnvelope.from_bytes(msg.data)
 
 
-def register(broker: NatsBroker) -> None:
-    """Attach the plan-history handler to `broker`."""
-
-    @broker.subscriber(
-        subjects.request("tracker", "record_plan_event"), queue=QUEUE, title="plans/record"
-    )
-    async def record_plan_event(cmd: RecordPlanEvent) -> Reply:
-        """Append one plan event, conditional on the plan's history being as the caller saw."""
-        event = plan_event(cmd)
-        try:
-            result = await EventPublisher(jetstream(broker)).publish(
-                event,
-                expected_last_subject_seq=cmd.expected_version,
-                expected_subject=subjects.aggregate_events("plan", cmd.plan_id),
-            )
-        except ConcurrencyConflict:
-            # JetStream checks the expected sequence before its duplicate window: a resend of
-            # an append that landed is answered from the plan's newest event, if it is that one.
-            landed = await _newest(jetstream(broker), cmd.plan_id)
-            if landed is not None and landed[1].id == event.id:
-                return Reply(data={"seq": landed[0], "duplicate": True, "id": event.id})
-            raise RolloutError(
-                f"plan {cmd.plan_id} moved on since it was read (is another `rollout run "
-                "--config` driving it?); run it again to resume from its events"
-            ) from None
-        log.info("plan event recorded", plan_id=cmd.plan_id, type=cmd.type, seq=result.seq)
-        return Reply(data={"seq": result.seq, "duplicate": result.duplicate, "id": event.id})
+async def record_plan_event(js: JetStreamContext, cmd: RecordPlanEvent) -> dict:
+    """Append one plan event, conditional on the plan's history being as the caller saw."""
+    event = plan_event(cmd)
+    try:
+        result = await EventPublisher(js).publish(
+            event,
+            expected_last_subject_seq=cmd.expected_version,
+            expected_subject=subjects.aggregate_events("plan", cmd.plan_id),
+        )
+    except ConcurrencyConflict:
+        # JetStream checks the expected sequence before its duplicate window: a resend of
+        # an append that landed is answered from the plan's newest event, if it is that one.
+        landed = await _newest(js, cmd.plan_id)
+        if landed is not None and landed[1].id == event.id:
+            return {"seq": landed[0], "duplicate": True, "id": event.id}
+        raise RolloutError(
+            f"plan {cmd.plan_id} moved on since it was read (is another `rollout run "
+            "--config` driving it?); run it again to resume from its events"
+        ) from None
+    log.info("plan event recorded", plan_id=cmd.plan_id, type=cmd.type, seq=result.seq)
+    return {"seq": result.seq, "duplicate": result.duplicate, "id": event.id}

@@ -13,12 +13,10 @@ import json
 from typing import Any
 
 import asyncpg
-from faststream.nats import NatsBroker
 
 from rollout.shared import subjects
-from rollout.shared.bus.broker import jetstream
-from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM, payload_budget
-from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns, Reply
+from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM
+from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.store.trajectories import load_trajectory
@@ -311,36 +309,20 @@ def job_row(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-def register(broker: NatsBroker, pool: asyncpg.Pool, store: ObjectStore | None = None) -> None:
-    """Attach the query handlers to `broker` (claim-checked trajectories come from `store`)."""
+async def get_job(pool: asyncpg.Pool, query: GetJob) -> dict:
+    """One training job."""
+    subjects.token(query.job_id, "job id")
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow("select * from jobs where job_id = $1", query.job_id)
+    if row is None:
+        raise RolloutError(f"no training job {query.job_id!r} (see `rollout jobs`)")
+    return job_row(row)
 
-    @broker.subscriber(subjects.request("tracker", "get_run"), queue=QUEUE, title="runs/get")
-    async def get_run_handler(query: GetRun) -> Reply:
-        """One run: summary, per-task table, optionally rollouts."""
-        budget = payload_budget(jetstream(broker))
-        return Reply(data=await get_run(pool, query, store, budget=budget))
 
-    @broker.subscriber(subjects.request("tracker", "list_runs"), queue=QUEUE, title="runs/list")
-    async def list_runs_handler(query: ListRuns) -> Reply:
-        """Recent runs."""
-        return Reply(data={"runs": await list_runs(pool, query)})
-
-    @broker.subscriber(subjects.request("tracker", "get_job"), queue=QUEUE, title="jobs/get")
-    async def get_job_handler(query: GetJob) -> Reply:
-        """One training job."""
-        subjects.token(query.job_id, "job id")
-        async with pool.acquire() as conn:
-            row = await conn.fetchrow("select * from jobs where job_id = $1", query.job_id)
-        if row is None:
-            raise RolloutError(f"no training job {query.job_id!r} (see `rollout jobs`)")
-        return Reply(data=job_row(row))
-
-    @broker.subscriber(subjects.request("tracker", "list_jobs"), queue=QUEUE, title="jobs/list")
-    async def list_jobs_handler(query: ListJobs) -> Reply:
-        """Recent training jobs."""
-        async with pool.acquire() as conn:
-            rows = await conn.fetch(
-                "select * from jobs order by created_at desc limit $1",
-                max(1, min(query.limit, 1000)),
-            )
-        return Reply(data={"jobs": [job_row(r) for r in rows]})
+async def list_jobs(pool: asyncpg.Pool, query: ListJobs) -> list[dict]:
+    """Recent training jobs."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "select * from jobs order by created_at desc limit $1", max(1, min(query.limit, 1000))
+        )
+    return [job_row(r) for r in rows]

@@ -33,7 +33,7 @@ from rollout.shared.contracts.events import (
     RunStarted,
     SamplingParams,
 )
-from rollout.shared.contracts.requests import CreateRun, Reply, request_fingerprint
+from rollout.shared.contracts.requests import CreateRun, request_fingerprint
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RolloutError
@@ -453,16 +453,6 @@ async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         return same_request(found, cmd)
     log.info("run requested", run_id=run_id, env=run.env_slug, model=run.model)
     return run
-
-
-def register(broker: NatsBroker) -> None:
-    """Attach the run-creation request handler to `broker`."""
-
-    @broker.subscriber(subjects.request("tracker", "create_run"), queue=QUEUE, title="runs/create")
-    async def create_run_handler(cmd: CreateRun) -> Reply:
-        """Validate and record a run request; the fan-out happens from the event."""
-        run = await create_run(jetstream(broker), cmd)
-        return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
 
 def register_fan_out(broker: NatsBroker) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
+import asyncpg
 from faststream import Context
 from faststream.nats import NatsBroker, NatsRoute, NatsRouter
 
@@ -22,12 +23,16 @@ from rollout.shared.settings import Settings
 
 # The broker a handler runs on (for its JetStream context), as a handler parameter.
 CurrentBroker = Annotated[NatsBroker, Context("broker")]
+# The service's Postgres pool, put in its broker's context as `pool`.
+Pool = Annotated[asyncpg.Pool, Context("pool")]
 
 
-def request_route(handler: Callable[..., Any], service: str, verb: str, *, queue: str) -> NatsRoute:
+def request_route(
+    handler: Callable[..., Any], service: str, verb: str, *, queue: str, title: str | None = None
+) -> NatsRoute:
     """The route answering `service`'s `verb` requests (one queue group across replicas)."""
     return NatsRoute(
-        handler, subjects.request(service, verb), queue=queue, title=f"{service}/{verb}"
+        handler, subjects.request(service, verb), queue=queue, title=title or f"{service}/{verb}"
     )
 
 

@@ -13,7 +13,7 @@ import nats.js.errors
 from pipeline.kit import as_service, snapshot
 from waiting import wait_until
 
-from rollout.services.tracker.main import LEASE_NAME, LEASE_TTL_ENV
+from rollout.services.tracker.leader import LEASE_NAME, LEASE_TTL_ENV
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
 from rollout.shared.bus.lease import BUCKET, current_holder

@@ -26,7 +26,7 @@ from waiting import wait_until
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.tracker import runs
-from rollout.services.tracker.main import LEASE_NAME, LEASE_TTL_ENV
+from rollout.services.tracker.leader import LEASE_NAME, LEASE_TTL_ENV
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import load_run
 from rollout.shared.bus.lease import Lease, bucket_ttl, lease_bucket
@@ -241,7 +241,7 @@ async def test_sigkill_the_leading_tracker_mid_run_the_standby_finishes_it_once(
 def test_a_bad_lease_ttl_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, raw: str, problem: str
 ) -> None:
-    from rollout.services.tracker.main import lease_ttl_s
+    from rollout.services.tracker.leader import lease_ttl_s
 
     monkeypatch.setenv(LEASE_TTL_ENV, raw)
     with pytest.raises(RolloutError, match=LEASE_TTL_ENV) as caught:

@@ -1,0 +1,90 @@
+"""The tracker's request handlers (every replica answers them): runs, imports, plans, queries.
+
+Each delegates to its domain module; run creation and plan events append with an expected
+sequence, imports are idempotent, and queries only read Postgres, so any replica may answer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from faststream import Context
+
+from rollout.services.tracker import imports, plans, queries, runs
+from rollout.shared.bus.broker import jetstream
+from rollout.shared.bus.publisher import payload_budget
+from rollout.shared.contracts.requests import (
+    CreateRun,
+    GetJob,
+    GetRun,
+    ImportRun,
+    ListJobs,
+    ListRuns,
+    RecordPlanEvent,
+    Reply,
+)
+from rollout.shared.objectstore import ObjectStore
+from rollout.shared.service.routes import CurrentBroker, Pool, request_route
+
+QUEUE = "tracker"
+# Claim-checked trajectories are read from it (put in the broker's context as `store`).
+Store = Annotated[ObjectStore, Context("store")]
+
+
+async def create_run(cmd: CreateRun, broker: CurrentBroker) -> Reply:
+    """Validate and record a run request; the fan-out happens from the event."""
+    run = await runs.create_run(jetstream(broker), cmd)
+    return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
+
+
+async def import_run(cmd: ImportRun, broker: CurrentBroker) -> Reply:
+    """Check and record an imported run; answers with its id (the same on a re-import)."""
+    run, duplicate = await imports.import_run(jetstream(broker), cmd)
+    return Reply(
+        data={
+            "runId": run.run_id,
+            "duplicate": duplicate,
+            "rollouts": len(cmd.rollouts),
+            "envSlug": run.env_slug,
+            "envVersion": run.env_version,
+        }
+    )
+
+
+async def record_plan_event(cmd: RecordPlanEvent, broker: CurrentBroker) -> Reply:
+    """Append one plan event, conditional on the plan's history being as the caller saw."""
+    return Reply(data=await plans.record_plan_event(jetstream(broker), cmd))
+
+
+async def get_run(query: GetRun, broker: CurrentBroker, pool: Pool, store: Store) -> Reply:
+    """One run: summary, per-task table, optionally rollouts."""
+    budget = payload_budget(jetstream(broker))
+    return Reply(data=await queries.get_run(pool, query, store, budget=budget))
+
+
+async def list_runs(query: ListRuns, pool: Pool) -> Reply:
+    """Recent runs."""
+    return Reply(data={"runs": await queries.list_runs(pool, query)})
+
+
+async def get_job(query: GetJob, pool: Pool) -> Reply:
+    """One training job."""
+    return Reply(data=await queries.get_job(pool, query))
+
+
+async def list_jobs(query: ListJobs, pool: Pool) -> Reply:
+    """Recent training jobs."""
+    return Reply(data={"jobs": await queries.list_jobs(pool, query)})
+
+
+ROUTES = [
+    request_route(create_run, "tracker", "create_run", queue=QUEUE, title="runs/create"),
+    request_route(import_run, "tracker", "import_run", queue=QUEUE, title="runs/import"),
+    request_route(
+        record_plan_event, "tracker", "record_plan_event", queue=QUEUE, title="plans/record"
+    ),
+    request_route(get_run, "tracker", "get_run", queue=QUEUE, title="runs/get"),
+    request_route(list_runs, "tracker", "list_runs", queue=QUEUE, title="runs/list"),
+    request_route(get_job, "tracker", "get_job", queue=QUEUE, title="jobs/get"),
+    request_route(list_jobs, "tracker", "list_jobs", queue=QUEUE, title="jobs/list"),
+]
