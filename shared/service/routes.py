@@ -18,6 +18,7 @@ from faststream.nats import NatsBroker, NatsRoute, NatsRouter
 
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
+from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings
 
@@ -41,14 +42,16 @@ def service_broker(
     routes: Iterable[NatsRoute] = (),
     *,
     consumers: Iterable[tuple[Consumer, Callable[..., Any]]] = (),
+    max_deliver: int = DEFAULT_MAX_DELIVER,
     **dependencies: Any,
 ) -> NatsBroker:
     """A broker with `routes` on a router of its own, each (durable, handler) of `consumers`
-    subscribed, and `dependencies` in its context.
+    subscribed, and `dependencies` in its context (`max_deliver`: the attempts a failing
+    message gets before it is dead-lettered).
 
     Built without dependencies it still describes the service (the AsyncAPI document).
     """
-    broker = make_broker(settings)
+    broker = make_broker(settings, max_deliver=max_deliver)
     broker.include_router(NatsRouter(handlers=list(routes)))
     for consumer, handler in consumers:
         # Durable pull consumers subscribe on the broker itself: through a router their pull

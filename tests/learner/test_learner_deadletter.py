@@ -22,6 +22,7 @@ from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.actor.main import build_broker as actor_broker
+from rollout.services.learner import jobs as learner_jobs
 from rollout.services.learner import main as learner_main
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
@@ -74,7 +75,7 @@ def letter(job_id: str, seq: int, reason: str = "broken") -> DeadLettered:
         consumer=learner_main.DURABLE,
         stream=subjects.WORK_STREAM,
         stream_seq=seq,
-        subject=subjects.work(learner_main.WORK_KIND, job_id),
+        subject=subjects.work(learner_jobs.WORK_KIND, job_id),
         deliveries=1,
         reason=reason,
     )
@@ -106,13 +107,13 @@ async def test_undecodable_work_item_fails_its_job_once_and_never_a_finished_one
         await append(js, done, "job-done", "job-done", "completed")
 
         # A work item whose payload cannot be decoded: the broker dead-letters it at once.
-        await js.publish(subjects.work(learner_main.WORK_KIND, "job-poison"), b"{not json")
+        await js.publish(subjects.work(learner_jobs.WORK_KIND, "job-poison"), b"{not json")
         failed = await wait_for_event(js, "job-poison", "job.failed", limit_s=60)
         reason = failed.payload["reason"]
         assert reason.startswith("the job's work item was dead-lettered after 1 delivery: ")
         assert "invalid payload" in reason or "JSONDecodeError" in reason, reason
         [recorded] = await dead_letters(js)
-        assert recorded.subject == subjects.work(learner_main.WORK_KIND, "job-poison")
+        assert recorded.subject == subjects.work(learner_jobs.WORK_KIND, "job-poison")
         # Recorded under the job consumer's own name, which only the learner may publish to.
         [subject] = [m.subject async for m in read_events(js, subjects.dead_letter())]
         assert subject == subjects.dead_letter(learner_main.DURABLE)

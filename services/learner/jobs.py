@@ -1,0 +1,199 @@
+"""Training jobs: recorded once per client request, queued, then run (or resumed) to an end.
+
+`create_job` validates everything first (no event, no job on a bad request), then appends
+`job.requested` expecting an empty history and queues a work item; `execute` runs one
+delivery of a job and ends it with job.failed on a user-facing problem or its last attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel, ConfigDict
+
+from rollout.services.learner.bridge import JobCancelled
+from rollout.services.learner.context import LearnerContext
+from rollout.services.learner.journal import JobJournal, job_history
+from rollout.services.learner.local_jobs import model_name, run_local_job
+from rollout.services.learner.online_jobs import run_online_job
+from rollout.services.learner.planning import plan_job, request_of
+from rollout.services.learner.providers import run_provider_job
+from rollout.services.learner.training_sets import BufferUnavailable
+from rollout.shared import subjects
+from rollout.shared.bus.deadletter import describe
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
+from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
+from rollout.shared.contracts.events import JobRequested
+from rollout.shared.contracts.requests import CreateTrainingJob, request_fingerprint
+from rollout.shared.errors import RolloutError
+from rollout.shared.models.trained import JOB_PREFIX, new_job_id
+from rollout.shared.observability import get_logger
+
+WORK_KIND = "jobs"
+# Attempts per job: a failing attempt is retried with backoff, a replica that died mid-job
+# hands the job to the next one; after this many the job fails.
+MAX_DELIVER = 3
+
+log = get_logger(__name__)
+
+
+def gave_up(attempts: int, why: str) -> str:
+    """The reason a job fails after its attempts: how many, and what the last one met."""
+    return f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}: {why}"
+
+
+def abandoned_reason(deliveries: int) -> str:
+    """Why a job whose last delivery ended with the replica gone is given up."""
+    return gave_up(
+        deliveries - 1,
+        "the learner replica running the job stopped before the job ended "
+        "(killed, out of memory, or restarted)",
+    )
+
+
+class JobWork(BaseModel):
+    """A work item: run this job (everything else is on the log)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+
+
+def job_id_for(cmd: CreateTrainingJob) -> str:
+    """The job's id: derived from the client request id (so a retry names the same job)."""
+    if cmd.client_request_id is None:
+        return new_job_id()
+    return f"{JOB_PREFIX}{deterministic_id('job-request', cmd.client_request_id)[:16]}"
+
+
+async def recorded_job(js: JetStreamContext, job_id: str) -> JobRequested | None:
+    """The job.requested already on the log for `job_id`, or None."""
+    name = subjects.event_name(JobRequested.event_type)
+    try:
+        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.event("job", job_id, name))
+    except NotFoundError:
+        return None
+    body = EventEnvelope.from_bytes(raw.data).body()
+    assert isinstance(body, JobRequested)
+    return body
+
+
+def _check_same(recorded: JobRequested, cmd: CreateTrainingJob) -> None:
+    if recorded.request_hash != request_fingerprint(cmd):
+        raise RolloutError(
+            f"client_request_id: {cmd.client_request_id!r} was already used for another "
+            f"training job (job {recorded.job_id}); send a fresh id with each new command"
+        )
+
+
+async def _queue(ctx: LearnerContext, job_id: str) -> None:
+    """Queue the job's work item (its id is the job's: JetStream drops a repeat in its window)."""
+    await ctx.js.publish(
+        subjects.work(WORK_KIND, job_id),
+        JobWork(job_id=job_id).model_dump_json().encode(),
+        headers={api.Header.MSG_ID: job_id},
+    )
+
+
+async def _requeue_if_lost(ctx: LearnerContext, job_id: str) -> None:
+    """A retry after a first attempt that recorded the job but died before queueing it."""
+    history = await job_history(ctx.js, job_id)
+    if history.finished or history.last_step > 0 or history.checkpoints:
+        return  # it ended, or a replica has it
+    try:
+        await ctx.js.get_last_msg(subjects.WORK_STREAM, subjects.work(WORK_KIND, job_id))
+    except NotFoundError:
+        # Work-queue retention: no item means none was queued (items leave only once the job
+        # ended, which the history above would show).
+        await _queue(ctx, job_id)
+        log.warning("job had no work item; queued it again", job_id=job_id)
+
+
+async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
+    """Validate, append job.requested, queue the work item; the reply names the job.
+
+    Once per client request id: the append expects the job's history to be empty, so a retry
+    (or a racing duplicate) reads the recorded job back and gets the same reply.
+    """
+    job_id = job_id_for(cmd)
+    plan = await plan_job(ctx, cmd, job_id=job_id)
+    requested = plan.event.model_copy(
+        update={"request_id": cmd.client_request_id, "request_hash": request_fingerprint(cmd)}
+    )
+    event = EventEnvelope.new(requested, aggregate_id=job_id, id_parts=(job_id,))
+    try:
+        result = await EventPublisher(ctx.js).publish(event, expected_last_subject_seq=0)
+    except ConcurrencyConflict:
+        result = None
+    if result is None or result.duplicate:
+        recorded = await recorded_job(ctx.js, job_id)
+        if recorded is None:
+            raise RolloutError(f"job {job_id} could not be recorded; retry the request")
+        _check_same(recorded, cmd)
+        await _requeue_if_lost(ctx, job_id)
+        log.info("job request repeated; same job", job_id=job_id)
+    else:
+        await _queue(ctx, job_id)
+        log.info("job requested", job_id=job_id, method=cmd.method, base=cmd.base_model)
+    return {
+        "id": job_id,
+        "jobId": job_id,
+        "status": "queued",
+        "method": plan.event.method,
+        "baseModel": plan.event.base_model,
+        "model": model_name(plan),
+        "sourceRunId": plan.event.source_run_id,
+        "sourceDataset": (
+            plan.event.source_dataset.sha256 if plan.event.source_dataset is not None else None
+        ),
+        "envSlug": plan.event.env_slug,
+        "trainingRows": len(plan.rows or []),
+        "pairs": plan.pairs,
+    }
+
+
+async def execute(
+    ctx: LearnerContext, job_id: str, *, deliveries: int, limit: int = MAX_DELIVER
+) -> None:
+    """Run (or resume) one job; user-facing problems end it as job.failed with the reason."""
+    history = await job_history(ctx.js, job_id)
+    if history.requested is None:
+        log.warning("work item for an unknown job; dropped", job_id=job_id)
+        return
+    if history.finished:
+        return  # redelivered after it ended: nothing to redo
+    journal = JobJournal(ctx.js, job_id, history.envelope)
+    try:
+        plan = await plan_job(ctx, request_of(history.requested), job_id=job_id)
+        if not plan.base.local:
+            await run_provider_job(ctx, plan, history)
+        elif plan.method.online:
+            await run_online_job(ctx, plan, history)
+        else:
+            await run_local_job(ctx, plan, history)
+    except BufferUnavailable as exc:
+        # Most likely a buffer restarting: retried with backoff, from the last checkpoint.
+        if not await _failed_on_last_attempt(journal, deliveries, limit, str(exc)):
+            raise
+    except RolloutError as exc:
+        log.warning("job failed", job_id=job_id, reason=str(exc))
+        await journal.failed(str(exc))
+    except (JobCancelled, asyncio.CancelledError):
+        raise  # the learner is stopping: the job comes back to a replica later
+    except Exception as exc:
+        if not await _failed_on_last_attempt(journal, deliveries, limit, describe(exc)):
+            raise  # retried with backoff by the broker's dead-letter policy
+
+
+async def _failed_on_last_attempt(
+    journal: JobJournal, deliveries: int, limit: int, what: str
+) -> bool:
+    """On the last allowed attempt, end the job with job.failed (True); else leave it (False)."""
+    if deliveries < limit:
+        return False
+    reason = gave_up(deliveries, what)
+    log.error("job failed", job_id=journal.job_id, reason=reason)
+    await journal.failed(reason)
+    return True
