@@ -23,7 +23,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from rollout.services.inference.main import serving
+from rollout.services.inference.server import serving
 from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.hf import HFBackend
 from rollout.shared.models.tiny import build_tiny_model

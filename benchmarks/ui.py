@@ -27,7 +27,7 @@ import httpx
 from rollout.services.tracker.queries import get_run as tracker_get_run
 from rollout.services.ui.app import create_app
 from rollout.services.ui.auth import COOKIE, Viewer
-from rollout.services.ui.main import start_in_loop
+from rollout.services.ui.server import start_in_loop
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts import events as ev

@@ -15,7 +15,7 @@ import pytest
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout.services.inference.main import Running, serving  # noqa: E402
+from rollout.services.inference.server import Running, serving  # noqa: E402
 from rollout.shared.service.sockets import bind  # noqa: E402
 
 TINY_CORPUS = ["Refund order O-1 in full", '{"order_id": "O-1", "amount": 10}', "refunded"]

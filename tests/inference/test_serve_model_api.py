@@ -17,7 +17,7 @@ from conftest import client_of
 from waiting import wait_until
 
 from rollout.services.inference.app import KeyRing
-from rollout.services.inference.main import is_loopback, load_keys
+from rollout.services.inference.exposure import is_loopback, load_keys
 from rollout.shared.stack.supervisor import cli_command
 
 INSTRUCTION = "Refund order O-1 for $100 for Alice"  # a train task of examples/refund_agent.py

@@ -9,7 +9,7 @@ from typing import Any
 
 from rollout.services.ui.app import create_app
 from rollout.services.ui.auth import Viewer
-from rollout.services.ui.main import start_in_loop
+from rollout.services.ui.server import start_in_loop
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.service.sockets import bind, url_of
 from rollout.shared.settings import Settings

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rollout.cli._common import client_settings_or_error
 from rollout.services.inference.api import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS_LIMIT
+from rollout.services.inference.exposure import check_exposure, load_keys
 from rollout.services.inference.policy import DEFAULT_MAX_BATCH
 from rollout.shared.service.sockets import bind
 
@@ -94,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve_model(args: argparse.Namespace) -> int:
-    from rollout.services.inference.main import check_exposure, load_keys, serve_forever
+    from rollout.services.inference.main import serve_forever
 
     for flag, value, low in (("--port", args.port, 0), ("--max-n", args.max_n, 1),
                              ("--max-tokens-limit", args.max_tokens_limit, 1),
