@@ -15,7 +15,7 @@ from rollout.services.buffer.queries import CATCH_UP_S, BufferQueries
 from rollout.services.buffer.tools import TaskTools
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import payload_budget
-from rollout.shared.objectstore import ObjectStore, default_store_url, open_store
+from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
@@ -46,15 +46,15 @@ async def serve(
 ) -> None:
     """Run one buffer replica until cancelled (`catch_up_s`: how long a query waits to catch up)."""
     threshold = inline_bytes_from_env() if inline_bytes is None else inline_bytes
-    store = store or open_store(default_store_url(settings.home), source=f"{settings.home}")
 
     async def build(runtime: ServiceRuntime) -> NatsBroker:
         pool = runtime.database()
-        projection = BufferProjection(store, inline_bytes=threshold)
+        objects = store or runtime.object_store()
+        projection = BufferProjection(objects, inline_bytes=threshold)
         runner = ProjectionRunner(pool, projection, contiguous=True)
         broker = build_broker(settings, runner)
         queries = BufferQueries(
-            pool, store, TaskTools(lambda: jetstream(broker)), runner.position,
+            pool, objects, TaskTools(lambda: jetstream(broker)), runner.position,
             catch_up_s=catch_up_s,
             # No reply may exceed what the connected server accepts, whatever inline_limit says.
             reply_budget=lambda: payload_budget(jetstream(broker)),

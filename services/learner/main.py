@@ -21,8 +21,6 @@ from faststream.nats import NatsBroker
 from rollout.services.learner import handlers
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.jobs import MAX_DELIVER
-from rollout.shared.objectstore import open_store
-from rollout.shared.objectstore.factory import default_store_url
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
@@ -72,8 +70,7 @@ async def serve(settings: Settings) -> None:
     """Run one learner replica until cancelled."""
 
     async def build(runtime: ServiceRuntime) -> NatsBroker:
-        store = open_store(default_store_url(settings.home), source="ROLLOUT_OBJECT_STORE_URL")
-        runtime.on_stop(store.close)
+        store = runtime.object_store()
         assert runtime.nc is not None
         ctx = LearnerContext(
             nc=runtime.nc, js=runtime.js, store=store, work_dir=settings.home / "learner" / "jobs"

@@ -24,7 +24,6 @@ from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.routes import service_broker
 from rollout.shared.settings import Settings
 from rollout.shared.store.projection import ProjectionRunner
-from rollout.shared.store.trajectories import object_store
 
 PROJECTION_DURABLE = durables.TRACKER_READ_MODELS.name
 
@@ -45,7 +44,7 @@ async def serve(settings: Settings) -> None:
     """Run one tracker replica until cancelled: it answers requests, and leads when elected."""
 
     async def build(runtime: ServiceRuntime) -> NatsBroker:
-        return request_broker(settings, runtime.database(), object_store(settings))
+        return request_broker(settings, runtime.database(), runtime.object_store())
 
     async def run(runtime: ServiceRuntime) -> None:
         await lead_when_elected(settings, runtime)

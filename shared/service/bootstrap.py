@@ -25,11 +25,13 @@ from nats.js import JetStreamContext
 
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams
 from rollout.shared.errors import RolloutError
+from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import BEATS_DIR, DEFAULT_INTERVAL, default_replica_id, heartbeat
 from rollout.shared.store.db import close_pool, create_pool, migrate
+from rollout.shared.store.trajectories import object_store
 
 log = get_logger(__name__)
 
@@ -45,6 +47,7 @@ class ServiceRuntime:
     nc: nats.aio.client.Client | None = None
     brokers: list[NatsBroker] = field(default_factory=list)
     _stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    _store: ObjectStore | None = None
 
     @property
     def js(self) -> JetStreamContext:
@@ -62,6 +65,13 @@ class ServiceRuntime:
         await self._stack.enter_async_context(started(broker))
         self.brokers.append(broker)
         return broker
+
+    def object_store(self) -> ObjectStore:
+        """The platform's object store, opened once for the service and closed when it stops."""
+        if self._store is None:
+            self._store = object_store(self.settings)
+            self.on_stop(self._store.close)
+        return self._store
 
     def on_stop(self, close: Callable[[], Awaitable[object]]) -> None:
         """Run `close` when the service stops (before what was set up earlier is closed)."""
