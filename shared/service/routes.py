@@ -1,8 +1,8 @@
 """A service's handlers as a FastStream router: request routes declared once, dependencies by name.
 
 A service's `handlers.py` holds its handlers as plain module functions whose dependencies are
-keyword parameters defaulting to `Context()` (FastStream fills them from the broker's context by
-name) and lists them in `ROUTES`. Its `main.py` builds the broker with `service_broker`, which
+parameters annotated with a `Context` name (`CurrentBroker`, `Pool`, a replica's state:
+FastStream fills them from the broker's context) and lists its request routes in `ROUTES`. Its `main.py` builds the broker with `service_broker`, which
 includes a fresh router of those routes (each broker its own subscribers, so replicas can share
 a process) and puts the dependencies in that broker's context.
 """
