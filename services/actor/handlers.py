@@ -9,7 +9,6 @@ from typing import Annotated
 import httpx
 from faststream import Context
 from faststream.nats import NatsRoute
-from nats.js import JetStreamContext
 
 from rollout.services.actor.generate import (
     dumped_batch,
@@ -34,13 +33,12 @@ from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.trained import TrainedBackend, apply_update, refresh_policy
-from rollout.shared.objectstore import ObjectStore, to_json_bytes
+from rollout.shared.objectstore import to_json_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.observability import get_logger
+from rollout.shared.service.replica import ReplicaState
 from rollout.shared.service.routes import CurrentBroker
-from rollout.shared.settings import Settings
-from rollout.shared.store.spec_cache import SpecCache
-from rollout.shared.store.trajectories import inline_limit, object_store, offload
+from rollout.shared.store.trajectories import inline_limit, offload
 
 log = get_logger(__name__)
 
@@ -83,28 +81,12 @@ def _too_large(rollout: GeneratedRollout, size: int, budget: int) -> GeneratedRo
     )
 
 
-@dataclass
-class ActorState:
-    """What one replica keeps between work items: loaded models, caches, object store."""
+@dataclass(kw_only=True)
+class ActorState(ReplicaState):
+    """What one replica keeps between work items: loaded models besides the kit's caches."""
 
-    settings: Settings
     actor_id: str
-    keepalive_s: float
     backends: Backends = field(default_factory=lambda: Backends())
-    _specs: SpecCache | None = None
-    _store: ObjectStore | None = None
-
-    def specs(self, js: JetStreamContext) -> SpecCache:
-        """The environment specs, cached by version."""
-        if self._specs is None:
-            self._specs = SpecCache(js)
-        return self._specs
-
-    def store(self) -> ObjectStore:
-        """The object store (opened on first use)."""
-        if self._store is None:
-            self._store = object_store(self.settings)
-        return self._store
 
 
 State = Annotated[ActorState, Context("actor")]

@@ -46,7 +46,9 @@ def consumer() -> Consumer:
 def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBroker:
     """The actor's broker: work items on the shared durable, policy updates to every replica."""
     state = handlers.ActorState(
-        settings, actor_id or default_replica_id(), keepalive_s=min(10.0, ack_wait_s() / 3)
+        settings=settings,
+        actor_id=actor_id or default_replica_id(),
+        keepalive_s=min(10.0, ack_wait_s() / 3),
     )
     return service_broker(
         settings,

@@ -32,12 +32,9 @@ from rollout.shared.contracts.events import (
 )
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RetrySignal
-from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
+from rollout.shared.service.replica import ReplicaState
 from rollout.shared.service.routes import CurrentBroker
-from rollout.shared.settings import Settings
-from rollout.shared.store.spec_cache import SpecCache
-from rollout.shared.store.trajectories import object_store
 
 # Run requests kept per replica: a request never changes, so each run is read once, not once
 # per generated batch (a round trip per work item otherwise).
@@ -46,27 +43,11 @@ RUN_CACHE_SIZE = 1024
 log = get_logger(__name__)
 
 
-@dataclass
-class VerifierState:
-    """What one replica keeps between batches: its caches, object store and keepalive."""
+@dataclass(kw_only=True)
+class VerifierState(ReplicaState):
+    """What one replica keeps between batches: run requests besides the kit's caches."""
 
-    settings: Settings
-    keepalive_s: float
     requests: OrderedDict[str, RunRequested] = field(default_factory=OrderedDict)
-    _specs: SpecCache | None = None
-    _store: ObjectStore | None = None
-
-    def specs(self, js: JetStreamContext) -> SpecCache:
-        """The environment specs, cached by version."""
-        if self._specs is None:
-            self._specs = SpecCache(js)
-        return self._specs
-
-    def store(self) -> ObjectStore:
-        """The object store (opened on first use)."""
-        if self._store is None:
-            self._store = object_store(self.settings)
-        return self._store
 
 
 State = Annotated[VerifierState, Context("verifier")]

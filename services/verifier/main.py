@@ -32,7 +32,7 @@ def consumer() -> Consumer:
 
 def build_broker(settings: Settings) -> NatsBroker:
     """The verifier's broker: its batch handler on its durable, with this replica's state."""
-    state = handlers.VerifierState(settings, keepalive_s=min(10.0, ack_wait_s() / 3))
+    state = handlers.VerifierState(settings=settings, keepalive_s=min(10.0, ack_wait_s() / 3))
     return service_broker(settings, consumers=[(consumer(), handlers.score_batch)], verifier=state)
 
 
