@@ -171,3 +171,19 @@ def test_a_tuned_consumer_keeps_its_identity() -> None:
             durables.ACTORS.tuned(**{field: "other"})
     with pytest.raises(dataclasses.FrozenInstanceError):
         durables.ACTORS.name = "other"  # type: ignore[misc]
+
+
+def test_each_broker_has_its_own_routes_and_dependencies(settings: Settings) -> None:
+    # Replicas of a service may share a process (the tests, `rollout up` in one process): one
+    # broker's dependencies and subscribers must never be another's.
+    from service_kit import tiny_service
+
+    from rollout.shared.service.routes import service_broker
+
+    a = service_broker(settings, tiny_service.ROUTES, pool="pool-a")
+    b = service_broker(settings, tiny_service.ROUTES, pool="pool-b")
+    assert (a.context.get("pool"), b.context.get("pool")) == ("pool-a", "pool-b")
+    assert [repr(s.subject) for s in a.subscribers] == [
+        f"Address({subjects.request('tiny', 'count')!r})"
+    ]
+    assert a.subscribers[0] is not b.subscribers[0]

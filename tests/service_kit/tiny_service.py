@@ -1,4 +1,8 @@
-"""A whole service written with the kit: one work consumer, one request handler, Postgres."""
+"""A whole service written with the kit: one work consumer, one request route, Postgres.
+
+The same layout as every platform service: module-level handlers whose dependencies come from
+the broker's context (`Pool`), request routes in `ROUTES`, and a `serve` that declares it.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,10 @@ from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
 from rollout.shared import subjects
-from rollout.shared.bus.broker import make_broker
 from rollout.shared.contracts.requests import Reply, Request
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.consumer import Consumer
+from rollout.shared.service.routes import Pool, request_route, service_broker
 from rollout.shared.settings import Settings
 
 GREETINGS = Consumer(
@@ -27,24 +31,26 @@ class CountGreetings(Request):
     """How many greetings were stored."""
 
 
+async def greet(greeting: Greeting, pool: Pool) -> None:
+    """Store one greeting (once)."""
+    await pool.execute("insert into tiny_greetings values ($1) on conflict do nothing",
+                       greeting.name)  # fmt: skip
+
+
+async def count(query: CountGreetings, pool: Pool) -> Reply:
+    """How many greetings are stored."""
+    return Reply(data={"greetings": await pool.fetchval("select count(*) from tiny_greetings")})
+
+
+ROUTES = [request_route(count, "tiny", "count", queue="tiny")]
+
+
 async def serve(settings: Settings) -> None:
     """Store every greeting in Postgres; answer how many there are."""
 
     async def build(runtime: ServiceRuntime) -> NatsBroker:
         pool = runtime.database()
         await pool.execute("create table if not exists tiny_greetings(name text primary key)")
-        broker = make_broker(settings)
-
-        @GREETINGS.subscriber(broker)
-        async def greet(greeting: Greeting) -> None:
-            await pool.execute("insert into tiny_greetings values ($1) on conflict do nothing",
-                               greeting.name)  # fmt: skip
-
-        @broker.subscriber(subjects.request("tiny", "count"), queue="tiny")
-        async def count(query: CountGreetings) -> Reply:
-            total = await pool.fetchval("select count(*) from tiny_greetings")
-            return Reply(data={"greetings": total})
-
-        return broker
+        return service_broker(settings, ROUTES, consumers=[(GREETINGS, greet)], pool=pool)
 
     await serve_service("tiny", settings, build, consumers=[GREETINGS], database=True)
