@@ -149,13 +149,5 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
 
 def _too_large(verdict: ScoredRollout, size: int, budget: int) -> ScoredRollout:
     """A verdict too large for one message (huge reasons) becomes errored, saying so."""
-    return ScoredRollout(
-        rollout_id=verdict.rollout_id,
-        task_index=verdict.task_index,
-        sample_index=verdict.sample_index,
-        score=0.0,
-        passed=False,
-        error=f"its verdict is {size} bytes encoded, over the {budget} bytes a message may carry",
-        outcome="errored",
-        error_kind="infra",
-    )
+    cause = f"its verdict is {size} bytes encoded, over the {budget} bytes a message may carry"
+    return errored_verdict(verdict, cause, "infra")

@@ -57,8 +57,10 @@ def unscored(rollout: GeneratedRollout, cause: str, kind: ErrorKind) -> ScoredRo
     return errored_verdict(rollout, cause, kind)
 
 
-def errored_verdict(rollout: GeneratedRollout, cause: str, kind: ErrorKind) -> ScoredRollout:
-    """The record of a rollout that got no verdict, with what broke."""
+def errored_verdict(
+    rollout: GeneratedRollout | ScoredRollout, cause: str, kind: ErrorKind
+) -> ScoredRollout:
+    """The record of a rollout that got no verdict (or one too large to send), with what broke."""
     return ScoredRollout(
         rollout_id=rollout.rollout_id,
         task_index=rollout.task_index,
