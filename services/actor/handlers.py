@@ -17,8 +17,9 @@ from rollout.services.actor.generate import (
     without_trajectory,
 )
 from rollout.shared import subjects
+from rollout.shared.bus.attempts import Delivery
 from rollout.shared.bus.broker import current_message, jetstream
-from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
+from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -98,7 +99,7 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
     js = jetstream(broker)
     cache = actor.specs(js)
     raw = message.raw_message
-    attempt = raw.metadata.num_delivered
+    delivery = Delivery.of(raw)
     publisher = EventPublisher(js)
     # Each rollout's position in the work item, and the ids of those already on the log.
     positions = {item.rollout_id: k for k, item in enumerate(work.items)}
@@ -150,7 +151,7 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
 
     async def finished(rollouts: list[GeneratedRollout]) -> None:
         # Each task's rollouts go out as soon as they are done, while the batch goes on.
-        await publish(rollouts, last=attempt >= DEFAULT_MAX_DELIVER)
+        await publish(rollouts, last=delivery.last)
 
     async with working_on(raw, every_s=actor.keepalive_s):
         stage: ErrorKind = "env"
@@ -169,21 +170,20 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
                 spec,
                 backend,
                 actor_id=actor.actor_id,
-                delivery_attempt=attempt,
+                delivery_attempt=delivery.number,
                 policy_version=version,
                 on_rollouts=finished,
             )
         except (RolloutError, RetrySignal, httpx.HTTPError, OSError, ObjectStoreError) as exc:
             # Retry a few times (a flaky endpoint); then record the failure on each rollout
             # not yet on the log so the run still finishes and says why.
-            if attempt < DEFAULT_MAX_DELIVER:
-                raise
+            delivery.retry(exc)
             kind: ErrorKind = "infra" if isinstance(exc, OSError | ObjectStoreError) else stage
             rollouts = failed_batch(
                 work,
-                f"generation failed: {describe(exc)}",
+                delivery.gave_up(f"generation failed: {describe(exc)}"),
                 actor_id=actor.actor_id,
-                delivery_attempt=attempt,
+                delivery_attempt=delivery.number,
                 kind=kind,
             )
         rest = [r for r in rollouts if r.rollout_id not in published]

@@ -12,9 +12,6 @@ from faststream.nats import NatsBroker
 from rollout.services.buffer import handlers
 from rollout.services.buffer.projection import BufferProjection, inline_bytes_from_env, wanted
 from rollout.services.buffer.queries import CATCH_UP_S, BufferQueries
-from rollout.services.buffer.tools import TaskTools
-from rollout.shared.bus.broker import jetstream
-from rollout.shared.bus.publisher import payload_budget
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
@@ -53,12 +50,7 @@ async def serve(
         projection = BufferProjection(objects, inline_bytes=threshold)
         runner = ProjectionRunner(pool, projection, contiguous=True)
         broker = build_broker(settings, runner)
-        queries = BufferQueries(
-            pool, objects, TaskTools(lambda: jetstream(broker)), runner.position,
-            catch_up_s=catch_up_s,
-            # No reply may exceed what the connected server accepts, whatever inline_limit says.
-            reply_budget=lambda: payload_budget(jetstream(broker)),
-        )  # fmt: skip
+        queries = BufferQueries.on_broker(pool, objects, broker, runner, catch_up_s=catch_up_s)
         broker.context.set_global("queries", queries)
         log.info("buffer started", position=await runner.position(), inline_bytes=threshold)
         return broker

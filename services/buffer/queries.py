@@ -19,8 +19,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from faststream.nats import NatsBroker
 
 from rollout.services.buffer.tools import TaskTools
+from rollout.shared.bus.broker import jetstream
+from rollout.shared.bus.publisher import payload_budget
 from rollout.shared.contracts.buffer import (
     BEHIND,
     BufferData,
@@ -34,6 +37,7 @@ from rollout.shared.contracts.buffer import (
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning import datasets
 from rollout.shared.objectstore import ObjectStore, content_key, sha256_bytes, to_json_bytes
+from rollout.shared.store.projection import ProjectionRunner
 
 EXPORT_PREFIX = "buffer/exports"
 _COLUMNS = (
@@ -82,6 +86,27 @@ class BufferQueries:
         self.catch_up_s = catch_up_s
         # The largest reply the connected server accepts (none known: the query's limit).
         self.reply_budget = reply_budget
+
+    @classmethod
+    def on_broker(
+        cls,
+        pool: asyncpg.Pool,
+        store: ObjectStore,
+        broker: NatsBroker,
+        runner: ProjectionRunner,
+        *,
+        catch_up_s: float = CATCH_UP_S,
+    ) -> BufferQueries:
+        """Queries answered on `broker`: caught up with `runner`, replies sized to its server."""
+        return cls(
+            pool,
+            store,
+            TaskTools(lambda: jetstream(broker)),
+            runner.position,
+            catch_up_s=catch_up_s,
+            # No reply may exceed what the connected server accepts, whatever inline_limit says.
+            reply_budget=lambda: payload_budget(jetstream(broker)),
+        )
 
     async def sft_set(self, query: SftSetQuery) -> BufferData:
         """Passing rollouts of a run (or of the given ids) as chat examples with tools."""

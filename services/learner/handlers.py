@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 
 from faststream import Context
@@ -11,6 +10,8 @@ from faststream.nats import NatsMessage
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.deadletters import fail_dead_lettered_job
 from rollout.services.learner.jobs import WORK_KIND, JobWork, abandoned_reason, create_job, execute
+from rollout.services.learner.tuning import Limits
+from rollout.shared.bus.attempts import Delivery
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.deadletter import record_dead_letter
 from rollout.shared.bus.keepalive import working_on
@@ -24,14 +25,6 @@ from rollout.shared.service.routes import CurrentBroker, request_route
 QUEUE = "learner"
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """This replica's delivery limits: attempts per job, and how often a running job is acked."""
-
-    max_deliver: int
-    keepalive_s: float
 
 
 # Put in the broker's context by main.py (the context only once the service connected).
@@ -49,17 +42,17 @@ async def run_job(
 ) -> None:
     """Run a job while telling JetStream we are still on it; ack when it ended."""
     raw = message.raw_message
-    deliveries = raw.metadata.num_delivered
-    if deliveries > limits.max_deliver:
+    delivery = Delivery.of(raw, limits.max_deliver)
+    if delivery.number > delivery.limit:
         # Each earlier attempt ended without a verdict: its replica was gone. Dead-letter
         # the item; the dead-letter consumer below then fails the job with the reason.
-        reason = abandoned_reason(deliveries)
+        reason = abandoned_reason(delivery.number)
         await record_dead_letter(jetstream(broker), raw, reason)
         await raw.term()
         log.error("job abandoned", job_id=work.job_id, reason=reason)
         return
     async with working_on(raw, every_s=limits.keepalive_s):
-        await execute(learner, work.job_id, deliveries=deliveries, limit=limits.max_deliver)
+        await execute(learner, work.job_id, delivery)
 
 
 async def dead_lettered(event: EventEnvelope, broker: CurrentBroker) -> None:

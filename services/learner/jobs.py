@@ -22,6 +22,7 @@ from rollout.services.learner.planning import plan_job, request_of
 from rollout.services.learner.providers import run_provider_job
 from rollout.services.learner.training_sets import BufferUnavailable
 from rollout.shared import subjects
+from rollout.shared.bus.attempts import Delivery, gave_up
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
@@ -37,11 +38,6 @@ WORK_KIND = "jobs"
 MAX_DELIVER = 3
 
 log = get_logger(__name__)
-
-
-def gave_up(attempts: int, why: str) -> str:
-    """The reason a job fails after its attempts: how many, and what the last one met."""
-    return f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}: {why}"
 
 
 def abandoned_reason(deliveries: int) -> str:
@@ -154,10 +150,9 @@ async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
     }
 
 
-async def execute(
-    ctx: LearnerContext, job_id: str, *, deliveries: int, limit: int = MAX_DELIVER
-) -> None:
+async def execute(ctx: LearnerContext, job_id: str, delivery: Delivery | None = None) -> None:
     """Run (or resume) one job; user-facing problems end it as job.failed with the reason."""
+    delivery = delivery or Delivery(1, MAX_DELIVER)
     history = await job_history(ctx.js, job_id)
     if history.requested is None:
         log.warning("work item for an unknown job; dropped", job_id=job_id)
@@ -175,7 +170,7 @@ async def execute(
             await run_local_job(ctx, plan, history)
     except BufferUnavailable as exc:
         # Most likely a buffer restarting: retried with backoff, from the last checkpoint.
-        if not await _failed_on_last_attempt(journal, deliveries, limit, str(exc)):
+        if not await _failed_on_last_attempt(journal, delivery, str(exc)):
             raise
     except RolloutError as exc:
         log.warning("job failed", job_id=job_id, reason=str(exc))
@@ -183,17 +178,15 @@ async def execute(
     except (JobCancelled, asyncio.CancelledError):
         raise  # the learner is stopping: the job comes back to a replica later
     except Exception as exc:
-        if not await _failed_on_last_attempt(journal, deliveries, limit, describe(exc)):
+        if not await _failed_on_last_attempt(journal, delivery, describe(exc)):
             raise  # retried with backoff by the broker's dead-letter policy
 
 
-async def _failed_on_last_attempt(
-    journal: JobJournal, deliveries: int, limit: int, what: str
-) -> bool:
+async def _failed_on_last_attempt(journal: JobJournal, delivery: Delivery, what: str) -> bool:
     """On the last allowed attempt, end the job with job.failed (True); else leave it (False)."""
-    if deliveries < limit:
+    if not delivery.last:
         return False
-    reason = gave_up(deliveries, what)
+    reason = delivery.gave_up(what)
     log.error("job failed", job_id=journal.job_id, reason=reason)
     await journal.failed(reason)
     return True

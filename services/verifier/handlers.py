@@ -19,8 +19,9 @@ from rollout.services.verifier.scoring import (
     unscored,
 )
 from rollout.shared.aggregates.run import recorded_request
+from rollout.shared.bus.attempts import Delivery
 from rollout.shared.bus.broker import current_message, jetstream
-from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, describe
+from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -79,7 +80,7 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
     generated = event.body()
     assert isinstance(generated, RolloutsGenerated)
     raw = message.raw_message
-    attempt = raw.metadata.num_delivered
+    delivery = Delivery.of(raw)
     with event_context(event):
         async with working_on(raw, every_s=verifier.keepalive_s):
             scored: list[ScoredRollout] = []
@@ -94,10 +95,8 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
                 # Retried with backoff; on the last attempt every rollout of the batch is
                 # errored with the cause, so the run completes instead of waiting for
                 # its deadline on a dead-lettered batch.
-                if attempt < DEFAULT_MAX_DELIVER:
-                    raise
-                cause = f"no environment to score with: {describe(exc)}"
-                cause += f" (after {attempt} attempts)"
+                delivery.retry(exc)
+                cause = delivery.gave_up(f"no environment to score with: {describe(exc)}")
                 kind = failure_kind(exc)
                 log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
                 scored = [unscored(r, cause, kind) for r in generated.rollouts]
@@ -111,10 +110,9 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
                     except Exception as exc:  # noqa: BLE001 (retried, then recorded)
                         # Retried (the whole batch: scoring is idempotent); on the last
                         # attempt the rollouts are errored with the cause.
-                        if attempt < DEFAULT_MAX_DELIVER:
-                            raise
+                        delivery.retry(exc)
                         detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
-                        cause = f"{detail or describe(exc)} (after {attempt} attempts)"
+                        cause = delivery.gave_up(detail or describe(exc))
                         for rollout in unit:
                             log.warning(
                                 "rollout errored", rollout_id=rollout.rollout_id, cause=cause

@@ -10,7 +10,8 @@ from faststream.security import BaseSecurity
 from nats.js import JetStreamContext
 
 from rollout.shared.bus import batch_pull, fetch_timeouts
-from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER, DeadLetterPolicy
+from rollout.shared.bus.attempts import DEFAULT_MAX_DELIVER
+from rollout.shared.bus.deadletter import DeadLetterPolicy
 from rollout.shared.settings import Settings, inbox_prefix_of, nats_tls_context
 
 

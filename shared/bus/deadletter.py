@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from rollout.shared import subjects
+from rollout.shared.bus.attempts import DEFAULT_MAX_DELIVER, gave_up
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts.envelope import (
     UNSUPPORTED_SCHEMA_VERSION,
@@ -27,7 +28,6 @@ from rollout.shared.contracts.requests import Reply
 from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.observability import get_logger
 
-DEFAULT_MAX_DELIVER = 5
 _PREVIEW_BYTES = 2048
 # Errors that no retry can fix: the message itself is malformed.
 _POISON = (
@@ -183,7 +183,7 @@ class _DeadLetterMiddleware(BaseMiddleware):
         if poison or deliveries >= self.policy.max_deliver:
             reason = describe(exc_val)
             if not poison:
-                reason = f"gave up after {deliveries} attempts: {reason}"
+                reason = gave_up(deliveries, reason)
             await record_dead_letter(self.policy._js_provider(), msg, reason)
             await msg.term()
             log.error("message dead-lettered", subject=msg.subject, reason=reason)

@@ -19,7 +19,7 @@ from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js import api
 
-from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER
+from rollout.shared.bus.attempts import DEFAULT_MAX_DELIVER
 from rollout.shared.bus.streams import pull_consumer_config
 
 # What permissions are derived from: a tuned consumer keeps these.

@@ -17,8 +17,8 @@ from faststream import Context
 from faststream.nats import NatsBroker, NatsRoute, NatsRouter
 
 from rollout.shared import subjects
+from rollout.shared.bus.attempts import DEFAULT_MAX_DELIVER
 from rollout.shared.bus.broker import make_broker
-from rollout.shared.bus.deadletter import DEFAULT_MAX_DELIVER
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings
 

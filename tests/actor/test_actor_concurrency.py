@@ -6,6 +6,7 @@ import pytest
 
 from rollout.errors import RolloutError
 from rollout.services.actor import main as actor_main
+from rollout.services.actor import tuning
 
 
 def _generate_pull(settings) -> int:
@@ -15,10 +16,10 @@ def _generate_pull(settings) -> int:
 
 
 def test_the_actor_fetches_as_many_items_as_it_generates_at_once(settings, monkeypatch) -> None:
-    assert _generate_pull(settings) == actor_main.DEFAULT_CONCURRENCY > 1
-    monkeypatch.setenv(actor_main.CONCURRENCY_ENV, "1")
+    assert _generate_pull(settings) == tuning.DEFAULT_CONCURRENCY > 1
+    monkeypatch.setenv(tuning.CONCURRENCY_ENV, "1")
     assert _generate_pull(settings) == 1
-    monkeypatch.setenv(actor_main.CONCURRENCY_ENV, " 12 ")
+    monkeypatch.setenv(tuning.CONCURRENCY_ENV, " 12 ")
     assert _generate_pull(settings) == 12
 
 
@@ -26,6 +27,6 @@ def test_the_actor_fetches_as_many_items_as_it_generates_at_once(settings, monke
 async def test_a_bad_concurrency_is_refused_before_the_actor_connects(
     settings, monkeypatch, raw: str, problem: str
 ) -> None:
-    monkeypatch.setenv(actor_main.CONCURRENCY_ENV, raw)
+    monkeypatch.setenv(tuning.CONCURRENCY_ENV, raw)
     with pytest.raises(RolloutError, match=f"ROLLOUT_ACTOR_CONCURRENCY must be (a )?{problem}"):
         await actor_main.serve(settings)

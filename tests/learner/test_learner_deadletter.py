@@ -23,7 +23,6 @@ from waiting import wait_until
 from rollout.errors import RolloutError
 from rollout.services.actor.main import build_broker as actor_broker
 from rollout.services.learner import jobs as learner_jobs
-from rollout.services.learner import main as learner_main
 from rollout.shared import subjects
 from rollout.shared.bus.broker import make_broker
 from rollout.shared.bus.publisher import EventPublisher
@@ -42,6 +41,7 @@ from rollout.shared.contracts.events import (
     JobRequested,
     PolicyUpdated,
 )
+from rollout.shared.service import durables
 from rollout.shared.settings import connect_nats
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def requested(job_id: str) -> JobRequested:
 def letter(job_id: str, seq: int, reason: str = "broken") -> DeadLettered:
     """A dead letter for job `job_id`'s work item at work-stream position `seq`."""
     return DeadLettered(
-        consumer=learner_main.DURABLE,
+        consumer=durables.LEARNER_JOBS.name,
         stream=subjects.WORK_STREAM,
         stream_seq=seq,
         subject=subjects.work(learner_jobs.WORK_KIND, job_id),
@@ -116,15 +116,15 @@ async def test_undecodable_work_item_fails_its_job_once_and_never_a_finished_one
         assert recorded.subject == subjects.work(learner_jobs.WORK_KIND, "job-poison")
         # Recorded under the job consumer's own name, which only the learner may publish to.
         [subject] = [m.subject async for m in read_events(js, subjects.dead_letter())]
-        assert subject == subjects.dead_letter(learner_main.DURABLE)
+        assert subject == subjects.dead_letter(durables.LEARNER_JOBS.name)
 
         # A job item's dead letter recorded under another service's consumer (what an actor's
         # credential may publish): the learner does not act on it.
         await append(js, letter("job-forged", 9_999), "actors", "forged")
         # A second dead letter for the same job, and one for a job that already completed.
-        await append(js, letter("job-poison", 10_000), learner_main.DURABLE, "again")
-        await append(js, letter("job-done", 10_001), learner_main.DURABLE, "done")
-        await wait_consumer_idle(js, subjects.EVENTS_STREAM, learner_main.DEADLETTER_DURABLE)
+        await append(js, letter("job-poison", 10_000), durables.LEARNER_JOBS.name, "again")
+        await append(js, letter("job-done", 10_001), durables.LEARNER_JOBS.name, "done")
+        await wait_consumer_idle(js, subjects.EVENTS_STREAM, durables.LEARNER_DEADLETTERS.name)
         platform.check()
         assert [e.type for e in await job_events(js, "job-poison")].count("job.failed") == 1
         assert "job.failed" not in [e.type for e in await job_events(js, "job-done")]
@@ -161,7 +161,7 @@ async def test_job_whose_learner_is_killed_on_every_attempt_ends_failed(
         await wait_until(
             lambda: _status_is(client, job["id"], "failed"), "the tracker to show the failure"
         )
-        letters = [x for x in await dead_letters(js) if x.consumer == learner_main.DURABLE]
+        letters = [x for x in await dead_letters(js) if x.consumer == durables.LEARNER_JOBS.name]
         kinds = [e.type for e in await job_events(js, job["id"])]
     finally:
         await shut_down(learner, client, platform)

@@ -249,9 +249,11 @@ async def test_the_actor_reads_its_ack_wait_when_it_starts_not_at_import(
 
     from rollout.errors import RolloutError
     from rollout.services.actor import main as actor_main
+    from rollout.services.actor import tuning
+    from rollout.shared.service import durables
 
     # The module is long imported (the test's own imports): only a read at start sees this.
-    monkeypatch.setenv(actor_main.ACK_WAIT_ENV, "4.5")
+    monkeypatch.setenv(tuning.ACK_WAIT_ENV, "4.5")
     platform = Platform(settings)
     platform.start("actor")
     nc = await connect_nats(settings)
@@ -261,18 +263,18 @@ async def test_the_actor_reads_its_ack_wait_when_it_starts_not_at_import(
         async def consumer_made() -> bool:
             platform.check()
             try:
-                await js.consumer_info(subjects.WORK_STREAM, actor_main.DURABLE)
+                await js.consumer_info(subjects.WORK_STREAM, durables.ACTORS.name)
             except NotFoundError:
                 return False
             return True
 
         await wait_until(consumer_made, "the actor to make its consumer")
-        info = await js.consumer_info(subjects.WORK_STREAM, actor_main.DURABLE)
+        info = await js.consumer_info(subjects.WORK_STREAM, durables.ACTORS.name)
         assert info.config.ack_wait == 4.5
     finally:
         await nc.close()
         await platform.stop_all()
     # A bad setting is refused with the variable's name, before the replica connects.
-    monkeypatch.setenv(actor_main.ACK_WAIT_ENV, "soon")
+    monkeypatch.setenv(tuning.ACK_WAIT_ENV, "soon")
     with pytest.raises(RolloutError, match="ROLLOUT_ACTOR_ACK_WAIT_S must be a number"):
         await actor_main.serve(settings)
