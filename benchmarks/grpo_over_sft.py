@@ -17,7 +17,7 @@ It prints, per seed, the test pass rate after GRPO and the difference to SFT wit
 helped, hurt or left alone. Numbers are measured; nothing is assumed.
 
 Run: `python benchmarks/grpo_over_sft.py --seeds 0 1 2 [--steps N] [--lr X] [--json]` (defaults: the
-demo's recipe for local/smollm2-135m).
+stage settings of the demo's plan, sdk/rollout/cli/demo.toml: the recipe for local/smollm2-135m).
 """
 
 from __future__ import annotations

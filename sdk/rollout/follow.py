@@ -1,4 +1,4 @@
-"""Follow a training job's events until it ends, with a progress bar on stderr."""
+"""Follow a run's or a training job's events until it ends, with a progress bar on stderr."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from nats.js.errors import NotFoundError
 
 from rollout.client import AsyncClient
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import RunState
+from rollout.shared.aggregates.run import follow_run as follow_run_events
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.errors import RolloutError
@@ -80,3 +82,22 @@ async def follow_job(
         if job["status"] in _FINAL or loop.time() > deadline:
             return job
         await asyncio.sleep(0.1)
+
+
+async def follow_run(client: AsyncClient, run_id: str, *, quiet: bool = False) -> None:
+    """Follow a run's events with a progress bar until it completes or fails."""
+
+    def show(event: EventEnvelope, state: RunState) -> None:
+        if not quiet:
+            passed = sum(v.passed for v in state.verdicts.values())
+            _progress(len(state.verdicts), state.total or 0, passed)
+
+    await follow_run_events(await client.jetstream(), run_id, on_event=show)
+    if not quiet:
+        sys.stderr.write("\n")
+
+
+def _progress(done: int, total: int, passed: int) -> None:
+    rate = f"{passed / done:.0%}" if done else "-"
+    sys.stderr.write(f"\r  [{bar(done, total)}] {done}/{total or '?'} scored, pass {rate}  ")
+    sys.stderr.flush()

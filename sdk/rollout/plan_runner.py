@@ -12,14 +12,18 @@ client request id derived from the plan, the stage and its attempt.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from rollout.client import AsyncClient
 from rollout.comparison import comparison
 from rollout.errors import RolloutError
-from rollout.follow import follow_job
+from rollout.follow import follow_job, follow_run
 from rollout.plans import (
     PLAN_COMPLETED,
     PLAN_FAILED,
@@ -33,12 +37,19 @@ from rollout.plans import (
     require_ok,
 )
 from rollout.shared.contracts import requests as rq
+from rollout.shared.contracts.buffer import BEHIND
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, payload_types
-from rollout.shared.contracts.plan import ExperimentPlan, RunStage, Stage
+from rollout.shared.contracts.plan import ExperimentPlan, PassingSelection, RunStage, Stage
 from rollout.shared.contracts.training import resolve_method
 from rollout.shared.envs import load_environments, select_environment
 
 Say = Callable[[str], None]
+# How long a train stage asks again while the buffer catches up with the run it trains on (a
+# run that just ended, on a loaded machine, can take longer than the learner waits).
+CATCH_UP_S = 300.0
+CATCH_UP_POLL_S = 2.0
+# How long a progress bar may take to draw its last line once the outcome is known.
+FOLLOWER_GRACE_S = 5.0
 
 
 class PlanRecorder:
@@ -70,8 +81,13 @@ class PlanRecorder:
         self.state.apply(event, reply["seq"])
 
 
-async def run_plan(client: AsyncClient, check: PlanCheck, say: Say) -> PlanState:
-    """Execute a valid plan (resuming it from its events); return its final state."""
+async def run_plan(
+    client: AsyncClient, check: PlanCheck, say: Say, *, progress: bool = False
+) -> PlanState:
+    """Execute a valid plan (resuming it from its events); return its final state.
+
+    With `progress`, every run and job draws a progress bar on stderr while it goes.
+    """
     require_ok(check)
     plan, plan_id = check.plan, check.plan_id
     assert plan is not None and check.hash is not None and check.canonical is not None
@@ -101,7 +117,9 @@ async def run_plan(client: AsyncClient, check: PlanCheck, say: Say) -> PlanState
         say(f"[{index + 1}/{len(plan.stages)}] {stage.kind} {stage.name} ...")
         await recorder.record(STAGE_STARTED, stage=stage.name, kind=stage.kind, index=index)
         try:
-            outputs = await _execute(client, plan, plan_id, stage, state)
+            clock = time.monotonic()
+            outputs = await _execute(client, plan, plan_id, stage, state, progress)
+            outputs["seconds"] = round(time.monotonic() - clock, 1)
         except RolloutError as exc:
             reason = "; ".join([exc.message, *exc.problems])
             await recorder.record(STAGE_FAILED, stage=stage.name, kind=stage.kind, reason=reason)
@@ -116,9 +134,9 @@ async def run_plan(client: AsyncClient, check: PlanCheck, say: Say) -> PlanState
 
 
 def _brief(outputs: dict[str, Any]) -> str:
-    keys = ("runId", "passRate", "jobId", "model", "deltaPassRate")
+    keys = ("runId", "passRate", "jobId", "model", "deltaPassRate", "skipped")
     return ", ".join(f"{k} {outputs[k]:.3g}" if isinstance(outputs[k], float) else
-                     f"{k} {outputs[k]}" for k in keys if k in outputs)  # fmt: skip
+                     f"{k} {outputs[k]}" for k in keys if outputs.get(k) is not None)  # fmt: skip
 
 
 async def _push_envs(client: AsyncClient, check: PlanCheck, say: Say) -> dict[str, int]:
@@ -156,14 +174,19 @@ def _request_id(plan_id: str, stage: Stage, state: PlanState) -> str:
 
 
 async def _execute(
-    client: AsyncClient, plan: ExperimentPlan, plan_id: str, stage: Stage, state: PlanState
+    client: AsyncClient,
+    plan: ExperimentPlan,
+    plan_id: str,
+    stage: Stage,
+    state: PlanState,
+    progress: bool,
 ) -> dict[str, Any]:
     if stage.run is not None or stage.evaluate is not None:
         spec = stage.run or stage.evaluate
         assert spec is not None
-        return await _run(client, plan, plan_id, stage, spec, state)
+        return await _run(client, plan, plan_id, stage, spec, state, progress)
     if stage.train is not None:
-        return await _train(client, plan, plan_id, stage, state)
+        return await _train(client, plan, plan_id, stage, state, progress)
     assert stage.compare is not None
     return await _compare(client, state, stage.compare.base, stage.compare.other)
 
@@ -175,6 +198,7 @@ async def _run(
     stage: Stage,
     spec: RunStage,
     state: PlanState,
+    progress: bool = False,
 ) -> dict[str, Any]:
     version = state.env_versions[spec.env]
     env = await client.get_environment(_slug(state, spec.env), version)
@@ -201,7 +225,12 @@ async def _run(
         env_version=version,
         client_request_id=_request_id(plan_id, stage, state),
     )
-    done = await client.wait_for_run(run["runId"], timeout_s=spec.deadline_s + 60)
+    # The bar is best effort; completion is decided by the run's own terminal event.
+    bar = asyncio.ensure_future(follow_run(client, run["runId"], quiet=not progress))
+    try:
+        done = await client.wait_for_run(run["runId"], timeout_s=spec.deadline_s + 60)
+    finally:
+        await _settle(bar)
     if done["status"] != "completed":
         raise RolloutError(f"run {run['runId']} {done['status']}: {done.get('reason') or ''}")
     return {
@@ -214,7 +243,22 @@ async def _run(
         "meanScore": done["meanScore"],
         "passed": done["passed"],
         "scored": done["scored"],
+        "taskCount": done.get("taskCount"),
+        # Per rollout: how it ended (the model, or which budget), its turns and new tokens.
+        "endedBy": done.get("endedBy") or {},
+        "meanTurns": done.get("meanTurns"),
+        "meanCompletionTokens": done.get("meanCompletionTokens"),
     }
+
+
+async def _settle(task: asyncio.Future[Any]) -> None:
+    """Let a progress follower finish its line (it ends with its subject's last event)."""
+    try:
+        await asyncio.wait_for(task, FOLLOWER_GRACE_S)
+    except Exception:  # noqa: BLE001 - progress display only; the outcome is already known
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _slug(state: PlanState, env: str) -> str:
@@ -223,7 +267,12 @@ def _slug(state: PlanState, env: str) -> str:
 
 
 async def _train(
-    client: AsyncClient, plan: ExperimentPlan, plan_id: str, stage: Stage, state: PlanState
+    client: AsyncClient,
+    plan: ExperimentPlan,
+    plan_id: str,
+    stage: Stage,
+    state: PlanState,
+    progress: bool = False,
 ) -> dict[str, Any]:
     train = stage.train
     assert train is not None
@@ -236,16 +285,31 @@ async def _train(
     if isinstance(config.get("reward_model"), str) and config["reward_model"] in state.outputs:
         config["reward_model"] = state.outputs[config["reward_model"]]["model"]
     assert state.hash is not None
-    job = await client.create_training_job(
-        base_model=_model(plan, state, train.model),
-        method=method,
-        source_run_id=state.outputs[train.from_]["runId"] if train.from_ else None,
-        env_slug=_slug(state, train.env) if train.env else None,
-        suffix=train.suffix or f"{stage.name[:40]}-{state.hash[:8]}",
-        hyperparams=config,
-        client_request_id=_request_id(plan_id, stage, state),
-    )
-    done = await follow_job(client, job["id"], quiet=True)
+    base = _model(plan, state, train.model)
+    source = state.outputs[train.from_]["runId"] if train.from_ else None
+    chosen = None
+    if train.passing is not None and source is not None:
+        chosen = passing_selection(await client.get_rollouts(source, False), train.passing)
+    try:
+        if chosen == []:
+            raise RolloutError(f"run {source} has no passing rollouts to fine-tune on")
+        job = await _create_job(
+            client,
+            base_model=base,
+            method=method,
+            source_run_id=source,
+            rollout_ids=chosen,
+            env_slug=_slug(state, train.env) if train.env else None,
+            suffix=train.suffix or f"{stage.name[:40]}-{state.hash[:8]}",
+            hyperparams=config,
+            client_request_id=_request_id(plan_id, stage, state),
+        )
+    except RolloutError as exc:
+        if not (train.skip_without_data and "no passing rollouts" in exc.message):
+            raise
+        # Nothing to learn from: later stages use the base model, and say so.
+        return {"skipped": exc.message, "method": method, "model": base, "jobId": None}
+    done = await follow_job(client, job["id"], quiet=not progress)
     if done.get("status") != "completed":
         raise RolloutError(f"job {job['id']} {done.get('status')}: {done.get('reason') or ''}")
     return {
@@ -254,7 +318,42 @@ async def _train(
         "model": done["modelId"],
         "step": done.get("step"),
         "loss": done.get("loss"),
+        "rollouts": len(chosen) if chosen is not None else None,
     }
+
+
+async def _create_job(client: AsyncClient, **job: Any) -> dict[str, Any]:
+    """Create a training job, asking again while the buffer catches up with its source run."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CATCH_UP_S
+    while True:
+        try:
+            return await client.create_training_job(**job)
+        except RolloutError as exc:
+            # The run just ended and the buffer has not applied its last verdicts yet. The
+            # same client request id: a create that did land is answered, not repeated.
+            if not exc.message.startswith(BEHIND) or loop.time() > deadline:
+                raise
+        await asyncio.sleep(CATCH_UP_POLL_S)
+
+
+def passing_selection(rollouts: list[dict[str, Any]], selection: PassingSelection) -> list[str]:
+    """Ids of passing rollouts: at most `per_task` per task (best score first), at most `limit`
+    in all (every task's k-th pick before any task's (k+1)-th)."""
+    passing = sorted(
+        (r for r in rollouts if r["passed"]),
+        key=lambda r: (r["taskIndex"], -(r["score"] or 0.0), r["sampleIndex"]),
+    )
+    taken: Counter[int] = Counter()
+    picks: list[tuple[int, int, str]] = []  # (rank within its task, task, rollout id)
+    for r in passing:
+        rank = taken[r["taskIndex"]]
+        if rank < selection.per_task:
+            taken[r["taskIndex"]] += 1
+            picks.append((rank, r["taskIndex"], r["rolloutId"]))
+    if selection.limit is None:
+        return [rid for *_, rid in picks]
+    return [rid for *_, rid in sorted(picks)[: selection.limit]]
 
 
 async def _compare(client: AsyncClient, state: PlanState, base: str, other: str) -> dict[str, Any]:

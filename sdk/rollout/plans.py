@@ -154,11 +154,21 @@ async def check_plan(
     path: str | Path, *, client: Any = None, overrides: list[str] | None = None
 ) -> PlanCheck:
     """Validate a plan file; with `client`, env refs are resolved against its registry."""
-    check = PlanCheck(str(path))
     data, problems = read_plan_file(path)
     if data is None:
-        check.problems = problems
-        return check
+        return PlanCheck(str(path), problems=problems)
+    return await check_plan_data(data, path, client=client, overrides=overrides)
+
+
+async def check_plan_data(
+    data: dict[str, Any],
+    path: str | Path,
+    *,
+    client: Any = None,
+    overrides: list[str] | None = None,
+) -> PlanCheck:
+    """Validate a plan already read (`path`: where its relative env files are found)."""
+    check = PlanCheck(str(path))
     check.problems += apply_overrides(data, overrides or [])
     try:
         plan = ExperimentPlan.model_validate(data)
@@ -321,6 +331,17 @@ def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
         parse_config({**config, "method": method})
     except pydantic.ValidationError as exc:
         check.problems += config_problems(exc, f"{where}.config")
+    if methods.get(method).data != "sft":
+        # Both pick among passing rollouts: the methods that learn from failures too see all.
+        for key, given in (
+            ("passing", train.passing),
+            ("skip_without_data", train.skip_without_data),
+        ):
+            if given:
+                check.problems.append(
+                    f"{where}.{key}: only for methods that train on passing rollouts "
+                    f"({', '.join(m for m in methods.TABLE if methods.get(m).data == 'sft')})"
+                )
     if methods.get(method).online:
         if train.env is None:
             check.problems.append(f"{where}.env: required for {method} (it trains online)")

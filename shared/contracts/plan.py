@@ -68,6 +68,20 @@ class RunStage(_Strict):
     )
 
 
+class PassingSelection(_Strict):
+    """Which passing rollouts of the `from` run are trained on (sft): few per task, a cap in all."""
+
+    per_task: int = Field(
+        4, ge=1, le=1024, description="At most this many per task, best score first."
+    )
+    limit: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="At most this many in all, one round over the tasks before a second.",
+    )
+
+
 class TrainStage(_Strict):
     """Train a model: offline on an earlier run's rollouts, or online (grpo, ppo) on an env."""
 
@@ -86,6 +100,16 @@ class TrainStage(_Strict):
         default_factory=dict,
         description="The method's hyperparameters (schemas/training_config.json); "
         "`reward_model` (ppo) may name an earlier `rm` train stage.",
+    )
+    passing: PassingSelection | None = Field(
+        None,
+        description="sft: train on passing rollouts of `from`, at most `per_task` per task and "
+        "`limit` in all (default: every passing rollout), so solved tasks do not drown the rest.",
+    )
+    skip_without_data: bool = Field(
+        False,
+        description="sft: when `from` has no passing rollout, skip the stage (later stages use "
+        "its base model) instead of failing the plan.",
     )
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -35,7 +35,7 @@ async def test_demo_runs_the_loop_and_reports_measured_pass_rates(
     start = captured.out.find("{\n")
     assert start >= 0, captured.out[-3000:]
     doc, _ = json.JSONDecoder().raw_decode(captured.out, start)
-    assert "[6/6]" in captured.err  # progress went to stderr, stdout holds only the document
+    assert "[8/8]" in captured.err  # progress went to stderr, stdout holds only the document
     assert doc["env"] == "submit-codes" and doc["baseModel"] == "local/tiny-agent"
     stages = {s["stage"]: s for s in doc["stages"]}
     assert list(stages) == ["baseline", "train", "sft", "grpo"]
@@ -103,21 +103,41 @@ def test_bad_demo_options_fail_before_anything_starts(
     assert not (tmp_path / "home").exists()  # no stack was started
 
 
-def test_every_recipe_learns_from_a_known_source_with_valid_training_settings() -> None:
-    from rollout.cli import demo
-    from rollout.shared.learning.config import TrainConfig
+@pytest.mark.parametrize("env", ["ticket-routing", "returns-desk"])
+async def test_every_recipe_is_a_valid_plan_that_learns_from_a_known_source(
+    env: str, monkeypatch
+) -> None:
+    from argparse import Namespace
 
+    from rollout.cli import demo
+    from rollout.plans import check_plan_data
+
+    monkeypatch.delenv("ROLLOUT_EXAMPLES_DIR", raising=False)  # the repo's examples
     assert set(demo.RECIPES) == {"local/tiny-agent", "local/smollm2-135m"}
     # The pretrained base passes ~nothing before training: it learns from the scripted player.
     assert demo.recipe_for("local/smollm2-135m").demos == "scripted"
-    for recipe in demo.RECIPES.values():
+    # The shipped plan is the default model's recipe on the default env, unchanged.
+    assert demo.Recipe.of_plan(demo.shipped_plan()) == demo.replace(
+        demo.recipe_for(demo.BASE_MODEL), per_env={}
+    )
+    for model, recipe in demo.RECIPES.items():
         assert recipe.demos in demo.DEMO_SOURCES
-        TrainConfig.from_user({"method": "sft", **recipe.sft})
-        grpo = {k: v for k, v in recipe.grpo.items() if k != "tasks_per_step"}
-        TrainConfig.from_user({"method": "grpo", **grpo})
+        recipe = recipe.for_env(env)
+        args = Namespace(model=model, n=1, demos=recipe.demos, train_n=3, temperature=0.9,
+                         steps=recipe.steps, group_size=2)  # fmt: skip
+        data = recipe.plan(args, demo.example_env(env, None), env, tag="t")
+        check = await check_plan_data(data, demo.PLAN_FILE)
+        assert check.ok, check.problems
+        stages = {s.name: s for s in check.plan.stages}
+        teacher = check.plan.models[stages["train"].run.model]
+        assert teacher == ("local/scripted" if recipe.demos == "scripted" else model)
+        grpo = stages["grpo"].train.config
+        assert (grpo["max_steps"], grpo["group_size"]) == (recipe.steps, 2)
+        assert grpo["learning_rate"] == recipe.grpo["learning_rate"]
+        assert stages["sft"].train.passing.limit == recipe.sft_max
 
 
-async def _rollouts(passing: list[tuple[int, int]]) -> list[dict]:
+def _rollouts(passing: list[tuple[int, int]]) -> list[dict]:
     return [
         {"rolloutId": f"r{t}-{s}", "taskIndex": t, "sampleIndex": s, "passed": True, "score": 1.0}
         for t, s in passing
@@ -125,15 +145,14 @@ async def _rollouts(passing: list[tuple[int, int]]) -> list[dict]:
 
 
 def test_sft_selection_with_a_limit_takes_one_round_over_the_tasks_first() -> None:
-    from rollout.cli import demo
+    from rollout.plan_runner import passing_selection
+    from rollout.shared.contracts.plan import PassingSelection
 
-    class Client:
-        async def get_rollouts(self, run_id: str, include_trajectories: bool) -> list[dict]:
-            return await _rollouts([(t, s) for t in range(3) for s in range(2)])
-
-    chosen = asyncio.run(demo.sft_selection(Client(), "run", limit=4))  # type: ignore[arg-type]
+    rollouts = _rollouts([(t, s) for t in range(3) for s in range(2)])
+    chosen = passing_selection(rollouts, PassingSelection(per_task=4, limit=4))
     assert chosen == ["r0-0", "r1-0", "r2-0", "r0-1"]
-    assert len(asyncio.run(demo.sft_selection(Client(), "run"))) == 6  # type: ignore[arg-type]
+    assert len(passing_selection(rollouts, PassingSelection(per_task=4))) == 6
+    assert passing_selection(rollouts, PassingSelection(per_task=1)) == ["r0-0", "r1-0", "r2-0"]
 
 
 async def test_the_scripted_player_solves_train_tasks_and_knows_no_test_task(monkeypatch) -> None:

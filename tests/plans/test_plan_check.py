@@ -89,7 +89,7 @@ name = "s"
 train = { method = "sft", model = "good", config = { epochs = 0 } }
 [[stages]]
 name = "g"
-train = { method = "grpo", model = "good", env = "refunds", from = "baseline" }
+train = { method = "grpo", model = "good", env = "refunds", from = "baseline", passing = { per_task = 2 } }
 [[stages]]
 name = "c"
 compare = { base = "baseline", other = "later" }
@@ -121,6 +121,7 @@ def test_every_problem_with_its_path(tmp_path: Path) -> None:
         "stages[3].train.from: required for sft",
         "stages[3].train.config.epochs: must be > 0",
         "stages[4].train.from: grpo trains online on `env`",
+        "stages[4].train.passing: only for methods that train on passing rollouts (sft)",
         "models.policy: unknown local model 'local/tiny-agnt'",
         "envs.refunds.ref: version 'x' must be a whole number >= 1",
         "envs.gone.file: ",

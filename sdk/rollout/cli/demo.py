@@ -1,14 +1,14 @@
 """`rollout demo`: the closed loop in one command, on the embedded stack, with a real model.
 
+The demo is an experiment plan shipped with the package (demo.toml), run by the plan runner:
 push an example env -> the model on the TEST split (baseline) -> a TRAIN-split run -> SFT on
-its passing rollouts -> a few online GRPO steps -> the TEST split again -> compare. Every pass
-rate printed is measured by the verifiers on that run; nothing is assumed.
+its passing rollouts -> the test split -> a few online GRPO steps -> the TEST split again ->
+compare. Every pass rate printed is measured by the verifiers on that run; nothing is assumed.
 
-The train run is the model's own samples (`--demos self`) or the scripted player
-`local/scripted` (`--demos scripted`), which plays the ground-truth plan of each TRAIN task: a
-teacher with no endpoint, whose passing rollouts SFT distils into the model through the same
-`improve --run` path a real teacher's would take. A pretrained base like SmolLM2 passes almost
-no task before training, so it learns from the script.
+The plan is the recipe for local/smollm2-135m on ticket-routing; this module applies another
+model's recipe, another env's settings and the command's options to it. The train run is the
+scripted player `local/scripted` (`--demos scripted`: it plays the ground-truth plan of each
+TRAIN task) or the model's own samples (`--demos self`).
 """
 
 from __future__ import annotations
@@ -16,21 +16,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import sys
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
+import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from rollout.cli._common import print_json
-from rollout.cli.platform import follow_run, print_comparison
+from rollout.cli.platform import print_comparison
 from rollout.cli.stack import cmd_up, up_args
 from rollout.client import AsyncClient
 from rollout.comparison import comparison
 from rollout.errors import RolloutError
-from rollout.follow import follow_job
+from rollout.plan_runner import run_plan
+from rollout.plans import check_plan_data
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.envs.loader import load_environments
 from rollout.shared.learning.examples import example_files
@@ -38,6 +41,8 @@ from rollout.shared.models.catalog import ensure
 from rollout.shared.settings import load_settings
 from rollout.shared.stats import format_interval, wilson_interval
 
+# The plan `rollout demo` runs (its env file is filled in: relative paths resolve from here).
+PLAN_FILE = Path(str(resources.files("rollout.cli").joinpath("demo.toml")))
 # The real pretrained model is the default: its whole demo fits in about 8 minutes here
 # (docs/real-model.md); the tiny agent (built from code) stays as `--model local/tiny-agent`.
 BASE_MODEL = "local/smollm2-135m"
@@ -45,26 +50,26 @@ TINY_MODEL = "local/tiny-agent"
 SCRIPTED_MODEL = "local/scripted"
 # The example env the demo learns on (any example's slug works with --env).
 DEFAULT_ENV = "ticket-routing"
-DEFAULT_STEPS = 8
 DEFAULT_GROUP_SIZE = 4
 DEFAULT_TRAIN_N = 8
-# The tiny model's turns are short; a cap keeps a confused sample from rambling for minutes.
-MAX_TOKENS = 256
-MAX_TOOL_CALLS = 8
-# Longest chat trained on. A multi-turn demonstration of the example envs renders to 230
-# (ticket-routing) to ~600 tokens; at 320 TRL cut support-refunds' chats (420 tokens) after
-# the lookup, so the refund call and the final answer were never trained (issue 20).
-MAX_SEQ_LEN = 1024
-# Evaluation is greedy so a pass-rate change comes from the weights, not from sampling luck.
-EVAL_TEMPERATURE = 0.0
 # The train run and GRPO sample: low enough that a tiny model still passes some tasks (the
 # SFT data, and groups whose rewards differ), high enough that its samples differ.
 DEFAULT_TEMPERATURE = 1.0
 # A model's own passing samples over-represent the tasks it already solves; a cap per task
 # keeps the SFT set balanced.
 SFT_PER_TASK = 4
-SFT_HYPERPARAMS: dict[str, Any] = {"epochs": 10.0, "learning_rate": 3e-3, "batch_size": 4}
-GRPO_HYPERPARAMS: dict[str, Any] = {"learning_rate": 3e-4, "max_staleness": 1, "tasks_per_step": 8}
+# Settings of the GRPO stage that the command's options give (not the recipe's).
+_GRPO_RUN_KEYS = ("max_steps", "group_size", "temperature", "max_tokens", "max_tool_calls")
+DEMO_SOURCES = ("scripted", "self")
+
+
+def shipped_plan() -> dict[str, Any]:
+    """The demo's plan as shipped (a fresh copy)."""
+    return tomllib.loads(PLAN_FILE.read_text())
+
+
+def _stages(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in plan["stages"]}
 
 
 @dataclass(frozen=True)
@@ -74,13 +79,33 @@ class Recipe:
     demos: str
     sft: dict[str, Any]
     grpo: dict[str, Any]
-    max_tokens: int = MAX_TOKENS
-    max_tool_calls: int = MAX_TOOL_CALLS
-    steps: int = DEFAULT_STEPS
+    max_tokens: int
+    max_tool_calls: int
+    steps: int
     # At most this many SFT rollouts, spread over the train tasks in task order (None: all).
     sft_max: int | None = None
     # Per example env: settings that differ from the above (`steps`, `grpo` entries).
     per_env: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def of_plan(cls, plan: dict[str, Any]) -> Recipe:
+        """The recipe a demo plan holds."""
+        stages = _stages(plan)
+        grpo = dict(stages["grpo"]["train"]["config"])
+        steps = int(grpo["max_steps"])
+        for key in _GRPO_RUN_KEYS:
+            grpo.pop(key, None)
+        baseline = stages["baseline"]["evaluate"]
+        teacher = plan["models"].get(stages["train"]["run"]["model"])
+        return cls(
+            demos="scripted" if teacher == SCRIPTED_MODEL else "self",
+            sft=dict(stages["sft"]["train"]["config"]),
+            grpo=grpo,
+            max_tokens=int(baseline["max_tokens"]),
+            max_tool_calls=int(baseline["max_tool_calls"]),
+            steps=steps,
+            sft_max=(stages["sft"]["train"].get("passing") or {}).get("limit"),
+        )
 
     def for_env(self, slug: str) -> Recipe:
         """This recipe with `slug`'s own settings applied."""
@@ -91,51 +116,44 @@ class Recipe:
             grpo={**self.grpo, **own.get("grpo", {})},
         )
 
+    def plan(self, args: argparse.Namespace, env_file: Path, slug: str, tag: str) -> dict[str, Any]:
+        """The shipped plan with this recipe, the env and the command's options in it."""
+        plan = copy.deepcopy(SHIPPED)
+        plan["name"] = f"demo-{tag}"
+        plan["envs"]["env"] = {"file": str(env_file.resolve()), "slug": slug}
+        plan["models"]["base"] = args.model
+        stages = _stages(plan)
+        limits = {"max_tokens": self.max_tokens, "max_tool_calls": self.max_tool_calls}
+        for name in ("baseline", "after-sft", "final"):
+            stages[name]["evaluate"] |= limits | {"n": args.n}
+        if args.demos == "self":
+            stages["train"]["run"] |= {"model": "base", "n": args.train_n,
+                                       "temperature": args.temperature}  # fmt: skip
+        stages["train"]["run"] |= limits
+        stages["sft"]["train"]["config"] = dict(self.sft)
+        stages["sft"]["train"]["passing"] = {"per_task": SFT_PER_TASK, "limit": self.sft_max}
+        stages["grpo"]["train"]["config"] = {
+            **self.grpo, "max_steps": args.steps, "group_size": args.group_size,
+            "temperature": args.temperature, **limits,
+        }  # fmt: skip
+        return plan
+
+
+SHIPPED = shipped_plan()
 
 RECIPES: dict[str, Recipe] = {
-    TINY_MODEL: Recipe(demos="self", sft=SFT_HYPERPARAMS, grpo=GRPO_HYPERPARAMS),
-    # SmolLM2-135M on 2 shared CPU cores: a LoRA step on 4 chats of ~230 tokens takes about a
-    # minute, so SFT sees each distinct train ticket once (24 rollouts, 6 steps) at a high LoRA
-    # learning rate; a right answer is one ~20-token call, so turns are capped short (a
-    # confused base model otherwise rambles for 256 tokens a turn, 3 turns per task).
-    BASE_MODEL: Recipe(
-        demos="scripted",
-        # SFT and GRPO steps have the cores to themselves: a LoRA step ran 1.77x faster on 2
-        # threads than on 1 on the quiet box (benchmarks/train_settings.py).
-        sft={
-            "epochs": 1.0,
-            "learning_rate": 2e-3,
-            "batch_size": 4,
-            "max_seq_len": MAX_SEQ_LEN,
-            "threads": 2,
-        },  # fmt: skip
-        # Each GRPO step trains on tasks x group-size sampled chats. The SFT'd model routes
-        # most tickets it cannot place to one default team, so a step must not pull the whole
-        # policy one way: 8 tasks a step (about two per team) at a low LoRA learning rate move
-        # the team per ticket rather than the default. Measured from one SFT'd model
-        # (benchmarks/grpo_over_sft.py, 32 held-out tasks): 3 steps of 2 tasks at 2e-4 moved
-        # the default to another team in every seed (44% -> 38, 31, 44% on the 16 then held
-        # out); 6 steps of 8 tasks at 5e-5 gave 44% -> 72, 72, 69% (3 of 3 seeds measurable);
-        # through the platform 44% -> 72, 62, 47% (2 of 3): docs/real-model.md. Synchronous
-        # (max_staleness 0), as the recipe was chosen on the validation split: with the actor
-        # one version ahead (max_staleness 1) GRPO added measurably in 2 of 4 demos, in step
-        # with the learner in 3 of 4 (docs/real-model.md). No KL penalty: its reference
-        # forward was 26% of a step (py-spy), and the low learning rate already keeps the
-        # policy near SFT's.
-        grpo={
-            "learning_rate": 5e-5,
-            "max_staleness": 0,
-            "tasks_per_step": 8,
-            "max_seq_len": MAX_SEQ_LEN,
-            "threads": 2,
-            "beta": 0.0,
-        },
-        # Each env bounds a turn's tokens by its own budget (max_turn_tokens: 48 for a routing
-        # call, 64 for a refund, 96 for a reservation's four arguments); this is only a cap.
-        max_tokens=512,
-        max_tool_calls=3,
-        steps=6,
-        sft_max=24,
+    TINY_MODEL: Recipe(
+        demos="self",
+        sft={"epochs": 10.0, "learning_rate": 3e-3, "batch_size": 4},
+        grpo={"learning_rate": 3e-4, "max_staleness": 1, "tasks_per_step": 8},
+        # The tiny model's turns are short; a cap keeps a confused sample from rambling.
+        max_tokens=256,
+        max_tool_calls=8,
+        steps=8,
+    ),
+    # The shipped plan's own recipe (demo.toml says why each setting is what it is).
+    BASE_MODEL: replace(
+        Recipe.of_plan(SHIPPED),
         # The multi-turn envs: SFT on whole chats already passes 8 of 8 validation tasks of
         # each (benchmarks/grpo_over_sft.py --env ...), so GRPO has little to add there, and a
         # step costs several times ticket-routing's (3-4 turns, ~500-token contexts): a short
@@ -150,19 +168,18 @@ RECIPES: dict[str, Recipe] = {
         },
     ),
 }
-DEMO_SOURCES = ("scripted", "self")
 # Any local transformers model (`hf:DIR`): learn from the scripted teacher, as SmolLM2 does,
 # with the platform's defaults and a short GRPO stage. Nothing about its quality is assumed;
 # the README's commands run the demo this way on a tiny model (tests/stack/test_readme_commands.py).
 HF_RECIPE = Recipe(
     demos="scripted",
-    sft={"epochs": 1.0, "learning_rate": 2e-3, "batch_size": 4, "max_seq_len": MAX_SEQ_LEN},
+    sft={"epochs": 1.0, "learning_rate": 2e-3, "batch_size": 4, "max_seq_len": 1024},
     grpo={
         "learning_rate": 5e-5,
         "max_staleness": 1,
         "tasks_per_step": 4,
         "beta": 0.0,
-        "max_seq_len": MAX_SEQ_LEN,
+        "max_seq_len": 1024,
     },  # fmt: skip
     max_tokens=512,
     max_tool_calls=3,
@@ -181,14 +198,6 @@ def recipe_for(model: str) -> Recipe:
         problems=[f"models: {', '.join(RECIPES)}, or hf:DIR (a local transformers model)"],
     )
 
-
-RUN_TIMEOUT_S = 1200.0
-JOB_TIMEOUT_S = 1800.0
-POLL_S = 0.5
-# How long the demo asks again while the buffer catches up with a run that just ended.
-CATCH_UP_S = 300.0
-FOLLOWER_GRACE_S = 5.0
-_FINAL = ("completed", "failed")
 
 Say = Callable[[str], None]
 
@@ -256,11 +265,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise RolloutError(f"--temperature must be in (0, 2], got {args.temperature}")
     if args.group_size < 2:
         raise RolloutError("--group-size must be >= 2 (GRPO compares samples within a group)")
-    env = example_env(args.env, args.examples)  # bad input fails before anything starts
+    env_file = example_env(args.env, args.examples)  # bad input fails before anything starts
     say = _sayer(quiet_stdout=args.json)
     started = time.monotonic()
     ensure_stack(say)
-    result = asyncio.run(run_demo(args, env, say))
+    result = asyncio.run(run_demo(args, env_file, args.env, say))
     result["elapsedS"] = round(time.monotonic() - started, 1)
     if args.json:
         print_json(result)
@@ -328,174 +337,91 @@ def ensure_model(name: str, say: Say) -> Path:
     return ensure(name, progress)
 
 
-def example_env(slug: str, folder: Path | None) -> Any:
-    """The example environment named `slug` (from examples/ or `folder`)."""
-    found: dict[str, Any] = {}
+def example_env(slug: str, folder: Path | None) -> Path:
+    """The example file that defines the environment `slug` (from examples/ or `folder`)."""
+    found: dict[str, tuple[Path, Any]] = {}
     for file in example_files(folder):
         for env in load_environments(file):
-            found[env.to_spec().slug] = env
+            found[env.to_spec().slug] = (file, env)
     if slug not in found:
         raise RolloutError(
             f"--env {slug!r} is not an example environment",
             problems=[f"examples: {', '.join(sorted(found))}"],
         )
-    spec = found[slug].to_spec()
-    splits = {t.split for t in spec.tasks}
+    file, env = found[slug]
+    splits = {t.split for t in env.to_spec().tasks}
     missing = [s for s in ("train", "test") if s not in splits]
     if missing:
         raise RolloutError(
             f"--env {slug!r} has no {' or '.join(missing)} tasks; the demo needs both splits"
         )
-    return found[slug]
+    return file
 
 
-# --- the loop --------------------------------------------------------------------------------
+# --- the loop: the shipped plan, with this demo's settings ------------------------------------
 
 
-async def run_demo(args: argparse.Namespace, env: Any, say: Say) -> dict[str, Any]:
-    """Every stage in order; returns run ids, job ids, models and measured pass rates."""
+async def run_demo(args: argparse.Namespace, env_file: Path, slug: str, say: Say) -> dict[str, Any]:
+    """Run the demo's plan; returns run ids, job ids, models and measured pass rates."""
     base = args.model
-    recipe = recipe_for(base).for_env(args.env)
-    say(f"[1/6] model: {base}")
+    say(f"model: {base}")
     await asyncio.to_thread(ensure_model, base, say)
-    tag = new_id()[:8]
+    recipe = recipe_for(base).for_env(slug)
+    data = recipe.plan(args, env_file, slug, tag=new_id()[:8])
     client = AsyncClient(timeout_s=60)
-    stages: list[dict[str, Any]] = []
-    limits = {"max_tokens": recipe.max_tokens, "max_tool_calls": recipe.max_tool_calls}
     try:
-        pushed = await client.push_environment(env)
-        slug = pushed["slug"]
-        say(f"      pushed {slug} v{pushed['version']}")
-
-        say(f"[2/6] baseline: {base} on the test split")
-        clock = time.monotonic()
-        baseline = await evaluate(client, slug, base, args.n, "baseline", tag, args.json, limits)
-        stages.append(_stage("baseline", baseline) | {"seconds": _since(clock)})
-        clock = time.monotonic()
-        say(f"      pass rate {baseline['passRate']:.0%} ({_counts(baseline)})")
-
-        if args.demos == "scripted":
-            say(f"[3/6] a train-split run of {SCRIPTED_MODEL} (ground-truth plans of the train "
-                "tasks) to learn from")  # fmt: skip
-            train = await run(client, slug, SCRIPTED_MODEL, split="train", n=1,
-                              temperature=EVAL_TEMPERATURE, name=f"demo {tag} train",
-                              quiet=args.json, **limits)  # fmt: skip
-        else:
-            say(f"[3/6] a train-split run to learn from ({args.train_n} per task, sampled)")
-            train = await run(client, slug, base, split="train", n=args.train_n,
-                              temperature=args.temperature, name=f"demo {tag} train",
-                              quiet=args.json, **limits)  # fmt: skip
-        stages.append(_stage("train", train) | {"seconds": _since(clock)})
-        say(f"      {train['passed']} of {train['scored']} passed")
-
-        chosen = await sft_selection(client, train["runId"], recipe.sft_max)
-        cap = f", {recipe.sft_max} in all" if recipe.sft_max else ""
-        say(f"[4/6] SFT on its passing rollouts ({len(chosen)}: at most {SFT_PER_TASK} per "
-            f"task{cap}, so the tasks it already solves do not drown the rest)")  # fmt: skip
-        model = base
-        clock = time.monotonic()
-        sft_job = await improve(
-            client, say, args.json, base_model=base, method="sft",
-            source_run_id=train["runId"], rollout_ids=chosen or None,
-            suffix=f"demo-{tag}-sft", hyperparams=recipe.sft,
-        )  # fmt: skip
-        sft_entry: dict[str, Any] = {"stage": "sft"}
-        after_sft: dict[str, Any] | None = None
-        sft_entry["trainSeconds"] = _since(clock)
-        if sft_job.get("status") == "completed":
-            model = sft_job["modelId"]
-            after_sft = await evaluate(
-                client, slug, model, args.n, "after SFT", tag, args.json, limits
-            )
-            sft_entry.update(_stage("sft", after_sft), jobId=sft_job["id"])
-            say(f"      {model}: test pass rate {after_sft['passRate']:.0%}")
-        elif sft_job.get("status") == "skipped":
-            sft_entry.update(runId=None, model=None, jobId=None, skipped=sft_job.get("reason"))
-            say(f"      skipped: {sft_job.get('reason')}")
-        else:
-            raise RolloutError(f"the SFT job {sft_job.get('id')} failed: {sft_job.get('reason')}")
-        sft_entry["seconds"] = _since(clock)
-        stages.append(sft_entry)
-
-        say(f"[5/6] GRPO: {args.steps} online steps on the train split from {model}")
-        clock = time.monotonic()
-        grpo_job = await improve(
-            client, say, args.json, base_model=model, method="grpo", env_slug=slug,
-            suffix=f"demo-{tag}-grpo",
-            hyperparams={**recipe.grpo, "max_steps": args.steps,
-                         "group_size": args.group_size, "temperature": args.temperature,
-                         **limits},
-        )  # fmt: skip
-        if grpo_job.get("status") != "completed":
-            raise RolloutError(
-                f"the GRPO job {grpo_job.get('id')} failed: {grpo_job.get('reason')}"
-            )
-        final_model = grpo_job["modelId"]
-        trained_s = _since(clock)
-
-        say(f"[6/6] {final_model} on the test split")
-        final = await evaluate(client, slug, final_model, args.n, "final", tag, args.json, limits)
-        stages.append(
-            _stage("grpo", final)
-            | {"jobId": grpo_job["id"], "trainSeconds": trained_s, "seconds": _since(clock)}
-        )
-        say(f"      pass rate {final['passRate']:.0%} ({_counts(final)})")
+        check = await check_plan_data(data, PLAN_FILE, client=client)
+        if not check.ok:
+            raise RolloutError("the demo's plan is not valid", problems=check.problems)
+        state = await run_plan(client, check, say, progress=not args.json)
+        if state.status != "completed":
+            raise RolloutError(f"the demo's plan {check.plan_id} failed: {state.reason}")
+        out = state.outputs
+        runs = {
+            k: await client.get_run(out[k]["runId"]) for k in ("baseline", "after-sft", "final")
+        }
     finally:
         await client.close()
-
+    sft = out["sft"]
+    skipped = sft.get("skipped")
+    sft_entry = (
+        {"stage": "sft", "runId": None, "model": None, "jobId": None, "skipped": skipped}
+        if skipped
+        else _stage("sft", out["after-sft"]) | {"jobId": sft["jobId"]}
+    )
+    sft_entry |= {
+        "trainSeconds": sft["seconds"],
+        "seconds": sft["seconds"] + (0 if skipped else out["after-sft"]["seconds"]),
+    }
+    grpo = out["grpo"]
     return {
         "env": slug,
         "baseModel": base,
         "demos": args.demos,
-        "finalModel": final_model,
-        "stages": stages,
-        "compare": comparison(baseline, final),
+        "planId": check.plan_id,
+        "finalModel": grpo["model"],
+        "stages": [
+            _stage("baseline", out["baseline"]),
+            _stage("train", out["train"]),
+            sft_entry,
+            _stage("grpo", out["final"])
+            | {
+                "jobId": grpo["jobId"],
+                "trainSeconds": grpo["seconds"],
+                "seconds": grpo["seconds"] + out["final"]["seconds"],
+            },
+        ],
+        "compare": comparison(runs["baseline"], runs["final"]),
         # What GRPO added over SFT: the same test tasks before and after the GRPO steps.
-        "grpoOverSft": comparison(after_sft, final) if after_sft is not None else None,
+        "grpoOverSft": None if skipped else comparison(runs["after-sft"], runs["final"]),
     }
-
-
-async def sft_selection(client: AsyncClient, run_id: str, limit: int | None = None) -> list[str]:
-    """Passing rollouts of the run, at most SFT_PER_TASK per task (best score first), at most
-    `limit` in all (the first tasks' first: one round over the tasks before a second)."""
-    rollouts = await client.get_rollouts(run_id, False)
-    passing = sorted(
-        (r for r in rollouts if r["passed"]),
-        key=lambda r: (r["taskIndex"], -(r["score"] or 0.0), r["sampleIndex"]),
-    )
-    taken: Counter[int] = Counter()
-    picks: list[tuple[int, int, str]] = []  # (rank within its task, task, rollout id)
-    for r in passing:
-        rank = taken[r["taskIndex"]]
-        if rank < SFT_PER_TASK:
-            taken[r["taskIndex"]] += 1
-            picks.append((rank, r["taskIndex"], r["rolloutId"]))
-    if limit is None:
-        return [rid for *_, rid in picks]
-    # Round-robin over tasks: every task's k-th pick before any task's (k+1)-th.
-    return [rid for *_, rid in sorted(picks)[:limit]]
 
 
 def _stage(name: str, r: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "stage": name,
-        "runId": r["runId"],
-        "model": r["model"],
-        "split": r["split"],
-        "scored": r["scored"],
-        "passed": r["passed"],
-        "passRate": r["passRate"],
-        "meanScore": r["meanScore"],
-        # Per rollout: how it ended (the model, or which budget), its turns and new tokens.
-        "endedBy": r.get("endedBy") or {},
-        "meanTurns": r.get("meanTurns"),
-        "meanCompletionTokens": r.get("meanCompletionTokens"),
-    }
-
-
-def _since(clock: float) -> float:
-    """Seconds since `clock` (time.monotonic), to one decimal; the stage times it reports."""
-    return round(time.monotonic() - clock, 1)
+    """One run stage of the plan, as the demo reports it."""
+    keys = ("runId", "model", "split", "scored", "passed", "passRate", "meanScore", "endedBy",
+            "meanTurns", "meanCompletionTokens", "taskCount", "seconds")  # fmt: skip
+    return {"stage": name} | {k: r.get(k) for k in keys}
 
 
 def _endings(stage: dict[str, Any]) -> str:
@@ -511,120 +437,13 @@ def _per_rollout(stage: dict[str, Any]) -> str:
     return f"{turns:.1f} turns, {tokens:.0f} tokens"
 
 
-def _counts(r: dict[str, Any]) -> str:
-    return f"{r['passed']}/{r['scored']} rollouts, {r['taskCount']} tasks"
-
-
-async def evaluate(
-    client: AsyncClient,
-    slug: str,
-    model: str,
-    n: int,
-    label: str,
-    tag: str,
-    quiet: bool,
-    limits: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """A greedy run of `model` on the test split, waited for."""
-    return await run(client, slug, model, split="test", n=n, temperature=EVAL_TEMPERATURE,
-                     name=f"demo {tag} {label}", quiet=quiet, **(limits or {}))  # fmt: skip
-
-
-async def run(
-    client: AsyncClient,
-    slug: str,
-    model: str,
-    *,
-    split: str,
-    n: int,
-    temperature: float,
-    name: str,
-    quiet: bool,
-    max_tokens: int = MAX_TOKENS,
-    max_tool_calls: int = MAX_TOOL_CALLS,
-) -> dict[str, Any]:
-    """Create a run, follow it with a progress bar, return it once completed."""
-    created = await client.create_run(
-        slug, model, n=n, split=split, temperature=temperature, max_tokens=max_tokens,
-        max_tool_calls=max_tool_calls, name=name, seed=0,
-    )  # fmt: skip
-    run_id = created["runId"]
-    # The bar is best effort; completion is decided by the run's own terminal event.
-    bar = asyncio.ensure_future(follow_run(client, run_id, quiet=quiet))
-    try:
-        done = await wait_for(client.get_run, run_id, RUN_TIMEOUT_S, f"run {run_id}")
-    finally:
-        await _settle(bar)
-    if done["status"] != "completed":
-        raise RolloutError(f"run {run_id} ({name}) failed: {done.get('reason')}")
-    return done
-
-
-async def improve(client: AsyncClient, say: Say, quiet: bool, **job: Any) -> dict[str, Any]:
-    """Start a training job and follow it; a refused SFT (nothing passed) is returned, not raised."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + CATCH_UP_S
-    while True:
-        try:
-            created = await client.create_training_job(**job)
-            break
-        except RolloutError as exc:
-            if job["method"] == "sft" and "no passing rollouts" in exc.message:
-                return {"status": "skipped", "reason": exc.message}
-            # The run just ended and the buffer has not applied its last verdicts yet: on a
-            # loaded machine that takes longer than the learner waits; ask again.
-            if "has not caught up" not in exc.message or loop.time() > deadline:
-                raise
-        await asyncio.sleep(POLL_S * 4)
-    say(f"      job {created['id']} -> {created.get('model', '?')}")
-    bar = asyncio.ensure_future(follow_job(client, created["id"], quiet=quiet))
-    try:
-        return await wait_for(
-            client.get_training_job, created["id"], JOB_TIMEOUT_S, f"training job {created['id']}"
-        )
-    finally:
-        await _settle(bar)
-
-
-async def wait_for(
-    get: Callable[[str], Awaitable[dict[str, Any]]], key: str, timeout_s: float, what: str
-) -> dict[str, Any]:
-    """Poll a run's or job's read model until it completes or fails; RolloutError past the deadline.
-
-    Polling a query (not following the stream) keeps working on a loaded machine where
-    JetStream's consumer API may answer slowly.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            found = await get(key)
-        except RolloutError as exc:
-            # Just created: the read model has not seen it yet ("no run ...", "no training job").
-            if not exc.message.startswith("no ") or loop.time() > deadline:
-                raise
-        else:
-            if found["status"] in _FINAL:
-                return found
-        if loop.time() > deadline:
-            raise RolloutError(f"{what} did not finish within {timeout_s:.0f}s")
-        await asyncio.sleep(POLL_S)
-
-
-async def _settle(task: asyncio.Future[Any]) -> None:
-    """Let a progress follower finish its line (it ends with its subject's last event)."""
-    try:
-        await asyncio.wait_for(task, FOLLOWER_GRACE_S)
-    except Exception:  # noqa: BLE001 - progress display only; the outcome is already known
-        task.cancel()
-
-
 # --- output ----------------------------------------------------------------------------------
 
 
 def print_summary(result: dict[str, Any]) -> None:
     """The stages, then the compare table of the final model against the baseline."""
-    print(f"\nrollout demo on {result['env']}  ({result['elapsedS']:.0f}s)\n")
+    print(f"\nrollout demo on {result['env']}  ({result['elapsedS']:.0f}s)")
+    print(f"plan {result['planId']} (`rollout replay --plan {result['planId']}`)\n")
     print(f"{'STAGE':<9} {'RUN':<17} {'SPLIT':<6} {'PASS':>6} {'95% CI':>11} {'SCORE':>7}"
           f" {'SECONDS':>7}  MODEL")  # fmt: skip
     for s in result["stages"]:

@@ -12,10 +12,8 @@ from rollout.cli.experiments import run_config_command
 from rollout.client import AsyncClient
 from rollout.comparison import comparison
 from rollout.errors import RolloutError
-from rollout.shared.aggregates.run import RunState
-from rollout.shared.aggregates.run import follow_run as follow_run_events
+from rollout.follow import follow_run
 from rollout.shared.contracts.budgets import Budgets
-from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.envs.loader import load_environments, select_environment
 from rollout.shared.envs.sandbox_check import require_sandbox
 from rollout.shared.envs.validation import validate_environment
@@ -224,27 +222,6 @@ async def _run_cmd(args: argparse.Namespace) -> int:
             f"  follow: rollout events --run {run['runId']} --follow   or   rollout show {run['runId']}"
         )
     return 0 if run.get("status") != "failed" else 1
-
-
-async def follow_run(client: AsyncClient, run_id: str, *, quiet: bool = False) -> None:
-    """Follow a run's events with a progress bar until it completes or fails."""
-
-    def show(event: EventEnvelope, state: RunState) -> None:
-        if not quiet:
-            passed = sum(v.passed for v in state.verdicts.values())
-            _progress(len(state.verdicts), state.total or 0, passed)
-
-    await follow_run_events(await client.jetstream(), run_id, on_event=show)
-    if not quiet:
-        sys.stderr.write("\n")
-
-
-def _progress(done: int, total: int, passed: int, width: int = 30) -> None:
-    filled = int(width * done / total) if total else 0
-    bar = "█" * filled + "░" * (width - filled)
-    rate = f"{passed / done:.0%}" if done else "-"
-    sys.stderr.write(f"\r  [{bar}] {done}/{total or '?'} scored, pass {rate}  ")
-    sys.stderr.flush()
 
 
 async def _runs(args: argparse.Namespace) -> int:
