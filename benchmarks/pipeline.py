@@ -10,7 +10,13 @@ By default each service runs as its own process (`rollout serve NAME`, as a depl
 (the measure before, where services, client and baseline shared one Python thread), and
 `--mode both` prints both.
 
+`--trajectories both` runs it twice on the same servers: every trajectory stored once in the
+object store (the default, claim-checked from 0 bytes) and every trajectory inline in its event
+and in both read models (ROLLOUT_INLINE_TRAJECTORY_BYTES=256 KiB, the earlier default), with the
+ratio of their platform rates.
+
     python benchmarks/pipeline.py [--rollouts 256] [--repeat 3] [--mode processes] [--batches 1,16,64]
+        [--trajectories stored|inline|both]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.engine import build_runtime, score
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 from rollout.shared.models.catalog import register_backend
+from rollout.shared.objectstore.claimcheck import DEFAULT_INLINE_LIMIT, INLINE_LIMIT_ENV
 from rollout.shared.observability import configure_logging
 from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import start_nats
@@ -359,7 +366,12 @@ def ceiling(row: Row, cores: int) -> float:
     return cores * 1000 / (row.best_round_cpu_ms * row.limit)
 
 
-async def main(rollouts: int, repeat: int, mode: str, batches: tuple[int, ...]) -> None:
+TRAJECTORY_LIMITS = {"stored": "0", "inline": str(DEFAULT_INLINE_LIMIT)}
+
+
+async def main(
+    rollouts: int, repeat: int, mode: str, batches: tuple[int, ...], trajectories: str = "stored"
+) -> None:
     configure_logging("bench", level="WARNING")
     register_instant()
     home = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
@@ -378,13 +390,17 @@ async def main(rollouts: int, repeat: int, mode: str, batches: tuple[int, ...]) 
         if server.process is not None
     }
     results = []
+    kinds = ("stored", "inline") if trajectories == "both" else (trajectories,)
     try:
-        if mode in ("processes", "both"):
-            rows = await as_processes(settings, rollouts, repeat, batches, servers)
-            results.append(("services as processes (as deployed)", rows))
-        if mode in ("one-process", "both"):
-            rows = await in_one_process(settings, rollouts, repeat, batches)
-            results.append(("services as tasks of one process", rows))
+        for kind in kinds:
+            # Read by the actor (and the service processes, which inherit it) when it starts.
+            os.environ[INLINE_LIMIT_ENV] = TRAJECTORY_LIMITS[kind]
+            if mode in ("processes", "both"):
+                rows = await as_processes(settings, rollouts, repeat, batches, servers)
+                results.append((f"services as processes (as deployed), trajectories {kind}", rows))
+            if mode in ("one-process", "both"):
+                rows = await in_one_process(settings, rollouts, repeat, batches)
+                results.append((f"services as tasks of one process, trajectories {kind}", rows))
     finally:
         pg.stop()
         nats_server.stop()
@@ -394,6 +410,15 @@ async def main(rollouts: int, repeat: int, mode: str, batches: tuple[int, ...]) 
     )
     for title, rows in results:
         report(title, rows)
+    if len(kinds) == 2:
+        half = len(results) // 2
+        print("trajectories stored once / inline, platform r/s (same servers, same process):")
+        for (title, stored), (_, inline) in zip(results[:half], results[half:], strict=True):
+            ratios = " ".join(
+                f"batch {s.batch}: {s.platform:,.1f}/{i.platform:,.1f} = {s.platform / i.platform:.2f}"
+                for s, i in zip(stored, inline, strict=True)
+            )
+            print(f"  {title.split(',')[0]}: {ratios}")
     if mode != "one-process":
         print(f"tracebacks in the service processes' logs: {tracebacks(home)}")
 
@@ -414,5 +439,11 @@ if __name__ == "__main__":
         default=BATCHES,
         help="work-item batch sizes, comma separated (default 1,16,64)",
     )
+    parser.add_argument(
+        "--trajectories",
+        choices=("stored", "inline", "both"),
+        default="stored",
+        help="stored once in the object store (default), inline in events and read models, or both",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.rollouts, args.repeat, args.mode, args.batches))
+    asyncio.run(main(args.rollouts, args.repeat, args.mode, args.batches, args.trajectories))

@@ -115,7 +115,13 @@ async def reverify(
     ):
         recorded = run.scored.get(rollout_id)
         raw = generated.trajectory
-        if raw is None and generated.trajectory_uri and store is not None:
+        if raw is None and generated.trajectory_uri:
+            if store is None:
+                # Never a silent skip: the caller forgot the store, the rollouts did exist.
+                raise RolloutError(
+                    f"rollout {rollout_id}'s trajectory is at {generated.trajectory_uri}: "
+                    "re-verifying needs the object store"
+                )
             raw = await load_trajectory(
                 store, None, generated.trajectory_uri, generated.trajectory_sha256
             )

@@ -31,6 +31,9 @@ from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.chat import check_messages
 from rollout.shared.contracts.envelope import EventEnvelope, new_id
 from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.objectstore import ObjectStore
+from rollout.shared.objectstore.errors import ObjectStoreError
+from rollout.shared.store.trajectories import load_trajectory, object_store
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 MAX_PROMPTS = 100_000
@@ -453,7 +456,10 @@ async def _stream(
     """Follow the run's events from its start; write each newly scored rollout once."""
     js = await client.jetstream()
     generated: dict[str, Any] = {}
-    # Trajectories too large for an event sit in the object store: read from the tracker.
+    # Trajectories sit in the object store (events carry their claim checks): each is read
+    # there as its rollout is scored; where the store is out of reach, from the tracker at
+    # the end.
+    store = _reachable_store(client)
     deferred: list[tuple[Any, Any]] = []
     total = run.get("total") or 0
     written = 0
@@ -477,12 +483,15 @@ async def _stream(
                     if g is None or s.rollout_id in done_ids:
                         continue
                     done_ids.add(s.rollout_id)
-                    if g.trajectory is None and g.trajectory_uri:
-                        deferred.append((g, s))
-                        continue
+                    trajectory = g.trajectory
+                    if trajectory is None and g.trajectory_uri:
+                        trajectory = await _fetched(store, g)
+                        if trajectory is None:
+                            deferred.append((g, s))
+                            continue
                     rows.append(
                         output_row(
-                            g, s, run=run, tasks=tasks, trajectory=g.trajectory, score=req.score
+                            g, s, run=run, tasks=tasks, trajectory=trajectory, score=req.score
                         )
                     )
                 writer.write(rows)
@@ -493,6 +502,8 @@ async def _stream(
                 status = "completed" if event.type == "run.completed" else "failed"
                 reason = getattr(body, "reason", None)
                 break
+    if store is not None:
+        await store.close()
     if deferred:
         stored = {
             r["rolloutId"]: r.get("trajectory")
@@ -513,3 +524,21 @@ async def _stream(
         writer.write(rows)
         written += len(rows)
     return written, status, reason
+
+
+def _reachable_store(client: Any) -> ObjectStore | None:
+    """The platform's object store as this process's settings name it (None: out of reach)."""
+    try:
+        return object_store(client.settings)
+    except (RolloutError, ObjectStoreError, OSError):
+        return None
+
+
+async def _fetched(store: ObjectStore | None, rollout: Any) -> dict[str, Any] | None:
+    """A claim-checked trajectory, read and verified (None: left for the tracker)."""
+    if store is None:
+        return None
+    try:
+        return await load_trajectory(store, None, rollout.trajectory_uri, rollout.trajectory_sha256)
+    except (RolloutError, ObjectStoreError, OSError):
+        return None

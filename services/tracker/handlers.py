@@ -37,9 +37,9 @@ async def create_run(cmd: CreateRun, broker: CurrentBroker) -> Reply:
     return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
 
-async def import_run(cmd: ImportRun, broker: CurrentBroker) -> Reply:
+async def import_run(cmd: ImportRun, broker: CurrentBroker, store: Store) -> Reply:
     """Check and record an imported run; answers with its id (the same on a re-import)."""
-    run, duplicate = await imports.import_run(jetstream(broker), cmd)
+    run, duplicate = await imports.import_run(jetstream(broker), cmd, store)
     return Reply(
         data={
             "runId": run.run_id,

@@ -38,8 +38,10 @@ from rollout.shared.contracts.events import (
 from rollout.shared.contracts.requests import ImportRun
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.errors import RolloutError
+from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
+from rollout.shared.store.trajectories import offload
 
 _LISTED = 10
 # What an event's envelope and a rollout's other fields take besides its trajectory.
@@ -186,8 +188,13 @@ def _histories(
     return started, generated, scored
 
 
-async def import_run(js: JetStreamContext, cmd: ImportRun) -> tuple[RunRequested, bool]:
-    """Record the import as a run; (its run.requested, True when it was already recorded)."""
+async def import_run(
+    js: JetStreamContext, cmd: ImportRun, store: ObjectStore
+) -> tuple[RunRequested, bool]:
+    """Record the import as a run; (its run.requested, True when it was already recorded).
+
+    Its trajectories are claim-checked into `store` like an actor's: stored once.
+    """
     run, trajectories = await plan_import(js, cmd)
     state = await load_run(js, run.run_id)
     if state.ended is not None:
@@ -205,6 +212,7 @@ async def import_run(js: JetStreamContext, cmd: ImportRun) -> tuple[RunRequested
     # Every later event's id derives from the run id: a resend (a crash half-way, a racing
     # retry) is dropped by the stream, and the projections keep the first of each anyway.
     started, generated, scored = _histories(cmd, run, trajectories)
+    generated = await offload(store, generated)
     work_item_id = deterministic_id("import-work", run.run_id)[:24]
     await publisher.publish(
         EventEnvelope.new(

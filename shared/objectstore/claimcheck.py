@@ -16,20 +16,25 @@ from rollout.shared.settings import env_number
 
 T = TypeVar("T")
 
-# The one claim-check threshold: a value (a trajectory, a buffer reply) whose JSON is larger
-# goes to the object store. NATS' default max_payload is 1 MiB; inline values stay well under
-# it so one of them, with its envelope and headers, always fits in a message (batches of
-# several are split by size when they are published: see shared/bus/publisher.py).
+# The largest value (a buffer reply's item) that rides inside a message: a larger one goes to
+# the object store. NATS' default max_payload is 1 MiB; inline values stay well under it so
+# one of them, with its envelope and headers, always fits in a message (batches of several are
+# split by size when they are published: see shared/bus/publisher.py).
 DEFAULT_INLINE_LIMIT = 256 * 1024
+# Trajectories are claim-checked from 0 bytes: each is stored once, in the object store, and
+# the events, the tracker's rollouts and the buffer's all carry its URI and sha256. An operator
+# may keep small ones inline (fewer object-store round trips, but each is then stored by both
+# read models and the events stream).
+DEFAULT_TRAJECTORY_INLINE = 0
 INLINE_LIMIT_ENV = "ROLLOUT_INLINE_TRAJECTORY_BYTES"
 DEFAULT_CLAIM_PREFIX = "claims"
 
 
 def inline_limit() -> int:
-    """The claim-check threshold in bytes: ROLLOUT_INLINE_TRAJECTORY_BYTES, else 256 KiB."""
+    """The trajectory claim-check threshold in bytes: ROLLOUT_INLINE_TRAJECTORY_BYTES, else 0."""
     try:
         return int(
-            env_number(INLINE_LIMIT_ENV, DEFAULT_INLINE_LIMIT, whole=True, unit="bytes", low=0)
+            env_number(INLINE_LIMIT_ENV, DEFAULT_TRAJECTORY_INLINE, whole=True, unit="bytes", low=0)
         )
     except RolloutError as exc:
         raise ObjectStoreError(str(exc)) from None

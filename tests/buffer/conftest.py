@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 from buffer_kit import BufferPlatform
@@ -16,9 +15,9 @@ from rollout.shared.settings import Settings
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> LocalObjectStore:
-    """The object store the buffer writes large trajectories and large answers to."""
-    return LocalObjectStore(tmp_path / "objects")
+def store(settings: Settings) -> LocalObjectStore:
+    """The platform's object store: the actor's trajectories, the buffer's large answers."""
+    return LocalObjectStore(settings.home / "objects")
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from rollout.shared.contracts.buffer import (
 )
 from rollout.shared.objectstore import ObjectCorrupted
 from rollout.shared.settings import connect_nats
+from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
 
 TOOL_NAMES = {"lookup_order", "refund"}
 
@@ -141,8 +142,10 @@ async def test_sft_set_has_only_passing_rollouts_with_tool_calls_intact(
 
 
 async def test_large_trajectories_live_in_the_object_store_and_come_back_verified(
-    client, agent_server, platform, settings, store
+    client, agent_server, platform, settings, store, monkeypatch
 ) -> None:
+    # The actor keeps these inline (an operator's choice): this is the buffer's own claim check.
+    monkeypatch.setenv(INLINE_LIMIT_ENV, str(1 << 20))
     platform.start_buffer(inline_bytes=256)  # every refund trajectory is larger than this
     done = await _platform_run(client, agent_server, tasks=2, n=2)
     run_id = done["runId"]

@@ -326,7 +326,12 @@ async def test_hostile_imports_are_refused_and_stored_trajectories_are_the_check
     done = await client.wait_for_run(run_id, timeout_s=60)  # the tracker is not stalled
     assert done["status"] == "completed", done
     (generated,) = await _events(client, run_id, "rollout.generated")
-    (stored,) = generated.payload["rollouts"]
+    # Stored once, in the object store: the event carries its claim check.
+    (event_rollout,) = generated.payload["rollouts"]
+    assert event_rollout["trajectory"] is None and len(event_rollout["trajectory_sha256"]) == 64
+    full = await client.get_run(run_id, include_rollouts=True, include_trajectories=True)
+    (stored,) = full["rollouts"]
+    assert stored["trajectoryUri"] == event_rollout["trajectory_uri"]
     assert "smuggled" not in stored["trajectory"]
     assert stored["trajectory"]["messages"] == [{"role": "user", "content": "hi"}]
     (row,) = await client.get_rollouts(run_id)

@@ -100,8 +100,9 @@ async def test_sft_rows_from_the_buffer_are_the_runs_whole_verified_trajectories
         as_ref = await training_sets.ask(nc, store, "sft_set", small)
         assert as_ref.items == found.items and as_ref.meta == found.meta
 
-        # A trajectory blob changed behind the buffer's back is refused by its sha256.
-        [blob] = [k for k in await store.list("buffer/trajectories/")][:1]
+        # A trajectory blob (stored once, by the actor) changed behind the platform's back is
+        # refused by its sha256.
+        [blob] = [k for k in await store.list("trajectories/")][:1]
         await store.put(blob, b'{"messages": []}', overwrite=True)
         with pytest.raises(RolloutError, match="is corrupted"):
             await client.create_training_job(

@@ -28,11 +28,12 @@ from rollout.shared.contracts.events import (
     ScoredRollout,
 )
 from rollout.shared.contracts.requests import GetRun
+from rollout.shared.objectstore.claimcheck import DEFAULT_INLINE_LIMIT
 from rollout.shared.settings import CREDENTIALS_FILE, Settings, connect_nats
 from rollout.shared.stack.files import write_json
 from rollout.shared.stack.nats import RELOADED_LINE
 from rollout.shared.stack.process import file_size, wait_for_log
-from rollout.shared.store.trajectories import object_store
+from rollout.shared.store.trajectories import INLINE_LIMIT_ENV, object_store
 
 BIG = 150 * 1024
 
@@ -79,8 +80,11 @@ def reader_agent(body: dict[str, Any]) -> Reply:
 
 
 async def test_a_150kb_tool_output_with_n32_at_batch16_scores_all_32(
-    client, platform, settings
+    client, platform, settings, monkeypatch
 ) -> None:
+    # Trajectories under a message's size ride inline here (an operator's choice; by default
+    # each is claim-checked), so the batches below must be split to fit.
+    monkeypatch.setenv(INLINE_LIMIT_ENV, str(DEFAULT_INLINE_LIMIT))
     platform.start("buffer")
     await client.push_environment(big_doc_env())
     with FakeOpenAI(reader_agent) as server:
@@ -147,7 +151,6 @@ def chatty_agent(size: int) -> Any:
 async def test_a_rollout_too_large_even_after_the_claim_check_is_errored_not_retried(
     client, settings, monkeypatch
 ) -> None:
-    from rollout.shared.store.trajectories import INLINE_LIMIT_ENV
 
     # A claim-check threshold above the server's max payload: a 1.5 MB trajectory stays
     # inline and cannot travel in any message.

@@ -158,6 +158,7 @@ async def test_replay_reproduces_every_score_and_reverify_lists_changes(
     client, agent_server, settings
 ) -> None:
     from rollout.shared.replay import replay_run, reverify
+    from rollout.shared.store.trajectories import object_store
 
     await client.push_environment(refund_env(tasks=2))
     run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=4)
@@ -174,7 +175,11 @@ async def test_replay_reproduces_every_score_and_reverify_lists_changes(
         for key in ("status", "total", "scored", "passed", "errored"):
             assert summary[key] == done[key], key
         assert summary["meanScore"] == pytest.approx(done["meanScore"])
-        version, rows = await reverify(js, replayed)
+        # Each trajectory is stored once, in the object store: re-verifying reads it there.
+        with pytest.raises(RolloutError, match="re-verifying needs the object store"):
+            await reverify(js, replayed)
+        store = object_store(settings)
+        version, rows = await reverify(js, replayed, store=store)
         assert version == 1 and len(rows) == 8
         assert [r for r in rows if r["changed"]] == []
         assert {r["rolloutId"]: r["score"] for r in rows} == pytest.approx(recorded)
@@ -187,7 +192,7 @@ async def test_replay_reproduces_every_score_and_reverify_lists_changes(
             {"name": "apologised", "type": "contains_terms", "terms": ["sorry"], "weight": 1},
         ]
         await client.push_environment(stricter)
-        version, rows = await reverify(js, replayed)
+        version, rows = await reverify(js, replayed, store=store)
         assert version == 2
         changed = {r["rolloutId"] for r in rows if r["changed"]}
         assert changed == {rollout for rollout, score in recorded.items() if score > 0}

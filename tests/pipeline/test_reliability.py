@@ -41,6 +41,8 @@ def actor_process(settings: Settings, home: Path, name: str) -> subprocess.Popen
     env = {
         **os.environ,
         "ROLLOUT_HOME": str(home),
+        # The platform's one object store, where the actor claim-checks each trajectory.
+        "ROLLOUT_OBJECT_STORE_URL": (settings.home / "objects").as_uri(),
         "ROLLOUT_NATS_URL": settings.nats_url,
         "ROLLOUT_NATS_USER": settings.nats_user or "",
         "ROLLOUT_NATS_PASSWORD": settings.nats_password or "",

@@ -123,7 +123,7 @@ def judged_env(judge_url: str, slug: str = "judged") -> dict[str, Any]:
 @pytest.fixture
 async def platform(settings: Settings, tmp_path: Path) -> AsyncIterator[BufferPlatform]:
     """Registry, tracker, an actor, a verifier and the buffer, in-process."""
-    p = BufferPlatform(settings, LocalObjectStore(tmp_path / "objects"))
+    p = BufferPlatform(settings, LocalObjectStore(settings.home / "objects"))
     for name in ("env-registry", "tracker", "verifier", "actor"):
         p.start(name)
     p.start_buffer()
