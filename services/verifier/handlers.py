@@ -13,6 +13,7 @@ from rollout.services.verifier.scoring import (
     ScoringUnavailable,
     errored_verdict,
     failure_kind,
+    prefetched,
     score_rollout,
     score_task_group,
     scoring_units,
@@ -101,7 +102,8 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
                 log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
                 scored = [unscored(r, cause, kind) for r in generated.rollouts]
             else:
-                for unit in scoring_units(spec, generated.rollouts):
+                rollouts = await prefetched(generated.rollouts, verifier.store())
+                for unit in scoring_units(spec, rollouts):
                     try:
                         if len(unit) == 1 and not judged_in_groups(spec):
                             scored.append(await score_rollout(spec, unit[0], verifier.store()))

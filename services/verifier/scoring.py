@@ -15,6 +15,7 @@ A verifier with a `ruler` primitive judges the samples of one task together (`sc
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pydantic
@@ -186,3 +187,25 @@ async def score_task_group(
             for (r, _), result in zip(judged, results, strict=True):
                 verdicts[r.rollout_id] = _verdict(r, result)
     return [verdicts[r.rollout_id] for r in rollouts]
+
+
+async def prefetched(
+    rollouts: list[GeneratedRollout], store: ObjectStore | None
+) -> list[GeneratedRollout]:
+    """The batch with its claim-checked trajectories read at once (their reads overlap).
+
+    A read that fails leaves its rollout as it was: scoring it reads again and reports why.
+    """
+    if store is None:
+        return rollouts
+
+    async def one(rollout: GeneratedRollout) -> GeneratedRollout:
+        if rollout.trajectory is not None or not rollout.trajectory_uri:
+            return rollout
+        try:
+            raw = await _raw_trajectory(rollout, store)
+        except ScoringUnavailable:
+            return rollout
+        return rollout.model_copy(update={"trajectory": raw})
+
+    return list(await asyncio.gather(*(one(r) for r in rollouts)))

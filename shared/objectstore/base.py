@@ -86,6 +86,10 @@ class ObjectStore(ABC):
     async def _stat(self, key: str) -> StoredObject | None:
         """Size (and stored sha256 if known) of the object at `key`, or None when absent."""
 
+    async def _read_all(self, key: str) -> bytes:
+        """The whole object's bytes (a backend may read them in one go)."""
+        return b"".join([chunk async for chunk in self._read_chunks(key, CHUNK_SIZE)])
+
     @abstractmethod
     def _read_chunks(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
         """Yield the object's bytes in chunks; ObjectNotFound when absent."""
@@ -183,8 +187,7 @@ class ObjectStore(ABC):
     async def get(self, target: str | ObjectRef, *, sha256: str | None = None) -> bytes:
         """The whole object; verified against `sha256` (or the ObjectRef's) when one is known."""
         key, expected = self._resolve(target, sha256)
-        chunks = [chunk async for chunk in self._read_chunks(key, CHUNK_SIZE)]
-        data = b"".join(chunks)
+        data = await self._read_all(key)
         check_sha256(
             self.uri_for(key), expected=expected, actual=sha256_bytes(data), size=len(data)
         )

@@ -140,6 +140,13 @@ class LocalObjectStore(ObjectStore):
             return None
         return StoredObject(size=st.st_size, sha256=None)
 
+    async def _read_all(self, key: str) -> bytes:
+        # One thread hop for a small blob (a trajectory), not four (open, read, EOF, close).
+        try:
+            return await asyncio.to_thread(self._path(key).read_bytes)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFound(self.uri_for(key)) from None
+
     async def _read_chunks(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
         path = self._path(key)
         try:
