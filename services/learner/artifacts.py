@@ -79,6 +79,7 @@ async def publish_policy(
     version: int,
     model_dir: Path,
     base_model: str,
+    off_policy: dict[str, float] | None = None,
 ) -> trained.PolicyRecord:
     """Upload a loadable model folder as `model` version `version`; announce policy.updated."""
     ref = await upload_dir(store, model_dir, f"models/{trained.policy_key(model)}", arcname=".")
@@ -93,7 +94,7 @@ async def publish_policy(
         base_model=base_model,
     )
     await trained.publish_record(store, record)
-    await journal.policy(model, version, ref.uri, ref.sha256)
+    await journal.policy(model, version, ref.uri, ref.sha256, off_policy)
     log.info("policy updated", model=model, version=version, uri=ref.uri)
     return record
 

@@ -132,10 +132,18 @@ class JobJournal:
                                   size_bytes=size)  # fmt: skip
         await self.publisher.publish(self._envelope(payload, self.job_id, step, sha256))
 
-    async def policy(self, model: str, version: int, uri: str, sha256: str) -> None:
+    async def policy(
+        self,
+        model: str,
+        version: int,
+        uri: str,
+        sha256: str,
+        off_policy: dict[str, float] | None = None,
+    ) -> None:
         """Announce a new policy version (its record is already in the object store)."""
+        clean = {k: v for k, v in (off_policy or {}).items() if _finite(v) is not None}
         payload = PolicyUpdated(model=model, version=version, checkpoint_uri=uri, sha256=sha256,
-                                job_id=self.job_id)  # fmt: skip
+                                job_id=self.job_id, off_policy=clean or None)  # fmt: skip
         await self.publisher.publish(self._envelope(payload, policy_key(model), model, version))
 
     async def completed(

@@ -47,6 +47,18 @@ log = get_logger(__name__)
 MAX_EMPTY_RUNS = 8
 # Rounds in a row whose groups all scored alike (GRPO: no advantage; the step is skipped).
 MAX_FLAT_ROUNDS = 8
+# Extra runs one step may start to refill groups dynamic sampling dropped.
+MAX_REFILLS = 4
+# Refill runs' attempt numbers start here, apart from a round's retries (0, 1, 2, ...).
+REFILL_ATTEMPT = 1000
+# policy.updated's off_policy entries, from the learner's metrics of its last step.
+OFF_POLICY_METRICS = {
+    "mismatch_kl": "last_mismatch_kl",
+    "max_is_ratio": "last_max_is_ratio",
+    "is_outside_fraction": "last_is_outside_fraction",
+    "clip_fraction": "last_clip_fraction",
+    "staleness": "last_staleness",
+}
 
 
 def round_request_id(job_id: str, step: int, attempt: int) -> str:
@@ -71,6 +83,10 @@ class Timing:
     training_s: float = 0.0
     stale_dropped: int = 0
     used: int = 0
+    # Dynamic sampling: groups dropped for equal rewards (this step's; and the job's), refills.
+    flat_dropped: int = 0
+    flat_dropped_total: int = 0
+    refills: int = 0
     runs: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -83,6 +99,8 @@ class Timing:
             "stale_dropped": float(self.stale_dropped),
             "completions_used": float(self.used),
             "runs": float(len(self.runs)),
+            "dynamic_sampling_dropped": float(self.flat_dropped_total),
+            "dynamic_sampling_refills": float(self.refills),
         }
 
 
@@ -111,17 +129,28 @@ class OnlineJob:
             await save_checkpoint(self.ctx.store, self.journal, self.out_dir, path, version)
         await publish_policy(
             self.ctx.store, self.journal, model=self.model, version=version, model_dir=path,
-            base_model=self.plan.event.base_model,
+            base_model=self.plan.event.base_model, off_policy=self._off_policy(),
         )  # fmt: skip
 
-    async def _start_run(self, step: int, attempt: int, train_tasks: list[int]) -> RoundRun:
+    def _off_policy(self) -> dict[str, float] | None:
+        """What the step that made the current version measured (None before any step)."""
+        metrics = getattr(self.learner, "metrics", {})
+        if not getattr(self.learner, "steps", 0):
+            return None
+        return {
+            name: float(metrics[key]) for name, key in OFF_POLICY_METRICS.items() if key in metrics
+        } | {"dynamic_sampling_dropped": float(self.timing.flat_dropped)}
+
+    async def _start_run(
+        self, step: int, attempt: int, train_tasks: list[int], count: int | None = None
+    ) -> RoundRun:
         """Start (or, resumed, find again) the run of one round: the step it feeds, the try.
 
         The request id and the tasks derive from (job, step, attempt) alone, so a learner
         resumed after a kill asks for the very runs it had started, and the tracker answers
         with those runs instead of starting fresh ones for the same round.
         """
-        k = min(self.options.tasks_per_step, len(train_tasks))
+        k = min(count or self.options.tasks_per_step, len(train_tasks))
         tasks = sorted(random.Random(f"{self.job_id}:{step}:{attempt}").sample(train_tasks, k))
         body = CreateRun(
             client_request_id=round_request_id(self.job_id, step, attempt),
@@ -178,28 +207,10 @@ class OnlineJob:
                 step = in_flight[-1].step + 1 if in_flight else int(self.learner.policy_version) + 1
                 in_flight.append(await self._start_run(step, 0, train_tasks))
             current = in_flight.popleft()
-            run_id = current.run_id
-            waited = time.monotonic()
-            # One run per round: its reader's consumer goes at once.
-            run = await follow_run(
-                self.ctx.js,
-                run_id,
-                timeout_s=self.options.run_deadline_s + 30,
-                delete_consumer=True,
-            )
-            if run.status != "completed":
-                raise RolloutError(
-                    f"{self.method.upper()} run {run_id} did not complete: {run.reason}"
-                )
-            found = await training_sets.grpo_groups(
-                self.ctx.nc, self.ctx.store, run_id,
-                current_version=int(self.learner.policy_version),
-                max_staleness=self.config.max_staleness, after_seq=run.ended_seq,
-                min_group_size=self.min_group,
-            )  # fmt: skip
-            self.timing.waiting_s += time.monotonic() - waited
-            self.timing.stale_dropped += int(found.stats.get("stale_dropped", 0))
-            fresh = self._fresh(found.items)
+            fresh = await self._collect(current)
+            if fresh and getattr(self.config, "dynamic_sampling", False):
+                # Nothing with a signal even after refills: the flat-round path below.
+                fresh = await self._refilled(current, fresh, train_tasks) or fresh
             if not fresh:
                 empty += 1
                 if empty > MAX_EMPTY_RUNS:
@@ -262,6 +273,55 @@ class OnlineJob:
             **metrics,
         )  # fmt: skip
 
+    async def _collect(self, current: RoundRun) -> list[dict[str, Any]]:
+        """Wait for a round's run to end; its groups the learner accepts."""
+        waited = time.monotonic()
+        # One run per round: its reader's consumer goes at once.
+        run = await follow_run(
+            self.ctx.js,
+            current.run_id,
+            timeout_s=self.options.run_deadline_s + 30,
+            delete_consumer=True,
+        )
+        if run.status != "completed":
+            raise RolloutError(
+                f"{self.method.upper()} run {current.run_id} did not complete: {run.reason}"
+            )
+        found = await training_sets.grpo_groups(
+            self.ctx.nc, self.ctx.store, current.run_id,
+            current_version=int(self.learner.policy_version),
+            max_staleness=self.config.max_staleness, after_seq=run.ended_seq,
+            min_group_size=self.min_group,
+        )  # fmt: skip
+        self.timing.waiting_s += time.monotonic() - waited
+        self.timing.stale_dropped += int(found.stats.get("stale_dropped", 0))
+        return self._fresh(found.items)
+
+    async def _refilled(
+        self, current: RoundRun, groups: list[dict[str, Any]], train_tasks: list[int]
+    ) -> list[dict[str, Any]]:
+        """DAPO's dynamic sampling: drop groups whose rewards are all equal, and sample more
+        tasks for this step until `tasks_per_step` groups carry a signal (or MAX_REFILLS runs).
+
+        A refill's request id derives from (job, step, attempt, refill) like a round's, so a
+        learner resumed after a kill finds the same refill runs again.
+        """
+        want = min(self.options.tasks_per_step, len(train_tasks))
+        kept = [g for g in groups if _has_signal(g)]
+        dropped = len(groups) - len(kept)
+        for refill in range(1, MAX_REFILLS + 1):
+            if len(kept) >= want:
+                break
+            attempt = REFILL_ATTEMPT * refill + current.attempt
+            extra = await self._start_run(current.step, attempt, train_tasks, want - len(kept))
+            self.timing.refills += 1
+            more = await self._collect(extra)
+            kept.extend(g for g in more if _has_signal(g))
+            dropped += sum(1 for g in more if not _has_signal(g))
+        self.timing.flat_dropped = dropped
+        self.timing.flat_dropped_total += dropped
+        return kept
+
     def _fresh(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Groups with only completions the learner accepts (not too stale)."""
         out = []
@@ -272,6 +332,11 @@ class OnlineJob:
                 self.timing.used += len(keep)
                 out.append({**group, "completions": keep})
         return out
+
+
+def _has_signal(group: dict[str, Any]) -> bool:
+    """True when the group's completions were not all rewarded alike."""
+    return len({float(c.get("reward", 0.0)) for c in group["completions"]}) > 1
 
 
 async def run_online_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:

@@ -304,6 +304,10 @@ class PolicyUpdated(Payload):
     checkpoint_uri: str
     sha256: str
     job_id: str | None = None
+    # The step that made this version, for online methods: the gap between the actor's
+    # recorded logprobs and the learner's own on the same tokens (mismatch_kl, max_is_ratio,
+    # is_outside_fraction), the PPO clip fraction and the mean staleness in versions.
+    off_policy: dict[str, float] | None = None
 
 
 # --- failures ----------------------------------------------------------------------------------

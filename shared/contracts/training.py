@@ -34,6 +34,12 @@ DpoLossType = Literal[
     "sigmoid_norm",
 ]
 DPO_LOSS_TYPES: tuple[str, ...] = DpoLossType.__args__  # type: ignore[attr-defined]
+# The GRPO family's variants (shared/learning/policy_loss.py; docs/algorithms.md).
+GrpoLossType = Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"]
+AdvantageKind = Literal["group", "rloo", "reinforce_pp"]
+IsCorrection = Literal["none", "tis", "mis"]
+Aggregation = Literal["token", "sequence"]
+
 # Method names that select another method's model with one setting fixed (`ipo` is DPO's IPO).
 METHOD_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {"ipo": ("dpo", {"loss_type": "ipo"})}
 
@@ -188,6 +194,83 @@ class GrpoConfig(TrainConfig):
     run_deadline_s: float = Field(
         900.0, gt=0, le=86_400, description="Deadline of each sampling run, in seconds."
     )
+    loss_type: GrpoLossType = Field(
+        "grpo",
+        description="grpo (clipped surrogate), dapo (clip-higher, token-level), dr_grpo "
+        "(unscaled advantages, constant normaliser), gspo (one ratio per sequence), cispo "
+        "(clipped, detached importance weight): docs/algorithms.md.",
+    )
+    advantage: AdvantageKind = Field(
+        "group",
+        description="group ((r - mean) / std in the task's group), rloo (leave-one-out "
+        "baseline), reinforce_pp (group mean, then normalised over the step's batch).",
+    )
+    epsilon: float | None = Field(
+        None, gt=0, le=1, description="Lower clip: the ratio is kept above 1 - epsilon "
+        "(default by loss_type: 0.2; gspo 3e-4).",
+    )  # fmt: skip
+    epsilon_high: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="Upper clip, 1 + epsilon_high (DAPO's clip-higher; default by loss_type: "
+        "epsilon, dapo 0.28, gspo 4e-4); for cispo the importance weight's cap (5.0).",
+    )
+    aggregation: Aggregation | None = Field(
+        None,
+        description="token (every trained token weighs the same) or sequence (each row's "
+        "mean, then the mean over rows); default by loss_type: gspo sequence, else token.",
+    )
+    is_correction: IsCorrection = Field(
+        "none",
+        description="Correction for the actor-vs-learner logprob gap and staleness: none (the "
+        "ratio against the actor's logprobs), tis (truncated importance weight), mis (masked).",
+    )
+    is_cap: float | None = Field(
+        None, gt=1, le=1000, description="tis/mis: the importance weight's bound (default 3)."
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: groups whose rewards are all equal are dropped "
+        "and more tasks sampled until tasks_per_step groups carry a signal (or 4 refills).",
+    )
+    overlong_buffer: int | None = Field(
+        None,
+        ge=1,
+        le=131_072,
+        description="DAPO's overlong penalty: a turn longer than max_tokens - overlong_buffer "
+        "loses up to 1 reward, linearly, reaching -1 at max_tokens (None: off).",
+    )
+
+    @model_validator(mode="after")
+    def _variants_agree(self) -> GrpoConfig:
+        # Each refusal names the setting to change (plans report it with its path).
+        if self.loss_type == "dr_grpo" and self.aggregation is not None:
+            raise ValueError(
+                "aggregation: dr_grpo normalises by a constant (rows x max_tokens); leave it unset"
+            )
+        if self.loss_type == "gspo" and self.aggregation == "token":
+            raise ValueError("aggregation: gspo's ratio is one per sequence; use sequence")
+        if self.loss_type == "cispo" and self.epsilon is not None:
+            raise ValueError("epsilon: cispo clips the importance weight from above only")
+        if (
+            self.loss_type != "cispo"
+            and self.epsilon is not None
+            and self.epsilon_high is not None
+            and self.epsilon_high < self.epsilon
+        ):
+            raise ValueError(
+                f"epsilon_high: {self.epsilon_high} is below epsilon {self.epsilon} "
+                "(clip-higher widens the upper side)"
+            )
+        if self.is_cap is not None and self.is_correction == "none":
+            raise ValueError("is_cap: only with is_correction tis or mis")
+        if self.overlong_buffer is not None and self.overlong_buffer >= self.max_tokens:
+            raise ValueError(
+                f"overlong_buffer: {self.overlong_buffer} must be below max_tokens "
+                f"({self.max_tokens})"
+            )
+        return self
 
 
 class PpoConfig(TrainConfig):

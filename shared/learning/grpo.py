@@ -11,6 +11,10 @@ with older policy versions. The objective is therefore implemented here on torch
 - an optional KL penalty to the base policy (k3 estimator), weighted by `config.beta`;
 - the loss is averaged over every completion token of the step (no length bias per sequence).
 
+Those are the defaults; `loss_type`, `advantage`, `is_correction` and `aggregation` choose the
+GRPO family's variants (DAPO, Dr. GRPO, GSPO, CISPO; RLOO, REINFORCE++; truncated or masked
+importance sampling): shared/learning/policy_loss.py.
+
 Multi-turn completions train every assistant turn: turn k's context is the conversation up
 to that turn rendered exactly as the `hf` backend rendered it when sampling, followed by the
 token ids the actor sampled. Completions more than `max_staleness` versions behind the learner
@@ -51,6 +55,14 @@ from rollout.shared.learning.loading import (
     quiet_libraries,
     torch_threads,
 )
+from rollout.shared.learning.policy_loss import (
+    LossSettings,
+    batch_normalised,
+    group_advantages,
+    overlong_penalty,
+    per_token_loss,
+    reduce_loss,
+)
 from rollout.shared.learning.trl_job import lora_config
 from rollout.shared.models.hf import _template_messages, shared_prefix_length
 from rollout.shared.models.local_models import write_adapter_base
@@ -58,7 +70,6 @@ from rollout.shared.models.local_models import write_adapter_base
 log = structlog.get_logger(__name__)
 
 CLIP_EPS = 0.2
-_STD_EPS = 1e-4
 
 
 class Completion(TypedDict, total=False):
@@ -155,6 +166,8 @@ class GRPOLearner:
         quiet_libraries()
         self.config = config
         self.clip_eps = clip_eps
+        # The loss, advantage and correction variant (plain GRPO for older configs).
+        self.loss = LossSettings.of(config)
         self.base_model = Path(base_model)
         self.out_dir = Path(out_dir)
         self.device = device()
@@ -183,6 +196,7 @@ class GRPOLearner:
             "completions_without_tokens": 0.0,
             "turns_too_long": 0.0,
             "steps_without_data": 0.0,
+            "overlong_penalised": 0.0,
         }
         self.last_checkpoint: Path | None = None
         # What the last policy forward computed (shared prefix, logit positions): for tests.
@@ -328,8 +342,10 @@ class GRPOLearner:
         )
 
     def _rows(self, groups: list[Group]) -> tuple[list[_Row], list[float]]:
-        rows: list[_Row] = []
         rewards: list[float] = []
+        # (prompt, tools, completion, advantage) of every completion with a signal.
+        chosen: list[tuple[list[dict], Any, Completion, float]] = []
+        stale: list[int] = []
         for g, group in enumerate(groups):
             prompt = list(group.get("prompt") or [])
             tools = group.get("tools") or None
@@ -343,22 +359,44 @@ class GRPOLearner:
                     f"grpo: groups[{g}]: every completion needs a numeric reward"
                 ) from None
             rewards.extend(scores)
-            if len(fresh) < 2:
+            scores = [s + self._overlong(c) for c, s in zip(fresh, scores, strict=True)]
+            advantages = group_advantages(
+                scores, self.config_advantage, scale=self.loss.loss_type != "dr_grpo"
+            )
+            if advantages is None:
+                # Every completion scored the same (or one alone): no direction to move in.
                 self.metrics["groups_without_signal"] += 1
                 continue
-            mean = sum(scores) / len(scores)
-            std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
-            if std < 1e-8:
-                # Every completion scored the same: no direction to move in.
-                self.metrics["groups_without_signal"] += 1
-                continue
-            for completion, score in zip(fresh, scores, strict=True):
-                advantage = (score - mean) / (std + _STD_EPS)
-                turns = self._turn_rows(prompt, tools, completion, advantage)
-                if turns:
-                    self.metrics["completions_trained"] += 1
-                rows.extend(merge_turns(turns) if self.merge_turns else turns)
+            for completion, advantage in zip(fresh, advantages, strict=True):
+                chosen.append((prompt, tools, completion, advantage))
+                stale.append(self.policy_version - int(completion.get("policy_version", 0)))
+        if self.config_advantage == "reinforce_pp":
+            normalised = batch_normalised([a for *_, a in chosen])
+            chosen = [(*c[:3], a) for c, a in zip(chosen, normalised, strict=True)]
+        rows: list[_Row] = []
+        for prompt, tools, completion, advantage in chosen:
+            turns = self._turn_rows(prompt, tools, completion, advantage)
+            if turns:
+                self.metrics["completions_trained"] += 1
+            rows.extend(merge_turns(turns) if self.merge_turns else turns)
+        self.metrics["last_staleness"] = sum(stale) / len(stale) if stale else 0.0
         return rows, rewards
+
+    @property
+    def config_advantage(self) -> str:
+        """The advantage estimator (`group` for configs that predate the setting)."""
+        return getattr(self.config, "advantage", "group")
+
+    def _overlong(self, completion: Completion) -> float:
+        """DAPO's overlong penalty for a completion (0 when the setting is off)."""
+        buffer = getattr(self.config, "overlong_buffer", None)
+        if not buffer:
+            return 0.0
+        lengths = [len(t) for t in completion.get("token_ids") or []]
+        penalty = overlong_penalty(lengths, self.loss.max_tokens, buffer)
+        if penalty:
+            self.metrics["overlong_penalised"] += 1
+        return penalty
 
     def _turn_rows(
         self, prompt: list[dict], tools: Any, completion: Completion, advantage: float
@@ -415,7 +453,8 @@ class GRPOLearner:
 
         total_tokens = sum(r.trained_tokens for r in rows)
         loss_sum = kl_sum = clipped = drift = 0.0
-        recorded = 0.0
+        recorded = mismatch_kl = outside = 0.0
+        max_ratio = 1.0
         size = self.config.batch_size
         for start in range(0, len(rows), size):
             batch = self._tensors(rows[start : start + size])
@@ -426,31 +465,37 @@ class GRPOLearner:
                     ref = self._reference_logprobs(batch)
             logp = self._logprobs(self.model, batch)
             mask = batch["mask"]
-            old = torch.where(batch["has_old"], batch["old"], logp.detach())
             # Before the update, new == old up to numerics unless the actor's tokens or
             # rendering differ from ours (or the actor was stale): worth watching.
             with torch.no_grad():
+                old = torch.where(batch["has_old"], batch["old"], logp.detach())
                 recorded_mask = batch["has_old"].float() * mask
                 drift += float(((logp - old).abs() * recorded_mask).sum())
-                recorded += float(recorded_mask.sum())
-            ratio = torch.exp(logp - old)
-            adv = batch["advantage"][:, None]
-            low, high = 1 - self.clip_eps, 1 + self.clip_eps
-            per_token = -torch.min(ratio * adv, torch.clamp(ratio, low, high) * adv)
+            per_token, counts = per_token_loss(
+                logp, batch["old"], batch["has_old"], batch["advantage"], mask, self.loss
+            )
             if ref is not None:
                 delta = ref - logp
                 kl = torch.exp(delta) - delta - 1
                 per_token = per_token + self.config.beta * kl
                 kl_sum += float((kl.detach() * mask).sum())
-            loss = (per_token * mask).sum() / total_tokens
+            loss = reduce_loss(per_token, mask, self.loss, tokens=total_tokens, rows=len(rows))
             loss.backward()
             loss_sum += float(loss.detach())
-            clipped += float((((ratio < low) | (ratio > high)).float() * mask).sum())
+            clipped += counts["clipped_tokens"]
+            recorded += counts["recorded_tokens"]
+            mismatch_kl += counts["mismatch_kl_sum"]
+            outside += counts["is_outside_tokens"]
+            max_ratio = max(max_ratio, counts["max_is_ratio"])
         return loss_sum, {
             "last_kl": kl_sum / total_tokens,
             "last_clip_fraction": clipped / total_tokens,
             "last_tokens": float(total_tokens),
             "last_logprob_drift": drift / recorded if recorded else 0.0,
+            # The actor-vs-learner gap on the tokens the actor recorded (policy.updated).
+            "last_mismatch_kl": mismatch_kl / recorded if recorded else 0.0,
+            "last_max_is_ratio": max_ratio,
+            "last_is_outside_fraction": outside / recorded if recorded else 0.0,
         }
 
     def _tensors(self, rows: list[_Row]) -> dict[str, Any]:

@@ -35,6 +35,15 @@ async def test_grpo_job_drives_actors_and_publishes_each_version(
         async for m in read_events(js, subjects.aggregate_events("policy"))
     ]
     assert [(p["model"], p["version"]) for p in policies] == [(model, 0), (model, 1), (model, 2)]
+    # Each trained version says how far the actors' logprobs were from the learner's. Same
+    # numerics on both sides here: on fresh samples the gap is noise; a sample of the previous
+    # version (max_staleness 1) shows it, still small after one low-rate step.
+    assert policies[0].get("off_policy") is None  # the starting version: no step made it
+    for p in policies[1:]:
+        gap = p["off_policy"]
+        assert 0.0 <= gap["staleness"] <= 1.0 and gap["max_is_ratio"] >= 1.0, gap
+        limit = 1e-3 if gap["staleness"] == 0 else 0.05
+        assert 0.0 <= gap["mismatch_kl"] < limit and gap["is_outside_fraction"] < 0.05, gap
     events = await job_events(js, job["id"])
     assert [e.payload["step"] for e in events if e.type == "job.progress"] == [1, 2]
     metrics = done.payload["metrics"]

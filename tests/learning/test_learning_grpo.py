@@ -122,8 +122,19 @@ async def test_stale_completions_are_dropped(tiny_base: Path, tmp_path: Path) ->
     assert learner.metrics["steps_without_data"] == 1
 
 
-async def test_learner_resumes_from_its_checkpoint(tiny_base: Path, tmp_path: Path) -> None:
-    config = TrainConfig(method="grpo", learning_rate=1e-2, beta=0.1, max_staleness=3)
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"loss_type": "dapo", "advantage": "rloo", "is_correction": "tis"},
+        {"loss_type": "gspo", "advantage": "reinforce_pp", "is_correction": "mis", "is_cap": 2.0},
+    ],
+    ids=["grpo", "dapo-rloo-tis", "gspo-reinforce_pp-mis"],
+)
+async def test_learner_resumes_from_its_checkpoint(
+    tiny_base: Path, tmp_path: Path, variant: dict
+) -> None:
+    config = TrainConfig(method="grpo", learning_rate=1e-2, beta=0.1, max_staleness=3, **variant)
     learner = GRPOLearner(tiny_base, tmp_path / "g", config, resume=False)
     actor = HFBackend(tiny_base)
     for step in range(2):

@@ -89,7 +89,7 @@ name = "s"
 train = { method = "sft", model = "good", config = { epochs = 0 } }
 [[stages]]
 name = "g"
-train = { method = "grpo", model = "good", env = "refunds", from = "baseline", passing = { per_task = 2 } }
+train = { method = "grpo", model = "good", env = "refunds", from = "baseline", passing = { per_task = 2 }, config = { loss_type = "gspo", aggregation = "token" } }
 [[stages]]
 name = "c"
 compare = { base = "baseline", other = "later" }
@@ -122,6 +122,7 @@ def test_every_problem_with_its_path(tmp_path: Path) -> None:
         "stages[3].train.config.epochs: must be > 0",
         "stages[4].train.from: grpo trains online on `env`",
         "stages[4].train.passing: only for methods that train on passing rollouts (sft)",
+        "stages[4].train.config.aggregation: gspo's ratio is one per sequence; use sequence",
         "models.policy: unknown local model 'local/tiny-agnt'",
         "envs.refunds.ref: version 'x' must be a whole number >= 1",
         "envs.gone.file: ",
