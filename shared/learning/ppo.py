@@ -22,6 +22,7 @@ as the actor rendered them, checkpoints, resume, staleness):
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import Progress, TrainConfig
 from rollout.shared.learning.forward import completion_forward
 from rollout.shared.learning.grpo import Group, GRPOLearner, _mean, _Row
+from rollout.shared.learning.policy_loss import DEFAULT_IS_CAP
 from rollout.shared.learning.rm_scoring import scorer_for
 
 log = structlog.get_logger(__name__)
@@ -187,7 +189,8 @@ class PPOLearner(GRPOLearner):
         """Fill each row's behaviour and base logprobs and rollout-time values (no grad)."""
         import torch
 
-        drift = recorded = 0.0
+        drift = recorded = mismatch_kl = outside = 0.0
+        max_ratio = 1.0
         size = self.config.batch_size
         with torch.no_grad():
             for start in range(0, len(rows), size):
@@ -202,10 +205,19 @@ class PPOLearner(GRPOLearner):
                     if row.old_logprobs is not None:
                         drift += sum(abs(a - b) for a, b in zip(now, row.old_logprobs, strict=True))
                         recorded += len(now)
+                        # The actor-vs-learner gap, measured as GRPO's is (policy.updated).
+                        for a, b in zip(now, row.old_logprobs, strict=True):
+                            ratio = math.exp(min(a - b, 50.0))
+                            mismatch_kl += ratio - 1.0 - (a - b)
+                            max_ratio = max(max_ratio, ratio)
+                            outside += not (1 / DEFAULT_IS_CAP <= ratio <= DEFAULT_IS_CAP)
                     row.behaviour = list(row.old_logprobs) if row.old_logprobs else now
                     row.reference = ref[i, span].tolist() if ref is not None else row.behaviour
                     row.values = values[i, span].tolist()
         self.metrics["last_logprob_drift"] = drift / recorded if recorded else 0.0
+        self.metrics["last_mismatch_kl"] = mismatch_kl / recorded if recorded else 0.0
+        self.metrics["last_max_is_ratio"] = max_ratio
+        self.metrics["last_is_outside_fraction"] = outside / recorded if recorded else 0.0
 
     def _advantages(self, episode: list[_PpoRow], reward: float) -> None:
         """GAE over the episode's tokens (its turns in order), reward at the last token."""

@@ -41,6 +41,8 @@ async def test_improve_method_ppo_drives_actors_and_publishes_each_version(
         async for m in read_events(js, subjects.aggregate_events("policy"))
     ]
     assert [(p["model"], p["version"]) for p in policies] == [(model, 0), (model, 1), (model, 2)]
+    # Each trained version carries the actor-vs-learner gap its step measured.
+    assert all(0.0 <= p["off_policy"]["mismatch_kl"] < 0.05 for p in policies[1:]), policies
     events = await job_events(js, job["id"])
     progress = [e.payload for e in events if e.type == "job.progress"]
     assert [p["step"] for p in progress] == [1, 2]

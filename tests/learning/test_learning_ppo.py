@@ -50,6 +50,9 @@ async def test_ppo_raises_mean_reward(tiny_base: Path, tmp_path: Path) -> None:
         assert progress.loss is not None and torch.isfinite(torch.tensor(progress.loss))
         # The learner recomputes exactly the logprobs the actor recorded before updating.
         assert learner.metrics["last_logprob_drift"] < 1e-3
+        # The same gap as policy.updated reports it: on-policy, noise only.
+        assert learner.metrics["last_mismatch_kl"] < 1e-5
+        assert learner.metrics["last_is_outside_fraction"] == 0.0
         assert learner.metrics["last_optimizer_steps"] == 2  # ppo_epochs x 1 minibatch
         actor.reload(learner.save())
     after = _mean_reward(await _groups(actor, learner.policy_version, seed=10_000))
