@@ -134,9 +134,9 @@ class OnlineJob:
 
     def _off_policy(self) -> dict[str, float] | None:
         """What the step that made the current version measured (None before any step)."""
-        metrics = getattr(self.learner, "metrics", {})
-        if not getattr(self.learner, "steps", 0):
+        if not self.learner.steps:
             return None
+        metrics = self.learner.metrics
         return {
             name: float(metrics[key]) for name, key in OFF_POLICY_METRICS.items() if key in metrics
         } | {"dynamic_sampling_dropped": float(self.timing.flat_dropped)}

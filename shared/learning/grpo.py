@@ -361,7 +361,7 @@ class GRPOLearner:
             rewards.extend(scores)
             scores = [s + self._overlong(c) for c, s in zip(fresh, scores, strict=True)]
             advantages = group_advantages(
-                scores, self.config_advantage, scale=self.loss.loss_type != "dr_grpo"
+                scores, self.loss.advantage, scale=self.loss.loss_type != "dr_grpo"
             )
             if advantages is None:
                 # Every completion scored the same (or one alone): no direction to move in.
@@ -370,7 +370,7 @@ class GRPOLearner:
             for completion, advantage in zip(fresh, advantages, strict=True):
                 chosen.append((prompt, tools, completion, advantage))
                 stale.append(self.policy_version - int(completion.get("policy_version", 0)))
-        if self.config_advantage == "reinforce_pp":
+        if self.loss.advantage == "reinforce_pp":
             normalised = batch_normalised([a for *_, a in chosen])
             chosen = [(*c[:3], a) for c, a in zip(chosen, normalised, strict=True)]
         rows: list[_Row] = []
@@ -382,14 +382,9 @@ class GRPOLearner:
         self.metrics["last_staleness"] = sum(stale) / len(stale) if stale else 0.0
         return rows, rewards
 
-    @property
-    def config_advantage(self) -> str:
-        """The advantage estimator (`group` for configs that predate the setting)."""
-        return getattr(self.config, "advantage", "group")
-
     def _overlong(self, completion: Completion) -> float:
         """DAPO's overlong penalty for a completion (0 when the setting is off)."""
-        buffer = getattr(self.config, "overlong_buffer", None)
+        buffer = self.loss.overlong_buffer
         if not buffer:
             return 0.0
         lengths = [len(t) for t in completion.get("token_ids") or []]

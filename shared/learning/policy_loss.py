@@ -68,6 +68,8 @@ class LossSettings:
     is_correction: str = "none"
     is_cap: float = DEFAULT_IS_CAP
     max_tokens: int = 256
+    advantage: str = "group"
+    overlong_buffer: int | None = None
 
     @classmethod
     def of(cls, config: Any) -> LossSettings:
@@ -88,6 +90,8 @@ class LossSettings:
             is_correction=getattr(config, "is_correction", None) or "none",
             is_cap=float(getattr(config, "is_cap", None) or DEFAULT_IS_CAP),
             max_tokens=int(getattr(config, "max_tokens", 256) or 256),
+            advantage=getattr(config, "advantage", None) or "group",
+            overlong_buffer=getattr(config, "overlong_buffer", None),
         )
 
 
