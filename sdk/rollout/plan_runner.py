@@ -284,6 +284,10 @@ async def _train(
         config.setdefault("threads", plan.resources.threads)
     if isinstance(config.get("reward_model"), str) and config["reward_model"] in state.outputs:
         config["reward_model"] = state.outputs[config["reward_model"]]["model"]
+    # Distillation's teacher: a model of [models] or what an earlier train stage produced.
+    teacher = config.get("teacher")
+    if isinstance(teacher, str) and (teacher in plan.models or teacher in state.outputs):
+        config["teacher"] = _model(plan, state, teacher)
     assert state.hash is not None
     base = _model(plan, state, train.model)
     source = state.outputs[train.from_]["runId"] if train.from_ else None

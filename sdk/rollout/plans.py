@@ -324,6 +324,16 @@ def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
                     f"{where}.config.reward_model: stage {reward_model!r} trains {their}, not a "
                     "reward model (method rm)"
                 )
+    teacher = config.get("teacher")
+    if isinstance(teacher, str) and teacher in names and teacher not in plan.models:
+        _add(check, f"{where}.config.teacher", _stage_ref(plan, i, teacher, ("train",), "train"))
+        earlier = _earlier(plan, i).get(teacher)
+        if earlier is not None and earlier.train is not None:
+            if resolve_method(earlier.train.method, {})[0] == "rm":
+                check.problems.append(
+                    f"{where}.config.teacher: stage {teacher!r} trains a reward model, not a "
+                    "policy to distil"
+                )
     if "method" in config:
         check.problems.append(f"{where}.config.method: set the method as `method` of the stage")
         config.pop("method")

@@ -60,51 +60,51 @@ def tiny_agent_dir() -> Path:
     return ensure_tiny_agent()
 
 
-def _provider(name: str, prefix: str) -> TrainBase:
+def _provider(name: str, prefix: str, where: str = "base_model") -> TrainBase:
     kind, key_env, base_env, default_base = PROVIDERS[prefix]
     remote = name[len(prefix) :].strip()
     if not remote:
-        raise RolloutError(f"base_model: missing the model name after {prefix!r}")
+        raise RolloutError(f"{where}: missing the model name after {prefix!r}")
     base = os.environ.get(base_env, "").strip() or default_base
     key = os.environ.get(key_env, "").strip() or None
     if key is None and base.rstrip("/") == default_base:
         raise RolloutError(
-            f"base_model: fine-tuning {name!r} needs an API key: set {key_env} for the learner"
+            f"{where}: fine-tuning {name!r} needs an API key: set {key_env} for the learner"
         )
     return TrainBase(name=name, kind=kind, remote_model=remote, base_url=base.rstrip("/"),
                       api_key=key)  # fmt: skip
 
 
-def resolve_base(name: str) -> TrainBase:
-    """What `name` is as a base model; RolloutError saying which forms are trainable."""
+def resolve_base(name: str, where: str = "base_model") -> TrainBase:
+    """What `name` is as a base model; RolloutError (at `where`) saying which forms are trainable."""
     name = (name or "").strip()
     record = trained.find_trained(name) if name else None
     for prefix in PROVIDERS:
         if name.startswith(prefix) and record is None:
-            return _provider(name, prefix)
+            return _provider(name, prefix, where)
     if record is not None:
         if record.kind != "hf":
             # A provider fine-tune trains further at the provider, from its fine-tuned model.
-            return _provider(f"{record.kind}/{record.remote_model}", f"{record.kind}/")
+            return _provider(f"{record.kind}/{record.remote_model}", f"{record.kind}/", where)
         return TrainBase(name=name, kind="local", record=record)
     if catalog.local_model(name) is not None:
         return TrainBase(name=name, kind="local")
     hf_path = Path(name[3:].strip()).expanduser() if name.startswith("hf:") else None
     if name == "hf:" or (hf_path is not None and not name[3:].strip()):
-        raise RolloutError("base_model: missing the model directory after 'hf:'")
+        raise RolloutError(f"{where}: missing the model directory after 'hf:'")
     if hf_path is not None and hf_path.exists():
         return TrainBase(name=name, kind="local", path=hf_path)
     if name.startswith(trained.JOB_PREFIX):
-        raise RolloutError(f"base_model: no finished job {name!r} produced a model")
+        raise RolloutError(f"{where}: no finished job {name!r} produced a model")
     if names.split_trained_name(name) is not None:
         raise RolloutError(
-            f"base_model: no trained model {name!r}",
+            f"{where}: no trained model {name!r}",
             problems=["see `rollout jobs` for the model names finished jobs produced"],
         )
     if hf_path is not None:
         return TrainBase(name=name, kind="local", path=hf_path)  # validation names the problem
     raise RolloutError(
-        f"base_model: cannot fine-tune {name!r}",
+        f"{where}: cannot fine-tune {name!r}",
         problems=[
             f"local training takes {LOCAL_FORMS}",
             "provider fine-tuning: openai/..., together/...",
@@ -112,9 +112,9 @@ def resolve_base(name: str) -> TrainBase:
     )
 
 
-def check_loadable(path: Path) -> None:
+def check_loadable(path: Path, where: str = "base_model") -> None:
     """Fail fast (before a job exists) when a folder holds no trainable causal LM."""
-    where = f"base_model: hf:{path}"
+    where = f"{where}: hf:{path}"
     if not path.is_dir():
         raise RolloutError(f"{where}: no model directory at {path}")
     try:
@@ -138,10 +138,10 @@ def check_loadable(path: Path) -> None:
         raise RolloutError(f"{where}: the tokenizer has no chat template")
 
 
-def validate_local(base: TrainBase) -> None:
+def validate_local(base: TrainBase, where: str = "base_model") -> None:
     """Check a local base is loadable now (trained policies and the tiny agent are by design)."""
     if base.path is not None:
-        check_loadable(base.path)
+        check_loadable(base.path, where)
 
 
 async def local_dir(base: TrainBase) -> Path:

@@ -31,7 +31,12 @@ from rollout.services.learner.basemodels import local_dir
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
-from rollout.services.learner.planning import JobPlan, reward_model_dir, train_task_indices
+from rollout.services.learner.planning import (
+    JobPlan,
+    reward_model_dir,
+    teacher_dir,
+    train_task_indices,
+)
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import follow_run
 from rollout.shared.bus.requests import call
@@ -180,6 +185,9 @@ class OnlineJob:
         extra = {}
         if "reward_model" in type(self.config).model_fields:
             extra["reward_model"] = await reward_model_dir(self.options.reward_model)
+        # Distillation learns from its teacher's logprobs.
+        if "teacher" in type(self.config).model_fields:
+            extra["teacher"] = await teacher_dir(self.options.teacher)
         self.learner = await asyncio.to_thread(
             self.plan.method.learner, base_dir, self.out_dir, self.config, resume=True, **extra
         )

@@ -12,7 +12,13 @@ from nats.js import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.services.learner import training_sets
-from rollout.services.learner.basemodels import TrainBase, resolve_base, validate_local
+from rollout.services.learner.basemodels import (
+    PROVIDERS,
+    TrainBase,
+    local_dir,
+    resolve_base,
+    validate_local,
+)
 from rollout.services.learner.context import LearnerContext
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import RunState, load_run_head
@@ -241,6 +247,8 @@ async def plan_job(
             )
         await _check_env(js, cmd.env_slug)
         await reward_model_dir(getattr(config, "reward_model", None))
+        if getattr(config, "teacher", None) is not None:
+            await asyncio.to_thread(teacher_base, config.teacher)
         return plan
     if cmd.source_dataset is not None:
         if cmd.source_run_id or cmd.rollout_ids is not None:
@@ -296,6 +304,26 @@ async def reward_model_dir(name: str | None) -> Path | None:
             "with `rollout improve --method rm`"
         )
     return path
+
+
+def teacher_base(name: str) -> TrainBase:
+    """Distillation's teacher as a local model (checked loadable); RolloutError otherwise."""
+    where = "hyperparams.teacher"
+    provider = any(name.startswith(prefix) for prefix in PROVIDERS)
+    base = None if provider and trained.find_trained(name) is None else resolve_base(name, where)
+    if base is None or not base.local:
+        kind = base.kind if base is not None else name.split("/", 1)[0]
+        raise RolloutError(
+            f"{where}: {name!r} is a {kind} model; the teacher scores every sampled token "
+            "here, so it must be a local model (hf:DIR, local/..., or a trained name)"
+        )
+    validate_local(base, where)
+    return base
+
+
+async def teacher_dir(name: str) -> Path:
+    """The folder of distillation's teacher, fetched when it is a trained name."""
+    return await local_dir(await asyncio.to_thread(teacher_base, name))
 
 
 def train_task_indices(spec: dict[str, Any]) -> list[int]:

@@ -273,6 +273,46 @@ class GrpoConfig(TrainConfig):
         return self
 
 
+class OpdConfig(GrpoConfig):
+    """On-policy distillation: the student samples on the env, a teacher scores its tokens.
+
+    Each sampled token's advantage is `kl_coef` times the teacher's logprob of it minus the
+    student's (the negative per-token reverse KL): the student is pulled towards what the
+    teacher would have said at the states it visits itself. No reward is needed; the env's
+    verifier still scores every rollout, for the record.
+    """
+
+    method_name: ClassVar[str] = "opd"
+    method: Literal["opd"] = Field(  # type: ignore[assignment]
+        description="On-policy distillation: the per-token reverse KL to a teacher, online."
+    )
+    teacher: str = Field(
+        min_length=1,
+        description="The teacher: a local model (local/..., hf:DIR), a trained name or a plan "
+        "stage; it must share the student's tokenizer.",
+    )
+    kl_coef: float = Field(
+        1.0, gt=0, le=100, description="Weight of the per-token reverse KL as the advantage."
+    )
+    beta: float = Field(
+        0.0, ge=0, le=100, description="Weight of a KL penalty to the starting policy (0: none)."
+    )
+    group_size: int = Field(1, ge=1, le=256, description="Completions sampled per task and step.")
+
+    @model_validator(mode="after")
+    def _distillation_agrees(self) -> OpdConfig:
+        # The signal is the teacher's, per token: the reward-shaping settings have no say.
+        if self.dynamic_sampling:
+            raise ValueError("dynamic_sampling: distillation learns from the teacher, not rewards")
+        if self.advantage != "group":
+            raise ValueError(
+                "advantage: distillation's advantage is the per-token reverse KL to the teacher"
+            )
+        if self.overlong_buffer is not None:
+            raise ValueError("overlong_buffer: distillation learns from the teacher, not rewards")
+        return self
+
+
 class PpoConfig(TrainConfig):
     """Online PPO: a value head, GAE and clipped policy/value losses on the actor/learner loop.
 
@@ -326,7 +366,7 @@ class PpoConfig(TrainConfig):
 
 
 TrainingConfig = Annotated[
-    SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig | PpoConfig,
+    SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig | OpdConfig | PpoConfig,
     Field(discriminator="method"),
 ]
 # Every method's config by name: the built-in ones above, and any registered at run time

@@ -14,6 +14,7 @@ from rollout.shared.learning.data import dpo_pairs, sft_examples
 from rollout.shared.learning.dpo import train_dpo
 from rollout.shared.learning.grpo import Group, GRPOLearner
 from rollout.shared.learning.kto import train_kto
+from rollout.shared.learning.opd import OPDLearner
 from rollout.shared.learning.ppo import PPOLearner, gae
 from rollout.shared.learning.rm import train_rm
 from rollout.shared.learning.sft import train_sft
@@ -22,6 +23,7 @@ __all__ = [
     "CheckpointState",
     "GRPOLearner",
     "Group",
+    "OPDLearner",
     "PPOLearner",
     "Progress",
     "TrainConfig",

@@ -152,6 +152,9 @@ def _continues(last: _Row, row: _Row) -> bool:
 class GRPOLearner:
     """A policy being trained online with GRPO; `step(groups)` is one optimizer step."""
 
+    # Which of a step's metrics the job reports as its progress `kl`.
+    progress_kl = "last_kl"
+
     def __init__(
         self,
         base_model: Path,
@@ -314,7 +317,7 @@ class GRPOLearner:
         self._elapsed_total += elapsed
         self._steps_timed += 1
         progress = self._progress(loss, _mean(rewards), tokens / elapsed)
-        progress.kl = stats.get("last_kl")
+        progress.kl = stats.get(self.progress_kl)
         append_step_log(
             self.out_dir,
             progress.model_dump(mode="json")
@@ -467,8 +470,9 @@ class GRPOLearner:
                 recorded_mask = batch["has_old"].float() * mask
                 drift += float(((logp - old).abs() * recorded_mask).sum())
             per_token, counts = per_token_loss(
-                logp, batch["old"], batch["has_old"], batch["advantage"], mask, self.loss
-            )
+                logp, batch["old"], batch["has_old"], self._advantages(batch, logp), mask,
+                self.loss,
+            )  # fmt: skip
             if ref is not None:
                 delta = ref - logp
                 kl = torch.exp(delta) - delta - 1
@@ -492,6 +496,10 @@ class GRPOLearner:
             "last_max_is_ratio": max_ratio,
             "last_is_outside_fraction": outside / recorded if recorded else 0.0,
         }
+
+    def _advantages(self, batch: dict[str, Any], logp: Any) -> Any:
+        """The advantage of each row of `batch` (a subclass may give one per token)."""
+        return batch["advantage"]
 
     def _tensors(self, rows: list[_Row]) -> dict[str, Any]:
         import torch

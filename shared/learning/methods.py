@@ -20,6 +20,7 @@ from rollout.shared.contracts.training import (
     DpoConfig,
     GrpoConfig,
     KtoConfig,
+    OpdConfig,
     PpoConfig,
     RmConfig,
     SftConfig,
@@ -31,6 +32,7 @@ from rollout.shared.learning.config import TrainResult
 from rollout.shared.learning.dpo import train_dpo
 from rollout.shared.learning.grpo import GRPOLearner
 from rollout.shared.learning.kto import train_kto
+from rollout.shared.learning.opd import OPDLearner
 from rollout.shared.learning.ppo import PPOLearner
 from rollout.shared.learning.rm import train_rm
 from rollout.shared.learning.sft import train_sft
@@ -132,4 +134,6 @@ register(Method(RmConfig, "a reward model", "pairs", rows=dpo_rows, train=train_
 register(Method(GrpoConfig, "online GRPO", "online", learner=GRPOLearner))
 # PPO's critic needs no group: one completion of a task is enough.
 register(Method(PpoConfig, "online PPO", "online", learner=PPOLearner, min_group=1))
+# Distillation's signal is per token, from the teacher: one sample of a task is enough.
+register(Method(OpdConfig, "on-policy distillation", "online", learner=OPDLearner, min_group=1))
 assert set(TABLE) == set(CONFIG_MODELS), "every contract config has its table entry"

@@ -144,7 +144,8 @@ def per_token_loss(
     """The unreduced loss per token (rows x positions) and this micro-batch's counts.
 
     `logp`: the learner's logprobs (with grad); `actor`: the recorded ones where `has_actor`;
-    `advantage`: one per row; `mask`: the trained tokens (their weight).
+    `advantage`: one per row, or one per token (rows x positions: on-policy distillation's);
+    `mask`: the trained tokens (their weight).
     """
     import torch
 
@@ -173,7 +174,7 @@ def per_token_loss(
         seq = (log_ratio * mask).sum(-1, keepdim=True) / lengths[:, None]
         log_ratio = seq.expand_as(logp)
     ratio = torch.exp(log_ratio)
-    adv = advantage[:, None]
+    adv = advantage[:, None] if advantage.dim() == 1 else advantage
     low, high = 1.0 - settings.epsilon, 1.0 + settings.epsilon_high
     if settings.loss_type == "cispo":
         # The weight is clipped and detached; the gradient is the advantage-weighted logp's.

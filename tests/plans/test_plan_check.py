@@ -100,6 +100,9 @@ evaluate = { env = "refunds", model = "good", n = 0 }
 name = "x"
 run = { env = "refunds", model = "good" }
 train = { method = "sft", model = "good", from = "baseline" }
+[[stages]]
+name = "d"
+train = { method = "opd", model = "good", env = "refunds", config = { teacher = "baseline", dynamic_sampling = true } }
 """
 
 
@@ -114,7 +117,7 @@ def test_every_problem_with_its_path(tmp_path: Path) -> None:
         "stages[6].evaluate.n: must be >= 1",
         "stages[7].kind: give exactly one of run, train, evaluate, compare (got run, train)",
         "stages[0].run.env: no environment 'refundz' in [envs] (have refunds, gone)",
-        "stages[1].train.method: must be one of sft, dpo, kto, rm, grpo, ppo, ipo (got 'bogus')",
+        "stages[1].train.method: must be one of sft, dpo, kto, rm, grpo, ppo, opd, ipo (got 'bogus')",
         "stages[2].train.model: no earlier train stage 't2'",
         "stages[2].train.config.reward_model: stage 'baseline' is a run stage, not a train stage",
         "stages[2].train.config.clip_range: must be <= 1",
@@ -126,6 +129,8 @@ def test_every_problem_with_its_path(tmp_path: Path) -> None:
         "models.policy: unknown local model 'local/tiny-agnt'",
         "envs.refunds.ref: version 'x' must be a whole number >= 1",
         "envs.gone.file: ",
+        "stages[8].train.config.teacher: stage 'baseline' is a run stage, not a train stage",
+        "stages[8].train.config.dynamic_sampling: distillation learns from the teacher",
     ]
     for line in expected:
         assert line in problems, f"{line!r} not in:\n{problems}"
