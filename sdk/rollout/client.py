@@ -219,8 +219,8 @@ class AsyncClient:
         """Start a training job; returns a dict with `id`.
 
         Like `create_run`, each call sends a fresh `client_request_id` unless given one.
-        `method` is one of sft, dpo, kto, rm, grpo, ppo, or `ipo` (dpo with `loss_type="ipo"`);
-        grpo and ppo train online on `env_slug`. `dataset` (an export: .jsonl, .parquet or a
+        `method` is one of sft, dpo, kto, rm, grpo, ppo, opd, or `ipo` (dpo with `loss_type="ipo"`);
+        grpo, ppo and opd train online on `env_slug`. `dataset` (an export: .jsonl, .parquet or a
         save_to_disk folder) trains on that snapshot instead of a run: every row is checked
         here first, then its canonical bytes go to the object store and the job names them.
         """

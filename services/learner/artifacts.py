@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -17,6 +19,7 @@ from rollout.shared.contracts.events import CheckpointSaved, PolicyUpdated
 from rollout.shared.learning.checkpoints import load_checkpoint_state
 from rollout.shared.models import trained
 from rollout.shared.objectstore import ObjectRef, ObjectStore, sha256_file
+from rollout.shared.objectstore.claimcheck import to_json_bytes
 from rollout.shared.observability import get_logger
 
 log = get_logger(__name__)
@@ -80,8 +83,13 @@ async def publish_policy(
     model_dir: Path,
     base_model: str,
     off_policy: dict[str, float] | None = None,
+    signals: dict[str, Any] | None = None,
 ) -> trained.PolicyRecord:
-    """Upload a loadable model folder as `model` version `version`; announce policy.updated."""
+    """Upload a loadable model folder as `model` version `version`; announce policy.updated.
+
+    `signals`: the step's per-token signals by rollout (shared/learning/grpo.py
+    `last_signals`), stored beside the model by their content hash for the viewer.
+    """
     ref = await upload_dir(store, model_dir, f"models/{trained.policy_key(model)}", arcname=".")
     record = trained.PolicyRecord(
         model=model,
@@ -94,7 +102,15 @@ async def publish_policy(
         base_model=base_model,
     )
     await trained.publish_record(store, record)
-    await journal.policy(model, version, ref.uri, ref.sha256, off_policy)
+    signals_ref = None
+    if signals:
+        body = to_json_bytes({"model": model, "version": version, "job_id": journal.job_id,
+                              "rollouts": signals})  # fmt: skip
+        digest = hashlib.sha256(body).hexdigest()
+        signals_ref = await store.put(f"signals/{trained.policy_key(model)}/{digest}.json", body)
+    await journal.policy(
+        model, version, ref.uri, ref.sha256, off_policy, signals_ref, sorted(signals or {})
+    )
     log.info("policy updated", model=model, version=version, uri=ref.uri)
     return record
 

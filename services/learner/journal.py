@@ -23,6 +23,7 @@ from rollout.shared.contracts.events import (
     PolicyUpdated,
 )
 from rollout.shared.models.trained import policy_key
+from rollout.shared.objectstore import ObjectRef
 from rollout.shared.observability import get_logger
 
 # How often a job's ending is decided again after another event of the job got in first.
@@ -83,6 +84,12 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def _finite_values(values: dict[str, float] | None) -> dict[str, float] | None:
+    """The finite entries of `values`; None when none is left."""
+    clean = {k: v for k, v in (values or {}).items() if _finite(v) is not None}
+    return clean or None
+
+
 class JobJournal:
     """Appends one job's events; every id derives from the job and what the event is about."""
 
@@ -108,6 +115,7 @@ class JobJournal:
         tokens_per_s: float | None = None,
         eta_s: float | None = None,
         kl: float | None = None,
+        off_policy: dict[str, float] | None = None,
     ) -> bool:
         """Report a step; a step at or below one already reported is not reported again."""
         if step <= self.last_step:
@@ -122,6 +130,7 @@ class JobJournal:
             tokens_per_s=_finite(tokens_per_s),
             eta_s=_finite(eta_s),
             kl=_finite(kl),
+            off_policy=_finite_values(off_policy),
         )
         await self.publisher.publish(self._envelope(payload, self.job_id, step))
         return True
@@ -139,11 +148,17 @@ class JobJournal:
         uri: str,
         sha256: str,
         off_policy: dict[str, float] | None = None,
+        signals: ObjectRef | None = None,
+        trained_rollouts: list[str] | None = None,
     ) -> None:
         """Announce a new policy version (its record is already in the object store)."""
-        clean = {k: v for k, v in (off_policy or {}).items() if _finite(v) is not None}
-        payload = PolicyUpdated(model=model, version=version, checkpoint_uri=uri, sha256=sha256,
-                                job_id=self.job_id, off_policy=clean or None)  # fmt: skip
+        payload = PolicyUpdated(
+            model=model, version=version, checkpoint_uri=uri, sha256=sha256, job_id=self.job_id,
+            off_policy=_finite_values(off_policy),
+            signals_uri=signals.uri if signals else None,
+            signals_sha256=signals.sha256 if signals else None,
+            trained_rollouts=list(trained_rollouts or []) if signals else [],
+        )  # fmt: skip
         await self.publisher.publish(self._envelope(payload, policy_key(model), model, version))
 
     async def completed(

@@ -135,6 +135,7 @@ class OnlineJob:
         await publish_policy(
             self.ctx.store, self.journal, model=self.model, version=version, model_dir=path,
             base_model=self.plan.event.base_model, off_policy=self._off_policy(),
+            signals=getattr(self.learner, "last_signals", None) if self.learner.steps else None,
         )  # fmt: skip
 
     def _off_policy(self) -> dict[str, float] | None:
@@ -263,7 +264,7 @@ class OnlineJob:
             await self.journal.progress(
                 int(self.learner.policy_version), target, loss=progress.loss,
                 reward=progress.reward, tokens_per_s=progress.tokens_per_s, eta_s=eta,
-                kl=progress.kl,
+                kl=progress.kl, off_policy=self._off_policy(),
             )  # fmt: skip
             await self._publish()
             self.timing.training_s += time.monotonic() - trained_at

@@ -205,6 +205,13 @@ async def _policy(c: asyncpg.Connection, e: EventEnvelope, p: ev.PolicyUpdated) 
         " values ($1,$2,$3,$4,$5,$6) on conflict do nothing",
         p.model, p.version, p.checkpoint_uri, p.sha256, p.job_id, e.time,
     )  # fmt: skip
+    if p.signals_uri and p.signals_sha256 and p.trained_rollouts:
+        await c.executemany(
+            "insert into trained_rollouts(rollout_id, model, version, job_id, signals_uri,"
+            " signals_sha256) values ($1,$2,$3,$4,$5,$6) on conflict do nothing",
+            [(r, p.model, p.version, p.job_id, p.signals_uri, p.signals_sha256)
+             for r in p.trained_rollouts],
+        )  # fmt: skip
 
 
 @on("deadletter.recorded")
@@ -227,6 +234,7 @@ class ReadModels:
         "jobs",
         "checkpoints",
         "policies",
+        "trained_rollouts",
         "dead_letters",
     )
 

@@ -26,7 +26,8 @@ from rollout.services.ui.auth import COOKIE, SESSION_S, Authenticator, SessionSi
 from rollout.services.ui.live import Change, EventHub, drain
 from rollout.shared import subjects
 from rollout.shared.errors import RolloutError
-from rollout.shared.objectstore import ObjectStore
+from rollout.shared.objectstore import ObjectStore, ObjectStoreError
+from rollout.shared.objectstore.claimcheck import get_json
 from rollout.shared.observability import get_logger
 from rollout.shared.replay import replay_run, reverify
 from rollout.shared.settings import Settings, connect_nats
@@ -69,6 +70,8 @@ def _templates() -> jinja2.Environment:
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
     env.filters["short"] = lambda v, n=12: "" if v is None else str(v)[:n]
     env.filters["shade"] = _shade
+    env.filters["adv_shade"] = _advantage_shade
+    env.filters["signed"] = _signed
     env.globals["wilson_text"] = _wilson_text
     return env
 
@@ -79,6 +82,19 @@ def _shade(logprob: float) -> str:
 
     p = math.exp(min(0.0, logprob))
     return f"rgba(220, 40, 40, {0.85 * (1 - p):.2f})"
+
+
+def _advantage_shade(advantage: float | None) -> str:
+    """Background for a trained token: green pushed up, red pushed down, by how much."""
+    if not isinstance(advantage, int | float):
+        return "transparent"
+    alpha = min(abs(float(advantage)) / 2.0, 1.0) * 0.8
+    colour = "40, 160, 70" if advantage > 0 else "220, 40, 40"
+    return f"rgba({colour}, {alpha:.2f})"
+
+
+def _signed(value: float | None, digits: int = 3) -> str:
+    return "–" if not isinstance(value, int | float) else f"{value:+.{digits}f}"
 
 
 def _wilson_text(interval: tuple[float, float] | None) -> str:
@@ -264,10 +280,30 @@ async def trajectory_page(request: Request) -> Response:
     rollout_id = _id(request.path_params["rollout_id"], "rollout id")
     async with state.pool.acquire() as conn:
         rollout = await queries.get_rollout(conn, rollout_id)
+        trained = await queries.trained_on(conn, rollout_id) if rollout is not None else []
     if rollout is None:
         raise HTTPException(404, f"no rollout {rollout_id!r}")
     rollout["trajectory"] = await _trajectory(state, rollout)
-    return render("trajectory.html", request, r=rollout, turns=_turns(rollout["trajectory"]))
+    signals = await _signals(state, rollout_id, trained[0]) if trained else None
+    return render(
+        "trajectory.html", request, r=rollout, trained=trained,
+        turns=_turns(rollout["trajectory"], signals),
+    )  # fmt: skip
+
+
+async def _signals(
+    state: UiState, rollout_id: str, trained: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Per turn, what each token of the rollout got in the step that trained on it."""
+    if state.store is None:
+        return None
+    try:
+        doc = await get_json(state.store, trained["signals_uri"], sha256=trained["signals_sha256"])
+    except (ObjectStoreError, OSError) as exc:
+        log.warning("token signals unreadable", rollout_id=rollout_id, error=str(exc))
+        return None
+    found = (doc.get("rollouts") or {}).get(rollout_id) if isinstance(doc, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 async def _trajectory(state: UiState, rollout: dict[str, Any]) -> dict[str, Any] | None:
@@ -280,8 +316,11 @@ async def _trajectory(state: UiState, rollout: dict[str, Any]) -> dict[str, Any]
     )
 
 
-def _turns(trajectory: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Messages with each assistant turn's tool calls and token logprobs attached."""
+def _turns(
+    trajectory: dict[str, Any] | None, signals: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Messages with each assistant turn's tool calls and token logprobs attached, and, for a
+    rollout that was trained on, each token's advantage, ratio, gap and clip (`signals`)."""
     if not trajectory:
         return []
     calls = {c.get("index"): c for c in trajectory.get("tool_calls") or []}
@@ -301,6 +340,10 @@ def _turns(trajectory: dict[str, Any] | None) -> list[dict[str, Any]]:
                     {"id": ids[i] if ids and i < len(ids) else None, "logprob": lp}
                     for i, lp in enumerate(logprobs[assistant])
                 ]
+            turn["trained"] = _trained_tokens(
+                (signals or {}).get(str(assistant)),
+                token_ids[assistant] if assistant < len(token_ids) else None,
+            )
             assistant += 1
         turns.append(turn)
     # Calls the messages do not mention (a template that records calls only) still show.
@@ -309,6 +352,25 @@ def _turns(trajectory: dict[str, Any] | None) -> list[dict[str, Any]]:
     if extra:
         turns.append({"message": {"role": "tools"}, "calls": extra, "tokens": None})
     return turns
+
+
+def _trained_tokens(turn: Any, ids: list[int] | None) -> list[dict[str, Any]] | None:
+    """One entry per trained token of a turn: id, advantage, ratio, gap, clipped."""
+    if not isinstance(turn, dict):
+        return None
+    advantage = turn.get("advantage") or []
+    n = len(advantage)
+    columns = {k: list(turn.get(k) or [None] * n)[:n] for k in ("ratio", "gap", "clipped")}
+    return [
+        {
+            "id": ids[i] if ids and i < len(ids) else None,
+            "advantage": advantage[i],
+            "ratio": columns["ratio"][i] if i < len(columns["ratio"]) else None,
+            "gap": columns["gap"][i] if i < len(columns["gap"]) else None,
+            "clipped": bool(columns["clipped"][i]) if i < len(columns["clipped"]) else False,
+        }
+        for i in range(n)
+    ]
 
 
 async def provenance_part(request: Request) -> Response:
@@ -392,8 +454,18 @@ async def job_page(request: Request) -> Response:
 async def _job_plots(state: UiState, job_id: str) -> dict[str, Any]:
     curves = await ev_reads.job_curves(state.js, job_id)
     titles = {"loss": "loss", "reward": "reward", "kl": "KL", "tokens_per_s": "tokens/s"}
+    series = curves["series"]
+    # An online job's off-policy signals, plotted only when its steps reported them.
+    online = {
+        "off_policy.mismatch_kl": "actor-vs-learner KL (mismatch)",
+        "off_policy.clip_fraction": "clip fraction",
+        "off_policy.dynamic_sampling_dropped": "flat groups dropped",
+        "off_policy.staleness": "staleness (versions)",
+    }
+    if any(series.get(k) for k in online):
+        titles |= online
     return {
-        "svgs": [plots.line_plot(curves["series"][k], title=t) for k, t in titles.items()],
+        "svgs": [plots.line_plot(series.get(k, []), title=t) for k, t in titles.items()],
         "metrics": curves["metrics"],
     }
 

@@ -61,12 +61,20 @@ class _Lru(OrderedDict):
         return self[key]
 
 
+# The off-policy signals the training page plots per step, in its order.
+OFF_POLICY_CURVES = ("mismatch_kl", "clip_fraction", "dynamic_sampling_dropped", "staleness")
+
+
 @dataclass
 class _Curves:
     seq: int = 0
     series: dict[str, list[tuple[float, float]]] = field(
-        default_factory=lambda: {"loss": [], "reward": [], "kl": [], "tokens_per_s": []}
-    )
+        default_factory=lambda: {
+            "loss": [], "reward": [], "kl": [], "tokens_per_s": [],
+            # The online methods' per-step off-policy signals (job.progress `off_policy`).
+            **{f"off_policy.{k}": [] for k in OFF_POLICY_CURVES},
+        }
+    )  # fmt: skip
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -169,8 +177,10 @@ async def job_curves(js: JetStreamContext, job_id: str) -> dict[str, Any]:
             event = _envelope(msg.data)
             body = event["payload"]
             if event.get("type") == "job.progress" and isinstance(body.get("step"), int):
+                off_policy = body.get("off_policy") or {}
                 for key, points in cached.series.items():
-                    value = body.get(key)
+                    name = key.removeprefix("off_policy.")
+                    value = body.get(key) if name == key else off_policy.get(name)
                     if isinstance(value, int | float):
                         points.append((float(body["step"]), float(value)))
             elif event.get("type") == "job.completed":

@@ -172,6 +172,16 @@ async def get_rollout(conn: asyncpg.Connection, rollout_id: str) -> dict[str, An
     return out
 
 
+async def trained_on(conn: asyncpg.Connection, rollout_id: str) -> list[dict[str, Any]]:
+    """The policy versions whose step trained on this rollout, newest first."""
+    rows = await conn.fetch(
+        "select model, version, job_id, signals_uri, signals_sha256 from trained_rollouts"
+        " where rollout_id = $1 order by version desc, model",
+        rollout_id,
+    )
+    return [dict(r) for r in rows]
+
+
 async def compare_tasks(
     conn: asyncpg.Connection, a: str, b: str, *, page: int = 1
 ) -> dict[str, Any]:

@@ -250,8 +250,12 @@ class JobProgress(Payload):
     reward: float | None = None
     tokens_per_s: float | None = None
     eta_s: float | None = None
-    # KL to the reference policy, where the method has one (GRPO, DPO).
+    # KL to the reference policy, where the method has one (GRPO, DPO); for on-policy
+    # distillation, the reverse KL to the teacher.
     kl: float | None = None
+    # Online methods: the step's actor-vs-learner gap, clip fraction, staleness and
+    # dynamic-sampling drops (as policy.updated's `off_policy`), for the training page.
+    off_policy: dict[str, float] | None = None
 
 
 @register
@@ -308,6 +312,12 @@ class PolicyUpdated(Payload):
     # recorded logprobs and the learner's own on the same tokens (mismatch_kl, max_is_ratio,
     # is_outside_fraction), the PPO clip fraction and the mean staleness in versions.
     off_policy: dict[str, float] | None = None
+    # What each token of the step's trained rollouts got (advantage, applied importance
+    # ratio, actor-vs-learner logprob gap, clipped), as a JSON document in the object store
+    # keyed by rollout and turn; the viewer shades a trained rollout's tokens by it.
+    signals_uri: str | None = None
+    signals_sha256: str | None = None
+    trained_rollouts: list[str] = Field(default_factory=list)
 
 
 # --- failures ----------------------------------------------------------------------------------

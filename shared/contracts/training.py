@@ -366,7 +366,7 @@ class PpoConfig(TrainConfig):
 
 
 TrainingConfig = Annotated[
-    SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig | OpdConfig | PpoConfig,
+    SftConfig | DpoConfig | KtoConfig | RmConfig | GrpoConfig | PpoConfig | OpdConfig,
     Field(discriminator="method"),
 ]
 # Every method's config by name: the built-in ones above, and any registered at run time

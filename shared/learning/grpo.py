@@ -99,6 +99,9 @@ class _Row:
     # Per completion token, whether it is trained on: a row merged from consecutive turns
     # holds the tool reply between them, which the model did not sample. None: every token.
     trained: list[bool] | None = None
+    # Which rollout the row comes from, and its turns in order: (turn index, sampled tokens).
+    rollout_id: str = ""
+    turns: tuple[tuple[int, int], ...] = ()
 
     @property
     def trained_tokens(self) -> int:
@@ -131,6 +134,8 @@ def merge_turns(rows: list[_Row]) -> list[_Row]:
                 old,
                 last.advantage,
                 [*trained, *[False] * gap, *[True] * len(row.completion)],
+                rollout_id=last.rollout_id,
+                turns=last.turns + row.turns,
             )
         else:
             out.append(row)
@@ -141,6 +146,7 @@ def _continues(last: _Row, row: _Row) -> bool:
     seen = len(last.context) + len(last.completion)
     return (
         row.advantage == last.advantage
+        and row.rollout_id == last.rollout_id
         # Both turns with the actor's logprobs or neither: a merged row has one kind.
         and (row.old_logprobs is None) == (last.old_logprobs is None)
         and len(row.context) >= seen
@@ -206,6 +212,10 @@ class GRPOLearner:
         self.forward_stats = ForwardStats()
         # Train a completion's consecutive turns as one row where exact (see merge_turns).
         self.merge_turns = True
+        # Per trained rollout, per turn, what each token got in the last step (the viewer's
+        # token signals): {rollout_id: {turn: {advantage, ratio, gap, clipped}}}.
+        self.record_signals = True
+        self.last_signals: dict[str, dict[str, dict[str, list[Any]]]] = {}
         self._ref_adapter: dict[str, Any] | None = None
         self._elapsed_total = 0.0
         self._steps_timed = 0
@@ -425,7 +435,12 @@ class GRPOLearner:
                 self.metrics["turns_too_long"] += 1
                 continue
             old = logprobs[k] if k < len(logprobs) and len(logprobs[k]) == len(ids) else None
-            rows.append(_Row(context, [int(t) for t in ids], old, advantage))
+            rows.append(
+                _Row(
+                    context, [int(t) for t in ids], old, advantage,
+                    rollout_id=str(completion.get("rollout_id") or ""), turns=((k, len(ids)),),
+                )
+            )  # fmt: skip
         return rows
 
     def _context_ids(self, messages: list[dict], tools: Any) -> list[int]:
@@ -450,6 +465,7 @@ class GRPOLearner:
         import torch
 
         total_tokens = sum(r.trained_tokens for r in rows)
+        self.last_signals = {}
         loss_sum = kl_sum = clipped = drift = 0.0
         recorded = mismatch_kl = outside = 0.0
         max_ratio = 1.0
@@ -469,10 +485,12 @@ class GRPOLearner:
                 old = torch.where(batch["has_old"], batch["old"], logp.detach())
                 recorded_mask = batch["has_old"].float() * mask
                 drift += float(((logp - old).abs() * recorded_mask).sum())
+            detail: dict[str, Any] = {}
             per_token, counts = per_token_loss(
                 logp, batch["old"], batch["has_old"], self._advantages(batch, logp), mask,
-                self.loss,
+                self.loss, detail,
             )  # fmt: skip
+            self._record_signals(rows[start : start + size], batch, logp, detail)
             if ref is not None:
                 delta = ref - logp
                 kl = torch.exp(delta) - delta - 1
@@ -496,6 +514,40 @@ class GRPOLearner:
             "last_max_is_ratio": max_ratio,
             "last_is_outside_fraction": outside / recorded if recorded else 0.0,
         }
+
+    def _record_signals(
+        self, rows: list[_Row], batch: dict[str, Any], logp: Any, detail: dict[str, Any]
+    ) -> None:
+        """Keep each trained token's advantage, applied ratio, actor-vs-learner logprob gap
+        and clip, per rollout and turn (what the viewer shades the trajectory's tokens by)."""
+        if not self.record_signals:
+            return
+        gap = logp.detach() - batch["old"]
+        for i, row in enumerate(rows):
+            if not row.rollout_id or not row.turns:
+                continue
+            where = batch["mask"][i].nonzero().squeeze(-1)
+            if len(where) != sum(n for _, n in row.turns):
+                continue  # not the row's sampled tokens alone: nothing trustworthy to show
+            advantage = detail["advantage"][i, where].tolist()
+            ratio = detail["weight"][i, where].tolist()
+            clipped = detail["clipped"][i, where].tolist()
+            known = batch["has_old"][i, where].tolist()
+            gaps = gap[i, where].tolist()
+            turns = self.last_signals.setdefault(row.rollout_id, {})
+            start = 0
+            for turn, n in row.turns:
+                span = slice(start, start + n)
+                start += n
+                turns[str(turn)] = {
+                    "advantage": [round(v, 4) for v in advantage[span]],
+                    "ratio": [round(v, 4) for v in ratio[span]],
+                    "gap": [
+                        round(g, 4) if k else None
+                        for g, k in zip(gaps[span], known[span], strict=True)
+                    ],
+                    "clipped": [int(c > 0) for c in clipped[span]],
+                }
 
     def _advantages(self, batch: dict[str, Any], logp: Any) -> Any:
         """The advantage of each row of `batch` (a subclass may give one per token)."""

@@ -140,12 +140,15 @@ def per_token_loss(
     advantage: Any,
     mask: Any,
     settings: LossSettings,
+    detail: dict[str, Any] | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """The unreduced loss per token (rows x positions) and this micro-batch's counts.
 
     `logp`: the learner's logprobs (with grad); `actor`: the recorded ones where `has_actor`;
     `advantage`: one per row, or one per token (rows x positions: on-policy distillation's);
-    `mask`: the trained tokens (their weight).
+    `mask`: the trained tokens (their weight). A `detail` dict is filled with what each token
+    got (rows x positions, detached): `advantage`, `weight` (the importance ratio the loss
+    applied: the PPO ratio, or the corrected weight) and `clipped`.
     """
     import torch
 
@@ -184,12 +187,19 @@ def per_token_loss(
     else:
         loss = -torch.min(ratio * adv, torch.clamp(ratio, low, high) * adv)
         clipped = ((ratio < low) | (ratio > high)).float() * mask
+    applied = ratio.detach()
     if settings.is_correction == "tis":
+        applied = applied * torch.clamp(weight, max=cap).detach()
         loss = loss * torch.clamp(weight, max=cap).detach()
     elif settings.is_correction == "mis":
         keep = ((weight <= cap) & (weight >= 1.0 / cap)).float()
+        applied = applied * (weight * keep).detach()
         loss = loss * (weight * keep).detach()
     counts["clipped_tokens"] = float(clipped.sum())
+    if detail is not None:
+        detail["advantage"] = adv.detach().expand_as(logp)
+        detail["weight"] = applied
+        detail["clipped"] = clipped.detach()
     return loss, counts
 
 

@@ -10,6 +10,9 @@ from learner_kit import job_events, letters_env, wait_for_event
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.objectstore import open_store
+from rollout.shared.objectstore.claimcheck import get_json
+from rollout.shared.objectstore.factory import default_store_url
 
 pytestmark = pytest.mark.slow
 
@@ -53,10 +56,28 @@ async def test_grpo_job_drives_actors_and_publishes_each_version(
     # rollout says which policy version produced it.
     runs = [r for r in await client.list_runs(50) if r["model"] == model]
     assert len(runs) == metrics["runs"]
+    tokens = {}
     for run in runs:
         assert run["split"] == "train"
-        full = await client.get_run(run["runId"], include_rollouts=True)
+        full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
         assert {r["policyVersion"] for r in full["rollouts"]} <= {0, 1, 2}
+        for r in full["rollouts"]:
+            tokens[r["rolloutId"]] = [len(t) for t in r["trajectory"].get("token_ids") or []]
+
+    # Each trained version points at what its step did with every token of the rollouts it
+    # trained on, stored by content hash: per turn as many values as the actor sampled.
+    store = open_store(default_store_url(learner_env.home))
+    try:
+        for p in policies[1:]:
+            assert p["trained_rollouts"] and p["signals_uri"], p
+            doc = await get_json(store, p["signals_uri"], sha256=p["signals_sha256"])
+            assert sorted(doc["rollouts"]) == sorted(p["trained_rollouts"])
+            for rollout_id, turns in doc["rollouts"].items():
+                for turn, got in turns.items():
+                    n = tokens[rollout_id][int(turn)]
+                    assert len(got["advantage"]) == len(got["ratio"]) == len(got["clipped"]) == n
+    finally:
+        await store.close()
 
 
 def test_completions_older_than_max_staleness_are_not_trained_on(

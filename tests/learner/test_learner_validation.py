@@ -113,28 +113,48 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
         ),
         # Distillation's teacher is checked before any sampling run starts.
         (
-            {"base_model": base, "method": "opd", "env_slug": "refunds",
-             "hyperparams": {"max_steps": 1}},
+            {
+                "base_model": base,
+                "method": "opd",
+                "env_slug": "refunds",
+                "hyperparams": {"max_steps": 1},
+            },
             "hyperparams.teacher:",
         ),
         (
-            {"base_model": base, "method": "opd", "env_slug": "refunds",
-             "hyperparams": {"max_steps": 1, "teacher": "hf:/no/such/teacher"}},
+            {
+                "base_model": base,
+                "method": "opd",
+                "env_slug": "refunds",
+                "hyperparams": {"max_steps": 1, "teacher": "hf:/no/such/teacher"},
+            },
             "hyperparams.teacher: hf:/no/such/teacher: no model directory",
         ),
         (
-            {"base_model": base, "method": "opd", "env_slug": "refunds",
-             "hyperparams": {"max_steps": 1, "teacher": "openai/gpt-4o-mini"}},
+            {
+                "base_model": base,
+                "method": "opd",
+                "env_slug": "refunds",
+                "hyperparams": {"max_steps": 1, "teacher": "openai/gpt-4o-mini"},
+            },
             "hyperparams.teacher: 'openai/gpt-4o-mini' is a openai model",
         ),
         (
-            {"base_model": base, "method": "opd", "env_slug": "refunds",
-             "hyperparams": {"max_steps": 1, "teacher": f"{base}:never-trained"}},
+            {
+                "base_model": base,
+                "method": "opd",
+                "env_slug": "refunds",
+                "hyperparams": {"max_steps": 1, "teacher": f"{base}:never-trained"},
+            },
             "hyperparams.teacher: no trained model",
         ),
         (
-            {"base_model": base, "method": "opd", "env_slug": "refunds",
-             "hyperparams": {"max_steps": 1, "teacher": base, "dynamic_sampling": True}},
+            {
+                "base_model": base,
+                "method": "opd",
+                "env_slug": "refunds",
+                "hyperparams": {"max_steps": 1, "teacher": base, "dynamic_sampling": True},
+            },
             "dynamic_sampling: distillation learns from the teacher",
         ),  # fmt: skip
         # The methods beyond SFT/DPO/GRPO refuse what they cannot train on, by path.

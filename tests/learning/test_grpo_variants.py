@@ -24,6 +24,7 @@ def _group(learner: GRPOLearner, logprobs: dict[str, list[float]] | None = None)
             "messages": [*PROMPT, {"role": "assistant", "content": text}],
             "reward": reward,
             "policy_version": learner.policy_version,
+            "rollout_id": text,
         }
         if logprobs is not None:
             completion["logprobs"] = [logprobs[text]]
@@ -96,6 +97,15 @@ def test_the_correction_bounds_an_update_from_logprobs_the_learner_disagrees_wit
         honest = _sequence_logps_per_token(learner, _group(learner))
         skewed = {text: [lp - 4.0 for lp in lps] for text, lps in honest.items()}
         norms[correction], stats[correction] = _grad_norm(learner, _group(learner, skewed))
+        if correction == "none":
+            # Per token, as the viewer shows it: the learner is 4 nats above the actor, the
+            # ratio e^4; the rewarded sample's ratio is outside 1 + epsilon: clipped.
+            learner.optimizer.zero_grad(set_to_none=True)
+            learner._accumulate(learner._rows(_group(learner, skewed))[0])
+            yes = learner.last_signals["yes"]["0"]
+            assert yes["gap"] == pytest.approx([4.0] * len(yes["gap"]), abs=1e-3)
+            assert yes["ratio"] == pytest.approx([torch.e**4] * len(yes["gap"]), rel=1e-3)
+            assert yes["advantage"][0] > 0 and set(yes["clipped"]) == {1}
     for s in stats.values():  # the gap is measured the same whatever corrects it
         assert s["last_max_is_ratio"] == pytest.approx(torch.e**4, rel=1e-3)
         assert s["last_mismatch_kl"] == pytest.approx(torch.e**4 - 1 - 4, rel=1e-3)

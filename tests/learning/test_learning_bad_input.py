@@ -37,7 +37,7 @@ def test_unknown_method() -> None:
     with pytest.raises(RolloutError) as err:
         TrainConfig.from_user({"method": "xyz", "epochs": 1})
     assert err.value.problems == [
-        "hyperparams.method: must be one of sft, dpo, kto, rm, grpo, ppo (got 'xyz')"
+        "hyperparams.method: must be one of sft, dpo, kto, rm, grpo, ppo, opd (got 'xyz')"
     ]
 
 

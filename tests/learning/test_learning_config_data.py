@@ -37,7 +37,7 @@ def test_each_method_has_its_own_model_and_beta_meaning() -> None:
     [
         (
             {"method": "xyz"},
-            "hyperparams.method: must be one of sft, dpo, kto, rm, grpo, ppo (got 'xyz')",
+            "hyperparams.method: must be one of sft, dpo, kto, rm, grpo, ppo, opd (got 'xyz')",
         ),
         ({"method": "sft", "beta": 0.1}, "hyperparams.beta: unknown setting"),
         ({"method": "dpo", "beta": 0}, "hyperparams.beta: must be > 0"),

@@ -96,6 +96,7 @@ async def test_multi_turn_contexts_match_what_the_actor_rendered(
                 "messages": convo + [second.assistant_message()],
                 "reward": float(seed),
                 "policy_version": 0,
+                "rollout_id": f"r{seed}",
             }
         )
     config = TrainConfig(method="grpo", learning_rate=1e-3, beta=0.05)
@@ -106,6 +107,20 @@ async def test_multi_turn_contexts_match_what_the_actor_rendered(
         len(t) for c in completions for t in c["token_ids"]
     )
     assert learner.metrics["last_logprob_drift"] < 1e-3
+    # What each sampled token got, per rollout and turn, split back out of the merged rows:
+    # the completion's advantage on every token (rewards 0, 1, 2: -1.22, 0, +1.22), a ratio
+    # of 1 and no gap on fresh samples, nothing clipped.
+    signals = learner.last_signals
+    assert sorted(signals) == ["r0", "r1", "r2"]
+    for seed, completion in enumerate(completions):
+        turns = signals[f"r{seed}"]
+        assert sorted(turns) == ["0", "1"]
+        for k, ids in enumerate(completion["token_ids"]):
+            got = turns[str(k)]
+            assert len(got["advantage"]) == len(got["ratio"]) == len(got["gap"]) == len(ids)
+            assert got["advantage"] == pytest.approx([(seed - 1) * 1.2247] * len(ids), abs=1e-3)
+            assert got["ratio"] == pytest.approx([1.0] * len(ids), abs=1e-3)
+            assert all(abs(g) < 1e-3 for g in got["gap"]) and got["clipped"] == [0] * len(ids)
 
 
 async def test_stale_completions_are_dropped(tiny_base: Path, tmp_path: Path) -> None:

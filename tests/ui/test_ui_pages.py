@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +19,7 @@ from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.store.trajectories import object_store
 
 expect = pytest.importorskip(
     "playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')"
@@ -75,8 +77,23 @@ async def login(page: Any, url: str, key: str) -> None:
     await page.wait_for_selector("table#runs")
 
 
-async def publish_job(settings: Settings, job_id: str, model_id: str) -> None:
-    """A finished training job's events, as the learner appends them."""
+# What the step that trained on the wrong rollout did with its tokens (turn 0: the tool call's
+# one token; turn 1: the answer's two), as the learner stores it: the second answer token
+# pushed down hardest and clipped.
+SIGNALS = {
+    "0": {"advantage": [-0.8], "ratio": [1.0], "gap": [0.0], "clipped": [0]},
+    "1": {"advantage": [-0.8, -1.6], "ratio": [1.02, 1.35], "gap": [0.001, 0.3], "clipped": [0, 1]},
+}
+
+
+async def publish_job(settings: Settings, job_id: str, model_id: str, trained_rollout: str) -> None:
+    """A finished GRPO job's events, as the learner appends them, its last step having
+    trained on `trained_rollout` (its token signals put in the object store first)."""
+    store = object_store(settings)
+    doc = {"model": model_id, "version": 1, "job_id": job_id,
+           "rollouts": {trained_rollout: SIGNALS}}  # fmt: skip
+    ref = await store.put(f"signals/{job_id}.json", json.dumps(doc).encode())
+    await store.close()
     nc = await connect_nats(settings)
     try:
         publisher = EventPublisher(nc.jetstream())
@@ -88,11 +105,17 @@ async def publish_job(settings: Settings, job_id: str, model_id: str) -> None:
         for step in range(1, 6):
             events.append(env(ev.JobProgress(
                 job_id=job_id, step=step, total_steps=5, loss=1.0 / step, reward=0.1 * step,
-                tokens_per_s=100.0 + step, kl=0.01 * step), job_id, step))  # fmt: skip
+                tokens_per_s=100.0 + step, kl=0.01 * step,
+                off_policy={"mismatch_kl": 0.001 * step, "clip_fraction": 0.05,
+                            "dynamic_sampling_dropped": float(step % 2), "staleness": 0.5}),
+                job_id, step))  # fmt: skip
         events.append(env(ev.CheckpointSaved(job_id=job_id, step=5, uri="file:///ckpt/5",
                                              sha256="ab" * 32, size_bytes=1234), job_id, 5))  # fmt: skip
         events.append(env(ev.PolicyUpdated(model=model_id, version=1, checkpoint_uri="file:///ckpt/5",
-                                           sha256="ab" * 32, job_id=job_id), "tiny-grpo", 1))  # fmt: skip
+                                           sha256="ab" * 32, job_id=job_id,
+                                           signals_uri=ref.uri, signals_sha256=ref.sha256,
+                                           trained_rollouts=[trained_rollout]),
+                          "tiny-grpo", 1))  # fmt: skip
         events.append(env(ev.JobCompleted(job_id=job_id, model_id=model_id,
                                           metrics={"kl": 0.02}), job_id))  # fmt: skip
         for e in events:
@@ -111,7 +134,9 @@ async def test_every_page_renders_real_runs(
         done_a = await client.wait_for_run(a["runId"], timeout_s=60)
         done_b = await client.wait_for_run(b["runId"], timeout_s=60)
     assert (done_a["passed"], done_b["passed"]) == (4, 6), (done_a, done_b)
-    await publish_job(settings, "job-ui-1", "tiny:ui")
+    full = await client.get_run(a["runId"], include_rollouts=True)
+    wrong = next(r for r in full["rollouts"] if r["taskIndex"] == 1)
+    await publish_job(settings, "job-ui-1", "tiny:ui", wrong["rolloutId"])
 
     async def job_projected() -> bool:
         # The viewer reads the read models: wait for the tracker to have applied the job.
@@ -123,8 +148,6 @@ async def test_every_page_renders_real_runs(
     changed = refund_env(tasks=3)
     changed["tasks"][2]["hiddenGroundTruth"] = {"refunds": [{"order_id": "O-2", "amount": 99}]}
     await client.push_environment(changed)
-    full = await client.get_run(a["runId"], include_rollouts=True)
-    wrong = next(r for r in full["rollouts"] if r["taskIndex"] == 1)
 
     async with serve(settings) as ui:
         page = await (await browser.new_context()).new_page()
@@ -170,11 +193,26 @@ async def test_every_page_renders_real_runs(
         await page.wait_for_selector("[data-loaded=yes] #prov-attempt")
         assert await page.inner_text("#prov-attempt") == "1"
         assert (await page.inner_text("#prov-actor")).strip() not in ("", "–")
-        toks = page.locator(".tok")
+        toks = page.locator(".tokens:not(.trained-tokens) .tok")
         assert await toks.all_inner_texts() == ["7", "11", "2042"]
         shades = [await t.evaluate("n => getComputedStyle(n).backgroundColor") for t in
                   await toks.all()]  # fmt: skip
         assert shades[1] != shades[2]
+        # The step that trained on it: per token its advantage (red: pushed down, darker
+        # for more), the ratio applied, the actor-vs-learner gap, the clip, on hover.
+        assert "tiny:ui v1 (job-ui-1)" in await page.inner_text("#trained-on")
+        trained = page.locator(".trained-tokens .tok")
+        assert await trained.all_inner_texts() == ["7", "11", "2042"]
+        last = trained.nth(2)
+        await last.hover()
+        assert await last.get_attribute("title") == (
+            "advantage -1.600 · ratio 1.350 · actor-vs-learner gap +0.3000 · clipped"
+        )
+        assert await last.get_attribute("class") == "tok clipped"
+        assert await page.locator(".trained-tokens .tok.clipped").count() == 1
+        colours = [await t.evaluate("n => getComputedStyle(n).backgroundColor") for t in
+                   await trained.all()]  # fmt: skip
+        assert colours[1] == "rgba(220, 40, 40, 0.32)" and colours[2] == "rgba(220, 40, 40, 0.64)"
         await shoot(page, "trajectory")
 
         # Compare: task 1 flipped from failing to passing; side by side trajectories.
@@ -195,6 +233,13 @@ async def test_every_page_renders_real_runs(
         assert labels[0] == "loss: 5 points, last 0.2"
         assert labels[2] == "KL: 5 points, last 0.05"
         assert labels[3] == "tokens/s: 5 points, last 105"
+        # The online job's off-policy signals per step.
+        assert labels[4:] == [
+            "actor-vs-learner KL (mismatch): 5 points, last 0.005",
+            "clip fraction: 5 points, last 0.05",
+            "flat groups dropped: 5 points, last 1",
+            "staleness (versions): 5 points, last 0.5",
+        ]
         assert "kl=0.0200" in await page.inner_text("#job-plots")
         assert "5/5" in await page.inner_text("#job-step")
         assert "file:///ckpt/5" in await page.inner_text("#checkpoints")
