@@ -1,4 +1,5 @@
-"""Crash safety for online GRPO: SIGKILL the learner mid-job; a new one resumes and completes."""
+"""Crash safety for online GRPO and on-policy distillation: SIGKILL the learner mid-job; a new
+one resumes and completes."""
 
 from __future__ import annotations
 
@@ -39,18 +40,19 @@ async def policy_versions(js, model: str) -> list[int]:
     return found
 
 
-async def round_runs(js, job_id: str) -> list[str]:
-    """The client request id of every run the job's GRPO rounds requested, in stream order."""
+async def round_runs(js, job_id: str, method: str = "grpo") -> list[str]:
+    """The client request id of every run the job's rounds requested, in stream order."""
     found = []
     async for msg in read_events(js, subjects.event_filter("run", "run.requested")):
         payload = EventEnvelope.from_bytes(msg.data).payload
-        if payload["name"] == f"{job_id} grpo":
+        if payload["name"] == f"{job_id} {method}":
             found.append(payload["request_id"])
     return found
 
 
-async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_completes(
-    learner_env, tiny_model: Path, tmp_path: Path
+@pytest.mark.parametrize("method", ["grpo", "opd"])
+async def test_sigkill_mid_online_job_resumes_from_its_last_checkpoint_and_completes(
+    learner_env, tiny_model: Path, tmp_path: Path, method: str
 ) -> None:
     platform = Platform(learner_env)
     for name in PLATFORM:
@@ -62,11 +64,13 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
     base = f"hf:{tiny_model}"
     try:
         await client.push_environment(letters_env())
+        # Distillation's teacher is only loaded, never trained: the base itself serves here.
+        extra = {"teacher": base} if method == "opd" else {}
         job = await client.create_training_job(
-            base_model=base, method="grpo", env_slug="letters", suffix="rl",
+            base_model=base, method=method, env_slug="letters", suffix="rl",
             hyperparams={"max_steps": STEPS, "group_size": 3, "max_staleness": 1,
                          "tasks_per_step": 2, "max_tokens": 12, "max_tool_calls": 1,
-                         "learning_rate": 1e-3},
+                         "learning_rate": 1e-3, **extra},
         )  # fmt: skip
         js = await client.jetstream()
         # Version 0 is saved before any step: wait for a checkpoint of a trained version.
@@ -74,7 +78,7 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
             js, job["id"], "checkpoint.saved", limit_s=180, where=lambda c: c.step >= 1
         )
         await kill(learner)
-        started_before = await round_runs(js, job["id"])
+        started_before = await round_runs(js, job["id"], method)
         before = await job_events(js, job["id"])
         assert "job.completed" not in {e.type for e in before}, "finished before the kill"
         reported = [e.payload["step"] for e in before if e.type == "job.progress"]
@@ -86,7 +90,7 @@ async def test_grpo_sigkill_mid_job_resumes_from_its_last_checkpoint_and_complet
         done = await wait_for_event(js, job["id"], "job.completed", limit_s=300)
         events = await job_events(js, job["id"])
         versions = await policy_versions(js, f"{base}:rl")
-        started = await round_runs(js, job["id"])
+        started = await round_runs(js, job["id"], method)
     finally:
         await shut_down(learner, client, platform)
 
