@@ -363,6 +363,20 @@ class PpoConfig(TrainConfig):
     run_deadline_s: float = Field(
         900.0, gt=0, le=86_400, description="Deadline of each sampling run, in seconds."
     )
+    is_correction: IsCorrection = Field(
+        "none",
+        description="Correction for the actor-vs-learner logprob gap and staleness: none (the "
+        "ratio against the actor's logprobs), tis (truncated importance weight), mis (masked).",
+    )
+    is_cap: float | None = Field(
+        None, gt=1, le=1000, description="tis/mis: the importance weight's bound (default 3)."
+    )
+
+    @model_validator(mode="after")
+    def _correction_agrees(self) -> PpoConfig:
+        if self.is_cap is not None and self.is_correction == "none":
+            raise ValueError("is_cap: only with is_correction tis or mis")
+        return self
 
 
 TrainingConfig = Annotated[

@@ -35,7 +35,6 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import Progress, TrainConfig
 from rollout.shared.learning.forward import completion_forward
 from rollout.shared.learning.grpo import Group, GRPOLearner, _mean, _Row
-from rollout.shared.learning.policy_loss import DEFAULT_IS_CAP
 from rollout.shared.learning.rm_scoring import scorer_for
 
 log = structlog.get_logger(__name__)
@@ -65,6 +64,9 @@ class _PpoRow(_Row):
     values: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     returns: list[float] = field(default_factory=list)
+    # The actor-to-learner importance weight each token's policy loss is multiplied by
+    # (is_correction tis/mis; 1 otherwise).
+    is_weight: list[float] = field(default_factory=list)
 
 
 class PPOLearner(GRPOLearner):
@@ -192,6 +194,8 @@ class PPOLearner(GRPOLearner):
         drift = recorded = mismatch_kl = outside = 0.0
         max_ratio = 1.0
         size = self.config.batch_size
+        correction = self.loss.is_correction
+        cap = self.loss.is_cap
         with torch.no_grad():
             for start in range(0, len(rows), size):
                 chunk = rows[start : start + size]
@@ -210,8 +214,17 @@ class PPOLearner(GRPOLearner):
                             ratio = math.exp(min(a - b, 50.0))
                             mismatch_kl += ratio - 1.0 - (a - b)
                             max_ratio = max(max_ratio, ratio)
-                            outside += not (1 / DEFAULT_IS_CAP <= ratio <= DEFAULT_IS_CAP)
+                            outside += not (1 / cap <= ratio <= cap)
                     row.behaviour = list(row.old_logprobs) if row.old_logprobs else now
+                    row.is_weight = [1.0] * len(now)
+                    if correction != "none" and row.old_logprobs is not None:
+                        # The ratio against the learner's own rollout-time logprobs; the gap
+                        # to the actor's becomes a bounded weight (TIS) or a mask (MIS).
+                        row.behaviour = now
+                        row.is_weight = [
+                            _corrected(a - b, correction, cap)
+                            for a, b in zip(now, row.old_logprobs, strict=True)
+                        ]
                     row.reference = ref[i, span].tolist() if ref is not None else row.behaviour
                     row.values = values[i, span].tolist()
         self.metrics["last_logprob_drift"] = drift / recorded if recorded else 0.0
@@ -271,6 +284,7 @@ class PPOLearner(GRPOLearner):
                     adv = batch["advantages"]
                     low, high = 1 - self.clip_eps, 1 + self.clip_eps
                     policy = -torch.min(ratio * adv, torch.clamp(ratio, low, high) * adv)
+                    policy = policy * batch["is_weight"]
                     old_v, ret = batch["values"], batch["returns"]
                     clipped_v = old_v + torch.clamp(
                         values - old_v, -cfg.value_clip_range, cfg.value_clip_range
@@ -303,9 +317,18 @@ class PPOLearner(GRPOLearner):
 
         batch = self._tensors(rows)
         shape = batch["mask"].shape
-        extra = {k: torch.zeros(shape) for k in ("behaviour", "values", "advantages", "returns")}
+        keys = ("behaviour", "values", "advantages", "returns", "is_weight")
+        extra = {k: torch.zeros(shape) for k in keys}
         for i, row in enumerate(rows):
             span = slice(len(row.context) - 1, len(row.context) - 1 + len(row.completion))
             for key in extra:
                 extra[key][i, span] = torch.tensor(getattr(row, key))
         return batch | {k: v.to(self.device) for k, v in extra.items()}
+
+
+def _corrected(log_w: float, correction: str, cap: float) -> float:
+    """The actor-to-learner importance weight of one token, truncated (tis) or masked (mis)."""
+    weight = math.exp(min(log_w, 50.0))
+    if correction == "tis":
+        return min(weight, cap)
+    return weight if 1.0 / cap <= weight <= cap else 0.0

@@ -272,3 +272,41 @@ async def test_one_lora_ppo_step_on_smollm2(smollm2_dir: Path, tmp_path: Path) -
     actor.reload(saved)
     [reply] = await actor.generate([ChatRequest(messages=prompt, max_tokens=4, seed=9)])
     assert reply.error is None and reply.token_ids
+
+
+def test_the_correction_bounds_a_ppo_update_from_logprobs_the_learner_disagrees_with(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    from test_grpo_variants import _group, _sequence_logps_per_token
+
+    norms, gaps = {}, {}
+    for correction in ("none", "tis", "mis"):
+        extra = {} if correction == "none" else {"is_correction": correction, "is_cap": 2.0}
+        # The policy loss alone (no value loss, no KL), one pass, gradients left in place: the
+        # step's size is read off the gradient, not off Adam's normalised update. Whitened
+        # advantages: some tokens are punished (A < 0), where the clip does not bound r A.
+        config = TrainConfig(
+            method="ppo", vf_coef=0.0, kl_coef=0.0, ppo_epochs=1, learning_rate=1e-12,
+            max_grad_norm=1000.0, **extra,
+        )  # fmt: skip
+        learner = PPOLearner(tiny_base, tmp_path / correction, config, resume=False)
+        learner.merge_turns = False
+        # The actor recorded every token 4 nats less likely than the learner finds it.
+        honest = _sequence_logps_per_token(learner, _group(learner))
+        skewed = {text: [lp - 4.0 for lp in lps] for text, lps in honest.items()}
+        learner.step(_group(learner, skewed))
+        norms[correction] = sum(float((p.grad**2).sum()) for p in learner._params) ** 0.5
+        gaps[correction] = learner.metrics["last_is_outside_fraction"]
+    # Every token is outside [1/2, 2] (ratio e^4): MIS masks them all, TIS caps each weight at
+    # 2 (and takes the ratio against the learner's own logprobs, so the clip does not hide the
+    # punished sample), far below the uncorrected update.
+    assert gaps == {"none": 1.0, "tis": 1.0, "mis": 1.0}
+    assert norms["mis"] == 0.0
+    assert 0 < norms["tis"] * 10 < norms["none"], norms
+
+
+def test_ppo_refuses_a_cap_without_a_correction() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="is_cap: only with is_correction tis or mis"):
+        TrainConfig(method="ppo", is_cap=2.0)
