@@ -174,9 +174,12 @@ def grpo_path(
     args: argparse.Namespace,
     train: list[int],
     recipe: Any,
+    variant: dict[str, Any] | None = None,
+    name: str = "grpo",
 ) -> tuple[Path, list[dict[str, Any]], int]:
     """GRPO from the SFT adapter for `args.steps` steps: the final policy, a log, the steps taken
-    (fewer when rounds kept giving no reward differences)."""
+    (fewer when rounds kept giving no reward differences). `variant`: GRPO-family settings
+    (loss_type, is_correction, ...) on top of the recipe's."""
     from rollout.shared.learning import GRPOLearner, TrainConfig
     from rollout.shared.models.hf import HFBackend
 
@@ -184,9 +187,9 @@ def grpo_path(
         method="grpo", lora=True, lora_r=16, lora_alpha=32, learning_rate=args.lr,
         batch_size=4, max_seq_len=recipe.grpo["max_seq_len"], threads=2, beta=args.beta, max_staleness=0,
         group_size=args.group_size, tasks_per_step=args.tasks_per_step, seed=seed,
-        temperature=args.temperature, max_steps=args.steps,
+        temperature=args.temperature, max_steps=args.steps, **(variant or {}),
     )  # fmt: skip
-    learner = GRPOLearner(sft_dir, work / f"grpo-{seed}", config, resume=False)
+    learner = GRPOLearner(sft_dir, work / f"{name}-{seed}", config, resume=False)
     backend = HFBackend(sft_dir, device="cpu", threads=2, stop_after_tool_call=True)
     rng = random.Random(seed)
     log = []
@@ -207,7 +210,9 @@ def grpo_path(
         log.append({"version": learner.policy_version, "reward": round(reward, 3),
                     "pass": sum(r["passed"] for r in rows) / len(rows),
                     "sample_s": round(sampled, 1), "step_s": round(stepped, 1),
-                    "kl": progress.kl})  # fmt: skip
+                    "kl": progress.kl, "tokens_per_s": progress.tokens_per_s,
+                    "mismatch_kl": learner.metrics.get("last_mismatch_kl"),
+                    "clip_fraction": learner.metrics.get("last_clip_fraction")})  # fmt: skip
         print(f"    seed {seed} v{learner.policy_version}: reward {reward:.3f} "
               f"pass {log[-1]['pass']:.2f} sample {sampled:.0f}s step {stepped:.0f}s",
               file=sys.stderr, flush=True)  # fmt: skip
