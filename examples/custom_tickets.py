@@ -19,9 +19,11 @@ PROBLEMS = {
         ("Headset {i} has no sound", "a new driver went in"),
     ],
 }
+# The note is part of the task: a ticket closed with any other note is not done
+# (`rollout audit` found that a guessed note passed when only the status was checked).
 PHRASING = {
-    "train": "Close ticket {id} ({title}); {resolution}.",
-    "test": "For {id} ({title}): {resolution}, so mark that ticket closed.",
+    "train": 'Close ticket {id} ({title}) with the note "{resolution}".',
+    "test": 'For {id} ({title}): mark that ticket closed, noting "{resolution}".',
 }
 # T-101..T-124 are train tickets, T-901..T-908 test tickets.
 NUMBERS = {"train": range(101, 125), "test": range(901, 909)}
@@ -70,7 +72,11 @@ env = Environment(
     tasks=[
         Task(
             instruction=PHRASING[t["split"]].format(**t),
-            hidden_ground_truth={f"tickets.{t['id']}.status": "closed", "closed.length": 1},
+            hidden_ground_truth={
+                f"tickets.{t['id']}.status": "closed",
+                "closed.length": 1,
+                "closed.0.note": t["resolution"],
+            },
             split=t["split"],
             id=t["id"],
         )

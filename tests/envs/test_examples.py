@@ -44,8 +44,12 @@ async def test_workflow_example_solved() -> None:
 async def test_custom_example_solved() -> None:
     env = load("custom_tickets.py")
     mine, other = env.tasks[2].id, env.tasks[3].id
-    t = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": mine, "note": "fixed"})])
+    note = env.tasks[2].hidden_ground_truth["closed.0.note"]
+    assert f'"{note}"' in env.tasks[2].instruction  # the note to write is in the task
+    t = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": mine, "note": note})])
     assert (await score(env, 2, t)).passed
+    junk = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": mine, "note": "fixed"})])
+    assert not (await score(env, 2, junk)).passed
     wrong = await run_tool_script(env, 2, [("close_ticket", {"ticket_id": other, "note": "x"})])
     assert not (await score(env, 2, wrong)).passed
 
@@ -89,5 +93,8 @@ async def test_code_editing_example_solved() -> None:
 
 async def test_plugin_example_solved() -> None:
     env = load("plugin_counter.py")
-    t = await run_tool_script(env, 0, [("increment", {}), ("increment", {})])
+    t = await run_tool_script(env, 0, [("increment", {})] * 3)  # task 0's target is 3
     assert (await score(env, 0, t)).passed
+    # One increment past the target is refused by the plugin and fails the verifier.
+    over = await run_tool_script(env, 0, [("increment", {})] * 4)
+    assert not (await score(env, 0, over)).passed

@@ -42,7 +42,7 @@ HELD_OUT = ("validation", "test")
 # Labels and structure every task of a family shares (documented in the module docstring).
 SHARED_VOCABULARY: dict[str, set[Any]] = {
     "ticket-routing": {"billing", "shipping", "technical", "account"},
-    "ticket-desk": {"closed", "open", 1, "closed.length"},
+    "ticket-desk": {"closed", "open", 1, "closed.length", "closed.0.note"},
     "support-refunds": {"shipped"},
     "stock-reservations": {"north", "south", "east", "west"},
     "returns-desk": {"delivered", "lost", "in_transit"},

@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "rollout.cli.auth",
     "rollout.cli.envtools",
     "rollout.cli.localtest",
+    "rollout.cli.audit",
     "rollout.cli.platform",
     "rollout.cli.training",
     "rollout.cli.datasets",

@@ -158,7 +158,9 @@ class CustomTemplate(Template):
         return roots
 
     def plan(self, spec: EnvironmentSpec, task: TaskSpec, runtime: Any) -> Plan | None:
-        """Ground truth paths like `tickets.T-3.status`: act on that id with a tool taking one."""
+        """Ground truth paths like `tickets.T-3.status`: act on that id with a tool taking one;
+        another argument takes the value a ground-truth path ending in its name expects
+        (`closed.0.note` for `note`)."""
         truth = task.hidden_ground_truth
         if not isinstance(truth, dict):
             return None
@@ -166,14 +168,15 @@ class CustomTemplate(Template):
         plan: Plan = []
         for path in truth:
             parts = str(path).split(".")
-            if len(parts) < 3:
-                continue
+            if len(parts) < 3 or parts[1].isdigit():
+                continue  # `closed.0.note`: a value of a list entry, not an item to act on
             item = parts[1]
             for tool in tools.values():
                 id_params = [p for p in required_args(tool) if p.endswith("_id")]
                 if id_params:
+                    named = {str(k).split(".")[-1]: v for k, v in truth.items()}
                     args = {
-                        p: (item if p in id_params else "Fixed as requested.")
+                        p: item if p in id_params else named.get(p, "Fixed as requested.")
                         for p in required_args(tool)
                     }
                     plan.append((tool.name, args))

@@ -1,0 +1,163 @@
+"""`rollout audit ENV_FILE_OR_SLUG`: find the tasks a model could pass without doing them.
+
+Every adversarial policy that applies to the env's template (shared/audit/policies: echo the
+instruction, claim success, call tools with junk, act on the wrong entity, dump every table,
+jump to the success page, skip the tests, ...) plays every task of the split through the same
+engine, sandbox and verifier as a real run. A task is hackable when a policy passes it, or
+scores at least --threshold. Each finding names the primitive that let it through and a
+one-line fix.
+
+Exit codes: 0 when no task is hackable; 1 when one is (so an env repo's CI can gate on it), or
+the env is invalid or cannot be found; 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rollout.cli._common import print_json
+from rollout.cli.env_specs import resolve_spec
+from rollout.errors import RolloutError
+from rollout.shared.audit import POLICIES, AuditReport, audit, named
+from rollout.shared.audit.runner import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S
+from rollout.shared.envs import load_environments, select_environment, validate_environment
+from rollout.shared.envs.sandbox_check import require_sandbox
+from rollout.shared.observability import configure_logging
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `audit` verb."""
+    p = sub.add_parser(
+        "audit",
+        help="run adversarial policies against an env's verifier; exit 1 if a task is hackable",
+        description=__doc__.split("\n\n")[1],
+        epilog=f"{len(POLICIES)} policies: " + ", ".join(x.name for x in POLICIES),
+    )
+    p.add_argument("target", metavar="ENV_FILE_OR_SLUG", help="a .py env file or a pushed slug")
+    p.add_argument("--slug", help="only the environment with this slug (a file with several)")
+    p.add_argument("--split", help="only tasks of this split (default: every task)")
+    p.add_argument(
+        "--threshold",
+        type=_fraction,
+        default=DEFAULT_THRESHOLD,
+        help=f"a policy scoring at least this also makes a task hackable ({DEFAULT_THRESHOLD})",
+    )
+    p.add_argument("--policy", action="append", metavar="NAME", help="only these policies")
+    p.add_argument("--limit", type=_positive, metavar="N", help="at most N tasks")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=EPISODE_TIMEOUT_S,
+        metavar="S",
+        help=f"an episode running longer ends as an error ({EPISODE_TIMEOUT_S:g}s)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=_audit)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    configure_logging("rollout-audit", level=os.environ.get("ROLLOUT_LOG_LEVEL", "WARNING"))
+    try:
+        chosen = [named(n) for n in args.policy] if args.policy else None
+    except KeyError as exc:
+        print(f"error: --policy: {exc.args[0]}", file=sys.stderr)
+        return 2
+    try:
+        reports = asyncio.run(_run(args, chosen))
+    except RolloutError as exc:
+        if args.json:
+            print_json({"ok": False, "error": exc.message, "problems": exc.problems})
+            return 1
+        raise
+    hackable = any(r.hackable for r in reports)
+    if args.json:
+        print_json({"ok": not hackable, "environments": [r.to_json() for r in reports]})
+    else:
+        for report in reports:
+            _print(report)
+    return 1 if hackable else 0
+
+
+async def _run(args: argparse.Namespace, chosen: list[Any] | None) -> list[AuditReport]:
+    if args.target.endswith(".py") or await asyncio.to_thread(Path(args.target).is_file):
+        envs = select_environment(load_environments(args.target), args.slug)
+        problems = [f"{e.slug}: {p}" for e in envs for p in validate_environment(e)]
+        if problems:
+            raise RolloutError(f"{args.target}: invalid environment", problems=problems)
+        specs = [e.to_spec() for e in envs]
+    else:
+        specs = [await asyncio.to_thread(resolve_spec, args.target, args.slug)]
+    # Without a sandbox every code-editing episode would error alike: say so once, first.
+    await require_sandbox({s.template for s in specs})
+    reports = []
+    for spec in specs:
+        if args.split is not None and not any(t.split == args.split for t in spec.tasks):
+            splits = sorted({t.split for t in spec.tasks})
+            raise RolloutError(f"--split {args.split}: {spec.slug!r} has none (splits: {splits})")
+        policies = [p for p in chosen if p.applies_to(spec.template)] if chosen else None
+        reports.append(
+            await audit(
+                spec, split=args.split, threshold=args.threshold, policies=policies,
+                limit=args.limit, timeout_s=args.timeout,
+            )
+        )  # fmt: skip
+    return reports
+
+
+def _print(report: AuditReport) -> None:
+    where = f", split {report.split}" if report.split else ""
+    print(
+        f"{report.slug} ({report.template}{where}): {len(report.tasks)} task(s) x "
+        f"{len(report.policies)} policies in {report.seconds:.1f}s"
+    )
+    if not report.hackable:
+        print(f"  no task hackable: no policy passed or scored >= {report.threshold:g}")
+    else:
+        print(f"  HACKABLE: {len(report.hackable)} of {len(report.tasks)} task(s)")
+        # One line per (policy, primitive): the tasks it got through, then the fix.
+        groups: dict[tuple[str, str | None], list[Any]] = {}
+        for f in report.findings:
+            groups.setdefault((f.policy, f.primitive), []).append(f)
+        for (policy, primitive), found in groups.items():
+            passed = sum(f.passed for f in found)
+            how = f"passed {passed}" if passed == len(found) else f"passed {passed}, scored >= "
+            how += "" if passed == len(found) else f"{report.threshold:g} on {len(found) - passed}"
+            via = f" via {primitive} ({found[0].primitive_type})" if primitive else ""
+            print(f"  - {policy}: {how} task(s) {_ranges([f.task_index for f in found])}{via}")
+            print(f"      fix: {found[0].hint}")
+    for e in report.errors[:10]:
+        print(f"  error: task {e.task_index}, {e.policy}: {e.error}")
+    if len(report.errors) > 10:
+        print(f"  ... and {len(report.errors) - 10} more errors (--json lists them all)")
+
+
+def _ranges(indices: list[int]) -> str:
+    """0-3, 7, 9-10: sorted task indices, runs collapsed."""
+    out: list[str] = []
+    for i in sorted(set(indices)):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
+
+
+def _fraction(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {value!r}") from None
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {value!r}")
+    return number
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return int(value)
