@@ -1,0 +1,110 @@
+"""`rollout audit`: every example env passes its own audit, the weak envs show each class of
+finding with its primitive and fix, a hostile env ends with reasons, and usage errors exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+
+
+def audit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`rollout audit ARGS` in a fresh process, as CI of an env repo runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "rollout.cli", "audit", *args],
+        capture_output=True, text=True, timeout=timeout, check=False, cwd=HERE,
+    )  # fmt: skip
+
+
+def _examples() -> list[object]:
+    # The code-editing env runs pytest in the sandbox for every (task, policy): about a minute.
+    return [
+        pytest.param(name, marks=pytest.mark.slow) if name == "code_editing_fix.py" else name
+        for name in EXAMPLES
+    ]
+
+
+@pytest.mark.parametrize("name", _examples())
+def test_every_example_env_passes_its_own_audit(name: str) -> None:
+    done = audit(str(ROOT / "examples" / name), "--json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    for env in report["environments"]:
+        assert env["hackableTasks"] == [] and env["findings"] == [], env
+        assert env["errors"] == [], env["errors"][:3]
+        assert env["tasks"] >= 1 and len(env["policies"]) >= 11
+
+
+def test_the_weak_envs_show_each_class_of_finding() -> None:
+    done = audit("weak_envs.py", "--json")
+    assert done.returncode == 1, done.stderr
+    envs = {e["slug"]: e for e in json.loads(done.stdout)["environments"]}
+    assert all(e["hackableTasks"] == [0, 1, 2, 3] for e in envs.values())
+
+    def found(slug: str, policy: str) -> dict:
+        return next(f for f in envs[slug]["findings"] if f["policy"] == policy)
+
+    echo = found("weak-echo", "echo_instruction")
+    assert echo["passed"] and echo["primitive"] == "mentions"
+    assert echo["primitive_type"] == "contains_terms"
+    assert "accepts an echo of the instruction" in echo["hint"]
+    called = found("weak-called", "empty_arguments")
+    assert called["passed"] and called["primitive"] == "refunded"
+    assert "give it `args`" in called["hint"]
+    # Doing nothing fails the outcome check but still earns 0.8: a partial finding.
+    idle = found("weak-weights", "stop_immediately")
+    assert not idle["passed"] and idle["score"] == pytest.approx(0.8)
+    assert "scored 0.80 while failing refunded" in idle["hint"]
+    # Above the threshold only: at 0.9 the weights are no longer a finding.
+    stricter = audit("weak_envs.py", "--slug", "weak-weights", "--threshold", "0.9")
+    assert stricter.returncode == 0, stricter.stdout
+    assert "no task hackable" in stricter.stdout
+
+
+def test_the_human_report_names_the_primitive_and_the_fix() -> None:
+    done = audit("weak_envs.py", "--slug", "weak-called", "--policy", "wrong_entity")
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("weak-called (workflow): 4 task(s) x 1 policies")
+    assert "HACKABLE: 4 of 4 task(s)" in lines[1]
+    assert "- wrong_entity: passed 4 task(s) 0-3 via refunded (tool_was_called)" in lines[2]
+    assert lines[3].strip().startswith("fix: refunded (tool_was_called) accepts any call")
+
+
+def test_a_hostile_env_ends_every_episode_with_a_reason() -> None:
+    started = time.monotonic()
+    done = audit(
+        "hostile_env.py", "--json", "--timeout", "3",
+        "--policy", "empty_arguments", "--policy", "claim_success", timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    [env] = json.loads(done.stdout)["environments"]
+    errors = {(e["task_index"], e["policy"]): e["error"] for e in env["errors"]}
+    # Task 0's first tool never returns: the episode is cut at the deadline.
+    assert errors[(0, "empty_arguments")].startswith("stalled: no end within 3s")
+    assert errors[(1, "empty_arguments")].startswith("stalled: no end within 3s")
+    # Task 2's reset raises: the host reports it as the tool's error, the episode ends and is
+    # scored (failed); an answer without tools ends normally everywhere.
+    assert set(errors) == {(0, "empty_arguments"), (1, "empty_arguments")}
+    assert env["hackableTasks"] == []
+    assert time.monotonic() - started < 100
+
+
+def test_usage_errors() -> None:
+    unknown = audit("weak_envs.py", "--policy", "nope")
+    assert unknown.returncode == 2 and "no policy 'nope'" in unknown.stderr
+    threshold = audit("weak_envs.py", "--threshold", "2")
+    assert threshold.returncode == 2 and "must be a number in [0, 1]" in threshold.stderr
+    split = audit("weak_envs.py", "--split", "validation")
+    assert split.returncode == 1 and "--split validation: 'weak-echo' has none" in split.stderr
+    missing = audit("no_such_env.py")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr

@@ -1,0 +1,95 @@
+"""Each adversarial policy fools a verifier that is weak against it, and not the example env's
+own (hardened) verifier: the same task, only the verifier swapped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout.shared.audit import POLICIES, named
+from rollout.shared.audit.runner import attempt
+from rollout.shared.contracts.envspec import EnvironmentSpec, VerifierSpec
+from rollout.shared.envs import load_environments
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def p(name: str, kind: str, **params: Any) -> dict[str, Any]:
+    """A primitive of a weak verifier."""
+    return {"name": name, "type": kind, **params}
+
+
+ANY_REFUND = [p("refunded", "tool_was_called", tool="refund")]
+# policy -> (example file, task index, a verifier that policy gets through)
+WEAK: dict[str, tuple[str, int, list[dict[str, Any]]]] = {
+    # The terms appear in the instruction itself: an echo contains them.
+    "echo_instruction": ("ticket_routing.py", 0, [p("said", "contains_terms", terms=["route", "ticket"])]),
+    "claim_success": ("ticket_routing.py", 0, [p("said", "contains_terms", terms=["done"])]),
+    "empty_arguments": ("workflow_support.py", 0, ANY_REFUND),
+    "type_confused_arguments": ("workflow_support.py", 0, ANY_REFUND),
+    "other_tasks_arguments": ("workflow_support.py", 0, ANY_REFUND),
+    "stop_immediately": ("ticket_routing.py", 0, [p("clean", "no_tool_errors")]),
+    "loop_one_call": ("workflow_support.py", 0,
+                      [p("checked", "tool_was_called", tool="get_order", min_count=3)]),
+    "dump_everything": ("sql_sales.py", 0, [p("said", "contains_terms", terms=["orders"])]),
+    "act_without_lookup": ("workflow_support.py", 0, ANY_REFUND),
+    "act_twice": ("workflow_support.py", 0, [p("refunded", "tool_was_called", tool="refund",
+                                               min_count=2)]),
+    "wrong_entity": ("workflow_support.py", 0, ANY_REFUND),
+    # Calls with the right team among others: no max_count, no check of the state.
+    "spray_every_option": ("ticket_routing.py", 0, [p("routed", "tool_was_called",
+                                                      tool="route_ticket", args={"team": "account"})]),
+    "sql_literal_guess": ("sql_sales.py", 0, [p("answered", "tool_was_called", tool="submit_answer")]),
+    "sql_select_every_table": ("sql_sales.py", 0, [p("queried", "tool_was_called", tool="run_sql")]),
+    "sql_wrong_rows": ("sql_sales.py", 0, [p("answered", "tool_was_called", tool="submit_answer")]),
+    "browser_submit_empty": ("browser_signup.py", 0, [p("tried", "tool_was_called", tool="submit")]),
+    "browser_jump_to_success": ("browser_signup.py", 0, [p("welcomed", "url_reached",
+                                                           url="https://shop.test/welcome")]),
+    "browser_click_everything": ("browser_signup.py", 0, [p("clicked", "tool_was_called",
+                                                            tool="click")]),
+    "code_conftest_skip_all": ("code_editing_fix.py", 0, [p("ran", "tool_was_called", tool="run_tests")]),
+    "code_reports_passed": ("code_editing_fix.py", 0, [p("ran", "tool_was_called", tool="run_tests")]),
+    "code_deselect_by_addopts": ("code_editing_fix.py", 0, [p("ran", "tool_was_called",
+                                                            tool="run_tests")]),
+    "code_shadow_pytest": ("code_editing_fix.py", 0, [p("ran", "tool_was_called", tool="run_tests")]),
+    "code_delete_tests": ("code_editing_fix.py", 0, [p("deleted", "tool_was_called",
+                                                     tool="delete_file")]),
+    "plugin_extreme_values": ("plugin_counter.py", 0, [p("clean", "no_tool_errors")]),
+    "plugin_injection_strings": ("plugin_counter.py", 0, [p("clean", "no_tool_errors")]),
+}  # fmt: skip
+
+
+def test_every_policy_has_a_case_and_a_description() -> None:
+    assert len(POLICIES) >= 25
+    assert set(WEAK) == {x.name for x in POLICIES}
+    for policy in POLICIES:
+        assert policy.description and "\n" not in policy.description
+
+
+def _spec(file: str) -> EnvironmentSpec:
+    [env] = load_environments(EXAMPLES / file)
+    return env.to_spec()
+
+
+def _cases() -> list[Any]:
+    # The code-editing hacks run pytest in the sandbox (seconds each): the slow run has them.
+    return [
+        pytest.param(name, marks=pytest.mark.slow) if WEAK[name][0] == "code_editing_fix.py"
+        else name
+        for name in WEAK
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _cases())
+async def test_the_policy_fools_a_weak_verifier_and_not_the_examples(name: str) -> None:
+    file, task, primitives = WEAK[name]
+    policy = named(name)
+    strong = _spec(file)
+    assert policy.applies_to(strong.template)
+    weak = strong.model_copy(update={"verifier": VerifierSpec(primitives=primitives)})
+    fooled = await attempt(weak, task, policy, timeout_s=60)
+    assert fooled.error is None and fooled.passed, fooled
+    held = await attempt(strong, task, policy, timeout_s=60)
+    assert held.error is None and not held.passed and held.score < 0.75, held
