@@ -45,6 +45,13 @@ async def test_push_run_compare_replay_through_the_cli(
     env_file.write_text(f"env = {refund_env(tasks=2)!r}\n")
     code, out, err = await rollout(settings, "push", str(ROOT / "examples" / "refund_agent.py"))
     assert code == 0 and "refund-agent v1 registered" in out, err
+    assert "warning" not in err
+    # A weak verifier is pushed all the same, with what it lets through named by path.
+    code, out, err = await rollout(settings, "push", str(ROOT / "tests/audit/weak_envs.py"))
+    assert code == 0 and "weak-called v1 registered" in out, err
+    assert (
+        "warning: weak-called: verifier.primitives[0] (refunded, tool_was_called): no `args`" in err
+    )
     await client.push_environment(refund_env(tasks=2))
 
     model = f"{agent_server.base_url}#m"

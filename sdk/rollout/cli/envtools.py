@@ -11,6 +11,7 @@ from typing import Any
 
 from rollout.cli.experiments import plan_command
 from rollout.errors import RolloutError
+from rollout.shared.audit.static import verifier_warnings
 from rollout.shared.envs import (
     build_runtime,
     default_verifier,
@@ -80,6 +81,8 @@ def _summary(env: Any) -> dict[str, Any]:
             else [],
         },
         "specHash": spec.spec_hash(),
+        # What the verifier lets through, seen statically (`rollout audit` runs the policies).
+        "warnings": verifier_warnings(spec),
     }
 
 
@@ -122,6 +125,10 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"    tools: {', '.join(r['tools']) or 'none'}")
         print(f"    verifier ({r['verifier']['source']}): {'; '.join(r['verifier']['primitives'])}")
         print(f"    spec sha256: {r['specHash'][:16]}")
+        for w in r["warnings"]:
+            print(f"    ! {w}")
+        if r["warnings"]:
+            print(f"    (`rollout audit {args.file}` runs adversarial policies against it)")
     total = sum(len(r["problems"]) for r in reports)
     if ok:
         print(f"{len(reports)} environment(s) OK")

@@ -13,6 +13,7 @@ from rollout.client import AsyncClient
 from rollout.comparison import comparison
 from rollout.errors import RolloutError
 from rollout.follow import follow_run
+from rollout.shared.audit.static import verifier_warnings
 from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.envs.loader import load_environments, select_environment
 from rollout.shared.envs.sandbox_check import require_sandbox
@@ -113,12 +114,17 @@ async def _push(args: argparse.Namespace) -> int:
         lines = [f"{slug}: {p}" for slug, ps in bad.items() for p in ps]
         raise RolloutError(f"{args.file}: not pushed, fix these first", problems=lines)
 
+    # Pushed all the same: warnings name what the verifier lets through, by config path.
+    warnings = [f"{e.slug}: {w}" for e in envs for w in verifier_warnings(e.to_spec())]
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+
     async def push(client: AsyncClient) -> list[dict[str, Any]]:
         return [await client.push_environment(e) for e in envs]
 
     results = await _with_client(push)
     if args.json:
-        print_json({"environments": results})
+        print_json({"environments": results, "warnings": warnings})
         return 0
     for r in results:
         state = "registered" if r["created"] else "unchanged"

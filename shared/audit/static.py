@@ -1,0 +1,79 @@
+"""What an env's verifier lets through, seen without running anything (`plan` and `push` warn).
+
+Three static cases, each named by its config path:
+- a verifier whose every primitive is `contains_terms`, with terms that appear in the
+  instruction of some task: an echo of the instruction passes;
+- `tool_was_called` without `args` where no primitive checks the outcome: any call passes;
+- weights that give at least 0.75 of the reward to primitives an idle episode passes
+  (`no_tool_errors`, `contains_terms` on the instruction's own words): doing nothing scores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollout.shared.contracts.envspec import EnvironmentSpec
+
+# Primitives that check what the episode achieved (not only that something was called).
+OUTCOME = frozenset(
+    {"state_match", "sql_result_match", "tests_pass", "final_answer_match", "form_submitted",
+     "reward_model", "env_reward", "verifiers_rubric", "ruler"}
+)  # fmt: skip
+IDLE_SHARE = 0.75
+
+
+def _echoed(params: dict[str, Any], spec: EnvironmentSpec) -> list[int]:
+    """Tasks whose instruction contains every term (case-insensitively, unless asked)."""
+    terms = params.get("terms")
+    terms = [terms] if isinstance(terms, str) else [str(t) for t in terms or []]
+    if not terms or params.get("source", "output") != "output":
+        return []
+    strict = bool(params.get("caseSensitive", params.get("case_sensitive", False)))
+    mode_any = params.get("mode") == "any"
+    hits = []
+    for i, task in enumerate(spec.tasks):
+        text = task.instruction if strict else task.instruction.lower()
+        found = [t for t in terms if (t if strict else t.lower()) in text]
+        if found and (mode_any or len(found) == len(terms)):
+            hits.append(i)
+    return hits
+
+
+def verifier_warnings(spec: EnvironmentSpec) -> list[str]:
+    """Warnings about the env's own verifier, each with its config path."""
+    primitives = list(spec.verifier.primitives) if spec.verifier else []
+    if not primitives:
+        return []
+    out = []
+    kinds = {p.type for p in primitives}
+    idle = 0.0
+    total = sum(p.weight for p in primitives) or 1.0
+    for i, p in enumerate(primitives):
+        where = f"verifier.primitives[{i}] ({p.name}, {p.type})"
+        if p.type == "contains_terms":
+            echoed = _echoed(p.params, spec)
+            if echoed:
+                idle += p.weight
+                if kinds == {"contains_terms"}:
+                    out.append(
+                        f"{where}: its terms appear in the instruction of {len(echoed)} of "
+                        f"{len(spec.tasks)} task(s): an answer that repeats the instruction "
+                        "passes; check the outcome (state_match, final_answer_match)"
+                    )
+        elif p.type == "tool_was_called" and not p.params.get("args") and not kinds & OUTCOME:
+            out.append(
+                f"{where}: no `args` and nothing checks the outcome: any call of "
+                f"{p.params.get('tool')!r} passes, junk arguments included"
+            )
+        elif p.type == "no_tool_errors":
+            idle += p.weight
+    # Only where an outcome is checked at all: otherwise the warnings above say it.
+    if idle / total >= IDLE_SHARE and kinds - {"contains_terms", "no_tool_errors"}:
+        out.append(
+            f"verifier: {idle / total:.0%} of the weight is on checks an episode passes by "
+            "doing nothing (no_tool_errors, contains_terms on the instruction's words): weigh "
+            "the outcome checks more"
+        )
+    elif kinds == {"no_tool_errors"}:
+        out.append("verifier: only no_tool_errors: an episode that does nothing passes")
+    return out

@@ -1,0 +1,44 @@
+"""Plan-time warnings: what a verifier lets through, seen without running it, by config path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rollout.shared.audit.static import verifier_warnings
+from rollout.shared.envs import load_environments
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _specs(path: Path) -> dict:
+    return {e.slug: e.to_spec() for e in load_environments(path)}
+
+
+def test_each_static_case_is_named_by_its_path() -> None:
+    specs = _specs(Path(__file__).parent / "weak_envs.py")
+    [echo] = verifier_warnings(specs["weak-echo"])
+    assert echo.startswith("verifier.primitives[0] (mentions, contains_terms): its terms appear")
+    assert "instruction of 4 of 4 task(s)" in echo
+    [called] = verifier_warnings(specs["weak-called"])
+    assert called.startswith("verifier.primitives[0] (refunded, tool_was_called): no `args`")
+    [weights] = verifier_warnings(specs["weak-weights"])
+    assert weights.startswith("verifier: 80% of the weight is on checks")
+
+
+def test_the_examples_have_none_and_rollout_plan_reports_them() -> None:
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        for slug, spec in _specs(path).items():
+            assert verifier_warnings(spec) == [], slug
+    done = subprocess.run(
+        [sys.executable, "-m", "rollout.cli", "plan", str(Path(__file__).parent / "weak_envs.py"),
+         "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    # Warnings do not make the plan fail: the env is valid, only weak.
+    assert done.returncode == 0, done.stderr
+    envs = {e["slug"]: e for e in json.loads(done.stdout)["environments"]}
+    assert len(envs["weak-called"]["warnings"]) == 1
+    assert envs["weak-weights"]["warnings"][0].startswith("verifier: 80%")
