@@ -72,6 +72,7 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/rl-family"))
     p.add_argument("--env", type=Path, default=ENV_FILE, help="example env file")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--out", type=Path, help="append one JSON line per finished variant here")
     args = p.parse_args()
     for v in args.variants:
         loss, _, corr = v.partition("/")
@@ -113,6 +114,9 @@ def main() -> None:
             "clip_fraction": mean([e.get("clip_fraction") for e in log]),
             "seconds": round(time.monotonic() - t0, 1),
         }
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps({"variant": variant, "log": log} | results[variant]) + "\n")
         line = ", ".join(f"{s} {sum(a)}/{len(a)}" for s, a in after.items())
         print(f"{variant}: {line} ({results[variant]['seconds']:.0f}s, {steps} steps)",
               flush=True)  # fmt: skip
