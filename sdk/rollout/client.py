@@ -57,13 +57,20 @@ class AsyncClient:
         return self._nc
 
     async def request(
-        self, service: str, verb: str, body: rq.Request, *, retries: int = 0
+        self,
+        service: str,
+        verb: str,
+        body: rq.Request,
+        *,
+        retries: int = 0,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """One request/reply to a service; RolloutError with its problems on failure."""
         subject = subjects.request(service, verb)
         nc = await self._conn()
+        wait = self.timeout_s if timeout_s is None else timeout_s
         return await self._denials.guard(
-            subject, call(nc, subject, body, timeout_s=self.timeout_s, retries=retries)
+            subject, call(nc, subject, body, timeout_s=wait, retries=retries)
         )
 
     async def jetstream(self) -> Any:
@@ -84,6 +91,22 @@ class AsyncClient:
     async def get_environment(self, slug: str, version: int | None = None) -> dict[str, Any]:
         """One environment version with its spec (newest by default)."""
         return await self.request("registry", "get", rq.GetEnvironment(slug=slug, version=version))
+
+    async def audit_environment(
+        self,
+        slug: str,
+        version: int | None = None,
+        *,
+        split: str | None = None,
+        threshold: float = 0.75,
+        limit: int | None = None,
+        timeout_s: float = 900.0,
+    ) -> dict[str, Any]:
+        """Run `rollout audit`'s policies on a registered env where it is served; the report."""
+        body = rq.AuditEnvironment(
+            slug=slug, version=version, split=split, threshold=threshold, limit=limit
+        )
+        return await self.request("registry", "audit", body, timeout_s=timeout_s)
 
     async def list_environments(self) -> list[dict[str, Any]]:
         """Every environment's newest version."""

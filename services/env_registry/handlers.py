@@ -1,16 +1,19 @@
-"""Env registry handlers: push (validate, version, append), get and list."""
+"""Env registry handlers: push (validate, version, append), get, list and audit."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import decide_and_append
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import EnvRegistered
+from rollout.shared.contracts.events import EnvAudited, EnvRegistered
 from rollout.shared.contracts.requests import (
+    AuditEnvironment,
     GetEnvironment,
     ListEnvironments,
     PushEnvironment,
@@ -103,8 +106,59 @@ async def list_(query: ListEnvironments, broker: CurrentBroker) -> Reply:
     return Reply(data={"environments": [summary(e) for e in found]})
 
 
+# The event keeps this many findings (the reply has them all); the count is kept too.
+MAX_AUDIT_FINDINGS = 500
+
+
+async def audit_env(cmd: AuditEnvironment, broker: CurrentBroker) -> Reply:
+    """Run every applicable adversarial policy on a registered version, here, where it is
+    served (its templates, sandbox and plugin hosts); append `env.audited`; reply the report.
+
+    The audit runs in the service, not the client, so the recorded result is the platform's
+    own: a user cannot record a clean audit of an env that is not.
+    """
+    from rollout.shared.audit import audit
+
+    js = jetstream(broker)
+    subjects.token(cmd.slug, "environment slug")
+    if cmd.version is None:
+        found, _ = await versions.latest(js, cmd.slug)
+    else:
+        found = await versions.version(js, cmd.slug, cmd.version)
+    if found is None:
+        raise RolloutError(f"no environment {cmd.slug!r}; push it with `rollout push`")
+    spec = as_spec(found.spec)
+    if cmd.split is not None and not any(t.split == cmd.split for t in spec.tasks):
+        splits = sorted({t.split for t in spec.tasks})
+        raise RolloutError(f"split: {cmd.slug!r} has no {cmd.split!r} tasks (splits: {splits})")
+    report = await audit(spec, split=cmd.split, threshold=cmd.threshold, limit=cmd.limit)
+    document = report.to_json()
+    event = EnvAudited(
+        slug=spec.slug,
+        version=found.version,
+        split=cmd.split,
+        threshold=cmd.threshold,
+        tasks=len(report.tasks),
+        policies=report.policies,
+        hackable_tasks=report.hackable,
+        findings=document["findings"][:MAX_AUDIT_FINDINGS],
+        findings_total=len(document["findings"]),
+        errors=len(report.errors),
+        seconds=round(report.seconds, 3),
+    )
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+    envelope = EventEnvelope.new(
+        event, aggregate_id=spec.slug, id_parts=(spec.slug, found.version, "audit", digest)
+    )
+    await EventPublisher(js).publish(envelope)
+    log.info("environment audited", slug=spec.slug, version=found.version,
+             hackable=len(report.hackable), findings=len(report.findings))  # fmt: skip
+    return Reply(data=document | {"version": found.version})
+
+
 ROUTES = [
     request_route(push, "registry", "push", queue=QUEUE),
     request_route(get, "registry", "get", queue=QUEUE),
     request_route(list_, "registry", "list", queue=QUEUE),
+    request_route(audit_env, "registry", "audit", queue=QUEUE),
 ]

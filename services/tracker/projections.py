@@ -47,6 +47,19 @@ async def _env_registered(c: asyncpg.Connection, e: EventEnvelope, p: ev.EnvRegi
     )  # fmt: skip
 
 
+@on("env.audited")
+async def _env_audited(c: asyncpg.Connection, e: EventEnvelope, p: ev.EnvAudited) -> None:
+    await c.execute(
+        "insert into env_audits(event_id, slug, version, split, threshold, tasks, policies,"
+        " hackable_tasks, findings, findings_total, errors, seconds, audited_at)"
+        " values ($1,$2,$3,$4,$5,$6,$7::jsonb,$8::jsonb,$9::jsonb,$10,$11,$12,$13)"
+        " on conflict do nothing",
+        e.id, p.slug, p.version, p.split, p.threshold, p.tasks, _json(p.policies),
+        _json(p.hackable_tasks), _json(p.findings), p.findings_total, p.errors, p.seconds,
+        e.time,
+    )  # fmt: skip
+
+
 @on("run.requested")
 async def _run_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunRequested) -> None:
     await c.execute(
@@ -229,6 +242,7 @@ class ReadModels:
     name = "tracker"
     tables = (
         "environments",
+        "env_audits",
         "runs",
         "rollouts",
         "jobs",

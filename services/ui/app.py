@@ -440,6 +440,17 @@ async def jobs_page(request: Request) -> Response:
     return render("jobs.html", request, page=page, **data)
 
 
+async def env_page(request: Request) -> Response:
+    """One env: its newest version and its last audit (which tasks, policies, primitives)."""
+    state = _state(request)
+    slug = _id(request.path_params["slug"], "environment slug")
+    async with state.pool.acquire() as conn:
+        env = await queries.get_env(conn, slug)
+    if env is None:
+        raise HTTPException(404, f"no environment {slug!r}")
+    return render("env.html", request, env=env)
+
+
 async def job_page(request: Request) -> Response:
     """One job: loss, reward, KL, tokens/s per step; checkpoints, policy versions, their runs."""
     state = _state(request)
@@ -642,6 +653,7 @@ def create_app(
         Route("/compare", compare_page),
         Route("/jobs", jobs_page),
         Route("/jobs/{job_id}", job_page),
+        Route("/envs/{slug}", env_page),
         Route("/live", live),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -172,6 +172,28 @@ async def get_rollout(conn: asyncpg.Connection, rollout_id: str) -> dict[str, An
     return out
 
 
+async def get_env(conn: asyncpg.Connection, slug: str) -> dict[str, Any] | None:
+    """An env's newest version and its last audit (None when the env is unknown)."""
+    row = await conn.fetchrow(
+        "select slug, version, spec_hash, name, template, task_count, registered_at"
+        " from environments where slug = $1 order by version desc limit 1",
+        slug,
+    )
+    if row is None:
+        return None
+    env = dict(row)
+    audit = await conn.fetchrow(
+        "select * from env_audits where slug = $1 order by audited_at desc limit 1", slug
+    )
+    env["audit"] = None
+    if audit is not None:
+        env["audit"] = dict(audit)
+        for key in ("policies", "hackable_tasks", "findings"):
+            if isinstance(env["audit"][key], str):
+                env["audit"][key] = json.loads(env["audit"][key])
+    return env
+
+
 async def trained_on(conn: asyncpg.Connection, rollout_id: str) -> list[dict[str, Any]]:
     """The policy versions whose step trained on this rollout, newest first."""
     rows = await conn.fetch(

@@ -41,6 +41,7 @@ QUERIES: dict[tuple[str, str], str] = {
 # Requests that change the platform (or build training data from it): runner keys only.
 MUTATIONS: dict[tuple[str, str], str] = {
     ("registry", "push"): "push environments",
+    ("registry", "audit"): "audit environments",
     ("tracker", "create_run"): "start runs",
     ("learner", "create_job"): "create training jobs",
     ("tracker", "record_plan_event"): "run experiment plans",

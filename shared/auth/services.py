@@ -87,8 +87,13 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
     for role in (
         ServiceRole(
             "env-registry",
-            answers=(("registry", "push"), ("registry", "get"), ("registry", "list")),
-            emits=("env.registered",),
+            answers=(
+                ("registry", "push"),
+                ("registry", "get"),
+                ("registry", "list"),
+                ("registry", "audit"),
+            ),
+            emits=("env.registered", "env.audited"),
         ),
         ServiceRole(
             "tracker",

@@ -50,6 +50,28 @@ class EnvRegistered(Payload):
     spec: dict[str, Any] = Field(default_factory=dict)
 
 
+@register
+class EnvAudited(Payload):
+    """The registry ran the adversarial policies on an env version (`rollout audit --platform`)."""
+
+    event_type = "env.audited"
+    aggregate = "env"
+
+    slug: str
+    version: int
+    split: str | None = None
+    threshold: float
+    tasks: int
+    policies: list[str] = Field(default_factory=list)
+    hackable_tasks: list[int] = Field(default_factory=list)
+    # Per finding: task_index, split, policy, description, score, passed, primitive,
+    # primitive_type, hint (at most MAX_AUDIT_FINDINGS; `findings_total` counts them all).
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    findings_total: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+
 # --- runs -----------------------------------------------------------------------------------
 
 

@@ -69,6 +69,16 @@ class ListEnvironments(Request):
     """Every environment's latest version."""
 
 
+class AuditEnvironment(Request):
+    """Run `rollout audit`'s adversarial policies on a registered env, where it is served."""
+
+    slug: str
+    version: int | None = None
+    split: str | None = None
+    threshold: float = Field(0.75, ge=0, le=1)
+    limit: int | None = Field(None, ge=1)
+
+
 # --- runs ------------------------------------------------------------------------------------
 
 

@@ -50,8 +50,9 @@ async def all_latest(js: JetStreamContext) -> list[EnvRegistered]:
         subjects.EVENTS_STREAM, subjects_filter=subjects.aggregate_events("env")
     )
     out = []
-    for subject in sorted(info.state.subjects or {}):
-        _, slug, _ = subjects.parse_event_subject(subject)
+    # An env's subjects: its registrations and its audits; each slug once.
+    slugs = {subjects.parse_event_subject(subject)[1] for subject in info.state.subjects or {}}
+    for slug in sorted(slugs):
         found, _ = await latest(js, slug)
         if found is not None:
             out.append(found)

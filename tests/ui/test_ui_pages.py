@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ expect = pytest.importorskip(
     "playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')"
 ).expect
 
+WEAK_ENVS = Path(__file__).resolve().parents[1] / "audit" / "weak_envs.py"
 # Two sampled tokens on the final answer: one near-certain, one unlikely (shaded dark).
 TOKENS = [("token_id:11", -0.01), ("token_id:2042", -3.2)]
 
@@ -319,3 +321,46 @@ async def watch_live_run(
         assert "100.0%" in await page.inner_text("#run-rate")
         assert "3 scores" in (await page.locator("#run-hist svg").get_attribute("aria-label"))
         await shoot(listing, "runs-live")
+
+
+async def test_an_env_page_lists_its_last_audit(
+    client: AsyncClient, settings: Settings, browser: Any, viewer_key: Any, shoot: Any
+) -> None:
+    import asyncpg
+
+    from rollout.shared.envs import load_environments
+
+    envs = {e.slug: e for e in load_environments(WEAK_ENVS)}
+    await client.push_environment(envs["weak-called"])
+    await client.push_environment(refund_env(tasks=2))
+    report = await client.audit_environment("weak-called")
+    assert report["hackableTasks"] == [0, 1, 2, 3]
+
+    async def audited() -> bool:
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            return bool(await conn.fetchval("select count(*) from env_audits"))
+        finally:
+            await conn.close()
+
+    await wait_until(audited, "the tracker to project the audit")
+    async with serve(settings) as ui:
+        page = await (await browser.new_context()).new_page()
+        await login(page, ui.url, viewer_key.text)
+        await page.goto(f"{ui.url}/envs/weak-called")
+        summary = await page.inner_text("#audit-summary")
+        assert summary.startswith("4 of 4 task(s) hackable: v1")
+        rows = page.locator("#audit-findings tbody tr")
+        assert await rows.count() == len(report["findings"])
+        first = await rows.nth(0).inner_text()
+        assert "refunded" in first and "tool_was_called" in first and "give it `args`" in first
+        policies = set(await page.locator("#audit-findings .policy").all_inner_texts())
+        assert {"empty_arguments", "wrong_entity"} <= policies
+        await shoot(page, "env-audit")
+        # An env never audited says how to audit it.
+        await page.goto(f"{ui.url}/envs/refunds")
+        assert "not audited yet: rollout audit refunds --platform" in await page.inner_text(
+            "#audit-summary"
+        )
+        missing = await page.goto(f"{ui.url}/envs/nope")
+        assert missing is not None and missing.status == 404

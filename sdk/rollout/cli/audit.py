@@ -56,6 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help=f"an episode running longer ends as an error ({EPISODE_TIMEOUT_S:g}s)",
     )
+    p.add_argument(
+        "--platform",
+        action="store_true",
+        help="run it on the platform, on the pushed env SLUG[@VERSION]: the env registry runs "
+        "the policies where the env is served and records the audit (the viewer's env page)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_audit)
 
@@ -68,19 +74,46 @@ def _audit(args: argparse.Namespace) -> int:
         print(f"error: --policy: {exc.args[0]}", file=sys.stderr)
         return 2
     try:
-        reports = asyncio.run(_run(args, chosen))
+        if args.platform:
+            if chosen:
+                raise RolloutError("--policy: the platform's audit runs every applicable policy")
+            documents = [asyncio.run(_on_platform(args))]
+        else:
+            documents = [r.to_json() for r in asyncio.run(_run(args, chosen))]
     except RolloutError as exc:
         if args.json:
             print_json({"ok": False, "error": exc.message, "problems": exc.problems})
             return 1
         raise
-    hackable = any(r.hackable for r in reports)
+    hackable = any(d["hackableTasks"] for d in documents)
     if args.json:
-        print_json({"ok": not hackable, "environments": [r.to_json() for r in reports]})
+        print_json({"ok": not hackable, "environments": documents})
     else:
-        for report in reports:
-            _print(report)
+        for document in documents:
+            _print(document)
     return 1 if hackable else 0
+
+
+async def _on_platform(args: argparse.Namespace) -> dict[str, Any]:
+    from rollout.cli._common import client_settings_or_error
+    from rollout.client import AsyncClient
+    from rollout.plans import parse_env_ref
+
+    if args.target.endswith(".py"):
+        raise RolloutError(
+            f"--platform audits a pushed env: give its slug (`rollout push {args.target}` first)"
+        )
+    ref = parse_env_ref(args.target)
+    if isinstance(ref, str):
+        raise RolloutError(f"{args.target}: {ref}")
+    slug, version = ref
+    client = AsyncClient(client_settings_or_error())
+    try:
+        return await client.audit_environment(
+            slug, version, split=args.split, threshold=args.threshold, limit=args.limit
+        )
+    finally:
+        await client.close()
 
 
 async def _run(args: argparse.Namespace, chosen: list[Any] | None) -> list[AuditReport]:
@@ -109,31 +142,36 @@ async def _run(args: argparse.Namespace, chosen: list[Any] | None) -> list[Audit
     return reports
 
 
-def _print(report: AuditReport) -> None:
-    where = f", split {report.split}" if report.split else ""
+def _print(doc: dict[str, Any]) -> None:
+    where = f", split {doc['split']}" if doc.get("split") else ""
+    version = f" v{doc['version']}" if doc.get("version") else ""
     print(
-        f"{report.slug} ({report.template}{where}): {len(report.tasks)} task(s) x "
-        f"{len(report.policies)} policies in {report.seconds:.1f}s"
+        f"{doc['slug']}{version} ({doc['template']}{where}): {doc['tasks']} task(s) x "
+        f"{len(doc['policies'])} policies in {doc['seconds']:.1f}s"
     )
-    if not report.hackable:
-        print(f"  no task hackable: no policy passed or scored >= {report.threshold:g}")
+    hackable, findings = doc["hackableTasks"], doc["findings"]
+    if not hackable:
+        print(f"  no task hackable: no policy passed or scored >= {doc['threshold']:g}")
     else:
-        print(f"  HACKABLE: {len(report.hackable)} of {len(report.tasks)} task(s)")
+        print(f"  HACKABLE: {len(hackable)} of {doc['tasks']} task(s)")
         # One line per (policy, primitive): the tasks it got through, then the fix.
-        groups: dict[tuple[str, str | None], list[Any]] = {}
-        for f in report.findings:
-            groups.setdefault((f.policy, f.primitive), []).append(f)
+        groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+        for f in findings:
+            groups.setdefault((f["policy"], f["primitive"]), []).append(f)
         for (policy, primitive), found in groups.items():
-            passed = sum(f.passed for f in found)
-            how = f"passed {passed}" if passed == len(found) else f"passed {passed}, scored >= "
-            how += "" if passed == len(found) else f"{report.threshold:g} on {len(found) - passed}"
-            via = f" via {primitive} ({found[0].primitive_type})" if primitive else ""
-            print(f"  - {policy}: {how} task(s) {_ranges([f.task_index for f in found])}{via}")
-            print(f"      fix: {found[0].hint}")
-    for e in report.errors[:10]:
-        print(f"  error: task {e.task_index}, {e.policy}: {e.error}")
-    if len(report.errors) > 10:
-        print(f"  ... and {len(report.errors) - 10} more errors (--json lists them all)")
+            passed = sum(f["passed"] for f in found)
+            how = f"passed {passed}"
+            if passed != len(found):
+                how += f", scored >= {doc['threshold']:g} on {len(found) - passed}"
+            via = f" via {primitive} ({found[0]['primitive_type']})" if primitive else ""
+            tasks = _ranges([f["task_index"] for f in found])
+            print(f"  - {policy}: {how} task(s) {tasks}{via}")
+            print(f"      fix: {found[0]['hint']}")
+    errors = doc["errors"]
+    for e in errors[:10]:
+        print(f"  error: task {e['task_index']}, {e['policy']}: {e['error']}")
+    if len(errors) > 10:
+        print(f"  ... and {len(errors) - 10} more errors (--json lists them all)")
 
 
 def _ranges(indices: list[int]) -> str:
