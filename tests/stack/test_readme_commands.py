@@ -186,8 +186,18 @@ def local_test(s: Session) -> None:
     assert "pass" in out.stdout.lower()
 
 
+def audit_local(s: Session) -> None:
+    out = s.rollout("audit", "refund_agent.py").stdout
+    assert "refund-agent (workflow): 1 task(s)" in out and "no task hackable" in out, out
+
+
 def push(s: Session) -> None:
     s.rollout("push", "refund_agent.py")
+
+
+def audit_platform(s: Session) -> None:
+    out = s.rollout("audit", "refund-agent", "--platform").stdout
+    assert "refund-agent v1 (workflow)" in out and "no task hackable" in out, out
 
 
 def envs(s: Session) -> None:
@@ -348,8 +358,10 @@ RUNNERS: dict[str, Callable[[Session], None]] = {
     ".ci/run": ci_run,
     "rollout plan refund_agent.py": plan_env,
     "rollout test refund_agent.py --model openai/gpt-4o-mini --task 0": local_test,
+    "rollout audit refund_agent.py": audit_local,
     "rollout push refund_agent.py": push,
     "rollout envs": envs,
+    "rollout audit refund-agent --platform": audit_platform,
     "rollout run refund-agent --model openai/gpt-4o-mini -n 8 --follow": run_follow,
     "rollout runs": runs,
     "rollout show RUN": show,
