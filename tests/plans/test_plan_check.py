@@ -174,3 +174,11 @@ def test_with_overrides_a_model(tmp_path: Path) -> None:
     assert result.ok and result.canonical["models"]["policy"] == f"hf:{tmp_path}"
     missing = check(EXAMPLES / "local-grpo.toml", overrides=[f"policy=hf:{tmp_path}/none"])
     assert any(p.startswith("models.policy: no model folder") for p in missing.problems)
+
+
+def test_the_distillation_plan_validates_and_names_its_teacher_stage() -> None:
+    result = check(EXAMPLES / "distill-opd.toml")
+    assert result.ok, result.problems
+    student = next(s for s in result.canonical["stages"] if s["name"] == "student")
+    assert student["train"]["method"] == "opd"
+    assert student["train"]["config"]["teacher"] == "teacher"  # the SFT stage before it
