@@ -8,6 +8,7 @@ import json
 
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import decide_and_append
+from rollout.shared.audit import audit
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -117,8 +118,6 @@ async def audit_env(cmd: AuditEnvironment, broker: CurrentBroker) -> Reply:
     The audit runs in the service, not the client, so the recorded result is the platform's
     own: a user cannot record a clean audit of an env that is not.
     """
-    from rollout.shared.audit import audit
-
     js = jetstream(broker)
     subjects.token(cmd.slug, "environment slug")
     if cmd.version is None:

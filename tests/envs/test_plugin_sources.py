@@ -23,7 +23,7 @@ from rollout.shared.envs import run_tool_script, score, validate_environment
 spec = EnvironmentSpec.model_validate(json.loads(sys.stdin.read()))
 assert validate_environment(spec) == [], validate_environment(spec)
 async def main():
-    t = await run_tool_script(spec, 0, [("increment", {}), ("increment", {})])
+    t = await run_tool_script(spec, 0, [("increment", {})] * 3)  # task 0's target is 3
     return (await score(spec, 0, t)).passed
 print(json.dumps({"passed": asyncio.run(main())}))
 """

@@ -37,6 +37,7 @@ VALID: dict[tuple[str, str], dict[str, Any]] = {
     ("registry", "push"): {"spec": refund_env()},
     ("registry", "get"): {"slug": "refunds"},
     ("registry", "list"): {},
+    ("registry", "audit"): {"slug": "refunds", "limit": 1},
     ("tracker", "create_run"): {"env_slug": "refunds", "model": MODEL, "n": 1},
     ("tracker", "get_run"): {"run_id": "r1"},
     ("tracker", "list_runs"): {"limit": 5},

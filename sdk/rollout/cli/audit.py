@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollout.cli._common import print_json
+from rollout.cli._common import client_settings_or_error, print_json
 from rollout.cli.env_specs import resolve_spec
+from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.plans import parse_env_ref
 from rollout.shared.audit import POLICIES, AuditReport, audit, named
 from rollout.shared.audit.runner import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S
 from rollout.shared.envs import load_environments, select_environment, validate_environment
@@ -95,10 +97,6 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 async def _on_platform(args: argparse.Namespace) -> dict[str, Any]:
-    from rollout.cli._common import client_settings_or_error
-    from rollout.client import AsyncClient
-    from rollout.plans import parse_env_ref
-
     if args.target.endswith(".py"):
         raise RolloutError(
             f"--platform audits a pushed env: give its slug (`rollout push {args.target}` first)"
