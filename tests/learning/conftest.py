@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,9 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _cpu_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The suite must behave the same on a GPU machine: train and sample on the CPU.
-    monkeypatch.setenv("ROLLOUT_TRAIN_DEVICE", "cpu")
-    monkeypatch.setenv("ROLLOUT_HF_DEVICE", "cpu")
+    # The suite behaves the same on a GPU machine: train and sample on the CPU unless
+    # ROLLOUT_TEST_DEVICE names another device (cuda: the GPU checks of the same tests).
+    device = os.environ.get("ROLLOUT_TEST_DEVICE", "cpu")
+    monkeypatch.setenv("ROLLOUT_TRAIN_DEVICE", device)
+    monkeypatch.setenv("ROLLOUT_HF_DEVICE", device)
     monkeypatch.setenv("ROLLOUT_HF_THREADS", "1")

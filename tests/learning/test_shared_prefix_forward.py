@@ -52,7 +52,7 @@ def test_shared_prefix_forward_equals_the_plain_one(
     mask = batch["mask"]
     assert batch["shared"] >= 16, "the rows share their system message and tool list"
     assert batch["shared"] <= batch["first"]
-    weights = torch.randn(mask.shape)
+    weights = torch.randn(mask.shape, device=mask.device)
 
     def grads(logp: torch.Tensor, states: torch.Tensor) -> list[torch.Tensor]:
         learner.optimizer.zero_grad(set_to_none=True)

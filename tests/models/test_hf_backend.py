@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,8 @@ def parrot(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf(parrot: Path) -> HFBackend:
-    return HFBackend(parrot, max_new_tokens=64)
+    # The CPU unless ROLLOUT_TEST_DEVICE names another (cuda: the same checks on the GPU).
+    return HFBackend(parrot, max_new_tokens=64, device=os.environ.get("ROLLOUT_TEST_DEVICE", "cpu"))
 
 
 def greedy(messages, **kwargs) -> ChatRequest:
@@ -81,7 +83,7 @@ async def test_token_ids_and_logprobs_match_a_fresh_forward_pass(hf: HFBackend) 
 
     # Re-score prompt + sampled tokens in one pass: the logprobs must be the policy's own.
     prompt_ids = hf.tokenizer(hf.render_prompt(request), add_special_tokens=False)["input_ids"]
-    full = torch.tensor([prompt_ids + ids])
+    full = torch.tensor([prompt_ids + ids], device=hf.model.device)
     with torch.no_grad():
         logits = hf.model(input_ids=full).logits[0].float()
     scored = torch.log_softmax(logits, dim=-1)
