@@ -106,5 +106,7 @@ def test_usage_errors() -> None:
     assert threshold.returncode == 2 and "must be a number in [0, 1]" in threshold.stderr
     split = audit("weak_envs.py", "--split", "validation")
     assert split.returncode == 1 and "--split validation: 'weak-echo' has none" in split.stderr
+    timeout = audit("weak_envs.py", "--timeout", "0")
+    assert timeout.returncode == 2 and "must be seconds in (0, 3600]" in timeout.stderr
     missing = audit("no_such_env.py")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=_positive, metavar="N", help="at most N tasks")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=EPISODE_TIMEOUT_S,
         metavar="S",
         help=f"an episode running longer ends as an error ({EPISODE_TIMEOUT_S:g}s)",
@@ -190,6 +190,16 @@ def _fraction(value: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {value!r}") from None
     if not 0.0 <= number <= 1.0:
         raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {value!r}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 < number <= 3600:
+        raise argparse.ArgumentTypeError(f"must be seconds in (0, 3600], got {value!r}")
     return number
 
 
