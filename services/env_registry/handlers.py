@@ -109,6 +109,9 @@ async def list_(query: ListEnvironments, broker: CurrentBroker) -> Reply:
 
 # The event keeps this many findings (the reply has them all); the count is kept too.
 MAX_AUDIT_FINDINGS = 500
+# One audit at a time per registry replica: an audit runs env code (sandboxes, plugin hosts) for
+# up to minutes, and a key holder asking for many must not starve pushes and gets.
+_AUDITING = asyncio.Semaphore(1)
 
 
 async def audit_env(cmd: AuditEnvironment, broker: CurrentBroker) -> Reply:
@@ -130,7 +133,10 @@ async def audit_env(cmd: AuditEnvironment, broker: CurrentBroker) -> Reply:
     if cmd.split is not None and not any(t.split == cmd.split for t in spec.tasks):
         splits = sorted({t.split for t in spec.tasks})
         raise RolloutError(f"split: {cmd.slug!r} has no {cmd.split!r} tasks (splits: {splits})")
-    report = await audit(spec, split=cmd.split, threshold=cmd.threshold, limit=cmd.limit)
+    if _AUDITING.locked():
+        raise RolloutError("the registry is running another audit; try again when it ends")
+    async with _AUDITING:
+        report = await audit(spec, split=cmd.split, threshold=cmd.threshold, limit=cmd.limit)
     document = report.to_json()
     event = EnvAudited(
         slug=spec.slug,
