@@ -29,8 +29,13 @@ class SubjectError(ValueError):
 def token(value: str, what: str = "id") -> str:
     """Return `value` if it is a safe single subject token, else raise SubjectError."""
     if not isinstance(value, str) or not _TOKEN.match(value):
+        # A hostile value may be a megabyte: the error names its start and its length, so the
+        # reply and the log line stay small.
+        shown = repr(value[:64]) + (f"... ({len(value)} characters)" if len(value) > 64 else "")
+        if not isinstance(value, str):
+            shown = repr(value)[:80]
         raise SubjectError(
-            f"{what} {value!r} must be 1-128 characters of letters, digits, '-' or '_'"
+            f"{what} {shown} must be 1-128 characters of letters, digits, '-' or '_'"
         )
     return value
 
