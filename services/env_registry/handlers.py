@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from typing import Any
 
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import decide_and_append
@@ -87,17 +88,22 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
     return Reply(data={**summary(event), "created": True})
 
 
+async def _registered(js: Any, slug: str, version: int | None) -> EnvRegistered:
+    """One version of `slug` (newest when None); RolloutError saying how to get one."""
+    subjects.token(slug, "environment slug")
+    if version is None:
+        found, _ = await versions.latest(js, slug)
+    else:
+        found = await versions.version(js, slug, version)
+    if found is None:
+        what = f"version {version} of " if version else ""
+        raise RolloutError(f"no {what}environment {slug!r}; push it with `rollout push`")
+    return found
+
+
 async def get(query: GetEnvironment, broker: CurrentBroker) -> Reply:
     """One version (newest by default), with its spec."""
-    js = jetstream(broker)
-    subjects.token(query.slug, "environment slug")
-    if query.version is None:
-        found, _ = await versions.latest(js, query.slug)
-    else:
-        found = await versions.version(js, query.slug, query.version)
-    if found is None:
-        what = f"version {query.version} of " if query.version else ""
-        raise RolloutError(f"no {what}environment {query.slug!r}; push it with `rollout push`")
+    found = await _registered(jetstream(broker), query.slug, query.version)
     return Reply(data=summary(found, with_spec=True))
 
 
@@ -122,13 +128,7 @@ async def audit_env(cmd: AuditEnvironment, broker: CurrentBroker) -> Reply:
     own: a user cannot record a clean audit of an env that is not.
     """
     js = jetstream(broker)
-    subjects.token(cmd.slug, "environment slug")
-    if cmd.version is None:
-        found, _ = await versions.latest(js, cmd.slug)
-    else:
-        found = await versions.version(js, cmd.slug, cmd.version)
-    if found is None:
-        raise RolloutError(f"no environment {cmd.slug!r}; push it with `rollout push`")
+    found = await _registered(js, cmd.slug, cmd.version)
     spec = as_spec(found.spec)
     if cmd.split is not None and not any(t.split == cmd.split for t in spec.tasks):
         splits = sorted({t.split for t in spec.tasks})

@@ -172,7 +172,26 @@ class RmConfig(_OfflineConfig):
     )
 
 
-class GrpoConfig(TrainConfig):
+class OnlineCorrection(TrainConfig):
+    """The off-policy correction settings the online methods share (GRPO family, PPO)."""
+
+    is_correction: IsCorrection = Field(
+        "none",
+        description="Correction for the actor-vs-learner logprob gap and staleness: none (the "
+        "ratio against the actor's logprobs), tis (truncated importance weight), mis (masked).",
+    )
+    is_cap: float | None = Field(
+        None, gt=1, le=1000, description="tis/mis: the importance weight's bound (default 3)."
+    )
+
+    @model_validator(mode="after")
+    def _correction_agrees(self) -> OnlineCorrection:
+        if self.is_cap is not None and self.is_correction == "none":
+            raise ValueError("is_cap: only with is_correction tis or mis")
+        return self
+
+
+class GrpoConfig(OnlineCorrection):
     """Online GRPO: actors sample groups asynchronously, the learner steps as they arrive."""
 
     method_name: ClassVar[str] = "grpo"
@@ -221,14 +240,6 @@ class GrpoConfig(TrainConfig):
         description="token (every trained token weighs the same) or sequence (each row's "
         "mean, then the mean over rows); default by loss_type: gspo sequence, else token.",
     )
-    is_correction: IsCorrection = Field(
-        "none",
-        description="Correction for the actor-vs-learner logprob gap and staleness: none (the "
-        "ratio against the actor's logprobs), tis (truncated importance weight), mis (masked).",
-    )
-    is_cap: float | None = Field(
-        None, gt=1, le=1000, description="tis/mis: the importance weight's bound (default 3)."
-    )
     dynamic_sampling: bool = Field(
         False,
         description="DAPO's dynamic sampling: groups whose rewards are all equal are dropped "
@@ -263,8 +274,6 @@ class GrpoConfig(TrainConfig):
                 f"epsilon_high: {self.epsilon_high} is below epsilon {self.epsilon} "
                 "(clip-higher widens the upper side)"
             )
-        if self.is_cap is not None and self.is_correction == "none":
-            raise ValueError("is_cap: only with is_correction tis or mis")
         if self.overlong_buffer is not None and self.overlong_buffer >= self.max_tokens:
             raise ValueError(
                 f"overlong_buffer: {self.overlong_buffer} must be below max_tokens "
@@ -313,7 +322,7 @@ class OpdConfig(GrpoConfig):
         return self
 
 
-class PpoConfig(TrainConfig):
+class PpoConfig(OnlineCorrection):
     """Online PPO: a value head, GAE and clipped policy/value losses on the actor/learner loop.
 
     One step is one policy version: `ppo_epochs` passes over the step's completions, each in
@@ -363,20 +372,6 @@ class PpoConfig(TrainConfig):
     run_deadline_s: float = Field(
         900.0, gt=0, le=86_400, description="Deadline of each sampling run, in seconds."
     )
-    is_correction: IsCorrection = Field(
-        "none",
-        description="Correction for the actor-vs-learner logprob gap and staleness: none (the "
-        "ratio against the actor's logprobs), tis (truncated importance weight), mis (masked).",
-    )
-    is_cap: float | None = Field(
-        None, gt=1, le=1000, description="tis/mis: the importance weight's bound (default 3)."
-    )
-
-    @model_validator(mode="after")
-    def _correction_agrees(self) -> PpoConfig:
-        if self.is_cap is not None and self.is_correction == "none":
-            raise ValueError("is_cap: only with is_correction tis or mis")
-        return self
 
 
 TrainingConfig = Annotated[
