@@ -33,7 +33,7 @@ from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.catalog import resolve_backend
-from rollout.shared.models.trained import TrainedBackend, apply_update, refresh_policy
+from rollout.shared.models.trained import FollowsPolicy, apply_update, refresh_policy
 from rollout.shared.objectstore import to_json_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.observability import get_logger
@@ -161,7 +161,7 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
             backend = actor.backends.get(work.model)
             # A trained policy catches up with its newest version before generating (in a
             # thread: it may download weights); no other backend pays for the thread hop.
-            if isinstance(backend, TrainedBackend):
+            if isinstance(backend, FollowsPolicy):
                 await asyncio.to_thread(refresh_policy, backend)
             # The version that produces them, not the run's.
             version = getattr(backend, "policy_version", None)

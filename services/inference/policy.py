@@ -160,7 +160,7 @@ def version_of(backend: ModelBackend) -> int | None:
 
 def lineage_of(backend: ModelBackend) -> str | None:
     """The trained name whose new versions this backend should follow (None: none)."""
-    if isinstance(backend, trained.TrainedBackend):
+    if isinstance(backend, trained.FollowsPolicy):
         return backend.model_name
     return None
 

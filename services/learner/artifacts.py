@@ -18,6 +18,7 @@ from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import CheckpointSaved, PolicyUpdated
 from rollout.shared.learning.checkpoints import load_checkpoint_state
 from rollout.shared.models import trained
+from rollout.shared.models.weights_proof import weights_digest
 from rollout.shared.objectstore import ObjectRef, ObjectStore, sha256_file
 from rollout.shared.objectstore.claimcheck import to_json_bytes
 from rollout.shared.observability import get_logger
@@ -91,6 +92,7 @@ async def publish_policy(
     `last_signals`), stored beside the model by their content hash for the viewer.
     """
     ref = await upload_dir(store, model_dir, f"models/{trained.policy_key(model)}", arcname=".")
+    weights = await asyncio.to_thread(weights_digest, model_dir)
     record = trained.PolicyRecord(
         model=model,
         version=version,
@@ -100,6 +102,7 @@ async def publish_policy(
         size=ref.size,
         job_id=journal.job_id,
         base_model=base_model,
+        weights_sha256=weights,
     )
     await trained.publish_record(store, record)
     signals_ref = None
@@ -109,8 +112,9 @@ async def publish_policy(
         digest = hashlib.sha256(body).hexdigest()
         signals_ref = await store.put(f"signals/{trained.policy_key(model)}/{digest}.json", body)
     await journal.policy(
-        model, version, ref.uri, ref.sha256, off_policy, signals_ref, sorted(signals or {})
-    )
+        model, version, ref.uri, ref.sha256, off_policy, signals_ref, sorted(signals or {}),
+        weights_sha256=weights,
+    )  # fmt: skip
     log.info("policy updated", model=model, version=version, uri=ref.uri)
     return record
 

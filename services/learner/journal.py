@@ -150,6 +150,7 @@ class JobJournal:
         off_policy: dict[str, float] | None = None,
         signals: ObjectRef | None = None,
         trained_rollouts: list[str] | None = None,
+        weights_sha256: str | None = None,
     ) -> None:
         """Announce a new policy version (its record is already in the object store)."""
         payload = PolicyUpdated(
@@ -158,6 +159,7 @@ class JobJournal:
             signals_uri=signals.uri if signals else None,
             signals_sha256=signals.sha256 if signals else None,
             trained_rollouts=list(trained_rollouts or []) if signals else [],
+            weights_sha256=weights_sha256,
         )  # fmt: skip
         await self.publisher.publish(self._envelope(payload, policy_key(model), model, version))
 

@@ -17,6 +17,7 @@ import asyncio
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,8 @@ class Timing:
     waiting_s: float = 0.0
     training_s: float = 0.0
     stale_dropped: int = 0
+    # Completions whose weights digest is not that of the version they claim (or missing).
+    weights_refused: int = 0
     used: int = 0
     # Dynamic sampling: groups dropped for equal rewards (this step's; and the job's), refills.
     flat_dropped: int = 0
@@ -102,6 +105,7 @@ class Timing:
             "train_s": self.training_s,
             "wait_share": self.waiting_s / total if total else 0.0,
             "stale_dropped": float(self.stale_dropped),
+            "weights_refused": float(self.weights_refused),
             "completions_used": float(self.used),
             "runs": float(len(self.runs)),
             "dynamic_sampling_dropped": float(self.flat_dropped_total),
@@ -125,6 +129,8 @@ class OnlineJob:
         self.out_dir = ctx.job_dir(self.job_id)
         self.timing = Timing()
         self.learner: Any = None
+        # Each policy version's weights digest ("" when its record predates digests).
+        self.digests: dict[int, str] = {}
 
     async def _publish(self, *, checkpoint: bool = True) -> None:
         """Save the learner's current version: checkpoint (resume) and policy (actors)."""
@@ -132,11 +138,12 @@ class OnlineJob:
         version = int(self.learner.policy_version)
         if checkpoint:
             await save_checkpoint(self.ctx.store, self.journal, self.out_dir, path, version)
-        await publish_policy(
+        record = await publish_policy(
             self.ctx.store, self.journal, model=self.model, version=version, model_dir=path,
             base_model=self.plan.event.base_model, off_policy=self._off_policy(),
             signals=getattr(self.learner, "last_signals", None) if self.learner.steps else None,
         )  # fmt: skip
+        self.digests[version] = record.weights_sha256
 
     def _off_policy(self) -> dict[str, float] | None:
         """What the step that made the current version measured (None before any step)."""
@@ -223,10 +230,17 @@ class OnlineJob:
             if not fresh:
                 empty += 1
                 if empty > MAX_EMPTY_RUNS:
+                    refused = (
+                        f", {self.timing.weights_refused} refused for weights that are not "
+                        "those of the version they claim (is the inference server serving the "
+                        "adapter the actors loaded?)"
+                        if self.timing.weights_refused
+                        else ""
+                    )
                     raise RolloutError(
                         f"{empty} runs in a row gave nothing to train on (rollouts older than "
-                        f"{self.config.max_staleness} versions, or failed generations); are the "
-                        "actors loading new policy versions?"
+                        f"{self.config.max_staleness} versions, or failed generations"
+                        f"{refused}); are the actors loading new policy versions?"
                     )
                 # The same step's next try goes first: the runs behind it feed later steps.
                 in_flight.appendleft(
@@ -304,7 +318,18 @@ class OnlineJob:
         )  # fmt: skip
         self.timing.waiting_s += time.monotonic() - waited
         self.timing.stale_dropped += int(found.stats.get("stale_dropped", 0))
-        return self._fresh(found.items)
+        versions = {int(c["policy_version"]) for g in found.items for c in g["completions"]}
+        return self._fresh(found.items, await self._digests(versions), current.run_id)
+
+    async def _digests(self, versions: set[int]) -> dict[int, str]:
+        """The weights digest of each version (from the records when this learner did not
+        publish it itself, e.g. after a resume)."""
+        for version in versions - set(self.digests):
+            record = await trained.read_record(
+                self.ctx.store, trained.record_key(self.model, version)
+            )
+            self.digests[version] = record.weights_sha256 if record is not None else ""
+        return {v: self.digests[v] for v in versions}
 
     async def _refilled(
         self, current: RoundRun, groups: list[dict[str, Any]], train_tasks: list[int]
@@ -331,16 +356,58 @@ class OnlineJob:
         self.timing.flat_dropped_total += dropped
         return kept
 
-    def _fresh(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Groups with only completions the learner accepts (not too stale)."""
-        out = []
-        for group in groups:
-            keep = [c for c in group["completions"] if self.learner.accepts(c["policy_version"])]
-            self.timing.stale_dropped += len(group["completions"]) - len(keep)
-            if len(keep) >= self.min_group:
-                self.timing.used += len(keep)
-                out.append({**group, "completions": keep})
-        return out
+    def _fresh(
+        self, groups: list[dict[str, Any]], digests: dict[int, str], run_id: str = ""
+    ) -> list[dict[str, Any]]:
+        """Groups with only completions the learner accepts: not too stale, and generated by
+        the weights of the version they claim (their digest is that version's)."""
+        kept = trainable(groups, self.learner.accepts, digests, self.min_group)
+        self.timing.stale_dropped += kept.stale
+        self.timing.used += sum(len(g["completions"]) for g in kept.groups)
+        if kept.refused:
+            self.timing.weights_refused += len(kept.refused)
+            log.warning(
+                "rollouts refused: their weights are not those of the version they claim",
+                job_id=self.job_id, run_id=run_id, refused=len(kept.refused),
+                example=kept.refused[0],
+            )  # fmt: skip
+        return kept.groups
+
+
+@dataclass
+class Kept:
+    """What a round's groups leave to train on, and what was dropped."""
+
+    groups: list[dict[str, Any]]
+    stale: int = 0
+    # Rollout ids whose weights digest is not that of the version they claim.
+    refused: list[str] = field(default_factory=list)
+
+
+def trainable(
+    groups: list[dict[str, Any]],
+    accepts: Callable[[int], bool],
+    digests: dict[int, str],
+    min_group: int,
+) -> Kept:
+    """The groups' completions that are fresh enough (`accepts` their version) and proven
+    (their weights digest is the claimed version's); groups left smaller than `min_group` go."""
+    out = Kept(groups=[])
+    for group in groups:
+        fresh = [c for c in group["completions"] if accepts(c["policy_version"])]
+        out.stale += len(group["completions"]) - len(fresh)
+        keep = [c for c in fresh if _proven(c, digests)]
+        out.refused.extend(c["rollout_id"] for c in fresh if not _proven(c, digests))
+        if len(keep) >= min_group:
+            out.groups.append({**group, "completions": keep})
+    return out
+
+
+def _proven(completion: dict[str, Any], digests: dict[int, str]) -> bool:
+    """True when the completion's weights digest is its claimed version's (or that version
+    has no digest on record to hold it to)."""
+    expected = digests.get(int(completion["policy_version"]), "")
+    return not expected or completion.get("weights_sha256") == expected
 
 
 def _has_signal(group: dict[str, Any]) -> bool:

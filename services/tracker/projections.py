@@ -214,9 +214,9 @@ async def _checkpoint(c: asyncpg.Connection, e: EventEnvelope, p: ev.CheckpointS
 @on("policy.updated")
 async def _policy(c: asyncpg.Connection, e: EventEnvelope, p: ev.PolicyUpdated) -> None:
     await c.execute(
-        "insert into policies(model, version, checkpoint_uri, sha256, job_id, updated_at)"
-        " values ($1,$2,$3,$4,$5,$6) on conflict do nothing",
-        p.model, p.version, p.checkpoint_uri, p.sha256, p.job_id, e.time,
+        "insert into policies(model, version, checkpoint_uri, sha256, job_id, updated_at,"
+        " weights_sha256) values ($1,$2,$3,$4,$5,$6,$7) on conflict do nothing",
+        p.model, p.version, p.checkpoint_uri, p.sha256, p.job_id, e.time, p.weights_sha256,
     )  # fmt: skip
     if p.signals_uri and p.signals_sha256 and p.trained_rollouts:
         await c.executemany(

@@ -281,6 +281,11 @@ async def trajectory_page(request: Request) -> Response:
     async with state.pool.acquire() as conn:
         rollout = await queries.get_rollout(conn, rollout_id)
         trained = await queries.trained_on(conn, rollout_id) if rollout is not None else []
+        expected = (
+            await queries.policy_weights(conn, rollout["model"], rollout["policy_version"])
+            if rollout is not None
+            else None
+        )
     if rollout is None:
         raise HTTPException(404, f"no rollout {rollout_id!r}")
     rollout["trajectory"] = await _trajectory(state, rollout)
@@ -288,7 +293,21 @@ async def trajectory_page(request: Request) -> Response:
     return render(
         "trajectory.html", request, r=rollout, trained=trained,
         turns=_turns(rollout["trajectory"], signals),
+        weights=weights_shown(rollout["trajectory"], expected),
     )  # fmt: skip
+
+
+def weights_shown(trajectory: dict[str, Any] | None, expected: str | None) -> dict[str, Any] | None:
+    """What the page says of the weights that generated a rollout (None: nothing to say).
+
+    `ok` is True when the rollout's digest is the one announced for the version it claims,
+    False when another (the learner does not train on it), None when there is nothing to
+    hold it to."""
+    digest = (trajectory or {}).get("weights_sha256")
+    if not digest and not expected:
+        return None
+    ok = None if not expected else digest == expected
+    return {"digest": digest, "expected": expected, "ok": ok}
 
 
 async def _signals(

@@ -194,6 +194,13 @@ async def get_env(conn: asyncpg.Connection, slug: str) -> dict[str, Any] | None:
     return env
 
 
+async def policy_weights(conn: asyncpg.Connection, model: str, version: int) -> str | None:
+    """The weights digest the learner announced for a policy version (None: unknown)."""
+    return await conn.fetchval(
+        "select weights_sha256 from policies where model = $1 and version = $2", model, version
+    )
+
+
 async def trained_on(conn: asyncpg.Connection, rollout_id: str) -> list[dict[str, Any]]:
     """The policy versions whose step trained on this rollout, newest first."""
     rows = await conn.fetch(

@@ -26,6 +26,7 @@ from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs.runtime import EnvironmentFailed, EnvRuntime, ToolResult
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend, ToolCall
+from rollout.shared.models.weights_proof import rollout_digest
 
 DEFAULT_MAX_TOOL_CALLS = 20
 DEFAULT_SYSTEM_PROMPT = (
@@ -77,6 +78,8 @@ class _State:
     token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
     has_tokens: bool = True
+    # Each model turn's weights digest (None where the backend proves none).
+    weights: list[str | None] = field(default_factory=list)
     final_output: str | None = None
     finish_reason: str = "stop"
     error: str | None = None
@@ -318,6 +321,7 @@ def _record_turn(state: _State, response: ChatResponse) -> None:
         state.logprobs.append(list(response.logprobs))
     else:
         state.has_tokens = False
+    state.weights.append(response.weights_sha256)
     state.tokens += _completion_tokens(response)
     state.messages.append(response.assistant_message())
     state.final_output = response.content
@@ -424,6 +428,7 @@ def _finish(state: _State) -> Trajectory:
         error_kind=kind,
         token_ids=state.token_ids if state.has_tokens and state.token_ids else None,
         logprobs=state.logprobs if state.has_tokens and state.logprobs else None,
+        weights_sha256=rollout_digest(state.weights),
         ended_by=state.ended_by,
         turns=state.turn,
         completion_tokens=state.tokens,

@@ -175,6 +175,8 @@ class GrpoCompletion(BaseModel):
     reward: float
     passed: bool
     policy_version: int
+    # The digest of the weights that generated it (None: no proof was given).
+    weights_sha256: str | None = None
 
 
 class GrpoGroup(BaseModel):

@@ -340,6 +340,10 @@ class PolicyUpdated(Payload):
     signals_uri: str | None = None
     signals_sha256: str | None = None
     trained_rollouts: list[str] = Field(default_factory=list)
+    # The digest of the version's weights (shared/models/weights_proof.py): what an actor
+    # loading it into an inference server sends with the load, and what a rollout generated
+    # with it must carry for the learner to train on it.
+    weights_sha256: str | None = None
 
 
 # --- failures ----------------------------------------------------------------------------------

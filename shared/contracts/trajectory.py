@@ -39,6 +39,10 @@ class Trajectory(BaseModel):
     # Kept when the backend gives them, so training sees exactly the sampled tokens.
     token_ids: list[list[int]] | None = None
     logprobs: list[list[float]] | None = None
+    # The sha256 of the weights that generated every model turn (weights_proof.py), when the
+    # backend proves it; `mixed:<a>,<b>` when turns came from different weights. The learner
+    # trains only on rollouts whose digest is that of the policy version they claim.
+    weights_sha256: str | None = None
     # Which budget ended the episode (None: the model ended it); its model turns and tokens.
     ended_by: EndedBy | None = None
     turns: int = 0

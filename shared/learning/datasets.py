@@ -170,6 +170,7 @@ def grpo_groups(rows: Iterable[Row], query: GrpoGroupsQuery) -> Built:
                     reward=float(row["score"]),
                     passed=bool(row.get("passed")),
                     policy_version=row["policy_version"],
+                    weights_sha256=trajectory.get("weights_sha256"),
                 )
             )
         items.append(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.shared.learning.loading import autocast
 from rollout.shared.models.hf import _cache_of, _forward_kwargs
 
 
@@ -35,12 +36,15 @@ def completion_forward(
     *,
     hidden: bool = False,
     stats: ForwardStats | None = None,
+    precision: str = "fp32",
 ) -> tuple[Any, Any]:
     """(log-probs, last hidden states or None), both (rows, width - 1) in target space.
 
     `batch` is `_tensors`' right-padded batch: `ids`, `attention`, and `first` (the earliest
     position predicting a completion token) and `shared` (prefix length, 0 for none). Positions
     before `first` hold zeros: callers read only completion positions (their mask).
+    With `precision` bf16 the model's forwards run under bf16 autocast; the log-probs are
+    still computed in float32 from float32 logits.
     """
     import torch
     from trl.trainer.utils import selective_log_softmax
@@ -57,21 +61,24 @@ def completion_forward(
     kwargs: dict[str, Any] = {"output_hidden_states": hidden}
     if extra:
         kwargs["logits_to_keep"] = keep
-    if shared:
-        head = model(input_ids=ids[:1, :shared], use_cache=True)
-        past = _cache_of(head)
-        past.batch_repeat_interleave(rows)
-        position = torch.arange(shared, width, device=ids.device).expand(rows, -1)
-        out = model(
-            input_ids=ids[:, shared:],
-            attention_mask=attention,
-            position_ids=position,
-            use_cache=False,
-            **{cache_kw: past},
-            **kwargs,
-        )
-    else:
-        out = model(input_ids=ids, attention_mask=attention, **kwargs)
+    # Only the model's forwards autocast: the log-softmax below, and whatever the caller
+    # computes from the log-probs (ratios, advantages, losses), stay in float32.
+    with autocast(precision, ids.device.type):
+        if shared:
+            head = model(input_ids=ids[:1, :shared], use_cache=True)
+            past = _cache_of(head)
+            past.batch_repeat_interleave(rows)
+            position = torch.arange(shared, width, device=ids.device).expand(rows, -1)
+            out = model(
+                input_ids=ids[:, shared:],
+                attention_mask=attention,
+                position_ids=position,
+                use_cache=False,
+                **{cache_kw: past},
+                **kwargs,
+            )
+        else:
+            out = model(input_ids=ids, attention_mask=attention, **kwargs)
     logits = out.logits[:, -keep:]
     targets = ids[:, first + 1 :]
     logp = selective_log_softmax(logits[:, :-1].float(), targets)

@@ -52,6 +52,7 @@ from rollout.shared.learning.loading import (
     device,
     is_peft,
     load_policy,
+    precision,
     quiet_libraries,
     torch_threads,
 )
@@ -180,6 +181,8 @@ class GRPOLearner:
         self.base_model = Path(base_model)
         self.out_dir = Path(out_dir)
         self.device = device()
+        # fp32 or bf16 (autocast forwards; weights, adapter and losses stay float32).
+        self.precision = precision()
         self._lock = threading.Lock()
         self.tokenizer, base, self.base_ref = load_policy(base_model, lora=config.lora)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -324,6 +327,8 @@ class GRPOLearner:
         elapsed = max(time.monotonic() - started, 1e-9)
         tokens = sum(len(r.context) + len(r.completion) for r in rows)
         self.metrics.update(stats)
+        # Which precision the step ran in (metrics are floats): 1 for bf16 autocast.
+        self.metrics["bf16"] = float(self.precision == "bf16")
         self._elapsed_total += elapsed
         self._steps_timed += 1
         progress = self._progress(loss, _mean(rewards), tokens / elapsed)
@@ -334,6 +339,7 @@ class GRPOLearner:
             | {
                 "policy_version": self.policy_version,
                 "dropped_stale": self.metrics["dropped_stale"],
+                "precision": self.precision,
             }
             | logged,
         )
@@ -594,7 +600,10 @@ class GRPOLearner:
         }
 
     def _logprobs(self, model: Any, batch: dict[str, Any]) -> Any:
-        return completion_forward(model, batch, stats=self.forward_stats)[0]
+        logp, _ = completion_forward(
+            model, batch, stats=self.forward_stats, precision=self.precision
+        )
+        return logp
 
     def _reference_logprobs(self, batch: dict[str, Any]) -> Any:
         if self.ref_model is not None:

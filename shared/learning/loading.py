@@ -15,6 +15,9 @@ from rollout.shared.models.local_models import adapter_base, base_dir, base_ref_
 # of a model this small spend most of their time waiting on each other.
 _SMALL_MODEL_PARAMS = 50_000_000
 
+# What ROLLOUT_TRAIN_PRECISION may say; `precision()` resolves auto.
+PRECISIONS = ("auto", "fp32", "bf16")
+
 
 def device() -> str:
     """Where training runs: `ROLLOUT_TRAIN_DEVICE`, else cuda when available, else cpu."""
@@ -24,6 +27,52 @@ def device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def precision() -> str:
+    """How training computes: `ROLLOUT_TRAIN_PRECISION` (auto, fp32 or bf16), auto resolved.
+
+    auto is bf16 on a CUDA device with native bf16 (Ampere or newer), fp32 everywhere else;
+    bf16 asked for on a CUDA device without it is refused, on the CPU it is allowed (torch
+    autocasts there too, slower than fp32 but the same code path, so it is testable).
+    """
+    chosen = os.environ.get("ROLLOUT_TRAIN_PRECISION", "").strip().lower() or "auto"
+    if chosen not in PRECISIONS:
+        raise RolloutError(
+            f"ROLLOUT_TRAIN_PRECISION: {chosen!r} is not one of {', '.join(PRECISIONS)}"
+        )
+    if chosen == "fp32":
+        return "fp32"
+    where = device()
+    if not where.startswith("cuda"):
+        return "fp32" if chosen == "auto" else "bf16"
+    if _cuda_bf16(where):
+        return "bf16"
+    if chosen == "auto":
+        return "fp32"
+    raise RolloutError(
+        f"ROLLOUT_TRAIN_PRECISION: bf16 asked for, but the training device {where} has no "
+        "native bf16 support; use fp32 or auto"
+    )
+
+
+def _cuda_bf16(where: str) -> bool:
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    # Native bf16 only: emulated bf16 (pre-Ampere GPUs) is slower than fp32.
+    with torch.cuda.device(torch.device(where)):
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+def autocast(precision: str, where: str) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on `where`'s device type for bf16, else a no-op (fp32 runs as before)."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(device_type=torch.device(where).type, dtype=torch.bfloat16)
 
 
 def load_base(base_model: str | Path, *, where: str = "base_model") -> tuple[Any, Any]:

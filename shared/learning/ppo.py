@@ -183,7 +183,10 @@ class PPOLearner(GRPOLearner):
 
     def _forward(self, model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
         """(token logprobs, values), both in target space (position t predicts token t+1)."""
-        logp, states = completion_forward(model, batch, hidden=True, stats=self.forward_stats)
+        logp, states = completion_forward(
+            model, batch, hidden=True, stats=self.forward_stats, precision=self.precision
+        )
+        # The value head runs outside the autocast: float32 values for the float32 losses.
         values = self.value_head(states.float()).squeeze(-1)
         return logp, values
 

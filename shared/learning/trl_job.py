@@ -34,6 +34,7 @@ from rollout.shared.learning.loading import (
     device,
     is_peft,
     load_policy,
+    precision,
     quiet_libraries,
     torch_threads,
 )
@@ -107,6 +108,8 @@ def run_trl(
     metrics.update(reporter.last_metrics)
     if reporter.tokens_per_s is not None:
         metrics["tokens_per_s"] = reporter.tokens_per_s
+    # Which precision the run trained in (as the online learners record it): 1 for bf16.
+    metrics["bf16"] = float(bool(getattr(trainer.args, "bf16", False)))
     return TrainResult(
         model_dir=model_dir,
         steps=int(trainer.state.global_step),
@@ -129,10 +132,7 @@ def _is_number(value: Any) -> bool:
 
 def trl_kwargs(out_dir: Path, config: Any) -> dict[str, Any]:
     """The TRL/Trainer arguments every offline method shares, from its config model."""
-    import torch
-
     on_cpu = device() == "cpu"
-    bf16 = (not on_cpu) and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return {
         "output_dir": str(out_dir / CHECKPOINTS),
         "num_train_epochs": config.epochs,
@@ -148,7 +148,9 @@ def trl_kwargs(out_dir: Path, config: Any) -> dict[str, Any]:
         "logging_steps": 1,
         "report_to": [],
         "disable_tqdm": True,
-        "bf16": bf16,
+        # Explicit both ways: TRL's configs default to bf16=True, which would change fp32 runs.
+        # bf16 is mixed precision (autocast over float32 master weights), on the CPU too.
+        "bf16": precision() == "bf16",
         "gradient_checkpointing": False,
         "use_cpu": on_cpu,
         "max_length": config.max_seq_len,

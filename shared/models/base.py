@@ -53,6 +53,9 @@ class ChatResponse(BaseModel):
     # A per-request failure (retries exhausted, request rejected): the episode ends with it
     # while the rest of the batch goes on. Configuration errors raise RolloutError instead.
     error: str | None = None
+    # The sha256 of the weights that generated it, when the backend can prove it
+    # (weights_proof.py): a trained policy in process, or a server that reports it.
+    weights_sha256: str | None = None
 
     def assistant_message(self) -> dict[str, Any]:
         """The OpenAI-shaped assistant message to append to the conversation."""

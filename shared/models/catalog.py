@@ -8,9 +8,10 @@ from __future__ import annotations
 
 # Imported for what they register: `local/scripted` (the ground-truth teacher of the example
 # train tasks), `local/tiny-agent` (built here from code), trained policies (`BASE:SUFFIX`,
-# job ids) and `vllm:<dir>` (the `gpu` extra, imported lazily when used).
+# job ids), `vllm:<dir>` (the `gpu` extra, imported lazily when used) and trained policies
+# served by an operator's inference server (ROLLOUT_INFERENCE_SERVER).
 from rollout.shared.learning import scripted, tiny_agent  # noqa: F401
-from rollout.shared.models import trained, vllm_backend  # noqa: F401
+from rollout.shared.models import inference_server, trained, vllm_backend  # noqa: F401
 from rollout.shared.models.local_models import (
     LocalModel,
     ensure,

@@ -84,7 +84,8 @@ class HFBackend:
         self.device = device or os.environ.get("ROLLOUT_HF_DEVICE") or _default_device()
         self.dtype = dtype
         # torch is not re-entrant across threads for one model; batches go one at a time.
-        self._lock = threading.Lock()
+        # Re-entrant: a trained policy swaps weights and their digest under one hold.
+        self._lock = threading.RLock()
         self._rng = random.Random()
         self.tokenizer, self.model = self._load(self.path)
 

@@ -63,6 +63,9 @@ _WIRE_KEYS = {
 class OpenAICompatBackend:
     """A chat-completions endpoint; a batch is sent as concurrent requests under a cap."""
 
+    # Where `request_body` goes, relative to the base URL (a subclass may speak another API).
+    completions_path = "/chat/completions"
+
     def __init__(
         self,
         model: str,
@@ -198,7 +201,7 @@ class OpenAICompatBackend:
         while True:
             retry_after: float | None = None
             try:
-                response = await client.post("/chat/completions", json=body)
+                response = await client.post(self.completions_path, json=body)
             except httpx.TimeoutException:
                 reason = f"no response within {self.timeout:g}s (timeout)"
             except httpx.TransportError as exc:
@@ -206,7 +209,7 @@ class OpenAICompatBackend:
             else:
                 status = response.status_code
                 if status == 200:
-                    return self._parse(response)
+                    return self._parse(response, request)
                 reason = f"HTTP {status}: {_server_message(response)}"
                 if status in (401, 403, 404):
                     raise RolloutError(self._config_error(status, response))
@@ -253,7 +256,7 @@ class OpenAICompatBackend:
             f"'{self.model}' and the base URL {self.base_url}"
         )
 
-    def _parse(self, response: httpx.Response) -> ChatResponse:
+    def _parse(self, response: httpx.Response, request: ChatRequest) -> ChatResponse:
         try:
             data = response.json()
             choice = data["choices"][0]

@@ -24,6 +24,7 @@ import shutil
 import tarfile
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,12 +33,13 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from rollout.shared.errors import RolloutError
-from rollout.shared.models.base import ModelBackend
+from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend
 from rollout.shared.models.hf import HFBackend
 from rollout.shared.models.local_models import root_model
 from rollout.shared.models.names import split_trained_name
 from rollout.shared.models.openai_compat import openai_backend, together_backend
 from rollout.shared.models.registry import register_backend, register_resolver
+from rollout.shared.models.weights_proof import weights_digest
 from rollout.shared.objectstore import ObjectNotFound, ObjectRef, ObjectStore, open_store
 from rollout.shared.objectstore.factory import default_store_url
 from rollout.shared.settings import default_home
@@ -68,6 +70,9 @@ class PolicyRecord(BaseModel):
     base_model: str = ""
     # For provider fine-tunes: the provider's name of the trained model.
     remote_model: str | None = None
+    # The digest of the weights themselves (weights_proof.weights_digest); "" for records
+    # published before it was kept, and for provider fine-tunes.
+    weights_sha256: str = ""
 
 
 # --- names ------------------------------------------------------------------------------------
@@ -241,7 +246,42 @@ async def _with_store(fn: Callable[[ObjectStore], Awaitable[T]]) -> T:
         await store.close()
 
 
-class TrainedBackend(HFBackend):
+class FollowsPolicy(ABC):
+    """A backend serving one trained policy name that moves to each newer version of it."""
+
+    model_name: str
+    policy_version: int
+    record: PolicyRecord
+    # The digest of the weights now generating (stamped on every response).
+    weights_sha256: str | None
+    _version_lock: threading.Lock
+
+    def load(self, record: PolicyRecord) -> bool:
+        """Switch to `record` when it is newer than what is loaded; True when it switched."""
+        if record.version <= self.policy_version:
+            return False  # nothing to fetch
+        return self.load_path(record, run_sync(lambda: materialize(record)))
+
+    def load_path(self, record: PolicyRecord, path: Path) -> bool:
+        """Switch to `record`, whose folder is `path`, when it is newer; True when it switched."""
+        with self._version_lock:
+            if record.version <= self.policy_version:
+                return False
+            self._switch(record, path)
+            self.record, self.policy_version = record, record.version
+            return True
+
+    def refresh(self) -> bool:
+        """Load the newest published version of this name if it is newer; True when it did."""
+        latest = run_sync(lambda: _with_store(lambda s: latest_record(s, self.model_name)))
+        return latest is not None and self.load(latest)
+
+    @abstractmethod
+    def _switch(self, record: PolicyRecord, path: Path) -> None:
+        """Start generating with the weights at `path` (the folder of `record`)."""
+
+
+class TrainedBackend(HFBackend, FollowsPolicy):
     """An `hf` backend on a trained policy that follows new versions of its name."""
 
     def __init__(self, record: PolicyRecord, path: Path) -> None:
@@ -256,35 +296,56 @@ class TrainedBackend(HFBackend):
         self.model_name = record.model
         self.policy_version = record.version
         self.name = record.model
+        self.weights_sha256 = weights_digest(path)
         self._version_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"TrainedBackend({self.model_name!r}, v{self.policy_version})"
 
-    def load(self, record: PolicyRecord) -> bool:
-        """Switch to `record` when it is newer than what is loaded; True when it switched."""
-        with self._version_lock:
-            if record.version <= self.policy_version:
-                return False
-            path = run_sync(lambda: materialize(record))
-            self.reload(path)  # swaps the weights under the generation lock
+    def _switch(self, record: PolicyRecord, path: Path) -> None:
+        digest = weights_digest(path)
+        # Under the generation lock (re-entrant): no batch sees the new weights with the old
+        # digest or the other way round.
+        with self._lock:
+            self.reload(path)
             self.name = self.model_name
-            self.record, self.policy_version = record, record.version
-            return True
+            self.weights_sha256 = digest
 
-    def refresh(self) -> bool:
-        """Load the newest published version of this name if it is newer; True when it did."""
-        latest = run_sync(lambda: _with_store(lambda s: latest_record(s, self.model_name)))
-        return latest is not None and self.load(latest)
+    def _generate_all(
+        self, requests: list[ChatRequest], listeners: list[Any] | None = None
+    ) -> list[ChatResponse]:
+        with self._lock:
+            digest = self.weights_sha256
+            out = super()._generate_all(requests, listeners)
+        for response in out:
+            response.weights_sha256 = digest
+        return out
 
 
-def backend_for(record: PolicyRecord) -> ModelBackend:
-    """A backend on a published policy version."""
+# Backends that serve a policy version elsewhere (an inference server): each is asked in
+# turn and may decline (None), e.g. for weights it cannot load; then it runs in process.
+PolicyServer = Callable[[PolicyRecord, Path], "ModelBackend | None"]
+_POLICY_SERVERS: list[PolicyServer] = []
+
+
+def register_policy_server(server: PolicyServer) -> None:
+    """Let `server` serve trained policies (asked before the in-process `hf` backend)."""
+    if server not in _POLICY_SERVERS:
+        _POLICY_SERVERS.append(server)
+
+
+def backend_for(record: PolicyRecord, *, path: Path | None = None) -> ModelBackend:
+    """A backend on a published policy version (its folder `path`, else fetched)."""
     if record.kind == "openai":
         return openai_backend(record.remote_model or "")
     if record.kind == "together":
         return together_backend(record.remote_model or "")
-    return TrainedBackend(record, run_sync(lambda: materialize(record)))
+    path = path or run_sync(lambda: materialize(record))
+    for server in _POLICY_SERVERS:
+        backend = server(record, path)
+        if backend is not None:
+            return backend
+    return TrainedBackend(record, path)
 
 
 def find_trained(name: str) -> PolicyRecord | None:
@@ -310,13 +371,13 @@ def resolve_trained(name: str) -> ModelBackend:
 
 def refresh_policy(backend: Any) -> None:
     """Bring a trained backend to its newest version (a no-op for every other backend)."""
-    if isinstance(backend, TrainedBackend):
+    if isinstance(backend, FollowsPolicy):
         backend.refresh()
 
 
 def apply_update(backend: Any, payload: Any) -> bool:
     """Load the version a `policy.updated` event announces into `backend` if it serves it."""
-    if not isinstance(backend, TrainedBackend) or backend.model_name != payload.model:
+    if not isinstance(backend, FollowsPolicy) or backend.model_name != payload.model:
         return False
     record = run_sync(lambda: _with_store(lambda s: latest_record(s, payload.model)))
     if record is None or record.version < payload.version:
@@ -326,6 +387,7 @@ def apply_update(backend: Any, payload: Any) -> bool:
             uri=payload.checkpoint_uri,
             sha256=payload.sha256,
             job_id=payload.job_id,
+            weights_sha256=payload.weights_sha256 or "",
         )
     return backend.load(record)
 

@@ -64,3 +64,31 @@ def test_turns_attach_tool_calls_and_token_logprobs_to_their_assistant_turn() ->
     assert turns[1]["tokens"] == [{"id": 5, "logprob": -0.1}]
     assert [t["id"] for t in turns[4]["tokens"]] == [6, 7]
     assert turns[0]["tokens"] is None and _turns(None) == []
+
+
+def test_the_trajectory_page_says_whether_its_weights_are_its_versions() -> None:
+    from rollout.services.ui.app import TEMPLATES, weights_shown
+
+    v1, v2 = "1" * 64, "2" * 64
+    assert weights_shown({"weights_sha256": None}, None) is None
+    rollout = {"rollout_id": "r1", "run_id": "run", "task_index": 0, "sample_index": 0,
+               "policy_version": 2, "model": "tiny:rl", "trajectory": None, "score": 0.5,
+               "passed": False, "primitives": [], "env_slug": "e", "env_version": 1,
+               "env_hash": "h", "seed": 1, "sampling": {}, "error": None}  # fmt: skip
+
+    def provenance(trajectory: dict, expected: str | None) -> str:
+        html = TEMPLATES.get_template("trajectory.html").render(
+            r=rollout, trained=[], turns=[], weights=weights_shown(trajectory, expected)
+        )
+        start = html.index('id="prov-weights"')
+        return html[start : html.index("</dd>", start)]
+
+    ok = provenance({"weights_sha256": v2}, v2)
+    assert 'class="ok"' in ok and "those of v2" in ok
+    stale = provenance({"weights_sha256": v1}, v2)
+    assert 'class="bad"' in stale and "not those of v2" in stale
+    assert "the learner does not train on it" in stale
+    missing = provenance({}, v2)
+    assert "no proof of weights" in missing and 'class="bad"' in missing
+    unknown = provenance({"weights_sha256": v1}, None)
+    assert "no digest announced for v2" in unknown
