@@ -11,6 +11,11 @@
    once and merged a completion's consecutive turns into one row. The completions are
    ticket-routing's shape: a tool call, the tool's reply, a short last answer. Tokens/s
    counts the unmerged rows' tokens for both. Target >= 0.95.
+4. PPO: tokens/s of `PPOLearner.step` against plain torch doing the same step's forward
+   passes (behaviour logprobs and values, reference logprobs) and its update (clipped
+   surrogate + clipped value loss, `ppo_epochs` x `num_minibatches`). Target >= 0.95.
+
+`benchmarks/gpu.py` runs these on a GPU, in fp32 and bf16.
 
 Each comparison runs `--repeats` times interleaved (the box is shared and noisy); medians are
 reported. Run: `python benchmarks/models.py [--batch 16] [--new-tokens 40] [--json]`.
@@ -29,8 +34,8 @@ from typing import Any
 
 import torch
 
-from rollout.shared.learning import GRPOLearner, TrainConfig, train_sft
-from rollout.shared.learning.loading import load_base, quiet_libraries, torch_threads
+from rollout.shared.learning import GRPOLearner, PPOLearner, TrainConfig, train_sft
+from rollout.shared.learning.loading import autocast, load_base, quiet_libraries, torch_threads
 from rollout.shared.learning.sft import sft_trainer
 from rollout.shared.learning.trl_job import lora_config, trl_kwargs
 from rollout.shared.models.base import ChatRequest
@@ -69,16 +74,29 @@ def example(i: int) -> dict[str, Any]:
 # --- generation ------------------------------------------------------------------------------
 
 
-def bench_generation(base: Path, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
-    """Tokens/s of HFBackend vs `model.generate` on the same batch (sampling, no early stop)."""
-    backend = HFBackend(base, device="cpu", threads=torch.get_num_threads(), name=NAME)
+def bench_generation(
+    base: Path,
+    batch: int,
+    new_tokens: int,
+    repeats: int,
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+) -> dict[str, float]:
+    """Tokens/s of HFBackend vs `model.generate` on the same batch (sampling, no early stop).
+
+    Both sides run the backend's own model (same device, same dtype); the backend picks its
+    batch size itself (on CUDA: from free memory)."""
+    backend = HFBackend(
+        base, device=device, dtype=dtype, threads=torch.get_num_threads(), name=NAME
+    )
     requests = [
         ChatRequest(messages=prompt(i), tools=TOOLS, max_tokens=new_tokens, seed=i)
         for i in range(batch)
     ]
     tok, model = backend.tokenizer, backend.model
     enc = tok([backend.render_prompt(r) for r in requests], add_special_tokens=False,
-              padding=True, return_tensors="pt")  # fmt: skip
+              padding=True, return_tensors="pt").to(device)  # fmt: skip
 
     def ours() -> float:
         from rollout.shared.models import hf
@@ -99,6 +117,7 @@ def bench_generation(base: Path, batch: int, new_tokens: int, repeats: int) -> d
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                  do_sample=True, top_k=0, pad_token_id=tok.pad_token_id)  # fmt: skip
+        _sync(device)
         elapsed = time.perf_counter() - started
         return (out.shape[1] - enc["input_ids"].shape[1]) * batch / elapsed
 
@@ -116,7 +135,14 @@ def bench_generation(base: Path, batch: int, new_tokens: int, repeats: int) -> d
         "ours_seconds": batch * new_tokens / o,
         "bare_seconds": batch * new_tokens / b,
         "ratio": o / b,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
     }
+
+
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so a timer sees it (a no-op on the CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 # --- SFT -------------------------------------------------------------------------------------
@@ -187,8 +213,13 @@ def _groups(learner: GRPOLearner, size: int) -> list[dict[str, Any]]:
     return groups
 
 
-def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
-    """Tokens/s of GRPOLearner.step vs a plain peft/torch step on the same rows."""
+def bench_grpo(
+    base: Path, work: Path, repeats: int, *, precision: str = "fp32"
+) -> dict[str, float]:
+    """Tokens/s of GRPOLearner.step vs a plain peft/torch step on the same rows.
+
+    The learner's device and precision come from ROLLOUT_TRAIN_DEVICE/_PRECISION; the plain
+    step autocasts as `precision` says, the same math in the same number format."""
     # Micro-batches of 8 rows for both; a step of the demo's shape: 2 tasks x 4 completions.
     defaults = train_defaults(NAME) | {"batch_size": 8}
     config = TrainConfig(method="grpo", **defaults, max_steps=100, beta=0.0,
@@ -207,6 +238,7 @@ def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
     def ours() -> float:
         started = time.perf_counter()
         learner.step(groups)
+        _sync(learner.device)
         return tokens / (time.perf_counter() - started)
 
     def plain() -> float:
@@ -220,7 +252,8 @@ def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
             for batch in batches:
                 # Every position of every turn's row, as a plain causal-LM forward does.
                 ids = batch["ids"]
-                logits = model(input_ids=ids, attention_mask=batch["attention"]).logits
+                with autocast(precision, learner.device):
+                    logits = model(input_ids=ids, attention_mask=batch["attention"]).logits
                 logp = selective_log_softmax(logits[:, :-1].float(), ids[:, 1:])
                 ratio = torch.exp(logp - logp.detach())
                 adv = batch["advantage"][:, None]
@@ -229,6 +262,7 @@ def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(learner._params, 1.0)
             opt.step()
+        _sync(learner.device)
         return tokens / (time.perf_counter() - started)
 
     ours()  # warm-up
@@ -242,6 +276,94 @@ def bench_grpo(base: Path, work: Path, repeats: int) -> dict[str, float]:
             "plain_torch_tokens_per_s": p, "ratio": o / p}  # fmt: skip
 
 
+# --- PPO -------------------------------------------------------------------------------------
+
+
+def bench_ppo(base: Path, work: Path, repeats: int, *, precision: str = "fp32") -> dict[str, float]:
+    """Tokens/s of PPOLearner.step vs plain torch doing the same step on the same rows.
+
+    The plain step is given the learner's rows with their advantages already computed (its
+    bookkeeping is not timed) and redoes the forward passes and the update: behaviour logprobs
+    and values, reference logprobs (adapter off), then `ppo_epochs` x `num_minibatches`
+    optimizer steps of the clipped surrogate plus the clipped value loss."""
+    from trl.trainer.utils import selective_log_softmax
+
+    defaults = train_defaults(NAME) | {"batch_size": 8}
+    config = TrainConfig(method="ppo", **defaults, max_steps=100,
+                         threads=torch.get_num_threads())  # fmt: skip
+    learner = PPOLearner(base, work / "ppo", config, resume=False)
+    groups = _groups(learner, 4)
+    episodes, rewards = learner._episodes(groups)
+    rows = [row for episode in episodes for row in episode]
+    learner._rollout_stats(rows)
+    for episode, reward in zip(episodes, rewards, strict=True):
+        learner._advantages(episode, reward)
+    learner._whiten(rows)
+    size, cfg, where = config.batch_size, learner.config, learner.device
+    tokens = sum(len(r.context) + len(r.completion) for r in rows)
+
+    def ours() -> float:
+        started = time.perf_counter()
+        learner.step(groups)
+        _sync(where)
+        return tokens / (time.perf_counter() - started)
+
+    def forward(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+        ids = batch["ids"]
+        with autocast(precision, where):
+            out = model(input_ids=ids, attention_mask=batch["attention"],
+                        output_hidden_states=True)  # fmt: skip
+        logp = selective_log_softmax(out.logits[:, :-1].float(), ids[:, 1:])
+        values = learner.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
+        return logp, values
+
+    def plain() -> float:
+        model, opt = learner.model, learner.optimizer
+        started = time.perf_counter()
+        with torch_threads(config.threads, model):
+            with torch.no_grad():
+                for start in range(0, len(rows), size):
+                    batch = learner._ppo_tensors(rows[start : start + size])
+                    forward(model, batch)
+                    with model.disable_adapter(), autocast(precision, where):
+                        model(input_ids=batch["ids"], attention_mask=batch["attention"])
+            parts = min(cfg.num_minibatches, len(rows))
+            for _ in range(cfg.ppo_epochs):
+                for m in range(parts):
+                    minibatch = rows[m::parts]
+                    total = sum(len(r.completion) for r in minibatch)
+                    opt.zero_grad(set_to_none=True)
+                    for start in range(0, len(minibatch), size):
+                        batch = learner._ppo_tensors(minibatch[start : start + size])
+                        logp, values = forward(model, batch)
+                        ratio = torch.exp(logp - batch["behaviour"])
+                        adv = batch["advantages"]
+                        policy = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
+                        old_v, ret = batch["values"], batch["returns"]
+                        clipped_v = old_v + torch.clamp(
+                            values - old_v, -cfg.value_clip_range, cfg.value_clip_range
+                        )
+                        value = 0.5 * torch.max((values - ret) ** 2, (clipped_v - ret) ** 2)
+                        loss = ((policy + cfg.vf_coef * value) * batch["mask"]).sum() / total
+                        loss.backward()
+                    torch.nn.utils.clip_grad_norm_(
+                        [*learner._params, *learner.value_head.parameters()], cfg.max_grad_norm
+                    )
+                    opt.step()
+        _sync(where)
+        return tokens / (time.perf_counter() - started)
+
+    ours()  # warm-up
+    ours_tps, plain_tps = [], []
+    for _ in range(repeats):
+        ours_tps.append(ours())
+        plain_tps.append(plain())
+    o, p = statistics.median(ours_tps), statistics.median(plain_tps)
+    return {"rows": len(rows), "tokens": tokens, "ppo_epochs": cfg.ppo_epochs,
+            "minibatches": cfg.num_minibatches, "ours_tokens_per_s": o,
+            "plain_torch_tokens_per_s": p, "ratio": o / p}  # fmt: skip
+
+
 def main() -> None:
     """Run the comparisons and print the measured numbers."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -250,7 +372,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--only", choices=("generation", "sft", "grpo"))
+    parser.add_argument("--only", choices=("generation", "sft", "grpo", "ppo"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -266,6 +388,8 @@ def main() -> None:
             results["sft"] = bench_sft(base, work / "sft", args.sft_steps, args.repeats)
         if args.only in (None, "grpo"):
             results["grpo"] = bench_grpo(base, work, args.repeats)
+        if args.only in (None, "ppo"):
+            results["ppo"] = bench_ppo(base, work, args.repeats)
     if args.json:
         print(json.dumps(results, indent=2))
         return

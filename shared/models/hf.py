@@ -3,11 +3,16 @@
 Prompts are rendered with the tokenizer's chat template (tools included); tool calls are read
 back from Hermes-style `<tool_call>{json}</tool_call>` blocks. Sampling is our own small loop
 over the KV cache rather than `model.generate`, so each request in a batch keeps its own
-temperature, top_p, max_tokens and seed. `ROLLOUT_HF_DEVICE` picks the device (default: cuda
-when available) and `ROLLOUT_HF_THREADS` torch's intra-op thread count (else the `threads`
-argument, which local models set to what was measured fastest). The logprobs returned are
-those of the sampled tokens under the model itself (log-softmax of the raw logits, before
-temperature/top_p), which is what policy-gradient training needs. Nothing is ever downloaded.
+temperature, top_p, max_tokens and seed; sampling stays on the model's device and each decode
+step copies one small tensor (the picked ids and their logprobs) to the host. `ROLLOUT_HF_DEVICE`
+picks the device (default: cuda when available), `ROLLOUT_HF_DTYPE` the weights' dtype
+(float32|bfloat16|float16|auto; auto, the default: bfloat16 on a CUDA device that supports it,
+else float32) and `ROLLOUT_HF_THREADS` torch's intra-op thread count (else the `threads`
+argument, which local models set to what was measured fastest). Unless `max_batch_size` is
+given, a CUDA batch holds as many rows as their KV cache fits in free memory. The logprobs
+returned are those of the sampled tokens under the model itself (log-softmax of the raw
+logits in float32, before temperature/top_p), which is what policy-gradient training needs.
+Nothing is ever downloaded.
 
 A folder holding a LoRA adapter (`adapter_config.json`) loads onto the base it recorded
 (`rollout_adapter.json`) without merging; `reload` with another adapter of the same base swaps
@@ -17,7 +22,9 @@ adapters and keeps the base weights loaded.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import math
 import os
 import random
 import threading
@@ -34,6 +41,14 @@ from rollout.shared.models.local_models import adapter_base, base_dir, is_adapte
 DEFAULT_MAX_NEW_TOKENS = 512
 # A shared prompt prefix shorter than this is not worth its own forward pass.
 MIN_SHARED_PREFIX = 16
+# Rows per batch on the CPU: what benchmarks/models.py measured fastest.
+CPU_BATCH_ROWS = 16
+# On CUDA the KV cache may take this share of free memory; the forward's activations, the
+# logits and the sampling buffers need the rest. More rows than the cap gain little.
+GPU_MEMORY_SHARE = 0.8
+MAX_GPU_ROWS = 256
+DTYPE_ENV = "ROLLOUT_HF_DTYPE"
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 @dataclass
@@ -65,7 +80,7 @@ class HFBackend:
         device: str | None = None,
         dtype: str | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        max_batch_size: int = 16,
+        max_batch_size: int | None = None,
         threads: int | None = None,
         name: str | None = None,
         stop_after_tool_call: bool = False,
@@ -80,7 +95,8 @@ class HFBackend:
         self.adapter_base: str | None = None
         self._adapters = 0
         self.max_new_tokens = max_new_tokens
-        self.max_batch_size = max(1, max_batch_size)
+        # None: CPU_BATCH_ROWS on the CPU, as many rows as fit in free memory on CUDA.
+        self.max_batch_size = None if max_batch_size is None else max(1, max_batch_size)
         self.device = device or os.environ.get("ROLLOUT_HF_DEVICE") or _default_device()
         self.dtype = dtype
         # torch is not re-entrant across threads for one model; batches go one at a time.
@@ -93,7 +109,7 @@ class HFBackend:
         return f"HFBackend({self.path!r}, device={self.device!r})"
 
     async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
-        """Generate for every request (in chunks of `max_batch_size`), off the event loop."""
+        """Generate for every request (in batches of `max_batch_size` rows), off the event loop."""
         if not requests:
             return []
         return await asyncio.to_thread(self._generate_all, list(requests))
@@ -165,14 +181,14 @@ class HFBackend:
             raise RolloutError(f"hf:{path}: no model directory at {local}")
         source = str(local) if local.exists() else path
 
+        dtype = _torch_dtype(torch, self._dtype_name(torch))
         adapter = local.exists() and is_adapter(local)
         base_ref = adapter_base(local) if adapter else None
         weights = str(base_dir(base_ref)) if base_ref is not None else source
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-            dtype = self.dtype or ("auto" if self.device.startswith("cuda") else "float32")
             model = AutoModelForCausalLM.from_pretrained(
-                weights, local_files_only=True, dtype=_torch_dtype(torch, dtype)
+                weights, local_files_only=True, dtype=dtype
             )
             if adapter:
                 from peft import PeftModel
@@ -203,6 +219,20 @@ class HFBackend:
         model.eval()
         return tokenizer, model
 
+    def _dtype_name(self, torch: Any) -> str:
+        forced = os.environ.get(DTYPE_ENV, "").strip().lower()
+        if forced and forced not in DTYPES:
+            raise RolloutError(f"{DTYPE_ENV} must be one of {', '.join(DTYPES)}, got {forced!r}")
+        name = forced or self.dtype or "auto"
+        if name != "auto":
+            return name
+        # bf16 halves memory and doubles matmul speed on GPUs that have it natively; emulated
+        # bf16 (older GPUs) and the CPU are slower with it than with float32.
+        cuda = self.device.startswith("cuda") and torch.cuda.is_available()
+        if cuda and torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bfloat16"
+        return "float32"
+
     # -- generation --------------------------------------------------------------------
 
     def _generate_all(
@@ -211,12 +241,32 @@ class HFBackend:
         with self._lock:
             if self.model is None:
                 raise RolloutError(f"{self.name}: backend is closed")
-            out: list[ChatResponse] = []
-            for start in range(0, len(requests), self.max_batch_size):
-                end = start + self.max_batch_size
-                part = listeners[start:end] if listeners is not None else None
-                out.extend(self._generate_batch(requests[start:end], part))
-            return out
+            # Requests that cannot run (template error, prompt over the context) get an error
+            # response of their own; the rest are sampled together, in batches.
+            limit = getattr(self.model.config, "max_position_embeddings", None) or 1_000_000
+            out: list[ChatResponse | None] = [None] * len(requests)
+            runnable: list[tuple[int, list[int]]] = []
+            for i, request in enumerate(requests):
+                prepared = self._prompt_ids(request, limit)
+                if isinstance(prepared, ChatResponse):
+                    out[i] = prepared
+                else:
+                    runnable.append((i, prepared))
+            if runnable:
+                longest = max(len(ids) for _, ids in runnable)
+                most = max(self._budget(requests[i], len(ids), limit) for i, ids in runnable)
+                size = self._batch_rows(longest + most)
+                for start in range(0, len(runnable), size):
+                    part = runnable[start : start + size]
+                    sampled = self._sample_batch(
+                        [requests[i] for i, _ in part],
+                        [ids for _, ids in part],
+                        limit,
+                        [listeners[i] for i, _ in part] if listeners is not None else None,
+                    )
+                    for (i, _), response in zip(part, sampled, strict=True):
+                        out[i] = response
+            return [r for r in out if r is not None]
 
     def render_prompt(self, request: ChatRequest) -> str:
         """The prompt text for a request: chat template, tools, generation prompt."""
@@ -227,43 +277,43 @@ class HFBackend:
             tokenize=False,
         )
 
-    def _generate_batch(
-        self, requests: list[ChatRequest], listeners: list[TokenListener | None] | None = None
-    ) -> list[ChatResponse]:
-        # Requests that cannot run (template error, prompt over the context) get an error
-        # response of their own; the rest of the batch is sampled together.
-        limit = getattr(self.model.config, "max_position_embeddings", None) or 1_000_000
-        out: list[ChatResponse | None] = [None] * len(requests)
-        runnable: list[tuple[int, str]] = []
-        for i, request in enumerate(requests):
-            try:
-                prompt = self.render_prompt(request)
-            except Exception as exc:  # jinja errors on odd messages: this request only
-                out[i] = _error(f"{self.name}: chat template failed: {type(exc).__name__}: {exc}")
-                continue
-            length = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            if length >= limit:
-                out[i] = _error(
-                    f"{self.name}: prompt of {length} tokens does not fit the model's "
-                    f"context of {limit}"
-                )
-                continue
-            runnable.append((i, prompt))
-        if runnable:
-            sampled = self._sample_batch(
-                [requests[i] for i, _ in runnable],
-                [p for _, p in runnable],
-                limit,
-                [listeners[i] for i, _ in runnable] if listeners is not None else None,
+    def _prompt_ids(self, request: ChatRequest, limit: int) -> list[int] | ChatResponse:
+        # The prompt's token ids, or the error response of a request that cannot run.
+        try:
+            prompt = self.render_prompt(request)
+        except Exception as exc:  # jinja errors on odd messages: this request only
+            return _error(f"{self.name}: chat template failed: {type(exc).__name__}: {exc}")
+        ids: list[int] = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if len(ids) >= limit:
+            return _error(
+                f"{self.name}: prompt of {len(ids)} tokens does not fit the model's "
+                f"context of {limit}"
             )
-            for (i, _), response in zip(runnable, sampled, strict=True):
-                out[i] = response
-        return [r for r in out if r is not None]
+        return ids
+
+    def _budget(self, request: ChatRequest, prompt_tokens: int, limit: int) -> int:
+        return max(0, min(request.max_tokens or self.max_new_tokens, limit - prompt_tokens))
+
+    def _batch_rows(self, tokens_per_row: int) -> int:
+        """Rows per batch: `max_batch_size`, else what fits the device (CPU_BATCH_ROWS on CPU)."""
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        if not self.device.startswith("cuda"):
+            return CPU_BATCH_ROWS
+        import torch
+
+        device = torch.device(self.device)
+        free, _ = torch.cuda.mem_get_info(device)
+        # What torch's allocator holds without a tensor in it (last batch's cache) is free too.
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        element = next(self.model.parameters()).dtype.itemsize
+        per_token = kv_bytes_per_token(self.model.config, element)
+        return rows_that_fit(int(free * GPU_MEMORY_SHARE), per_token, tokens_per_row, MAX_GPU_ROWS)
 
     def _sample_batch(
         self,
         requests: list[ChatRequest],
-        prompts: list[str],
+        prompt_ids: list[list[int]],
         limit: int,
         listeners: list[TokenListener | None] | None = None,
     ) -> list[ChatResponse]:
@@ -272,19 +322,10 @@ class HFBackend:
         heard = listeners or [None] * len(requests)
 
         tok, model = self.tokenizer, self.model
-        prompt_ids: list[list[int]] = tok(prompts, add_special_tokens=False)["input_ids"]
         batch = len(prompt_ids)
         lengths = [len(ids) for ids in prompt_ids]
-        budgets = [
-            max(0, min(r.max_tokens or self.max_new_tokens, limit - int(n)))
-            for r, n in zip(requests, lengths, strict=True)
-        ]
+        budgets = [self._budget(r, n, limit) for r, n in zip(requests, lengths, strict=True)]
         eos_ids = _eos_ids(tok, model)
-        generators = []
-        for r in requests:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(r.seed if r.seed is not None else self._rng.getrandbits(63))
-            generators.append(gen)
 
         tokens: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]
@@ -297,6 +338,7 @@ class HFBackend:
         self.last_batch = BatchStats(rows=batch, shared_prefix=shared)
         cache_kw, extra = _forward_kwargs(model)
         with torch.inference_mode():
+            sampling = _Sampling.build(torch, requests, budgets, self.device, self._rng)
             cache: dict[str, Any] = {}
             if shared:
                 head = torch.tensor([prompt_ids[0][:shared]], device=self.device)
@@ -331,15 +373,18 @@ class HFBackend:
             rows = list(range(batch))  # batch position -> request index
             deadlines = [r.deadline for r in requests]
             timed = any(d is not None for d in deadlines)
+            step = 0
             while rows:
-                logits = out.logits[:, -1, :].float()
-                policy_logp = torch.log_softmax(logits, dim=-1)
-                next_ids = torch.full((len(rows),), pad, dtype=torch.long)
+                next_ids, next_logp = sampling.pick(torch, out.logits[:, -1, :], step)
+                # The step's one device->host copy. float32 holds the logprobs as they are and
+                # every id below 2**24 (vocabularies are far smaller), on every device.
+                picked, scores = torch.stack((next_ids.to(torch.float32), next_logp)).tolist()
+                step += 1
                 now = time.monotonic() if timed else 0.0
                 for pos, i in enumerate(rows):
                     if done[i]:
                         continue
-                    request, listener = requests[i], heard[i]
+                    listener = heard[i]
                     if listener is not None and listener.cancelled:
                         # Its client went away: stop spending steps on it.
                         done[i], finish[i] = True, "cancelled"
@@ -348,10 +393,9 @@ class HFBackend:
                         # Its rollout's wall budget ran out: the row ends with what it wrote.
                         done[i], finish[i] = True, "deadline"
                         continue
-                    token = _sample(logits[pos], request, generators[i])
-                    next_ids[pos] = token
+                    token = int(picked[pos])
                     tokens[i].append(token)
-                    logprobs[i].append(float(policy_logp[pos, token]))
+                    logprobs[i].append(scores[pos])
                     if listener is not None:
                         listener.on_token(token)
                     if token in eos_ids:
@@ -365,25 +409,19 @@ class HFBackend:
                 keep = [pos for pos, i in enumerate(rows) if not done[i]]
                 if not keep:
                     break
+                past = _cache_of(out)
                 if len(keep) < len(rows):
                     index = torch.tensor(keep, device=self.device)
-                    past = _cache_of(out)
                     past.batch_select_indices(index)
                     attention, position = attention[index], position[index]
-                    next_ids = next_ids[keep]
+                    next_ids = next_ids[index]
+                    sampling = sampling.select(keep, index)
                     rows = [rows[pos] for pos in keep]
-                else:
-                    past = _cache_of(out)
-                attention = torch.cat(
-                    [
-                        attention,
-                        torch.ones((len(rows), 1), dtype=attention.dtype, device=self.device),
-                    ],
-                    dim=-1,
-                )
+                attention = torch.nn.functional.pad(attention, (0, 1), value=1)
                 position = position[:, -1:] + 1
+                # The sampled ids go straight back in, never through the host.
                 out = model(
-                    input_ids=next_ids[:, None].to(self.device),
+                    input_ids=next_ids[:, None],
                     attention_mask=attention,
                     position_ids=position,
                     use_cache=True,
@@ -419,6 +457,95 @@ class HFBackend:
         return responses
 
 
+@dataclass
+class _Sampling:
+    """The batch rows' sampling settings: host lists pick the ops, device tensors run them."""
+
+    greedy: list[bool]
+    temperature: list[float]  # 1.0 on greedy rows
+    top_p: list[float]  # inf where top_p is off
+    greedy_mask: Any  # (rows,) bool
+    temperature_t: Any  # (rows, 1) float32
+    top_p_t: Any  # (rows, 1) float32
+    # (rows, steps) float32: row k's uniform draw for step t, drawn from the row's own
+    # generator up front, so its tokens depend on its seed alone whatever shares its batch.
+    uniforms: Any
+
+    @classmethod
+    def build(
+        cls, torch: Any, requests: list[ChatRequest], budgets: list[int], device: str, rng: Any
+    ) -> _Sampling:
+        """Settings and random draws of `requests`, on `device`."""
+        greedy = [r.temperature <= 0 for r in requests]
+        temperature = [1.0 if r.temperature <= 0 else float(r.temperature) for r in requests]
+        top_p = [float(r.top_p) if 0 < r.top_p < 1 else math.inf for r in requests]
+        # One generator call per row and batch, none per step (each is a kernel launch on
+        # CUDA); greedy rows draw nothing and keep zeros, which index harmlessly.
+        uniforms = torch.zeros((len(requests), max(1, *budgets)), device=device)
+        for k, (request, budget) in enumerate(zip(requests, budgets, strict=True)):
+            if greedy[k] or budget == 0:
+                continue
+            generator = torch.Generator(device=device)
+            seed = request.seed if request.seed is not None else rng.getrandbits(63)
+            generator.manual_seed(seed)
+            uniforms[k, :budget].uniform_(generator=generator)
+        return cls(
+            greedy=greedy,
+            temperature=temperature,
+            top_p=top_p,
+            greedy_mask=torch.tensor(greedy, device=device),
+            temperature_t=torch.tensor(temperature, device=device)[:, None],
+            top_p_t=torch.tensor(top_p, device=device)[:, None],
+            uniforms=uniforms,
+        )
+
+    def select(self, keep: list[int], index: Any) -> _Sampling:
+        """The rows at positions `keep` (`index`: the same positions on the device)."""
+        return _Sampling(
+            greedy=[self.greedy[k] for k in keep],
+            temperature=[self.temperature[k] for k in keep],
+            top_p=[self.top_p[k] for k in keep],
+            greedy_mask=self.greedy_mask[index],
+            temperature_t=self.temperature_t[index],
+            top_p_t=self.top_p_t[index],
+            uniforms=self.uniforms[index],
+        )
+
+    def pick(self, torch: Any, logits: Any, step: int) -> tuple[Any, Any]:
+        """Each row's next token id and its logprob under the raw logits, on the device."""
+        # float32 even for a bf16 model: the logprobs feed importance ratios in training.
+        logits = logits.float()
+        if all(self.greedy):
+            ids = logits.argmax(dim=-1)
+        else:
+            ids = self._sample(torch, logits, step)
+            if any(self.greedy):
+                ids = torch.where(self.greedy_mask, logits.argmax(dim=-1), ids)
+        logp = logits.gather(-1, ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        return ids, logp
+
+    def _sample(self, torch: Any, logits: Any, step: int) -> Any:
+        # Inverse-CDF sampling: one uniform per row and step is an exact sample, where
+        # Gumbel/exponential noise would draw a whole vocabulary's worth of numbers per row.
+        if any(t != 1.0 for t in self.temperature):
+            logits = logits / self.temperature_t
+        probs = torch.softmax(logits, dim=-1)
+        if any(p != math.inf for p in self.top_p):
+            ranked, order = probs.sort(dim=-1, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            drop = ranked.cumsum(dim=-1) - ranked >= self.top_p_t
+            probs = probs.masked_fill(torch.zeros_like(drop).scatter_(-1, order, drop), 0.0)
+        # The CDF runs in vocabulary order for every row, top_p or not: a row's draw then
+        # lands on the same token whatever else shares its batch.
+        cdf = probs.cumsum_(dim=-1)
+        total = cdf[:, -1:]
+        # Just below the total, a draw always lands on a token with mass (rounding can lift
+        # u * total onto the total itself); the clamp keeps a broken row (NaN) in range.
+        value = self.uniforms[:, step : step + 1] * total
+        value = torch.minimum(value, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, value, right=True).clamp_(max=cdf.shape[-1] - 1)[:, 0]
+
+
 def _shared_prefix(prompt_ids: list[list[int]]) -> int:
     """How many leading tokens every prompt shares, when worth computing once (else 0)."""
     # Each row keeps at least its last prompt token: its logits start the sampling.
@@ -437,6 +564,22 @@ def shared_prefix_length(sequences: list[list[int]], limit: int) -> int:
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
+def kv_bytes_per_token(config: Any, element_size: int) -> int:
+    """Bytes of KV cache one token takes: layers x (key, value) x kv heads x head dim x element."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return text.num_hidden_layers * 2 * kv_heads * head_dim * element_size
+
+
+def rows_that_fit(free_bytes: int, bytes_per_token: int, tokens_per_row: int, cap: int) -> int:
+    """How many rows of `tokens_per_row` cached tokens fit in `free_bytes` (1 to `cap`)."""
+    # At least one row: a batch of one that does not fit fails with the device's own error.
+    per_row = max(1, bytes_per_token * tokens_per_row)
+    return max(1, min(cap, free_bytes // per_row))
+
+
 def _closes_tool_call(tokenizer: Any, ids: list[int]) -> bool:
     # Only the last few tokens can complete the closing tag; decoding them is cheap next to
     # a forward pass.
@@ -450,8 +593,6 @@ def _error(message: str) -> ChatResponse:
 def _forward_kwargs(model: Any) -> tuple[str, dict[str, Any]]:
     # transformers 5 renamed `past_key_values` to `cache`; support both spellings, and only
     # compute the last position's logits when the model allows it (prompts can be long).
-    import inspect
-
     # A peft wrapper forwards keyword arguments to the model it wraps: ask that one.
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     params = inspect.signature(inner.forward).parameters
@@ -463,22 +604,6 @@ def _forward_kwargs(model: Any) -> tuple[str, dict[str, Any]]:
 def _cache_of(output: Any) -> Any:
     cache = getattr(output, "cache", None)
     return cache if cache is not None else output.past_key_values
-
-
-def _sample(logits: Any, request: ChatRequest, generator: Any) -> int:
-    import torch
-
-    if request.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / request.temperature, dim=-1)
-    if 0 < request.top_p < 1:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop = cumulative - sorted_probs >= request.top_p
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
 
 
 def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -518,8 +643,6 @@ def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
 
 
 def _torch_dtype(torch: Any, name: str) -> Any:
-    if name == "auto":
-        return "auto"
     value = getattr(torch, name, None)
     if value is None:
         raise RolloutError(f"unknown torch dtype '{name}'")

@@ -13,7 +13,13 @@ from rollout.errors import RolloutError
 from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.hermes import render_tool_call
-from rollout.shared.models.hf import HFBackend
+from rollout.shared.models.hf import (
+    CPU_BATCH_ROWS,
+    MAX_GPU_ROWS,
+    HFBackend,
+    kv_bytes_per_token,
+    rows_that_fit,
+)
 from rollout.shared.models.tiny import build_tiny_model
 
 TOOLS = [
@@ -47,10 +53,15 @@ def parrot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+# The CPU unless ROLLOUT_TEST_DEVICE names another (cuda: the same checks on the GPU).
+DEVICE = os.environ.get("ROLLOUT_TEST_DEVICE", "cpu")
+
+
 @pytest.fixture(scope="module")
 def hf(parrot: Path) -> HFBackend:
-    # The CPU unless ROLLOUT_TEST_DEVICE names another (cuda: the same checks on the GPU).
-    return HFBackend(parrot, max_new_tokens=64, device=os.environ.get("ROLLOUT_TEST_DEVICE", "cpu"))
+    # float32 on every device: these checks compare against fresh forwards to 1e-4, which a
+    # bf16 KV cache does not hold (test_bf16_weights_sample_with_float32_logprobs runs bf16).
+    return HFBackend(parrot, max_new_tokens=64, device=DEVICE, dtype="float32")
 
 
 def greedy(messages, **kwargs) -> ChatRequest:
@@ -209,3 +220,144 @@ async def test_shared_prompt_prefix_runs_once_and_finished_rows_leave_the_batch(
     lengths = [len(t.token_ids) for t in together]
     assert len(set(lengths)) > 1
     assert stats.decode_rows == sum(n - 1 for n in lengths)
+
+
+def sampled(messages, seed: int | None, **kwargs) -> ChatRequest:
+    return ChatRequest(messages=messages, tools=TOOLS, seed=seed, **kwargs)
+
+
+def argmax_decode(hf: HFBackend, request: ChatRequest, steps: int) -> list[int]:
+    # The reference: a fresh full forward per token, always the highest logit.
+    prompt = hf.tokenizer(hf.render_prompt(request), add_special_tokens=False)["input_ids"]
+    eos = hf.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out: list[int] = []
+    with torch.no_grad():
+        while len(out) < steps and eos not in out:
+            ids = torch.tensor([prompt + out], device=hf.model.device)
+            out.append(int(hf.model(input_ids=ids).logits[0, -1].argmax()))
+    return out
+
+
+async def test_a_seeded_request_samples_the_same_tokens_whatever_shares_its_batch(
+    hf: HFBackend,
+) -> None:
+    hot = sampled(PLAIN, seed=7, temperature=2.5, max_tokens=16)
+    nucleus = sampled(GOOD, seed=11, temperature=2.0, top_p=0.9, max_tokens=16)
+    [alone] = await hf.generate([hot])
+    [nucleus_alone] = await hf.generate([nucleus])
+    batch = await hf.generate(
+        [
+            sampled(GOOD, seed=1, temperature=1.5, max_tokens=5),
+            hot,
+            sampled(BROKEN, seed=None, temperature=0.8, max_tokens=20),
+            greedy(PLAIN),
+            nucleus,
+        ]
+    )
+    reordered = await hf.generate([nucleus, greedy(GOOD + GOOD), hot])
+    for response in (batch[1], reordered[2]):
+        assert response.token_ids == alone.token_ids
+        assert response.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    for response in (batch[4], reordered[0]):
+        assert response.token_ids == nucleus_alone.token_ids
+    # The seed is what decides: at this temperature another seed writes something else.
+    [other] = await hf.generate([hot.model_copy(update={"seed": 8})])
+    assert other.token_ids != alone.token_ids
+
+
+async def test_greedy_rows_are_argmax_decoding_beside_sampled_rows(hf: HFBackend) -> None:
+    requests = [
+        sampled(PLAIN, seed=3, temperature=2.0, max_tokens=12),
+        greedy(GOOD, max_tokens=12),
+        sampled(BROKEN, seed=4, temperature=1.0, top_p=0.5, max_tokens=12),
+        greedy(BROKEN, max_tokens=12),
+    ]
+    responses = await hf.generate(requests)
+    for k in (1, 3):
+        assert responses[k].token_ids == argmax_decode(hf, requests[k], 12)
+
+
+async def test_a_tiny_top_p_keeps_only_the_argmax_token(hf: HFBackend) -> None:
+    requests = [sampled(m, seed=5, temperature=3.0, top_p=1e-6) for m in (GOOD, PLAIN)]
+    narrow = await hf.generate(requests)
+    plain = await hf.generate([greedy(GOOD), greedy(PLAIN)])
+    for n, g in zip(narrow, plain, strict=True):
+        assert n.token_ids == g.token_ids
+        assert n.logprobs == pytest.approx(g.logprobs, abs=1e-4)
+
+
+def test_rows_that_fit_counts_kv_cache_rows_in_free_memory() -> None:
+    from transformers import LlamaConfig
+
+    # A Llama-3-8B shape: 32 layers x (k, v) x 8 kv heads x 128 dims x 2 bytes (bf16).
+    llama8b = LlamaConfig(
+        num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8
+    )
+    per_token = kv_bytes_per_token(llama8b, 2)
+    assert per_token == 32 * 2 * 8 * 128 * 2 == 128 * 1024
+    # 4096 tokens a row: 512 MiB; 40 GiB holds 80 rows.
+    assert rows_that_fit(40 * 2**30, per_token, 4096, cap=256) == 80
+    assert rows_that_fit(40 * 2**30 - 1, per_token, 4096, cap=256) == 79
+    # Capped, and never below one row.
+    assert rows_that_fit(10**15, per_token, 4096, cap=256) == 256
+    assert rows_that_fit(0, per_token, 4096, cap=256) == 1
+    # No head_dim in the config: hidden size over attention heads.
+    smollm = LlamaConfig(
+        num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3
+    )
+    assert kv_bytes_per_token(smollm, 4) == 30 * 2 * 3 * 64 * 4
+
+
+def test_batch_rows_default_to_the_cpu_size_or_what_fits_the_gpu(
+    hf: HFBackend, parrot: Path
+) -> None:
+    assert hf.max_batch_size is None
+    rows = hf._batch_rows(1024)
+    if DEVICE.startswith("cuda"):
+        assert 1 <= rows <= MAX_GPU_ROWS
+    else:
+        assert rows == CPU_BATCH_ROWS
+    # An explicit size keeps its meaning on every device.
+    assert HFBackend(parrot, device=DEVICE, max_batch_size=3)._batch_rows(1024) == 3
+
+
+def test_default_dtype_is_float32_off_cuda_and_native_bf16_on_it(parrot: Path) -> None:
+    backend = HFBackend(parrot, device=DEVICE)
+    native_bf16 = DEVICE.startswith("cuda") and torch.cuda.is_bf16_supported(
+        including_emulation=False
+    )
+    assert backend.model.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
+
+
+def test_an_unknown_rollout_hf_dtype_is_refused(
+    parrot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLOUT_HF_DTYPE", "float8")
+    with pytest.raises(RolloutError) as refused:
+        HFBackend(parrot, device=DEVICE)
+    message = str(refused.value)
+    assert "ROLLOUT_HF_DTYPE" in message and "'float8'" in message
+    assert "float32, bfloat16, float16, auto" in message
+
+
+async def test_bf16_weights_sample_with_float32_logprobs(
+    parrot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The variable wins over the argument, as ROLLOUT_HF_THREADS does.
+    monkeypatch.setenv("ROLLOUT_HF_DTYPE", "bfloat16")
+    backend = HFBackend(parrot, max_new_tokens=24, device=DEVICE, dtype="float32")
+    assert backend.model.dtype == torch.bfloat16
+    request = greedy(PLAIN)
+    [response] = await backend.generate([request])
+    assert response.token_ids and len(response.logprobs) == len(response.token_ids)
+    # Re-scored from the bf16 model's logits upcast to float32: close (a bf16 KV cache
+    # rounds differently from one full pass), and not rounded to bf16's 8 bits.
+    prompt = backend.tokenizer(backend.render_prompt(request), add_special_tokens=False)
+    full = torch.tensor([prompt["input_ids"] + response.token_ids], device=backend.model.device)
+    with torch.no_grad():
+        logits = backend.model(input_ids=full).logits[0].float()
+    scored = torch.log_softmax(logits, dim=-1)
+    start = len(prompt["input_ids"]) - 1
+    expected = [float(scored[start + k, t]) for k, t in enumerate(response.token_ids)]
+    assert response.logprobs == pytest.approx(expected, abs=0.1)
+    assert any(float(torch.tensor(lp).bfloat16()) != lp for lp in response.logprobs)
