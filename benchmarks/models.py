@@ -29,6 +29,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +123,7 @@ def bench_generation(
         return (out.shape[1] - enc["input_ids"].shape[1]) * batch / elapsed
 
     bare()  # warm-up for both
-    ours_tps, bare_tps = [], []
-    for _ in range(repeats):
-        ours_tps.append(ours())
-        bare_tps.append(bare())
-    o, b = statistics.median(ours_tps), statistics.median(bare_tps)
+    o, b = interleaved(ours, bare, repeats)
     return {
         "batch": batch,
         "new_tokens": new_tokens,
@@ -137,6 +134,17 @@ def bench_generation(
         "ratio": o / b,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
     }
+
+
+def interleaved(
+    ours: Callable[[], float], baseline: Callable[[], float], repeats: int
+) -> tuple[float, float]:
+    """Medians of `repeats` runs of each, alternating (a shared box drifts between runs)."""
+    ours_runs, base_runs = [], []
+    for _ in range(repeats):
+        ours_runs.append(ours())
+        base_runs.append(baseline())
+    return statistics.median(ours_runs), statistics.median(base_runs)
 
 
 def _sync(device: str) -> None:
@@ -266,11 +274,7 @@ def bench_grpo(
         return tokens / (time.perf_counter() - started)
 
     ours()  # warm-up
-    ours_tps, plain_tps = [], []
-    for _ in range(repeats):
-        ours_tps.append(ours())
-        plain_tps.append(plain())
-    o, p = statistics.median(ours_tps), statistics.median(plain_tps)
+    o, p = interleaved(ours, plain, repeats)
     return {"rows": len(rows), "merged_rows": len(merged), "shared_prefix": batches[0]["shared"],
             "tokens": tokens, "ours_tokens_per_s": o,
             "plain_torch_tokens_per_s": p, "ratio": o / p}  # fmt: skip
@@ -354,11 +358,7 @@ def bench_ppo(base: Path, work: Path, repeats: int, *, precision: str = "fp32") 
         return tokens / (time.perf_counter() - started)
 
     ours()  # warm-up
-    ours_tps, plain_tps = [], []
-    for _ in range(repeats):
-        ours_tps.append(ours())
-        plain_tps.append(plain())
-    o, p = statistics.median(ours_tps), statistics.median(plain_tps)
+    o, p = interleaved(ours, plain, repeats)
     return {"rows": len(rows), "tokens": tokens, "ppo_epochs": cfg.ppo_epochs,
             "minibatches": cfg.num_minibatches, "ours_tokens_per_s": o,
             "plain_torch_tokens_per_s": p, "ratio": o / p}  # fmt: skip

@@ -32,6 +32,21 @@ def _point_actors_at(server: FakeVLLM, tiny_model: Path, monkeypatch, tmp_path: 
     monkeypatch.setenv(ADAPTER_DIR_ENV, str(tmp_path / "adapters"))
 
 
+async def _grpo_through(
+    server: FakeVLLM, ending: str, client, tiny_model: Path, monkeypatch, tmp_path: Path
+) -> tuple[dict, object, EventEnvelope]:
+    """A GRPO job whose actors generate through `server`, followed to `ending`."""
+    with serving(server):
+        _point_actors_at(server, tiny_model, monkeypatch, tmp_path)
+        await client.push_environment(letters_env())
+        job = await client.create_training_job(
+            base_model=f"hf:{tiny_model}", method="grpo", env_slug="letters",
+            suffix="stale" if server.stale else "srv", hyperparams=HYPERPARAMS,
+        )  # fmt: skip
+        js = await client.jetstream()
+        return job, js, await wait_for_event(js, job["id"], ending, limit_s=300)
+
+
 async def _policies(js) -> dict[int, str]:
     return {
         p["version"]: p["weights_sha256"]
@@ -45,15 +60,9 @@ async def _policies(js) -> dict[int, str]:
 async def test_grpo_trains_on_rollouts_the_server_generated_with_proven_weights(
     client, tiny_model: Path, learner_env, monkeypatch, tmp_path: Path
 ) -> None:
-    with serving(FakeVLLM(tiny_model)) as server:
-        _point_actors_at(server, tiny_model, monkeypatch, tmp_path)
-        await client.push_environment(letters_env())
-        job = await client.create_training_job(
-            base_model=f"hf:{tiny_model}", method="grpo", env_slug="letters", suffix="srv",
-            hyperparams=HYPERPARAMS,
-        )  # fmt: skip
-        js = await client.jetstream()
-        done = await wait_for_event(js, job["id"], "job.completed", limit_s=300)
+    server = FakeVLLM(tiny_model)
+    job, js, done = await _grpo_through(server, "job.completed", client, tiny_model,
+                                        monkeypatch, tmp_path)  # fmt: skip
     digests = await _policies(js)
     assert sorted(digests) == [0, 1, 2] and len(set(digests.values())) == 3
     # Each version went to the server once, under its own name, with its digest; the oldest
@@ -80,15 +89,9 @@ async def test_grpo_trains_on_rollouts_the_server_generated_with_proven_weights(
 async def test_rollouts_from_a_server_still_serving_the_old_adapter_are_refused(
     client, tiny_model: Path, learner_env, monkeypatch, tmp_path: Path
 ) -> None:
-    with serving(FakeVLLM(tiny_model, stale=True)) as server:
-        _point_actors_at(server, tiny_model, monkeypatch, tmp_path)
-        await client.push_environment(letters_env())
-        job = await client.create_training_job(
-            base_model=f"hf:{tiny_model}", method="grpo", env_slug="letters", suffix="stale",
-            hyperparams=HYPERPARAMS,
-        )  # fmt: skip
-        js = await client.jetstream()
-        failed = await wait_for_event(js, job["id"], "job.failed", limit_s=300)
+    server = FakeVLLM(tiny_model, stale=True)
+    job, js, failed = await _grpo_through(server, "job.failed", client, tiny_model,
+                                          monkeypatch, tmp_path)  # fmt: skip
     # Version 1 was "loaded" but version 0 kept answering: every v1 rollout carries v0's
     # digest, the learner trains on none of them, and the job says why it stopped.
     digests = await _policies(js)

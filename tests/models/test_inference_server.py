@@ -95,6 +95,23 @@ def configured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, base: Path):
     return point
 
 
+def first_version(server: FakeVLLM, configured: Any, versions: list[Path]) -> ServerPolicyBackend:
+    """Point the actor at `server` and load version 1 into it."""
+    configured(server.base_url)
+    backend = serve_through_server(record(versions[0], 1), versions[0])
+    assert isinstance(backend, ServerPolicyBackend)
+    return backend
+
+
+async def ask(backend: ServerPolicyBackend, max_tokens: int) -> Any:
+    """One greedy turn of the lesson's request through the server; closes the client."""
+    [response] = await backend.generate(
+        [ChatRequest(messages=ASK, tools=TOOLS, temperature=0.0, max_tokens=max_tokens)]
+    )
+    await backend.aclose()
+    return response
+
+
 def fresh_logprobs(base: Path, adapter: Path, prompt: list[int], ids: list[int]) -> list[float]:
     """The logprob of each sampled token under base + adapter, from one forward pass."""
     import torch
@@ -143,9 +160,7 @@ async def test_prompts_go_as_token_ids_and_training_sees_exactly_the_sampled_tok
     base: Path, versions: list[Path], configured: Any
 ) -> None:
     with serving(FakeVLLM(base)) as server:
-        configured(server.base_url)
-        backend = serve_through_server(record(versions[0], 1), versions[0])
-        assert isinstance(backend, ServerPolicyBackend)
+        backend = first_version(server, configured, versions)
         requests = [
             ChatRequest(messages=ASK, tools=TOOLS, temperature=0.0, max_tokens=24),
             ChatRequest(messages=ASK, tools=TOOLS, temperature=1.0, max_tokens=12, seed=7),
@@ -167,12 +182,9 @@ async def test_a_server_that_keeps_serving_the_old_adapter_is_caught(
     base: Path, versions: list[Path], configured: Any
 ) -> None:
     with serving(FakeVLLM(base, stale=True)) as server:
-        configured(server.base_url)
-        backend = serve_through_server(record(versions[0], 1), versions[0])
-        assert backend is not None and backend.load_path(record(versions[1], 2), versions[1])
-        [response] = await backend.generate([ChatRequest(messages=ASK, tools=TOOLS,
-                                                         temperature=0.0, max_tokens=8)])  # fmt: skip
-        await backend.aclose()
+        backend = first_version(server, configured, versions)
+        assert backend.load_path(record(versions[1], 2), versions[1])
+        response = await ask(backend, 8)
     # It claims v2 but the weights that answered are v1's: the rollout records v1's digest,
     # which the learner refuses for a v2 rollout (tests/learner/test_weights_refusal.py).
     assert backend.policy_version == 2
@@ -184,14 +196,10 @@ async def test_the_proof_middleware_attests_loads_and_refuses_the_wrong_files(
     base: Path, versions: list[Path], configured: Any
 ) -> None:
     with serving(FakeVLLM(base, proof="middleware")) as server:
-        configured(server.base_url)
-        backend = serve_through_server(record(versions[0], 1), versions[0])
-        assert backend is not None
+        backend = first_version(server, configured, versions)
         # The field is the middleware's: the server behind it never sees it.
         assert LOAD_FIELD not in server.loads[0]
-        [response] = await backend.generate([ChatRequest(messages=ASK, tools=TOOLS,
-                                                         temperature=0.0, max_tokens=8)])  # fmt: skip
-        await backend.aclose()
+        response = await ask(backend, 8)
         assert response.weights_sha256 == weights_digest(versions[0])
         # Files that are not the ones announced (a half-synced shared folder) are not loaded.
         async with httpx.AsyncClient() as http:
@@ -225,13 +233,9 @@ async def test_an_adapter_the_server_lost_is_loaded_again(
     base: Path, versions: list[Path], configured: Any
 ) -> None:
     with serving(FakeVLLM(base)) as server:
-        configured(server.base_url)
-        backend = serve_through_server(record(versions[0], 1), versions[0])
-        assert backend is not None
+        backend = first_version(server, configured, versions)
         server.adapters.clear()  # the server restarted: its adapters are gone
-        [response] = await backend.generate([ChatRequest(messages=ASK, tools=TOOLS,
-                                                         temperature=0.0, max_tokens=4)])  # fmt: skip
-        await backend.aclose()
+        response = await ask(backend, 4)
     assert response.error is None and response.weights_sha256 == weights_digest(versions[0])
     assert len(server.loads) == 2
 
