@@ -83,16 +83,16 @@ async def test_grpo_job_drives_actors_and_publishes_each_version(
 def test_completions_older_than_max_staleness_are_not_trained_on(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    from types import SimpleNamespace
-
-    from rollout.services.learner.online_jobs import OnlineJob, Timing
+    from rollout.services.learner.online_jobs import trainable
     from rollout.shared.learning import GRPOLearner, TrainConfig
 
     config = TrainConfig(method="grpo", max_steps=5, max_staleness=1, group_size=2)
     learner = GRPOLearner(tiny_model, tmp_path / "out", config, resume=False)
     learner.policy_version = 3  # as if three steps had been taken
-    completions = [{"reward": float(v), "policy_version": v, "token_ids": [[1]]} for v in range(4)]
-    driver = SimpleNamespace(learner=learner, timing=Timing(), min_group=2)
-    fresh = OnlineJob._fresh(driver, [{"prompt": [], "completions": completions}])  # type: ignore[arg-type]
-    assert [c["policy_version"] for c in fresh[0]["completions"]] == [2, 3]
-    assert (driver.timing.stale_dropped, driver.timing.used) == (2, 2)
+    completions = [
+        {"rollout_id": f"r{v}", "reward": float(v), "policy_version": v, "token_ids": [[1]]}
+        for v in range(4)
+    ]
+    kept = trainable([{"prompt": [], "completions": completions}], learner.accepts, {}, 2)
+    assert [c["policy_version"] for c in kept.groups[0]["completions"]] == [2, 3]
+    assert (kept.stale, kept.refused) == (2, [])
