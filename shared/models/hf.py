@@ -93,6 +93,11 @@ class HFBackend:
         self.stop_after_tool_call = stop_after_tool_call
         # The base reference of the loaded adapter (None: plain weights).
         self.adapter_base: str | None = None
+        # The sha256 of the loaded weights when the owner proves them (weights_proof.py),
+        # stamped on every response; None: no proof (a plain local model).
+        self.weights_sha256: str | None = None
+        # Batches cut in two after running out of device memory (see _sample_halving).
+        self.oom_splits = 0
         self._adapters = 0
         self.max_new_tokens = max_new_tokens
         # None: CPU_BATCH_ROWS on the CPU, as many rows as fit in free memory on CUDA.
@@ -128,33 +133,35 @@ class HFBackend:
             return []
         return await asyncio.to_thread(self._generate_all, list(requests), list(listeners))
 
-    def reload(self, path: str | Path) -> None:
-        """Swap in the weights (and tokenizer) saved at `path`, e.g. a new policy version."""
+    def reload(
+        self, path: str | Path, *, weights_sha256: str | None = None, name: str | None = None
+    ) -> None:
+        """Swap in the weights (and tokenizer) saved at `path`, e.g. a new policy version.
+
+        Everything a batch reads (weights, tokenizer, name, the weights' digest) changes in
+        one hold of the generation lock; full weights load from disk before it."""
         target = Path(str(path))
+        label = name or f"hf:{target}"
         if (
             self.adapter_base is not None
             and is_adapter(target)
             and adapter_base(target) == self.adapter_base
         ):
-            self._swap_adapter(target)
-        else:
-            tokenizer, model = self._load(str(path))
+            # Same base: load the new adapter beside the old one, switch, drop the old one.
+            self._adapters += 1
+            adapter = f"policy_{self._adapters}"
             with self._lock:
-                self.tokenizer, self.model = tokenizer, model
+                old = self.model.active_adapter
+                self.model.load_adapter(str(target), adapter_name=adapter)
+                self.model.set_adapter(adapter)
+                self.model.delete_adapter(old)
+                self.model.eval()
+                self.path, self.name, self.weights_sha256 = str(path), label, weights_sha256
+            return
+        tokenizer, model = self._load(str(path))
         with self._lock:
-            self.path = str(path)
-            self.name = f"hf:{self.path}"
-
-    def _swap_adapter(self, path: Path) -> None:
-        # Same base: load the new adapter beside the old one, switch, drop the old one.
-        self._adapters += 1
-        name = f"policy_{self._adapters}"
-        with self._lock:
-            old = self.model.active_adapter
-            self.model.load_adapter(str(path), adapter_name=name)
-            self.model.set_adapter(name)
-            self.model.delete_adapter(old)
-            self.model.eval()
+            self.tokenizer, self.model = tokenizer, model
+            self.path, self.name, self.weights_sha256 = str(path), label, weights_sha256
 
     async def aclose(self) -> None:
         """Drop the weights."""
@@ -258,15 +265,44 @@ class HFBackend:
                 size = self._batch_rows(longest + most)
                 for start in range(0, len(runnable), size):
                     part = runnable[start : start + size]
-                    sampled = self._sample_batch(
-                        [requests[i] for i, _ in part],
-                        [ids for _, ids in part],
-                        limit,
-                        [listeners[i] for i, _ in part] if listeners is not None else None,
-                    )
+                    sampled = self._sample_halving(requests, part, limit, listeners)
                     for (i, _), response in zip(part, sampled, strict=True):
                         out[i] = response
-            return [r for r in out if r is not None]
+            done = [r for r in out if r is not None]
+            for response in done:
+                # Read under the same hold as the weights: a swap cannot fall in between.
+                response.weights_sha256 = self.weights_sha256
+            return done
+
+    def _sample_halving(
+        self,
+        requests: list[ChatRequest],
+        part: list[tuple[int, list[int]]],
+        limit: int,
+        listeners: list[TokenListener | None] | None,
+    ) -> list[ChatResponse]:
+        """Sample `part`; out of device memory, again in two halves (a row alone that does not
+        fit ends with an error of its own). The batch size counts the KV cache only."""
+        import torch
+
+        try:
+            return self._sample_batch(
+                [requests[i] for i, _ in part],
+                [ids for _, ids in part],
+                limit,
+                [listeners[i] for i, _ in part] if listeners is not None else None,
+            )
+        except torch.OutOfMemoryError:
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            if len(part) == 1:
+                tokens = len(part[0][1])
+                return [_error(f"{self.name}: out of device memory for a {tokens}-token prompt")]
+            half = len(part) // 2
+            self.oom_splits += 1
+            return self._sample_halving(
+                requests, part[:half], limit, listeners
+            ) + self._sample_halving(requests, part[half:], limit, listeners)
 
     def render_prompt(self, request: ChatRequest) -> str:
         """The prompt text for a request: chat template, tools, generation prompt."""

@@ -41,11 +41,13 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend
 from rollout.shared.models.endpoints import Endpoint, load_policy, url_problem
 from rollout.shared.models.hermes import CLOSE_TAG
+from rollout.shared.models.hf import DEFAULT_MAX_NEW_TOKENS
 from rollout.shared.models.local_models import adapter_base, is_adapter, root_model
 from rollout.shared.models.openai_compat import OpenAICompatBackend
 from rollout.shared.models.trained import (
     FollowsPolicy,
     PolicyRecord,
+    checked_digest,
     policy_key,
     register_policy_server,
     rollout_home,
@@ -61,7 +63,6 @@ from rollout.shared.models.weights_proof import (
     LOAD_FIELD,
     is_sha256,
     weight_files,
-    weights_digest,
 )
 from rollout.shared.observability import get_logger
 
@@ -165,12 +166,7 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
         """Copy the version's adapter where the server reads it, load it, retire old ones."""
         from transformers import AutoTokenizer
 
-        digest = weights_digest(path)
-        if record.weights_sha256 and record.weights_sha256 != digest:
-            raise RolloutError(
-                f"{record.model} v{record.version}: the weights at {path} have sha256 "
-                f"{digest}, not the {record.weights_sha256} the learner published"
-            )
+        digest = checked_digest(record, path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -306,8 +302,8 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
         }
-        if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
+        # The completions API would stop at 16 tokens; the hf backend's default applies.
+        body["max_tokens"] = request.max_tokens or DEFAULT_MAX_NEW_TOKENS
         if request.seed is not None:
             body["seed"] = request.seed
         if self.stop_after_tool_call:

@@ -51,26 +51,31 @@ class WeightsProof:
             return
         path = str(scope.get("path", "")).rstrip("/")
         if path.endswith("/load_lora_adapter"):
-            await self._load(scope, receive, send)
+            handler = self._load
         elif path.endswith("/unload_lora_adapter"):
-            await self._unload(scope, receive, send)
+            handler = self._unload
         elif path.endswith(_COMPLETIONS):
-            await self._complete(scope, receive, send)
+            handler = self._complete
         else:
             await self.app(scope, receive, send)
-
-    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
+            return
         body = await _read(receive)
+        if body is None:
+            await _error(send, 413, f"request body over {_MAX_BODY} bytes")
+            return
+        await handler(scope, body, receive, send)
+
+    async def _load(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         data = _json_object(body)
         if data is None:
-            await self.app(scope, _replay(body), send)
+            await self.app(scope, _replay(body, receive), send)
             return
         name, path = data.get("lora_name"), data.get("lora_path")
         expected = data.pop(LOAD_FIELD, None)
         body = _dumps(data)
         scope = _with_length(scope, body)
         if not isinstance(name, str) or not isinstance(path, str):
-            await self.app(scope, _replay(body), send)
+            await self.app(scope, _replay(body, receive), send)
             return
         if expected is not None and not is_sha256(expected):
             await _error(send, 400, f"{LOAD_FIELD} must be a sha256 hex digest")
@@ -88,33 +93,43 @@ class WeightsProof:
                 f"{expected} the load asked for (files not yet copied, or the wrong folder)",
             )
             return
-        status = await self._forward(scope, _replay(body), send, digest)
-        if 200 <= status < 300:
+
+        def accepted() -> None:
+            # Known before the answer leaves: a completion right after it carries the proof.
             self.digests[name] = digest
 
-    async def _unload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await _read(receive)
-        data = _json_object(body) or {}
-        status = await self._forward(scope, _replay(body), send, None)
-        name = data.get("lora_name")
-        if 200 <= status < 300 and isinstance(name, str):
-            self.digests.pop(name, None)
+        await self._forward(scope, _replay(body, receive), send, digest, on_success=accepted)
 
-    async def _complete(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await _read(receive)
+    async def _unload(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        data = _json_object(body) or {}
+        name = data.get("lora_name")
+
+        def removed() -> None:
+            if isinstance(name, str):
+                self.digests.pop(name, None)
+
+        await self._forward(scope, _replay(body, receive), send, None, on_success=removed)
+
+    async def _complete(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         data = _json_object(body) or {}
         model = data.get("model")
         digest = self.digests.get(model) if isinstance(model, str) else None
-        await self._forward(scope, _replay(body), send, digest)
+        await self._forward(scope, _replay(body, receive), send, digest)
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, digest: str | None) -> int:
-        """Run the app; add the digest header to its answer; return the answer's status."""
-        status = 0
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        digest: str | None,
+        on_success: Callable[[], None] | None = None,
+    ) -> None:
+        """Run the app; add the digest header to its answer; `on_success` on a 2xx status."""
 
         async def stamped(message: Message) -> None:
-            nonlocal status
             if message.get("type") == "http.response.start":
-                status = int(message.get("status", 0))
+                if on_success is not None and 200 <= int(message.get("status", 0)) < 300:
+                    on_success()
                 if digest is not None:
                     headers = [
                         (k, v)
@@ -126,10 +141,10 @@ class WeightsProof:
             await send(message)
 
         await self.app(scope, receive, stamped)
-        return status
 
 
-async def _read(receive: Receive) -> bytes:
+async def _read(receive: Receive) -> bytes | None:
+    """The whole request body (None when it is over _MAX_BODY)."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -138,27 +153,26 @@ async def _read(receive: Receive) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > _MAX_BODY:
-            break
+            return None
         chunks.append(chunk)
         if not message.get("more_body"):
             break
     return b"".join(chunks)
 
 
-def _replay(body: bytes) -> Receive:
-    """A receive that hands the app the (already read) body once, then waits for disconnect."""
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app the (already read) body once, then the client's own
+    messages: a disconnect still reaches the server, which then stops generating."""
     sent = False
 
-    async def receive() -> Message:
+    async def replayed() -> Message:
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        # The app only asks again to learn of a disconnect: it never comes on its own.
-        await asyncio.Event().wait()
-        return {"type": "http.disconnect"}
+        return await receive()
 
-    return receive
+    return replayed
 
 
 def _with_length(scope: Scope, body: bytes) -> Scope:

@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from rollout.shared.errors import RolloutError
-from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend
+from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.hf import HFBackend
 from rollout.shared.models.local_models import root_model
 from rollout.shared.models.names import split_trained_name
@@ -296,30 +296,27 @@ class TrainedBackend(HFBackend, FollowsPolicy):
         self.model_name = record.model
         self.policy_version = record.version
         self.name = record.model
-        self.weights_sha256 = weights_digest(path)
+        self.weights_sha256 = checked_digest(record, path)
         self._version_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"TrainedBackend({self.model_name!r}, v{self.policy_version})"
 
     def _switch(self, record: PolicyRecord, path: Path) -> None:
-        digest = weights_digest(path)
-        # Under the generation lock (re-entrant): no batch sees the new weights with the old
-        # digest or the other way round.
-        with self._lock:
-            self.reload(path)
-            self.name = self.model_name
-            self.weights_sha256 = digest
+        digest = checked_digest(record, path)
+        # Weights, name and digest change together under the generation lock (reload).
+        self.reload(path, weights_sha256=digest, name=self.model_name)
 
-    def _generate_all(
-        self, requests: list[ChatRequest], listeners: list[Any] | None = None
-    ) -> list[ChatResponse]:
-        with self._lock:
-            digest = self.weights_sha256
-            out = super()._generate_all(requests, listeners)
-        for response in out:
-            response.weights_sha256 = digest
-        return out
+
+def checked_digest(record: PolicyRecord, path: Path) -> str:
+    """The digest of the weights at `path`; RolloutError when not the one `record` published."""
+    digest = weights_digest(path)
+    if record.weights_sha256 and record.weights_sha256 != digest:
+        raise RolloutError(
+            f"{record.model} v{record.version}: the weights at {path} have sha256 {digest}, "
+            f"not the {record.weights_sha256} the learner published"
+        )
+    return digest
 
 
 # Backends that serve a policy version elsewhere (an inference server): each is asked in

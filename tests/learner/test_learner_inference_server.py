@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from fakes.vllm_server import FakeVLLM, serving
 from learner_kit import letters_env, wait_for_event
+from waiting import wait_until
 
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
@@ -33,9 +34,16 @@ def _point_actors_at(server: FakeVLLM, tiny_model: Path, monkeypatch, tmp_path: 
 
 
 async def _grpo_through(
-    server: FakeVLLM, ending: str, client, tiny_model: Path, monkeypatch, tmp_path: Path
+    server: FakeVLLM,
+    ending: str,
+    client,
+    tiny_model: Path,
+    monkeypatch,
+    tmp_path: Path,
+    loads: int,
 ) -> tuple[dict, object, EventEnvelope]:
-    """A GRPO job whose actors generate through `server`, followed to `ending`."""
+    """A GRPO job whose actors generate through `server`, followed to `ending` and until the
+    server has been asked to load `loads` adapters (the last version loads after the end)."""
     with serving(server):
         _point_actors_at(server, tiny_model, monkeypatch, tmp_path)
         await client.push_environment(letters_env())
@@ -44,7 +52,10 @@ async def _grpo_through(
             suffix="stale" if server.stale else "srv", hyperparams=HYPERPARAMS,
         )  # fmt: skip
         js = await client.jetstream()
-        return job, js, await wait_for_event(js, job["id"], ending, limit_s=300)
+        ended = await wait_for_event(js, job["id"], ending, limit_s=300)
+        await wait_until(lambda: len(server.loads) >= loads and len(server.unloads) >= loads - 2,
+                         f"{loads} adapter loads", limit_s=60)  # fmt: skip
+        return job, js, ended
 
 
 async def _policies(js) -> dict[int, str]:
@@ -62,7 +73,7 @@ async def test_grpo_trains_on_rollouts_the_server_generated_with_proven_weights(
 ) -> None:
     server = FakeVLLM(tiny_model)
     job, js, done = await _grpo_through(server, "job.completed", client, tiny_model,
-                                        monkeypatch, tmp_path)  # fmt: skip
+                                        monkeypatch, tmp_path, loads=3)  # fmt: skip
     digests = await _policies(js)
     assert sorted(digests) == [0, 1, 2] and len(set(digests.values())) == 3
     # Each version went to the server once, under its own name, with its digest; the oldest
@@ -91,7 +102,7 @@ async def test_rollouts_from_a_server_still_serving_the_old_adapter_are_refused(
 ) -> None:
     server = FakeVLLM(tiny_model, stale=True)
     job, js, failed = await _grpo_through(server, "job.failed", client, tiny_model,
-                                          monkeypatch, tmp_path)  # fmt: skip
+                                          monkeypatch, tmp_path, loads=2)  # fmt: skip
     # Version 1 was "loaded" but version 0 kept answering: every v1 rollout carries v0's
     # digest, the learner trains on none of them, and the job says why it stopped.
     digests = await _policies(js)

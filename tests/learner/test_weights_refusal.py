@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rollout.services.learner.online_jobs import trainable
 
-V1, V2 = "1" * 64, "2" * 64
+V1, V2, V3 = "1" * 64, "2" * 64, "3" * 64
 
 
 def completion(rollout_id: str, version: int, digest: str | None) -> dict:
@@ -38,3 +38,20 @@ def test_a_version_without_a_digest_on_record_holds_nothing_to_it() -> None:
     groups = [{"task_index": 0, "completions": [completion("a", 3, None), completion("b", 3, V1)]}]
     kept = trainable(groups, lambda v: True, {3: ""}, min_group=2)
     assert kept.refused == [] and len(kept.groups[0]["completions"]) == 2
+
+
+def test_turns_from_a_newer_version_are_trained_on_and_older_ones_refused() -> None:
+    # A policy update can land between two turns of a rollout: the turns after it come from a
+    # newer version than the one it claims (its staleness is the claim's). Weights older than
+    # the claim, or that no version has, mean the server did not serve what it said.
+    mixed = [
+        completion("newer", 2, f"mixed:{V2},{V3}"),
+        completion("all-new", 2, V3),
+        completion("older", 2, f"mixed:{V1},{V2}"),
+        completion("unproven-turn", 2, f"mixed:{V2},none"),
+        completion("unknown", 2, "f" * 64),
+    ]
+    kept = trainable([{"task_index": 0, "completions": mixed}], lambda v: True,
+                     {1: V1, 2: V2, 3: V3}, min_group=1)  # fmt: skip
+    assert [c["rollout_id"] for c in kept.groups[0]["completions"]] == ["newer", "all-new"]
+    assert kept.refused == ["older", "unproven-turn", "unknown"]

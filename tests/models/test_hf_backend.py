@@ -361,3 +361,32 @@ async def test_bf16_weights_sample_with_float32_logprobs(
     expected = [float(scored[start + k, t]) for k, t in enumerate(response.token_ids)]
     assert response.logprobs == pytest.approx(expected, abs=0.1)
     assert any(float(torch.tensor(lp).bfloat16()) != lp for lp in response.logprobs)
+
+
+async def test_a_batch_out_of_device_memory_is_sampled_again_in_halves(
+    hf: HFBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    requests = [greedy(GOOD, max_tokens=8) for _ in range(5)] + [greedy(PLAIN, max_tokens=8)]
+    expected = await hf.generate(requests)
+    sample = hf._sample_batch
+
+    def tight(batch, *args, **kwargs):
+        # A device that holds two rows at a time.
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return sample(batch, *args, **kwargs)
+
+    monkeypatch.setattr(hf, "_sample_batch", tight)
+    splits = hf.oom_splits
+    got = await hf.generate(requests)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert hf.oom_splits > splits
+
+    def none_fit(batch, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(hf, "_sample_batch", none_fit)
+    failed = await hf.generate(requests[:2])
+    assert all(r.finish_reason == "error" and "out of device memory" in r.error for r in failed)
