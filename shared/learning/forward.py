@@ -43,8 +43,9 @@ def completion_forward(
     `batch` is `_tensors`' right-padded batch: `ids`, `attention`, and `first` (the earliest
     position predicting a completion token) and `shared` (prefix length, 0 for none). Positions
     before `first` hold zeros: callers read only completion positions (their mask).
-    With `precision` bf16 the model's forwards run under bf16 autocast; the log-probs are
-    still computed in float32 from float32 logits.
+    With `precision` bf16 the model's forwards run under bf16 autocast (the LM head's matmul
+    included, so the logits carry bf16 rounding); the log-softmax over them and everything
+    after it run in float32.
     """
     import torch
     from trl.trainer.utils import selective_log_softmax

@@ -7,6 +7,7 @@ of one base model through that server instead of loading weights itself::
     ROLLOUT_INFERENCE_ADAPTER_DIR=/shared/adapters         # where the actor writes adapters
     ROLLOUT_INFERENCE_SERVER_ADAPTER_DIR=/adapters         # the same folder, as the server
                                                             # sees it (default: the same path)
+    ROLLOUT_INFERENCE_CONCURRENCY=64                        # requests in flight per replica
 
 For each policy version the actor copies the adapter's weight files into that folder under
 a name unique to the version and its digest, and loads it with ``POST
@@ -65,11 +66,15 @@ from rollout.shared.models.weights_proof import (
     weight_files,
 )
 from rollout.shared.observability import get_logger
+from rollout.shared.settings import env_number
 
 log = get_logger(__name__)
 
 SERVER_ENV = "ROLLOUT_INFERENCE_SERVER"
 ADAPTER_DIR_ENV = "ROLLOUT_INFERENCE_ADAPTER_DIR"
+CONCURRENCY_ENV = "ROLLOUT_INFERENCE_CONCURRENCY"
+# Requests one actor replica keeps in flight: a GPU server batches them (continuous batching).
+DEFAULT_CONCURRENCY = 64
 SERVER_ADAPTER_DIR_ENV = "ROLLOUT_INFERENCE_SERVER_ADAPTER_DIR"
 # Adapters kept loaded: the current one and the one before (requests already sent with it
 # finish on it); older ones are unloaded.
@@ -91,6 +96,7 @@ class ServerSetting:
     endpoint: Endpoint
     adapter_dir: Path
     server_adapter_dir: str
+    concurrency: int = DEFAULT_CONCURRENCY
 
 
 def server_setting(env: dict[str, str] | None = None) -> ServerSetting | None:
@@ -115,7 +121,8 @@ def server_setting(env: dict[str, str] | None = None) -> ServerSetting | None:
     local = (env.get(ADAPTER_DIR_ENV) or "").strip()
     adapter_dir = Path(local).expanduser() if local else rollout_home() / "models" / "served"
     remote = (env.get(SERVER_ADAPTER_DIR_ENV) or "").strip() or str(adapter_dir)
-    return ServerSetting(url, base, endpoint, adapter_dir, remote.rstrip("/"))
+    concurrency = int(env_number(CONCURRENCY_ENV, DEFAULT_CONCURRENCY, whole=True, low=1, env=env))
+    return ServerSetting(url, base, endpoint, adapter_dir, remote.rstrip("/"), concurrency)
 
 
 def adapter_name(record: PolicyRecord, digest: str) -> str:
@@ -140,6 +147,7 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
             label=record.model,
             logprobs=True,
             endpoint=setting.endpoint,
+            concurrency=setting.concurrency,
         )
         self.setting = setting
         root = root_model(record.model) or root_model(record.base_model)

@@ -281,3 +281,12 @@ async def test_an_in_process_policy_proves_its_weights_too(
     assert backend.load_path(record(versions[1], 2), versions[1])
     [second] = await backend.generate([request])
     assert second.weights_sha256 == weights_digest(versions[1])
+
+
+def test_concurrency_is_the_operators_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SERVER_ENV, "http://127.0.0.1:8000/v1#local/smollm2-135m")
+    setting = server_setting()
+    assert setting is not None and setting.concurrency == 64
+    monkeypatch.setenv("ROLLOUT_INFERENCE_CONCURRENCY", "0")
+    with pytest.raises(RolloutError, match="ROLLOUT_INFERENCE_CONCURRENCY"):
+        server_setting()
