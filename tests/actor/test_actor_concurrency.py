@@ -30,3 +30,20 @@ async def test_a_bad_concurrency_is_refused_before_the_actor_connects(
     monkeypatch.setenv(tuning.CONCURRENCY_ENV, raw)
     with pytest.raises(RolloutError, match=f"ROLLOUT_ACTOR_CONCURRENCY must be (a )?{problem}"):
         await actor_main.serve(settings)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("http://127.0.0.1:8000/v1", "name the base model"),
+        ("ftp://127.0.0.1/v1#local/smollm2-135m", "http"),
+        ("http://10.9.8.7:8000/v1#local/smollm2-135m", "is not allowed"),
+    ],
+)
+async def test_a_bad_inference_server_is_refused_before_the_actor_connects(
+    settings, monkeypatch, value: str, problem: str
+) -> None:
+    monkeypatch.setenv("ROLLOUT_INFERENCE_SERVER", value)
+    with pytest.raises(RolloutError, match="ROLLOUT_INFERENCE_SERVER") as caught:
+        await actor_main.serve(settings)
+    assert problem in str(caught.value) + " ".join(caught.value.problems)
