@@ -5,7 +5,8 @@ each against its bare baseline in the same process:
 
 - generation: the hf backend (sampling, token ids, logprobs, tool-call parsing, its own batch
   size) vs transformers' `generate` on the same batch, same model and dtype. Target >= 0.9 on
-  a GPU (>= 1.5 on the CPU);
+  a GPU (>= 1.5 on the CPU); on CUDA also the host synchronisations per decode step (torch's
+  sync debug mode; target one);
 - SFT: `train_sft` vs TRL's SFTTrainer on the same model, data, LoRA and arguments (>= 0.95);
 - GRPO and PPO: one learner step vs plain torch doing the same math (>= 0.95).
 
@@ -30,15 +31,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from models import bench_generation, bench_grpo, bench_ppo, bench_sft  # noqa: E402
+from models import TOOLS, bench_generation, bench_grpo, bench_ppo, bench_sft, prompt  # noqa: E402
 
 from rollout.shared.errors import RolloutError  # noqa: E402
+from rollout.shared.models.base import ChatRequest  # noqa: E402
 from rollout.shared.models.smollm2 import ensure_smollm2  # noqa: E402
 from rollout.shared.models.tiny import build_tiny_model  # noqa: E402
 
@@ -104,10 +107,35 @@ def measure(base: Path, work: Path, device: str, precision: str, args: Any) -> d
     out: dict[str, Any] = {}
     out["generation"] = bench_generation(base, batch, tokens, args.repeats, device=device,
                                          dtype=dtype)  # fmt: skip
+    if gpu:
+        out["generation"]["host_syncs_per_step"] = host_syncs(base, dtype)["per_step"]
     out["sft"] = bench_sft(base, work / f"sft-{precision}", args.sft_steps, args.repeats)
     out["grpo"] = bench_grpo(base, work / f"grpo-{precision}", args.repeats, precision=precision)
     out["ppo"] = bench_ppo(base, work / f"ppo-{precision}", args.repeats, precision=precision)
     return out
+
+
+def host_syncs(base: Path, dtype: str, steps: int = 32) -> dict[str, float]:
+    """Device-to-host synchronisations per decode step of the hf backend (CUDA only): torch's
+    sync debug mode warns at each one; the target is one per step (the sampled ids)."""
+    from rollout.shared.models import hf
+
+    backend = hf.HFBackend(base, device="cuda", dtype=dtype)
+    requests = [ChatRequest(messages=prompt(i), tools=TOOLS, max_tokens=steps, seed=i)
+                for i in range(8)]  # fmt: skip
+    # No end-of-turn stop: every row runs all `steps` steps.
+    eos_ids, hf._eos_ids = hf._eos_ids, lambda tokenizer, model: set()
+    try:
+        backend._generate_all(requests[:1])  # warm-up: allocator, kernels
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            backend._generate_all(requests)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        hf._eos_ids = eos_ids
+    syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+    return {"syncs": float(syncs), "steps": float(steps), "per_step": syncs / steps}
 
 
 def device_tests(budget_s: float) -> dict[str, Any]:
@@ -185,6 +213,9 @@ def report(results: dict[str, Any]) -> None:
             verdict = "ok" if r["ratio"] >= target else "BELOW TARGET"
             print(f"{precision:4} {name:10} ours {ours:9.1f} tok/s  baseline {base:9.1f} tok/s  "
                   f"ratio {r['ratio']:.2f} (target >= {target}) {verdict}")  # fmt: skip
+            if "host_syncs_per_step" in r:
+                print(f"{precision:4} generation: {r['host_syncs_per_step']:.2f} host syncs per "
+                      "decode step (target: 1)")  # fmt: skip
     tests = results.get("device_tests")
     if tests is not None:
         print(f"device tests on cuda: {'passed' if tests['ok'] else 'FAILED'}: {tests['summary']}")
