@@ -32,10 +32,10 @@ async def test_heartbeat_is_live_then_removed(nats_client: nats.aio.client.Clien
     js = nats_client.jetstream()
     assert await read_beats(js) == []
     task = asyncio.create_task(heartbeat(js, "svc", "replica-1", interval=0.2))
-    beats = await _wait_for_beats(js, lambda b: len(b) == 1)
+    # Live: read within a few intervals of its time (a busy machine may need another read).
+    beats = await _wait_for_beats(js, lambda b: len(b) == 1 and b[0].live)
     beat = beats[0]
     assert (beat.service, beat.replica_id, beat.pid) == ("svc", "replica-1", os.getpid())
-    assert beat.live
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -77,10 +77,11 @@ async def test_heartbeats_resume_after_a_nats_restart(fresh_nats, tmp_path) -> N
         fresh_nats.stop()
         fresh_nats.start()
         reader = await connect_nats(settings)
-        later = await _wait_for_beats(
-            reader.jetstream(), lambda b: len(b) == 1 and b[0].time > first[0].time + 0.5
+        # Beating again after the restart: a newer beat, and a live one.
+        await _wait_for_beats(
+            reader.jetstream(),
+            lambda b: len(b) == 1 and b[0].time > first[0].time + 0.5 and b[0].live,
         )
-        assert later[0].live
         await reader.close()
     finally:
         task.cancel()
