@@ -88,7 +88,7 @@ async def test_a_teacher_endpoint_distils_into_the_local_student(
 
     argv = ["improve", "--run", teacher["runId"], "--model", STUDENT, "--method", "sft",
             "--suffix", "distilled", "--set", "max_steps=1", "--batch-size", "2",
-            "--set", "max_seq_len=256", "--json"]  # fmt: skip
+            "--set", "max_seq_len=384", "--json"]  # fmt: skip
     code, out, err = await asyncio.to_thread(cli, argv, capsys)
     assert code == 0, err[-2000:]
     job = json.loads(out[out.index("{") :])
