@@ -26,6 +26,7 @@ from rollout.services.ui.auth import COOKIE, SESSION_S, Authenticator, SessionSi
 from rollout.services.ui.live import Change, EventHub, drain
 from rollout.shared import subjects
 from rollout.shared.errors import RolloutError
+from rollout.shared.models.weights_proof import proven
 from rollout.shared.objectstore import ObjectStore, ObjectStoreError
 from rollout.shared.objectstore.claimcheck import get_json
 from rollout.shared.observability import get_logger
@@ -281,10 +282,10 @@ async def trajectory_page(request: Request) -> Response:
     async with state.pool.acquire() as conn:
         rollout = await queries.get_rollout(conn, rollout_id)
         trained = await queries.trained_on(conn, rollout_id) if rollout is not None else []
-        expected = (
+        digests = (
             await queries.policy_weights(conn, rollout["model"], rollout["policy_version"])
             if rollout is not None
-            else None
+            else {}
         )
     if rollout is None:
         raise HTTPException(404, f"no rollout {rollout_id!r}")
@@ -293,21 +294,25 @@ async def trajectory_page(request: Request) -> Response:
     return render(
         "trajectory.html", request, r=rollout, trained=trained,
         turns=_turns(rollout["trajectory"], signals),
-        weights=weights_shown(rollout["trajectory"], expected),
+        weights=weights_shown(rollout["trajectory"], rollout["policy_version"], digests),
     )  # fmt: skip
 
 
-def weights_shown(trajectory: dict[str, Any] | None, expected: str | None) -> dict[str, Any] | None:
+def weights_shown(
+    trajectory: dict[str, Any] | None, claimed: int, digests: dict[int, str]
+) -> dict[str, Any] | None:
     """What the page says of the weights that generated a rollout (None: nothing to say).
 
-    `ok` is True when the rollout's digest is the one announced for the version it claims,
-    False when another (the learner does not train on it), None when there is nothing to
-    hold it to."""
+    `ok` is the learner's own rule (weights_proof.proven): True when the rollout's digest is
+    its claimed version's or a newer one's, False when not (the learner does not train on
+    it), None when the claimed version has no digest to hold it to."""
     digest = (trajectory or {}).get("weights_sha256")
+    expected = digests.get(claimed)
     if not digest and not expected:
         return None
-    ok = None if not expected else digest == expected
-    return {"digest": digest, "expected": expected, "ok": ok}
+    ok = proven(digest, claimed, digests)
+    newer = bool(ok) and digest != expected
+    return {"digest": digest, "expected": expected, "ok": ok, "newer": newer}
 
 
 async def _signals(

@@ -194,11 +194,15 @@ async def get_env(conn: asyncpg.Connection, slug: str) -> dict[str, Any] | None:
     return env
 
 
-async def policy_weights(conn: asyncpg.Connection, model: str, version: int) -> str | None:
-    """The weights digest the learner announced for a policy version (None: unknown)."""
-    return await conn.fetchval(
-        "select weights_sha256 from policies where model = $1 and version = $2", model, version
+async def policy_weights(conn: asyncpg.Connection, model: str, since: int) -> dict[int, str]:
+    """The weights digests the learner announced for `model`'s versions from `since` on."""
+    rows = await conn.fetch(
+        "select version, weights_sha256 from policies where model = $1 and version >= $2"
+        " and weights_sha256 is not null",
+        model,
+        since,
     )
+    return {int(r["version"]): str(r["weights_sha256"]) for r in rows}
 
 
 async def trained_on(conn: asyncpg.Connection, rollout_id: str) -> list[dict[str, Any]]:

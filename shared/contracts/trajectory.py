@@ -41,7 +41,7 @@ class Trajectory(BaseModel):
     logprobs: list[list[float]] | None = None
     # The sha256 of the weights that generated every model turn (weights_proof.py), when the
     # backend proves it; `mixed:<a>,<b>` when turns came from different weights. The learner
-    # trains only on rollouts whose digest is that of the policy version they claim.
+    # trains only on rollouts whose digests are those of the version they claim or newer ones.
     weights_sha256: str | None = None
     # Which budget ended the episode (None: the model ended it); its model turns and tokens.
     ended_by: EndedBy | None = None

@@ -69,26 +69,30 @@ def test_turns_attach_tool_calls_and_token_logprobs_to_their_assistant_turn() ->
 def test_the_trajectory_page_says_whether_its_weights_are_its_versions() -> None:
     from rollout.services.ui.app import TEMPLATES, weights_shown
 
-    v1, v2 = "1" * 64, "2" * 64
-    assert weights_shown({"weights_sha256": None}, None) is None
+    v1, v2, v3 = "1" * 64, "2" * 64, "3" * 64
+    digests = {1: v1, 2: v2, 3: v3}
+    assert weights_shown({"weights_sha256": None}, 2, {}) is None
     rollout = {"rollout_id": "r1", "run_id": "run", "task_index": 0, "sample_index": 0,
                "policy_version": 2, "model": "tiny:rl", "trajectory": None, "score": 0.5,
                "passed": False, "primitives": [], "env_slug": "e", "env_version": 1,
                "env_hash": "h", "seed": 1, "sampling": {}, "error": None}  # fmt: skip
 
-    def provenance(trajectory: dict, expected: str | None) -> str:
+    def provenance(trajectory: dict, known: dict[int, str]) -> str:
         html = TEMPLATES.get_template("trajectory.html").render(
-            r=rollout, trained=[], turns=[], weights=weights_shown(trajectory, expected)
+            r=rollout, trained=[], turns=[], weights=weights_shown(trajectory, 2, known)
         )
         start = html.index('id="prov-weights"')
         return html[start : html.index("</dd>", start)]
 
-    ok = provenance({"weights_sha256": v2}, v2)
+    ok = provenance({"weights_sha256": v2}, digests)
     assert 'class="ok"' in ok and "those of v2" in ok
-    stale = provenance({"weights_sha256": v1}, v2)
+    # An update landed between two turns: v2's and v3's weights, trained on like the learner.
+    newer = provenance({"weights_sha256": f"mixed:{v2},{v3}"}, digests)
+    assert 'class="ok"' in newer and "a newer version" in newer
+    stale = provenance({"weights_sha256": v1}, digests)
     assert 'class="bad"' in stale and "not those of v2" in stale
     assert "the learner does not train on it" in stale
-    missing = provenance({}, v2)
+    missing = provenance({}, digests)
     assert "no proof of weights" in missing and 'class="bad"' in missing
-    unknown = provenance({"weights_sha256": v1}, None)
+    unknown = provenance({"weights_sha256": v1}, {})
     assert "no digest announced for v2" in unknown
