@@ -44,11 +44,12 @@ from rollout.shared.models.endpoints import Endpoint, load_policy, url_problem
 from rollout.shared.models.hermes import CLOSE_TAG
 from rollout.shared.models.hf import DEFAULT_MAX_NEW_TOKENS
 from rollout.shared.models.local_models import adapter_base, is_adapter, root_model
-from rollout.shared.models.openai_compat import OpenAICompatBackend
+from rollout.shared.models.openai_compat import EndpointRefused, OpenAICompatBackend
 from rollout.shared.models.trained import (
     FollowsPolicy,
     PolicyRecord,
     checked_digest,
+    move_into_place,
     policy_key,
     register_policy_server,
     rollout_home,
@@ -211,10 +212,7 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
         try:
             for file in weight_files(path):
                 shutil.copyfile(file, tmp / file.name)
-            os.replace(tmp, target)
-        except OSError:
-            if not target.is_dir():  # another replica put it there first: keep theirs
-                raise
+            move_into_place(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -276,8 +274,8 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
         A server that lost the adapter (restarted) answers 404: it is loaded again, once."""
         try:
             return await self._generate_once(requests)
-        except RolloutError as exc:
-            if "HTTP 404" not in str(exc):
+        except EndpointRefused as exc:
+            if exc.status != 404:
                 raise
             log.warning("adapter gone from the inference server; loading it again",
                         adapter=self.model, server=self.base_url)  # fmt: skip
@@ -290,10 +288,12 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
         return await super().generate(bodies)  # type: ignore[arg-type]
 
     def _load_again(self) -> None:
-        with self._version_lock, self._serving_lock:
-            name, digest, path = self.model, self.weights_sha256 or "", self._path
-        self._stage(path, name)
-        self._load(name, digest)
+        # Under the version lock: a switch cannot retire (unload) this name meanwhile.
+        with self._version_lock:
+            with self._serving_lock:
+                name, digest, path = self.model, self.weights_sha256 or "", self._path
+            self._stage(path, name)
+            self._load(name, digest)
 
     def _body(self, request: ChatRequest) -> _Prepared:
         try:

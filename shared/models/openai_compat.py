@@ -60,6 +60,14 @@ _WIRE_KEYS = {
 }
 
 
+class EndpointRefused(RolloutError):
+    """The endpoint refused the request for its configuration (401, 403 or 404: `status`)."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class OpenAICompatBackend:
     """A chat-completions endpoint; a batch is sent as concurrent requests under a cap."""
 
@@ -212,7 +220,7 @@ class OpenAICompatBackend:
                     return self._parse(response, request)
                 reason = f"HTTP {status}: {_server_message(response)}"
                 if status in (401, 403, 404):
-                    raise RolloutError(self._config_error(status, response))
+                    raise EndpointRefused(self._config_error(status, response), status=status)
                 if status not in _RETRYABLE_4XX and status < 500:
                     # The request itself was refused (too long, bad tools...): this episode
                     # ends with the reason, the rest of the batch is unaffected.
@@ -505,6 +513,7 @@ def _truthy(value: str | None) -> bool:
 
 __all__ = [
     "ENDPOINT_PREFIX",
+    "EndpointRefused",
     "EndpointName",
     "OpenAICompatBackend",
     "check_endpoint_policy",

@@ -168,6 +168,16 @@ def unpack(data: bytes | Path, directory: Path) -> Path:
     return directory
 
 
+def move_into_place(staged: Path, target: Path) -> None:
+    """Rename a fully written folder to `target`; when another writer got there first, theirs
+    stays (both wrote the same content-addressed thing)."""
+    try:
+        os.replace(staged, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+
+
 async def fetch_checkpoint(store: ObjectStore, uri: str, sha256: str, directory: Path) -> Path:
     """Download a checkpoint archive (verified) and extract it into `directory` atomically."""
     directory = Path(directory)
@@ -178,11 +188,7 @@ async def fetch_checkpoint(store: ObjectStore, uri: str, sha256: str, directory:
     try:
         await store.download_to(uri, archive, sha256=sha256)
         await asyncio.to_thread(unpack, archive, tmp)
-        try:
-            await asyncio.to_thread(os.replace, tmp, directory)
-        except OSError:
-            if not directory.is_dir():  # someone else put it there first: keep theirs
-                raise
+        await asyncio.to_thread(move_into_place, tmp, directory)
     finally:
         archive.unlink(missing_ok=True)
         if tmp.exists():

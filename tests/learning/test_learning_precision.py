@@ -138,17 +138,20 @@ def test_a_bf16_grpo_step_autocasts_its_forwards_over_float32_weights(
     assert read_step_log(tmp_path / "g")[-1]["precision"] == "bf16"
 
 
-def test_an_fp32_grpo_step_does_not_autocast(
-    monkeypatch: pytest.MonkeyPatch, tiny_base: Path, tmp_path: Path
+@pytest.mark.parametrize("method", ["grpo", "ppo"])
+def test_an_fp32_step_does_not_autocast(
+    monkeypatch: pytest.MonkeyPatch, tiny_base: Path, tmp_path: Path, method: str
 ) -> None:
     monkeypatch.setenv("ROLLOUT_TRAIN_PRECISION", "fp32")
-    config = TrainConfig(method="grpo", learning_rate=1e-2, beta=0.05, lora=True)
-    learner = GRPOLearner(tiny_base, tmp_path / "g", config, resume=False)
+    learner_class, kl = {"grpo": (GRPOLearner, {"beta": 0.05}),
+                         "ppo": (PPOLearner, {"kl_coef": 0.05})}[method]  # fmt: skip
+    config = TrainConfig(method=method, learning_rate=1e-2, lora=True, **kl)
+    learner = learner_class(tiny_base, tmp_path / method, config, resume=False)
     seen = _watch(learner.model)
     learner.step(_groups(learner))
     assert seen and set(seen) == {torch.float32}
     assert learner.metrics["bf16"] == 0.0
-    assert read_step_log(tmp_path / "g")[-1]["precision"] == "fp32"
+    assert read_step_log(tmp_path / method)[-1]["precision"] == "fp32"
 
 
 def test_a_bf16_ppo_step_keeps_the_value_head_and_values_float32(
@@ -175,18 +178,6 @@ def test_a_bf16_ppo_step_keeps_the_value_head_and_values_float32(
         logp, values = learner._forward(learner.model, batch)
     assert logp.dtype == values.dtype == torch.float32
     assert learner.metrics["bf16"] == 1.0
-
-
-def test_an_fp32_ppo_step_does_not_autocast(
-    monkeypatch: pytest.MonkeyPatch, tiny_base: Path, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("ROLLOUT_TRAIN_PRECISION", "fp32")
-    config = TrainConfig(method="ppo", learning_rate=1e-2, kl_coef=0.05, lora=True)
-    learner = PPOLearner(tiny_base, tmp_path / "p", config, resume=False)
-    seen = _watch(learner.model)
-    learner.step(_groups(learner))
-    assert seen and set(seen) == {torch.float32}
-    assert learner.metrics["bf16"] == 0.0
 
 
 def test_a_bf16_opd_step_autocasts_the_teachers_forward_too(
