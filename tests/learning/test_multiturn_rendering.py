@@ -92,6 +92,7 @@ def _runs(labels: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+@pytest.mark.smollm2
 def test_sft_trains_every_assistant_turn_on_the_tokens_the_actor_renders(
     smollm2_dir: Path, demonstration: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -130,6 +131,7 @@ def test_sft_trains_every_assistant_turn_on_the_tokens_the_actor_renders(
     assert runs[-1][1] == len(ids) - 1  # only the newline after the last <|im_end|> follows
 
 
+@pytest.mark.smollm2
 def test_a_max_seq_len_that_would_cut_a_chat_is_refused_before_training(
     smollm2_dir: Path, demonstration: dict[str, Any], tmp_path: Path
 ) -> None:

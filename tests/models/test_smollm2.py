@@ -23,7 +23,7 @@ from rollout.shared.models.base import ChatRequest
 from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.local_models import adapter_base, train_defaults
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 TOOLS = [
     {
