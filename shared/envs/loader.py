@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+import threading
 import traceback
 import uuid
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from rollout.shared.envs.environment import LOADING_DIR, Environment
 from rollout.shared.errors import RolloutError
+
+log = structlog.get_logger(__name__)
+# Seconds an env file may take to load before a warning says it is still loading.
+SLOW_LOAD_S = 10.0
+
+
+def _still_loading(file: Path) -> None:
+    log.warning(
+        "env file still loading",
+        file=str(file),
+        seconds=SLOW_LOAD_S,
+        hint="an env file runs when it is loaded: look for a loop or a slow download at module "
+        "level (Ctrl-C stops)",
+    )
 
 
 def _user_frame(exc: BaseException, path: Path) -> int | None:
@@ -66,8 +84,14 @@ def load_environments(path: str | Path) -> list[Any]:
         sys.path.insert(0, folder)
     token = LOADING_DIR.set(file.parent)
     sys.modules[module_name] = module
+    # The file's own prints go to stderr: stdout belongs to the command (`--json` documents).
+    # A file still running after a while gets one warning: it may loop or fetch at import.
+    watch = threading.Timer(SLOW_LOAD_S, _still_loading, (file,))
+    watch.daemon = True
+    watch.start()
     try:
-        spec.loader.exec_module(module)
+        with contextlib.redirect_stdout(sys.stderr):
+            spec.loader.exec_module(module)
     except SyntaxError as exc:
         where = f"{file}:{exc.lineno}" if exc.lineno else str(file)
         raise RolloutError(f"{where}: syntax error: {exc.msg}") from None
@@ -82,6 +106,7 @@ def load_environments(path: str | Path) -> list[Any]:
         where = f"{file}:{line}" if line else str(file)
         raise RolloutError(f"{where}: {type(exc).__name__}: {exc}") from None
     finally:
+        watch.cancel()
         LOADING_DIR.reset(token)
         sys.modules.pop(module_name, None)
     envs = _collect(vars(module))

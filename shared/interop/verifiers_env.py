@@ -110,7 +110,14 @@ def export_module(spec: EnvironmentSpec, out_dir: str | Path, name: str | None =
     if not module.isidentifier() or keyword.iskeyword(module):
         raise RolloutError(f"--name {module!r} is not a Python module name")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise RolloutError(
+            f"-o {out}: exists and is not a folder (-o names the folder to write into)"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RolloutError(f"-o {out}: cannot create the folder: {exc.strerror or exc}") from None
     path = out / f"{module}.py"
     text = _MODULE.format(slug=spec.slug, spec=json.dumps(spec.to_json_dict(), sort_keys=True))
     path.write_text(text, encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 
 from rollout.shared.errors import RolloutError
@@ -19,9 +20,15 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        # An unknown or foreign address is the host's fault, anything else the port's.
+        unknown = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+        hint = (
+            "give --host an address of this machine (127.0.0.1, 0.0.0.0, ::1, ...)"
+            if unknown
+            else "pick another port with --port, or stop what holds this one"
+        )
         raise RolloutError(
-            f"cannot listen on {host}:{port}: {exc.strerror}",
-            problems=["pick another port with --port, or stop what holds this one"],
+            f"cannot listen on {host}:{port}: {exc.strerror}", problems=[hint]
         ) from None
     sock.listen(128)
     sock.set_inheritable(True)

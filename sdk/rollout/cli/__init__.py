@@ -63,11 +63,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         code = args.func(args)
+        sys.stdout.flush()  # here, so a reader that went away is caught below
     except RolloutError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`rollout runs --json | head`): stop quietly, and point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return int(code or 0)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
@@ -35,3 +36,14 @@ def print_json(document: Any) -> None:
     """Print one JSON document on stdout (for scripts and CI)."""
     json.dump(document, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def port_number(value: str) -> int:
+    """argparse type of a --port: a TCP port, 0 (any free one) to 65535."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{number} is not a port (0-65535)")
+    return number

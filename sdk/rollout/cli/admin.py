@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from rollout.cli._common import print_json, require_database, settings_or_error
+from rollout.cli._common import port_number, print_json, require_database, settings_or_error
 from rollout.errors import RolloutError
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared.auth.services import authorization_template
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     config.add_argument("--out", required=True, help="where to write the config")
     config.add_argument("--listen", default="0.0.0.0")
-    config.add_argument("--port", type=int, default=4222)
+    config.add_argument("--port", type=port_number, default=4222)
     config.add_argument("--http-port", type=int, default=8222)
     config.add_argument("--store-dir", default="/data")
     config.add_argument(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from rollout.cli._common import client_settings_or_error, print_json
+from rollout.cli._common import client_settings_or_error, port_number, print_json
 from rollout.cli.env_specs import resolve_spec
 from rollout.client import AsyncClient
 from rollout.shared.interop.backends import describe
 from rollout.shared.interop.nemo_gym import serve as serve_gym
 from rollout.shared.interop.verifiers_env import export_module
+from rollout.shared.service.sockets import bind
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("env", metavar="SLUG|FILE")
     serve.add_argument("--slug", help="which environment of FILE (when it defines several)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port_number, default=8000)
     serve.add_argument(
         "--protocol",
         choices=("openenv", "nemo-gym"),
@@ -114,6 +115,9 @@ def _list(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
+    # uvicorn reports an address it cannot listen on as a log line and exit status 3: try it
+    # first, so a bad --host or a taken --port is an error naming them.
+    bind(args.host, args.port).close()
     if args.protocol == "nemo-gym":
         serve_gym(spec, host=args.host, port=args.port)
         return 0

@@ -1,0 +1,66 @@
+"""Bad flags and a reader that goes away: a clear error and an exit status, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REFUND = ROOT / "examples" / "refund_agent.py"
+
+
+def rollout(*args: str, **kwargs) -> subprocess.CompletedProcess:  # noqa: ANN003
+    """The real CLI in a child process."""
+    return subprocess.run([sys.executable, "-m", "rollout.cli", *args], capture_output=True,
+                          text=True, timeout=120, **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "http"])
+def test_env_serve_refuses_a_port_that_is_not_one(port: str) -> None:
+    done = rollout("env", "serve", str(REFUND), "--port", port)
+    assert done.returncode == 2
+    assert "argument --port" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_env_serve_names_a_host_it_cannot_listen_on() -> None:
+    done = rollout("env", "serve", str(REFUND), "--host", "999.1.1.1", "--port", "0")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "cannot listen on 999.1.1.1:0" in done.stderr and "--host" in done.stderr
+
+
+def test_env_serve_names_a_taken_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        done = rollout("env", "serve", str(REFUND), "--port", port)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+
+
+def test_export_verifiers_refuses_an_out_that_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "existing.py"
+    target.write_text("keep me\n")
+    done = rollout("env", "export-verifiers", str(REFUND), "-o", str(target))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "exists and is not a folder" in done.stderr
+    assert target.read_text() == "keep me\n"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    read, write = os.pipe()
+    os.close(read)  # every write to stdout now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "rollout.cli", "plan", str(REFUND), "--json"],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
