@@ -9,15 +9,21 @@ Import checks every row before writing anything, then builds the training sets w
 buffer's own builders (shared/learning/datasets.py) and the learner's row shapes
 (shared/learning/trainer_rows.py): the SFT examples, DPO pairs, KTO rows and GRPO groups are
 those the platform would train on from the same rollouts.
+
+An output folder (import's DIR, an hf export's --out) is written beside its target and swapped
+in whole, so only a missing or empty folder, or one an earlier run of the same command wrote,
+is replaced: anything else in the way is named and nothing is deleted.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import secrets
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +121,14 @@ def snapshot_row(
         "completion": trajectory.get("final_output"),
         "source": source,
     }
-    SnapshotRow.model_validate(row)  # what import will demand, checked on the way out
+    return _checked(row)
+
+
+def _checked(row: dict[str, Any]) -> dict[str, Any]:
+    """ROW, checked on the way out as import will check it: no export that import refuses."""
+    problems = row_problems(SnapshotRow.model_validate(row))
+    if problems:
+        raise RolloutError(f"rollout {row['rollout_id']}: cannot be exported", problems=problems)
     return row
 
 
@@ -207,8 +220,7 @@ def buffer_row(item: Mapping[str, Any], tasks: list[Any]) -> dict[str, Any] | No
         "completion": trajectory.get("final_output"),
         "source": item.get("source"),
     }
-    SnapshotRow.model_validate(row)
-    return row
+    return _checked(row)
 
 
 async def export_buffer_rows(client: Any, query: Any) -> tuple[list[dict[str, Any]], int]:
@@ -279,22 +291,48 @@ def lineage(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _is_earlier_export(folder: Path) -> bool:
+    """FOLDER is a `--format hf` export: a save_to_disk folder of snapshot rows, nothing else."""
+    try:
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        info = json.loads((folder / "dataset_info.json").read_text(encoding="utf-8"))
+        shards = {f["filename"] for f in state["_data_files"]}
+        columns = set(info["features"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    ours = {"state.json", "dataset_info.json"} | shards
+    return (
+        set(os.listdir(folder)) == ours
+        and all((folder / name).is_file() and not (folder / name).is_symlink() for name in ours)
+        and {"format", "rollout_id", "trajectory"} <= columns <= set(SnapshotRow.model_fields)
+    )
+
+
+def check_export_out(out: Path, fmt: str) -> None:
+    """Refuse an --out that `write_snapshot` may not write (checked before anything runs)."""
+    if fmt != "hf":
+        if out.is_dir():
+            raise RolloutError(f"--out {out}: is a folder ({fmt} writes one file)")
+        return
+    if out.exists() and not out.is_dir():
+        raise RolloutError(f"--out {out}: exists and is not a folder (hf writes a folder)")
+    check_out_folder(out, "--out", "export --format hf", _is_earlier_export, new="dataset")
+
+
 def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
     """Write rows as jsonl, parquet or a `save_to_disk` folder; all or nothing (tmp + rename)."""
     import datasets
 
-    if out.exists() and fmt == "hf" and not out.is_dir():
-        raise RolloutError(f"--out {out}: exists and is not a folder (hf writes a folder)")
-    if out.exists() and fmt != "hf" and out.is_dir():
-        raise RolloutError(f"--out {out}: is a folder ({fmt} writes one file)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    check_export_out(out, fmt)
+    final = out.resolve() if fmt == "hf" else out
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         if fmt == "jsonl":
             target = tmp / "rows.jsonl"
             with target.open("w", encoding="utf-8") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                for i, row in enumerate(rows):
+                    f.write(_json_line(row, f"--out {out}: row {i}"))
         else:
             dataset = datasets.Dataset.from_list(rows, features=_features())
             if fmt == "parquet":
@@ -303,12 +341,86 @@ def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
             else:
                 target = tmp / "dataset"
                 dataset.save_to_disk(str(target))
-        if out.is_dir():
-            shutil.rmtree(out)
-        os.replace(target, out)
+        if fmt == "hf":
+            _swap_in(target, final)
+        else:
+            os.replace(target, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+# --- output folders --------------------------------------------------------------------------
+
+
+def check_out_folder(
+    out: Path,
+    flag: str,
+    command: str,
+    earlier: Callable[[Path], bool],
+    *,
+    inputs: Sequence[Path] = (),
+    new: str = "out",
+) -> None:
+    """Refuse OUT unless it is missing, empty or what an earlier run of COMMAND wrote there.
+
+    The folder is replaced as a whole, so anything else in it would be lost: it is named, and
+    nothing is written or deleted. A folder holding an input or the current folder is refused.
+    """
+    if out.is_symlink():
+        raise RolloutError(f"{flag} {out}: is a symbolic link; name a real folder")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RolloutError(f"{flag} {out}: exists and is not a folder")
+    target = out.resolve()
+    hint = f"nothing was written or deleted; name a new or empty folder, e.g. {flag} {out / new}"
+    if Path.cwd().resolve().is_relative_to(target):
+        raise RolloutError(f"{flag} {out}: is the current folder or holds it", problems=[hint])
+    for source in inputs:
+        if source.resolve().is_relative_to(target):
+            raise RolloutError(f"{flag} {out}: holds the input {source}", problems=[hint])
+    entries = sorted(os.listdir(target))
+    if not entries or earlier(target):
+        return
+    shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    raise RolloutError(
+        f"{flag} {out}: not empty and not the output of an earlier `rollout {command}`",
+        problems=[f"in the way: {shown}", hint],
+    )
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _swap_in(staged: Path, out: Path) -> None:
+    """Put the fully written folder STAGED at OUT; an OUT already there is removed only after."""
+    # mkdtemp made it 0700: give it the mode any folder the user makes gets.
+    os.chmod(staged, 0o777 & ~_umask())
+    if not out.exists():
+        os.replace(staged, out)
+        return
+    old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
+    os.replace(out, old)
+    try:
+        os.replace(staged, out)
+    except BaseException:
+        os.replace(old, out)  # the earlier output stays as it was
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _json_line(item: Any, where: str) -> str:
+    """ITEM as one JSON line; a NaN or infinity is refused (it is not JSON), never written."""
+    try:
+        return json.dumps(item, ensure_ascii=False, allow_nan=False) + "\n"
+    except ValueError:
+        raise RolloutError(
+            f"{where}: holds a number that is not finite (NaN or infinity); nothing was written"
+        ) from None
 
 
 # --- import ----------------------------------------------------------------------------------
@@ -338,8 +450,18 @@ def _raw_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         return [(f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist())]
     if path.suffix.lower() == ".jsonl":
         out = []
-        with path.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
+        offset = 0
+        # Read as bytes: a byte that is not UTF-8 is then named by its offset in the file.
+        with path.open("rb") as f:
+            for number, data in enumerate(f, start=1):
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise RolloutError(
+                        f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                        f"{offset + exc.start}, line {number})"
+                    ) from None
+                offset += len(data)
                 if not line.strip():
                     continue
                 try:
@@ -367,16 +489,139 @@ def read_snapshot(path: Path) -> list[SnapshotRow]:
     for where, data in raw:
         try:
             row = SnapshotRow.model_validate(data)
+            problems = row_problems(row)
         except ValidationError as exc:
             problems = [
                 f"{'.'.join(str(p) for p in e['loc']) or '(row)'}: {e['msg']}" for e in exc.errors()
             ]
             raise RolloutError(f"{where}: not a rollout snapshot row", problems=problems) from None
+        except RecursionError:  # json.loads of a JSON text field nested thousands deep
+            raise RolloutError(f"{where}: a JSON text field is nested too deeply") from None
+        if problems:
+            raise RolloutError(f"{where}: not a rollout snapshot row", problems=problems)
         if row.rollout_id in seen:
             raise RolloutError(f"{where}: rollout {row.rollout_id} repeats {seen[row.rollout_id]}")
         seen[row.rollout_id] = where
         rows.append(row)
     return rows
+
+
+def row_problems(row: SnapshotRow) -> list[str]:
+    """What the row's schema lets through but no verdict or trajectory may hold, by field."""
+    problems = _verdict_problems(row)
+    for name in ("trajectory", "primitives", "tools"):
+        text = getattr(row, name)
+        if text is not None:
+            bad = _non_finite(json.loads(text), name)
+            if bad:
+                problems.append(f"{bad}: must be a finite number (NaN and infinity are not JSON)")
+    messages = json.loads(row.trajectory)["messages"]
+    problem = _messages_problem(messages, "trajectory.messages")
+    if problem:
+        problems.append(problem)
+    # The builders copy tools into every example: an OpenAI tool is an object.
+    tools = json.loads(row.tools) if row.tools is not None else []
+    bad = next((i for i, tool in enumerate(tools) if not isinstance(tool, dict)), None)
+    if bad is not None:
+        problems.append(f"tools[{bad}]: must be an OpenAI tool object {{'type', 'function'}}")
+    return problems
+
+
+def _verdict_problems(row: SnapshotRow) -> list[str]:
+    # The verifier's verdicts: score in [0, 1] (clamped there), outcome "passed" exactly when
+    # passed is true, "failed" when false; an errored row has no verdict (passed is never true).
+    score, problems = row.score, []
+    if score is not None and not math.isfinite(score):
+        problems.append(f"score: must be a finite number, got {score}")
+    elif score is not None and not 0.0 <= score <= 1.0:
+        problems.append(f"score: must be in [0, 1], got {score}")
+    elif score is None and row.outcome != "errored":
+        problems.append(f"score: missing; a {row.outcome} row has a score")
+    if row.outcome == "errored":
+        if row.passed:
+            problems.append("passed: true contradicts outcome 'errored' (no verdict)")
+    elif row.passed is None:
+        problems.append(f"passed: missing; outcome {row.outcome!r} needs true or false")
+    elif row.passed != (row.outcome == "passed"):
+        problems.append(f"passed: {str(row.passed).lower()} contradicts outcome {row.outcome!r}")
+    return problems
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """The path of the first NaN or infinity in decoded JSON (json reads both), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    # A loop, not recursion: any depth json.loads read is walked; a path is made only for
+    # containers (token id lists hold many numbers).
+    stack = [(where, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            entries: Iterable[tuple[Any, Any]] = item.items()
+            step = ".{}"
+        elif isinstance(item, list):
+            entries, step = enumerate(item), "[{}]"
+        else:
+            continue
+        for key, child in entries:
+            if isinstance(child, float):
+                if not math.isfinite(child):
+                    return path + step.format(key)
+            elif isinstance(child, dict | list):
+                stack.append((path + step.format(key), child))
+    return None
+
+
+# What a trajectory's messages may be: the agent loop's and the model backends' chat (OpenAI's
+# shape; ART imports add "developer"). Looser than a prompts file's (contracts/chat.py): a
+# model may say nothing (content null) or write a call it could not name or give JSON for.
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _messages_problem(messages: list[Any], where: str) -> str | None:
+    """`where[i].field: why` for the first message the training-set builders cannot read."""
+    for i, message in enumerate(messages):
+        at = f"{where}[{i}]"
+        if not isinstance(message, dict):
+            return f"{at}: must be a chat message object {{'role': ..., 'content': ...}}"
+        role = message.get("role")
+        if role not in _ROLES:
+            return f"{at}.role: must be one of {', '.join(_ROLES)}, got {role!r}"
+        content = message.get("content")
+        if not isinstance(content, str) and not (content is None and role == "assistant"):
+            kind = "a string or null" if role == "assistant" else "a string"
+            return f"{at}.content: must be {kind}, got {type(content).__name__}"
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            return f"{at}.tool_calls: must be a list of calls, got {type(calls).__name__}"
+        if calls and role != "assistant":
+            return f"{at}.tool_calls: only an assistant message calls tools"
+        for j, call in enumerate(calls):
+            problem = _call_problem(call, f"{at}.tool_calls[{j}]")
+            if problem:
+                return problem
+    return None
+
+
+def _call_problem(call: Any, where: str) -> str | None:
+    """What keeps one tool call from being a call: OpenAI's {"id", "function": {...}} shape."""
+    if not isinstance(call, dict):
+        return f"{where}: must be a call {{'id': ..., 'function': {{'name', 'arguments'}}}}"
+    if "id" in call and call["id"] is not None and not isinstance(call["id"], str):
+        return f"{where}.id: must be a string"
+    # The learner's builder also reads a flat {"name", "arguments"} call.
+    function, at = (call["function"], f"{where}.function") if "function" in call else (call, where)
+    if not isinstance(function, dict):
+        return f"{at}: must be {{'name': str, 'arguments': str}}"
+    # A call the model could not name is kept with an empty name (the loop answered it).
+    if not isinstance(function.get("name"), str):
+        return f"{at}.name: must be a string"
+    arguments = function.get("arguments", "")
+    if arguments is not None and not isinstance(arguments, str | dict):
+        return f"{at}.arguments: must be JSON text or an object"
+    return None
 
 
 DATASET_PREFIX = "datasets"
@@ -400,8 +645,8 @@ async def stage_dataset(settings: Any, path: Path) -> Any:
 
 def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str, list[dict]]:
     """SFT, DPO, KTO and GRPO rows from snapshot rows, as the buffer and learner build them."""
-    if min_margin < 0:
-        raise RolloutError(f"--min-margin must be >= 0, got {min_margin}")
+    if not (math.isfinite(min_margin) and min_margin >= 0):
+        raise RolloutError(f"--min-margin must be a finite number >= 0, got {min_margin}")
     buffer_rows = [r.buffer_row() for r in rows]
     run_ids = sorted({r.run_id for r in rows})
     sft_items, _, _ = sft_set(buffer_rows)
@@ -418,25 +663,36 @@ def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str,
     }
 
 
+IMPORT_FILES = ("rollouts.jsonl", "sft.jsonl", "dpo.jsonl", "kto.jsonl", "grpo.jsonl")
+
+
+def _is_earlier_import(folder: Path) -> bool:
+    """FOLDER holds exactly the files `import_snapshot` writes (so it may be replaced)."""
+    names = set(os.listdir(folder))
+    return names == set(IMPORT_FILES) and all(
+        (folder / name).is_file() and not (folder / name).is_symlink() for name in names
+    )
+
+
 def import_snapshot(path: Path, out: Path, *, min_margin: float = 0.0) -> dict[str, int]:
     """Check PATH, then write DIR/rollouts.jsonl and the training sets (all or nothing)."""
+    check_out_folder(out, "-o", "import", _is_earlier_import, inputs=[path], new="sets")
     rows = read_snapshot(path)
     sets = training_sets(rows, min_margin)
-    if out.exists() and not out.is_dir():
-        raise RolloutError(f"--out {out}: exists and is not a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    final = out.resolve()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         with (tmp / "rollouts.jsonl").open("w", encoding="utf-8") as f:
             for row in rows:
                 f.write(row.model_dump_json() + "\n")
         for name, items in sets.items():
             with (tmp / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-                for item in items:
-                    f.write(json.dumps(item, ensure_ascii=False) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+                for i, item in enumerate(items):
+                    f.write(_json_line(item, f"{out / name}.jsonl: item {i}"))
+        # Checked again: the folder may have changed while the sets were built.
+        check_out_folder(out, "-o", "import", _is_earlier_import, inputs=[path], new="sets")
+        _swap_in(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"rollouts": len(rows), **{name: len(items) for name, items in sets.items()}}

@@ -5,6 +5,8 @@ lineage, and back as the very training sets the buffer builds from the same run.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,13 +15,15 @@ import pytest
 from pipeline.kit import Platform, as_service, refund_env, wait_for_platform
 from test_cli_platform import rollout
 
+from rollout.cli import main
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.learner.training_sets import dpo_pairs, sft_set
 from rollout.shared.aggregates.run import load_run_head
+from rollout.shared.contracts.snapshot import SnapshotRow
 from rollout.shared.learning.trainer_rows import dpo_rows, sft_rows
 from rollout.shared.settings import Settings, connect_nats
-from rollout.snapshots import import_snapshot, read_snapshot
+from rollout.snapshots import IMPORT_FILES, import_snapshot, read_snapshot, write_snapshot
 
 
 @pytest.fixture
@@ -240,3 +244,228 @@ def test_bad_snapshot_rows_are_refused_by_file_row_and_field_and_nothing_is_writ
         read_snapshot(tmp_path)
     with pytest.raises(RolloutError, match="unknown snapshot format"):
         read_snapshot(path.rename(tmp_path / "rows.csv"))
+
+
+# --- hostile input: output folders, verdicts, trajectories, encodings (offline, real CLI) -----
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    """`rollout ARGS` in this process: (exit code, stdout, stderr)."""
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _write_rows(path: Path, *rows: dict) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _good(path: Path) -> Path:
+    return _write_rows(
+        path, _row(), _row(rollout_id="r2", score=0.0, passed=False, outcome="failed")
+    )
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_import_refuses_a_folder_with_other_files_and_deletes_nothing(tmp_path, capsys) -> None:
+    snap = _good(tmp_path / "good.jsonl")
+    project = tmp_path / "myproject"
+    project.mkdir()
+    (project / "notes.txt").write_text("weeks of notes")
+    (project / "sft.jsonl").write_text("my own sft data\n")  # one of its names is not enough
+    before = _tree(tmp_path)
+    code, out, err = _cli(capsys, "import", str(snap), "-o", str(project))
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert f"-o {project}: not empty and not the output of an earlier `rollout import`" in err
+    assert "in the way: notes.txt, sft.jsonl" in err and "name a new or empty folder" in err
+    assert _tree(tmp_path) == before  # nothing deleted, nothing left behind
+    assert sorted(os.listdir(tmp_path)) == ["good.jsonl", "myproject"]
+
+
+def test_import_into_the_current_folder_or_one_holding_the_input_is_refused(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    work = tmp_path / "d"
+    work.mkdir()
+    _good(work / "snap.jsonl")
+    (work / "keep.txt").write_text("keep")
+    before = _tree(tmp_path)
+    monkeypatch.chdir(work)
+    for target in (".", "..", str(work)):
+        code, _, err = _cli(capsys, "import", "snap.jsonl", "-o", target)
+        assert code == 1 and f"-o {target}: is the current folder or holds it" in err, err
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _cli(capsys, "import", "d/snap.jsonl", "-o", "d")
+    assert code == 1 and "-o d: holds the input d/snap.jsonl" in err
+    # An earlier import's folder that now holds the input is refused too.
+    assert _cli(capsys, "import", "d/snap.jsonl", "-o", "sets")[0] == 0
+    (tmp_path / "sets" / "snap.jsonl").write_bytes((work / "snap.jsonl").read_bytes())
+    code, _, err = _cli(capsys, "import", "sets/snap.jsonl", "-o", "sets")
+    assert code == 1 and "-o sets: holds the input sets/snap.jsonl" in err
+    assert {k: v for k, v in _tree(tmp_path).items() if k.startswith("d/")} == before
+
+
+def test_import_replaces_an_earlier_import_and_fills_an_empty_folder(tmp_path, capsys) -> None:
+    snap = _good(tmp_path / "good.jsonl")
+    sets = tmp_path / "sets"
+    code, out, _ = _cli(capsys, "import", str(snap), "-o", str(sets), "--json")
+    assert code == 0 and json.loads(out)["rollouts"] == 2
+    mask = os.umask(0)
+    os.umask(mask)
+    # A normal folder, not mkdtemp's 0700.
+    assert stat.S_IMODE(sets.stat().st_mode) == 0o777 & ~mask
+    # A refused import leaves the earlier one as it was.
+    first = _tree(sets)
+    bad = _write_rows(tmp_path / "bad.jsonl", _row(score=float("nan")))
+    assert _cli(capsys, "import", str(bad), "-o", str(sets))[0] == 1
+    assert _tree(sets) == first
+    bad.unlink()
+    one = _write_rows(tmp_path / "one.jsonl", _row(rollout_id="only"))
+    code, out, _ = _cli(capsys, "import", str(one), "-o", str(sets))
+    assert code == 0 and out.startswith("1 rollouts imported")
+    assert sorted(os.listdir(sets)) == sorted(IMPORT_FILES)
+    assert [r["rollout_id"] for r in _read_jsonl(sets / "rollouts.jsonl")] == ["only"]
+    assert stat.S_IMODE(sets.stat().st_mode) == 0o777 & ~mask
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _cli(capsys, "import", str(snap), "-o", str(empty))[0] == 0
+    assert sorted(os.listdir(empty)) == sorted(IMPORT_FILES)
+    # No staging or set-aside folder is left next to them.
+    assert sorted(os.listdir(tmp_path)) == ["empty", "good.jsonl", "one.jsonl", "sets"]
+
+
+def test_export_hf_replaces_only_an_earlier_hf_export(tmp_path) -> None:
+    rows = [SnapshotRow.model_validate(r).model_dump() for r in (_row(), _row(rollout_id="r2"))]
+    target = tmp_path / "exp"
+    target.mkdir()
+    (target / "keep.txt").write_text("keep")
+    with pytest.raises(RolloutError, match="not the output of an earlier `rollout export") as info:
+        write_snapshot(rows, target, "hf")
+    assert "in the way: keep.txt" in info.value.problems[0]
+    assert os.listdir(target) == ["keep.txt"]
+    other = tmp_path / "other"
+    datasets.Dataset.from_list([{"text": "someone else's dataset"}]).save_to_disk(str(other))
+    with pytest.raises(RolloutError, match=f"--out {other}: not empty"):
+        write_snapshot(rows, other, "hf")
+    assert datasets.load_from_disk(str(other))["text"] == ["someone else's dataset"]
+    out = tmp_path / "hf"
+    write_snapshot(rows, out, "hf")
+    write_snapshot(rows[:1], out, "hf")  # an earlier export is replaced
+    assert [r.rollout_id for r in read_snapshot(out)] == ["r1"]
+    assert sorted(os.listdir(tmp_path)) == ["exp", "hf", "other"]
+
+
+def test_non_finite_scores_and_margins_are_refused(tmp_path, capsys) -> None:
+    out = tmp_path / "s"
+    for score, shown in ((float("nan"), "nan"), (float("inf"), "inf")):
+        path = _write_rows(tmp_path / "nan.jsonl", _row(score=score))
+        code, _, err = _cli(capsys, "import", str(path), "-o", str(out))
+        assert code == 1 and "Traceback" not in err
+        assert f"{path}:1: not a rollout snapshot row" in err
+        assert f"score: must be a finite number, got {shown}" in err
+    path = _write_rows(tmp_path / "big.jsonl", _row(score=2.0))
+    assert (
+        "score: must be in [0, 1], got 2.0" in _cli(capsys, "import", str(path), "-o", str(out))[2]
+    )
+    # A NaN inside the trajectory (here a logprob) is named by its path.
+    trajectory = json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                          {"role": "assistant", "content": "yo"}],
+                             "token_ids": [[1]], "logprobs": [[float("nan")]]})  # fmt: skip
+    path = _write_rows(tmp_path / "lp.jsonl", _row(trajectory=trajectory))
+    err = _cli(capsys, "import", str(path), "-o", str(out))[2]
+    assert "trajectory.logprobs[0][0]: must be a finite number" in err
+    good = _good(tmp_path / "good.jsonl")
+    for margin in ("nan", "inf", "-1"):
+        code, _, err = _cli(capsys, "import", str(good), "-o", str(out), "--min-margin", margin)
+        assert code == 1 and "--min-margin must be a finite number >= 0" in err, err
+    assert not out.exists()  # nothing written
+
+
+def test_contradictory_verdicts_are_refused_by_file_row_and_field(tmp_path, capsys) -> None:
+    out = tmp_path / "s"
+    cases = [
+        (_row(score=0.0, passed=True, outcome="failed"), "passed: true contradicts outcome 'failed'"),
+        (_row(passed=False, outcome="passed"), "passed: false contradicts outcome 'passed'"),
+        (_row(passed=True, outcome="errored"), "passed: true contradicts outcome 'errored'"),
+        (_row(passed=None, outcome="failed", score=0.0), "passed: missing; outcome 'failed'"),
+        (_row(score=None), "score: missing; a passed row has a score"),
+    ]  # fmt: skip
+    for bad, problem in cases:
+        path = _write_rows(tmp_path / "contra.jsonl", _row(rollout_id="ok"), bad)
+        code, _, err = _cli(capsys, "import", str(path), "-o", str(out))
+        assert code == 1 and f"{path}:2: not a rollout snapshot row" in err and problem in err, err
+    assert not out.exists()
+    # An errored row has no verdict: passed false or null, any score or none, is taken.
+    path = _write_rows(tmp_path / "errored.jsonl",
+                       _row(outcome="errored", passed=None, score=None, error="model down"),
+                       _row(rollout_id="r2", outcome="errored", passed=False, score=0.0))  # fmt: skip
+    assert _cli(capsys, "import", str(path), "-o", str(out))[0] == 0
+
+
+def test_non_utf8_snapshot_is_named_not_a_traceback(tmp_path, capsys) -> None:
+    path = tmp_path / "bin.jsonl"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    code, _, err = _cli(capsys, "import", str(path), "-o", str(tmp_path / "s"))
+    assert code == 1 and "Traceback" not in err
+    assert f"{path}: not UTF-8 text (byte 0xff at offset 0, line 1)" in err
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps(_row()).encode() + b"\n" + b'{"model": "caf\xe9"}\n')
+    with pytest.raises(RolloutError, match=r"latin.jsonl: not UTF-8 text \(byte 0xe9 at offset"):
+        read_snapshot(latin)
+
+
+def test_malformed_trajectory_messages_are_named_by_path(tmp_path, capsys) -> None:
+    user = {"role": "user", "content": "hi"}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    def assistant(**fields) -> dict:
+        return {"role": "assistant", "content": None, **fields}
+
+    cases = [
+        ([user, assistant(tool_calls="bad")],
+         "trajectory.messages[1].tool_calls: must be a list of calls"),
+        ([user, assistant(tool_calls={"function": {}})],
+         "trajectory.messages[1].tool_calls: must be a list of calls"),
+        ([user, assistant(tool_calls=["x"])], "trajectory.messages[1].tool_calls[0]: must be a call"),
+        ([user, assistant(tool_calls=[{"id": "c1", "function": "f"}])],
+         "trajectory.messages[1].tool_calls[0].function: must be"),
+        ([user, assistant(tool_calls=[{"id": "c1", "function": {"name": 3}}])],
+         "trajectory.messages[1].tool_calls[0].function.name: must be a string"),
+        ([user, assistant(tool_calls=[{**call, "function": {"name": "f", "arguments": [1]}}])],
+         "trajectory.messages[1].tool_calls[0].function.arguments: must be JSON text or an object"),
+        ([{**user, "tool_calls": [call]}, assistant(content="yo")],
+         "trajectory.messages[0].tool_calls: only an assistant message calls tools"),
+        ([{"content": "hi"}, assistant(content="yo")], "trajectory.messages[0].role: must be one of"),
+        ([{"role": "user", "content": ["hi"]}, assistant(content="yo")],
+         "trajectory.messages[0].content: must be a string, got list"),
+    ]  # fmt: skip
+    out = tmp_path / "s"
+    for messages, problem in cases:
+        trajectory = json.dumps({"messages": messages})
+        path = _write_rows(tmp_path / "trajtools.jsonl", _row(trajectory=trajectory))
+        code, _, err = _cli(capsys, "import", str(path), "-o", str(out))
+        assert code == 1 and "Traceback" not in err, err
+        assert f"{path}:1: not a rollout snapshot row" in err and problem in err, (problem, err)
+    assert not out.exists()
+    # The tools the builders copy into every example, and JSON text nested past any reader.
+    path = _write_rows(tmp_path / "tools.jsonl", _row(tools=json.dumps([[{"type": "function"}]])))
+    err = _cli(capsys, "import", str(path), "-o", str(out))[2]
+    assert f"{path}:1: not a rollout snapshot row" in err and "tools[0]: must be an OpenAI" in err
+    path = _write_rows(tmp_path / "deep.jsonl", _row(tools="[" * 5000 + "]" * 5000))
+    err = _cli(capsys, "import", str(path), "-o", str(out))[2]
+    assert f"{path}:1: a JSON text field is nested too deeply" in err
+    assert not out.exists()
+    # What the platform records is taken: a call the model could not name or give JSON for
+    # (kept with an empty name and its raw text), its tool result, an assistant that said nothing.
+    broken = {"id": "c1", "type": "function", "function": {"name": "", "arguments": "{oops"}}
+    messages = [user, assistant(tool_calls=[broken]),
+                {"role": "tool", "tool_call_id": "c1", "name": "", "content": "error"},
+                assistant(content=None)]  # fmt: skip
+    path = _write_rows(tmp_path / "ok.jsonl", _row(trajectory=json.dumps({"messages": messages})))
+    assert _cli(capsys, "import", str(path), "-o", str(out))[0] == 0
+    [example] = _read_jsonl(out / "sft.jsonl")
+    assert example["messages"][1]["tool_calls"][0]["function"]["arguments"] == "{oops"

@@ -17,6 +17,7 @@ from rollout.errors import RolloutError
 from rollout.generate import GenerateRequest, generate, progress_bar
 from rollout.shared.contracts.buffer import RolloutsQuery
 from rollout.snapshots import (
+    check_export_out,
     export_buffer_rows,
     export_rows,
     import_snapshot,
@@ -64,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run of --env SLUG, or of the buffer (--buffer, selected by --env, --env-version, "
         "--verdict, --policy-version, --since) as one row: trajectory, tools, score, passed, "
         "outcome, primitives and lineage (run id, model, policy version, env slug/version/hash, "
-        "seed). --format hf writes a datasets.save_to_disk folder; parquet and jsonl one file. "
+        "seed). --format hf writes a datasets.save_to_disk folder (a new or empty one, or an "
+        "earlier hf export, which it replaces); parquet and jsonl one file. "
         "`rollout import` reads them back; `rollout improve --dataset` trains on them.",
     )
     what = p.add_mutually_exclusive_group()
@@ -104,7 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Read PATH (an export: .jsonl, .parquet or a save_to_disk folder), check "
         "every row (a bad one is named by file, row and field, and nothing is written), and "
         "write DIR/rollouts.jsonl plus DIR/sft.jsonl, dpo.jsonl, kto.jsonl and grpo.jsonl, "
-        "built exactly as the buffer builds them for training.",
+        "built exactly as the buffer builds them for training. DIR must be new, empty or an "
+        "earlier import's folder (replaced whole); a folder holding other files is refused.",
     )
     p.add_argument("path", type=Path, metavar="PATH")
     p.add_argument("-o", "--out", required=True, type=Path, metavar="DIR")
@@ -204,6 +207,7 @@ def _buffer_query(args: argparse.Namespace) -> Any:
 
 async def _export(args: argparse.Namespace) -> int:
     query = _buffer_query(args)
+    check_export_out(args.out, args.format)  # before the export's work, not after it
     skipped = 0
     client = AsyncClient()
     try:
