@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import pydantic
 
+from rollout.environment import split_check
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
@@ -28,6 +30,7 @@ from rollout.shared.contracts.plan import (
     EnvEntry,
     ExperimentPlan,
     Resources,
+    RunStage,
     Stage,
 )
 from rollout.shared.contracts.training import (
@@ -40,7 +43,7 @@ from rollout.shared.contracts.training import (
 from rollout.shared.envs import load_environments, select_environment, validate_environment
 from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
 from rollout.shared.learning import methods
-from rollout.shared.models.catalog import local_model, local_model_names
+from rollout.shared.models.catalog import backend_forms, local_model, local_model_names
 from rollout.shared.models.names import check_suffix, split_trained_name
 from rollout.shared.models.trained import find_trained
 
@@ -62,6 +65,9 @@ class PlanCheck:
     plan: ExperimentPlan | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # What is probably a mistake but may be meant (e.g. scoring a trained model on every
+    # split): shown by path with the plan, never blocking it.
+    warnings: list[str] = field(default_factory=list)
     # env name -> {"slug", "version" (None: pushed when run), "specHash", "source"}
     envs: dict[str, dict[str, Any]] = field(default_factory=dict)
     canonical: dict[str, Any] | None = None
@@ -88,6 +94,8 @@ class PlanCheck:
         doc: dict[str, Any] = {"ok": self.ok, "file": self.path, "problems": self.problems}
         if self.notes:
             doc["notes"] = self.notes
+        if self.warnings:
+            doc["warnings"] = self.warnings
         if self.ok:
             doc |= {"planId": self.plan_id, "hash": self.hash, "plan": self.canonical}
         return doc
@@ -112,7 +120,7 @@ def structure_problems(exc: pydantic.ValidationError, prefix: str = "") -> list[
         path = error_path(tuple(err["loc"]))
         if prefix:
             path = f"{prefix}.{path}" if path else prefix
-        message = _message(err)
+        message = _nan_message(err) or _message(err)
         if err.get("type") == "value_error" and ": " in message:
             head, rest = message.split(": ", 1)
             if head.isidentifier():
@@ -121,13 +129,25 @@ def structure_problems(exc: pydantic.ValidationError, prefix: str = "") -> list[
     return problems
 
 
+def _nan_message(err: Any) -> str | None:
+    """`not a number` for a NaN input (its range check would say `must be <= 2` otherwise)."""
+    value = err.get("input")
+    return "not a number (nan)" if isinstance(value, float) and math.isnan(value) else None
+
+
 def read_plan_file(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
     """The TOML document, or the problem that kept it from being read (syntax: with its line)."""
     file = Path(path)
     try:
-        text = file.read_text()
+        data = file.read_bytes()
     except OSError as exc:
         return None, [f"{path}: cannot read the plan: {exc.strerror or exc}"]
+    try:
+        # utf-8-sig: a byte-order mark (what some Windows editors write first) is dropped.
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        byte = data[exc.start]
+        return None, [f"{path}: not UTF-8 text (byte 0x{byte:02x} at offset {exc.start})"]
     try:
         return tomllib.loads(text), []
     except tomllib.TOMLDecodeError as exc:
@@ -135,16 +155,24 @@ def read_plan_file(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
-    """Apply `NAME=MODEL` overrides to `[models]` (e.g. a local model dir in tests)."""
+    """Replace models of `[models]` by `NAME=MODEL` overrides (e.g. a local model dir in tests)."""
     problems = []
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        return ["models: must be a table"] if overrides else []
+    # The names the file has: an override of a name it lacks (a typo) would add a model no
+    # stage uses, and the plan would run the model it was meant to replace.
+    names = [str(k) for k in models]
     for item in overrides:
         name, sep, model = item.partition("=")
         if not sep or not name.strip() or not model.strip():
             problems.append(f"--with {item!r}: expected NAME=MODEL")
             continue
-        models = data.setdefault("models", {})
-        if not isinstance(models, dict):
-            problems.append("models: must be a table")
+        if name.strip() not in names:
+            problems.append(
+                f"--with {name.strip()!r}: the plan has no model {name.strip()!r} "
+                f"(models: {', '.join(names) or 'none'})"
+            )
             continue
         models[name.strip()] = model.strip()
     return problems
@@ -186,6 +214,8 @@ async def check_plan_data(
     await _check_reward_models(plan, check)
     await _check_envs(plan, base, check, client)
     _check_splits(plan, check)
+    _check_compares(plan, check)
+    _check_held_out(plan, check)
     if check.problems:
         check.plan = None
     else:
@@ -235,7 +265,10 @@ def _stage_ref(
 ) -> str | None:
     """Why `name` is not an earlier stage of one of `kinds`, or None when it is."""
     earlier = _earlier(plan, index)
-    later = {s.name for s in plan.stages[index:] if s is not None}
+    later = {s.name for s in plan.stages[index + 1 :] if s is not None}
+    this = plan.stages[index]
+    if this is not None and name == this.name and name not in earlier:
+        return f"refers to its own stage {name!r}: a stage may only use earlier stages"
     if name in earlier:
         kind = earlier[name].kind
         return None if kind in kinds else f"stage {name!r} is a {kind} stage, not a {what} stage"
@@ -340,7 +373,10 @@ def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
     try:
         parse_config({**config, "method": method})
     except pydantic.ValidationError as exc:
-        check.problems += config_problems(exc, f"{where}.config")
+        # One line per error, in order: a NaN's line says so rather than its range.
+        for line, err in zip(config_problems(exc, f"{where}.config"), exc.errors(), strict=True):
+            nan = _nan_message(err)
+            check.problems.append(f"{line.split(': ', 1)[0]}: {nan}" if nan else line)
     if methods.get(method).data != "sft":
         # Both pick among passing rollouts: the methods that learn from failures too see all.
         for key, given in (
@@ -400,6 +436,11 @@ def _check_models(plan: ExperimentPlan, check: PlanCheck) -> None:
                 check.problems.append(
                     f"{where}: no trained model {name!r} (see `rollout jobs` for trained names)"
                 )
+        elif not any(name.strip().startswith(f.prefix) for f in backend_forms()):
+            # What every run would refuse when its stage starts (`resolve_backend`), found
+            # by the name's form alone: no weights are loaded and no endpoint is asked.
+            valid = "; ".join(f"{f.prefix}... (e.g. {f.example})" for f in backend_forms())
+            check.problems.append(f"{where}: unknown model {name!r}: valid forms are {valid}")
 
 
 def _check_resources(plan: ExperimentPlan, check: PlanCheck) -> None:
@@ -463,8 +504,11 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
                 check.problems.append(f"{where}.slug: {entry.file} defines {slugs}: pick one")
                 continue
             env = envs[0]
+            # validate_environment holds the split problems; the near misses are warnings.
+            warnings = split_check(env.tasks if isinstance(env.tasks, list) else [])[1]
             problems = validate_environment(env)
             check.problems += [f"{where}.file: {env.slug}: {p}" for p in problems]
+            check.warnings += [f"{where}.file: {env.slug}: {w}" for w in warnings]
             if not problems:
                 spec = env.to_spec()
                 check.splits[key] = {t.split for t in spec.tasks if t.split}
@@ -492,6 +536,10 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
             continue
         pin |= {"version": found["version"], "specHash": found["spec_hash"]}
         tasks = (found.get("spec") or {}).get("tasks") or []
+        # A version pushed before these checks existed is held to them too.
+        problems, warnings = split_check(tasks)
+        check.problems += [f"{where}.ref: {slug} v{found['version']}: {p}" for p in problems]
+        check.warnings += [f"{where}.ref: {slug} v{found['version']}: {w}" for w in warnings]
         check.splits[key] = {t["split"] for t in tasks if t.get("split")}
         check.envs[key] = pin
     if not reached and any(e.ref for e in plan.envs.values()):
@@ -525,6 +573,143 @@ async def _missing_env(client: Any, slug: str, version: int | None, exc: Rollout
     have = newest["version"]
     listed = ", ".join(map(str, range(1, have + 1))) if have <= 8 else f"1..{have}"
     return f"no version {version} of {slug} (have {listed})"
+
+
+# --- what a compare or a score measures ---------------------------------------------------------
+
+
+def _env_id(check: PlanCheck, key: str) -> str:
+    """The environment a plan's env name stands for: its slug when known (two names may pin
+    the same env), else the name."""
+    pin = check.envs.get(key)
+    return str(pin["slug"]) if pin else key
+
+
+def _tasks_of(check: PlanCheck, spec: RunStage) -> str:
+    """`the test tasks of support-refunds`, or every task of it when no split is given."""
+    env = _env_id(check, spec.env)
+    return f"the {spec.split} tasks of {env}" if spec.split else f"every task of {env}"
+
+
+def _check_compares(plan: ExperimentPlan, check: PlanCheck) -> None:
+    """A compare pairs task i of one run with task i of the other: the same tasks, or nothing."""
+    for i, stage in enumerate(plan.stages):
+        if stage is None or stage.compare is None:
+            continue
+        earlier = _earlier(plan, i)
+        base, other = earlier.get(stage.compare.base), earlier.get(stage.compare.other)
+        a = (base.run or base.evaluate) if base is not None else None
+        b = (other.run or other.evaluate) if other is not None else None
+        if a is None or b is None or base is other:
+            continue  # reported by the reference checks
+        where = f"stages[{i}].compare.other"
+        names = f"{other.name!r} scores {_tasks_of(check, b)}, {base.name!r} {_tasks_of(check, a)}"
+        if _env_id(check, a.env) != _env_id(check, b.env):
+            check.problems.append(
+                f"{where}: {names}: a compare of two environments pairs unrelated tasks; "
+                "compare stages run on the same environment"
+            )
+        elif a.split != b.split:
+            # Meant sometimes (a model's train vs test pass rate), so said, not refused.
+            check.warnings.append(
+                f"{where}: {names}: the pass rates are of different tasks, and so are its "
+                "per-task deltas (a gap between splits, not the effect of a change)"
+            )
+        elif a.env != b.env and check.envs.get(a.env) != check.envs.get(b.env):
+            check.warnings.append(
+                f"{where}: {names}, through envs.{b.env} and envs.{a.env}, which pin different "
+                "versions: task i of one need not be task i of the other"
+            )
+
+
+@dataclass(frozen=True)
+class _Learned:
+    """Tasks a trained model has learned from: an env's split (None: every task of it)."""
+
+    env: str
+    split: str | None
+    # In words: which train stage learned them, and from where.
+    how: str
+
+
+def _learned(
+    plan: ExperimentPlan, i: int, check: PlanCheck, known: dict[str, list[_Learned]]
+) -> list[_Learned]:
+    """What stage i's model learned from: its own data, and what its base, teacher or reward
+    model had learned (a model fine-tuned from, or distilled from, one that saw a split)."""
+    stage = plan.stages[i]
+    assert stage is not None and stage.train is not None
+    train = stage.train
+    earlier = _earlier(plan, i)
+    learned: list[_Learned] = []
+    source = earlier.get(train.from_) if train.from_ is not None else None
+    spec = (source.run or source.evaluate) if source is not None else None
+    if spec is not None:
+        split = f"on split {spec.split}" if spec.split else "with no split (every task)"
+        how = f"stage {stage.name!r} trained on rollouts of stage {source.name!r}, run {split}"
+        learned.append(_Learned(_env_id(check, spec.env), spec.split, how))
+    elif train.from_ is None and train.env is not None:
+        # Online methods sample the env's train split (the learner's planning).
+        how = f"stage {stage.name!r} trained online on its train split"
+        learned.append(_Learned(_env_id(check, train.env), "train", how))
+    config = train.config
+    for name in (train.model, config.get("teacher"), config.get("reward_model")):
+        if isinstance(name, str) and name not in plan.models and name in earlier:
+            learned += known.get(name, [])
+    return learned
+
+
+def _check_held_out(plan: ExperimentPlan, check: PlanCheck) -> None:
+    """A trained model scored on tasks it learned from measures recall, not generalisation.
+
+    Scored stages are the evaluates, and the runs a compare names. Scoring the split a model
+    trained on is refused, unless that split is `train` (a measure of fit, asked for by name);
+    scoring one with no split, so its train tasks too, is a warning.
+    """
+    compared = {
+        ref
+        for s in plan.stages
+        if s is not None and s.compare is not None
+        for ref in (s.compare.base, s.compare.other)
+    }
+    known: dict[str, list[_Learned]] = {}
+    for i, stage in enumerate(plan.stages):
+        if stage is None:
+            continue
+        if stage.train is not None:
+            known[stage.name] = _learned(plan, i, check, known)
+            continue
+        spec = stage.evaluate or (stage.run if stage.name in compared else None)
+        if spec is None or spec.model in plan.models or spec.model not in known:
+            continue
+        if _earlier(plan, i).get(spec.model) is None:
+            continue  # a later stage: reported by the reference checks
+        where = f"stages[{i}].{stage.kind}.split"
+        env = _env_id(check, spec.env)
+        learned = [d for d in known[spec.model] if d.env == env]
+        if spec.split is None and learned:
+            d = learned[0]
+            what = f", its {d.split} tasks included," if d.split else ""
+            check.warnings.append(
+                f"{where}: not set, so {stage.name!r} scores every task of {env}{what} which "
+                f"model {spec.model!r} learned from ({d.how}); set a held-out split "
+                '(e.g. split = "test")'
+            )
+            continue
+        hit = next((d for d in learned if d.split in (None, spec.split)), None)
+        if hit is None:
+            continue
+        if spec.split == "train":
+            check.warnings.append(
+                f"{where}: model {spec.model!r} learned from these train tasks ({hit.how}): "
+                "this measures fit, not held-out performance"
+            )
+        else:
+            check.problems.append(
+                f"{where}: model {spec.model!r} learned from {_tasks_of(check, spec)} "
+                f"({hit.how}): its score would measure recall, not held-out performance; "
+                "train on another split"
+            )
 
 
 # --- the canonical plan ------------------------------------------------------------------------

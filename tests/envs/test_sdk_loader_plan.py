@@ -168,3 +168,43 @@ def test_plan_console_script_never_prints_a_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert f"{f}:1: syntax error" in proc.stderr
+
+
+def test_plan_refuses_held_out_repeats_and_odd_split_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    head = (
+        "from rollout import Environment, Task\n"
+        "CFG = {'tools': [{'name': 'refund', 'kind': 'action', 'appendTo': 'refunds',\n"
+        "    'value': {'order_id': '${args.order_id}'}}], 'initialMutableState': {'refunds': []}}\n"
+        "GT = {'refunds': [{'order_id': 'O-1'}]}\n"
+    )
+    overlap = write(tmp_path, "overlap.py", head + (
+        "env = Environment(slug='o', config=CFG, tasks=[\n"
+        "    Task(instruction='Refund O-1 for Alice', hidden_ground_truth=GT, split='train'),\n"
+        "    Task(instruction='Refund O-1 for Alice', hidden_ground_truth=GT, split='test')])\n"
+    ))  # fmt: skip
+    assert main(["plan", str(overlap)]) == 1
+    out = capsys.readouterr().out
+    assert "✗ o: 1 problem(s)" in out
+    assert "tasks[1]: same instruction and ground truth as tasks[0] (train)" in out
+    weird = write(tmp_path, "weird.py", head + (
+        "env = Environment(slug='w', config=CFG, tasks=[\n"
+        "    Task(instruction='Refund O-1', hidden_ground_truth=GT, split='Test '),\n"
+        "    Task(instruction='Refund O-1 b', hidden_ground_truth=GT, split='')])\n"
+    ))  # fmt: skip
+    assert main(["plan", str(weird), "--json"]) == 1
+    (report,) = json.loads(capsys.readouterr().out)["environments"]
+    assert [p.split(":")[0] for p in report["problems"]] == ["tasks[0].split", "tasks[1].split"]
+    near = write(tmp_path, "near.py", head + (
+        "env = Environment(slug='n', config=CFG, tasks=[\n"
+        "    Task(instruction='Refund O-1', hidden_ground_truth=GT),\n"
+        "    Task(instruction='Refund O-2', hidden_ground_truth=GT, split='tset')])\n"
+    ))  # fmt: skip
+    assert main(["plan", str(near)]) == 0
+    out = capsys.readouterr().out
+    assert "! tasks[1].split: 'tset' is close to 'test'" in out
+    assert "rollout audit" not in out  # the audit hint is for verifier warnings
+    # --with means nothing for an env file: said, not ignored.
+    assert main(["plan", str(near), "--with", "policy=local/scripted"]) == 1
+    assert "--with: only for an experiment plan (.toml)" in capsys.readouterr().err

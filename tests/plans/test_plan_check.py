@@ -182,3 +182,258 @@ def test_the_distillation_plan_validates_and_names_its_teacher_stage() -> None:
     student = next(s for s in result.canonical["stages"] if s["name"] == "student")
     assert student["train"]["method"] == "opd"
     assert student["train"]["config"]["teacher"] == "teacher"  # the SFT stage before it
+
+
+# --- what a plan measures: held-out splits, compares, names (hostile-input audit) ------------
+
+PLAN_HEAD = """
+name = "p"
+seed = 1
+[envs.support]
+file = "workflow_support.py"
+[envs.stock]
+file = "stock_reservations.py"
+[models]
+policy = "local/tiny-agent"
+teacher = "local/scripted"
+"""
+
+
+def plan_in(tmp_path: Path, stages: str, head: str = PLAN_HEAD) -> Path:
+    """A plan of `stages` next to copies of the example envs it names."""
+    for env in ("workflow_support.py", "stock_reservations.py"):
+        (tmp_path / env).write_text((EXAMPLES / env).read_text())
+    path = tmp_path / "p.toml"
+    path.write_text(head + stages)
+    return path
+
+
+def test_every_shipped_plan_validates_with_no_warning() -> None:
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        result = check(path)
+        assert result.ok and not result.warnings, (path.name, result.problems, result.warnings)
+
+
+LEAK = """
+[[stages]]
+name = "demos"
+run = { env = "support", model = "teacher", split = "test" }
+[[stages]]
+name = "sft"
+train = { method = "sft", model = "policy", from = "demos" }
+[[stages]]
+name = "after"
+evaluate = { env = "support", model = "sft", split = "test" }
+[[stages]]
+name = "before"
+evaluate = { env = "support", model = "policy", split = "test" }
+[[stages]]
+name = "delta"
+compare = { base = "before", other = "after" }
+"""
+
+
+def test_scoring_a_model_on_the_split_it_trained_on_is_refused(tmp_path: Path) -> None:
+    result = check(plan_in(tmp_path, LEAK))
+    assert result.problems == [
+        "stages[2].evaluate.split: model 'sft' learned from the test tasks of support-refunds "
+        "(stage 'sft' trained on rollouts of stage 'demos', run on split test): its score "
+        "would measure recall, not held-out performance; train on another split"
+    ]
+    # Demonstrations of the train split: the same plan is fine.
+    fixed = check(
+        plan_in(tmp_path, LEAK.replace('"teacher", split = "test"', '"teacher", split = "train"'))
+    )
+    assert fixed.ok and not fixed.warnings, (fixed.problems, fixed.warnings)
+    # A run with no split trains on every task, the test ones included.
+    every = check(
+        plan_in(
+            tmp_path,
+            LEAK.replace(
+                ', split = "test" }\n[[stages]]\nname = "sft"', ' }\n[[stages]]\nname = "sft"'
+            ),
+        )
+    )
+    assert [p.split(": ")[0] for p in every.problems] == ["stages[2].evaluate.split"]
+    assert "run with no split (every task)" in every.problems[0]
+
+
+def test_what_a_model_learned_passes_to_models_trained_from_it(tmp_path: Path) -> None:
+    # GRPO on top of an SFT of test demonstrations still knows the test tasks.
+    stages = LEAK.replace(
+        '[[stages]]\nname = "after"\nevaluate = { env = "support", model = "sft"',
+        '[[stages]]\nname = "g"\ntrain = { method = "grpo", model = "sft", env = "support" }\n'
+        '[[stages]]\nname = "after"\nevaluate = { env = "support", model = "g"',
+    )
+    result = check(plan_in(tmp_path, stages))
+    assert len(result.problems) == 1, result.problems
+    assert result.problems[0].startswith(
+        "stages[3].evaluate.split: model 'g' learned from the test"
+    )
+    # Another environment's test split is not what it learned from.
+    elsewhere = """
+[[stages]]
+name = "demos"
+run = { env = "support", model = "teacher", split = "test" }
+[[stages]]
+name = "sft"
+train = { method = "sft", model = "policy", from = "demos" }
+[[stages]]
+name = "after"
+evaluate = { env = "stock", model = "sft", split = "test" }
+"""
+    result = check(plan_in(tmp_path, elsewhere))
+    assert result.ok and not result.warnings, (result.problems, result.warnings)
+
+
+def test_scoring_train_tasks_of_a_trained_model_is_flagged(tmp_path: Path) -> None:
+    grpo = """
+[[stages]]
+name = "g"
+train = { method = "grpo", model = "policy", env = "support" }
+[[stages]]
+name = "after"
+evaluate = { env = "support", model = "g" }
+[[stages]]
+name = "fit"
+evaluate = { env = "support", model = "g", split = "train" }
+"""
+    result = check(plan_in(tmp_path, grpo))
+    assert result.ok, result.problems
+    assert result.warnings == [
+        "stages[1].evaluate.split: not set, so 'after' scores every task of support-refunds, "
+        "its train tasks included, which model 'g' learned from (stage 'g' trained online on "
+        'its train split); set a held-out split (e.g. split = "test")',
+        "stages[2].evaluate.split: model 'g' learned from these train tasks (stage 'g' trained "
+        "online on its train split): this measures fit, not held-out performance",
+    ]
+    assert check(plan_in(tmp_path, grpo.replace(
+        'model = "g" }', 'model = "g", split = "test" }').replace('split = "train"', 'split = "validation"')
+    )).warnings == []  # fmt: skip
+
+
+def test_a_compare_across_environments_is_refused_across_splits_flagged(tmp_path: Path) -> None:
+    stages = """
+[[stages]]
+name = "a"
+evaluate = { env = "support", model = "policy", split = "test", temperature = 0.0 }
+[[stages]]
+name = "b"
+evaluate = { env = "stock", model = "policy", split = "train", n = 4, temperature = 1.0 }
+[[stages]]
+name = "c"
+compare = { base = "a", other = "b" }
+"""
+    result = check(plan_in(tmp_path, stages))
+    assert result.problems == [
+        "stages[2].compare.other: 'b' scores the train tasks of stock-reservations, 'a' the "
+        "test tasks of support-refunds: a compare of two environments pairs unrelated tasks; "
+        "compare stages run on the same environment"
+    ]
+    same_env = check(plan_in(tmp_path, stages.replace('env = "stock"', 'env = "support"')))
+    assert same_env.ok and same_env.warnings == [
+        "stages[2].compare.other: 'b' scores the train tasks of support-refunds, 'a' the test "
+        "tasks of support-refunds: the pass rates are of different tasks, and so are its "
+        "per-task deltas (a gap between splits, not the effect of a change)"
+    ]
+
+
+def test_with_a_name_the_plan_lacks_is_refused(tmp_path: Path) -> None:
+    result = check(EXAMPLES / "local-grpo.toml", overrides=["polcy=local/smollm2-135m"])
+    assert result.problems == ["--with 'polcy': the plan has no model 'polcy' (models: policy)"]
+    refused = cli(
+        "plan", str(EXAMPLES / "local-grpo.toml"), "--with", "polcy=local/smollm2-135m",
+        home=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "the plan has no model 'polcy'" in refused.stdout
+    assert "model polcy" not in refused.stdout
+
+
+def test_a_model_name_no_run_accepts_is_refused_by_path(tmp_path: Path) -> None:
+    path = plan_in(
+        tmp_path,
+        '[[stages]]\nname = "b"\nevaluate = { env = "support", model = "policy", split = "test" }\n',
+        head=PLAN_HEAD.replace('"local/tiny-agent"', '"nonsense-model-xyz"'),
+    )
+    (problem,) = check(path).problems
+    assert problem.startswith("models.policy: unknown model 'nonsense-model-xyz': valid forms are")
+    assert "openai/... (e.g. openai/gpt-4o-mini)" in problem and "hf:..." in problem
+    (problem,) = check(EXAMPLES / "local-grpo.toml", overrides=["policy=bogus"]).problems
+    assert problem.startswith("models.policy: unknown model 'bogus': valid forms are")
+    # Endpoint forms are known by their form; nothing is contacted.
+    assert check(EXAMPLES / "local-grpo.toml", overrides=["policy=openai/gpt-4o-mini"]).ok
+
+
+def test_a_plan_file_that_is_not_utf8_is_named_and_a_bom_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00binary")
+    (tmp_path / "latin1.toml").write_bytes(b'name = "caf\xe9"\n')
+    assert check(tmp_path / "bin.toml").problems == [
+        f"{tmp_path / 'bin.toml'}: not UTF-8 text (byte 0xff at offset 0)"
+    ]
+    assert check(tmp_path / "latin1.toml").problems == [
+        f"{tmp_path / 'latin1.toml'}: not UTF-8 text (byte 0xe9 at offset 11)"
+    ]
+    bad = cli("plan", str(tmp_path / "bin.toml"), home=tmp_path)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "not UTF-8 text" in bad.stdout
+    (tmp_path / "workflow_support.py").write_text((EXAMPLES / "workflow_support.py").read_text())
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + (EXAMPLES / "local-grpo.toml").read_bytes())
+    assert check(bom).hash == check(EXAMPLES / "local-grpo.toml").hash
+
+
+def test_a_stage_naming_itself_and_a_nan_say_so(tmp_path: Path) -> None:
+    stages = """
+[[stages]]
+name = "s"
+train = { method = "sft", model = "policy", from = "s", config = { learning_rate = nan } }
+[[stages]]
+name = "e"
+evaluate = { env = "support", model = "policy", split = "test", temperature = nan }
+[[stages]]
+name = "c"
+compare = { base = "c", other = "e" }
+"""
+    assert sorted(check(plan_in(tmp_path, stages)).problems) == [
+        "stages[0].train.config.learning_rate: not a number (nan)",
+        "stages[0].train.from: refers to its own stage 's': a stage may only use earlier stages",
+        "stages[1].evaluate.temperature: not a number (nan)",
+        "stages[2].compare.base: refers to its own stage 'c': a stage may only use earlier stages",
+    ]
+
+
+def test_slug_is_refused_for_a_plan(tmp_path: Path) -> None:
+    refused = cli("plan", str(EXAMPLES / "local-grpo.toml"), "--slug", "nope", home=tmp_path)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "--slug: only for an environment file (.py)" in refused.stderr
+    doc = json.loads(
+        cli(
+            "plan", str(EXAMPLES / "local-grpo.toml"), "--slug", "x", "--json", home=tmp_path
+        ).stdout
+    )
+    assert not doc["ok"] and doc["error"].startswith("--slug: only for an environment file")
+
+
+def test_an_env_whose_test_split_repeats_train_is_refused_in_a_plan(tmp_path: Path) -> None:
+    text = (EXAMPLES / "workflow_support.py").read_text()
+    path = plan_in(
+        tmp_path,
+        '[[stages]]\nname = "b"\nevaluate = { env = "support", model = "policy", split = "test" }\n',
+    )
+    # Every test task made a word-for-word copy of the first train task.
+    (tmp_path / "workflow_support.py").write_text(
+        text + "\nfor _t in env.tasks:\n"
+        "    if _t.split == 'test':\n"
+        "        _first = next(t for t in env.tasks if t.split == 'train')\n"
+        "        _t.instruction, _t.hidden_ground_truth = _first.instruction, _first.hidden_ground_truth\n"
+        "        _t.input = _first.input\n"
+    )
+    result = check(path)
+    listed = [p for p in result.problems if "same instruction and ground truth" in p]
+    assert len(listed) == 5 and all(
+        p.startswith("envs.support.file: support-refunds: tasks[") for p in listed
+    )
+    assert "(train); its test score would measure recall" in listed[0]
+    assert result.problems[-1] == (
+        "envs.support.file: support-refunds: tasks: 11 more held-out task(s) repeat a train task word for word"
+    )

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 from rollout.cli.experiments import plan_command
+from rollout.environment import split_check
 from rollout.errors import RolloutError
 from rollout.shared.audit.static import verifier_warnings
 from rollout.shared.envs import (
@@ -86,9 +87,29 @@ def _summary(env: Any) -> dict[str, Any]:
     }
 
 
+def _refuse(args: argparse.Namespace, message: str) -> int:
+    """A flag that means nothing for this FILE: said (as JSON with --json), never ignored."""
+    if not args.json:
+        raise RolloutError(message)
+    json.dump({"ok": False, "error": message, "problems": []}, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 1
+
+
 def _plan(args: argparse.Namespace) -> int:
     if args.file.endswith(".toml"):
+        if args.slug is not None:
+            # A plan names its environments itself: a --slug here would be silently ignored.
+            return _refuse(
+                args,
+                "--slug: only for an environment file (.py); a plan picks one environment of a "
+                "file with `slug` under [envs.NAME]",
+            )
         return plan_command(args)
+    if args.overrides:
+        return _refuse(
+            args, "--with: only for an experiment plan (.toml); an environment file names no models"
+        )
 
     try:
         envs = select_environment(load_environments(args.file), args.slug)
@@ -100,21 +121,26 @@ def _plan(args: argparse.Namespace) -> int:
             return 1
         raise
     reports = []
+    audited: dict[int, bool] = {}  # report -> whether it has verifier warnings (audit hint)
     slugs = Counter(getattr(e, "slug", None) for e in envs)
     for env in envs:
-        problems = validate_environment(env)
+        problems = validate_environment(env)  # the split problems included
+        tasks = getattr(env, "tasks", None)
+        split_warnings = split_check(tasks if isinstance(tasks, list) else [])[1]
         if slugs[getattr(env, "slug", None)] > 1:
             problems.append(f"slug: {env.slug!r} is used by {slugs[env.slug]} environments")
         report: dict[str, Any] = {"slug": getattr(env, "slug", None), "problems": problems}
         if not problems:
             report.update(_summary(env))
+            audited[len(reports)] = bool(report["warnings"])
+            report["warnings"] = split_warnings + report["warnings"]
         reports.append(report)
     ok = all(not r["problems"] for r in reports)
     if args.json:
         json.dump({"ok": ok, "file": args.file, "environments": reports}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0 if ok else 1
-    for r in reports:
+    for index, r in enumerate(reports):
         if r["problems"]:
             print(f"✗ {r['slug']}: {len(r['problems'])} problem(s)")
             for p in r["problems"]:
@@ -127,7 +153,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"    spec sha256: {r['specHash'][:16]}")
         for w in r["warnings"]:
             print(f"    ! {w}")
-        if r["warnings"]:
+        if audited.get(index):
             print(f"    (`rollout audit {args.file}` runs adversarial policies against it)")
     total = sum(len(r["problems"]) for r in reports)
     if ok:

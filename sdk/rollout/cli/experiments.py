@@ -40,6 +40,8 @@ def _print_check(check: Any) -> None:
         print(f"✗ {check.path}: {len(check.problems)} problem(s); nothing was started")
         for p in check.problems:
             print(f"    - {p}")
+        for w in check.warnings:
+            print(f"    ! {w}")
         for note in check.notes:
             print(f"    note: {note}")
         return
@@ -56,6 +58,8 @@ def _print_check(check: Any) -> None:
     r = plan.resources
     print(f"    resources: replicas {r.replicas}, threads {r.threads or 'default'},"
           f" devices {r.devices}; checkpoint every {plan.checkpoints.save_every} steps")  # fmt: skip
+    for w in check.warnings:
+        print(f"    ! {w}")
     for note in check.notes:
         print(f"    note: {note}")
     print(f"plan {check.plan_id}  sha256 {check.hash}")
@@ -110,6 +114,9 @@ def run_config_command(args: argparse.Namespace) -> int:
             check = await check_plan(args.config, client=client, overrides=args.overrides)
             if not check.ok:
                 return check, None
+            # Said before anything starts, on stderr so that --json stays one document.
+            for w in check.warnings:
+                print(f"warning: {w}", file=sys.stderr, flush=True)
             return check, await run_plan(client, check, say)
         finally:
             await client.close()
