@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.aggregates.run_options import option_problems
 from rollout.shared.auth.credentials import client_settings, with_credentials
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.reader import read_events
@@ -127,6 +128,9 @@ class AsyncClient:
             body = rq.CreateRun(env_slug=env_slug, model=model, n=n, **options)
         except ValueError as exc:
             raise RolloutError(f"invalid run options: {exc}") from None
+        # What the tracker would refuse whatever the environment, refused before sending.
+        if problems := option_problems(body):
+            raise RolloutError("invalid run request", problems=problems)
         # Unanswered, it is sent again with the same id: the retry returns the same run.
         return await self.request("tracker", "create_run", body, retries=CREATE_RETRIES)
 

@@ -27,10 +27,12 @@ from typing import Any
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.aggregates.run_options import option_problems
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.chat import check_messages
 from rollout.shared.contracts.envelope import EventEnvelope, new_id
 from rollout.shared.contracts.envspec import EnvironmentSpec
+from rollout.shared.contracts.requests import CreateRun
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.store.trajectories import load_trajectory, object_store
@@ -124,6 +126,10 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise RolloutError(f"--prompts {path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RolloutError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
     tasks: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
@@ -268,6 +274,17 @@ def write_parquet(rows_path: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
+# The run request's fields as `rollout generate` spells them.
+_FLAGS = {"n": "-n", "batch_size": "--batch-size", "max_tool_calls": "--max-tool-calls",
+          "temperature": "--temperature", "deadline_s": "--deadline", "split": "--split",
+          "model": "--model"}  # fmt: skip
+
+
+def _as_flag(problem: str) -> str:
+    field, sep, rest = problem.partition(":")
+    return f"{_FLAGS.get(field, field)}:{rest}" if sep else problem
+
+
 def _read_state(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
@@ -345,6 +362,14 @@ async def generate(
         raise RolloutError("give exactly one of --env SLUG or --prompts FILE.jsonl")
     if req.n < 1:
         raise RolloutError(f"-n must be >= 1, got {req.n}")
+    # The run's options as the tracker will judge them, before a state file or an env exists.
+    options = CreateRun(
+        env_slug=req.env or "prompts", model=req.model, n=req.n, temperature=req.temperature,
+        max_tool_calls=req.max_tool_calls, max_tokens=req.max_tokens, seed=req.seed,
+        split=req.split, batch_size=req.batch_size, deadline_s=req.deadline_s,
+    )  # fmt: skip
+    if problems := option_problems(options):
+        raise RolloutError("invalid generate options", problems=[_as_flag(p) for p in problems])
     env_slug, env_version = req.env, req.env_version
     source: dict[str, Any] = {"env": req.env, "env_version": req.env_version}
     if req.prompts is not None:
@@ -373,7 +398,17 @@ async def generate(
         "batch_size": req.batch_size,
         "format": fmt,
     }
+    try:
+        req.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RolloutError(
+            f"--out {req.out}: cannot make its folder: {exc.strerror or exc}"
+        ) from None
     state = _read_state(req.state_path)
+    if state is not None and "run_id" not in state and state.get("params") != params:
+        # A start that failed before its run existed (the tracker refused it): nothing to
+        # resume, so the corrected command starts over rather than being refused as another.
+        state = None
     resumed = state is not None
     if state is None:
         if req.out.exists() or req.rows_path.exists():

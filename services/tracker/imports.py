@@ -21,9 +21,9 @@ from typing import Any
 import pydantic
 from nats.js import JetStreamContext
 
-from rollout.services.tracker.runs import MAX_N
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import load_run, rollout_id
+from rollout.shared.aggregates.run_options import MAX_N
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher, payload_budget
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import (

@@ -23,6 +23,7 @@ from rollout.shared.aggregates.run import (
     recorded_request,
     rollout_id,
 )
+from rollout.shared.aggregates.run_options import MAX_BATCH, option_problems
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
@@ -45,9 +46,6 @@ from rollout.shared.store import env_versions
 
 QUEUE = "tracker"
 FANOUT_DURABLE = durables.TRACKER_FANOUT.name
-MAX_N = 10_000
-MAX_BATCH = 1_024
-# How often a decision is re-made after the run's history moved under it.
 # Unfinished runs whose aggregate the leader keeps in memory (least recently moved go first).
 RUN_STATES_LIMIT = 4096
 _STATE_NAMES = frozenset(subjects.event_name(t) for t in STATE_EVENTS)
@@ -71,24 +69,9 @@ def check_model_name(model: str) -> str | None:
 
 async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
     """Validate a run request against the registered environment; every problem is listed."""
-    problems: list[str] = []
-    if cmd.n < 1 or cmd.n > MAX_N:
-        problems.append(f"n: must be between 1 and {MAX_N}, got {cmd.n}")
-    if not 1 <= cmd.batch_size <= MAX_BATCH:
-        problems.append(f"batch_size: must be between 1 and {MAX_BATCH}, got {cmd.batch_size}")
-    if cmd.max_tool_calls < 0:
-        problems.append(f"max_tool_calls: must be >= 0, got {cmd.max_tool_calls}")
-    if not 0 <= cmd.temperature <= 2:
-        problems.append(f"temperature: must be between 0 and 2, got {cmd.temperature}")
-    if cmd.deadline_s <= 0:
-        problems.append(f"deadline_s: must be positive, got {cmd.deadline_s}")
+    problems = option_problems(cmd)
     if (problem := check_model_name(cmd.model)) is not None:
         problems.append(problem)
-    # Postgres text cannot hold NUL: such a run would be appended and then never projected.
-    for field in ("name", "split", "parent_run_id", "model"):
-        value = getattr(cmd, field)
-        if isinstance(value, str) and "\x00" in value:
-            problems.append(f"{field}: must not contain NUL characters")
     try:
         subjects.token(cmd.env_slug, "environment slug")
     except subjects.SubjectError as exc:

@@ -485,6 +485,8 @@ async def import_run(
 
 def training_sets(rollouts: Sequence[Mapping[str, Any]], min_margin: float = 0.0) -> dict:
     """SFT examples (passing rollouts), DPO pairs and GRPO prompt groups from imported rollouts."""
+    if not (math.isfinite(min_margin) and min_margin >= 0):
+        raise RolloutError(f"--min-margin must be a finite number >= 0, got {min_margin}")
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in rollouts:
         groups.setdefault(str(r["task_index"]), []).append(r)

@@ -190,6 +190,11 @@ def test_art_trajectories_import_as_scored_rollouts_and_training_sets(tmp_path, 
     assert "5 rollouts imported" in capsys.readouterr().out
     lines = (tmp_path / "out" / "dpo.jsonl").read_text().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["margin"] == 1.0
+    for margin in ("nan", "inf", "-1"):
+        argv = ["art", "import", str(path), "-o", str(tmp_path / "m"), "--min-margin", margin]
+        assert main(argv) == 1
+        assert "--min-margin must be a finite number >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_file_that_is_not_art_groups_is_named(tmp_path) -> None:

@@ -77,6 +77,38 @@ async def test_generate_an_env_split_scored_to_jsonl(client, agent_server, setti
     assert code == 1 and f"--out {out}: was started by another generate" in err
 
 
+async def test_a_start_the_tracker_refused_leaves_nothing_in_the_way(
+    client, agent_server, settings, tmp_path
+) -> None:
+    await client.push_environment(refund_env(tasks=3))
+    out = tmp_path / "new" / "folder" / "gen.jsonl"  # its folder is made
+    base = ("generate", "--env", "refunds", "--model", f"{agent_server.base_url}#m",
+            "--out", str(out))  # fmt: skip
+    code, _, err = await rollout(settings, *base, "--split", "nope")
+    assert code == 1 and "no tasks in split 'nope'" in err and "Traceback" not in err
+    # The corrected command starts (no run was made: nothing to resume, nothing refused).
+    code, stdout, err = await rollout(settings, *base, "--split", "train")
+    assert code == 0, err
+    assert "2 rows" in stdout and len(_lines(out)) == 2
+
+
+def test_out_of_range_options_are_refused_before_anything_is_written(tmp_path, capsys) -> None:
+    from rollout.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    out = tmp_path / "sub" / "o.jsonl"
+    code = main(["generate", "--model", "local/scripted", "--prompts", str(prompts),
+                 "--out", str(out), "--temperature", "99", "--batch-size", "0",
+                 "--deadline", "-1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    for flag in ("--temperature: must be between 0 and 2", "--batch-size: must be between",
+                 "--deadline: must be a positive number"):  # fmt: skip
+        assert flag in err
+    assert not (tmp_path / "sub").exists()  # no folder, no state file
+
+
 def _echo(delay: float):
     def answer(body: dict) -> Reply:
         user = next(m["content"] for m in body["messages"] if m["role"] == "user")
@@ -270,3 +302,21 @@ def test_a_torn_last_line_is_dropped_and_other_files_refused(tmp_path) -> None:
     path.write_text('{"text": "someone else\'s file"}\n')
     with pytest.raises(RolloutError, match="rows.jsonl:1: not a row of rollout generate"):
         written_ids(path)
+
+
+def test_a_prompts_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path, capsys) -> None:
+    from rollout.cli import main
+
+    path = tmp_path / "bin.jsonl"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    out = tmp_path / "o.jsonl"
+    code = main(
+        ["generate", "--model", "local/scripted", "--prompts", str(path), "--out", str(out)]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert f"{path}: not UTF-8 text (byte 0xff at offset 0)" in err
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(RolloutError, match=r"not UTF-8 text \(byte 0xe9 at offset 32\)"):
+        read_prompts(path)
+    assert not out.exists()

@@ -13,6 +13,7 @@ from rollout.errors import RolloutError
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
 from rollout.shared.bus.reader import last_sequence
+from rollout.shared.contracts import requests as rq
 from rollout.shared.settings import connect_nats
 from rollout.shared.store.projection import ProjectionRunner
 
@@ -117,6 +118,30 @@ async def test_bad_run_requests_are_refused_before_anything_is_queued(
         assert info.state.messages == 0
     finally:
         await nc.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"n": 0}, "n: must be between"),
+        ({"temperature": 99.0}, "temperature: must be between 0 and 2"),
+        ({"batch_size": 0}, "batch_size: must be between"),
+        ({"deadline_s": -1.0}, "deadline_s: must be a positive number"),
+    ],
+)
+async def test_out_of_range_options_are_refused_by_the_client_and_by_the_tracker(
+    client, settings, options, expected
+) -> None:
+    await client.push_environment(refund_env())
+    with pytest.raises(RolloutError) as caught:  # the CLI's client: before anything is sent
+        await client.create_run("refunds", "openai/gpt-4o-mini", **options)
+    assert expected in str(caught.value)
+    # A client that skips that check (a hostile key holder) meets the same rule at the tracker.
+    body = rq.CreateRun(env_slug="refunds", model="openai/gpt-4o-mini", **options)
+    with pytest.raises(RolloutError) as caught:
+        await client.request("tracker", "create_run", body)
+    assert expected in str(caught.value)
+    assert await client.list_runs() == []
 
 
 async def test_run_without_actors_fails_at_its_deadline_with_a_reason(
