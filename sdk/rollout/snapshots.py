@@ -41,6 +41,7 @@ from rollout.shared.contracts.snapshot import (
     SnapshotRow,
     canonical_jsonl,
     lineage_of,
+    row_problems,
     source_counts,
 )
 from rollout.shared.envs.engine import start_runtime
@@ -504,124 +505,6 @@ def read_snapshot(path: Path) -> list[SnapshotRow]:
         seen[row.rollout_id] = where
         rows.append(row)
     return rows
-
-
-def row_problems(row: SnapshotRow) -> list[str]:
-    """What the row's schema lets through but no verdict or trajectory may hold, by field."""
-    problems = _verdict_problems(row)
-    for name in ("trajectory", "primitives", "tools"):
-        text = getattr(row, name)
-        if text is not None:
-            bad = _non_finite(json.loads(text), name)
-            if bad:
-                problems.append(f"{bad}: must be a finite number (NaN and infinity are not JSON)")
-    messages = json.loads(row.trajectory)["messages"]
-    problem = _messages_problem(messages, "trajectory.messages")
-    if problem:
-        problems.append(problem)
-    # The builders copy tools into every example: an OpenAI tool is an object.
-    tools = json.loads(row.tools) if row.tools is not None else []
-    bad = next((i for i, tool in enumerate(tools) if not isinstance(tool, dict)), None)
-    if bad is not None:
-        problems.append(f"tools[{bad}]: must be an OpenAI tool object {{'type', 'function'}}")
-    return problems
-
-
-def _verdict_problems(row: SnapshotRow) -> list[str]:
-    # The verifier's verdicts: score in [0, 1] (clamped there), outcome "passed" exactly when
-    # passed is true, "failed" when false; an errored row has no verdict (passed is never true).
-    score, problems = row.score, []
-    if score is not None and not math.isfinite(score):
-        problems.append(f"score: must be a finite number, got {score}")
-    elif score is not None and not 0.0 <= score <= 1.0:
-        problems.append(f"score: must be in [0, 1], got {score}")
-    elif score is None and row.outcome != "errored":
-        problems.append(f"score: missing; a {row.outcome} row has a score")
-    if row.outcome == "errored":
-        if row.passed:
-            problems.append("passed: true contradicts outcome 'errored' (no verdict)")
-    elif row.passed is None:
-        problems.append(f"passed: missing; outcome {row.outcome!r} needs true or false")
-    elif row.passed != (row.outcome == "passed"):
-        problems.append(f"passed: {str(row.passed).lower()} contradicts outcome {row.outcome!r}")
-    return problems
-
-
-def _non_finite(value: Any, where: str) -> str | None:
-    """The path of the first NaN or infinity in decoded JSON (json reads both), or None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else where
-    # A loop, not recursion: any depth json.loads read is walked; a path is made only for
-    # containers (token id lists hold many numbers).
-    stack = [(where, value)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, dict):
-            entries: Iterable[tuple[Any, Any]] = item.items()
-            step = ".{}"
-        elif isinstance(item, list):
-            entries, step = enumerate(item), "[{}]"
-        else:
-            continue
-        for key, child in entries:
-            if isinstance(child, float):
-                if not math.isfinite(child):
-                    return path + step.format(key)
-            elif isinstance(child, dict | list):
-                stack.append((path + step.format(key), child))
-    return None
-
-
-# What a trajectory's messages may be: the agent loop's and the model backends' chat (OpenAI's
-# shape; ART imports add "developer"). Looser than a prompts file's (contracts/chat.py): a
-# model may say nothing (content null) or write a call it could not name or give JSON for.
-_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def _messages_problem(messages: list[Any], where: str) -> str | None:
-    """`where[i].field: why` for the first message the training-set builders cannot read."""
-    for i, message in enumerate(messages):
-        at = f"{where}[{i}]"
-        if not isinstance(message, dict):
-            return f"{at}: must be a chat message object {{'role': ..., 'content': ...}}"
-        role = message.get("role")
-        if role not in _ROLES:
-            return f"{at}.role: must be one of {', '.join(_ROLES)}, got {role!r}"
-        content = message.get("content")
-        if not isinstance(content, str) and not (content is None and role == "assistant"):
-            kind = "a string or null" if role == "assistant" else "a string"
-            return f"{at}.content: must be {kind}, got {type(content).__name__}"
-        calls = message.get("tool_calls")
-        if calls is None:
-            continue
-        if not isinstance(calls, list):
-            return f"{at}.tool_calls: must be a list of calls, got {type(calls).__name__}"
-        if calls and role != "assistant":
-            return f"{at}.tool_calls: only an assistant message calls tools"
-        for j, call in enumerate(calls):
-            problem = _call_problem(call, f"{at}.tool_calls[{j}]")
-            if problem:
-                return problem
-    return None
-
-
-def _call_problem(call: Any, where: str) -> str | None:
-    """What keeps one tool call from being a call: OpenAI's {"id", "function": {...}} shape."""
-    if not isinstance(call, dict):
-        return f"{where}: must be a call {{'id': ..., 'function': {{'name', 'arguments'}}}}"
-    if "id" in call and call["id"] is not None and not isinstance(call["id"], str):
-        return f"{where}.id: must be a string"
-    # The learner's builder also reads a flat {"name", "arguments"} call.
-    function, at = (call["function"], f"{where}.function") if "function" in call else (call, where)
-    if not isinstance(function, dict):
-        return f"{at}: must be {{'name': str, 'arguments': str}}"
-    # A call the model could not name is kept with an empty name (the loop answered it).
-    if not isinstance(function.get("name"), str):
-        return f"{at}.name: must be a string"
-    arguments = function.get("arguments", "")
-    if arguments is not None and not isinstance(arguments, str | dict):
-        return f"{at}.arguments: must be JSON text or an object"
-    return None
 
 
 DATASET_PREFIX = "datasets"

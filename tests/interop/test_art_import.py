@@ -287,7 +287,7 @@ async def test_hostile_imports_are_refused_and_stored_trajectories_are_the_check
     client, settings, tmp_path
 ) -> None:
     from rollout.services.tracker.imports import MAX_PLANNED
-    from rollout.services.tracker.runs import MAX_N
+    from rollout.shared.aggregates.run_options import MAX_N
     from rollout.shared.contracts.requests import MAX_IMPORTED_SAMPLES
 
     assert MAX_IMPORTED_SAMPLES == MAX_N  # an import's n fits where create_run's would

@@ -20,7 +20,7 @@ from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.learner.training_sets import dpo_pairs, sft_set
 from rollout.shared.aggregates.run import load_run_head
-from rollout.shared.contracts.snapshot import SnapshotRow
+from rollout.shared.contracts.snapshot import SnapshotRow, rows_from_jsonl
 from rollout.shared.learning.trainer_rows import dpo_rows, sft_rows
 from rollout.shared.settings import Settings, connect_nats
 from rollout.snapshots import IMPORT_FILES, import_snapshot, read_snapshot, write_snapshot
@@ -404,6 +404,21 @@ def test_contradictory_verdicts_are_refused_by_file_row_and_field(tmp_path, caps
                        _row(outcome="errored", passed=None, score=None, error="model down"),
                        _row(rollout_id="r2", outcome="errored", passed=False, score=0.0))  # fmt: skip
     assert _cli(capsys, "import", str(path), "-o", str(out))[0] == 0
+
+
+def test_staged_rows_written_past_the_cli_are_checked_alike_where_the_learner_reads_them() -> None:
+    good = json.dumps(_row()) + "\n"
+    assert len(rows_from_jsonl(good.encode(), "ds")) == 1
+    bad = _row(rollout_id="r2", trajectory=json.dumps(
+        {"messages": [{"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": None, "tool_calls": "bad"}]}))  # fmt: skip
+    for row, problem in (
+        (_row(rollout_id="r2", score=0.0, outcome="failed"), "passed: true contradicts"),
+        (bad, "trajectory.messages[1].tool_calls: must be a list of calls"),
+    ):
+        with pytest.raises(ValueError, match="ds:2: ") as caught:
+            rows_from_jsonl((good + json.dumps(row) + "\n").encode(), "ds")
+        assert problem in str(caught.value)
 
 
 def test_non_utf8_snapshot_is_named_not_a_traceback(tmp_path, capsys) -> None:
