@@ -23,7 +23,7 @@ from rollout.shared.aggregates.run import (
     recorded_request,
     rollout_id,
 )
-from rollout.shared.aggregates.run_options import MAX_BATCH, option_problems
+from rollout.shared.aggregates.run_options import MAX_BATCH, option_problems, total_problem
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
@@ -102,6 +102,8 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         indices = [i for i in indices if i in set(cmd.task_indices)]
     if not indices and not problems:
         problems.append(f"environment {cmd.env_slug!r} has no tasks")
+    if (too_big := total_problem(len(indices), cmd.n)) is not None:
+        problems.append(too_big)
     if problems:
         raise RolloutError("invalid run request", problems=problems)
     grouped = judged_in_groups(env.spec)

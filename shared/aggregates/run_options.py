@@ -10,6 +10,11 @@ from rollout.shared.contracts.requests import CreateRun
 # Rollouts per task, and rollouts per work item.
 MAX_N = 10_000
 MAX_BATCH = 1_024
+# Rollouts in one run (tasks x n): past this a typo'd -n would queue hours of work ahead of
+# every later run; bigger sweeps are several runs.
+MAX_ROLLOUTS = 100_000
+# Tokens sampled per model turn (as an experiment plan allows).
+MAX_TOKENS = 131_072
 
 
 def option_problems(cmd: CreateRun) -> list[str]:
@@ -19,6 +24,8 @@ def option_problems(cmd: CreateRun) -> list[str]:
         problems.append(f"n: must be between 1 and {MAX_N}, got {cmd.n}")
     if not 1 <= cmd.batch_size <= MAX_BATCH:
         problems.append(f"batch_size: must be between 1 and {MAX_BATCH}, got {cmd.batch_size}")
+    if not 1 <= cmd.max_tokens <= MAX_TOKENS:
+        problems.append(f"max_tokens: must be between 1 and {MAX_TOKENS}, got {cmd.max_tokens}")
     if cmd.max_tool_calls < 0:
         problems.append(f"max_tool_calls: must be >= 0, got {cmd.max_tool_calls}")
     if not 0 <= cmd.temperature <= 2:  # false for NaN too
@@ -31,3 +38,14 @@ def option_problems(cmd: CreateRun) -> list[str]:
         if isinstance(value, str) and "\x00" in value:
             problems.append(f"{field}: must not contain NUL characters")
     return problems
+
+
+def total_problem(tasks: int, n: int) -> str | None:
+    """The run's size when it is over MAX_ROLLOUTS (tasks x n), else None."""
+    total = tasks * n
+    if total <= MAX_ROLLOUTS:
+        return None
+    return (
+        f"n: {tasks} task(s) x {n} = {total:,} rollouts, over the {MAX_ROLLOUTS:,} one run may "
+        "ask for; lower -n, pick a --split, or split the work into several runs"
+    )

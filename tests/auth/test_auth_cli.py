@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from rollout.shared.auth.credentials import save_credentials
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.stack.nats import NatsServer
 
@@ -147,3 +148,21 @@ async def test_keys_refuse_an_external_nats(cli: Cli, tmp_path: Path) -> None:
     result = await Cli(env)("keys", "list")
     assert result.returncode == 1
     assert "ROLLOUT_NATS_URL points at an external one" in result.stderr
+
+
+async def test_keys_refuse_a_shell_that_acts_as_a_key_holder(
+    cli: Cli, auth_nats, runner_key: ApiKey
+) -> None:
+    # A remote key holder's shell: the keys it would make or list are not that server's.
+    before = json.loads((await cli("keys", "list", "--json")).stdout)["keys"]
+    for extra in ({"ROLLOUT_API_KEY": runner_key.text}, {"ROLLOUT_ENDPOINT": auth_nats.url}):
+        result = await Cli(cli.env | extra)("keys", "create", "--role", "runner")
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert f"{next(iter(extra))} is set: this shell acts as a key holder" in result.stderr
+        assert "rk_" not in result.stdout  # no key was made
+    assert json.loads((await cli("keys", "list", "--json")).stdout)["keys"] == before
+    # Logged in to another endpoint: the same refusal, naming it.
+    other = "nats://127.0.0.1:1"
+    save_credentials(other, runner_key.text, env=cli.env)  # as `rollout login` saves them
+    result = await cli("keys", "list")
+    assert result.returncode == 1 and f"logged in to {other}" in result.stderr

@@ -102,12 +102,14 @@ async def test_run_completes_with_exactly_tasks_times_n_rollouts(
         ({"env_slug": "refunds", "model": "openai/gpt-4o-mini", "n": 0}, "n: must be between"),
         ({"env_slug": "refunds", "model": "openai/x", "split": "dev"}, "no tasks in split 'dev'"),
         ({"env_slug": "bad slug!", "model": "openai/x"}, "env_slug"),
+        # 12 tasks x 10,000: each number in range, the run too big (a typo'd -n).
+        ({"env_slug": "refunds", "model": "openai/x", "n": 10_000}, "= 120,000 rollouts, over"),
     ],
 )
 async def test_bad_run_requests_are_refused_before_anything_is_queued(
     client, settings, options, expected
 ) -> None:
-    await client.push_environment(refund_env())
+    await client.push_environment(refund_env(tasks=12))
     with pytest.raises(RolloutError) as caught:
         await client.create_run(**options)
     assert expected in str(caught.value)
@@ -127,6 +129,7 @@ async def test_bad_run_requests_are_refused_before_anything_is_queued(
         ({"temperature": 99.0}, "temperature: must be between 0 and 2"),
         ({"batch_size": 0}, "batch_size: must be between"),
         ({"deadline_s": -1.0}, "deadline_s: must be a positive number"),
+        ({"max_tokens": 0}, "max_tokens: must be between 1 and"),
     ],
 )
 async def test_out_of_range_options_are_refused_by_the_client_and_by_the_tracker(

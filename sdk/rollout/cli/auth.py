@@ -14,6 +14,7 @@ from rollout.cli._common import print_json
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.auth.credentials import (
+    API_KEY_ENV,
     ENDPOINT_ENV,
     check_endpoint,
     client_settings,
@@ -166,7 +167,31 @@ def cmd_whoami(args: argparse.Namespace) -> int:
 
 def _home_with_embedded_nats() -> Any:
     """ROLLOUT_HOME, if its NATS is the embedded one (keys become users of that server)."""
+    # `keys` acts as the operator of ROLLOUT_HOME's stack, through its files, not through a
+    # key: a shell that names another endpoint or a key holder's key would be told it made
+    # or revoked keys that the server it talks to never hears of.
+    given = [name for name in (ENDPOINT_ENV, API_KEY_ENV) if os.environ.get(name)]
+    if given:
+        raise RolloutError(
+            f"rollout keys manages the keys of the stack in ROLLOUT_HOME, as its operator, but "
+            f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} set: this shell acts as "
+            "a key holder",
+            problems=[
+                f"unset {' and '.join(given)} to manage the keys of the stack in ROLLOUT_HOME",
+                "or run `rollout keys` on the machine (and ROLLOUT_HOME) where `rollout up` runs",
+            ],
+        )
     settings = load_settings()
+    saved = read_credentials()
+    if saved is not None and saved.get("endpoint") != settings.nats_url:
+        raise RolloutError(
+            f"rollout keys manages the keys of the stack in ROLLOUT_HOME, but this shell is "
+            f"logged in to {saved.get('endpoint')} (rollout login)",
+            problems=[
+                "run `rollout keys` on the machine where that stack's `rollout up` runs",
+                "or `rollout logout` to manage the keys of the stack in ROLLOUT_HOME",
+            ],
+        )
     if settings.external_nats:
         raise RolloutError(
             "API keys are users of the embedded nats-server, but ROLLOUT_NATS_URL points "
