@@ -49,7 +49,10 @@ MUTATIONS: dict[tuple[str, str], str] = {
     ("buffer", "sft_set"): "build training sets",
     ("buffer", "dpo_pairs"): "build training sets",
     ("buffer", "grpo_groups"): "build training sets",
-    ("buffer", "rollouts"): "export scored rollouts",
+    # The buffer serves training data across runs; the runs a key may read (trajectories too)
+    # it may also export, run by run.
+    ("buffer", "rollouts"): "select rollouts from the buffer (export the runs it reads with "
+    "--run or --env)",
 }
 
 ROLE_REQUESTS: dict[Role, tuple[tuple[str, str], ...]] = {
