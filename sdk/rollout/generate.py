@@ -11,16 +11,21 @@ run id after. Rows are appended to a JSONL file one line at a time (flushed and 
 re-run reads back the rollout ids already there (dropping a torn last line) and writes only the
 others, so after any kill the output holds each rollout exactly once. Parquet is written from
 that JSONL sidecar when the run is done.
+
+One generate at a time per --out: it holds an exclusive lock on `OUT.generate.lock` for the
+whole command (flock, so a killed generate's lock goes with its process and never blocks the
+resume), and a second generate on that --out is refused at once, naming the holder's pid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,7 @@ FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 MAX_PROMPTS = 100_000
 STATE_SUFFIX = ".generate.json"
 PARTIAL_SUFFIX = ".partial.jsonl"
+LOCK_SUFFIX = ".generate.lock"
 
 
 @dataclass
@@ -84,6 +90,11 @@ class GenerateRequest:
     def state_path(self) -> Path:
         """The sidecar holding the run's request id and run id (what a re-run resumes)."""
         return self.out.with_name(self.out.name + STATE_SUFFIX)
+
+    @property
+    def lock_path(self) -> Path:
+        """The file a running generate holds locked, so no second one writes the same --out."""
+        return self.out.with_name(self.out.name + LOCK_SUFFIX)
 
 
 @dataclass
@@ -222,6 +233,77 @@ def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:
 # --- the output file -------------------------------------------------------------------------
 
 
+def cannot_write(out: Path, exc: OSError, path: Path | None = None) -> RolloutError:
+    """The error for an --out whose files cannot be written (a read-only or virtual folder)."""
+    reason = exc.strerror or str(exc)
+    if path is not None:
+        reason = f"{reason}: {path}"
+    return RolloutError(
+        f"--out {out}: cannot write there ({reason})",
+        problems=["choose an --out in a folder you can write to"],
+    )
+
+
+def _lock_holder(fd: int) -> str:
+    """The pid the lock file names (written by its holder), as ' (pid N)', or ''."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return f" (pid {text})" if text.isdigit() else ""
+
+
+@contextlib.contextmanager
+def out_lock(req: GenerateRequest) -> Iterator[None]:
+    """Hold `req.out` for this process; another generate on it is refused (never run twice)."""
+    path = req.lock_path
+    # A few tries: a lock taken on a file its last holder unlinked as it ended guards nothing.
+    for _ in range(10):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise cannot_write(req.out, exc, path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            raise RolloutError(
+                f"--out {req.out}: is being written by another generate{holder}",
+                problems=[
+                    f"wait for it to end (it holds {path}), or choose another --out",
+                    "nothing was written by this command",
+                ],
+            ) from None
+        except OSError as exc:  # a filesystem without locks: refuse rather than risk two
+            os.close(fd)
+            raise RolloutError(
+                f"--out {req.out}: cannot lock {path} ({exc.strerror or exc})",
+                problems=["choose an --out on a local filesystem"],
+            ) from None
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(os.fstat(fd), current):
+            break
+        os.close(fd)
+    else:
+        raise RolloutError(f"--out {req.out}: cannot take the lock {path}; try again")
+    try:
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            raise cannot_write(req.out, exc, path) from None
+        yield
+    finally:
+        # Unlinked while still held: whoever opened it meanwhile sees it gone and retries.
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
 def written_ids(path: Path) -> set[str]:
     """Rollout ids already in the rows file; a torn last line (a kill mid-write) is cut off."""
     if not path.exists():
@@ -247,17 +329,24 @@ def written_ids(path: Path) -> set[str]:
 class RowWriter:
     """Appends rows to a JSONL file, each durable before the next (what a resume relies on)."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, out: Path | None = None) -> None:
         self.path = path
-        self._file = path.open("a", encoding="utf-8")
+        self.out = out or path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise cannot_write(self.out, exc, path) from None
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         """Append rows and make them durable."""
-        for row in rows:
-            self._file.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            for row in rows:
+                self._file.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:  # a full disk: the rows before these are durable, resume later
+            raise cannot_write(self.out, exc, self.path) from None
 
     def close(self) -> None:
         """Close the file."""
@@ -270,14 +359,17 @@ def write_parquet(rows_path: Path, out: Path) -> None:
 
     dataset = datasets.Dataset.from_json(str(rows_path), keep_in_memory=True)
     tmp = out.with_name(out.name + ".tmp")
-    dataset.to_parquet(str(tmp))
-    os.replace(tmp, out)
+    try:
+        dataset.to_parquet(str(tmp))
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise cannot_write(out, exc, tmp) from None
 
 
 # The run request's fields as `rollout generate` spells them.
 _FLAGS = {"n": "-n", "batch_size": "--batch-size", "max_tool_calls": "--max-tool-calls",
           "temperature": "--temperature", "deadline_s": "--deadline", "split": "--split",
-          "model": "--model"}  # fmt: skip
+          "model": "--model", "max_tokens": "--max-tokens"}  # fmt: skip
 
 
 def _as_flag(problem: str) -> str:
@@ -294,10 +386,14 @@ def _read_state(path: Path) -> dict[str, Any] | None:
         raise RolloutError(f"{path}: not a generate state file; remove it to start over") from None
 
 
-def _write_state(path: Path, state: dict[str, Any]) -> None:
+def _write_state(req: GenerateRequest, state: dict[str, Any]) -> None:
+    path = req.state_path
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(state, indent=2), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise cannot_write(req.out, exc, tmp) from None
 
 
 # --- rows ------------------------------------------------------------------------------------
@@ -370,7 +466,7 @@ async def generate(
     )  # fmt: skip
     if problems := option_problems(options):
         raise RolloutError("invalid generate options", problems=[_as_flag(p) for p in problems])
-    env_slug, env_version = req.env, req.env_version
+    env: dict[str, Any] | None = None
     source: dict[str, Any] = {"env": req.env, "env_version": req.env_version}
     if req.prompts is not None:
         if req.split is not None:
@@ -382,8 +478,6 @@ async def generate(
                 problems=["give every line an 'answer', or leave --score off"],
             )
         env = prompts_environment(prompt_tasks)
-        pushed = await client.push_environment(env)
-        env_slug, env_version = pushed["slug"], pushed["version"]
         source = {"prompts": env["slug"]}
     params = {
         **source,
@@ -399,11 +493,35 @@ async def generate(
         "format": fmt,
     }
     try:
+        # Made on purpose: a new dataset's folder need not exist yet.
         req.out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RolloutError(
             f"--out {req.out}: cannot make its folder: {exc.strerror or exc}"
         ) from None
+    # Held from before the state file is read until the last row is written: two generates
+    # on one --out would otherwise attach to the same run and both append every row.
+    with out_lock(req):
+        env_slug, env_version = req.env, req.env_version
+        if env is not None:
+            pushed = await client.push_environment(env)
+            env_slug, env_version = pushed["slug"], pushed["version"]
+        return await _generate_locked(
+            client, req, fmt, params, env_slug, env_version, progress=progress
+        )
+
+
+async def _generate_locked(
+    client: Any,
+    req: GenerateRequest,
+    fmt: str,
+    params: dict[str, Any],
+    env_slug: str | None,
+    env_version: int | None,
+    *,
+    progress: ProgressFn | None,
+) -> GenerateResult:
+    """`generate` past its checks, with `req.out` locked: start or resume the run, write rows."""
     state = _read_state(req.state_path)
     if state is not None and "run_id" not in state and state.get("params") != params:
         # A start that failed before its run existed (the tracker refused it): nothing to
@@ -417,7 +535,7 @@ async def generate(
                 problems=["choose another --out, or remove the file"],
             )
         state = {"params": params, "client_request_id": new_id()}
-        _write_state(req.state_path, state)
+        _write_state(req, state)
     elif state.get("params") != params:
         raise RolloutError(
             f"--out {req.out}: was started by another generate ({req.state_path} differs)",
@@ -445,7 +563,7 @@ async def generate(
     run_id = run["runId"]
     if state.get("run_id") != run_id:
         state["run_id"] = run_id
-        _write_state(req.state_path, state)
+        _write_state(req, state)
     # From the reply (the read model may not show a run this new yet).
     summary = {
         "runId": run_id,
@@ -458,7 +576,7 @@ async def generate(
     tasks = EnvironmentSpec.model_validate(doc.get("spec", doc)).tasks
 
     done_ids = written_ids(req.rows_path)
-    writer = RowWriter(req.rows_path)
+    writer = RowWriter(req.rows_path, req.out)
     written_now = 0
     try:
         written_now, status, reason = await _stream(
@@ -472,7 +590,7 @@ async def generate(
             write_parquet(req.rows_path, req.out)
             req.rows_path.unlink()
         state.update(done=True, rows=total_rows, status=status)
-        _write_state(req.state_path, state)
+        _write_state(req, state)
     return GenerateResult(
         run_id, req.out, total_rows, written_now, status, resumed=resumed, reason=reason
     )

@@ -12,7 +12,9 @@ those the platform would train on from the same rollouts.
 
 An output folder (import's DIR, an hf export's --out) is written beside its target and swapped
 in whole, so only a missing or empty folder, or one an earlier run of the same command wrote,
-is replaced: anything else in the way is named and nothing is deleted.
+is replaced: anything else in the way is named and nothing is deleted. An output file (a jsonl
+or parquet export) likewise replaces only a missing or empty file or an earlier export of that
+format, and its suffix must not say another format.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -51,6 +54,10 @@ from rollout.shared.objectstore import content_key, sha256_bytes
 from rollout.shared.store.trajectories import object_store
 
 MAX_ROWS = 1_000_000
+# The file formats and the suffix each is read back by (import, datasets.load_dataset).
+FILE_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
+# How much of a jsonl's first line is read to tell an earlier export (a long trajectory fits).
+FIRST_LINE_LIMIT = 64 * 1024 * 1024
 
 
 def _features() -> Any:
@@ -309,11 +316,100 @@ def _is_earlier_export(folder: Path) -> bool:
     )
 
 
+def export_format(out: Path, fmt: str | None) -> str:
+    """The export's format: --format as given, else the one --out's suffix names (jsonl for
+    a name without a suffix, as before)."""
+    if fmt is not None:
+        return fmt
+    suffix = out.suffix.lower()
+    if suffix in FILE_FORMATS:
+        return FILE_FORMATS[suffix]
+    hint = "name a FILE.jsonl or FILE.parquet, or give --format (hf writes a save_to_disk folder)"
+    if out.is_dir():
+        raise RolloutError(
+            f"--out {out}: is a folder, and no --format says what to write", problems=[hint]
+        )
+    if not suffix:
+        return "jsonl"  # the format export always wrote when none was named
+    raise RolloutError(f"--out {out}: unknown format {suffix!r}", problems=[hint])
+
+
+def _is_earlier_jsonl(path: Path) -> bool:
+    """PATH's first line is a snapshot row (`rollout export --format jsonl` wrote it)."""
+    try:
+        with path.open("rb") as f:
+            row = json.loads(f.readline(FIRST_LINE_LIMIT))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return (
+        isinstance(row, dict)
+        and row.get("format") == FORMAT
+        and {"rollout_id", "trajectory"} <= set(row) <= set(SnapshotRow.model_fields)
+    )
+
+
+def _is_earlier_parquet(path: Path) -> bool:
+    """PATH is a parquet file of snapshot columns (`rollout export --format parquet` wrote it)."""
+    import pyarrow.parquet as pq
+
+    try:
+        columns = set(pq.read_schema(path).names)
+    except (OSError, ValueError):
+        return False
+    return {"format", "rollout_id", "trajectory"} <= columns <= set(SnapshotRow.model_fields)
+
+
+def _free_name(out: Path) -> Path:
+    """A name beside OUT that nothing holds yet (what an error suggests instead)."""
+    for i in range(1, 1000):
+        other = out.with_name(f"{out.stem}-{i}{out.suffix}")
+        if not other.exists() and not other.is_symlink():
+            return other
+    return out.with_name(f"{out.stem}-{secrets.token_hex(4)}{out.suffix}")
+
+
+def _check_export_file(out: Path, fmt: str) -> None:
+    """Refuse a jsonl/parquet --out whose suffix says another format or that holds other data."""
+    suffix = out.suffix.lower()
+    named = FILE_FORMATS.get(suffix)
+    if named is not None and named != fmt:
+        # What import and load_dataset go by: parquet under a .jsonl name is read as JSON.
+        raise RolloutError(
+            f"--out {out}: a {suffix} name, but --format is {fmt}",
+            problems=[
+                f"name a FILE.{fmt} (e.g. --out {out.with_suffix('.' + fmt)}), "
+                f"or leave --format out to write {named}"
+            ],
+        )
+    if out.is_symlink():
+        raise RolloutError(f"--out {out}: is a symbolic link; name a real file")
+    if not out.exists():
+        return
+    if out.is_dir():
+        raise RolloutError(f"--out {out}: is a folder ({fmt} writes one file)")
+    try:
+        info = out.stat()
+    except OSError as exc:
+        raise RolloutError(f"--out {out}: cannot read it ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise RolloutError(f"--out {out}: is not a regular file; name a new file")
+    earlier = _is_earlier_jsonl if fmt == "jsonl" else _is_earlier_parquet
+    # An empty file holds nothing to lose; an earlier export is replaced as it would be redone.
+    if info.st_size == 0 or earlier(out):
+        return
+    raise RolloutError(
+        f"--out {out}: exists and is not an earlier `rollout export --format {fmt}`",
+        problems=[
+            f"nothing was written; choose another --out (e.g. {_free_name(out)}), "
+            "or move the file away"
+        ],
+    )
+
+
 def check_export_out(out: Path, fmt: str) -> None:
     """Refuse an --out that `write_snapshot` may not write (checked before anything runs)."""
     if fmt != "hf":
-        if out.is_dir():
-            raise RolloutError(f"--out {out}: is a folder ({fmt} writes one file)")
+        _check_export_file(out, fmt)
         return
     if out.exists() and not out.is_dir():
         raise RolloutError(f"--out {out}: exists and is not a folder (hf writes a folder)")
@@ -326,8 +422,14 @@ def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
 
     check_export_out(out, fmt)
     final = out.resolve() if fmt == "hf" else out
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    except OSError as exc:
+        raise RolloutError(
+            f"--out {out}: cannot write there ({exc.strerror or exc})",
+            problems=["choose an --out in a folder you can write to"],
+        ) from None
     try:
         if fmt == "jsonl":
             target = tmp / "rows.jsonl"
@@ -345,7 +447,14 @@ def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
         if fmt == "hf":
             _swap_in(target, final)
         else:
+            # Again, just before: a file may have appeared at --out while these were written.
+            check_export_out(out, fmt)
             os.replace(target, out)
+    except OSError as exc:  # a full disk, a folder made read-only meanwhile
+        raise RolloutError(
+            f"--out {out}: cannot write there ({exc.strerror or exc})",
+            problems=["nothing was replaced; choose an --out in a folder you can write to"],
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -1,6 +1,7 @@
 """`rollout generate` through the real CLI (a subprocess) against in-process services on real
 NATS + Postgres: env splits and prompts files, scored or not, JSONL and Parquet outputs that
-`datasets.load_dataset` opens, and exactly-once rows after a SIGKILL and a re-run."""
+`datasets.load_dataset` opens, exactly-once rows after a SIGKILL and a re-run, and one
+generate at a time per --out (a second is refused while the first writes)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from test_cli_platform import rollout
 from waiting import wait_until
 
 from rollout.errors import RolloutError
-from rollout.generate import read_prompts, written_ids
+from rollout.generate import GenerateRequest, out_lock, read_prompts, written_ids
 from rollout.shared.contracts.envspec import TaskSpec
 from rollout.shared.settings import Settings
 
@@ -175,13 +177,16 @@ async def test_generate_prompts_resumes_after_sigkill_exactly_once(
     await proc.wait()
     killed_at = _lines(partial)
     assert 0 < len(killed_at) < 20 and not out.exists()
+    # Its lock file stays behind, naming a dead pid; the lock itself died with the process.
+    lock = tmp_path / "gen.parquet.generate.lock"
+    assert lock.read_text().strip() == str(proc.pid)
     # A kill in the middle of a write leaves a torn line: the resume must drop it.
     with partial.open("a") as f:
         f.write('{"rollout_id": "torn-')
 
     code, stdout, err = await rollout(settings, *args[3:])
     assert code == 0, err
-    assert "resumed" in stdout and not partial.exists()
+    assert "resumed" in stdout and not partial.exists() and not lock.exists()
     rows = datasets.load_dataset("parquet", data_files=str(out), split="train")
     assert rows.num_rows == 20 and len(set(rows["rollout_id"])) == 20  # exactly once
     assert set(killed_at[0]) <= set(rows.column_names)
@@ -320,3 +325,108 @@ def test_a_prompts_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path, caps
     with pytest.raises(RolloutError, match=r"not UTF-8 text \(byte 0xe9 at offset 32\)"):
         read_prompts(path)
     assert not out.exists()
+
+
+async def test_a_second_generate_on_the_same_out_is_refused_while_the_first_writes(
+    client, settings, tmp_path
+) -> None:
+    # The first model call is answered at once, the others only once released: the first
+    # generate has a durable row and is still working when the second one starts.
+    release = threading.Event()
+    answered = threading.Lock()
+    first = []
+
+    def answer(body: dict) -> Reply:
+        with answered:
+            hold = bool(first)
+            first.append(True)
+        if hold:
+            release.wait(120)
+        return _echo(0.0)(body)
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(4)))
+    out = tmp_path / "race.jsonl"
+    with FakeOpenAI(answer) as agent:
+        args = ["generate", "--prompts", str(prompts), "--model", f"{agent.base_url}#m",
+                "--batch-size", "1", "--out", str(out)]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rollout.cli", *args, env=_cli_env(settings),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+
+            async def first_row() -> bool:
+                assert proc.returncode is None, (await proc.stderr.read()).decode()
+                return bool(_lines(out))
+
+            await wait_until(first_row, "the first generate's first row", 90, interval_s=0.02)
+            second = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "rollout.cli", *args, env=_cli_env(settings),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:  # refused at once: it never waits on the first one's run
+                raw_out, raw_err = await asyncio.wait_for(second.communicate(), 60)
+            except TimeoutError:
+                second.kill()
+                await second.wait()
+                raise AssertionError("the second generate was not refused at once") from None
+            code, stdout, err = second.returncode, raw_out.decode(), raw_err.decode()
+            assert code == 1 and stdout == "" and "Traceback" not in err, err
+            assert f"--out {out}: is being written by another generate (pid {proc.pid})" in err
+            assert len(_lines(out)) == 1  # the refused one wrote nothing
+        finally:
+            release.set()
+        stdout, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    assert "4 rows (all new)" in stdout.decode()
+    ids = [r["rollout_id"] for r in _lines(out)]
+    assert len(ids) == 4 and len(set(ids)) == 4  # every row once
+    assert not (tmp_path / "race.jsonl.generate.lock").exists()
+    assert len(await client.list_runs()) == 1
+
+
+def test_a_held_out_is_refused_at_once_and_a_stale_lock_file_is_not(tmp_path, capsys) -> None:
+    from rollout.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    out = tmp_path / "o.jsonl"
+    command = [
+        "generate",
+        "--model",
+        "local/scripted",
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+    ]
+    req = GenerateRequest(model="local/scripted", out=out, prompts=prompts)
+    with out_lock(req):  # what a running generate holds (a lock of its own file, like another's)
+        assert main(command) == 1
+        err = capsys.readouterr().err
+        assert f"--out {out}: is being written by another generate (pid {os.getpid()})" in err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]  # nothing written
+    # A lock file left by a killed generate (its pid long gone) is taken over, then removed.
+    req.lock_path.write_text("999999999\n")
+    with out_lock(req):
+        assert req.lock_path.read_text() == f"{os.getpid()}\n"
+    assert not req.lock_path.exists()
+
+
+def test_an_out_that_cannot_be_written_is_named_not_a_traceback(tmp_path, capsys) -> None:
+    from rollout.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    for out, reason in (
+        ("/proc/version.jsonl", "cannot write there (No such file or directory: /proc/version"),
+        (f"{prompts}/o.jsonl", "cannot make its folder"),  # a parent that is a file
+    ):
+        code = main(["generate", "--model", "local/scripted", "--prompts", str(prompts),
+                     "--out", out])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 1 and "Traceback" not in err, err
+        assert f"--out {out}: " in err and reason in err, err
+    assert not os.path.exists("/proc/version.jsonl.generate.json")

@@ -23,7 +23,13 @@ from rollout.shared.aggregates.run import load_run_head
 from rollout.shared.contracts.snapshot import SnapshotRow, rows_from_jsonl
 from rollout.shared.learning.trainer_rows import dpo_rows, sft_rows
 from rollout.shared.settings import Settings, connect_nats
-from rollout.snapshots import IMPORT_FILES, import_snapshot, read_snapshot, write_snapshot
+from rollout.snapshots import (
+    IMPORT_FILES,
+    export_format,
+    import_snapshot,
+    read_snapshot,
+    write_snapshot,
+)
 
 
 @pytest.fixture
@@ -79,6 +85,13 @@ async def test_export_then_import_rebuilds_the_buffers_training_sets(
             names = [t["function"]["name"] for t in json.loads(row["tools"])]
             assert names == ["lookup_order", "refund"]
     assert loaded["hf"].features == loaded["parquet"].features
+    # Exported again over the earlier export, the format taken from the suffix: replaced.
+    code, stdout, err = await rollout(
+        settings, "export", "--run", run["runId"], "--out", str(tmp_path / "s.parquet")
+    )
+    assert code == 0 and stdout.endswith("(parquet)\n"), err
+    again = datasets.load_dataset("parquet", data_files=str(tmp_path / "s.parquet"), split="train")
+    assert again.to_list() == loaded["parquet"].to_list()
 
     # What the buffer gives the learner for this run, asked as the learner asks it.
     nc = await connect_nats(as_service(settings, "learner"))
@@ -111,9 +124,10 @@ async def test_export_then_import_rebuilds_the_buffers_training_sets(
 
 
 async def test_export_errors_are_clear(client, settings, tmp_path) -> None:
-    code, _, err = await rollout(settings, "export", "--run", "nope", "--out", str(tmp_path / "x"))
+    out = str(tmp_path / "x.jsonl")
+    code, _, err = await rollout(settings, "export", "--run", "nope", "--out", out)
     assert code == 1 and "no run 'nope'" in err and "Traceback" not in err
-    code, _, err = await rollout(settings, "export", "--env", "ghost", "--out", str(tmp_path / "x"))
+    code, _, err = await rollout(settings, "export", "--env", "ghost", "--out", out)
     assert code == 1 and "'ghost' has no completed runs" in err
 
 
@@ -357,6 +371,73 @@ def test_export_hf_replaces_only_an_earlier_hf_export(tmp_path) -> None:
     write_snapshot(rows[:1], out, "hf")  # an earlier export is replaced
     assert [r.rollout_id for r in read_snapshot(out)] == ["r1"]
     assert sorted(os.listdir(tmp_path)) == ["exp", "hf", "other"]
+
+
+def test_export_files_replace_only_earlier_exports_of_the_format_their_suffix_names(
+    tmp_path, capsys
+) -> None:
+    rows = [SnapshotRow.model_validate(r).model_dump() for r in (_row(), _row(rollout_id="r2"))]
+    work = tmp_path / "w"
+    work.mkdir()
+    # Someone's data: a generate output, a plan, a parquet file of other columns.
+    generated = work / "gen.jsonl"
+    generated.write_text(
+        "".join(json.dumps({"id": str(i), "rollout_id": f"g{i}", "run_id": "r"}) + "\n"
+                for i in range(3))
+    )  # fmt: skip
+    plan = work / "plan.toml"
+    plan.write_text('name = "p1"\n')
+    other = work / "other.parquet"
+    datasets.Dataset.from_list([{"text": "someone else's rows"}]).to_parquet(str(other))
+    before = _tree(work)
+    for out, fmt in ((generated, "jsonl"), (plan, "jsonl"), (plan, "parquet"), (other, "parquet")):
+        with pytest.raises(RolloutError) as info:
+            write_snapshot(rows, out, fmt)
+        assert f"--out {out}: exists and is not an earlier `rollout export --format {fmt}`" in (
+            info.value.message
+        )
+        assert "nothing was written; choose another --out (e.g. " in info.value.problems[0]
+    # The CLI refuses before it connects (there is no stack here).
+    for args, message in (
+        (("--format", "parquet", "--out", str(generated)),
+         f"--out {generated}: a .jsonl name, but --format is parquet"),
+        (("--format", "jsonl", "--out", str(work / "n.parquet")), "a .parquet name, but --format is jsonl"),
+        (("--out", str(generated)), "exists and is not an earlier `rollout export --format jsonl`"),
+        (("--format", "jsonl", "--out", str(plan)), "exists and is not an earlier `rollout export"),
+        (("--out", str(plan)), f"--out {plan}: unknown format '.toml'"),
+        (("--out", str(work)), f"--out {work}: is a folder, and no --format says what to write"),
+        (("--format", "jsonl", "--out", str(work)), f"--out {work}: is a folder (jsonl writes one"),
+    ):  # fmt: skip
+        code, stdout, err = _cli(capsys, "export", "--run", "r1", *args)
+        assert code == 1 and stdout == "" and message in err and "Traceback" not in err, (args, err)
+    assert _tree(work) == before  # nothing written, nothing replaced
+    assert sorted(os.listdir(work)) == ["gen.jsonl", "other.parquet", "plan.toml"]
+
+    # A name without a suffix is jsonl, as export always wrote when no --format was named.
+    assert export_format(work / "snap", None) == "jsonl"
+    # An empty file or an earlier export of the same format is replaced; the suffix names it.
+    for name in ("s.jsonl", "s.parquet"):
+        out = work / name
+        out.touch()
+        fmt = export_format(out, None)
+        assert fmt == name.split(".")[1]
+        write_snapshot(rows, out, fmt)
+        write_snapshot(rows[:1], out, fmt)
+        assert [r.rollout_id for r in read_snapshot(out)] == ["r1"]
+    # A jsonl export is not replaced by a parquet one (nor the other way round).
+    odd = work / "s.data"
+    write_snapshot(rows, odd, "jsonl")
+    with pytest.raises(RolloutError, match="not an earlier `rollout export --format parquet`"):
+        write_snapshot(rows, odd, "parquet")
+    assert sorted(os.listdir(work)) == sorted(
+        ["gen.jsonl", "other.parquet", "plan.toml", "s.jsonl", "s.parquet", "s.data"]
+    )  # no staging folder left behind
+    link = work / "l.jsonl"
+    link.symlink_to(work / "s.jsonl")
+    with pytest.raises(RolloutError, match="is a symbolic link"):
+        write_snapshot(rows, link, "jsonl")
+    with pytest.raises(RolloutError, match=r"--out /proc/snap.jsonl: cannot write there \("):
+        write_snapshot(rows, Path("/proc/snap.jsonl"), "jsonl")
 
 
 def test_non_finite_scores_and_margins_are_refused(tmp_path, capsys) -> None:

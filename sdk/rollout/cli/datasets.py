@@ -19,6 +19,7 @@ from rollout.shared.contracts.buffer import RolloutsQuery
 from rollout.snapshots import (
     check_export_out,
     export_buffer_rows,
+    export_format,
     export_rows,
     import_snapshot,
     lineage,
@@ -36,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         'with the user turn to answer]} per line, optional "id" and "answer") through the actor pool, as a run, and write '
         "one row per rollout to --out (FILE.jsonl or FILE.parquet; opens with "
         "datasets.load_dataset). Re-running the same command after a kill resumes it: rows "
-        "already written are kept and none is written twice (state in OUT.generate.json).",
+        "already written are kept and none is written twice (state in OUT.generate.json); a "
+        "second generate on an --out that one is writing is refused (lock: OUT.generate.lock).",
     )
     p.add_argument("--model", required=True, help="e.g. local/tiny-agent, http://host/v1#NAME")
     source = p.add_mutually_exclusive_group(required=True)
@@ -66,7 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--verdict, --policy-version, --since) as one row: trajectory, tools, score, passed, "
         "outcome, primitives and lineage (run id, model, policy version, env slug/version/hash, "
         "seed). --format hf writes a datasets.save_to_disk folder (a new or empty one, or an "
-        "earlier hf export, which it replaces); parquet and jsonl one file. "
+        "earlier hf export, which it replaces); parquet and jsonl one file (a new or empty one, "
+        "or an earlier export of that format); without --format, --out's suffix (.jsonl, "
+        ".parquet) names it. "
         "`rollout import` reads them back; `rollout improve --dataset` trains on them.",
     )
     what = p.add_mutually_exclusive_group()
@@ -89,7 +93,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--since", metavar="TIME",
         help="with --buffer: only rollouts scored since TIME (ISO 8601, or 30m, 2h, 7d ago)",
     )  # fmt: skip
-    p.add_argument("--format", choices=("hf", "parquet", "jsonl"), default="jsonl")
+    p.add_argument(
+        "--format", choices=("hf", "parquet", "jsonl"), default=None,
+        help="default: from --out's suffix (FILE.jsonl or FILE.parquet)",
+    )  # fmt: skip
     p.add_argument("--out", required=True, type=Path, metavar="PATH")
     p.add_argument("--include-errored", action="store_true", help="keep errored rollouts too")
     p.add_argument(
@@ -207,7 +214,9 @@ def _buffer_query(args: argparse.Namespace) -> Any:
 
 async def _export(args: argparse.Namespace) -> int:
     query = _buffer_query(args)
-    check_export_out(args.out, args.format)  # before the export's work, not after it
+    # Before the export's work (and before connecting), not after it.
+    fmt = export_format(args.out, args.format)
+    check_export_out(args.out, fmt)
     skipped = 0
     client = AsyncClient()
     try:
@@ -219,10 +228,10 @@ async def _export(args: argparse.Namespace) -> int:
             )
     finally:
         await client.close()
-    path = write_snapshot(rows, args.out, args.format)
+    path = write_snapshot(rows, args.out, fmt)
     summary: dict[str, Any] = {
         "out": str(path),
-        "format": args.format,
+        "format": fmt,
         "runs": sorted({r["run_id"] for r in rows}),
         "lineage": lineage(rows),
         "skipped": skipped,
@@ -231,7 +240,7 @@ async def _export(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print(f"{len(rows)} rollouts of {len(summary['runs'])} run(s) -> {path} ({args.format})")
+        print(f"{len(rows)} rollouts of {len(summary['runs'])} run(s) -> {path} ({fmt})")
         if skipped:
             print(f"  {skipped} selected rollout(s) had no trajectory and were left out")
     return 0
