@@ -25,6 +25,8 @@ from rollout.snapshots import stage_dataset
 T = TypeVar("T")
 # How often an unanswered create is resent (with its client request id: never a second run).
 CREATE_RETRIES = 1
+# What `errored_rollouts` keeps of each: where it is, why it errored, how it ended.
+_ERROR_KEYS = ("rolloutId", "taskIndex", "sampleIndex", "errorKind", "error", "endedBy", "turns")
 
 
 class AsyncClient:
@@ -184,6 +186,36 @@ class AsyncClient:
             run["rolloutsCursor"] = page.get("rolloutsCursor")
         return run
 
+    async def errored_rollouts(
+        self, run_id: str, expected: int, *, max_read: int = 100_000
+    ) -> list[dict[str, Any]]:
+        """The run's errored rollouts (why each errored), in task order, without trajectories.
+
+        Pages stop once `expected` errored ones are found (the run's `errored` count) or after
+        `max_read` rollouts, so a big run with a few errors early costs a page or two.
+        """
+        query = rq.GetRun(run_id=run_id, include_rollouts=True, include_tasks=False, page_size=1000)
+        found: list[dict[str, Any]] = []
+        read = 0
+        cursor: str | None = None
+        seen: set[str] = set()
+        while len(found) < expected and read < max_read:
+            page = await self.request(
+                "tracker", "get_run", query.model_copy(update={"rollouts_cursor": cursor})
+            )
+            rollouts = page.get("rollouts", [])
+            read += len(rollouts)
+            found += [
+                {k: r.get(k) for k in _ERROR_KEYS}
+                for r in rollouts
+                if r.get("outcome") == "errored"
+            ]
+            cursor = page.get("rolloutsCursor")
+            if not cursor or cursor in seen:
+                break
+            seen.add(cursor)
+        return found
+
     async def list_runs(self, limit: int = 20, env_slug: str | None = None) -> list[dict]:
         """Recent runs, newest first."""
         data = await self.request(
@@ -255,6 +287,14 @@ class AsyncClient:
         source_dataset = None
         if dataset is not None:
             source_dataset = await stage_dataset(self.settings, Path(dataset))
+            # The job's lineage records env_slug as the env it trained on: it must be the one
+            # the rows ran on, never another.
+            ran_on = sorted({env.rpartition("@")[0] for env in source_dataset.lineage.envs})
+            if env_slug and ran_on != [env_slug]:
+                raise RolloutError(
+                    f"env_slug (--env {env_slug}): the dataset's rows ran on "
+                    f"{', '.join(ran_on)}; leave --env out, the dataset's lineage names its env"
+                )
         try:
             body = rq.CreateTrainingJob(
                 base_model=base_model,

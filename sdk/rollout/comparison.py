@@ -7,7 +7,71 @@ from typing import Any
 from rollout.shared.stats import newcombe_interval, paired_difference_interval, wilson_interval
 
 _SUMMARY_KEYS = ("runId", "model", "envSlug", "envVersion", "split", "passRate", "meanScore",
-                 "passed", "scored")  # fmt: skip
+                 "passed", "scored", "errored")  # fmt: skip
+# Past this share of errored rollouts a run's pass rate measures its errors (a model server
+# that is down, a mistyped name), not the model: compare refuses to call a delta a measurement.
+MOSTLY_ERRORED = 0.5
+
+
+def judged(run: dict[str, Any]) -> int:
+    """Rollouts with a verdict (passed or failed): `scored` counts errored ones too."""
+    return (run.get("scored") or 0) - (run.get("errored") or 0)
+
+
+def error_summary(
+    run: dict[str, Any], errored_rollouts: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
+    """Why the run's rollouts errored: per error kind a count and one message; None if none did.
+
+    `errored_rollouts` are the run's errored rollouts (`Client.errored_rollouts`); without them
+    only the counts are known. `complete` says whether every errored rollout was read.
+    """
+    errored = run.get("errored") or 0
+    if not errored:
+        return None
+    ended = run.get("scored") or 0  # rollouts with an outcome, errored ones included
+    rollouts = errored_rollouts or []
+    kinds: dict[str, dict[str, Any]] = {}
+    for r in rollouts:
+        kind = r.get("errorKind") or "unknown"
+        entry = kinds.setdefault(
+            kind, {"kind": kind, "count": 0, "sample": r.get("error") or "(no message)"}
+        )
+        entry["count"] += 1
+    first = rollouts[0] if rollouts else None
+    return {
+        "errored": errored,
+        "outOf": ended,
+        "allErrored": errored >= ended,
+        "mostlyErrored": errored > MOSTLY_ERRORED * ended,
+        "kinds": sorted(kinds.values(), key=lambda k: (-k["count"], k["kind"])),
+        "firstError": None
+        if first is None
+        else {
+            "rolloutId": first.get("rolloutId"),
+            "taskIndex": first.get("taskIndex"),
+            "kind": first.get("errorKind") or "unknown",
+            "message": first.get("error") or "(no message)",
+        },
+        "complete": len(rollouts) >= errored,
+    }
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    """A message's first line, cut to `limit` characters (tracebacks stay readable)."""
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def error_line(summary: dict[str, Any]) -> str:
+    """`2 of 2 rollouts errored (model 2): cannot reach ...` for a warning or an error."""
+    kinds = ", ".join(f"{k['kind']} {k['count']}" for k in summary["kinds"])
+    first = summary.get("firstError")
+    cause = f": {first_line(first['message'])}" if first else ""
+    return (
+        f"{summary['errored']} of {summary['outOf']} rollouts errored"
+        f"{f' ({kinds})' if kinds else ''}{cause}"
+    )
 
 
 def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
@@ -18,12 +82,15 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     independent trials, so with n > 1 per task the intervals are on the narrow side. When both
     runs scored one rollout of each of the same tasks of the same env version (two greedy
     evaluations of a test split), the tasks are pairs and the paired interval is given too.
+    Errored rollouts have no verdict and are no trials: each side's errors are a warning, and
+    `measured` is False when a side mostly errored (its pass rate then measures the errors).
     """
     tasks_b = {t["taskIndex"]: t for t in base.get("tasks", [])}
     tasks_o = {t["taskIndex"]: t for t in other.get("tasks", [])}
     rows = []
     for index in sorted(set(tasks_b) | set(tasks_o)):
-        b, o = tasks_b.get(index), tasks_o.get(index)
+        # A task whose every rollout errored has no verdict: its rate is unknown, not 0%.
+        b, o = _judged_task(tasks_b.get(index)), _judged_task(tasks_o.get(index))
         rows.append(
             {
                 "taskIndex": index,
@@ -38,22 +105,46 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
     def summary(run: dict[str, Any]) -> dict[str, Any]:
         out = {k: run.get(k) for k in _SUMMARY_KEYS}
-        out["passRateInterval"] = list(wilson_interval(run["passed"], run["scored"]))
+        out["errored"] = out["errored"] or 0
+        out["judged"] = judged(run)
+        # Over the verdicts, as the pass rate is: errored rollouts are no trials.
+        out["passRateInterval"] = list(wilson_interval(run["passed"], judged(run)))
+        out["errorSummary"] = run.get("errorSummary") or error_summary(run)
         return out
 
-    delta = newcombe_interval(base["passed"], base["scored"], other["passed"], other["scored"])
+    delta = newcombe_interval(base["passed"], judged(base), other["passed"], judged(other))
     warnings = comparison_warnings(base, other, set(tasks_b), set(tasks_o))
+    paired = _paired_interval(base, other, tasks_b, tasks_o, warnings)
+    sides = {"base": summary(base), "other": summary(other)}
+    mostly = []
+    for side, s in sides.items():
+        if (errors := s["errorSummary"]) is not None:
+            warnings.append(f"{side} {s['runId']}: {error_line(errors)}")
+            if errors["mostlyErrored"]:
+                mostly.append(side)
     return {
-        "base": summary(base),
-        "other": summary(other),
+        **sides,
         "deltaPassRate": other["passRate"] - base["passRate"],
         "deltaPassRateInterval": list(delta),
-        "deltaPassRatePairedInterval": _paired_interval(base, other, tasks_b, tasks_o, warnings),
+        "deltaPassRatePairedInterval": paired,
         "deltaScore": other["meanScore"] - base["meanScore"],
         "confidence": 0.95,
+        # False when a side's rollouts mostly errored: the delta then measures the errors.
+        "measured": not mostly,
+        "mostlyErrored": mostly,
         "warnings": warnings,
         "tasks": rows,
     }
+
+
+def _judged_task(task: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The task row, or None when it has no verdict (every rollout of it errored)."""
+    if task is None:
+        return None
+    errored, scored = task.get("errored") or 0, task.get("scored")
+    if errored and scored is not None and errored >= scored:
+        return None
+    return task
 
 
 def _paired_interval(

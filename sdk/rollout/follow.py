@@ -89,15 +89,22 @@ async def follow_run(client: AsyncClient, run_id: str, *, quiet: bool = False) -
 
     def show(event: EventEnvelope, state: RunState) -> None:
         if not quiet:
-            passed = sum(v.passed for v in state.verdicts.values())
-            _progress(len(state.verdicts), state.total or 0, passed)
+            verdicts = state.verdicts.values()
+            passed = sum(1 for v in verdicts if v.outcome == "passed")
+            errored = sum(1 for v in verdicts if v.outcome == "errored")
+            _progress(len(state.verdicts), state.total or 0, passed, errored)
 
     await follow_run_events(await client.jetstream(), run_id, on_event=show)
     if not quiet:
         sys.stderr.write("\n")
 
 
-def _progress(done: int, total: int, passed: int) -> None:
-    rate = f"{passed / done:.0%}" if done else "-"
-    sys.stderr.write(f"\r  [{bar(done, total)}] {done}/{total or '?'} scored, pass {rate}  ")
+def _progress(done: int, total: int, passed: int, errored: int = 0) -> None:
+    # The rate is over verdicts, as `rollout show`'s: an errored rollout has none.
+    judged = done - errored
+    rate = f"{passed / judged:.0%}" if judged else "-"
+    errors = f", errored {errored}" if errored else ""
+    sys.stderr.write(
+        f"\r  [{bar(done, total)}] {done}/{total or '?'} scored, pass {rate}{errors}  "
+    )
     sys.stderr.flush()

@@ -76,3 +76,18 @@ async def test_improve_bad_input_is_one_clear_line(
     assert missing.returncode == 1 and "--env SLUG is required" in missing.stderr
     unknown = await cli(learner_env, "job", "job-0000000000000000")
     assert unknown.returncode == 1 and "no training job 'job-0000000000000000'" in unknown.stderr
+
+
+async def test_an_offline_job_given_its_runs_env_records_that_env(
+    client, agent_server, tiny_model: Path, learner_env
+) -> None:
+    run = await scripted_run(client, agent_server, n=2)
+    improved = await cli(
+        learner_env, "improve", "--run", run["runId"], "--env", run["envSlug"],
+        "--model", f"hf:{tiny_model}", "--method", "sft", "--steps", "1", "--follow", "--json",
+    )  # fmt: skip
+    assert improved.returncode == 0, improved.stderr
+    job = json.loads(improved.stdout)
+    # --steps caps an offline job's optimizer steps; the lineage names the env it trained on.
+    assert (job["status"], job["step"], job["hyperparams"]) == ("completed", 1, {"max_steps": 1})
+    assert (job["sourceRunId"], job["envSlug"]) == (run["runId"], "refunds")

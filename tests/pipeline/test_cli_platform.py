@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
-from pipeline.kit import refund_env
+from fakes.openai_server import FakeOpenAI, Reply
+from pipeline.kit import refund_agent, refund_env
 
 from rollout.shared.settings import Settings
 from rollout.shared.stats import format_interval, newcombe_interval, wilson_interval
@@ -114,3 +116,136 @@ async def test_cli_errors_are_clear_and_exit_1_or_2(client, settings) -> None:
     assert code == 2 and "--model" in err
     code, out, err = await rollout(settings, "push", "/does/not/exist.py")
     assert code == 1 and "no such file" in err and "Traceback" not in err
+
+
+def unused_port() -> int:
+    """A local port nothing listens on: a model server that refuses connections."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def half_broken_agent(body: dict) -> Reply:
+    """The refund agent, but a 400 for order O-1: that task's rollouts error, the others don't."""
+    user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    if "O-1 " in user:
+        return Reply({"error": {"message": "context length exceeded"}}, status=400)
+    return refund_agent(body)
+
+
+async def test_a_run_whose_every_rollout_errored_fails_and_says_why(
+    client, agent_server, settings
+) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    down = f"http://127.0.0.1:{unused_port()}/v1#m"
+    code, out, err = await rollout(settings, "run", "refunds", "--model", down, "-n", "2", "-f")
+    # Not "completed ... exit 0": nothing was measured, and the first error says why.
+    assert code == 1, (out, err)
+    assert "error: every rollout of run" in err and "errored (4 of 4)" in err
+    assert "cannot reach" in err and "Traceback" not in err
+    assert "every rollout errored (4 of 4): no verdict" in out
+    assert "pass rate -  mean score -" in out
+    kinds = [line for line in out.splitlines() if "cannot reach" in line]
+    assert len(kinds) == 1 and kinds[0].strip().startswith("model 4: "), out
+    assert "ended by: model" not in out and "errored 4" in out
+    run_id = out.split()[1]  # "run ID: refunds v1 × ..."
+    run_id = run_id.rstrip(":")
+
+    code, out, err = await rollout(settings, "run", "refunds", "--model", down, "-f", "--json")
+    assert code == 1 and "error: every rollout of run" in err
+    followed = json.loads(out)
+    assert followed["errorSummary"]["allErrored"] is True
+    assert followed["errorSummary"]["firstError"]["kind"] == "model"
+
+    code, out, err = await rollout(settings, "show", run_id, "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    summary = shown["errorSummary"]
+    assert (summary["errored"], summary["outOf"], summary["complete"]) == (4, 4, True)
+    assert summary["allErrored"] and summary["mostlyErrored"]
+    assert [(k["kind"], k["count"]) for k in summary["kinds"]] == [("model", 4)]
+    assert "cannot reach" in summary["kinds"][0]["sample"]
+    assert "model" not in shown["endedBy"]
+    code, out, err = await rollout(settings, "show", run_id)
+    assert code == 0 and "every rollout errored (4 of 4)" in out
+    assert f"model 4: {down}: gave up after" in out and "cannot reach" in out
+    # A task with no verdict has no pass rate either.
+    assert [line.split()[2] for line in out.splitlines() if line.startswith("      ")] == ["-", "-"]
+
+    # Against a run that measured something, compare refuses to call the gap a regression.
+    model = f"{agent_server.base_url}#m"
+    code, out, err = await rollout(settings, "run", "refunds", "--model", model, "-n", "2", "-f")
+    assert code == 0, err
+    good = out.splitlines()[0].split()[1].rstrip(":")
+    code, out, err = await rollout(settings, "compare", good, run_id)
+    assert code == 1 and "pass rate" not in out, out
+    assert "error: not comparable: over 50% of the rollouts errored (other " in err
+    assert f"other {run_id}: 4 of 4 rollouts errored (model 4): {down}: gave up" in err
+    assert "--allow-errored" in err and "Traceback" not in err
+    code, out, err = await rollout(settings, "compare", good, run_id, "--json")
+    assert code == 1 and "error: not comparable" in err
+    result = json.loads(out)
+    assert result["measured"] is False and result["mostlyErrored"] == ["other"]
+    assert result["other"]["errorSummary"]["kinds"][0]["count"] == 4
+    assert result["other"]["judged"] == 0 and result["base"]["errorSummary"] is None
+    # Nothing judged: the interval says nothing is known, not "0%".
+    assert result["other"]["passRateInterval"] == [0.0, 1.0]
+    assert all(t["otherPassRate"] is None for t in result["tasks"])
+    code, out, err = await rollout(settings, "compare", good, run_id, "--allow-errored")
+    assert code == 0 and "pass rate" in out, err
+    assert "warning: NOT A MEASUREMENT: most rollouts of other errored" in err
+    assert f"warning: other {run_id}: 4 of 4 rollouts errored" in err
+    rate = next(line for line in out.splitlines() if line.startswith("pass rate"))
+    assert rate.split()[3] == "-", rate  # no verdict: no rate, not 0%
+
+
+async def test_a_partly_errored_run_names_its_errors_and_still_compares(
+    client, agent_server, settings
+) -> None:
+    await client.push_environment(refund_env(tasks=3))
+    with FakeOpenAI(half_broken_agent) as server:
+        code, out, err = await rollout(
+            settings, "run", "refunds", "--model", f"{server.base_url}#m", "-n", "2", "-f",
+            "--json",
+        )  # fmt: skip
+    assert code == 0, err  # some verdicts: a measurement, with its errors named
+    run = json.loads(out)
+    summary = run["errorSummary"]
+    assert (summary["errored"], summary["outOf"], summary["allErrored"]) == (2, 6, False)
+    assert summary["kinds"][0]["kind"] == "model" and summary["kinds"][0]["count"] == 2
+    assert summary["firstError"]["taskIndex"] == 1
+    code, out, err = await rollout(settings, "show", run["runId"])
+    assert code == 0 and "2 of 6 rollouts errored (no verdict" in out, out
+    assert f"pass rate {run['passRate']:.1%}" in out
+
+    model = f"{agent_server.base_url}#m"
+    code, out, err = await rollout(settings, "run", "refunds", "--model", model, "-n", "2", "-f")
+    good = out.splitlines()[0].split()[1].rstrip(":")
+    code, out, err = await rollout(settings, "compare", good, run["runId"], "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["measured"] is True and result["other"]["judged"] == 4
+    assert any(
+        w.startswith(f"other {run['runId']}: 2 of 6 rollouts errored") for w in result["warnings"]
+    )
+    # The interval is over the 4 verdicts, as the pass rate is.
+    assert result["other"]["passRateInterval"] == list(wilson_interval(run["passed"], 4))
+    task_1 = next(t for t in result["tasks"] if t["taskIndex"] == 1)
+    assert task_1["otherPassRate"] is None and task_1["deltaPassRate"] is None
+    code, out, err = await rollout(settings, "compare", good, run["runId"])
+    assert code == 0 and "2 errored left out" in out
+    assert "rollouts errored (model 2)" in err and "NOT A MEASUREMENT" not in err
+
+
+async def test_list_flags_and_ids_are_checked(client, settings) -> None:
+    for args in (("runs", "--limit", "0"), ("runs", "--limit", "-1"), ("jobs", "--limit", "-1")):
+        code, out, err = await rollout(settings, *args)
+        assert code == 1 and "error: --limit: must be between 1 and 1000" in err, (args, err)
+    code, out, err = await rollout(settings, "runs", "--env", "nosuch")
+    assert code == 1 and "error: --env: no environment 'nosuch'" in err
+    await client.push_environment(refund_env(tasks=1))
+    code, out, err = await rollout(settings, "runs", "--env", "refunds")
+    assert code == 0 and "no runs of refunds yet" in out
+    code, out, err = await rollout(settings, "job", "job-../../x")
+    assert code == 1 and err.startswith("error: job id 'job-../../x' must be")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollout.cli.platform import comparison, print_comparison
+from rollout.comparison import error_summary
 from rollout.shared.stats import (
     format_interval,
     newcombe_interval,
@@ -161,3 +162,46 @@ def test_comparison_pairs_two_greedy_runs_of_the_same_tasks(capsys) -> None:
     assert result["deltaPassRatePairedInterval"] is None
     print_comparison(result)
     assert "paired CI" not in capsys.readouterr().out
+
+
+def test_errored_rollouts_are_no_trials_and_a_mostly_errored_side_is_no_measurement() -> None:
+    errored = [
+        {"rolloutId": f"r{i}", "taskIndex": i, "errorKind": kind, "error": f"{kind} broke {i}"}
+        for i, kind in enumerate(["model", "model", "infra"])
+    ]
+    # 16 rollouts ended, 3 errored: the rate and its interval are over the 13 verdicts.
+    some = _run("b", 6, 16, errored=3)
+    some["errorSummary"] = error_summary(some, errored)
+    result = comparison(_run("a", 4, 16), some)
+    assert result["other"]["judged"] == 13 and result["measured"] is True
+    assert result["other"]["passRateInterval"] == list(wilson_interval(6, 13))
+    assert result["deltaPassRateInterval"] == list(newcombe_interval(4, 16, 6, 13))
+    summary = result["other"]["errorSummary"]
+    assert [(k["kind"], k["count"], k["sample"]) for k in summary["kinds"]] == [
+        ("model", 2, "model broke 0"),
+        ("infra", 1, "infra broke 2"),
+    ]
+    assert summary["firstError"]["message"] == "model broke 0" and summary["complete"]
+    assert result["warnings"] == [
+        "other b: 3 of 16 rollouts errored (model 2, infra 1): model broke 0"
+    ]
+
+    # Over half errored: the delta is flagged as no measurement, whatever it says.
+    mostly = _run("b", 0, 16, errored=9)
+    result = comparison(mostly, _run("a", 4, 16))
+    assert result["measured"] is False and result["mostlyErrored"] == ["base"]
+    # Without the rollouts (a plan's compare stage) the counts still warn.
+    assert result["base"]["errorSummary"]["kinds"] == []
+    assert result["warnings"] == ["base b: 9 of 16 rollouts errored"]
+    assert error_summary(_run("a", 4, 16)) is None
+
+
+def test_a_task_whose_every_rollout_errored_has_no_rate(capsys) -> None:
+    base = _greedy_run("a", [True, False])
+    other = _greedy_run("b", [True, False], errored=1)
+    other["tasks"][1] |= {"errored": 1, "passRate": 0.0}
+    result = comparison(base, other)
+    assert [t["otherPassRate"] for t in result["tasks"]] == [1.0, None]
+    assert result["tasks"][1]["deltaPassRate"] is None
+    print_comparison(result)
+    assert "1 errored left out" in capsys.readouterr().out

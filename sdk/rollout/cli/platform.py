@@ -10,7 +10,7 @@ from typing import Any
 from rollout.cli._common import print_json
 from rollout.cli.experiments import run_config_command
 from rollout.client import AsyncClient
-from rollout.comparison import comparison
+from rollout.comparison import MOSTLY_ERRORED, comparison, error_line, error_summary, first_line
 from rollout.errors import RolloutError
 from rollout.follow import follow_run
 from rollout.shared.audit.static import verifier_warnings
@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: _run(_run_cmd(a)))
 
     p = sub.add_parser("runs", help="list recent runs")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int, default=20, help=f"at most this many (1-{MAX_LIMIT})")
     p.add_argument("--env", default=None, help="only runs of this environment")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_runs(a)))
@@ -90,8 +90,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("base", metavar="BASE")
     p.add_argument("other", metavar="OTHER")
+    p.add_argument(
+        "--allow-errored",
+        action="store_true",
+        help=f"print the delta even when over {MOSTLY_ERRORED:.0%} of a run's rollouts errored"
+        " (refused otherwise: it would measure the errors)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_compare(a)))
+
+
+# The tracker lists at most this many runs or jobs at once (and would cut a bigger ask short).
+MAX_LIMIT = 1000
+
+
+def check_limit(limit: int) -> int:
+    """`--limit` when it is 1..MAX_LIMIT; RolloutError naming the flag otherwise."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise RolloutError(f"--limit: must be between 1 and {MAX_LIMIT}, got {limit}")
+    return limit
 
 
 def _run(coro: Any) -> int:
@@ -215,7 +232,8 @@ async def _run_cmd(args: argparse.Namespace) -> int:
             print(f"run {run['runId']}: {args.slug} v{run['env_version']} × {args.model}")
         await follow_run(client, run["runId"], quiet=args.json)
         # The final event is on the log; wait for the read model to show it too.
-        return await client.wait_for_run(run["runId"], timeout_s=60)
+        done = await client.wait_for_run(run["runId"], timeout_s=60)
+        return await with_errors(client, done)
 
     run = await _with_client(go)
     if args.json:
@@ -227,22 +245,70 @@ async def _run_cmd(args: argparse.Namespace) -> int:
         print(
             f"  follow: rollout events --run {run['runId']} --follow   or   rollout show {run['runId']}"
         )
+    errors = run.get("errorSummary")
+    if errors and errors["allErrored"]:
+        # "completed" with no verdict at all is a failure to measure anything: say why.
+        first = errors.get("firstError")
+        cause = f"; first error [{first['kind']}]: {first['message']}" if first else ""
+        raise RolloutError(
+            f"every rollout of run {run['runId']} errored ({errors['errored']} of "
+            f"{errors['outOf']}), so nothing was measured{cause}"
+        )
     return 0 if run.get("status") != "failed" else 1
 
 
+async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any]:
+    """The run with `errorSummary` (None when no rollout errored) and its endings corrected.
+
+    Uses the run's `rollouts` when it has them, else reads only its errored rollouts.
+    """
+    errored: list[dict[str, Any]] = []
+    if "rollouts" in run:
+        errored = [r for r in run["rollouts"] if r.get("outcome") == "errored"]
+    elif run.get("errored"):
+        errored = await client.errored_rollouts(run["runId"], run["errored"])
+    run["errorSummary"] = error_summary(run, errored)
+    # The read model counts a rollout that ended with no budget hit as ended by the model,
+    # errored ones included (a model server never reached among them): count those apart.
+    unended = sum(1 for r in errored if r.get("endedBy") is None and r.get("turns") is not None)
+    ended = dict(run.get("endedBy") or {})
+    if unended and ended.get("model"):
+        moved = min(unended, ended["model"])
+        ended["model"] -= moved
+        ended["errored"] = ended.get("errored", 0) + moved
+        run["endedBy"] = {k: v for k, v in ended.items() if v}
+    return run
+
+
 async def _runs(args: argparse.Namespace) -> int:
-    runs = await _with_client(lambda c: c.list_runs(args.limit, args.env))
+    check_limit(args.limit)
+
+    async def fetch(client: AsyncClient) -> list[dict[str, Any]]:
+        runs = await client.list_runs(args.limit, args.env)
+        if not runs and args.env:
+            # No runs of a slug that names no environment: a typo, not an empty history.
+            if args.env not in {e["slug"] for e in await client.list_environments()}:
+                raise RolloutError(f"--env: no environment {args.env!r} (see `rollout envs`)")
+        return runs
+
+    runs = await _with_client(fetch)
     if args.json:
         print_json({"runs": runs})
         return 0
     if not runs:
-        print("no runs yet: `rollout run SLUG --model M`")
+        if args.env:
+            print(f"no runs of {args.env} yet: `rollout run {args.env} --model M`")
+        else:
+            print("no runs yet: `rollout run SLUG --model M`")
         return 0
-    print(f"{'RUN':<17} {'ENV':<22} {'MODEL':<26} {'STATUS':<10} {'DONE':>9} {'PASS':>6}")
+    print(f"{'RUN':<17} {'ENV':<22} {'MODEL':<26} {'STATUS':<10} {'DONE':>9} {'PASS':>6}"
+          f" {'ERR':>5}")  # fmt: skip
     for r in runs:
         done = f"{r['scored']}/{r['total']}"
+        # Errored rollouts have no verdict: a run with none judged has no pass rate.
+        rate = f"{r['passRate']:.0%}" if r["scored"] > r["errored"] else "-"
         print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26} {r['status']:<10}"
-              f" {done:>9} {r['passRate']:>6.0%}")  # fmt: skip
+              f" {done:>9} {rate:>6} {r['errored']:>5}")  # fmt: skip
     return 0
 
 
@@ -252,11 +318,17 @@ def print_run(run: dict[str, Any]) -> None:
           f"  model {run['model']}  n={run['n']}")  # fmt: skip
     if run.get("reason"):
         print(f"  reason: {run['reason']}")
-    # Rates are over verdicts: errored rollouts (no verdict) are counted on their own.
+    # Rates are over verdicts: errored rollouts (no verdict) are counted on their own, and
+    # with no verdict at all there is no rate (the read model's 0.0 would read as one).
+    verdicts = run["scored"] - run["errored"]
+    rate = f"{run['passRate']:.1%}" if verdicts > 0 else "-"
+    score = f"{run['meanScore']:.3f}" if verdicts > 0 else "-"
     print(f"  scored {run['scored']}/{run['total']}  passed {run['passed']}"
           f"  failed {run.get('failed', run['scored'] - run['passed'] - run['errored'])}"
           f"  errored {run['errored']}"
-          f"  pass rate {run['passRate']:.1%}  mean score {run['meanScore']:.3f}")  # fmt: skip
+          f"  pass rate {rate}  mean score {score}")  # fmt: skip
+    if errors := run.get("errorSummary"):
+        print_errors(errors)
     if run.get("endedBy"):
         # How the rollouts ended: the model finished them, or which budget did.
         ended = ", ".join(f"{k} {v}" for k, v in sorted(run["endedBy"].items()))
@@ -265,12 +337,36 @@ def print_run(run: dict[str, Any]) -> None:
     if run.get("tasks"):
         print(f"  {'TASK':>5} {'N':>4} {'PASS':>6} {'SCORE':>7} {'ERR':>4}")
         for t in run["tasks"]:
-            print(f"  {t['taskIndex']:>5} {t['n']:>4} {t['passRate']:>6.0%}"
-                  f" {t['meanScore']:>7.3f} {t['errored']:>4}")  # fmt: skip
+            # Every rollout of the task errored: no verdict, so no rate (not 0%).
+            none = t["errored"] >= t.get("scored", t["n"]) and t["errored"] > 0
+            rate = "-" if none else f"{t['passRate']:.0%}"
+            score = "-" if none else f"{t['meanScore']:.3f}"
+            print(f"  {t['taskIndex']:>5} {t['n']:>4} {rate:>6}"
+                  f" {score:>7} {t['errored']:>4}")  # fmt: skip
+
+
+def print_errors(errors: dict[str, Any], indent: str = "  ") -> None:
+    """The error kinds of a run's errored rollouts, each with its count and one message."""
+    if errors["allErrored"]:
+        print(f"{indent}every rollout errored ({errors['errored']} of {errors['outOf']}):"
+              " no verdict, so the pass rate measures nothing")  # fmt: skip
+    else:
+        print(f"{indent}{errors['errored']} of {errors['outOf']} rollouts errored"
+              " (no verdict: left out of the pass rate)")  # fmt: skip
+    for kind in errors["kinds"]:
+        print(f"{indent}  {kind['kind']} {kind['count']}: {first_line(kind['sample'])}")
+    if not errors["complete"]:
+        read = sum(k["count"] for k in errors["kinds"])
+        print(f"{indent}  (kinds of the {read} errored rollouts read; `rollout show RUN"
+              " --rollouts` lists every one)")  # fmt: skip
 
 
 async def _show(args: argparse.Namespace) -> int:
-    run = await _with_client(lambda c: c.get_run(args.run_id, include_rollouts=args.rollouts))
+    async def fetch(client: AsyncClient) -> dict[str, Any]:
+        run = await client.get_run(args.run_id, include_rollouts=args.rollouts)
+        return await with_errors(client, run)
+
+    run = await _with_client(fetch)
     if args.json:
         print_json(run)
         return 0
@@ -290,6 +386,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _rate(side: dict[str, Any], key: str, spec: str) -> str:
+    """A side's rate or score; `-` when it has no verdict (every rollout errored)."""
+    return "-" if side.get("judged", side["scored"]) == 0 else format(side[key], spec)
+
+
 def _delta(value: float | None, pct: bool = True) -> str:
     if value is None:
         return "-"
@@ -301,20 +402,29 @@ def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
     base, other = result["base"], result["other"]
     for warning in result.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
+    if not result.get("measured", True):
+        sides = " and ".join(result.get("mostlyErrored", []))
+        print(f"warning: NOT A MEASUREMENT: most rollouts of {sides} errored; the delta below"
+              " compares errors, not models", file=sys.stderr)  # fmt: skip
     print(f"{'':<10} {'BASE':>12} {'OTHER':>12} {'DELTA':>8}")
     print(f"{'run':<10} {base['runId']:>12.12} {other['runId']:>12.12}")
-    print(f"{'pass rate':<10} {_pct(base['passRate']):>12} {_pct(other['passRate']):>12}"
+    print(f"{'pass rate':<10} {_rate(base, 'passRate', '.0%'):>12}"
+          f" {_rate(other, 'passRate', '.0%'):>12}"
           f" {_delta(result['deltaPassRate']):>8}")  # fmt: skip
     print(f"{'95% CI':<10} {format_interval(base['passRateInterval']):>12}"
           f" {format_interval(other['passRateInterval']):>12}"
           f" {format_interval(result['deltaPassRateInterval'], signed=True):>8}")  # fmt: skip
-    print(f"{'score':<10} {base['meanScore']:>12.3f} {other['meanScore']:>12.3f}"
+    print(f"{'score':<10} {_rate(base, 'meanScore', '.3f'):>12}"
+          f" {_rate(other, 'meanScore', '.3f'):>12}"
           f" {_delta(result['deltaScore'], False):>8}")  # fmt: skip
     paired = result.get("deltaPassRatePairedInterval")
     if paired is not None:
         print(f"{'paired CI':<10} {'':>12} {'':>12} {format_interval(paired, signed=True):>8}")
-    print(f"(95% Wilson intervals over {base['scored']} and {other['scored']} scored rollouts;"
-          " the delta's is Newcombe's" + ("; paired: the same tasks, one rollout each, "
+    errored = (base.get("errored") or 0) + (other.get("errored") or 0)
+    print(f"(95% Wilson intervals over {base.get('judged', base['scored'])} and"
+          f" {other.get('judged', other['scored'])} scored rollouts"
+          + (f", {errored} errored left out" if errored else "") +
+          "; the delta's is Newcombe's" + ("; paired: the same tasks, one rollout each, "
           "Newcombe's paired method" if paired is not None else "") + ")")  # fmt: skip
     if not per_task:
         return
@@ -326,12 +436,35 @@ def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
 
 async def _compare(args: argparse.Namespace) -> int:
     async def both(client: AsyncClient) -> tuple[dict, dict]:
-        return await client.get_run(args.base), await client.get_run(args.other)
+        base = await with_errors(client, await client.get_run(args.base))
+        return base, await with_errors(client, await client.get_run(args.other))
 
     base, other = await _with_client(both)
     result = comparison(base, other)
+    refused = not result["measured"] and not args.allow_errored
     if args.json:
         print_json(result)
-        return 0
-    print_comparison(result)
+    elif refused:
+        # No table: a delta between errors reads as a measured change. The other warnings
+        # (the mostly errored sides are in the error below).
+        said = tuple(f"{side} {result[side]['runId']}: " for side in result["mostlyErrored"])
+        for warning in result["warnings"]:
+            if not warning.startswith(said):
+                print(f"warning: {warning}", file=sys.stderr)
+    else:
+        print_comparison(result)
+    if refused:
+        # Refused (exit 1), not only warned: a script or a CI job reads the exit status and
+        # the numbers, and would take a -100 point "regression" for a model that was down.
+        why = "; ".join(
+            f"{side} {result[side]['runId']}: {error_line(result[side]['errorSummary'])}"
+            for side in result["mostlyErrored"]
+        )
+        raise RolloutError(
+            f"not comparable: over {MOSTLY_ERRORED:.0%} of the rollouts errored ({why})",
+            problems=[
+                "fix the cause and run again (`rollout show RUN --rollouts` lists each error)",
+                "or pass --allow-errored to print the delta anyway",
+            ],
+        )
     return 0

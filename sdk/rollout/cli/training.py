@@ -11,6 +11,7 @@ from typing import Any
 # test --model`, and services run with `rollout serve`.
 import rollout.shared.models.trained  # noqa: F401
 from rollout.cli._common import print_json
+from rollout.cli.platform import MAX_LIMIT, check_limit
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.follow import eta, follow_job, num
@@ -51,15 +52,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=float)
     p.add_argument("--learning-rate", type=float)
     p.add_argument("--batch-size", type=int)
-    p.add_argument("--lora", action="store_true", default=None, help="train a LoRA adapter")
+    # Two flags of their own (not one dest), so that both given together can be refused.
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter")
     p.add_argument(
         "--full-finetune",
-        dest="lora",
-        action="store_false",
+        action="store_true",
         help="train every weight (local/smollm2-135m trains a LoRA adapter by default)",
     )
-    p.add_argument("--env", dest="env_slug", help=f"environment to train on online ({online})")
-    p.add_argument("--steps", type=int, help=f"optimizer steps ({online}: policy versions)")
+    p.add_argument(
+        "--env",
+        dest="env_slug",
+        help=f"environment to train on online ({online}); with --run, the run's own env only",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        help=f"optimizer steps ({online}: policy versions; {offline}: a cap instead of --epochs)",
+    )
     p.add_argument("-n", "--group-size", type=int, help=f"rollouts per task and step ({online})")
     p.add_argument("--max-staleness", type=int, help=f"oldest policy version trained on ({online})")
     p.add_argument(
@@ -75,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: _run(_improve(a)))
 
     p = sub.add_parser("jobs", help="list training jobs")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int, default=20, help=f"at most this many (1-{MAX_LIMIT})")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_jobs(a)))
 
@@ -100,19 +109,30 @@ def _value(text: str) -> Any:
         return text
 
 
+# Each hyperparameter flag: its argparse dest, its name on the command line, its setting.
+_FLAGS = (
+    ("epochs", "--epochs", "epochs"),
+    ("learning_rate", "--learning-rate", "learning_rate"),
+    ("batch_size", "--batch-size", "batch_size"),
+    ("lora", "--lora/--full-finetune", "lora"),
+    ("steps", "--steps", "max_steps"),
+    ("group_size", "--group-size", "group_size"),
+    ("max_staleness", "--max-staleness", "max_staleness"),
+)
+
+
+def _lora(args: argparse.Namespace) -> bool | None:
+    """--lora True, --full-finetune False, neither None (the base model's default)."""
+    if args.lora and args.full_finetune:
+        raise RolloutError("--lora and --full-finetune contradict each other: give one")
+    return True if args.lora else False if args.full_finetune else None
+
+
 def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
     """The hyperparameters the flags ask for (only those given)."""
     out: dict[str, Any] = {}
-    for flag, key in (
-        ("epochs", "epochs"),
-        ("learning_rate", "learning_rate"),
-        ("batch_size", "batch_size"),
-        ("lora", "lora"),
-        ("steps", "max_steps"),
-        ("group_size", "group_size"),
-        ("max_staleness", "max_staleness"),
-    ):
-        value = getattr(args, flag)
+    for dest, _, key in _FLAGS:
+        value = _lora(args) if dest == "lora" else getattr(args, dest)
         if value is not None:
             out[key] = value
     for item in args.settings:
@@ -123,17 +143,64 @@ def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-async def _improve(args: argparse.Namespace) -> int:
-    online = methods.get(args.method).online
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags the method ignores or that contradict each other, naming the flag."""
+    method = methods.get(args.method)
+    online = method.online
+    kind = "online on --env" if online else "offline on a run's rollouts or a dataset"
     if args.dataset is not None and (online or args.run_id):
         what = f"--method {args.method} trains online" if online else "--run names a run"
         raise RolloutError(f"--dataset: {what}; give either a dataset or a run")
+    if online and args.run_id:
+        # Ignored, it would still be recorded as the job's source run: a false lineage.
+        raise RolloutError(
+            f"--run: --method {args.method} trains online on --env, sampling its own rollouts;"
+            f" it reads no run (train on a run's rollouts with {_offline_names()})"
+        )
     if not online and not args.run_id and args.dataset is None:
         raise RolloutError(f"--run RUN or --dataset FILE is required for --method {args.method}")
     if online and not args.env_slug:
         raise RolloutError(f"--env SLUG is required for --method {args.method}")
+    _lora(args)
+    # A flag the method has no setting for (--group-size with sft, --epochs with grpo).
+    fields = method.config.model_fields
+    for dest, flag, key in _FLAGS:
+        given = _lora(args) if dest == "lora" else getattr(args, dest)
+        if given is not None and key not in fields:
+            raise RolloutError(f"{flag}: --method {args.method} trains {kind}; it has no {key}")
+    if args.steps is not None and args.epochs is not None:
+        raise RolloutError(
+            "--steps and --epochs contradict each other: --steps stops training after that many "
+            "optimizer steps whatever --epochs says; give one"
+        )
+
+
+def _offline_names() -> str:
+    return ", ".join((*methods.names(online=False), *METHOD_ALIASES))
+
+
+async def _check_run_env(client: AsyncClient, args: argparse.Namespace) -> None:
+    """An offline job on a run trains on that run's env: refuse an --env naming another."""
+    if not args.run_id or not args.env_slug or methods.get(args.method).online:
+        return
+    try:
+        run = await client.get_run(args.run_id)
+    except RolloutError as exc:
+        raise RolloutError(f"--run {args.run_id}: {exc}") from None
+    if run["envSlug"] != args.env_slug:
+        # The job's lineage would say it trained on --env's env: it trains on the run's.
+        raise RolloutError(
+            f"--env {args.env_slug}: run {args.run_id} is of {run['envSlug']}, and "
+            f"--method {args.method} trains on the run's rollouts; leave --env out or give "
+            f"--env {run['envSlug']}"
+        )
+
+
+async def _improve(args: argparse.Namespace) -> int:
+    check_flags(args)
     client = AsyncClient()
     try:
+        await _check_run_env(client, args)
         job = await client.create_training_job(
             base_model=args.model,
             method=args.method,
@@ -162,6 +229,7 @@ async def _improve(args: argparse.Namespace) -> int:
 
 
 async def _jobs(args: argparse.Namespace) -> int:
+    check_limit(args.limit)
     client = AsyncClient()
     try:
         jobs = await client.list_training_jobs(args.limit)
@@ -183,7 +251,10 @@ async def _jobs(args: argparse.Namespace) -> int:
 
 
 async def _job(args: argparse.Namespace) -> int:
-    subjects.token(args.job_id, "job id")
+    try:
+        subjects.token(args.job_id, "job id")
+    except subjects.SubjectError as exc:
+        raise RolloutError(str(exc)) from None  # one `error:` line, as `show` gives
     client = AsyncClient()
     try:
         if args.follow:
