@@ -7,14 +7,15 @@ aggregate, `rollout.evt.plan.<plan id>.*`, through the tracker. Its decisions co
 events: a rerun of the same plan (same hash, so the same id) reads them back, skips every
 completed stage and resumes at the first one that is not; a stage that was running when the
 CLI was killed is re-attached, not repeated, because its run or job was created with a
-client request id derived from the plan, the stage and its attempt.
+client request id derived from the plan, the stage and its attempt. Ctrl-C stops the runner
+where it is: no later stage starts, and the stage's run or job goes on in the services.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -81,12 +82,23 @@ class PlanRecorder:
         self.state.apply(event, reply["seq"])
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 async def run_plan(
-    client: AsyncClient, check: PlanCheck, say: Say, *, progress: bool = False
+    client: AsyncClient,
+    check: PlanCheck,
+    say: Say,
+    *,
+    progress: bool = False,
+    warn: Say = _to_stderr,
 ) -> PlanState:
     """Execute a valid plan (resuming it from its events); return its final state.
 
-    With `progress`, every run and job draws a progress bar on stderr while it goes.
+    With `progress`, every run and job draws a progress bar on stderr while it goes. When the
+    task is cancelled (Ctrl-C under asyncio.run), `warn` says what goes on in the services and
+    the cancellation propagates: no later stage starts.
     """
     require_ok(check)
     plan, plan_id = check.plan, check.plan_id
@@ -111,15 +123,32 @@ async def run_plan(
     else:
         done = sum(1 for s in plan.stages if s.name in state.outputs)
         say(f"plan {plan_id} resumed: {done}/{len(plan.stages)} stage(s) already completed")
+    created: list[str] = []  # the run or job the current stage started, once it exists
+
+    def started(what: str) -> None:
+        created.append(what)
+        say(f"    {what}")
+
     for index, stage in enumerate(plan.stages):
         if stage.name in state.outputs:
             continue
         say(f"[{index + 1}/{len(plan.stages)}] {stage.kind} {stage.name} ...")
-        await recorder.record(STAGE_STARTED, stage=stage.name, kind=stage.kind, index=index)
+        created.clear()
         try:
+            await recorder.record(STAGE_STARTED, stage=stage.name, kind=stage.kind, index=index)
             clock = time.monotonic()
-            outputs = await _execute(client, plan, plan_id, stage, state, progress)
+            outputs = await _execute(client, plan, plan_id, stage, state, progress, started)
             outputs["seconds"] = round(time.monotonic() - clock, 1)
+        except asyncio.CancelledError:
+            # Ctrl-C: nothing is recorded (its events say the stage is still running), so a
+            # rerun of the plan re-attaches to this stage's run or job by its request id
+            # instead of starting another.
+            running = f"; {created[-1]} goes on in the services" if created else ""
+            warn(
+                f"interrupted: plan {plan_id} stopped in stage {stage.name!r}{running}; "
+                "no later stage was started"
+            )
+            raise
         except RolloutError as exc:
             reason = "; ".join([exc.message, *exc.problems])
             await recorder.record(STAGE_FAILED, stage=stage.name, kind=stage.kind, reason=reason)
@@ -180,13 +209,14 @@ async def _execute(
     stage: Stage,
     state: PlanState,
     progress: bool,
+    started: Say,
 ) -> dict[str, Any]:
     if stage.run is not None or stage.evaluate is not None:
         spec = stage.run or stage.evaluate
         assert spec is not None
-        return await _run(client, plan, plan_id, stage, spec, state, progress)
+        return await _run(client, plan, plan_id, stage, spec, state, progress, started)
     if stage.train is not None:
-        return await _train(client, plan, plan_id, stage, state, progress)
+        return await _train(client, plan, plan_id, stage, state, progress, started)
     assert stage.compare is not None
     return await _compare(client, state, stage.compare.base, stage.compare.other)
 
@@ -199,6 +229,7 @@ async def _run(
     spec: RunStage,
     state: PlanState,
     progress: bool = False,
+    started: Say = lambda _: None,
 ) -> dict[str, Any]:
     version = state.env_versions[spec.env]
     env = await client.get_environment(_slug(state, spec.env), version)
@@ -225,14 +256,22 @@ async def _run(
         env_version=version,
         client_request_id=_request_id(plan_id, stage, state),
     )
+    started(f"run {run['runId']}")
     # The bar is best effort; completion is decided by the run's own terminal event.
     bar = asyncio.ensure_future(follow_run(client, run["runId"], quiet=not progress))
     try:
         done = await client.wait_for_run(run["runId"], timeout_s=spec.deadline_s + 60)
-    finally:
-        await _settle(bar)
+    except BaseException:
+        # Interrupted or timed out: there is no last line to wait for.
+        await _stop(bar)
+        raise
+    await _settle(bar)
     if done["status"] != "completed":
         raise RolloutError(f"run {run['runId']} {done['status']}: {done.get('reason') or ''}")
+    if done["scored"] and done["errored"] >= done["scored"]:
+        # No rollout got a verdict (a model server that is down, a name that resolves to
+        # nothing): its 0% pass rate would measure the error, and a compare would report it.
+        raise RolloutError(await _all_errored(client, done))
     return {
         "runId": done["runId"],
         "model": done["model"],
@@ -243,6 +282,7 @@ async def _run(
         "meanScore": done["meanScore"],
         "passed": done["passed"],
         "scored": done["scored"],
+        "errored": done["errored"],
         "taskCount": done.get("taskCount"),
         # Per rollout: how it ended (the model, or which budget), its turns and new tokens.
         "endedBy": done.get("endedBy") or {},
@@ -251,14 +291,43 @@ async def _run(
     }
 
 
+async def _all_errored(client: AsyncClient, run: dict[str, Any]) -> str:
+    """Why a run none of whose rollouts got a verdict failed: the first rollout's error."""
+    # Every rollout errored, so the first of the first page (in task order) is one of them.
+    query = rq.GetRun(run_id=run["runId"], include_rollouts=True, include_tasks=False, page_size=1)
+    page = await client.request("tracker", "get_run", query)
+    first = next((r for r in page.get("rollouts", []) if r.get("error")), None)
+    cause = "no error message was recorded"
+    if first is not None:
+        kind = f" ({first['errorKind']} error)" if first.get("errorKind") else ""
+        lines = str(first["error"]).strip().splitlines() or [""]
+        cause = f"task {first['taskIndex']}{kind}: {lines[0][:300]}"
+    return (
+        f"run {run['runId']}: every rollout errored ({run['errored']} of {run['scored']}), "
+        f"so nothing was measured; the first: {cause}"
+    )
+
+
 async def _settle(task: asyncio.Future[Any]) -> None:
     """Let a progress follower finish its line (it ends with its subject's last event)."""
     try:
         await asyncio.wait_for(task, FOLLOWER_GRACE_S)
     except Exception:  # noqa: BLE001 - progress display only; the outcome is already known
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await _stop(task)
+
+
+async def _stop(task: asyncio.Future[Any]) -> None:
+    """Cancel a progress follower and wait until it has let go of its subscription."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        # The follower's own cancellation is expected; a Ctrl-C meanwhile is not swallowed.
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+    except Exception:  # noqa: BLE001, S110 - progress display only
+        pass
 
 
 def _slug(state: PlanState, env: str) -> str:
@@ -273,6 +342,7 @@ async def _train(
     stage: Stage,
     state: PlanState,
     progress: bool = False,
+    started: Say = lambda _: None,
 ) -> dict[str, Any]:
     train = stage.train
     assert train is not None
@@ -313,6 +383,7 @@ async def _train(
             raise
         # Nothing to learn from: later stages use the base model, and say so.
         return {"skipped": exc.message, "method": method, "model": base, "jobId": None}
+    started(f"job {job['id']}")
     done = await follow_job(client, job["id"], quiet=not progress)
     if done.get("status") != "completed":
         raise RolloutError(f"job {job['id']} {done.get('status')}: {done.get('reason') or ''}")

@@ -563,13 +563,33 @@ def _check_splits(plan: ExperimentPlan, check: PlanCheck) -> None:
             )
 
 
+def _not_registered(exc: RolloutError, slug: str) -> bool:
+    """True when the registry answered that `slug` (or the version asked for) does not exist.
+
+    Its replies carry no error code: this is the message of env_registry's `_registered`,
+    `no [version N of ]environment 'slug'; push it ...`.
+    """
+    head = exc.message.split(";", 1)[0]
+    return head.startswith("no ") and head.endswith(f"environment {slug!r}")
+
+
+def _lookup_failed(slug: str, version: int | None, exc: RolloutError) -> str:
+    """A registry that could not answer (down, timed out, refused): its error, not a verdict."""
+    ref = f"{slug}@{version}" if version is not None else slug
+    return f"could not look up {ref} in the registry: " + "; ".join([exc.message, *exc.problems])
+
+
 async def _missing_env(client: Any, slug: str, version: int | None, exc: RolloutError) -> str:
+    """What to say when the registry did not give `slug` (at `version`): why, in its terms."""
+    absent = f"no environment {slug!r} in the registry (push it, or give a `file`)"
+    if not _not_registered(exc, slug):
+        return _lookup_failed(slug, version, exc)
     if version is None:
-        return f"no environment {slug!r} in the registry (push it, or give a `file`)"
+        return absent
     try:
         newest = await client.get_environment(slug)
-    except RolloutError:
-        return f"no environment {slug!r} in the registry (push it, or give a `file`)"
+    except RolloutError as again:
+        return absent if _not_registered(again, slug) else _lookup_failed(slug, None, again)
     have = newest["version"]
     listed = ", ".join(map(str, range(1, have + 1))) if have <= 8 else f"1..{have}"
     return f"no version {version} of {slug} (have {listed})"

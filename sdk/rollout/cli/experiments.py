@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 from typing import Any
 
@@ -99,7 +100,40 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def run_config_command(args: argparse.Namespace) -> int:
     """`rollout run --config PLAN.toml`: validate, then run it stage by stage (or resume it)."""
+    return asyncio.run(run_config(args))
 
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that resumes this plan: the same file and the same overrides."""
+    words = ["rollout", "run", "--config", args.config]
+    for item in args.overrides or []:
+        words += ["--with", item]
+    return shlex.join(words)
+
+
+async def run_config(args: argparse.Namespace) -> int:
+    """`rollout run --config PLAN.toml` on the caller's event loop; Ctrl-C stops it at once.
+
+    Await it in the main thread: asyncio.run turns Ctrl-C into a cancellation of its main
+    task, which this lets through once it has said how to resume (asyncio.run then raises
+    KeyboardInterrupt: exit 130). In a worker thread (asyncio.to_thread) Ctrl-C cannot reach
+    it, and the caller's asyncio.run waits for the whole plan before it exits.
+    """
+    try:
+        return await _run_config(args)
+    except asyncio.CancelledError:
+        # Nothing is cancelled in the services: a run or job is durable, and a rerun of the
+        # same plan (same hash, same id) re-attaches to it by the plan's events.
+        print(
+            f"to resume, run the same command again: {resume_command(args)} (it skips the "
+            "completed stages and re-attaches to the interrupted stage's run or job)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+
+
+async def _run_config(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         if not args.json:
             print(line, flush=True)
@@ -121,7 +155,7 @@ def run_config_command(args: argparse.Namespace) -> int:
         finally:
             await client.close()
 
-    check, state = asyncio.run(go())
+    check, state = await go()
     if state is None:
         if args.json:
             print_json(check.to_json())

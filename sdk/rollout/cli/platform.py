@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from rollout.cli._common import print_json
-from rollout.cli.experiments import run_config_command
+from rollout.cli.experiments import run_config
 from rollout.client import AsyncClient
 from rollout.comparison import MOSTLY_ERRORED, comparison, error_line, error_summary, first_line
 from rollout.errors import RolloutError
@@ -200,7 +200,8 @@ def budget_overrides(pairs: list[str]) -> dict[str, Any] | None:
 
 async def _run_cmd(args: argparse.Namespace) -> int:
     if args.config:
-        return await asyncio.to_thread(run_config_command, args)
+        # On this loop, not a worker thread: Ctrl-C must reach the plan runner at once.
+        return await run_config(args)
     if not args.slug or not args.model:
         # A usage error, exit 2 as argparse's own are.
         print(
