@@ -282,7 +282,7 @@ async def _apply(state: _State, response: ChatResponse) -> None:
             state.ended_by = state.turn_limit
         return
     for call in response.tool_calls:
-        if state.finish_reason == "error":  # an earlier call ended the episode
+        if state.finish_reason in ("error", "max_repeated_calls"):  # an earlier call ended it
             why = "the environment failed" if state.ended_by is None else "the episode ended"
             state.messages.append(_tool_message(call, None, f"not run: {why}"))
             continue
@@ -296,8 +296,8 @@ async def _apply(state: _State, response: ChatResponse) -> None:
             state.finish_reason = "max_tool_calls"
             state.end("max_tool_calls")
             continue
-        if _repeated(state, call):
-            state.messages.append(_tool_message(call, None, f"not run: {state.error}"))
+        if repeated := _repeated(state, call):
+            state.messages.append(_tool_message(call, None, f"not run: {repeated}"))
             continue
         arguments, result = await _execute(state, call)
         state.records.append(
@@ -337,21 +337,23 @@ def _completion_tokens(response: ChatResponse) -> int:
     return (len(text) + 3) // 4
 
 
-def _repeated(state: _State, call: ToolCall) -> bool:
-    """True (and the episode ended as a model error) when `call` repeats one time too many."""
+def _repeated(state: _State, call: ToolCall) -> str | None:
+    """Why `call` is not run when it repeats one time too many (the episode then ends)."""
     key = (call.name, _canonical(call.arguments))
     state.repeats = state.repeats + 1 if key == state.last_call else 1
     state.last_call = key
     limit = state.budgets.max_repeated_calls
     if not limit or state.repeats < limit:
-        return False
-    state.error = (
+        return None
+    # Like every other budget, the episode is judged on what it did: a policy that loops has
+    # not done its task and fails. Ending it as an error would take it out of pass rates and
+    # GRPO's groups, so looping would be a way out of every failure the verifier would give.
+    state.finish_reason = "max_repeated_calls"
+    state.end("max_repeated_calls")
+    return (
         f"repeated call: {call.name}({_clip(call.arguments.strip(), 200)}) {limit} times in a "
         f"row (max_repeated_calls {limit}); the last one was not run"
     )
-    state.error_kind, state.finish_reason = "model", "error"
-    state.end("max_repeated_calls")
-    return True
 
 
 def _canonical(arguments: str) -> str:

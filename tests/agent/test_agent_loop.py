@@ -420,8 +420,13 @@ async def test_the_repeated_call_guard_ends_the_episode_before_the_repeat_runs()
         shop, ScriptedBackend([refund] * 10), "go", budgets=Budgets(max_repeated_calls=3)
     )
     assert shop.refunds == [refund[1]] * 2  # two ran, the third was refused
-    assert trajectory.ended_by == "max_repeated_calls" and trajectory.error_kind == "model"
-    assert 'refund({"order_id": "O-1", "amount": 100}) 3 times in a row' in trajectory.error
+    # A budget's end, judged like any other (a loop is no way out of a verdict), not an error.
+    assert trajectory.ended_by == "max_repeated_calls" and trajectory.error is None
+    assert trajectory.finish_reason == "max_repeated_calls"
+    refused = trajectory.messages[-1]
+    why = json.loads(refused["content"])["error"]
+    assert refused["role"] == "tool" and why.startswith("not run: repeated call")
+    assert 'refund({"order_id": "O-1", "amount": 100}) 3 times in a row' in why
     assert trajectory.turns == 3 and len(trajectory.tool_calls) == 2
     # The same arguments in another order are the same call; other arguments reset the count.
     lookups = [("lookup_order", {"order_id": "O-1"}), ("lookup_order", {"order_id": "O-2"})]

@@ -8,6 +8,7 @@ budgets, and the run's record says which budget ended every rollout.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -72,14 +73,17 @@ async def test_degenerate_policies_end_at_their_budgets_and_the_run_says_which(
     assert runs["healthy"]["endedBy"] == {"model": TASKS}
     assert runs["healthy"]["meanTurns"] == 2  # the refund call, then the answer
 
-    # The same call five times in a row (the platform's default) ends it as a model error
-    # naming the call; the fifth is not run.
+    # The same call five times in a row (the platform's default) ends the episode, the fifth
+    # not run; it is judged on what it did, so the loop fails (it never refunded): looping is
+    # no way out of a verdict, neither in pass rates nor in GRPO's groups.
     looped = runs["looping"]
     assert looped["endedBy"] == {"max_repeated_calls": TASKS}
     assert looped["meanTurns"] == 5 and asked["looping"] == 5 * TASKS
+    assert (looped["errored"], looped["passed"], looped["failed"]) == (0, 0, TASKS)
     for r in looped["rollouts"]:
-        assert r["outcome"] == "errored" and r["errorKind"] == "model", r
-        assert 'lookup_order({"order_id": "O-1"}) 5 times in a row' in r["error"]
+        assert r["outcome"] == "failed" and r["error"] is None, r
+        refused = json.loads(r["trajectory"]["messages"][-1]["content"])["error"]
+        assert 'lookup_order({"order_id": "O-1"}) 5 times in a row' in refused
         assert r["endedBy"] == "max_repeated_calls" and len(r["trajectory"]["tool_calls"]) == 4
 
     # The run's own budgets: turns of at most 100 tokens, 250 in all, so the third turn is
