@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
-from rollout.shared.aggregates.run_options import option_problems
+from rollout.shared.aggregates.run_options import REFUSED, option_problems
 from rollout.shared.auth.credentials import client_settings, with_credentials
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.reader import read_events
@@ -132,7 +132,7 @@ class AsyncClient:
             raise RolloutError(f"invalid run options: {exc}") from None
         # What the tracker would refuse whatever the environment, refused before sending.
         if problems := option_problems(body):
-            raise RolloutError("invalid run request", problems=problems)
+            raise RolloutError(REFUSED, problems=problems)
         # Unanswered, it is sent again with the same id: the retry returns the same run.
         return await self.request("tracker", "create_run", body, retries=CREATE_RETRIES)
 

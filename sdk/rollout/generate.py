@@ -32,7 +32,7 @@ from typing import Any
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
-from rollout.shared.aggregates.run_options import option_problems
+from rollout.shared.aggregates.run_options import REFUSED, option_problems, total_problem
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.chat import check_messages
 from rollout.shared.contracts.envelope import EventEnvelope, new_id
@@ -472,6 +472,12 @@ async def generate(
         if req.split is not None:
             raise RolloutError("--split applies to --env; a prompts file has no splits")
         prompt_tasks = read_prompts(req.prompts)
+        # The tracker's cap on one run, said before the prompts are pushed as an env.
+        if (too_big := total_problem(len(prompt_tasks), req.n)) is not None:
+            raise RolloutError(
+                "invalid generate options",
+                problems=[_as_flag(too_big), f"or split {req.prompts} into several files"],
+            )
         if req.score and "hiddenGroundTruth" not in prompt_tasks[0]:
             raise RolloutError(
                 f"--score: the prompts in {req.prompts} have no 'answer' to score against",
@@ -523,9 +529,10 @@ async def _generate_locked(
 ) -> GenerateResult:
     """`generate` past its checks, with `req.out` locked: start or resume the run, write rows."""
     state = _read_state(req.state_path)
-    if state is not None and "run_id" not in state and state.get("params") != params:
-        # A start that failed before its run existed (the tracker refused it): nothing to
-        # resume, so the corrected command starts over rather than being refused as another.
+    if state is not None and state.get("refused") and state.get("params") != params:
+        # The tracker refused that start, so no run exists: the corrected command starts over
+        # rather than being refused as another generate. (A start without a run id but not
+        # refused may have made its run, its answer lost: that one is resumed or refused.)
         state = None
     resumed = state is not None
     if state is None:
@@ -545,7 +552,28 @@ async def _generate_locked(
         rows = len(written_ids(req.rows_path)) if fmt == "jsonl" else state.get("rows", 0)
         return GenerateResult(state["run_id"], req.out, rows, 0, "completed", resumed=True)
 
-    run = await client.create_run(
+    try:
+        run = await _create_run(client, req, state, env_slug, env_version)
+    except RolloutError as exc:
+        if exc.message == REFUSED:
+            _write_state(req, state | {"refused": True})
+        raise
+    run_id = run["runId"]
+    if state.get("run_id") != run_id or state.get("refused"):
+        state.pop("refused", None)
+        state["run_id"] = run_id
+        _write_state(req, state)
+    return await _stream_run(client, req, fmt, state, run, resumed, progress=progress)
+
+
+async def _create_run(
+    client: Any,
+    req: GenerateRequest,
+    state: dict[str, Any],
+    env_slug: str | None,
+    env_version: int | None,
+) -> dict[str, Any]:
+    return await client.create_run(
         env_slug,
         req.model,
         req.n,
@@ -560,10 +588,20 @@ async def _generate_locked(
         name=f"generate {req.out.name}",
         client_request_id=state["client_request_id"],
     )
+
+
+async def _stream_run(
+    client: Any,
+    req: GenerateRequest,
+    fmt: str,
+    state: dict[str, Any],
+    run: dict[str, Any],
+    resumed: bool,
+    *,
+    progress: ProgressFn | None,
+) -> GenerateResult:
+    """Write the run's rows to `req.out` as they are scored (rows already written are kept)."""
     run_id = run["runId"]
-    if state.get("run_id") != run_id:
-        state["run_id"] = run_id
-        _write_state(req, state)
     # From the reply (the read model may not show a run this new yet).
     summary = {
         "runId": run_id,

@@ -41,6 +41,7 @@ from rollout.shared.contracts.training import (
     resolve_method,
 )
 from rollout.shared.envs import load_environments, select_environment, validate_environment
+from rollout.shared.envs.splits import ids_matter
 from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
 from rollout.shared.learning import methods
 from rollout.shared.models.catalog import backend_forms, local_model, local_model_names
@@ -505,7 +506,8 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
                 continue
             env = envs[0]
             # validate_environment holds the split problems; the near misses are warnings.
-            warnings = split_check(env.tasks if isinstance(env.tasks, list) else [])[1]
+            tasks = env.tasks if isinstance(env.tasks, list) else []
+            warnings = split_check(tasks, ids_matter=ids_matter(env.template))[1]
             problems = validate_environment(env)
             check.problems += [f"{where}.file: {env.slug}: {p}" for p in problems]
             check.warnings += [f"{where}.file: {env.slug}: {w}" for w in warnings]
@@ -537,7 +539,8 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
         pin |= {"version": found["version"], "specHash": found["spec_hash"]}
         tasks = (found.get("spec") or {}).get("tasks") or []
         # A version pushed before these checks existed is held to them too.
-        problems, warnings = split_check(tasks)
+        spec = found.get("spec") or {}
+        problems, warnings = split_check(tasks, ids_matter=ids_matter(spec.get("template")))
         check.problems += [f"{where}.ref: {slug} v{found['version']}: {p}" for p in problems]
         check.warnings += [f"{where}.ref: {slug} v{found['version']}: {w}" for w in warnings]
         check.splits[key] = {t["split"] for t in tasks if t.get("split")}

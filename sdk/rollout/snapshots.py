@@ -445,6 +445,8 @@ def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
                 target = tmp / "dataset"
                 dataset.save_to_disk(str(target))
         if fmt == "hf":
+            # Again, just before: files may have been put in --out while the rows were written.
+            check_export_out(out, fmt)
             _swap_in(target, final)
         else:
             # Again, just before: a file may have appeared at --out while these were written.
@@ -672,8 +674,11 @@ def import_snapshot(path: Path, out: Path, *, min_margin: float = 0.0) -> dict[s
     rows = read_snapshot(path)
     sets = training_sets(rows, min_margin)
     final = out.resolve()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    except OSError as exc:
+        raise RolloutError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
     try:
         with (tmp / "rollouts.jsonl").open("w", encoding="utf-8") as f:
             for row in rows:

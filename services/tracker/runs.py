@@ -23,7 +23,12 @@ from rollout.shared.aggregates.run import (
     recorded_request,
     rollout_id,
 )
-from rollout.shared.aggregates.run_options import MAX_BATCH, option_problems, total_problem
+from rollout.shared.aggregates.run_options import (
+    MAX_BATCH,
+    REFUSED,
+    option_problems,
+    total_problem,
+)
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
@@ -75,9 +80,7 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
     try:
         subjects.token(cmd.env_slug, "environment slug")
     except subjects.SubjectError as exc:
-        raise RolloutError(
-            "invalid run request", problems=[f"env_slug: {exc}", *problems]
-        ) from None
+        raise RolloutError(REFUSED, problems=[f"env_slug: {exc}", *problems]) from None
     if cmd.env_version is None:
         env, _ = await env_versions.latest(js, cmd.env_slug)
     else:
@@ -87,7 +90,7 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         problems.append(
             f"env_slug: no {what}environment {cmd.env_slug!r} (push it with `rollout push`)"
         )
-        raise RolloutError("invalid run request", problems=problems)
+        raise RolloutError(REFUSED, problems=problems)
     tasks = env.spec.get("tasks", [])
     indices = list(range(len(tasks)))
     if cmd.split is not None:
@@ -105,7 +108,7 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
     if (too_big := total_problem(len(indices), cmd.n)) is not None:
         problems.append(too_big)
     if problems:
-        raise RolloutError("invalid run request", problems=problems)
+        raise RolloutError(REFUSED, problems=problems)
     grouped = judged_in_groups(env.spec)
     if grouped and cmd.n > MAX_BATCH:
         # One judge call sees a whole group, and a group must fit in one work item.
@@ -113,7 +116,7 @@ async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
             f"n: a `ruler` verifier judges a task's {cmd.n} samples together, but a batch "
             f"holds at most {MAX_BATCH}: use n <= {MAX_BATCH}"
         )
-        raise RolloutError("invalid run request", problems=problems)
+        raise RolloutError(REFUSED, problems=problems)
     batch_size = cmd.batch_size
     if grouped:
         # A `ruler` verifier judges the n samples of a task together in one call: a work item

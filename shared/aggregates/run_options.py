@@ -15,6 +15,9 @@ MAX_BATCH = 1_024
 MAX_ROLLOUTS = 100_000
 # Tokens sampled per model turn (as an experiment plan allows).
 MAX_TOKENS = 131_072
+# What a refused run request says, so a client can tell a refusal (no run exists) from a
+# request whose answer was lost (the run may exist).
+REFUSED = "invalid run request"
 
 
 def option_problems(cmd: CreateRun) -> list[str]:

@@ -27,7 +27,7 @@ def _still_loading(file: Path) -> None:
         file=str(file),
         seconds=SLOW_LOAD_S,
         hint="an env file runs when it is loaded: look for a loop or a slow download at module "
-        "level (Ctrl-C stops)",
+        "level (Ctrl-C stops it; a second Ctrl-C if the first is not enough)",
     )
 
 
@@ -89,8 +89,15 @@ def load_environments(path: str | Path) -> list[Any]:
     watch = threading.Timer(SLOW_LOAD_S, _still_loading, (file,))
     watch.daemon = True
     watch.start()
+    # sys.stdout is the process's: swapped only from the main thread (a CLI's), never under
+    # another thread that prints, nor by two loads at once that would restore it out of order.
+    quiet = (
+        contextlib.redirect_stdout(sys.stderr)
+        if threading.current_thread() is threading.main_thread()
+        else contextlib.nullcontext()
+    )
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with quiet:
             spec.loader.exec_module(module)
     except SyntaxError as exc:
         where = f"{file}:{exc.lineno}" if exc.lineno else str(file)

@@ -19,7 +19,7 @@ STANDARD_SPLITS = ("train", "validation", "test")
 MAX_LISTED = 5
 
 
-def split_check(tasks: Iterable[Any]) -> tuple[list[str], list[str]]:
+def split_check(tasks: Iterable[Any], *, ids_matter: bool = False) -> tuple[list[str], list[str]]:
     """(problems, warnings) about the tasks' splits, each `tasks[i]...: message`.
 
     Problems: an empty or space-padded split name, or a case variant of train/validation/test
@@ -27,11 +27,13 @@ def split_check(tasks: Iterable[Any]) -> tuple[list[str], list[str]]:
     task with the same instruction, input and hidden ground truth as a train task (its score
     would measure recall). Warnings: a split name close to a standard one (`tset`), and a
     held-out instruction a train task also has, with another input or ground truth.
-    Tasks that are not valid tasks are skipped: validation reports them.
+    Tasks that are not valid tasks are skipped: validation reports them. With `ids_matter`
+    (a plugin env, whose `reset(task)` may pick its scenario by id) tasks with other ids are
+    other tasks.
     """
     parsed = [(i, task) for i, raw in enumerate(tasks) if (task := _task(raw)) is not None]
     problems, warnings = _split_names(parsed)
-    repeats, similar = _repeats(parsed)
+    repeats, similar = _repeats(parsed, ids_matter)
     problems += repeats[:MAX_LISTED]
     warnings += similar[:MAX_LISTED]
     if len(repeats) > MAX_LISTED:
@@ -45,6 +47,13 @@ def split_check(tasks: Iterable[Any]) -> tuple[list[str], list[str]]:
             "instructions too"
         )
     return problems, warnings
+
+
+def ids_matter(template: Any) -> bool:
+    """Whether an env of `template` tells its tasks apart by id (a plugin's reset sees it)."""
+    from rollout.shared.envs.templates import canonical_name  # templates import validation
+
+    return isinstance(template, str) and canonical_name(template) == "plugin"
 
 
 def _task(raw: Any) -> TaskSpec | None:
@@ -97,26 +106,28 @@ def _split_names(parsed: list[tuple[int, TaskSpec]]) -> tuple[list[str], list[st
     return problems, warnings
 
 
-def _repeats(parsed: list[tuple[int, TaskSpec]]) -> tuple[list[str], list[str]]:
+def _repeats(
+    parsed: list[tuple[int, TaskSpec]], ids_matter: bool = False
+) -> tuple[list[str], list[str]]:
     """Held-out tasks that repeat a train task whole, and those that repeat its instruction."""
     whole: dict[tuple[str, ...], int] = {}
     texts: dict[str, int] = {}
     for i, task in parsed:
         if task.split == "train":
-            whole.setdefault(_key(task), i)
+            whole.setdefault(_key(task, ids_matter), i)
             texts.setdefault(_text(task.instruction), i)
     repeats: list[str] = []
     similar: list[str] = []
     for i, task in parsed:
         if task.split == "train":
             continue
-        same = whole.get(_key(task))
+        same = whole.get(_key(task, ids_matter))
         if same is not None:
             repeats.append(
                 f"tasks[{i}]: same instruction and ground truth as tasks[{same}] (train); "
                 f"its {task.split} score would measure recall, not held-out performance"
             )
-        elif (seen := texts.get(_text(task.instruction))) is not None:
+        elif not ids_matter and (seen := texts.get(_text(task.instruction))) is not None:
             similar.append(
                 f"tasks[{i}].instruction: same instruction as tasks[{seen}] (train), with "
                 f"another input or ground truth; a {task.split} task should share nothing "
@@ -130,9 +141,10 @@ def _text(instruction: str) -> str:
     return " ".join(instruction.split()).casefold()
 
 
-def _key(task: TaskSpec) -> tuple[str, ...]:
-    """Everything that makes a task the same task (not its id, split or metadata)."""
+def _key(task: TaskSpec, ids_matter: bool = False) -> tuple[str, ...]:
+    """Everything that makes a task the same task (its id only where `ids_matter`)."""
     return (
+        task.id or "" if ids_matter else "",
         _text(task.instruction),
         _canonical(task.input),
         _canonical(task.messages),

@@ -15,7 +15,7 @@ from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, Verifier
 from rollout.shared.envs.checks import duplicates as _duplicates
 from rollout.shared.envs.coerce import as_spec, pydantic_problems, raw_environment
 from rollout.shared.envs.paths import PathError, format_path, parse_path
-from rollout.shared.envs.splits import split_check
+from rollout.shared.envs.splits import ids_matter, split_check
 from rollout.shared.envs.templates import REGISTRY, canonical_name
 from rollout.shared.envs.verifiers import REGISTRY as PRIMITIVES
 from rollout.shared.envs.verifiers import known_types
@@ -88,7 +88,10 @@ def validate_environment(env_or_spec: Any) -> list[str]:
             "tasks", lambda: _check_tasks(tasks, template, config, verifier, raw, problems)
         )
     # Splits a run could never select, and held-out tasks that are train tasks again.
-    problems.guard("tasks", lambda: problems.extend(split_check([t for _, t in tasks])[0]))
+    by_id = ids_matter(template)
+    problems.guard(
+        "tasks", lambda: problems.extend(split_check([t for _, t in tasks], ids_matter=by_id)[0])
+    )
     return list(dict.fromkeys(problems))  # same problem found twice is listed once
 
 

@@ -98,3 +98,18 @@ def test_near_misses_warn_and_other_names_pass() -> None:
 
 def test_invalid_tasks_are_left_to_validation() -> None:
     assert split_check([{"instruction": 3}, "nonsense", None, task("a")]) == ([], [])
+
+
+def test_a_plugin_env_tells_its_tasks_apart_by_id() -> None:
+    from rollout.shared.envs.splits import ids_matter
+
+    # A plugin's reset(task) sees the id: level-1..level-3 may be three scenarios behind one
+    # instruction, with level-3 held out. Elsewhere the same tasks are repeats.
+    tasks = [task("Play the level", id=f"level-{i}") for i in (1, 2)]
+    tasks.append(task("Play the level", "test", id="level-3"))
+    assert ids_matter("plugin") and not ids_matter("workflow") and not ids_matter(None)
+    assert split_check(tasks, ids_matter=True) == ([], [])
+    assert len(split_check(tasks)[0]) == 1
+    # The same id in train and test is the same task, plugin or not.
+    tasks[2] = task("Play the level", "test", id="level-1")
+    assert len(split_check(tasks, ids_matter=True)[0]) == 1

@@ -38,6 +38,10 @@ def _cli_env(settings: Settings) -> dict[str, str]:
     }
 
 
+def _write_json(path: Path, document: dict) -> None:
+    path.write_text(json.dumps(document))
+
+
 def _lines(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -92,6 +96,12 @@ async def test_a_start_the_tracker_refused_leaves_nothing_in_the_way(
     code, stdout, err = await rollout(settings, *base, "--split", "train")
     assert code == 0, err
     assert "2 rows" in stdout and len(_lines(out)) == 2
+    # A start that was not refused but left no run id (its answer lost: the run may exist) is
+    # not thrown away by a command with other options.
+    lost = tmp_path / "lost.jsonl"
+    _write_json(Path(f"{lost}.generate.json"), {"params": {"model": "x"}, "client_request_id": "c"})
+    code, _, err = await rollout(settings, *base[:-1], str(lost), "--split", "train")
+    assert code == 1 and "was started by another generate" in err
 
 
 def test_out_of_range_options_are_refused_before_anything_is_written(tmp_path, capsys) -> None:
@@ -109,6 +119,13 @@ def test_out_of_range_options_are_refused_before_anything_is_written(tmp_path, c
                  "--deadline: must be a positive number"):  # fmt: skip
         assert flag in err
     assert not (tmp_path / "sub").exists()  # no folder, no state file
+    # 11 prompts x 10,000 samples: over one run's 100,000 rollouts, said before any push.
+    prompts.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(11)))
+    code = main(["generate", "--model", "local/scripted", "--prompts", str(prompts),
+                 "--out", str(out), "-n", "10000"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "-n: 11 task(s) x 10000 = 110,000 rollouts, over the 100,000" in err
+    assert not (tmp_path / "sub").exists()
 
 
 def _echo(delay: float):

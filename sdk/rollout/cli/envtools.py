@@ -20,6 +20,7 @@ from rollout.shared.envs import (
     select_environment,
     validate_environment,
 )
+from rollout.shared.envs.splits import ids_matter
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -126,7 +127,8 @@ def _plan(args: argparse.Namespace) -> int:
     for env in envs:
         problems = validate_environment(env)  # the split problems included
         tasks = getattr(env, "tasks", None)
-        split_warnings = split_check(tasks if isinstance(tasks, list) else [])[1]
+        by_id = ids_matter(getattr(env, "template", None))
+        split_warnings = split_check(tasks if isinstance(tasks, list) else [], ids_matter=by_id)[1]
         if slugs[getattr(env, "slug", None)] > 1:
             problems.append(f"slug: {env.slug!r} is used by {slugs[env.slug]} environments")
         report: dict[str, Any] = {"slug": getattr(env, "slug", None), "problems": problems}
