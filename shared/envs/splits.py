@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout.shared.contracts.envspec import TaskSpec
+from rollout.shared.envs.templates import canonical_name
 
 # The splits the platform knows by name: online training samples `train`; recipes are tuned on
 # `validation` and report `test`. Any other name is allowed, and held out like these two.
@@ -51,8 +52,6 @@ def split_check(tasks: Iterable[Any], *, ids_matter: bool = False) -> tuple[list
 
 def ids_matter(template: Any) -> bool:
     """Whether an env of `template` tells its tasks apart by id (a plugin's reset sees it)."""
-    from rollout.shared.envs.templates import canonical_name  # templates import validation
-
     return isinstance(template, str) and canonical_name(template) == "plugin"
 
 
