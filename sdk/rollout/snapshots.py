@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -422,14 +421,7 @@ def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
 
     check_export_out(out, fmt)
     final = out.resolve() if fmt == "hf" else out
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    except OSError as exc:
-        raise RolloutError(
-            f"--out {out}: cannot write there ({exc.strerror or exc})",
-            problems=["choose an --out in a folder you can write to"],
-        ) from None
+    tmp = _staging_dir(final, f"--out {out}")
     try:
         if fmt == "jsonl":
             target = tmp / "rows.jsonl"
@@ -502,16 +494,26 @@ def check_out_folder(
     )
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def _staging_dir(final: Path, where: str) -> Path:
+    """A new empty folder beside FINAL to write into before the swap.
+
+    Made by mkdir, not mkdtemp: it may become the output itself, so it gets the mode any
+    folder the user makes gets (mkdtemp's is 0700).
+    """
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}")
+        tmp.mkdir()
+    except OSError as exc:
+        raise RolloutError(
+            f"{where}: cannot write there ({exc.strerror or exc})",
+            problems=["choose a place in a folder you can write to"],
+        ) from None
+    return tmp
 
 
 def _swap_in(staged: Path, out: Path) -> None:
     """Put the fully written folder STAGED at OUT; an OUT already there is removed only after."""
-    # mkdtemp made it 0700: give it the mode any folder the user makes gets.
-    os.chmod(staged, 0o777 & ~_umask())
     if not out.exists():
         os.replace(staged, out)
         return
@@ -674,11 +676,7 @@ def import_snapshot(path: Path, out: Path, *, min_margin: float = 0.0) -> dict[s
     rows = read_snapshot(path)
     sets = training_sets(rows, min_margin)
     final = out.resolve()
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    except OSError as exc:
-        raise RolloutError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
+    tmp = _staging_dir(final, f"-o {out}")
     try:
         with (tmp / "rollouts.jsonl").open("w", encoding="utf-8") as f:
             for row in rows:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -34,25 +35,24 @@ def test_a_file_still_loading_is_named_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(loader, "SLOW_LOAD_S", 0.1)
-    go_on = tmp_path / "go-on"
     slow = tmp_path / "slow.py"
-    # The file loads until the test lets it go on, after the warning was logged.
-    slow.write_text(
-        "import time\nfrom pathlib import Path\n"
-        f"deadline = time.monotonic() + 60\nwhile not Path({str(go_on)!r}).exists():\n"
-        "    assert time.monotonic() < deadline, 'never let go on'\n    time.sleep(0.01)\n"
-        + REFUND.read_text()
-    )
+    # The file loads until the test lets it go on (a byte on a pipe), after the warning.
+    read, write = os.pipe()
+    slow.write_text(f"import os\nos.read({read}, 1)\n" + REFUND.read_text())
     found: list = []
     with capture_logs() as logs:
         loading = threading.Thread(target=lambda: found.extend(load_environments(slow)))
         loading.start()
-        warned = wait_until_sync(
-            lambda: [e for e in logs if e["event"] == "env file still loading"],
-            "the still-loading warning",
-        )
-        go_on.touch()
-        loading.join(timeout=60)
+        try:
+            warned = wait_until_sync(
+                lambda: [e for e in logs if e["event"] == "env file still loading"],
+                "the still-loading warning",
+            )
+        finally:
+            os.write(write, b"x")  # let it go on, warned or not
+            loading.join(timeout=60)
+            os.close(read)
+            os.close(write)
     assert not loading.is_alive() and found
     assert len(warned) == 1 and warned[0]["file"] == str(slow.resolve())
     assert "loop" in warned[0]["hint"]
