@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 from nats.aio.msg import Msg
@@ -11,6 +12,8 @@ from rollout.shared import subjects
 
 # A one-off read fetches without pause; its consumer is inactive only once the read is over.
 ONE_OFF_INACTIVE_S = 10.0
+# How long a one-off read waits for messages its consumer already sent before it gives up.
+LATE_DELIVERY_LIMIT_S = 30.0
 
 
 async def last_sequence(js: JetStreamContext, stream: str = subjects.EVENTS_STREAM) -> int:
@@ -53,6 +56,8 @@ async def read_events(
         config.filter_subjects = list(filter_subject)
         filter_subject = subjects.ALL_EVENTS
     sub = await js.pull_subscribe(filter_subject, stream=stream, config=config)
+    seen = 0  # messages yielded: the consumer's delivery count once all have arrived
+    late_since: float | None = None  # waiting since then for messages already delivered
     try:
         while True:
             try:
@@ -60,13 +65,38 @@ async def read_events(
             except TimeoutError:  # nats-py raises both its own and asyncio's here
                 if follow:
                     continue
-                return
+                pending, delivered = await _left_to_read(sub)
+                if pending:
+                    continue
+                if delivered <= seen:
+                    return
+                late_since = late_since or time.monotonic()
+                if time.monotonic() - late_since >= LATE_DELIVERY_LIMIT_S:
+                    # A short read would pass for a whole one (a job's history without its
+                    # ending): an error instead.
+                    raise ConnectionError(
+                        f"reading {filter_subject}: {delivered} messages were delivered but only "
+                        f"{seen} arrived within {LATE_DELIVERY_LIMIT_S:.0f} s"
+                    ) from None
+                continue
+            late_since = None
             for msg in msgs:
                 yield msg
                 meta = msg.metadata
+                seen += 1
                 if not follow and (meta.num_pending == 0 or meta.sequence.stream >= stop_at):
                     return
     finally:
         await sub.unsubscribe()
         if delete_consumer and config.name:
             await js.delete_consumer(stream, config.name)
+
+
+async def _left_to_read(sub: JetStreamContext.PullSubscription) -> tuple[int, int]:
+    """(messages not yet delivered, messages delivered) of a read's consumer.
+
+    A fetch times out on a loaded machine before the server answers; only the consumer can
+    say whether nothing matched or the answer is late (a history read short is a wrong one).
+    """
+    info = await sub.consumer_info()
+    return info.num_pending or 0, info.delivered.consumer_seq if info.delivered else 0

@@ -234,3 +234,29 @@ async def test_the_events_stream_refuses_purge_and_delete_even_for_a_service(nat
         await js.delete_msg(subjects.EVENTS_STREAM, first.seq)
     assert [e.id for e in await collect(js, subjects.run_events(run_id))] == [failed(run_id, 0).id]
     await ensure_streams(js)  # idempotent with the denies set
+
+
+async def test_a_one_off_read_slower_than_its_idle_timeout_still_reads_everything(
+    nats_client,
+) -> None:
+    """A fetch that times out before the server answers (a loaded machine) is not the end.
+
+    A job's history read this way came back empty under load: its ending was then refused as
+    "unknown job" and the job never ended.
+    """
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    run_id = new_id()[:16]
+    for i in range(5):
+        await EventPublisher(js).publish(failed(run_id, i))
+    # Far shorter than one round trip to the server: every first fetch times out.
+    read = [
+        EventEnvelope.from_bytes(m.data)
+        async for m in read_events(js, subjects.run_events(run_id), idle_timeout_s=0.0001)
+    ]
+    assert [e.body().reason for e in read] == ["x"] * 5
+    assert len({e.id for e in read}) == 5
+    # A filter nothing matches still ends (no waiting for messages that will never come).
+    assert [
+        m async for m in read_events(js, subjects.run_events("none"), idle_timeout_s=0.0001)
+    ] == []

@@ -139,6 +139,10 @@ class FakeOpenAI:
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._position = 0
+        # Open unless `hold()` closed it; `_held` maps each waiting request to its client port.
+        self._gate = threading.Event()
+        self._gate.set()
+        self._held: dict[int, int] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -154,6 +158,20 @@ class FakeOpenAI:
         """Bodies of the chat completion requests received, in arrival order."""
         return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
 
+    def hold(self) -> None:
+        """Make every chat request from now on wait, unanswered, until `release()`."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        """Answer the requests `hold()` kept waiting, and every later one at once."""
+        self._gate.set()
+
+    @property
+    def held_ports(self) -> set[int]:
+        """Client ports of the chat requests waiting on `hold()` now."""
+        with self._lock:
+            return set(self._held.values())
+
     def start(self) -> FakeOpenAI:
         """Serve in a background thread."""
         # A short poll interval keeps shutdown (and so every test's teardown) quick.
@@ -165,6 +183,7 @@ class FakeOpenAI:
 
     def stop(self) -> None:
         """Stop serving and free the port."""
+        self._gate.set()  # a held request must not outlive the server
         self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:
@@ -220,6 +239,15 @@ class FakeOpenAI:
                 if not self.path.endswith("/chat/completions") or not isinstance(body, dict):
                     self._send(error_reply(404, f"no route {self.path}"))
                     return
+                if not fake._gate.is_set():
+                    key = threading.get_ident()
+                    with fake._lock:
+                        fake._held[key] = self.client_address[1]
+                    try:
+                        fake._gate.wait()
+                    finally:
+                        with fake._lock:
+                            del fake._held[key]
                 self._send(fake._next_reply(body))
 
             def _send(self, reply: Reply) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import psutil
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply
 from nats.js.errors import NotFoundError
@@ -94,9 +95,13 @@ async def test_sigkill_one_of_two_actors_mid_run_loses_and_doubles_nothing(
                 return False
             return info.num_waiting >= 2
 
-        async def both_hold_one() -> bool:
-            info = await watch.consumer_info(subjects.WORK_STREAM, "actors")
-            return info.num_ack_pending >= 2
+        victim = psutil.Process(actors[0].pid)
+
+        async def victim_waits_on_the_model() -> bool:
+            # A request of the replica to be killed is held unanswered at the model server: its
+            # work item is unacknowledged and cannot have been generated yet.
+            ports = {c.laddr.port for c in victim.net_connections(kind="tcp") if c.laddr}
+            return bool(ports & server.held_ports)
 
         with FakeOpenAI(slow_agent) as server:
             await wait_for_platform(client, platform)
@@ -106,10 +111,13 @@ async def test_sigkill_one_of_two_actors_mid_run_loses_and_doubles_nothing(
                 "refunds", f"{server.base_url}#slow", n=8, batch_size=2, temperature=0.0
             )
             await asyncio.wait_for(first_scored(settings, run["runId"]), 60)
-            # The replica killed must hold a work item for the test to show its recovery.
-            await wait_until(both_hold_one, "each actor holding a work item", 60)
+            # The replica killed must hold a work item it has not generated, for the test to
+            # show its recovery: the model server holds its requests until it is dead.
+            server.hold()
+            await wait_until(victim_waits_on_the_model, "the replica waiting on the model", 60)
             actors[0].send_signal(signal.SIGKILL)
             actors[0].wait()
+            server.release()
             done = await client.wait_for_run(run["runId"], timeout_s=180)
         platform.check()
         assert done["status"] == "completed", done
