@@ -136,6 +136,14 @@ class AsyncClient:
         # Unanswered, it is sent again with the same id: the retry returns the same run.
         return await self.request("tracker", "create_run", body, retries=CREATE_RETRIES)
 
+    async def cancel_run(self, run_id: str, reason: str | None = None) -> dict[str, Any]:
+        """End a running run now (it fails as cancelled); RolloutError if it already ended."""
+        try:
+            body = rq.CancelRun(run_id=run_id, reason=reason)
+        except ValueError as exc:
+            raise RolloutError(f"invalid cancel: {exc}") from None
+        return await self.request("tracker", "cancel_run", body)
+
     async def import_run(self, body: rq.ImportRun) -> dict[str, Any]:
         """Record scored rollouts made elsewhere as a completed run; returns `runId`.
 
@@ -262,6 +270,14 @@ class AsyncClient:
         return run
 
     # --- training jobs -----------------------------------------------------------------------
+
+    async def cancel_training_job(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
+        """End a queued or running training job (it fails as cancelled at its next step)."""
+        try:
+            body = rq.CancelTrainingJob(job_id=job_id, reason=reason)
+        except ValueError as exc:
+            raise RolloutError(f"invalid cancel: {exc}") from None
+        return await self.request("learner", "cancel_job", body)
 
     async def create_training_job(
         self,

@@ -17,6 +17,7 @@ from rollout.services.actor.generate import (
     without_trajectory,
 )
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import ending_of
 from rollout.shared.bus.attempts import Delivery
 from rollout.shared.bus.broker import current_message, jetstream
 from rollout.shared.bus.deadletter import describe
@@ -153,6 +154,12 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
         # Each task's rollouts go out as soon as they are done, while the batch goes on.
         await publish(rollouts, last=delivery.last)
 
+    ended = await ending_of(js, work.run_id)
+    if ended is not None:
+        # Cancelled, or past its deadline: generating for it would only spend the model.
+        log.info("run ended; work item skipped", run_id=work.run_id,
+                 work_item_id=work.work_item_id, ended=ended.event_type)  # fmt: skip
+        return
     async with working_on(raw, every_s=actor.keepalive_s):
         stage: ErrorKind = "env"
         try:

@@ -7,6 +7,9 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+# How often a trainer waiting on a call looks whether the bridge has stopped.
+WAIT_CHECK_S = 0.5
+
 
 class JobCancelled(Exception):
     """The service is stopping: the training thread stops at its next report."""
@@ -26,8 +29,15 @@ class ThreadBridge:
             raise JobCancelled("the learner is stopping")
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (factory, future))
-        if wait:
-            future.result()
+        if not wait:
+            return
+        # A call queued behind one that failed is never run (the drain stops at a failure):
+        # waiting on it would hang the trainer, so a stopped bridge ends the wait.
+        while not future.done():
+            concurrent.futures.wait([future], timeout=WAIT_CHECK_S)
+            if not future.done() and self.cancelled:
+                raise JobCancelled("the learner is stopping")
+        future.result()
 
     async def drain(self) -> None:
         """Run queued calls one by one until `close()`; the first failure stops the job."""

@@ -9,7 +9,14 @@ from faststream.nats import NatsMessage
 
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.deadletters import fail_dead_lettered_job
-from rollout.services.learner.jobs import WORK_KIND, JobWork, abandoned_reason, create_job, execute
+from rollout.services.learner.jobs import (
+    WORK_KIND,
+    JobWork,
+    abandoned_reason,
+    cancel_job,
+    create_job,
+    execute,
+)
 from rollout.services.learner.tuning import Limits
 from rollout.shared.bus.attempts import Delivery
 from rollout.shared.bus.broker import jetstream
@@ -17,7 +24,7 @@ from rollout.shared.bus.deadletter import record_dead_letter
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import DeadLettered
-from rollout.shared.contracts.requests import CreateTrainingJob, Reply
+from rollout.shared.contracts.requests import CancelTrainingJob, CreateTrainingJob, Reply
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
 from rollout.shared.service.routes import CurrentBroker, request_route
@@ -35,6 +42,11 @@ JobLimits = Annotated[Limits, Context("limits")]
 async def create_job_handler(cmd: CreateTrainingJob, learner: Learner) -> Reply:
     """Validate and record a training job; the work happens from the work stream."""
     return Reply(data=await create_job(learner, cmd))
+
+
+async def cancel_job_handler(cmd: CancelTrainingJob, learner: Learner) -> Reply:
+    """End a queued or running training job as cancelled."""
+    return Reply(data=await cancel_job(learner, cmd))
 
 
 async def run_job(
@@ -65,5 +77,8 @@ async def dead_lettered(event: EventEnvelope, broker: CurrentBroker) -> None:
 ROUTES = [
     request_route(
         create_job_handler, "learner", "create_job", queue=QUEUE, title="learner/create-job"
-    )
+    ),
+    request_route(
+        cancel_job_handler, "learner", "cancel_job", queue=QUEUE, title="learner/cancel-job"
+    ),
 ]

@@ -15,7 +15,12 @@ from pydantic import BaseModel, ConfigDict
 
 from rollout.services.learner.bridge import JobCancelled
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.journal import JobJournal, job_history
+from rollout.services.learner.journal import (
+    JobEnded,
+    JobJournal,
+    fail_unless_finished,
+    job_history,
+)
 from rollout.services.learner.local_jobs import model_name, run_local_job
 from rollout.services.learner.online_jobs import run_online_job
 from rollout.services.learner.planning import plan_job, request_of
@@ -27,7 +32,11 @@ from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
 from rollout.shared.contracts.events import JobRequested
-from rollout.shared.contracts.requests import CreateTrainingJob, request_fingerprint
+from rollout.shared.contracts.requests import (
+    CancelTrainingJob,
+    CreateTrainingJob,
+    request_fingerprint,
+)
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.trained import JOB_PREFIX, new_job_id
 from rollout.shared.observability import get_logger
@@ -175,11 +184,37 @@ async def execute(ctx: LearnerContext, job_id: str, delivery: Delivery | None = 
     except RolloutError as exc:
         log.warning("job failed", job_id=job_id, reason=str(exc))
         await journal.failed(str(exc))
+    except JobEnded as exc:
+        # Cancelled while it ran: its ending is on the log already; the work item is done.
+        log.info("job stopped: it ended while running", job_id=job_id, detail=str(exc))
     except (JobCancelled, asyncio.CancelledError):
         raise  # the learner is stopping: the job comes back to a replica later
     except Exception as exc:
         if not await _failed_on_last_attempt(journal, delivery, describe(exc)):
             raise  # retried with backoff by the broker's dead-letter policy
+
+
+async def cancel_job(ctx: LearnerContext, cmd: CancelTrainingJob) -> dict:
+    """End a queued or running job as cancelled; its worker stops at its next step.
+
+    The ending is decided from the job's history like every ending: a job that completes
+    while the cancel is on its way keeps its completion, and the caller is told so.
+    """
+    history = await job_history(ctx.js, cmd.job_id)
+    why = f": {cmd.reason.strip()}" if cmd.reason and cmd.reason.strip() else ""
+    reason = f"cancelled{why} (at step {history.last_step})"
+    if history.requested is not None and await fail_unless_finished(ctx.js, cmd.job_id, reason):
+        log.warning("job cancelled", job_id=cmd.job_id, reason=reason)
+        return {"jobId": cmd.job_id, "status": "failed", "reason": reason}
+    history = await job_history(ctx.js, cmd.job_id)
+    if history.requested is None:
+        raise RolloutError(f"job_id: no training job {cmd.job_id!r} (see `rollout jobs`)")
+    if history.completed is not None:
+        raise RolloutError(
+            f"job {cmd.job_id} already completed ({history.completed.model_id}): nothing to cancel"
+        )
+    failed = history.failed.reason if history.failed is not None else "unknown"
+    raise RolloutError(f"job {cmd.job_id} already failed ({failed}): nothing to cancel")
 
 
 async def _failed_on_last_attempt(journal: JobJournal, delivery: Delivery, what: str) -> bool:

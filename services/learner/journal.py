@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import decide_and_append
@@ -26,9 +28,11 @@ from rollout.shared.models.trained import policy_key
 from rollout.shared.objectstore import ObjectRef
 from rollout.shared.observability import get_logger
 
-# How often a job's ending is decided again after another event of the job got in first.
-
 log = get_logger(__name__)
+
+
+class JobEnded(Exception):
+    """The job ended (cancelled) while it was running: its worker stops at the next step."""
 
 
 @dataclass
@@ -120,6 +124,8 @@ class JobJournal:
         """Report a step; a step at or below one already reported is not reported again."""
         if step <= self.last_step:
             return False
+        # Each report is a step's end: where a job cancelled meanwhile stops.
+        await self.check_running()
         self.last_step = step
         payload = JobProgress(
             job_id=self.job_id,
@@ -134,6 +140,27 @@ class JobJournal:
         )
         await self.publisher.publish(self._envelope(payload, self.job_id, step))
         return True
+
+    async def check_running(self) -> None:
+        """JobEnded when the job has an ending already (it was cancelled): two reads."""
+        for name in (JobCompleted.event_type, JobFailed.event_type):
+            subject = subjects.event("job", self.job_id, subjects.event_name(name))
+            try:
+                await self.js.get_last_msg(subjects.EVENTS_STREAM, subject)
+            except NotFoundError:
+                continue
+            raise JobEnded(f"job {self.job_id} ended while running ({name})")
+
+    async def wait_ended(self) -> None:
+        """Return once the job has an ending on the log (it was cancelled), following it."""
+        filters = [
+            subjects.event("job", self.job_id, subjects.event_name(t))
+            for t in (JobCompleted.event_type, JobFailed.event_type)
+        ]
+        reader = read_events(self.js, filters, follow=True, delete_consumer=True)
+        async with aclosing(reader) as endings:
+            async for _ in endings:
+                return
 
     async def checkpoint(self, step: int, uri: str, sha256: str, size: int) -> None:
         """Record a checkpoint that is already in the object store."""

@@ -17,9 +17,9 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rollout.services.learner import training_sets
 from rollout.services.learner.artifacts import (
@@ -30,7 +30,7 @@ from rollout.services.learner.artifacts import (
 )
 from rollout.services.learner.basemodels import local_dir
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.journal import JobHistory, JobJournal
+from rollout.services.learner.journal import JobEnded, JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
 from rollout.services.learner.planning import (
     JobPlan,
@@ -42,7 +42,7 @@ from rollout.shared import subjects
 from rollout.shared.aggregates.run import follow_run
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts.envelope import deterministic_id
-from rollout.shared.contracts.requests import CreateRun
+from rollout.shared.contracts.requests import CancelRun, CreateRun
 from rollout.shared.errors import RolloutError
 from rollout.shared.models import trained
 from rollout.shared.models.weights_proof import proven
@@ -50,6 +50,7 @@ from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
 
 log = get_logger(__name__)
+T = TypeVar("T")
 # Runs that yield nothing trainable (all stale or failed generations) before the job gives up.
 MAX_EMPTY_RUNS = 8
 # Rounds in a row whose groups all scored alike (GRPO: no advantage; the step is skipped).
@@ -300,12 +301,15 @@ class OnlineJob:
     async def _collect(self, current: RoundRun) -> list[dict[str, Any]]:
         """Wait for a round's run to end; its groups the learner accepts."""
         waited = time.monotonic()
-        # One run per round: its reader's consumer goes at once.
-        run = await follow_run(
-            self.ctx.js,
-            current.run_id,
-            timeout_s=self.options.run_deadline_s + 30,
-            delete_consumer=True,
+        # One run per round: its reader's consumer goes at once. A job cancelled meanwhile
+        # stops waiting at once (its runs are then cancelled with it).
+        run = await self._unless_ended(
+            follow_run(
+                self.ctx.js,
+                current.run_id,
+                timeout_s=self.options.run_deadline_s + 30,
+                delete_consumer=True,
+            )
         )
         if run.status != "completed":
             raise RolloutError(
@@ -325,6 +329,33 @@ class OnlineJob:
         newest = int(self.learner.policy_version)
         versions = set(range(min(claimed, default=newest), newest + 1)) | set(claimed)
         return self._fresh(found.items, await self._digests(versions), current.run_id)
+
+    async def _unless_ended(self, waiting: Coroutine[Any, Any, T]) -> T:
+        """`waiting`'s result, or JobEnded as soon as the job has an ending on the log."""
+        work = asyncio.ensure_future(waiting)
+        ended = asyncio.ensure_future(self.journal.wait_ended())
+        try:
+            done, _ = await asyncio.wait({work, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, ended):
+                task.cancel()
+            await asyncio.gather(work, ended, return_exceptions=True)
+        if ended in done:
+            if ended.exception() is not None and work not in done:
+                raise ended.exception()  # type: ignore[misc]  # the log could not be read
+            if ended.exception() is None:
+                raise JobEnded(f"job {self.job_id} ended while it waited on a round")
+        return work.result()
+
+    async def cancel_rounds(self) -> None:
+        """Cancel the rounds' runs still going: a cancelled job's generation stops with it."""
+        for run_id in dict.fromkeys(self.timing.runs):
+            body = CancelRun(run_id=run_id, reason=f"its job {self.job_id} ended")
+            try:
+                await call(self.ctx.nc, subjects.request("tracker", "cancel_run"), body)
+            except RolloutError:
+                continue  # it ended already
+            log.info("round run cancelled with its job", job_id=self.job_id, run_id=run_id)
 
     async def _digests(self, versions: set[int]) -> dict[int, str]:
         """The weights digest of each version (from the records when this learner did not
@@ -423,4 +454,9 @@ def _has_signal(group: dict[str, Any]) -> bool:
 
 async def run_online_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory) -> None:
     """Run an online job (GRPO, PPO, ...) to completion."""
-    await OnlineJob(ctx, plan, history).run()
+    job = OnlineJob(ctx, plan, history)
+    try:
+        await job.run()
+    except JobEnded:
+        await job.cancel_rounds()
+        raise

@@ -14,6 +14,7 @@ from rollout.services.tracker import imports, plans, queries, runs
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import payload_budget
 from rollout.shared.contracts.requests import (
+    CancelRun,
     CreateRun,
     GetJob,
     GetRun,
@@ -35,6 +36,12 @@ async def create_run(cmd: CreateRun, broker: CurrentBroker) -> Reply:
     """Validate and record a run request; the fan-out happens from the event."""
     run = await runs.create_run(jetstream(broker), cmd)
     return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
+
+
+async def cancel_run(cmd: CancelRun, broker: CurrentBroker) -> Reply:
+    """End a running run as cancelled (an error if it is unknown or already ended)."""
+    ending = await runs.cancel_run(jetstream(broker), cmd)
+    return Reply(data={"runId": ending.run_id, "status": "failed", "reason": ending.reason})
 
 
 async def import_run(cmd: ImportRun, broker: CurrentBroker, store: Store) -> Reply:
@@ -79,6 +86,7 @@ async def list_jobs(query: ListJobs, pool: Pool) -> Reply:
 
 ROUTES = [
     request_route(create_run, "tracker", "create_run", queue=QUEUE, title="runs/create"),
+    request_route(cancel_run, "tracker", "cancel_run", queue=QUEUE, title="runs/cancel"),
     request_route(import_run, "tracker", "import_run", queue=QUEUE, title="runs/import"),
     request_route(
         record_plan_event, "tracker", "record_plan_event", queue=QUEUE, title="plans/record"

@@ -39,7 +39,7 @@ from rollout.shared.contracts.events import (
     RunStarted,
     SamplingParams,
 )
-from rollout.shared.contracts.requests import CreateRun, request_fingerprint
+from rollout.shared.contracts.requests import CancelRun, CreateRun, request_fingerprint
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RolloutError
@@ -441,6 +441,24 @@ async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
         return same_request(found, cmd)
     log.info("run requested", run_id=run_id, env=run.env_slug, model=run.model)
     return run
+
+
+async def cancel_run(js: JetStreamContext, cmd: CancelRun) -> RunFailed:
+    """End a running run as cancelled; its queued work is skipped by the actors.
+
+    Decided from the run's own history like every ending, so a run that completes while the
+    cancel is on its way keeps its completion and the caller is told so.
+    """
+    state, ending = await decide_and_append(js, cmd.run_id, lambda s: s.cancel(cmd.reason))
+    if state.requested is None:
+        raise RolloutError(f"run_id: no run {cmd.run_id!r} (see `rollout runs`)")
+    if not isinstance(ending, RunFailed):
+        assert state.ended is not None
+        how = "completed" if isinstance(state.ended, RunCompleted) else "failed"
+        detail = f" ({state.ended.reason})" if isinstance(state.ended, RunFailed) else ""
+        raise RolloutError(f"run {cmd.run_id} already {how}{detail}: nothing to cancel")
+    log.warning("run cancelled", run_id=cmd.run_id, reason=ending.reason)
+    return ending
 
 
 def register_fan_out(broker: NatsBroker) -> None:

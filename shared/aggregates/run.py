@@ -122,6 +122,17 @@ class RunState:
             )
         return None
 
+    def cancel(self, reason: str | None = None) -> RunFailed | None:
+        """The run's ending when a user cancels it now: None if it is unknown or has ended."""
+        if self.requested is None or self.ended is not None:
+            return None
+        total = self.total if self.total is not None else len(self.planned)
+        why = f": {reason.strip()}" if reason and reason.strip() else ""
+        return RunFailed(
+            run_id=self.run_id,
+            reason=f"cancelled{why} ({len(self.verdicts)}/{total} rollouts scored)",
+        )
+
     def _completed(self) -> RunCompleted:
         total = self.total or 0
         verdicts = self.verdicts.values()
@@ -209,6 +220,15 @@ async def recorded_request(js: JetStreamContext, run_id: str) -> RunRequested | 
     if found is None or not isinstance(found[0], RunRequested):
         return None
     return found[0]
+
+
+async def ending_of(js: JetStreamContext, run_id: str) -> Ending | None:
+    """How the run ended (two reads, no history), or None while it runs or if it is unknown."""
+    endings = [found for t in ENDINGS if (found := await _last_of(js, run_id, t)) is not None]
+    first = min(endings, key=lambda e: e[1], default=None)
+    return (
+        first[0] if first is not None and isinstance(first[0], RunCompleted | RunFailed) else None
+    )
 
 
 async def load_run_head(js: JetStreamContext, run_id: str) -> RunState | None:

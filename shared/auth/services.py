@@ -99,6 +99,7 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
             "tracker",
             answers=(
                 ("tracker", "create_run"),
+                ("tracker", "cancel_run"),
                 ("tracker", "get_run"),
                 ("tracker", "list_runs"),
                 ("tracker", "get_job"),
@@ -156,10 +157,12 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
         ),
         ServiceRole(
             "learner",
-            answers=(("learner", "create_job"),),
-            # Online GRPO starts its own generation runs and builds batches from the buffer.
+            answers=(("learner", "create_job"), ("learner", "cancel_job")),
+            # Online GRPO starts its own generation runs (and cancels them with its job) and
+            # builds batches from the buffer.
             calls=(
                 ("tracker", "create_run"),
+                ("tracker", "cancel_run"),
                 ("buffer", "sft_set"),
                 ("buffer", "dpo_pairs"),
                 ("buffer", "grpo_groups"),

@@ -105,6 +105,13 @@ class CreateRun(Request):
     client_request_id: str | None = _client_request_id()
 
 
+class CancelRun(Request):
+    """End a running run now: it fails as cancelled, and its unstarted work is skipped."""
+
+    run_id: str = Field(min_length=1, max_length=128)
+    reason: str | None = Field(None, max_length=500)
+
+
 class GetRun(Request):
     """One run's summary, optionally with its rollouts."""
 
@@ -130,6 +137,13 @@ class ListRuns(Request):
 
 
 # --- training jobs ---------------------------------------------------------------------------
+
+
+class CancelTrainingJob(Request):
+    """End a queued or running training job now: it fails as cancelled at its next step."""
+
+    job_id: str = Field(min_length=1, max_length=128)
+    reason: str | None = Field(None, max_length=500)
 
 
 class CreateTrainingJob(Request):

@@ -18,6 +18,7 @@ from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.envs.loader import load_environments, select_environment
 from rollout.shared.envs.sandbox_check import require_sandbox
 from rollout.shared.envs.validation import validate_environment
+from rollout.shared.models.trained import JOB_PREFIX
 from rollout.shared.settings import load_settings
 from rollout.shared.stats import format_interval
 
@@ -83,6 +84,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollouts", action="store_true", help="include every rollout")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_show(a)))
+
+    p = sub.add_parser(
+        "cancel",
+        help="stop a run (its unstarted work is skipped) or a training job (at its next step)",
+    )
+    p.add_argument("run_id", metavar="RUN_OR_JOB", help=f"a run id, or a job id ({JOB_PREFIX}...)")
+    p.add_argument("--reason", default=None, help="why, kept in the run's history (<= 500 chars)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_cancel(a)))
 
     p = sub.add_parser(
         "compare",
@@ -380,6 +390,27 @@ async def _show(args: argparse.Namespace) -> int:
         cause = f"[{r['errorKind']}] {r['error']}" if r.get("errorKind") else (r["error"] or "")
         print(f"    {r['rolloutId']}  task {r['taskIndex']} #{r['sampleIndex']}  {verdict}"
               f"  {score}  {cause}")  # fmt: skip
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    job = args.run_id.startswith(JOB_PREFIX)
+
+    async def cancel(client: AsyncClient) -> dict[str, Any]:
+        if job:
+            return await client.cancel_training_job(args.run_id, args.reason)
+        return await client.cancel_run(args.run_id, args.reason)
+
+    ended = await _with_client(cancel)
+    if args.json:
+        print_json(ended)
+        return 0
+    if job:
+        print(f"job {ended['jobId']} {ended['reason']}")
+        print("  it stops at its next step; a job's runs still going are cancelled with it")
+    else:
+        print(f"run {ended['runId']} {ended['reason']}")
+        print("  work items already generating finish; the rest are skipped")
     return 0
 
 

@@ -1,0 +1,114 @@
+"""`rollout cancel JOB`: a training job stops at its next step and ends once, as cancelled;
+an online job's round runs are cancelled with it; a job that ended keeps its ending."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from learner_kit import (
+    Platform,
+    job_events,
+    letters_env,
+    ready_client,
+    scripted_run,
+    wait_for_event,
+)
+from pipeline.test_cli_platform import rollout
+from waiting import wait_until
+
+from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.bus.reader import read_events
+from rollout.shared.service import durables
+from rollout.shared.settings import Settings
+
+
+async def job_let_go(js) -> bool:
+    """The learner's job queue holds nothing, delivered or not: no worker is on a job."""
+    info = await js.consumer_info(subjects.WORK_STREAM, durables.LEARNER_JOBS.name)
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def test_a_cancelled_sft_job_stops_training_and_ends_once(
+    client, agent_server, tiny_model: Path, learner_env: Settings
+) -> None:
+    run = await scripted_run(client, agent_server, n=2, tasks=2)
+    ids = await client.passing_rollout_ids(run["runId"])
+    job = await client.create_training_job(
+        base_model=f"hf:{tiny_model}", method="sft", source_run_id=run["runId"],
+        rollout_ids=ids, suffix="stopped",
+        # It would train for hours: only the cancel ends it.
+        hyperparams={"max_steps": 100_000, "save_every": 100_000, "batch_size": 2},
+    )  # fmt: skip
+    js = await client.jetstream()
+    await wait_for_event(js, job["id"], "job.progress", limit_s=240)
+    ended = await client.cancel_training_job(job["id"], reason="enough")
+    assert ended["status"] == "failed" and ended["reason"].startswith("cancelled: enough (at step")
+
+    await wait_until(lambda: job_let_go(js), "the learner to stop the job and let it go", 120)
+    events = await job_events(js, job["id"])
+    types = [e.type for e in events]
+    assert types.count("job.failed") == 1 and "job.completed" not in types, types
+    assert events[types.index("job.failed")].payload["reason"] == ended["reason"]
+    # The trainer stopped at its next report: at most a report already on its way follows.
+    after = types[types.index("job.failed") + 1 :]
+    assert after in ([], ["job.progress"]), after
+    steps = [e.payload["step"] for e in events if e.type == "job.progress"]
+    assert max(steps) < 100_000
+    # Nothing was published as the trained model.
+    policies = [m.subject async for m in read_events(js, subjects.aggregate_events("policy"))]
+    assert not any("stopped" in s for s in policies), policies
+    assert (await client.get_training_job(job["id"]))["status"] == "failed"
+
+    # Once ended, it cannot be cancelled again; an unknown job is named.
+    again = await rollout(learner_env, "cancel", job["id"])
+    assert again[0] == 1 and again[2].startswith(f"error: job {job['id']} already failed (cancel")
+    try:
+        await client.cancel_training_job("job-nosuchjob")
+    except RolloutError as exc:
+        assert str(exc).startswith("job_id: no training job 'job-nosuchjob'")
+    else:
+        raise AssertionError("cancelling an unknown job was accepted")
+
+
+async def test_cancelling_an_online_job_cancels_the_round_it_waits_on(
+    learner_env: Settings, tiny_model: Path
+) -> None:
+    # No actor: the job's first round never generates, so the job waits on it until cancelled.
+    platform = Platform(learner_env)
+    for name in ("env-registry", "tracker", "verifier", "buffer", "learner"):
+        platform.start(name)
+    client = await ready_client(learner_env, platform.check)
+    try:
+        await client.push_environment(letters_env(tasks=4))
+        job = await client.create_training_job(
+            base_model=f"hf:{tiny_model}", method="grpo", env_slug="letters", suffix="online",
+            hyperparams={"max_steps": 5, "group_size": 2, "tasks_per_step": 1, "max_tokens": 6,
+                         "max_tool_calls": 1},
+        )  # fmt: skip
+
+        async def rounds() -> list[dict]:
+            return [r for r in await client.list_runs() if job["id"] in (r.get("name") or "")]
+
+        await wait_until(rounds, "the job's first round run", 120)
+        code, out, err = await rollout(learner_env, "cancel", job["id"], "--reason", "wrong env")
+        assert code == 0, err
+        assert out.startswith(f"job {job['id']} cancelled: wrong env (at step 0)"), out
+
+        js = await client.jetstream()
+        await wait_until(lambda: job_let_go(js), "the learner to stop the job and let it go", 60)
+
+        async def rounds_ended() -> bool:
+            return all(r["status"] != "running" for r in await rounds())
+
+        await wait_until(rounds_ended, "the job's round runs to end", 30)
+        for r in await rounds():
+            assert r["status"] == "failed", r
+            full = await client.get_run(r["runId"])
+            assert full["reason"].startswith(f"cancelled: its job {job['id']} ended"), full
+        types = [e.type for e in await job_events(js, job["id"])]
+        assert types.count("job.failed") == 1 and "job.progress" not in types, types
+        platform.check()
+    finally:
+        await client.close()
+        await platform.stop_all()

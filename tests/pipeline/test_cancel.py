@@ -1,0 +1,95 @@
+"""`rollout cancel`: a run ends at once as cancelled, and the work it had queued is not generated.
+
+The model server (the one faked edge) holds every request while the run is cancelled, so the
+test knows exactly which rollouts had started: those finish and are kept, the rest of the
+queue is skipped by the actors, and nothing is lost or left queued.
+"""
+
+from __future__ import annotations
+
+from fakes.openai_server import FakeOpenAI
+from pipeline.kit import refund_agent, refund_env
+from pipeline.test_cli_platform import rollout
+from waiting import wait_until
+
+from rollout.client import AsyncClient
+from rollout.shared import subjects
+from rollout.shared.settings import Settings
+
+TASKS, N, BATCH = 8, 4, 2  # 32 rollouts in 16 work items; two actors hold at most 8 at once
+
+
+async def test_a_cancelled_run_ends_now_and_its_queued_work_is_skipped(
+    client: AsyncClient, settings: Settings
+) -> None:
+    await client.push_environment(refund_env(tasks=TASKS))
+    js = await client.jetstream()
+
+    async def queue() -> tuple[int, int]:
+        info = await js.consumer_info(subjects.WORK_STREAM, "actors")
+        return info.num_pending, info.num_ack_pending
+
+    with FakeOpenAI(refund_agent) as server:
+        server.hold()
+        run = await client.create_run(
+            "refunds", f"{server.base_url}#agent", n=N, batch_size=BATCH, temperature=0.0
+        )
+        run_id = run["runId"]
+
+        async def actors_busy() -> bool:
+            # Every work item the actors hold waits on the model with both of its rollouts.
+            _, held = await queue()
+            return held > 0 and len(server.held_ports) == BATCH * held
+
+        await wait_until(actors_busy, "the actors holding work items at the model", 60)
+        ended = await client.cancel_run(run_id, reason="wrong model")
+        assert ended["status"] == "failed"
+        assert ended["reason"] == f"cancelled: wrong model (0/{TASKS * N} rollouts scored)"
+        server.release()
+
+        async def drained() -> bool:
+            return await queue() == (0, 0)
+
+        # The items under way finish; every other one is taken and skipped, none left queued.
+        await wait_until(drained, "the run's work items all taken off the queue", 60)
+        # A rollout's first request is the one without an assistant turn in it.
+        firsts = [
+            b for b in server.chat_bodies if all(m["role"] != "assistant" for m in b["messages"])
+        ]
+        started = len(firsts)
+
+    async def recorded() -> bool:
+        return (await client.get_run(run_id))["generated"] == started
+
+    await wait_until(recorded, "every rollout that had started recorded", 30)
+    done = await client.get_run(run_id)
+    assert done["status"] == "failed" and done["reason"] == ended["reason"], done
+    # Only what had started was generated: the rest of the queue cost no model call.
+    assert 0 < started < TASKS * N, started
+
+    # A run that has ended cannot be cancelled again, nor can one that does not exist.
+    code, out, err = await rollout(settings, "cancel", run_id)
+    assert code == 1 and err.startswith(f"error: run {run_id} already failed (cancelled: wrong")
+    code, out, err = await rollout(settings, "cancel", "no-such-run")
+    assert code == 1 and err.startswith("error: run_id: no run 'no-such-run'"), err
+    assert "Traceback" not in err
+
+
+async def test_cancel_from_the_cli_and_a_completed_run_keeps_its_result(
+    client: AsyncClient, agent_server: FakeOpenAI, settings: Settings
+) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#agent", n=1)
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    code, out, err = await rollout(settings, "cancel", run["runId"], "--reason", "too late")
+    assert code == 1 and err.startswith(f"error: run {run['runId']} already completed"), err
+    assert (await client.get_run(run["runId"]))["status"] == done["status"] == "completed"
+
+    with FakeOpenAI(refund_agent) as server:
+        server.hold()  # nothing finishes before the cancel
+        run = await client.create_run("refunds", f"{server.base_url}#agent", n=2)
+        code, out, err = await rollout(settings, "cancel", run["runId"], "--reason", "oops")
+        assert code == 0, err
+        assert out.splitlines()[0] == f"run {run['runId']} cancelled: oops (0/4 rollouts scored)"
+        server.release()
+    assert (await client.get_run(run["runId"]))["status"] == "failed"
