@@ -18,9 +18,10 @@ import httpx
 
 from rollout.services.learner.basemodels import TrainBase
 from rollout.services.learner.context import LearnerContext
-from rollout.services.learner.journal import JobHistory, JobJournal
+from rollout.services.learner.journal import JobEnded, JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
 from rollout.services.learner.planning import JobPlan, ProviderOptions
+from rollout.shared.bus.deadletter import describe
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning.data import conversation
 from rollout.shared.learning.trainer_rows import as_rollout
@@ -173,6 +174,15 @@ class ProviderAPI:
             out["total_steps"] = job.get("total_steps")
         return out
 
+    async def cancel(self, job_id: str) -> None:
+        """Ask the provider to stop the job (OpenAI and Together: POST .../cancel)."""
+        path = (
+            f"/fine_tuning/jobs/{job_id}/cancel"
+            if self.base.kind == "openai"
+            else f"/fine-tunes/{job_id}/cancel"
+        )
+        await self._json(await self.http.post(path), "job cancel")
+
     async def _openai_metrics(self, job_id: str) -> dict[str, Any]:
         r = await self.http.get(f"/fine_tuning/jobs/{job_id}/events", params={"limit": 50})
         if r.status_code >= 400:
@@ -231,6 +241,17 @@ async def _track(
 ) -> None:
     every = env_number(POLL_ENV, 10.0, unit="seconds", above=0)
     while True:
+        try:
+            await journal.check_running()
+        except JobEnded:
+            # Cancelled here: the provider's job is stopped too, or it would train (and
+            # bill) on; a provider that cannot be told is named in the log.
+            try:
+                await api.cancel(state["job"])
+            except (RolloutError, httpx.HTTPError) as exc:
+                log.warning("provider job not cancelled", job_id=journal.job_id,
+                            provider_job=state["job"], error=describe(exc))  # fmt: skip
+            raise
         seen = await api.status(state["job"])
         if seen.get("step"):
             await journal.progress(

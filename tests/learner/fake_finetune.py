@@ -2,7 +2,7 @@
 
 Like tests/fakes/openai_server.py, only the remote API is faked, over real HTTP: it keeps what
 was uploaded (parsed multipart), answers job creation and status polls (a job runs for
-`polls_until_done` polls, then succeeds with a fine-tuned model), and serves chat completions
+`polls_until_done` polls, then succeeds with a fine-tuned model, unless cancelled), and serves chat completions
 for the fine-tuned model through a scripted agent, so the trained name can be run.
 """
 
@@ -103,10 +103,19 @@ class FakeFineTuning:
         self.jobs[job_id] = {"body": body, "polls": 0}
         return {"id": job_id, "status": "queued" if self.provider == "openai" else "pending"}
 
+    def _cancel(self, job_id: str) -> tuple[int, dict[str, Any]]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return 404, {"error": {"message": f"no job {job_id}"}}
+        job["cancelled"] = True
+        return 200, {"id": job_id, "status": "cancelled"}
+
     def _status(self, job_id: str) -> tuple[int, dict[str, Any]]:
         job = self.jobs.get(job_id)
         if job is None:
             return 404, {"error": {"message": f"no job {job_id}"}}
+        if job.get("cancelled"):
+            return 200, {"id": job_id, "status": "cancelled"}
         job["polls"] += 1
         done = job["polls"] > self.polls_until_done
         base = job["body"]["model"]
@@ -165,6 +174,10 @@ class FakeFineTuning:
                         self._send(200, fake._upload(path, self.headers["Content-Type"], raw))
                     elif path in ("/v1/fine_tuning/jobs", "/v1/fine-tunes"):
                         self._send(200, fake._create(json.loads(raw)))
+                    elif path.endswith("/cancel") and path.startswith(
+                        ("/v1/fine_tuning/jobs/", "/v1/fine-tunes/")
+                    ):
+                        self._send(*fake._cancel(path.split("/")[-2]))
                     elif path == "/v1/chat/completions" and fake.chat is not None:
                         body = json.loads(raw)
                         fake.chat_bodies.append(body)

@@ -1,10 +1,13 @@
 """`rollout cancel JOB`: a training job stops at its next step and ends once, as cancelled;
-an online job's round runs are cancelled with it; a job that ended keeps its ending."""
+an online job's round runs and a provider's fine-tune are cancelled with it; a job that ended
+keeps its ending."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from fake_finetune import FakeFineTuning
 from learner_kit import (
     Platform,
     job_events,
@@ -112,3 +115,31 @@ async def test_cancelling_an_online_job_cancels_the_round_it_waits_on(
     finally:
         await client.close()
         await platform.stop_all()
+
+
+async def test_cancelling_a_provider_job_cancels_it_at_the_provider(
+    client, agent_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A provider job that would run for ever: only the cancel ends it, here and there.
+    with FakeFineTuning("openai", polls_until_done=10**9) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", server.api_key)
+        monkeypatch.setenv("ROLLOUT_PROVIDER_POLL_S", "0.05")
+        run = await scripted_run(client, agent_server, n=2)
+        ids = await client.passing_rollout_ids(run["runId"])
+        job = await client.create_training_job(
+            base_model="openai/gpt-4o-mini-2024-07-18", method="sft", source_run_id=run["runId"],
+            rollout_ids=ids, suffix="never",
+        )  # fmt: skip
+        js = await client.jetstream()
+        await wait_for_event(js, job["id"], "job.progress", limit_s=60)
+        ended = await client.cancel_training_job(job["id"], reason="too dear")
+        assert ended["reason"].startswith("cancelled: too dear")
+
+        def cancelled_there() -> bool:
+            return all(j.get("cancelled") for j in server.jobs.values())
+
+        await wait_until(cancelled_there, "the provider's job to be cancelled", 30)
+        assert len(server.jobs) == 1
+    types = [e.type for e in await job_events(js, job["id"])]
+    assert types.count("job.failed") == 1 and "job.completed" not in types, types
