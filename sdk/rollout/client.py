@@ -161,14 +161,26 @@ class AsyncClient:
         return await self.request("tracker", "import_run", body, retries=CREATE_RETRIES)
 
     async def get_run(
-        self, run_id: str, include_rollouts: bool = False, include_trajectories: bool = False
+        self,
+        run_id: str,
+        include_rollouts: bool = False,
+        include_trajectories: bool = False,
+        *,
+        outcome: str | None = None,
     ) -> dict[str, Any]:
-        """A run's summary and per-task table (and every rollout when asked, page by page)."""
-        query = rq.GetRun(
-            run_id=run_id,
-            include_rollouts=include_rollouts,
-            include_trajectories=include_trajectories,
-        )
+        """A run's summary and per-task table (and every rollout when asked, page by page).
+
+        `outcome` (passed, failed, errored, pending) keeps only the rollouts with it.
+        """
+        try:
+            query = rq.GetRun(
+                run_id=run_id,
+                include_rollouts=include_rollouts,
+                include_trajectories=include_trajectories,
+                outcome=outcome,
+            )
+        except ValueError as exc:
+            raise RolloutError(f"invalid run query: {exc}") from None
         run = await self.request("tracker", "get_run", query)
         # The per-task table and the rollouts come in pages that fit a message; follow each
         # until its last page (the table first: a reply that cut it short holds no rollouts).
@@ -194,30 +206,24 @@ class AsyncClient:
             run["rolloutsCursor"] = page.get("rolloutsCursor")
         return run
 
-    async def errored_rollouts(
-        self, run_id: str, expected: int, *, max_read: int = 100_000
-    ) -> list[dict[str, Any]]:
+    async def errored_rollouts(self, run_id: str, expected: int) -> list[dict[str, Any]]:
         """The run's errored rollouts (why each errored), in task order, without trajectories.
 
-        Pages stop once `expected` errored ones are found (the run's `errored` count) or after
-        `max_read` rollouts, so a big run with a few errors early costs a page or two.
+        The tracker selects them, so a big run with a few errors costs a page whatever their
+        place; pages stop once `expected` are found (the run's `errored` count).
         """
-        query = rq.GetRun(run_id=run_id, include_rollouts=True, include_tasks=False, page_size=1000)
+        query = rq.GetRun(
+            run_id=run_id, include_rollouts=True, include_tasks=False, page_size=1000,
+            outcome="errored",
+        )  # fmt: skip
         found: list[dict[str, Any]] = []
-        read = 0
         cursor: str | None = None
         seen: set[str] = set()
-        while len(found) < expected and read < max_read:
+        while len(found) < expected:
             page = await self.request(
                 "tracker", "get_run", query.model_copy(update={"rollouts_cursor": cursor})
             )
-            rollouts = page.get("rollouts", [])
-            read += len(rollouts)
-            found += [
-                {k: r.get(k) for k in _ERROR_KEYS}
-                for r in rollouts
-                if r.get("outcome") == "errored"
-            ]
+            found += [{k: r.get(k) for k in _ERROR_KEYS} for r in page.get("rollouts", [])]
             cursor = page.get("rolloutsCursor")
             if not cursor or cursor in seen:
                 break
@@ -238,7 +244,8 @@ class AsyncClient:
 
     async def passing_rollout_ids(self, run_id: str) -> list[str]:
         """Ids of the run's rollouts that passed their verifier."""
-        return [r["rolloutId"] for r in await self.get_rollouts(run_id, False) if r["passed"]]
+        run = await self.get_run(run_id, True, False, outcome="passed")
+        return [r["rolloutId"] for r in run["rollouts"]]
 
     async def wait_for_run(self, run_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
         """Block until the run completes or fails (follows its events), then return it."""

@@ -81,6 +81,16 @@ def endings_summary(rows: list[asyncpg.Record]) -> dict[str, Any]:
     }
 
 
+# The SQL that selects each outcome of `outcome_of` (fixed strings: nothing of the query's).
+_OUTCOME_FILTERS: dict[str | None, str] = {
+    None: "",
+    "errored": " and status = 'errored'",
+    "pending": " and status <> 'errored' and scored_at is null",
+    "passed": " and status <> 'errored' and scored_at is not null and passed",
+    "failed": " and status <> 'errored' and scored_at is not null and not passed",
+}
+
+
 def outcome_of(row: asyncpg.Record) -> str | None:
     """passed / failed / errored, or None while the rollout awaits its verdict."""
     if row["status"] == "errored":
@@ -161,7 +171,7 @@ async def get_run(
             # One more than a page: whether another page follows.
             rollouts = await conn.fetch(
                 "select * from rollouts where run_id = $1 and (task_index, sample_index) > ($2, $3)"
-                " order by task_index, sample_index limit $4",
+                f"{_OUTCOME_FILTERS[query.outcome]} order by task_index, sample_index limit $4",
                 query.run_id,
                 after[0],
                 after[1],

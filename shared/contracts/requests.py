@@ -127,6 +127,9 @@ class GetRun(Request):
     include_tasks: bool = True
     tasks_cursor: int | None = Field(None, ge=0)
     tasks_page_size: int = Field(1000, ge=1, le=5000)
+    # Only rollouts with this outcome (`pending`: awaiting a verdict), selected by the tracker:
+    # a run's few errored rollouts without paging through all of it.
+    outcome: Literal["passed", "failed", "errored", "pending"] | None = None
 
 
 class ListRuns(Request):

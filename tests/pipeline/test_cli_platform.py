@@ -9,9 +9,11 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
 from fakes.openai_server import FakeOpenAI, Reply
 from pipeline.kit import refund_agent, refund_env
 
+from rollout.errors import RolloutError
 from rollout.shared.settings import Settings
 from rollout.shared.stats import format_interval, newcombe_interval, wilson_interval
 
@@ -216,6 +218,17 @@ async def test_a_partly_errored_run_names_its_errors_and_still_compares(
     assert summary["firstError"]["taskIndex"] == 1
     code, out, err = await rollout(settings, "show", run["runId"])
     assert code == 0 and "2 of 6 rollouts errored (no verdict" in out, out
+    # The tracker selects rollouts by outcome: the outcomes partition the run.
+    every = (await client.get_run(run["runId"], True))["rollouts"]
+    for outcome in ("passed", "failed", "errored", "pending"):
+        picked = (await client.get_run(run["runId"], True, outcome=outcome))["rollouts"]
+        assert picked == [
+            r for r in every if r["outcome"] == (outcome if outcome != "pending" else None)
+        ]
+    errored = await client.errored_rollouts(run["runId"], 2)
+    assert [(r["taskIndex"], r["errorKind"]) for r in errored] == [(1, "model"), (1, "model")]
+    with pytest.raises(RolloutError, match="invalid run query"):
+        await client.get_run(run["runId"], True, outcome="lost")
     assert f"pass rate {run['passRate']:.1%}" in out
 
     model = f"{agent_server.base_url}#m"
