@@ -8,6 +8,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pydantic
+
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.aggregates.run_options import REFUSED, option_problems
@@ -18,7 +20,7 @@ from rollout.shared.bus.requests import call
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
-from rollout.shared.envs.coerce import raw_environment
+from rollout.shared.envs.coerce import pydantic_problems, raw_environment
 from rollout.shared.settings import Settings, connect_nats
 from rollout.snapshots import stage_dataset
 
@@ -140,8 +142,8 @@ class AsyncClient:
         """End a running run now (it fails as cancelled); RolloutError if it already ended."""
         try:
             body = rq.CancelRun(run_id=run_id, reason=reason)
-        except ValueError as exc:
-            raise RolloutError(f"invalid cancel: {exc}") from None
+        except pydantic.ValidationError as exc:
+            raise RolloutError("invalid cancel", problems=pydantic_problems(exc)) from None
         return await self.request("tracker", "cancel_run", body)
 
     async def import_run(self, body: rq.ImportRun) -> dict[str, Any]:
@@ -282,8 +284,8 @@ class AsyncClient:
         """End a queued or running training job (it fails as cancelled at its next step)."""
         try:
             body = rq.CancelTrainingJob(job_id=job_id, reason=reason)
-        except ValueError as exc:
-            raise RolloutError(f"invalid cancel: {exc}") from None
+        except pydantic.ValidationError as exc:
+            raise RolloutError("invalid cancel", problems=pydantic_problems(exc)) from None
         return await self.request("learner", "cancel_job", body)
 
     async def create_training_job(

@@ -56,6 +56,11 @@ async def read_events(
         config.filter_subjects = list(filter_subject)
         filter_subject = subjects.ALL_EVENTS
     sub = await js.pull_subscribe(filter_subject, stream=stream, config=config)
+    if not follow and (await _left_to_read(sub)) == (0, 0):
+        # Nothing matches (an aggregate with no events yet): said now, not after a fetch
+        # that waits out its idle timeout.
+        await _close(js, sub, stream, config.name if delete_consumer else None)
+        return
     seen = 0  # messages yielded: the consumer's delivery count once all have arrived
     late_since: float | None = None  # waiting since then for messages already delivered
     try:
@@ -87,9 +92,16 @@ async def read_events(
                 if not follow and (meta.num_pending == 0 or meta.sequence.stream >= stop_at):
                     return
     finally:
-        await sub.unsubscribe()
-        if delete_consumer and config.name:
-            await js.delete_consumer(stream, config.name)
+        await _close(js, sub, stream, config.name if delete_consumer else None)
+
+
+async def _close(
+    js: JetStreamContext, sub: JetStreamContext.PullSubscription, stream: str, name: str | None
+) -> None:
+    """End a read: its subscription, and its consumer when the reader deletes its own."""
+    await sub.unsubscribe()
+    if name:
+        await js.delete_consumer(stream, name)
 
 
 async def _left_to_read(sub: JetStreamContext.PullSubscription) -> tuple[int, int]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.contracts.events import Method
@@ -105,11 +105,23 @@ class CreateRun(Request):
     client_request_id: str | None = _client_request_id()
 
 
+def _one_line(value: str | None) -> str | None:
+    # Printed by every CLI and viewer that shows the ending: no control characters (a terminal
+    # escape in a colleague's `rollout show`), one line.
+    if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("must be one line, without control characters")
+    return value
+
+
+# Why a run or job was cancelled, kept in its ending.
+Reason = Annotated[str | None, Field(max_length=500), AfterValidator(_one_line)]
+
+
 class CancelRun(Request):
     """End a running run now: it fails as cancelled, and its unstarted work is skipped."""
 
     run_id: str = Field(min_length=1, max_length=128)
-    reason: str | None = Field(None, max_length=500)
+    reason: Reason = None
 
 
 class GetRun(Request):
@@ -146,7 +158,7 @@ class CancelTrainingJob(Request):
     """End a queued or running training job now: it fails as cancelled at its next step."""
 
     job_id: str = Field(min_length=1, max_length=128)
-    reason: str | None = Field(None, max_length=500)
+    reason: Reason = None
 
 
 class CreateTrainingJob(Request):

@@ -260,3 +260,14 @@ async def test_a_one_off_read_slower_than_its_idle_timeout_still_reads_everythin
     assert [
         m async for m in read_events(js, subjects.run_events("none"), idle_timeout_s=0.0001)
     ] == []
+
+
+async def test_a_one_off_read_of_nothing_ends_without_waiting_out_its_idle_timeout(
+    nats_client,
+) -> None:
+    """A job or run with no events yet: its history read said so only after a 1 s fetch."""
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    await EventPublisher(js).publish(failed(new_id()[:16], 0))  # the stream is not empty
+    nothing = read_events(js, subjects.run_events("no-such-run"), idle_timeout_s=60.0)
+    assert await asyncio.wait_for(anext(nothing, None), 10) is None

@@ -70,6 +70,9 @@ async def test_a_cancelled_run_ends_now_and_its_queued_work_is_skipped(
     # A run that has ended cannot be cancelled again, nor can one that does not exist.
     code, out, err = await rollout(settings, "cancel", run_id)
     assert code == 1 and err.startswith(f"error: run {run_id} already failed (cancelled: wrong")
+    # A reason is one printable line: it is shown to whoever reads the run.
+    code, out, err = await rollout(settings, "cancel", "no-such-run", "--reason", "a\x1b[2Jb")
+    assert code == 1 and "reason: must be one line, without control characters" in err, err
     code, out, err = await rollout(settings, "cancel", "no-such-run")
     assert code == 1 and err.startswith("error: run_id: no run 'no-such-run'"), err
     assert "Traceback" not in err
