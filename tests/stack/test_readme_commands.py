@@ -85,6 +85,8 @@ class Session:
     cwd: Path
     env: dict[str, str]
     tiny: str
+    # The local server behind `openai/gpt-4o-mini`: a runner may hold its answers.
+    model_server: FakeOpenAI
     ids: dict[str, str] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
 
@@ -160,9 +162,14 @@ def latest_run(s: Session, slug: str) -> str:
 def quick_start(s: Session) -> None:
     # `python3 -m venv .venv && . .venv/bin/activate && pip install ...` is what .ci/run does
     # before this test runs; here: the demo with no stack running (it starts one), then `up`.
+    # The demo's 6 SFT steps leave the tiny model babbling (near-uniform tokens), so a GRPO
+    # sample scores 1/6 (no tool call: only `no_errors` passes) unless the atomic <tool_call>
+    # token turns up by chance (a malformed call: 0), in about 6% of samples. A round's 4 tasks
+    # x 2 samples were all flat 70% of the time (30 of 43), and 8 flat rounds in a row fail the
+    # job (~6% of tests); with 8 samples a task 10% (4 of 39 rounds), 8 in a row ~1e-6 at worst.
     doc = s.json(
         "demo", "--model", s.tiny, "--env", "support-refunds", "--steps", "1",
-        "--group-size", "2", timeout=900,
+        "--group-size", "8", timeout=900,
     )  # fmt: skip
     assert [st["stage"] for st in doc["stages"]] == ["baseline", "train", "sft", "grpo"]
     assert doc["stages"][0]["endedBy"] and doc["compare"]["base"]["runId"]
@@ -249,6 +256,19 @@ def jobs_and_job(s: Session) -> None:
     s.rollout("job", s.ids["JOB"], "--follow")
 
 
+def cancel(s: Session) -> None:
+    # The model holds its answers: the run is surely still going when it is cancelled.
+    s.model_server.hold()
+    try:
+        run = s.json("run", "refund-agent", "--model", "openai/gpt-4o-mini", "-n", "8")
+        out = s.rollout("cancel", run["runId"], "--reason", "wrong model").stdout
+    finally:
+        s.model_server.release()
+    assert out.startswith(f"run {run['runId']} cancelled: wrong model (0/8 rollouts scored)"), out
+    shown = s.json("show", run["runId"])
+    assert shown["status"] == "failed" and shown["reason"].startswith("cancelled: wrong model")
+
+
 def generate_env(s: Session) -> None:
     s.rollout("generate", "--model", "openai/gpt-4o-mini", "--env", "refund-agent", "--split",
               "train", "--out", "gen.jsonl", "-n", "4", "--score")  # fmt: skip
@@ -282,13 +302,17 @@ def improve_dataset(s: Session) -> None:
 
 
 def _fast_plan(s: Session) -> Path:
-    # examples/local-grpo.toml with the tiny model and one GRPO step.
+    # examples/local-grpo.toml with the tiny model and one GRPO step. The untrained tiny model
+    # (not local/tiny-agent) earns reward differences only by chance, as in `quick_start`:
+    # 8 samples a task so that a round without one stays rare (4 of them: 6 of 22 flat).
     folder = s.cwd / "plan"
     folder.mkdir(exist_ok=True)
     shutil.copy(ROOT / "examples" / "workflow_support.py", folder)
     text = (ROOT / "examples" / "local-grpo.toml").read_text()
     text = text.replace('policy = "local/tiny-agent"', f'policy = "{s.tiny}"')
     text = text.replace("max_steps = 2", "max_steps = 1")
+    assert "group_size = 4" in text
+    text = text.replace("group_size = 4", "group_size = 8")
     (folder / "local-grpo.toml").write_text(text)
     return folder / "local-grpo.toml"
 
@@ -371,6 +395,7 @@ RUNNERS: dict[str, Callable[[Session], None]] = {
     "rollout improve --run RUN --model BASE --method sft --suffix v1": improve_sft,
     "rollout improve --env SLUG --model BASE --method ppo --steps 8": improve_online,
     "rollout jobs; rollout job JOB --follow": jobs_and_job,
+    'rollout cancel RUN_OR_JOB --reason "wrong model"': cancel,
     "rollout generate --model M --env refund-agent --split test --out gen.jsonl -n 4 --score": (
         generate_env
     ),
@@ -418,7 +443,7 @@ def test_the_documented_commands_run_on_the_embedded_stack(tmp_path: Path) -> No
     env |= {"ROLLOUT_HF_THREADS": "1", "OPENAI_API_KEY": "sk-test"}
     with FakeOpenAI(refund_agent) as server:
         env["OPENAI_BASE_URL"] = server.base_url
-        session = Session(cwd=work, env=env, tiny=f"hf:{tiny}")
+        session = Session(cwd=work, env=env, tiny=f"hf:{tiny}", model_server=server)
         try:
             for command in documented_commands():
                 RUNNERS[command](session)
