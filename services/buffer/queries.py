@@ -22,6 +22,7 @@ import asyncpg
 from faststream.nats import NatsBroker
 
 from rollout.services.buffer.tools import TaskTools
+from rollout.shared import subjects
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import payload_budget
 from rollout.shared.contracts.buffer import (
@@ -147,7 +148,7 @@ class BufferQueries:
             args.append(query.run_ids)
             conditions.append(f"run_id = any(${len(args)}::text[])")
         if query.env_slug:
-            args.append(query.env_slug)
+            args.append(subjects.token(query.env_slug, "environment slug"))
             conditions.append(f"env_slug = ${len(args)}")
         if query.policy_versions is not None:
             args.append(query.policy_versions)
@@ -165,7 +166,7 @@ class BufferQueries:
             args.append(query.run_ids)
             conditions.append(f"run_id = any(${len(args)}::text[])")
         if query.env_slug:
-            args.append(query.env_slug)
+            args.append(subjects.token(query.env_slug, "environment slug"))
             conditions.append(f"env_slug = ${len(args)}")
         if query.env_version is not None:
             args.append(query.env_version)
@@ -245,6 +246,8 @@ class BufferQueries:
             await asyncio.sleep(_CATCH_UP_POLL_S)
 
     async def _check_runs(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            subjects.token(run_id, "run id")  # a NUL or a megabyte is refused, not looked up
         async with self.pool.acquire() as conn:
             known = {
                 r["run_id"]
@@ -260,6 +263,8 @@ class BufferQueries:
             )
 
     async def _check_rollouts(self, rollout_ids: list[str], run_id: str | None) -> None:
+        for rollout_id in rollout_ids:
+            subjects.token(rollout_id, "rollout id")
         async with self.pool.acquire() as conn:
             found = {
                 r["rollout_id"]: r["run_id"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import traceback
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -29,6 +30,14 @@ from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.observability import get_logger
 
 _PREVIEW_BYTES = 2048
+# A hostile request may carry a megabyte in one field, and an exception may quote it: a reason,
+# a reply's error and each of its problems keep this many characters (and say how many there
+# were), and a reply lists problems up to this many characters in all (and counts the rest),
+# so every reply fits the server's max payload and every log line stays small.
+_REASON_CHARS = 1000
+_PROBLEMS_CHARS = 50_000
+# A logged traceback keeps this many characters of its start and of its end.
+_TRACEBACK_CHARS = 8000
 # Errors that no retry can fix: the message itself is malformed.
 _POISON = (
     pydantic.ValidationError,
@@ -48,18 +57,62 @@ def retry_delay(deliveries: int) -> float:
     return min(30.0, 0.5 * 2 ** max(0, deliveries - 1))
 
 
+def capped(text: str, limit: int = _REASON_CHARS) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _capped_problems(problems: list[str]) -> list[str]:
+    shown: list[str] = []
+    total = 0
+    for i, problem in enumerate(problems):
+        problem = capped(problem)
+        total += len(problem)
+        if total > _PROBLEMS_CHARS and shown:
+            shown.append(f"... and {len(problems) - i} more")
+            break
+        shown.append(problem)
+    return shown
+
+
 def error_reply(exc: BaseException) -> Reply:
     """The reply a failed request gets: the user error's problems, or a one-line reason."""
     if isinstance(exc, RolloutError | RetrySignal):
         # A retry signal that outlived its retries reads as what it is, without its type.
-        return Reply.failure(exc.message, exc.problems)
+        return Reply.failure(capped(exc.message), _capped_problems(exc.problems))
     if isinstance(exc, pydantic.ValidationError):
         problems = [
             f"{'.'.join(str(p) for p in e.get('loc', ())) or 'request'}: {e.get('msg')}"
-            for e in exc.errors()
+            for e in exc.errors(include_url=False, include_input=False)
         ]
-        return Reply.failure("invalid request", problems)
+        return Reply.failure("invalid request", _capped_problems(problems))
+    if isinstance(exc, subjects.SubjectError):
+        # An id or a slug of the request that cannot be a subject token: the message names it.
+        return Reply.failure(capped(str(exc)))
     return Reply.failure(describe(exc))
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """True when a request failed on what it asked (a user error): no traceback to keep."""
+    return isinstance(
+        exc, RolloutError | RetrySignal | pydantic.ValidationError | subjects.SubjectError
+    )
+
+
+def format_traceback(exc: BaseException) -> str:
+    """`exc`'s traceback as text, without locals, its middle cut when long.
+
+    Logged as text rather than as `exc_info`: a renderer that shows each frame's locals (the
+    default console renderer of an unconfigured structlog does) would spend seconds on a
+    megabyte of hostile input held by a frame.
+    """
+    text = "".join(traceback.format_exception(exc))
+    if len(text) <= 2 * _TRACEBACK_CHARS:
+        return text
+    cut = len(text) - 2 * _TRACEBACK_CHARS
+    return f"{text[:_TRACEBACK_CHARS]}\n... ({cut} characters cut) ...\n{text[-_TRACEBACK_CHARS:]}"
 
 
 def is_poison(exc: BaseException, data: bytes) -> bool:
@@ -90,12 +143,14 @@ def describe(exc: BaseException) -> str:
     ):
         exc = exc.original_error  # a typed handler argument: the model's own reason
     if isinstance(exc, pydantic.ValidationError):
-        first = exc.errors()[0]
+        first = exc.errors(include_url=False, include_input=False)[0]
         if first.get("type") == UNSUPPORTED_SCHEMA_VERSION:
             return str(first.get("msg"))
         where = ".".join(str(p) for p in first.get("loc", ())) or "message"
-        return f"invalid payload: {where}: {first.get('msg')} ({exc.error_count()} error(s))"
-    return f"{type(exc).__name__}: {exc}"
+        return capped(
+            f"invalid payload: {where}: {first.get('msg')} ({exc.error_count()} error(s))"
+        )
+    return capped(f"{type(exc).__name__}: {exc}")
 
 
 def recorder_id(consumer: str) -> str:
@@ -169,13 +224,13 @@ class _DeadLetterMiddleware(BaseMiddleware):
                 return True
             # A request: the caller gets the reason instead of a timeout.
             await msg.respond(error_reply(exc_val).model_dump_json().encode())
-            # A user-facing error is its message; anything else is a bug: keep its traceback.
-            expected = isinstance(exc_val, RolloutError | RetrySignal | pydantic.ValidationError)
+            # A refusal is its message; anything else is a bug: keep its traceback (as text:
+            # see format_traceback).
             log.warning(
                 "request failed",
                 subject=msg.subject,
                 error=describe(exc_val),
-                exc_info=None if expected else exc_val,
+                **({} if is_refusal(exc_val) else {"exception": format_traceback(exc_val)}),
             )
             return True
         deliveries = msg.metadata.num_delivered
