@@ -71,11 +71,23 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
+# What ended a rollout that has turns: its budget; else it errored, or the model finished
+# (the same words per rollout, `ended_by`, and per run, `endings_summary`).
+_ENDED = "coalesce(ended_by, case when status = 'errored' then 'errored' else 'model' end)"
+
+
+def ended_by(row: asyncpg.Record) -> str | None:
+    """The budget that ended the rollout, `errored`, `model`; None before it has turns."""
+    if row["turns"] is None:
+        return None
+    return row["ended_by"] or ("errored" if row["status"] == "errored" else "model")
+
+
 def endings_summary(rows: list[asyncpg.Record]) -> dict[str, Any]:
     """Per ending (`model`: the model stopped; else the budget), rollouts; mean turns, tokens."""
     count = sum(r["n"] for r in rows)
     return {
-        "endedBy": {r["ended_by"] or "model": r["n"] for r in rows},
+        "endedBy": {r["ended"]: r["n"] for r in rows},
         "meanTurns": sum(r["turns"] or 0 for r in rows) / count if count else None,
         "meanCompletionTokens": sum(r["tokens"] or 0 for r in rows) / count if count else None,
     }
@@ -119,7 +131,7 @@ def rollout_row(row: asyncpg.Record, *, with_trajectory: bool) -> dict[str, Any]
         "primitives": json.loads(row["primitives"]) if row["primitives"] else [],
         "trajectoryUri": row["trajectory_uri"],
         "trajectorySha256": row["trajectory_sha256"],
-        "endedBy": row["ended_by"],
+        "endedBy": ended_by(row),
         "turns": row["turns"],
         "completionTokens": row["completion_tokens"],
     }
@@ -144,11 +156,11 @@ async def get_run(
         )
         if row is None:
             raise RolloutError(f"no run {query.run_id!r} (see `rollout runs`)")
-        # How the run's rollouts ended: by the model, or by which budget.
+        # How the run's rollouts ended: by which budget, else errored or by the model.
         endings = await conn.fetch(
-            "select ended_by, count(*) as n, sum(turns) as turns,"
+            f"select {_ENDED} as ended, count(*) as n, sum(turns) as turns,"
             " sum(completion_tokens) as tokens from rollouts where run_id = $1"
-            " and turns is not null group by ended_by",
+            " and turns is not null group by 1",
             query.run_id,
         )
         tasks = []

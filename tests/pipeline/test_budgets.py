@@ -71,6 +71,8 @@ async def test_degenerate_policies_end_at_their_budgets_and_the_run_says_which(
         assert run["status"] == "completed" and run["generated"] == TASKS, run["reason"]
 
     assert runs["healthy"]["endedBy"] == {"model": TASKS}
+    # Each rollout says it in the same words as the run's counts.
+    assert [r["endedBy"] for r in runs["healthy"]["rollouts"]] == ["model"] * TASKS
     assert runs["healthy"]["meanTurns"] == 2  # the refund call, then the answer
 
     # The same call five times in a row (the platform's default) ends the episode, the fifth

@@ -269,7 +269,7 @@ async def _run_cmd(args: argparse.Namespace) -> int:
 
 
 async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any]:
-    """The run with `errorSummary` (None when no rollout errored) and its endings corrected.
+    """The run with `errorSummary` (None when no rollout errored).
 
     Uses the run's `rollouts` when it has them, else reads only its errored rollouts.
     """
@@ -279,15 +279,6 @@ async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any
     elif run.get("errored"):
         errored = await client.errored_rollouts(run["runId"], run["errored"])
     run["errorSummary"] = error_summary(run, errored)
-    # The read model counts a rollout that ended with no budget hit as ended by the model,
-    # errored ones included (a model server never reached among them): count those apart.
-    unended = sum(1 for r in errored if r.get("endedBy") is None and r.get("turns") is not None)
-    ended = dict(run.get("endedBy") or {})
-    if unended and ended.get("model"):
-        moved = min(unended, ended["model"])
-        ended["model"] -= moved
-        ended["errored"] = ended.get("errored", 0) + moved
-        run["endedBy"] = {k: v for k, v in ended.items() if v}
     return run
 
 
