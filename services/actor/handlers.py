@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 from faststream import Context
@@ -29,6 +30,7 @@ from rollout.shared.contracts.events import (
     GeneratedRollout,
     PolicyUpdated,
     RolloutsGenerated,
+    RunFailed,
 )
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.errors import RetrySignal, RolloutError
@@ -83,12 +85,53 @@ def _too_large(rollout: GeneratedRollout, size: int, budget: int) -> GeneratedRo
     )
 
 
+# Runs remembered as ended by one replica (the newest): enough for every run it works on.
+ENDED_RUNS_KEPT = 10_000
+
+
+@dataclass
+class RunStops:
+    """The generations under way per run, stopped when their run ends (cancel, deadline)."""
+
+    running: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
+    ended: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def start(self, run_id: str, task: asyncio.Task[Any]) -> None:
+        """Track `task` as generating for `run_id` (stopped at once if the run has ended)."""
+        self.running.setdefault(run_id, set()).add(task)
+        if run_id in self.ended:
+            task.cancel()
+
+    def finish(self, run_id: str, task: asyncio.Task[Any]) -> None:
+        """`task` is over."""
+        tasks = self.running.get(run_id, set())
+        tasks.discard(task)
+        if not tasks:
+            self.running.pop(run_id, None)
+
+    def end(self, run_id: str) -> int:
+        """The run ended: stop its generations; how many were stopped."""
+        self.ended[run_id] = None
+        self.ended.move_to_end(run_id)
+        while len(self.ended) > ENDED_RUNS_KEPT:
+            self.ended.popitem(last=False)
+        tasks = self.running.get(run_id, set())
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    def stopped(self, run_id: str, task: asyncio.Task[Any]) -> bool:
+        """True when `task` was cancelled because its run ended."""
+        return task.cancelled() and run_id in self.ended
+
+
 @dataclass(kw_only=True)
 class ActorState(ReplicaState):
     """What one replica keeps between work items: loaded models besides the kit's caches."""
 
     actor_id: str
     backends: Backends = field(default_factory=lambda: Backends())
+    stops: RunStops = field(default_factory=lambda: RunStops())
 
 
 State = Annotated[ActorState, Context("actor")]
@@ -172,15 +215,30 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
                 await asyncio.to_thread(refresh_policy, backend)
             # The version that produces them, not the run's.
             version = getattr(backend, "policy_version", None)
-            rollouts = await generate_batch(
-                work,
-                spec,
-                backend,
-                actor_id=actor.actor_id,
-                delivery_attempt=delivery.number,
-                policy_version=version,
-                on_rollouts=finished,
+            task = asyncio.ensure_future(
+                generate_batch(
+                    work,
+                    spec,
+                    backend,
+                    actor_id=actor.actor_id,
+                    delivery_attempt=delivery.number,
+                    policy_version=version,
+                    on_rollouts=finished,
+                )
             )
+            # Its run ending meanwhile stops it at once (a local model's turn under way ends
+            # first): what finished is on the log; nothing else of an ended run is wanted.
+            actor.stops.start(work.run_id, task)
+            try:
+                rollouts = await task
+            except asyncio.CancelledError:
+                if not actor.stops.stopped(work.run_id, task):
+                    raise
+                log.info("run ended; work item stopped", run_id=work.run_id,
+                         work_item_id=work.work_item_id, published=len(published))  # fmt: skip
+                return
+            finally:
+                actor.stops.finish(work.run_id, task)
         except (RolloutError, RetrySignal, httpx.HTTPError, OSError, ObjectStoreError) as exc:
             # Retry a few times (a flaky endpoint); then record the failure on each rollout
             # not yet on the log so the run still finishes and says why.
@@ -206,6 +264,14 @@ async def policy_updated(event: EventEnvelope, actor: State) -> None:
         log.info("policy reloaded", model=body.model, version=body.version, actor=actor.actor_id)
 
 
+async def run_failed(event: EventEnvelope, actor: State) -> None:
+    """Stop this replica's generations for a run that failed (cancelled, or past its deadline)."""
+    body = event.body()
+    if isinstance(body, RunFailed) and (stopped := actor.stops.end(body.run_id)):
+        log.info("run ended; its work items stopped", run_id=body.run_id, work_items=stopped,
+                 actor=actor.actor_id)  # fmt: skip
+
+
 # Policy updates reach every replica (no queue group); the event's reply subject is the
 # learner's wait for JetStream's publish ack: an (empty) answer from here could reach it first
 # and break that publish.
@@ -215,4 +281,13 @@ POLICY_ROUTE = NatsRoute(
     no_reply=True,
     title="actor/policy-updated",
     description="Loads a new version of a policy this replica serves, without a restart.",
+)
+
+# Every replica hears every run's failure (no queue group, no reply: as for policy updates).
+RUN_FAILED_ROUTE = NatsRoute(
+    run_failed,
+    subjects.event_filter("run", "run.failed"),
+    no_reply=True,
+    title="actor/run-failed",
+    description="Stops the generations under way for a run that was cancelled or timed out.",
 )

@@ -24,7 +24,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
     )
     return service_broker(
         settings,
-        [handlers.POLICY_ROUTE],
+        [handlers.POLICY_ROUTE, handlers.RUN_FAILED_ROUTE],
         consumers=[(tuning.consumer(), handlers.generate)],
         actor=state,
     )

@@ -137,7 +137,11 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
             "actor",
             emits=("rollout.generated", _DEAD_LETTER),
             consumes=(durables.ACTORS,),
-            follows=(subjects.event_filter("policy", "policy.updated"),),
+            # New policy versions to load; failed runs whose generation stops.
+            follows=(
+                subjects.event_filter("policy", "policy.updated"),
+                subjects.event_filter("run", "run.failed"),
+            ),
         ),
         ServiceRole(
             "verifier",

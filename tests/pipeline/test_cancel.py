@@ -1,8 +1,8 @@
-"""`rollout cancel`: a run ends at once as cancelled, and the work it had queued is not generated.
+"""`rollout cancel`: a run ends at once as cancelled, and its generation stops with it.
 
-The model server (the one faked edge) holds every request while the run is cancelled, so the
-test knows exactly which rollouts had started: those finish and are kept, the rest of the
-queue is skipped by the actors, and nothing is lost or left queued.
+The model server (the one faked edge) holds every request while the run is cancelled: the
+work items under way are stopped mid-rollout, the rest of the queue is skipped by the actors,
+nothing is left queued, and the model is asked nothing more.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.shared import subjects
+from rollout.shared.replay import replay_run
 from rollout.shared.settings import Settings
 
 TASKS, N, BATCH = 8, 4, 2  # 32 rollouts in 16 work items; two actors hold at most 8 at once
@@ -42,30 +43,27 @@ async def test_a_cancelled_run_ends_now_and_its_queued_work_is_skipped(
             return held > 0 and len(server.held_ports) == BATCH * held
 
         await wait_until(actors_busy, "the actors holding work items at the model", 60)
+        asked = len(server.chat_bodies)
         ended = await client.cancel_run(run_id, reason="wrong model")
         assert ended["status"] == "failed"
         assert ended["reason"] == f"cancelled: wrong model (0/{TASKS * N} rollouts scored)"
-        server.release()
 
         async def drained() -> bool:
             return await queue() == (0, 0)
 
-        # The items under way finish; every other one is taken and skipped, none left queued.
+        # While the model still holds every answer: the items under way are stopped and every
+        # other one is taken and skipped, none left queued.
         await wait_until(drained, "the run's work items all taken off the queue", 60)
-        # A rollout's first request is the one without an assistant turn in it.
-        firsts = [
-            b for b in server.chat_bodies if all(m["role"] != "assistant" for m in b["messages"])
-        ]
-        started = len(firsts)
+        server.release()
+        # Nothing asked the model again: no rollout went on to a second turn, none started.
+        assert len(server.chat_bodies) == asked
+        assert all(all(m["role"] != "assistant" for m in b["messages"]) for b in server.chat_bodies)
 
-    async def recorded() -> bool:
-        return (await client.get_run(run_id))["generated"] == started
-
-    await wait_until(recorded, "every rollout that had started recorded", 30)
     done = await client.get_run(run_id)
     assert done["status"] == "failed" and done["reason"] == ended["reason"], done
-    # Only what had started was generated: the rest of the queue cost no model call.
-    assert 0 < started < TASKS * N, started
+    assert done["generated"] == 0 and done["scored"] == 0, done
+    replayed = await replay_run(js, run_id)
+    assert not replayed.generated  # nothing of the cancelled run reached the log
 
     # A run that has ended cannot be cancelled again, nor can one that does not exist.
     code, out, err = await rollout(settings, "cancel", run_id)

@@ -401,7 +401,7 @@ async def _cancel(args: argparse.Namespace) -> int:
         print("  it stops at its next step; a job's runs still going are cancelled with it")
     else:
         print(f"run {ended['runId']} {ended['reason']}")
-        print("  work items already generating finish; the rest are skipped")
+        print("  its work items under way stop, and the queued ones are skipped")
     return 0
 
 
