@@ -181,8 +181,8 @@ class AsyncClient:
                 include_trajectories=include_trajectories,
                 outcome=outcome,
             )
-        except ValueError as exc:
-            raise RolloutError(f"invalid run query: {exc}") from None
+        except pydantic.ValidationError as exc:
+            raise RolloutError("invalid run query", problems=pydantic_problems(exc)) from None
         run = await self.request("tracker", "get_run", query)
         # The per-task table and the rollouts come in pages that fit a message; follow each
         # until its last page (the table first: a reply that cut it short holds no rollouts).

@@ -18,7 +18,7 @@ from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import (
     JobEnded,
     JobJournal,
-    fail_unless_finished,
+    job_head,
     job_history,
 )
 from rollout.services.learner.local_jobs import model_name, run_local_job
@@ -31,7 +31,7 @@ from rollout.shared.bus.attempts import Delivery, gave_up
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id
-from rollout.shared.contracts.events import JobRequested
+from rollout.shared.contracts.events import JobCompleted, JobFailed, JobRequested
 from rollout.shared.contracts.requests import (
     CancelTrainingJob,
     CreateTrainingJob,
@@ -45,6 +45,8 @@ WORK_KIND = "jobs"
 # Attempts per job: a failing attempt is retried with backoff, a replica that died mid-job
 # hands the job to the next one; after this many the job fails.
 MAX_DELIVER = 3
+# Tries of a cancel: another is needed only when the job completed meanwhile.
+CANCEL_RETRIES = 3
 
 log = get_logger(__name__)
 
@@ -197,23 +199,42 @@ async def execute(ctx: LearnerContext, job_id: str, delivery: Delivery | None = 
 async def cancel_job(ctx: LearnerContext, cmd: CancelTrainingJob) -> dict:
     """End a queued or running job as cancelled; its worker stops at its next step.
 
-    The ending is decided from the job's history like every ending: a job that completes
-    while the cancel is on its way keeps its completion, and the caller is told so.
+    Decided from the job's head (its request, last step and endings) and appended on the
+    condition that the job has no completion: the one decision it could race with. Not on the
+    whole job, whose reports keep landing while it trains; its id is the job's one `job.failed`
+    id, so a failure appended meanwhile makes the cancel a duplicate JetStream drops, told as
+    such. A job that completes while the cancel is on its way keeps its completion.
     """
-    history = await job_history(ctx.js, cmd.job_id)
+    subjects.token(cmd.job_id, "job id")
     why = f": {cmd.reason.strip()}" if cmd.reason and cmd.reason.strip() else ""
-    reason = f"cancelled{why} (at step {history.last_step})"
-    if history.requested is not None and await fail_unless_finished(ctx.js, cmd.job_id, reason):
-        log.warning("job cancelled", job_id=cmd.job_id, reason=reason)
-        return {"jobId": cmd.job_id, "status": "failed", "reason": reason}
-    history = await job_history(ctx.js, cmd.job_id)
-    if history.requested is None:
-        raise RolloutError(f"job_id: no training job {cmd.job_id!r} (see `rollout jobs`)")
-    if history.completed is not None:
-        raise RolloutError(
-            f"job {cmd.job_id} already completed ({history.completed.model_id}): nothing to cancel"
+    completion = subjects.event("job", cmd.job_id, subjects.event_name(JobCompleted.event_type))
+    for _ in range(CANCEL_RETRIES):
+        head = await job_head(ctx.js, cmd.job_id)
+        if head.requested is None or head.finished:
+            break
+        ending = JobFailed(job_id=cmd.job_id, reason=f"cancelled{why} (at step {head.last_step})")
+        envelope = EventEnvelope.new(
+            ending, aggregate_id=cmd.job_id, id_parts=(cmd.job_id,), parent=head.envelope
         )
-    failed = history.failed.reason if history.failed is not None else "unknown"
+        try:
+            result = await EventPublisher(ctx.js).publish(
+                envelope, expected_last_subject_seq=0, expected_subject=completion
+            )
+        except ConcurrencyConflict:
+            continue  # it completed meanwhile: read again, and say so
+        if not result.duplicate:
+            log.warning("job cancelled", job_id=cmd.job_id, reason=ending.reason)
+            return {"jobId": cmd.job_id, "status": "failed", "reason": ending.reason}
+    else:
+        raise ConcurrencyConflict(f"job {cmd.job_id}: its ending kept changing; try again")
+    head = await job_head(ctx.js, cmd.job_id)
+    if head.requested is None:
+        raise RolloutError(f"job_id: no training job {cmd.job_id!r} (see `rollout jobs`)")
+    if head.completed is not None:
+        raise RolloutError(
+            f"job {cmd.job_id} already completed ({head.completed.model_id}): nothing to cancel"
+        )
+    failed = head.failed.reason if head.failed is not None else "unknown"
     raise RolloutError(f"job {cmd.job_id} already failed ({failed}): nothing to cancel")
 
 

@@ -83,6 +83,43 @@ async def job_history(js: JetStreamContext, job_id: str) -> JobHistory:
     return history
 
 
+async def _last_job_event(js: JetStreamContext, job_id: str, event_type: str) -> Any:
+    subject = subjects.event("job", job_id, subjects.event_name(event_type))
+    try:
+        raw = await js.get_last_msg(subjects.EVENTS_STREAM, subject)
+    except NotFoundError:
+        return None
+    return EventEnvelope.from_bytes(raw.data)
+
+
+async def job_head(js: JetStreamContext, job_id: str) -> JobHistory:
+    """The job's request, last step and ending, each the last message on its subject.
+
+    No history is read: cheap however many reports the job made, so a decision retried while
+    reports keep landing (a cancel) gets in. `last_seq` is read first: an append expecting it
+    is refused if anything of the job landed since, an ending included.
+    """
+    head = JobHistory()
+    try:
+        newest = await js.get_last_msg(
+            subjects.EVENTS_STREAM, subjects.aggregate_events("job", job_id)
+        )
+    except NotFoundError:
+        return head
+    head.last_seq = newest.seq
+    requested = await _last_job_event(js, job_id, JobRequested.event_type)
+    if requested is None:
+        return head
+    head.requested, head.envelope = requested.body(), requested
+    if (progress := await _last_job_event(js, job_id, JobProgress.event_type)) is not None:
+        head.last_step = progress.body().step
+    if (completed := await _last_job_event(js, job_id, JobCompleted.event_type)) is not None:
+        head.completed = completed.body()
+    if (failed := await _last_job_event(js, job_id, JobFailed.event_type)) is not None:
+        head.failed = failed.body()
+    return head
+
+
 def _finite(value: float | None) -> float | None:
     # NaN/inf cannot go through JSON; a missing number is better than a broken event.
     return value if value is not None and math.isfinite(value) else None
@@ -204,6 +241,21 @@ class JobJournal:
         return await end_job(self.js, JobFailed(job_id=self.job_id, reason=reason))
 
 
+async def append_ending(
+    js: JetStreamContext, history: JobHistory, decision: JobCompleted | JobFailed
+) -> None:
+    """Append the job's ending expecting its history to end where `history` was read."""
+    job_id = decision.job_id
+    envelope = EventEnvelope.new(
+        decision, aggregate_id=job_id, id_parts=(job_id,), parent=history.envelope
+    )
+    await EventPublisher(js).publish(
+        envelope,
+        expected_last_subject_seq=history.last_seq,
+        expected_subject=subjects.aggregate_events("job", job_id),
+    )
+
+
 async def end_job(js: JetStreamContext, ending: JobCompleted | JobFailed) -> bool:
     """Append a job's one ending unless it is unknown or already ended; True when appended.
 
@@ -221,19 +273,12 @@ async def end_job(js: JetStreamContext, ending: JobCompleted | JobFailed) -> boo
             return None
         return ending
 
-    async def append_ending(history: JobHistory, decision: JobCompleted | JobFailed) -> None:
-        envelope = EventEnvelope.new(
-            decision, aggregate_id=job_id, id_parts=(job_id,), parent=history.envelope
-        )
-        await EventPublisher(js).publish(
-            envelope,
-            expected_last_subject_seq=history.last_seq,
-            expected_subject=subjects.aggregate_events("job", job_id),
-        )
-
     # Progress or another ending may arrive meanwhile: decided again from a fresh read.
     _, appended = await decide_and_append(
-        lambda: job_history(js, job_id), decide, append_ending, what=f"job {job_id}"
+        lambda: job_history(js, job_id),
+        decide,
+        lambda history, decision: append_ending(js, history, decision),
+        what=f"job {job_id}",
     )
     return appended is not None
 

@@ -96,6 +96,8 @@ async def run_local_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory)
             resume=True,
         ),
     )
+    # Cancelled after its last report: the trained weights are not published.
+    await journal.check_running()
     model = model_name(plan)
     version = await next_version(ctx.store, model, job_id)
     record = await publish_policy(

@@ -133,6 +133,8 @@ class OnlineJob:
         self.learner: Any = None
         # Each policy version's weights digest ("" when its record predates digests).
         self.digests: dict[int, str] = {}
+        # Round runs that ended and were read (the rest are cancelled if the job ends).
+        self.collected: set[str] = set()
 
     async def _publish(self, *, checkpoint: bool = True) -> None:
         """Save the learner's current version: checkpoint (resume) and policy (actors)."""
@@ -220,6 +222,8 @@ class OnlineJob:
         started = time.monotonic()
         first_version = int(self.learner.policy_version)
         while self.learner.policy_version < target:
+            # A job cancelled during a flat round starts no more rounds.
+            await self.journal.check_running()
             room = target - self.learner.policy_version
             while len(in_flight) < min(self.config.max_staleness + 1, room):
                 step = in_flight[-1].step + 1 if in_flight else int(self.learner.policy_version) + 1
@@ -311,6 +315,7 @@ class OnlineJob:
                 delete_consumer=True,
             )
         )
+        self.collected.add(current.run_id)
         if run.status != "completed":
             raise RolloutError(
                 f"{self.method.upper()} run {current.run_id} did not complete: {run.reason}"
@@ -347,15 +352,24 @@ class OnlineJob:
                 raise JobEnded(f"job {self.job_id} ended while it waited on a round")
         return work.result()
 
-    async def cancel_rounds(self) -> None:
-        """Cancel the rounds' runs still going: a cancelled job's generation stops with it."""
-        for run_id in dict.fromkeys(self.timing.runs):
-            body = CancelRun(run_id=run_id, reason=f"its job {self.job_id} ended")
+    async def cancel_rounds(self, why: str) -> None:
+        """Cancel the rounds' runs not yet collected: a job that ends stops its generation."""
+        open_runs = [r for r in dict.fromkeys(self.timing.runs) if r not in self.collected]
+
+        async def cancel(run_id: str) -> None:
+            body = CancelRun(run_id=run_id, reason=f"its job {self.job_id} {why}")
             try:
-                await call(self.ctx.nc, subjects.request("tracker", "cancel_run"), body)
-            except RolloutError:
-                continue  # it ended already
+                await call(
+                    self.ctx.nc, subjects.request("tracker", "cancel_run"), body, timeout_s=10.0
+                )
+            except RolloutError as exc:
+                if "nothing to cancel" not in str(exc):
+                    log.warning("round run not cancelled", job_id=self.job_id, run_id=run_id,
+                                error=str(exc))  # fmt: skip
+                return
             log.info("round run cancelled with its job", job_id=self.job_id, run_id=run_id)
+
+        await asyncio.gather(*(cancel(r) for r in open_runs))
 
     async def _digests(self, versions: set[int]) -> dict[int, str]:
         """The weights digest of each version (from the records when this learner did not
@@ -458,5 +472,8 @@ async def run_online_job(ctx: LearnerContext, plan: JobPlan, history: JobHistory
     try:
         await job.run()
     except JobEnded:
-        await job.cancel_rounds()
+        await job.cancel_rounds("ended")
+        raise
+    except RolloutError:
+        await job.cancel_rounds("failed")  # its runs would go on to their deadline
         raise

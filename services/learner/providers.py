@@ -240,18 +240,39 @@ async def _track(
     ctx: LearnerContext, api: ProviderAPI, plan: JobPlan, journal: JobJournal, state: dict
 ) -> None:
     every = env_number(POLL_ENV, 10.0, unit="seconds", above=0)
-    while True:
+    try:
+        seen = await _poll(api, plan, journal, state, every)
+        # Cancelled after the provider finished: its model is not published either.
+        await journal.check_running()
+    except JobEnded:
+        # Cancelled here (seen at a poll or at a progress report): the provider's job is
+        # stopped too, or it would train (and bill) on; one that cannot be told is logged.
         try:
-            await journal.check_running()
-        except JobEnded:
-            # Cancelled here: the provider's job is stopped too, or it would train (and
-            # bill) on; a provider that cannot be told is named in the log.
-            try:
-                await api.cancel(state["job"])
-            except (RolloutError, httpx.HTTPError) as exc:
-                log.warning("provider job not cancelled", job_id=journal.job_id,
-                            provider_job=state["job"], error=describe(exc))  # fmt: skip
-            raise
+            await api.cancel(state["job"])
+        except (RolloutError, httpx.HTTPError) as exc:
+            log.warning("provider job not cancelled", job_id=journal.job_id,
+                        provider_job=state["job"], error=describe(exc))  # fmt: skip
+        raise
+    name = model_name(plan)
+    previous = await trained.latest_record(ctx.store, name)
+    mine = await trained.job_record(ctx.store, journal.job_id)
+    version = mine.version if mine else (previous.version + 1 if previous else 1)
+    record = trained.PolicyRecord(
+        model=name, version=version, kind=plan.base.kind, job_id=journal.job_id,
+        base_model=plan.event.base_model, remote_model=str(seen["model"]),
+    )  # fmt: skip
+    ref = await trained.publish_record(ctx.store, record)
+    await journal.policy(name, version, ref.uri, ref.sha256)
+    await journal.completed(name, None, {"rows": float(state.get("rows", 0))})
+    log.info("provider job completed", job_id=journal.job_id, model=name, remote=seen["model"])
+
+
+async def _poll(
+    api: ProviderAPI, plan: JobPlan, journal: JobJournal, state: dict, every: float
+) -> dict[str, Any]:
+    """Poll the provider's job, reporting its steps, until it succeeds (its last status)."""
+    while True:
+        await journal.check_running()
         seen = await api.status(state["job"])
         if seen.get("step"):
             await journal.progress(
@@ -266,17 +287,5 @@ async def _track(
         if seen["status"] in _DONE:
             if not seen.get("model"):
                 raise RolloutError(f"{plan.base.kind} job {state['job']} finished without a model")
-            break
+            return seen
         await asyncio.sleep(every)
-    name = model_name(plan)
-    previous = await trained.latest_record(ctx.store, name)
-    mine = await trained.job_record(ctx.store, journal.job_id)
-    version = mine.version if mine else (previous.version + 1 if previous else 1)
-    record = trained.PolicyRecord(
-        model=name, version=version, kind=plan.base.kind, job_id=journal.job_id,
-        base_model=plan.event.base_model, remote_model=str(seen["model"]),
-    )  # fmt: skip
-    ref = await trained.publish_record(ctx.store, record)
-    await journal.policy(name, version, ref.uri, ref.sha256)
-    await journal.completed(name, None, {"rows": float(state.get("rows", 0))})
-    log.info("provider job completed", job_id=journal.job_id, model=name, remote=seen["model"])

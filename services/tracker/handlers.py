@@ -38,9 +38,9 @@ async def create_run(cmd: CreateRun, broker: CurrentBroker) -> Reply:
     return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
 
-async def cancel_run(cmd: CancelRun, broker: CurrentBroker) -> Reply:
+async def cancel_run(cmd: CancelRun, broker: CurrentBroker, pool: Pool) -> Reply:
     """End a running run as cancelled (an error if it is unknown or already ended)."""
-    ending = await runs.cancel_run(jetstream(broker), cmd)
+    ending = await runs.cancel_run(jetstream(broker), pool, cmd)
     return Reply(data={"runId": ending.run_id, "status": "failed", "reason": ending.reason})
 
 

@@ -84,7 +84,7 @@ def ended_by(row: asyncpg.Record) -> str | None:
 
 
 def endings_summary(rows: list[asyncpg.Record]) -> dict[str, Any]:
-    """Per ending (`model`: the model stopped; else the budget), rollouts; mean turns, tokens."""
+    """Per ending (the budget, else `errored` or `model`), rollouts; mean turns and tokens."""
     count = sum(r["n"] for r in rows)
     return {
         "endedBy": {r["ended"]: r["n"] for r in rows},

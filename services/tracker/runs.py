@@ -20,6 +20,7 @@ from rollout.shared.aggregates.run import (
     append_to_run,
     decide_and_append,
     load_run,
+    load_run_head,
     recorded_request,
     rollout_id,
 )
@@ -54,6 +55,8 @@ FANOUT_DURABLE = durables.TRACKER_FANOUT.name
 # Unfinished runs whose aggregate the leader keeps in memory (least recently moved go first).
 RUN_STATES_LIMIT = 4096
 _STATE_NAMES = frozenset(subjects.event_name(t) for t in STATE_EVENTS)
+# Tries of a cancel: another is needed only when the run completed meanwhile.
+CANCEL_RETRIES = 3
 
 log = get_logger(__name__)
 
@@ -443,22 +446,45 @@ async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
     return run
 
 
-async def cancel_run(js: JetStreamContext, cmd: CancelRun) -> RunFailed:
-    """End a running run as cancelled; its queued work is skipped by the actors.
+async def cancel_run(js: JetStreamContext, pool: asyncpg.Pool, cmd: CancelRun) -> RunFailed:
+    """End a running run as cancelled; the actors stop its generation.
 
-    Decided from the run's own history like every ending, so a run that completes while the
-    cancel is on its way keeps its completion and the caller is told so.
+    Decided from the run's head (its request, start and endings) and appended on the condition
+    that the run has no completion: the one decision it could race with. The condition is not
+    on the whole run, whose rollouts keep landing every few milliseconds while it is busy (no
+    cancel would ever get in), and its id is the run's one `run.failed` id, so a deadline
+    failing it meanwhile makes the cancel a duplicate that JetStream drops, told as such.
+    A run that completes while the cancel is on its way keeps its completion.
     """
-    state, ending = await decide_and_append(js, cmd.run_id, lambda s: s.cancel(cmd.reason))
+    subjects.token(cmd.run_id, "run id")
+    # How far it got, for the reason only (the read model's count; the decision is the log's).
+    scored = await pool.fetchval("select scored from runs where run_id = $1", cmd.run_id) or 0
+    completion = subjects.event("run", cmd.run_id, subjects.event_name(RunCompleted.event_type))
+    for _ in range(CANCEL_RETRIES):
+        state = await load_run_head(js, cmd.run_id) or RunState(cmd.run_id)
+        ending = state.cancel(cmd.reason, scored)
+        if ending is None:
+            break
+        envelope = EventEnvelope.new(
+            ending, aggregate_id=cmd.run_id, id_parts=(cmd.run_id,), parent=state.requested_event
+        )
+        try:
+            result = await EventPublisher(js).publish(
+                envelope, expected_last_subject_seq=0, expected_subject=completion
+            )
+        except ConcurrencyConflict:
+            continue  # it completed meanwhile: read again, and say so
+        if not result.duplicate:
+            log.warning("run cancelled", run_id=cmd.run_id, reason=ending.reason)
+            return ending
+    else:
+        raise ConcurrencyConflict(f"run {cmd.run_id}: its ending kept changing; try again")
+    state = await load_run_head(js, cmd.run_id) or RunState(cmd.run_id)
     if state.requested is None:
         raise RolloutError(f"run_id: no run {cmd.run_id!r} (see `rollout runs`)")
-    if not isinstance(ending, RunFailed):
-        assert state.ended is not None
-        how = "completed" if isinstance(state.ended, RunCompleted) else "failed"
-        detail = f" ({state.ended.reason})" if isinstance(state.ended, RunFailed) else ""
-        raise RolloutError(f"run {cmd.run_id} already {how}{detail}: nothing to cancel")
-    log.warning("run cancelled", run_id=cmd.run_id, reason=ending.reason)
-    return ending
+    how = "completed" if isinstance(state.ended, RunCompleted) else "failed"
+    detail = f" ({state.ended.reason})" if isinstance(state.ended, RunFailed) else ""
+    raise RolloutError(f"run {cmd.run_id} already {how}{detail}: nothing to cancel")
 
 
 def register_fan_out(broker: NatsBroker) -> None:

@@ -122,15 +122,17 @@ class RunState:
             )
         return None
 
-    def cancel(self, reason: str | None = None) -> RunFailed | None:
-        """The run's ending when a user cancels it now: None if it is unknown or has ended."""
+    def cancel(self, reason: str | None, scored: int) -> RunFailed | None:
+        """The run's ending when a user cancels it now (`scored` of it so far, as the read
+        model counts): None if it is unknown or has ended."""
         if self.requested is None or self.ended is not None:
             return None
-        total = self.total if self.total is not None else len(self.planned)
+        total = self.total
+        if total is None:
+            total = len(self.requested.task_indices) * self.requested.n
         why = f": {reason.strip()}" if reason and reason.strip() else ""
         return RunFailed(
-            run_id=self.run_id,
-            reason=f"cancelled{why} ({len(self.verdicts)}/{total} rollouts scored)",
+            run_id=self.run_id, reason=f"cancelled{why} ({scored}/{total} rollouts scored)"
         )
 
     def _completed(self) -> RunCompleted:
@@ -205,13 +207,20 @@ async def decide_and_append(
     )
 
 
-async def _last_of(js: JetStreamContext, run_id: str, event_type: str) -> tuple[object, int] | None:
+async def _last_event(
+    js: JetStreamContext, run_id: str, event_type: str
+) -> tuple[EventEnvelope, int] | None:
     subject = subjects.event("run", run_id, subjects.event_name(event_type))
     try:
         raw = await js.get_last_msg(subjects.EVENTS_STREAM, subject)
     except NotFoundError:
         return None
-    return EventEnvelope.from_bytes(raw.data).body(), raw.seq
+    return EventEnvelope.from_bytes(raw.data), raw.seq
+
+
+async def _last_of(js: JetStreamContext, run_id: str, event_type: str) -> tuple[object, int] | None:
+    found = await _last_event(js, run_id, event_type)
+    return None if found is None else (found[0].body(), found[1])
 
 
 async def recorded_request(js: JetStreamContext, run_id: str) -> RunRequested | None:
@@ -232,15 +241,24 @@ async def ending_of(js: JetStreamContext, run_id: str) -> Ending | None:
 
 
 async def load_run_head(js: JetStreamContext, run_id: str) -> RunState | None:
-    """The run's request and ending, each the last message on its subject (no verdicts read).
+    """The run's request, start and ending, each the last message on its subject (no verdicts).
 
-    None when there is no such run. Cheap on runs of any size: what the learner checks
-    before it trains on a run.
+    None when there is no such run. Cheap on runs of any size: what the learner checks before
+    it trains on a run, and what a cancel decides from. Its `version` is read first, so an
+    append expecting it is refused if anything of the run landed since, the ending included.
     """
-    found = await _last_of(js, run_id, RunRequested.event_type)
-    if found is None or not isinstance(found[0], RunRequested):
+    try:
+        newest = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.run_events(run_id))
+    except NotFoundError:
         return None
-    state = RunState(run_id, requested=found[0])
+    found = await _last_event(js, run_id, RunRequested.event_type)
+    if found is None or not isinstance(found[0].body(), RunRequested):
+        return None
+    state = RunState(run_id, requested=found[0].body(), requested_event=found[0])
+    state.version = newest.seq
+    started = await _last_of(js, run_id, RunStarted.event_type)
+    if started is not None and isinstance(started[0], RunStarted):
+        state.total = started[0].total_rollouts
     endings = [await _last_of(js, run_id, t) for t in ENDINGS]
     for body, seq in sorted((e for e in endings if e is not None), key=lambda e: e[1]):
         if state.ended is None and isinstance(body, RunCompleted | RunFailed):

@@ -52,18 +52,18 @@ async def read_events(
         inactive_threshold=ONE_OFF_INACTIVE_S if delete_consumer else 60.0,
         mem_storage=True,
     )
+    what = ", ".join(filter_subject) if isinstance(filter_subject, list) else filter_subject
     if isinstance(filter_subject, list):
         config.filter_subjects = list(filter_subject)
         filter_subject = subjects.ALL_EVENTS
     sub = await js.pull_subscribe(filter_subject, stream=stream, config=config)
-    if not follow and (await _left_to_read(sub)) == (0, 0):
-        # Nothing matches (an aggregate with no events yet): said now, not after a fetch
-        # that waits out its idle timeout.
-        await _close(js, sub, stream, config.name if delete_consumer else None)
-        return
     seen = 0  # messages yielded: the consumer's delivery count once all have arrived
     late_since: float | None = None  # waiting since then for messages already delivered
     try:
+        if not follow and (await _left_to_read(sub)) == (0, 0):
+            # Nothing matches (an aggregate with no events yet): said now, not after a fetch
+            # that waits out its idle timeout.
+            return
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=idle_timeout_s)
@@ -80,7 +80,7 @@ async def read_events(
                     # A short read would pass for a whole one (a job's history without its
                     # ending): an error instead.
                     raise ConnectionError(
-                        f"reading {filter_subject}: {delivered} messages were delivered but only "
+                        f"reading {what}: {delivered} messages were delivered but only "
                         f"{seen} arrived within {LATE_DELIVERY_LIMIT_S:.0f} s"
                     ) from None
                 continue

@@ -108,7 +108,8 @@ class CreateRun(Request):
 def _one_line(value: str | None) -> str | None:
     # Printed by every CLI and viewer that shows the ending: no control characters (a terminal
     # escape in a colleague's `rollout show`), one line.
-    if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+    # isprintable() refuses C0/C1 controls, format characters (bidi overrides) and line breaks.
+    if value is not None and not value.replace(" ", "").isprintable():
         raise ValueError("must be one line, without control characters")
     return value
 

@@ -22,6 +22,7 @@ from waiting import wait_until
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.service import durables
 from rollout.shared.settings import Settings
 
@@ -59,8 +60,11 @@ async def test_a_cancelled_sft_job_stops_training_and_ends_once(
     steps = [e.payload["step"] for e in events if e.type == "job.progress"]
     assert max(steps) < 100_000
     # Nothing was published as the trained model.
-    policies = [m.subject async for m in read_events(js, subjects.aggregate_events("policy"))]
-    assert not any("stopped" in s for s in policies), policies
+    policies = [
+        EventEnvelope.from_bytes(m.data).payload
+        async for m in read_events(js, subjects.aggregate_events("policy"))
+    ]
+    assert not [p for p in policies if p.get("job_id") == job["id"]], policies
     assert (await client.get_training_job(job["id"]))["status"] == "failed"
 
     # Once ended, it cannot be cancelled again; an unknown job is named.
