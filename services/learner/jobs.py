@@ -24,7 +24,7 @@ from rollout.services.learner.journal import (
 from rollout.services.learner.local_jobs import model_name, run_local_job
 from rollout.services.learner.online_jobs import run_online_job
 from rollout.services.learner.planning import plan_job, request_of
-from rollout.services.learner.providers import run_provider_job
+from rollout.services.learner.providers import cancel_left_behind, run_provider_job
 from rollout.services.learner.training_sets import BufferUnavailable
 from rollout.shared import subjects
 from rollout.shared.bus.attempts import Delivery, gave_up
@@ -169,7 +169,10 @@ async def execute(ctx: LearnerContext, job_id: str, delivery: Delivery | None = 
         log.warning("work item for an unknown job; dropped", job_id=job_id)
         return
     if history.finished:
-        return  # redelivered after it ended: nothing to redo
+        # Redelivered after it ended: nothing to redo, but a provider's job cancelled
+        # meanwhile is stopped there too.
+        await cancel_left_behind(ctx, history)
+        return
     journal = JobJournal(ctx.js, job_id, history.envelope)
     try:
         plan = await plan_job(ctx, request_of(history.requested), job_id=job_id)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from rollout.services.learner.basemodels import TrainBase
+from rollout.services.learner.basemodels import PROVIDERS, TrainBase, resolve_base
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import JobEnded, JobHistory, JobJournal
 from rollout.services.learner.local_jobs import model_name
@@ -289,3 +289,37 @@ async def _poll(
                 raise RolloutError(f"{plan.base.kind} job {state['job']} finished without a model")
             return seen
         await asyncio.sleep(every)
+
+
+async def cancel_left_behind(ctx: LearnerContext, history: JobHistory) -> bool:
+    """Cancel at the provider a job cancelled here while no replica was running it.
+
+    A cancel seen by the job's worker cancels the provider's job at once (`_track`); one that
+    lands while the job waits for its next delivery (a retry's backoff, a replica that died)
+    is seen here, when that delivery finds the job ended. True when the provider was told.
+    """
+    request, failed = history.requested, history.failed
+    if request is None or failed is None or not failed.reason.startswith("cancelled"):
+        return False
+    if not request.base_model.startswith(tuple(PROVIDERS)):
+        return False
+    try:
+        state = await get_json(ctx.store, _state_key(request.job_id))
+    except ObjectNotFound:
+        return False  # it never reached the provider
+    if state.get("cancelled"):
+        return False
+    api = ProviderAPI(resolve_base(request.base_model))
+    try:
+        await api.cancel(state["job"])
+    except (RolloutError, httpx.HTTPError) as exc:
+        log.warning("provider job not cancelled", job_id=request.job_id,
+                    provider_job=state["job"], error=describe(exc))  # fmt: skip
+        return False
+    finally:
+        await api.aclose()
+    await put_json(ctx.store, _state_key(request.job_id), {**state, "cancelled": True},
+                   overwrite=True)  # fmt: skip
+    log.info("provider job cancelled after its job ended", job_id=request.job_id,
+             provider_job=state["job"])  # fmt: skip
+    return True

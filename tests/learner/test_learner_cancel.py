@@ -5,7 +5,9 @@ keeps its ending."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import httpx
 import pytest
 from fake_finetune import FakeFineTuning
 from learner_kit import (
@@ -20,9 +22,17 @@ from pipeline.test_cli_platform import rollout
 from waiting import wait_until
 
 from rollout.errors import RolloutError
+from rollout.services.learner import providers
+from rollout.services.learner.jobs import cancel_job, execute
 from rollout.shared import subjects
+from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
+from rollout.shared.bus.streams import ensure_streams
+from rollout.shared.contracts import events as ev
+from rollout.shared.contracts import new_id
 from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.requests import CancelTrainingJob
+from rollout.shared.objectstore import open_store, put_json
 from rollout.shared.service import durables
 from rollout.shared.settings import Settings
 
@@ -147,3 +157,39 @@ async def test_cancelling_a_provider_job_cancels_it_at_the_provider(
         assert len(server.jobs) == 1
     types = [e.type for e in await job_events(js, job["id"])]
     assert types.count("job.failed") == 1 and "job.completed" not in types, types
+
+
+async def test_a_provider_job_cancelled_between_deliveries_is_cancelled_there(
+    nats_client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel lands while no replica runs the job (a retry's backoff, a replica that died):
+    the next delivery finds it ended and stops the provider's job too, once."""
+    with FakeFineTuning("openai") as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", server.api_key)
+        js = nats_client.jetstream()
+        await ensure_streams(js)
+        store = open_store(tmp_path / "objects")
+        job_id = f"job-{new_id()[:16]}"
+        # What an earlier delivery made: the provider's job, and its id in the store.
+        async with httpx.AsyncClient(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"}
+        ) as http:
+            created = await http.post("/fine_tuning/jobs", json={"model": "gpt-4o-mini"})
+        remote = created.json()["id"]
+        await put_json(store, providers._state_key(job_id), {"provider": "openai", "job": remote})
+        first = EventEnvelope.new(
+            ev.JobRequested(job_id=job_id, method="sft", base_model="openai/gpt-4o-mini"),
+            aggregate_id=job_id,
+            id_parts=(job_id,),
+        )
+        await EventPublisher(js).publish(first)
+        ctx = SimpleNamespace(js=js, store=store)  # what execute uses of the learner's context
+        await cancel_job(ctx, CancelTrainingJob(job_id=job_id, reason="too dear"))
+        assert not server.jobs[remote].get("cancelled")
+
+        await execute(ctx, job_id)  # the next delivery
+        assert server.jobs[remote].get("cancelled") is True
+        server.jobs[remote]["cancelled"] = False
+        await execute(ctx, job_id)  # told once
+        assert server.jobs[remote]["cancelled"] is False
