@@ -169,10 +169,12 @@ class AsyncClient:
         include_trajectories: bool = False,
         *,
         outcome: str | None = None,
+        include_tasks: bool = True,
     ) -> dict[str, Any]:
         """A run's summary and per-task table (and every rollout when asked, page by page).
 
-        `outcome` (passed, failed, errored, pending) keeps only the rollouts with it.
+        `outcome` (passed, failed, errored, pending) keeps only the rollouts with it;
+        `include_tasks=False` leaves the per-task table out.
         """
         try:
             query = rq.GetRun(
@@ -180,6 +182,7 @@ class AsyncClient:
                 include_rollouts=include_rollouts,
                 include_trajectories=include_trajectories,
                 outcome=outcome,
+                include_tasks=include_tasks,
             )
         except pydantic.ValidationError as exc:
             raise RolloutError("invalid run query", problems=pydantic_problems(exc)) from None
@@ -246,7 +249,7 @@ class AsyncClient:
 
     async def passing_rollout_ids(self, run_id: str) -> list[str]:
         """Ids of the run's rollouts that passed their verifier."""
-        run = await self.get_run(run_id, True, False, outcome="passed")
+        run = await self.get_run(run_id, True, False, outcome="passed", include_tasks=False)
         return [r["rolloutId"] for r in run["rollouts"]]
 
     async def wait_for_run(self, run_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
