@@ -94,3 +94,7 @@ async def test_cancel_from_the_cli_and_a_completed_run_keeps_its_result(
         assert out.splitlines()[0] == f"run {run['runId']} cancelled: oops (0/4 rollouts scored)"
         server.release()
     assert (await client.get_run(run["runId"]))["status"] == "failed"
+    # Listed as cancelled, not as a failure (`--json` keeps status failed, with the reason).
+    code, out, err = await rollout(settings, "runs")
+    [line] = [line for line in out.splitlines() if line.startswith(run["runId"])]
+    assert line.split()[3] == "cancelled", line

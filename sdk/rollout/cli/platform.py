@@ -309,9 +309,16 @@ async def _runs(args: argparse.Namespace) -> int:
         done = f"{r['scored']}/{r['total']}"
         # Errored rollouts have no verdict: a run with none judged has no pass rate.
         rate = f"{r['passRate']:.0%}" if r["scored"] > r["errored"] else "-"
-        print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26} {r['status']:<10}"
-              f" {done:>9} {rate:>6} {r['errored']:>5}")  # fmt: skip
+        print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26}"
+              f" {shown_status(r):<10} {done:>9} {rate:>6} {r['errored']:>5}")  # fmt: skip
     return 0
+
+
+def shown_status(run: dict[str, Any]) -> str:
+    """The run's status as a listing shows it: a failed run that was cancelled says so."""
+    if run["status"] == "failed" and (run.get("reason") or "").startswith("cancelled"):
+        return "cancelled"
+    return run["status"]
 
 
 def print_run(run: dict[str, Any]) -> None:
