@@ -112,6 +112,13 @@ async def test_cancelling_an_online_job_cancels_the_round_it_waits_on(
         assert code == 0, err
         assert out.startswith(f"job {job['id']} cancelled: wrong env (at step 0)"), out
 
+        async def listed_cancelled() -> bool:
+            code, out, _ = await rollout(learner_env, "jobs")
+            return any(line.split()[:3] == [job["id"], "grpo", "cancelled"]
+                       for line in out.splitlines())  # fmt: skip
+
+        await wait_until(listed_cancelled, "`rollout jobs` to list the job as cancelled", 30)
+
         js = await client.jetstream()
         await wait_until(lambda: job_let_go(js), "the learner to stop the job and let it go", 60)
 

@@ -47,3 +47,10 @@ def port_number(value: str) -> int:
     if not 0 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"{number} is not a port (0-65535)")
     return number
+
+
+def shown_status(item: dict[str, Any]) -> str:
+    """A run's or job's status as a listing shows it: a failed one that was cancelled says so."""
+    if item["status"] == "failed" and (item.get("reason") or "").startswith("cancelled"):
+        return "cancelled"
+    return item["status"]

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from rollout.cli._common import print_json
+from rollout.cli._common import print_json, shown_status
 from rollout.cli.experiments import run_config
 from rollout.client import AsyncClient
 from rollout.comparison import MOSTLY_ERRORED, comparison, error_line, error_summary, first_line
@@ -312,13 +312,6 @@ async def _runs(args: argparse.Namespace) -> int:
         print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26}"
               f" {shown_status(r):<10} {done:>9} {rate:>6} {r['errored']:>5}")  # fmt: skip
     return 0
-
-
-def shown_status(run: dict[str, Any]) -> str:
-    """The run's status as a listing shows it: a failed run that was cancelled says so."""
-    if run["status"] == "failed" and (run.get("reason") or "").startswith("cancelled"):
-        return "cancelled"
-    return run["status"]
 
 
 def print_run(run: dict[str, Any]) -> None:

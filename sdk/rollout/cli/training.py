@@ -10,7 +10,7 @@ from typing import Any
 # Trained names (`BASE:SUFFIX`, job ids) resolve in every process the CLI starts: `rollout
 # test --model`, and services run with `rollout serve`.
 import rollout.shared.models.trained  # noqa: F401
-from rollout.cli._common import print_json
+from rollout.cli._common import print_json, shown_status
 from rollout.cli.platform import MAX_LIMIT, check_limit
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -245,7 +245,7 @@ async def _jobs(args: argparse.Namespace) -> int:
     for j in jobs:
         step = f"{j['step']}/{j['totalSteps']}" if j["totalSteps"] else "-"
         model = j["modelId"] or j["baseModel"]
-        print(f"{j['id']:<21} {j['method']:<6} {j['status']:<10} {step:>9}"
+        print(f"{j['id']:<21} {j['method']:<6} {shown_status(j):<10} {step:>9}"
               f" {num(j['loss']):>8}  {model}")  # fmt: skip
     return 0
 
