@@ -7,9 +7,6 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-# How often a trainer waiting on a call looks whether the bridge has stopped.
-WAIT_CHECK_S = 0.5
-
 
 class JobCancelled(Exception):
     """The service is stopping: the training thread stops at its next report."""
@@ -28,16 +25,25 @@ class ThreadBridge:
         if self.cancelled:
             raise JobCancelled("the learner is stopping")
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (factory, future))
-        if not wait:
+        self.loop.call_soon_threadsafe(self._enqueue, factory, future)
+        if wait:
+            future.result()
+
+    def _enqueue(self, factory: Callable[[], Awaitable[Any]], future: Any) -> None:
+        # On the loop, like `_stop`: a call that arrives after the bridge stopped is failed
+        # here, never queued where no drain would run it (its trainer would wait for ever).
+        if self.cancelled:
+            future.set_exception(JobCancelled("the learner is stopping"))
             return
-        # A call queued behind one that failed is never run (the drain stops at a failure):
-        # waiting on it would hang the trainer, so a stopped bridge ends the wait.
-        while not future.done():
-            concurrent.futures.wait([future], timeout=WAIT_CHECK_S)
-            if not future.done() and self.cancelled:
-                raise JobCancelled("the learner is stopping")
-        future.result()
+        self.queue.put_nowait((factory, future))
+
+    def _stop(self) -> None:
+        """On the loop: no call runs any more; every one still queued fails."""
+        self.cancelled = True
+        while not self.queue.empty():
+            _, future = self.queue.get_nowait()
+            if future is not None and not future.done():
+                future.set_exception(JobCancelled("the learner is stopping"))
 
     async def drain(self) -> None:
         """Run queued calls one by one until `close()`; the first failure stops the job."""
@@ -49,7 +55,7 @@ class ThreadBridge:
                 await factory()
             except BaseException as exc:
                 future.set_exception(exc)
-                self.cancelled = True
+                self._stop()
                 raise
             future.set_result(None)
 
