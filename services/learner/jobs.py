@@ -17,6 +17,7 @@ from rollout.services.learner.bridge import JobCancelled
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import (
     JobEnded,
+    JobHistory,
     JobJournal,
     job_head,
     job_history,
@@ -27,6 +28,7 @@ from rollout.services.learner.planning import plan_job, request_of
 from rollout.services.learner.providers import cancel_left_behind, run_provider_job
 from rollout.services.learner.training_sets import BufferUnavailable
 from rollout.shared import subjects
+from rollout.shared.aggregates.append import append_unless, decide_and_append
 from rollout.shared.bus.attempts import Delivery, gave_up
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
@@ -211,26 +213,25 @@ async def cancel_job(ctx: LearnerContext, cmd: CancelTrainingJob) -> dict:
     subjects.token(cmd.job_id, "job id")
     why = f": {cmd.reason.strip()}" if cmd.reason and cmd.reason.strip() else ""
     completion = subjects.event("job", cmd.job_id, subjects.event_name(JobCompleted.event_type))
-    for _ in range(CANCEL_RETRIES):
-        head = await job_head(ctx.js, cmd.job_id)
+
+    def decide(head: JobHistory) -> JobFailed | None:
         if head.requested is None or head.finished:
-            break
-        ending = JobFailed(job_id=cmd.job_id, reason=f"cancelled{why} (at step {head.last_step})")
+            return None
+        return JobFailed(job_id=cmd.job_id, reason=f"cancelled{why} (at step {head.last_step})")
+
+    async def append_cancel(head: JobHistory, ending: JobFailed) -> None:
         envelope = EventEnvelope.new(
             ending, aggregate_id=cmd.job_id, id_parts=(cmd.job_id,), parent=head.envelope
         )
-        try:
-            result = await EventPublisher(ctx.js).publish(
-                envelope, expected_last_subject_seq=0, expected_subject=completion
-            )
-        except ConcurrencyConflict:
-            continue  # it completed meanwhile: read again, and say so
-        if not result.duplicate:
-            log.warning("job cancelled", job_id=cmd.job_id, reason=ending.reason)
-            return {"jobId": cmd.job_id, "status": "failed", "reason": ending.reason}
-    else:
-        raise ConcurrencyConflict(f"job {cmd.job_id}: its ending kept changing; try again")
-    head = await job_head(ctx.js, cmd.job_id)
+        await append_unless(ctx.js, envelope, completion)
+
+    head, ending = await decide_and_append(
+        lambda: job_head(ctx.js, cmd.job_id), decide, append_cancel,
+        what=f"job {cmd.job_id}", retries=CANCEL_RETRIES,
+    )  # fmt: skip
+    if ending is not None:
+        log.warning("job cancelled", job_id=cmd.job_id, reason=ending.reason)
+        return {"jobId": cmd.job_id, "status": "failed", "reason": ending.reason}
     if head.requested is None:
         raise RolloutError(f"job_id: no training job {cmd.job_id!r} (see `rollout jobs`)")
     if head.completed is not None:

@@ -181,12 +181,8 @@ class JobJournal:
     async def check_running(self) -> None:
         """JobEnded when the job has an ending already (it was cancelled): two reads."""
         for name in (JobCompleted.event_type, JobFailed.event_type):
-            subject = subjects.event("job", self.job_id, subjects.event_name(name))
-            try:
-                await self.js.get_last_msg(subjects.EVENTS_STREAM, subject)
-            except NotFoundError:
-                continue
-            raise JobEnded(f"job {self.job_id} ended while running ({name})")
+            if await _last_job_event(self.js, self.job_id, name) is not None:
+                raise JobEnded(f"job {self.job_id} ended while running ({name})")
 
     async def wait_ended(self) -> None:
         """Return once the job has an ending on the log (it was cancelled), following it."""

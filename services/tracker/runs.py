@@ -13,6 +13,8 @@ from faststream.nats import NatsBroker, NatsMessage
 from nats.js import JetStreamContext, api
 
 from rollout.shared import subjects
+from rollout.shared.aggregates import append
+from rollout.shared.aggregates.append import append_unless
 from rollout.shared.aggregates.run import (
     STATE_EVENTS,
     Ending,
@@ -460,26 +462,23 @@ async def cancel_run(js: JetStreamContext, pool: asyncpg.Pool, cmd: CancelRun) -
     # How far it got, for the reason only (the read model's count; the decision is the log's).
     scored = await pool.fetchval("select scored from runs where run_id = $1", cmd.run_id) or 0
     completion = subjects.event("run", cmd.run_id, subjects.event_name(RunCompleted.event_type))
-    for _ in range(CANCEL_RETRIES):
-        state = await load_run_head(js, cmd.run_id) or RunState(cmd.run_id)
-        ending = state.cancel(cmd.reason, scored)
-        if ending is None:
-            break
+
+    async def load() -> RunState:
+        return await load_run_head(js, cmd.run_id) or RunState(cmd.run_id)
+
+    async def append_cancel(state: RunState, ending: RunFailed) -> None:
         envelope = EventEnvelope.new(
             ending, aggregate_id=cmd.run_id, id_parts=(cmd.run_id,), parent=state.requested_event
         )
-        try:
-            result = await EventPublisher(js).publish(
-                envelope, expected_last_subject_seq=0, expected_subject=completion
-            )
-        except ConcurrencyConflict:
-            continue  # it completed meanwhile: read again, and say so
-        if not result.duplicate:
-            log.warning("run cancelled", run_id=cmd.run_id, reason=ending.reason)
-            return ending
-    else:
-        raise ConcurrencyConflict(f"run {cmd.run_id}: its ending kept changing; try again")
-    state = await load_run_head(js, cmd.run_id) or RunState(cmd.run_id)
+        await append_unless(js, envelope, completion)
+
+    state, ending = await append.decide_and_append(
+        load, lambda s: s.cancel(cmd.reason, scored), append_cancel,
+        what=f"run {cmd.run_id}", retries=CANCEL_RETRIES,
+    )  # fmt: skip
+    if isinstance(ending, RunFailed):
+        log.warning("run cancelled", run_id=cmd.run_id, reason=ending.reason)
+        return ending
     if state.requested is None:
         raise RolloutError(f"run_id: no run {cmd.run_id!r} (see `rollout runs`)")
     how = "completed" if isinstance(state.ended, RunCompleted) else "failed"

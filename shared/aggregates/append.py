@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from rollout.shared.bus.publisher import ConcurrencyConflict
+from nats.js import JetStreamContext
+
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
+from rollout.shared.contracts.envelope import EventEnvelope
 
 State = TypeVar("State")
 Decision = TypeVar("Decision")
@@ -42,3 +45,18 @@ async def decide_and_append(
             continue  # something landed after the read: decide again from a fresh one
         return state, decision
     raise ConcurrencyConflict(f"{what} kept changing while a decision was being recorded")
+
+
+async def append_unless(js: JetStreamContext, envelope: EventEnvelope, subject: str) -> None:
+    """Append `envelope` only while `subject` holds no message; ConcurrencyConflict otherwise.
+
+    Also a conflict when an event with `envelope`'s id is on the log already (JetStream drops
+    it as a duplicate): another decision of the same kind got in first. For a decision that
+    only one other can contradict (a cancel, a completion), where expecting the aggregate's
+    whole history would lose every race to the events a busy aggregate keeps appending.
+    """
+    result = await EventPublisher(js).publish(
+        envelope, expected_last_subject_seq=0, expected_subject=subject
+    )
+    if result.duplicate:
+        raise ConcurrencyConflict(f"{envelope.type} {envelope.id} is on the log already")

@@ -231,13 +231,22 @@ async def recorded_request(js: JetStreamContext, run_id: str) -> RunRequested | 
     return found[0]
 
 
+async def _first_ending(js: JetStreamContext, run_id: str) -> tuple[Ending, int] | None:
+    """The run's ending and its stream sequence (two reads; the earlier, should both be)."""
+    endings = [
+        (body, seq)
+        for t in ENDINGS
+        if (found := await _last_of(js, run_id, t)) is not None
+        for body, seq in [found]
+        if isinstance(body, RunCompleted | RunFailed)
+    ]
+    return min(endings, key=lambda e: e[1], default=None)
+
+
 async def ending_of(js: JetStreamContext, run_id: str) -> Ending | None:
     """How the run ended (two reads, no history), or None while it runs or if it is unknown."""
-    endings = [found for t in ENDINGS if (found := await _last_of(js, run_id, t)) is not None]
-    first = min(endings, key=lambda e: e[1], default=None)
-    return (
-        first[0] if first is not None and isinstance(first[0], RunCompleted | RunFailed) else None
-    )
+    first = await _first_ending(js, run_id)
+    return first[0] if first is not None else None
 
 
 async def load_run_head(js: JetStreamContext, run_id: str) -> RunState | None:
@@ -259,10 +268,8 @@ async def load_run_head(js: JetStreamContext, run_id: str) -> RunState | None:
     started = await _last_of(js, run_id, RunStarted.event_type)
     if started is not None and isinstance(started[0], RunStarted):
         state.total = started[0].total_rollouts
-    endings = [await _last_of(js, run_id, t) for t in ENDINGS]
-    for body, seq in sorted((e for e in endings if e is not None), key=lambda e: e[1]):
-        if state.ended is None and isinstance(body, RunCompleted | RunFailed):
-            state.ended, state.ended_seq = body, seq
+    if (first := await _first_ending(js, run_id)) is not None:
+        state.ended, state.ended_seq = first
     return state
 
 
