@@ -32,9 +32,9 @@ QUEUE = "tracker"
 Store = Annotated[ObjectStore, Context("store")]
 
 
-async def create_run(cmd: CreateRun, broker: CurrentBroker) -> Reply:
+async def create_run(cmd: CreateRun, broker: CurrentBroker, pool: Pool, store: Store) -> Reply:
     """Validate and record a run request; the fan-out happens from the event."""
-    run = await runs.create_run(jetstream(broker), cmd)
+    run = await runs.create_run(jetstream(broker), cmd, store, pool)
     return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
 

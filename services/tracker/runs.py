@@ -12,6 +12,7 @@ import asyncpg
 from faststream.nats import NatsBroker, NatsMessage
 from nats.js import JetStreamContext, api
 
+from rollout.services.tracker.trained_names import trained_model_problem
 from rollout.shared import subjects
 from rollout.shared.aggregates import append
 from rollout.shared.aggregates.append import append_unless
@@ -48,6 +49,7 @@ from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RolloutError
 from rollout.shared.models.catalog import backend_forms
 from rollout.shared.models.openai_compat import check_endpoint_policy
+from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.service import durables
 from rollout.shared.store import env_versions
@@ -77,10 +79,21 @@ def check_model_name(model: str) -> str | None:
     return f"model: unknown model backend {model!r}; valid forms: {forms}"
 
 
-async def plan_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
-    """Validate a run request against the registered environment; every problem is listed."""
+async def plan_run(
+    js: JetStreamContext,
+    cmd: CreateRun,
+    store: ObjectStore | None = None,
+    pool: asyncpg.Pool | None = None,
+) -> RunRequested:
+    """Validate a run request against the registered environment; every problem is listed.
+
+    With the object store (and the jobs read model), a trained model the name can only mean
+    (a job id, a local model's `BASE:SUFFIX`) must have been published.
+    """
     problems = option_problems(cmd)
     if (problem := check_model_name(cmd.model)) is not None:
+        problems.append(problem)
+    elif (problem := await trained_model_problem(cmd.model, store, pool)) is not None:
         problems.append(problem)
     try:
         subjects.token(cmd.env_slug, "environment slug")
@@ -416,7 +429,12 @@ def same_request(recorded: RunRequested, cmd: CreateRun) -> RunRequested:
     )
 
 
-async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
+async def create_run(
+    js: JetStreamContext,
+    cmd: CreateRun,
+    store: ObjectStore | None = None,
+    pool: asyncpg.Pool | None = None,
+) -> RunRequested:
     """Plan and append run.requested once per client request id; a retry gets the same run.
 
     The first append for a run id expects an empty history, so of two attempts racing (a
@@ -426,7 +444,7 @@ async def create_run(js: JetStreamContext, cmd: CreateRun) -> RunRequested:
     run_id = run_id_for(cmd)
     if cmd.client_request_id is not None and (found := await recorded_request(js, run_id)):
         return same_request(found, cmd)
-    planned = await plan_run(js, cmd)
+    planned = await plan_run(js, cmd, store, pool)
     run = planned.model_copy(
         update={
             "run_id": run_id,

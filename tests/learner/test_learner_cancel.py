@@ -56,6 +56,9 @@ async def test_a_cancelled_sft_job_stops_training_and_ends_once(
     )  # fmt: skip
     js = await client.jetstream()
     await wait_for_event(js, job["id"], "job.progress", limit_s=240)
+    # Its model does not exist yet: a run on it is refused before anything is queued.
+    with pytest.raises(RolloutError, match=f"training job {job['id']} has published no model yet"):
+        await client.create_run("refunds", job["id"])
     ended = await client.cancel_training_job(job["id"], reason="enough")
     assert ended["status"] == "failed" and ended["reason"].startswith("cancelled: enough (at step")
 
@@ -76,6 +79,8 @@ async def test_a_cancelled_sft_job_stops_training_and_ends_once(
     ]
     assert not [p for p in policies if p.get("job_id") == job["id"]], policies
     assert (await client.get_training_job(job["id"]))["status"] == "failed"
+    with pytest.raises(RolloutError, match="failed and published no model: cancelled: enough"):
+        await client.create_run("refunds", job["id"])
 
     # Once ended, it cannot be cancelled again; an unknown job is named.
     again = await rollout(learner_env, "cancel", job["id"])

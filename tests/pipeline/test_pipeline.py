@@ -14,6 +14,8 @@ from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
 from rollout.shared.bus.reader import last_sequence
 from rollout.shared.contracts import requests as rq
+from rollout.shared.models import trained
+from rollout.shared.objectstore import LocalObjectStore
 from rollout.shared.settings import connect_nats
 from rollout.shared.store.projection import ProjectionRunner
 
@@ -99,6 +101,16 @@ async def test_run_completes_with_exactly_tasks_times_n_rollouts(
     [
         ({"env_slug": "nope", "model": "openai/gpt-4o-mini"}, "no environment 'nope'"),
         ({"env_slug": "refunds", "model": "magic/model"}, "unknown model backend 'magic/model'"),
+        # Names that can only be trained policies must have been published.
+        (
+            {"env_slug": "refunds", "model": "local/tiny-agent:typo"},
+            "model: no trained model 'local/tiny-agent:typo' (see `rollout jobs`",
+        ),
+        (
+            {"env_slug": "refunds", "model": "job-0123456789abcdef"},
+            "model: no training job 'job-0123456789abcdef'",
+        ),
+        ({"env_slug": "refunds", "model": "job-../../x"}, "model: 'job-../../x' is not a job id"),
         ({"env_slug": "refunds", "model": "openai/gpt-4o-mini", "n": 0}, "n: must be between"),
         ({"env_slug": "refunds", "model": "openai/x", "split": "dev"}, "no tasks in split 'dev'"),
         ({"env_slug": "bad slug!", "model": "openai/x"}, "env_slug"),
@@ -120,6 +132,27 @@ async def test_bad_run_requests_are_refused_before_anything_is_queued(
         assert info.state.messages == 0
     finally:
         await nc.close()
+
+
+async def test_a_published_trained_name_is_accepted(client, settings) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    store = LocalObjectStore(settings.home / "objects")
+    record = trained.PolicyRecord(
+        model="local/tiny-agent:mine",
+        version=0,
+        uri="file:///nowhere",
+        job_id="job-00000000000000aa",
+    )
+    await trained.publish_record(store, record)
+    for name in ("local/tiny-agent:mine", "job-00000000000000aa"):
+        run = await client.create_run("refunds", name, task_indices=[0])
+        assert run["model"] == name
+        # Its weights are nowhere: stopped before an actor spends time on them (or ended,
+        # every rollout errored for that, if the actor got there first).
+        try:
+            await client.cancel_run(run["runId"], reason="test")
+        except RolloutError as exc:
+            assert "already" in str(exc), exc
 
 
 @pytest.mark.parametrize(
