@@ -95,9 +95,53 @@ def work_filter(kind: str) -> str:
     return f"{PREFIX}.work.{token(kind, 'work kind')}.>"
 
 
-def request(service: str, verb: str) -> str:
-    """Subject of a request/reply command: `rollout.req.<service>.<verb>`."""
-    return f"{PREFIX}.req.{token(service, 'service')}.{token(verb, 'verb')}"
+# Requests whose answer depends on who asks: they create what someone owns (runs, jobs) or
+# change it (cancels). Their subject ends with the caller's NATS user, and the server lets a
+# user publish only under its own name (shared/auth), so the service knows who is asking.
+ATTRIBUTED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("tracker", "create_run"),
+        ("tracker", "cancel_run"),
+        ("learner", "create_job"),
+        ("learner", "cancel_job"),
+    }
+)
+# The caller token of a connection with no user name (token auth, or no auth at all, where
+# every connection may do everything anyway).
+ANONYMOUS = "anonymous"
+
+
+def caller_token(user: str | None) -> str:
+    """The subject token naming `user` as a caller (ANONYMOUS without a usable user name)."""
+    return user if user and _TOKEN.match(user) else ANONYMOUS
+
+
+def request(service: str, verb: str, caller: str | None = None) -> str:
+    """Subject of a request/reply command: `rollout.req.<service>.<verb>`, followed by the
+    caller's user (`caller_token`) for an ATTRIBUTED request."""
+    subject = f"{PREFIX}.req.{token(service, 'service')}.{token(verb, 'verb')}"
+    if (service, verb) in ATTRIBUTED:
+        subject += f".{caller_token(caller)}"
+    return subject
+
+
+def request_filter(service: str, verb: str) -> str:
+    """What a service subscribes to for `verb`: the request subject, any caller's if ATTRIBUTED."""
+    subject = f"{PREFIX}.req.{token(service, 'service')}.{token(verb, 'verb')}"
+    return subject + ".*" if (service, verb) in ATTRIBUTED else subject
+
+
+def caller_of(subject: str) -> str:
+    """The caller an ATTRIBUTED request's subject names (ANONYMOUS for any other subject)."""
+    parts = subject.split(".")
+    if (
+        len(parts) == 5
+        and parts[0] == PREFIX
+        and parts[1] == "req"
+        and (parts[2], parts[3]) in ATTRIBUTED
+    ):
+        return parts[4]
+    return ANONYMOUS
 
 
 def parse_event_subject(subject: str) -> tuple[str, str, str]:

@@ -16,7 +16,7 @@ from rollout.shared.aggregates.run_options import REFUSED, option_problems
 from rollout.shared.auth.credentials import client_settings, with_credentials
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.reader import read_events
-from rollout.shared.bus.requests import call
+from rollout.shared.bus.requests import call, service_subject
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
@@ -71,8 +71,8 @@ class AsyncClient:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """One request/reply to a service; RolloutError with its problems on failure."""
-        subject = subjects.request(service, verb)
         nc = await self._conn()
+        subject = service_subject(nc, service, verb)
         wait = self.timeout_s if timeout_s is None else timeout_s
         return await self._denials.guard(
             subject, call(nc, subject, body, timeout_s=wait, retries=retries)

@@ -27,7 +27,7 @@ from rollout.shared.contracts.events import DeadLettered
 from rollout.shared.contracts.requests import CancelTrainingJob, CreateTrainingJob, Reply
 from rollout.shared.observability import get_logger
 from rollout.shared.service import durables
-from rollout.shared.service.routes import CurrentBroker, request_route
+from rollout.shared.service.routes import CurrentBroker, caller, request_route
 
 QUEUE = "learner"
 
@@ -39,14 +39,18 @@ Learner = Annotated[LearnerContext, Context("learner")]
 JobLimits = Annotated[Limits, Context("limits")]
 
 
-async def create_job_handler(cmd: CreateTrainingJob, learner: Learner) -> Reply:
+async def create_job_handler(
+    cmd: CreateTrainingJob, learner: Learner, broker: CurrentBroker
+) -> Reply:
     """Validate and record a training job; the work happens from the work stream."""
-    return Reply(data=await create_job(learner, cmd))
+    return Reply(data=await create_job(learner, cmd, caller(broker)))
 
 
-async def cancel_job_handler(cmd: CancelTrainingJob, learner: Learner) -> Reply:
+async def cancel_job_handler(
+    cmd: CancelTrainingJob, learner: Learner, broker: CurrentBroker
+) -> Reply:
     """End a queued or running training job as cancelled."""
-    return Reply(data=await cancel_job(learner, cmd))
+    return Reply(data=await cancel_job(learner, cmd, caller(broker)))
 
 
 async def run_job(

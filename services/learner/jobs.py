@@ -29,6 +29,7 @@ from rollout.services.learner.providers import cancel_left_behind, run_provider_
 from rollout.services.learner.training_sets import BufferUnavailable
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import append_unless, decide_and_append
+from rollout.shared.auth.ownership import check_may_change
 from rollout.shared.bus.attempts import Delivery, gave_up
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
@@ -89,8 +90,8 @@ async def recorded_job(js: JetStreamContext, job_id: str) -> JobRequested | None
     return body
 
 
-def _check_same(recorded: JobRequested, cmd: CreateTrainingJob) -> None:
-    if recorded.request_hash != request_fingerprint(cmd):
+def _check_same(recorded: JobRequested, cmd: CreateTrainingJob, caller: str) -> None:
+    if recorded.request_hash != request_fingerprint(cmd, caller):
         raise RolloutError(
             f"client_request_id: {cmd.client_request_id!r} was already used for another "
             f"training job (job {recorded.job_id}); send a fresh id with each new command"
@@ -120,16 +121,24 @@ async def _requeue_if_lost(ctx: LearnerContext, job_id: str) -> None:
         log.warning("job had no work item; queued it again", job_id=job_id)
 
 
-async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
+async def create_job(
+    ctx: LearnerContext, cmd: CreateTrainingJob, caller: str = subjects.ANONYMOUS
+) -> dict:
     """Validate, append job.requested, queue the work item; the reply names the job.
 
     Once per client request id: the append expects the job's history to be empty, so a retry
-    (or a racing duplicate) reads the recorded job back and gets the same reply.
+    (or a racing duplicate) reads the recorded job back and gets the same reply. The job
+    belongs to `caller` (the request's subject names it); another user reusing the request
+    id is refused, not handed the job.
     """
     job_id = job_id_for(cmd)
     plan = await plan_job(ctx, cmd, job_id=job_id)
     requested = plan.event.model_copy(
-        update={"request_id": cmd.client_request_id, "request_hash": request_fingerprint(cmd)}
+        update={
+            "request_id": cmd.client_request_id,
+            "request_hash": request_fingerprint(cmd, caller),
+            "owner": caller,
+        }
     )
     event = EventEnvelope.new(requested, aggregate_id=job_id, id_parts=(job_id,))
     try:
@@ -140,7 +149,7 @@ async def create_job(ctx: LearnerContext, cmd: CreateTrainingJob) -> dict:
         recorded = await recorded_job(ctx.js, job_id)
         if recorded is None:
             raise RolloutError(f"job {job_id} could not be recorded; retry the request")
-        _check_same(recorded, cmd)
+        _check_same(recorded, cmd, caller)
         await _requeue_if_lost(ctx, job_id)
         log.info("job request repeated; same job", job_id=job_id)
     else:
@@ -201,7 +210,9 @@ async def execute(ctx: LearnerContext, job_id: str, delivery: Delivery | None = 
             raise  # retried with backoff by the broker's dead-letter policy
 
 
-async def cancel_job(ctx: LearnerContext, cmd: CancelTrainingJob) -> dict:
+async def cancel_job(
+    ctx: LearnerContext, cmd: CancelTrainingJob, caller: str = subjects.ANONYMOUS
+) -> dict:
     """End a queued or running job as cancelled; its worker stops at its next step.
 
     Decided from the job's head (its request, last step and endings) and appended on the
@@ -217,6 +228,7 @@ async def cancel_job(ctx: LearnerContext, cmd: CancelTrainingJob) -> dict:
     def decide(head: JobHistory) -> JobFailed | None:
         if head.requested is None or head.finished:
             return None
+        check_may_change(caller, head.requested.owner, f"job {cmd.job_id}")
         return JobFailed(job_id=cmd.job_id, reason=f"cancelled{why} (at step {head.last_step})")
 
     async def append_cancel(head: JobHistory, ending: JobFailed) -> None:

@@ -38,9 +38,8 @@ from rollout.services.learner.planning import (
     teacher_dir,
     train_task_indices,
 )
-from rollout.shared import subjects
 from rollout.shared.aggregates.run import follow_run
-from rollout.shared.bus.requests import call
+from rollout.shared.bus.requests import call, service_subject
 from rollout.shared.contracts.envelope import deterministic_id
 from rollout.shared.contracts.requests import CancelRun, CreateRun
 from rollout.shared.errors import RolloutError
@@ -181,8 +180,10 @@ class OnlineJob:
             max_tool_calls=self.options.max_tool_calls,
             deadline_s=self.options.run_deadline_s,
             name=f"{self.job_id} {self.method}",
+            # The round runs are the job owner's: they may cancel them as they may the job.
+            owner=self.history.requested.owner if self.history.requested else None,
         )
-        data = await call(self.ctx.nc, subjects.request("tracker", "create_run"), body)
+        data = await call(self.ctx.nc, service_subject(self.ctx.nc, "tracker", "create_run"), body)
         self.timing.runs.append(data["runId"])
         return RoundRun(step, attempt, data["runId"])
 
@@ -360,7 +361,10 @@ class OnlineJob:
             body = CancelRun(run_id=run_id, reason=f"its job {self.job_id} {why}")
             try:
                 await call(
-                    self.ctx.nc, subjects.request("tracker", "cancel_run"), body, timeout_s=10.0
+                    self.ctx.nc,
+                    service_subject(self.ctx.nc, "tracker", "cancel_run"),
+                    body,
+                    timeout_s=10.0,
                 )
             except RolloutError as exc:
                 if "nothing to cancel" not in str(exc):

@@ -25,7 +25,7 @@ from rollout.shared.contracts.requests import (
     Reply,
 )
 from rollout.shared.objectstore import ObjectStore
-from rollout.shared.service.routes import CurrentBroker, Pool, request_route
+from rollout.shared.service.routes import CurrentBroker, Pool, caller, request_route
 
 QUEUE = "tracker"
 # Claim-checked trajectories are read from it (put in the broker's context as `store`).
@@ -34,13 +34,13 @@ Store = Annotated[ObjectStore, Context("store")]
 
 async def create_run(cmd: CreateRun, broker: CurrentBroker, pool: Pool, store: Store) -> Reply:
     """Validate and record a run request; the fan-out happens from the event."""
-    run = await runs.create_run(jetstream(broker), cmd, store, pool)
+    run = await runs.create_run(jetstream(broker), cmd, store, pool, caller(broker))
     return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
 
 async def cancel_run(cmd: CancelRun, broker: CurrentBroker, pool: Pool) -> Reply:
     """End a running run as cancelled (an error if it is unknown or already ended)."""
-    ending = await runs.cancel_run(jetstream(broker), pool, cmd)
+    ending = await runs.cancel_run(jetstream(broker), pool, cmd, caller(broker))
     return Reply(data={"runId": ending.run_id, "status": "failed", "reason": ending.reason})
 
 

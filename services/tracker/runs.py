@@ -33,6 +33,7 @@ from rollout.shared.aggregates.run_options import (
     option_problems,
     total_problem,
 )
+from rollout.shared.auth.ownership import check_may_change, owner_for
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
@@ -434,13 +435,17 @@ async def create_run(
     cmd: CreateRun,
     store: ObjectStore | None = None,
     pool: asyncpg.Pool | None = None,
+    caller: str = subjects.ANONYMOUS,
 ) -> RunRequested:
     """Plan and append run.requested once per client request id; a retry gets the same run.
 
     The first append for a run id expects an empty history, so of two attempts racing (a
     retry overtaking a slow first try, two replicas) one records the run and the other reads
-    it back: never two runs, never an orphan.
+    it back: never two runs, never an orphan. The run belongs to `caller` (the request's
+    subject names it), or to whom a service starts it for; the owner is part of the request's
+    fingerprint, so another user reusing its request id is refused, not handed the run.
     """
+    cmd = cmd.model_copy(update={"owner": owner_for(caller, cmd.owner, "a run")})
     run_id = run_id_for(cmd)
     if cmd.client_request_id is not None and (found := await recorded_request(js, run_id)):
         return same_request(found, cmd)
@@ -450,6 +455,7 @@ async def create_run(
             "run_id": run_id,
             "request_id": cmd.client_request_id,
             "request_hash": request_fingerprint(cmd),
+            "owner": cmd.owner,
         }
     )
     event = EventEnvelope.new(run, aggregate_id=run_id, id_parts=(run_id,), run_id=run_id)
@@ -466,7 +472,9 @@ async def create_run(
     return run
 
 
-async def cancel_run(js: JetStreamContext, pool: asyncpg.Pool, cmd: CancelRun) -> RunFailed:
+async def cancel_run(
+    js: JetStreamContext, pool: asyncpg.Pool, cmd: CancelRun, caller: str = subjects.ANONYMOUS
+) -> RunFailed:
     """End a running run as cancelled; the actors stop its generation.
 
     Decided from the run's head (its request, start and endings) and appended on the condition
@@ -490,8 +498,13 @@ async def cancel_run(js: JetStreamContext, pool: asyncpg.Pool, cmd: CancelRun) -
         )
         await append_unless(js, envelope, completion)
 
+    def decide(state: RunState) -> RunFailed | None:
+        if state.requested is not None:
+            check_may_change(caller, state.requested.owner, f"run {cmd.run_id}")
+        return state.cancel(cmd.reason, scored)
+
     state, ending = await append.decide_and_append(
-        load, lambda s: s.cancel(cmd.reason, scored), append_cancel,
+        load, decide, append_cancel,
         what=f"run {cmd.run_id}", retries=CANCEL_RETRIES,
     )  # fmt: skip
     if isinstance(ending, RunFailed):

@@ -73,7 +73,7 @@ def permissions(role: Role, user: str) -> dict[str, Any] | None:
     """The nats-server `permissions` block for `user` in `role` (None: unrestricted)."""
     if role is Role.SERVICE:
         return None
-    publish = [subjects.request(service, verb) for service, verb in ROLE_REQUESTS[role]]
+    publish = [subjects.request(service, verb, user) for service, verb in ROLE_REQUESTS[role]]
     publish += event_reader_subjects()
     # `whoami` asks the server who this connection is.
     publish.append(subjects.USER_INFO)
@@ -96,7 +96,7 @@ def permissions(role: Role, user: str) -> dict[str, Any] | None:
 def denied_action(subject: str) -> str:
     """What a refused publish to `subject` was trying to do, in words."""
     parts = subject.split(".")
-    if len(parts) == 4 and parts[0] == subjects.PREFIX and parts[1] == "req":
+    if len(parts) in (4, 5) and parts[0] == subjects.PREFIX and parts[1] == "req":
         key = (parts[2], parts[3])
         return MUTATIONS.get(key) or QUERIES.get(key) or f"call {parts[2]} {parts[3]}"
     if subject.upper().startswith(subjects.JS_API):

@@ -284,7 +284,7 @@ def event_reader_subjects() -> list[str]:
 def service_permissions(role: ServiceRole) -> dict[str, Any]:
     """The nats-server `permissions` block of a service's user, from its declaration."""
     api = subjects.js_api
-    publish: list[str] = [subjects.request(s, v) for s, v in role.calls]
+    publish: list[str] = [subjects.request(s, v, role.user) for s, v in role.calls]
     publish += [
         _event_subject(event_type) for event_type in role.emits if event_type != _DEAD_LETTER
     ]
@@ -322,7 +322,7 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
     # No durable is deleted by a service, its own included.
     deny += [api("CONSUMER", "DELETE", d.stream, d.name) for d in all_durables()]
     subscribe = [subjects.inbox_filter(role.user)]
-    subscribe += [subjects.request(s, v) for s, v in role.answers]
+    subscribe += [subjects.request_filter(s, v) for s, v in role.answers]
     subscribe += list(role.follows)
     return {
         "publish": {"allow": _unique(publish), "deny": _unique(deny)},

@@ -5,8 +5,23 @@ from __future__ import annotations
 import nats.errors
 from nats.aio.client import Client
 
+from rollout.shared import subjects
 from rollout.shared.contracts.requests import Reply, Request
 from rollout.shared.errors import RolloutError
+
+
+def connection_user(nc: Client) -> str | None:
+    """The NATS user `nc` authenticates as (from its options, or its server URL), if any."""
+    user = nc.options.get("user")
+    if not user and nc.connected_url is not None:
+        user = nc.connected_url.username
+    return user or None
+
+
+def service_subject(nc: Client, service: str, verb: str) -> str:
+    """The subject of a request to `service` from this connection (with its caller, where
+    the request is attributed: see subjects.ATTRIBUTED)."""
+    return subjects.request(service, verb, connection_user(nc))
 
 
 async def call(

@@ -104,6 +104,9 @@ class RunRequested(Payload):
     # Where an imported run's scored rollouts came from (e.g. "art"): its rollouts and verdicts
     # are on the log already, so nothing fans it out or scores it. None: the actors generate it.
     source: str | None = None
+    # The NATS user the run was started by (or for): who, besides the admin, may cancel it.
+    # None on runs recorded before owners were kept.
+    owner: str | None = None
 
 
 @register
@@ -256,6 +259,9 @@ class JobRequested(Payload):
     request_hash: str | None = None
     # A job trained on a dataset snapshot: its hash, where it is, and its lineage.
     source_dataset: DatasetSource | None = None
+    # The NATS user that asked for the job: who, besides the admin, may cancel it (None on
+    # jobs recorded before owners were kept).
+    owner: str | None = None
 
 
 @register

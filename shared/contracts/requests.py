@@ -29,9 +29,12 @@ def _client_request_id() -> Any:
     )
 
 
-def request_fingerprint(request: Request) -> str:
-    """A hash of what a command asks for (its request id aside): tells a retry from a reuse."""
+def request_fingerprint(request: Request, caller: str | None = None) -> str:
+    """A hash of what a command asks for (its request id aside), and of who asks when given:
+    tells a retry from a reuse."""
     body = request.model_dump_json(exclude={"client_request_id"})
+    if caller is not None:
+        body += f"\n{caller}"
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -102,6 +105,9 @@ class CreateRun(Request):
     task_indices: list[int] | None = None
     batch_size: int = 16
     deadline_s: float = 3600.0
+    # Whom the run is for, when a platform service starts it for someone (a training job's
+    # round runs belong to the job's owner); from an API key only its own user is accepted.
+    owner: str | None = Field(default=None, max_length=128)
     client_request_id: str | None = _client_request_id()
 
 

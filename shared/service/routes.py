@@ -18,7 +18,7 @@ from faststream.nats import NatsBroker, NatsRoute, NatsRouter
 
 from rollout.shared import subjects
 from rollout.shared.bus.attempts import DEFAULT_MAX_DELIVER
-from rollout.shared.bus.broker import make_broker
+from rollout.shared.bus.broker import current_message, make_broker
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings
 
@@ -33,8 +33,17 @@ def request_route(
 ) -> NatsRoute:
     """The route answering `service`'s `verb` requests (one queue group across replicas)."""
     return NatsRoute(
-        handler, subjects.request(service, verb), queue=queue, title=title or f"{service}/{verb}"
+        handler,
+        subjects.request_filter(service, verb),
+        queue=queue,
+        title=title or f"{service}/{verb}",
     )
+
+
+def caller(broker: NatsBroker) -> str:
+    """Who sent the request being handled: the user its subject names (an attributed request,
+    subjects.ATTRIBUTED; the server lets a user publish only under its own name)."""
+    return subjects.caller_of(current_message(broker).raw_message.subject)
 
 
 def service_broker(

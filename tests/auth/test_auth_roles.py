@@ -198,7 +198,11 @@ def test_every_request_verb_has_a_role() -> None:
     root = Path(__file__).resolve().parents[2]
     found = set()
     for path in (root / "services").rglob("*.py"):
-        calls = re.findall(r'subjects\.request\(\s*([^,]+),\s*"([^"]+)"\)', path.read_text())
+        text = path.read_text()
+        # What it calls, and what it answers (a route per verb).
+        calls = re.findall(r'subjects\.request\(\s*([^,]+),\s*"([^"]+)"\)', text)
+        calls += re.findall(r'service_subject\(\s*[^,]+,\s*([^,]+),\s*"([^"]+)"\)', text)
+        calls += re.findall(r'request_route\(\s*\w+,\s*([^,]+),\s*"([^"]+)"', text)
         for name, verb in calls:
             name = name.strip()
             if not name.startswith('"'):

@@ -64,7 +64,7 @@ def test_every_handler_of_every_service_is_inside_its_role() -> None:
     assert set(SERVICES) <= set(SERVICE_ROLES), "a registered service has no declared role"
     for name, handlers in _handlers().items():
         role = SERVICE_ROLES[name]
-        core = {subjects.request(s, v) for s, v in role.answers} | set(role.follows)
+        core = {subjects.request_filter(s, v) for s, v in role.answers} | set(role.follows)
         pulls = {(d.stream, d.name, d.filter) for d in role.consumes}
         seen_core, seen_pulls = set(), set()
         for handler in handlers:

@@ -267,7 +267,7 @@ async def test_hostile_messages_from_a_runner_key(
     bad_replies: list[str] = []
     try:
         for service, verb in ROLE_REQUESTS[Role.RUNNER]:
-            subject = subjects.request(service, verb)
+            subject = subjects.request(service, verb, runner_key.user)
             for body in hostile_bodies(VALID[(service, verb)], nc.max_payload):
                 sent += 1
                 try:
@@ -302,6 +302,10 @@ async def test_hostile_messages_from_a_runner_key(
             subjects.js_api("STREAM", "PURGE", subjects.EVENTS_STREAM),
             subjects.request("tracker", "no_such_verb"),
             "_INBOX.someone_else",
+            # Asking in another user's name: cancelling as a colleague, or as a service.
+            subjects.request("tracker", "cancel_run", "rk_runner_0123456789ab"),
+            subjects.request("learner", "cancel_job", "svc_learner"),
+            subjects.request("tracker", "create_run", "admin"),
         ]
         envelope = json.dumps({"type": "run.completed", "payload": {"run_id": run["runId"]}})
         for subject in forged * 20:

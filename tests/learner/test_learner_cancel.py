@@ -59,6 +59,13 @@ async def test_a_cancelled_sft_job_stops_training_and_ends_once(
     # Its model does not exist yet: a run on it is refused before anything is queued.
     with pytest.raises(RolloutError, match=f"training job {job['id']} has published no model yet"):
         await client.create_run("refunds", job["id"])
+    # The job is its creator's: a runner key that did not start it may not cancel it.
+    events = await job_events(js, job["id"])
+    owner = events[0].payload["owner"]
+    assert owner == subjects.caller_token(learner_env.nats_user), owner
+    with pytest.raises(RolloutError, match="a key may cancel only what it started"):
+        cmd = CancelTrainingJob(job_id=job["id"], reason="not mine")
+        await cancel_job(SimpleNamespace(js=js), cmd, caller="rk_runner_0123456789ab")
     ended = await client.cancel_training_job(job["id"], reason="enough")
     assert ended["status"] == "failed" and ended["reason"].startswith("cancelled: enough (at step")
 
@@ -113,6 +120,17 @@ async def test_cancelling_an_online_job_cancels_the_round_it_waits_on(
             return [r for r in await client.list_runs() if job["id"] in (r.get("name") or "")]
 
         await wait_until(rounds, "the job's first round run", 120)
+        # The round runs are the job owner's, though the learner started them.
+        js = await client.jetstream()
+        first = (await rounds())[0]["runId"]
+        requested = EventEnvelope.from_bytes(
+            (await js.get_last_msg(subjects.EVENTS_STREAM, subjects.event(
+                "run", first, "run_requested"))).data
+        )  # fmt: skip
+        job_owner = (await job_events(js, job["id"]))[0].payload["owner"]
+        assert (
+            requested.payload["owner"] == job_owner == subjects.caller_token(learner_env.nats_user)
+        )
         code, out, err = await rollout(learner_env, "cancel", job["id"], "--reason", "wrong env")
         assert code == 0, err
         assert out.startswith(f"job {job['id']} cancelled: wrong env (at step 0)"), out

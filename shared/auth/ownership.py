@@ -1,0 +1,56 @@
+"""Who owns a run or a training job, and who may change it.
+
+The owner is the NATS user whose request created it, read from the request's subject (an
+attributed request names its caller, and the server lets a user publish only under its own
+name: see subjects.ATTRIBUTED and shared/auth/roles.py). An API key may cancel only what it
+started; the admin and the platform's services (a job cancelling its round runs) may cancel
+anything. Runs and jobs recorded before owners were kept have none: any runner key may cancel
+them, as before.
+"""
+
+from __future__ import annotations
+
+from rollout.shared import subjects
+from rollout.shared.auth.keys import key_id_of_user, role_of_user
+from rollout.shared.auth.services import is_service_user
+from rollout.shared.errors import RolloutError
+from rollout.shared.settings import SERVICE_USER_PREFIX
+
+
+def acts_for_others(caller: str) -> bool:
+    """True for the admin and the services (any user that is not an API key)."""
+    return role_of_user(caller) is None
+
+
+def owner_for(caller: str, asked: str | None, what: str) -> str:
+    """The owner of what `caller` creates: itself, or `asked` when a service creates it for
+    someone (a job's round runs belong to the job's owner); RolloutError for a key asking that."""
+    if asked is None or asked == caller:
+        return caller
+    if not acts_for_others(caller):
+        raise RolloutError(
+            f"owner: {describe(caller)} may start {what} only for itself, not for {asked!r}"
+        )
+    subjects.token(asked, "owner")
+    return asked
+
+
+def check_may_change(caller: str, owner: str | None, what: str) -> None:
+    """RolloutError unless `caller` may cancel `what`, owned by `owner`."""
+    if owner is None or owner == caller or acts_for_others(caller):
+        return
+    raise RolloutError(
+        f"{what} was started by {describe(owner)}, not by {describe(caller)}: a key may cancel "
+        "only what it started (ask its owner, or whoever holds the admin credentials)"
+    )
+
+
+def describe(user: str) -> str:
+    """A user in words: `key 1a2b3c4d5e6f`, `the learner service`, `user admin`."""
+    if (key_id := key_id_of_user(user)) is not None:
+        return f"key {key_id}"
+    if is_service_user(user):
+        return f"the {user.removeprefix(SERVICE_USER_PREFIX)} service"
+    if user == subjects.ANONYMOUS:
+        return "an unauthenticated connection"
+    return f"user {user}"

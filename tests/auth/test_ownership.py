@@ -1,0 +1,68 @@
+"""A run belongs to the key that started it: a colleague's runner key cannot cancel it, nor
+start runs in its name, nor claim it by reusing its request id; its owner and the admin can."""
+
+from __future__ import annotations
+
+from rollout.shared import subjects
+from rollout.shared.auth.keys import ApiKey
+from rollout.shared.auth.roles import Role
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.settings import Settings
+from rollout.shared.stack.nats import NatsServer
+
+from .conftest import make_key, refund_env
+from .test_auth_roles import MODEL, client_for, refused_fast
+
+
+async def test_only_its_owner_or_the_admin_cancels_a_run(
+    service_settings: Settings, services: None, auth_nats: NatsServer
+) -> None:
+    alice_key: ApiKey = make_key(auth_nats, Role.RUNNER)
+    bob_key: ApiKey = make_key(auth_nats, Role.RUNNER)
+    alice = client_for(service_settings, alice_key)
+    bob = client_for(service_settings, bob_key)
+    admin = client_for(service_settings, None)
+    try:
+        await alice.push_environment(refund_env())
+        run = await alice.create_run("refunds", MODEL, n=1, client_request_id="alice-1")
+
+        # The run records who started it (the request's subject named the caller).
+        js = await admin.jetstream()
+        requested = [
+            EventEnvelope.from_bytes(m.data)
+            async for m in read_events(js, subjects.run_events(run["runId"]))
+        ][0]
+        assert requested.payload["owner"] == alice_key.user
+
+        denied = await refused_fast(bob.cancel_run(run["runId"], reason="mine now"))
+        assert str(denied).startswith(
+            f"run {run['runId']} was started by key {alice_key.key_id}, not by key "
+            f"{bob_key.key_id}: a key may cancel only what it started"
+        ), denied
+        assert (await admin.get_run(run["runId"]))["status"] != "failed"
+
+        # Nor may bob start a run in alice's name, or claim hers by reusing her request id.
+        denied = await refused_fast(bob.create_run("refunds", MODEL, n=1, owner=alice_key.user))
+        assert str(denied).startswith(
+            f"owner: key {bob_key.key_id} may start a run only for itself"
+        ), denied
+        denied = await refused_fast(
+            bob.create_run("refunds", MODEL, n=1, client_request_id="alice-1")
+        )
+        assert "'alice-1' was already used for another run request" in str(denied), denied
+        # Alice's retry of the same request still gets her run back.
+        again = await alice.create_run("refunds", MODEL, n=1, client_request_id="alice-1")
+        assert again["runId"] == run["runId"]
+
+        ended = await alice.cancel_run(run["runId"], reason="done with it")
+        assert ended["reason"].startswith("cancelled: done with it")
+
+        # The admin may cancel anyone's run.
+        bobs = await bob.create_run("refunds", MODEL, n=1)
+        ended = await admin.cancel_run(bobs["runId"], reason="maintenance")
+        assert ended["reason"].startswith("cancelled: maintenance")
+    finally:
+        await alice.close()
+        await bob.close()
+        await admin.close()
