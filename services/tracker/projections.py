@@ -65,12 +65,12 @@ async def _run_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunReque
     await c.execute(
         "insert into runs(run_id, name, env_slug, env_version, env_hash, model, n, split,"
         " parent_run_id, sampling, max_tool_calls, policy_version, status, created_at,"
-        " deadline_s, task_count)"
-        " values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,'queued',$13,$14,$15)"
+        " deadline_s, task_count, owner)"
+        " values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,'queued',$13,$14,$15,$16)"
         " on conflict do nothing",
         p.run_id, p.name, p.env_slug, p.env_version, p.env_hash, p.model, p.n, p.split,
         p.parent_run_id, _json(p.sampling.model_dump(mode="json")), p.max_tool_calls,
-        p.policy_version, e.time, p.deadline_s, len(p.task_indices),
+        p.policy_version, e.time, p.deadline_s, len(p.task_indices), p.owner,
     )  # fmt: skip
 
 
@@ -168,10 +168,10 @@ async def _run_failed(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunFailed) 
 async def _job_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobRequested) -> None:
     await c.execute(
         "insert into jobs(job_id, method, base_model, source_run_id, env_slug, suffix,"
-        " hyperparams, status, created_at, updated_at)"
-        " values ($1,$2,$3,$4,$5,$6,$7::jsonb,'queued',$8,$8) on conflict do nothing",
+        " hyperparams, status, created_at, updated_at, owner)"
+        " values ($1,$2,$3,$4,$5,$6,$7::jsonb,'queued',$8,$8,$9) on conflict do nothing",
         p.job_id, p.method, p.base_model, p.source_run_id, p.env_slug, p.suffix,
-        _json(p.hyperparams), e.time,
+        _json(p.hyperparams), e.time, p.owner,
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ _REPLY_ROOM = 4 * 1024
 _RUN_COLUMNS = (
     "run_id, name, env_slug, env_version, env_hash, model, n, split, parent_run_id, sampling,"
     " max_tool_calls, policy_version, status, total, generated, scored, passed, errored,"
-    " score_sum, reason, created_at, started_at, finished_at, deadline_s, task_count"
+    " score_sum, reason, created_at, started_at, finished_at, deadline_s, task_count, owner"
 )
 
 
@@ -65,6 +65,8 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
         "meanScore": row["score_sum"] / judged if judged > 0 else 0.0,
         "reason": row["reason"],
         "taskCount": row["task_count"],
+        # Who started it (a key's NATS user, a service's, the admin's); None before owners.
+        "owner": row.get("owner"),
         "createdAt": _iso(row["created_at"]),
         "startedAt": _iso(row["started_at"]),
         "finishedAt": _iso(row["finished_at"]),
@@ -326,6 +328,7 @@ def job_row(row: asyncpg.Record) -> dict[str, Any]:
         "modelId": row["model_id"],
         "checkpointUri": row["checkpoint_uri"],
         "reason": row["reason"],
+        "owner": row.get("owner"),
         "createdAt": _iso(row["created_at"]),
         "updatedAt": _iso(row["updated_at"]),
     }

@@ -3,6 +3,8 @@ start runs in its name, nor claim it by reusing its request id; its owner and th
 
 from __future__ import annotations
 
+from waiting import wait_until
+
 from rollout.shared import subjects
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.auth.roles import Role
@@ -34,6 +36,13 @@ async def test_only_its_owner_or_the_admin_cancels_a_run(
             async for m in read_events(js, subjects.run_events(run["runId"]))
         ][0]
         assert requested.payload["owner"] == alice_key.user
+
+        # Whoever reads the run sees who started it.
+        async def listed_with_owner() -> bool:
+            runs = await bob.list_runs()
+            return any(r["runId"] == run["runId"] and r["owner"] == alice_key.user for r in runs)
+
+        await wait_until(listed_with_owner, "the run listed with its owner", 30)
 
         denied = await refused_fast(bob.cancel_run(run["runId"], reason="mine now"))
         assert str(denied).startswith(

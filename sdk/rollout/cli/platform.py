@@ -14,6 +14,7 @@ from rollout.comparison import MOSTLY_ERRORED, comparison, error_line, error_sum
 from rollout.errors import RolloutError
 from rollout.follow import follow_run
 from rollout.shared.audit.static import verifier_warnings
+from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.contracts.budgets import Budgets
 from rollout.shared.envs.loader import load_environments, select_environment
 from rollout.shared.envs.sandbox_check import require_sandbox
@@ -318,6 +319,8 @@ def print_run(run: dict[str, Any]) -> None:
     """Human summary of a run and its per-task table."""
     print(f"run {run['runId']}  {run['status']}  {run['envSlug']} v{run['envVersion']}"
           f"  model {run['model']}  n={run['n']}")  # fmt: skip
+    if run.get("owner"):
+        print(f"  started by {describe_user(run['owner'])}")
     if run.get("reason"):
         print(f"  reason: {run['reason']}")
     # Rates are over verdicts: errored rollouts (no verdict) are counted on their own, and

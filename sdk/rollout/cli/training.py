@@ -16,6 +16,7 @@ from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.follow import eta, follow_job, num
 from rollout.shared import subjects
+from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.contracts.training import METHOD_ALIASES
 from rollout.shared.learning import methods
 
@@ -273,6 +274,8 @@ async def _job(args: argparse.Namespace) -> int:
 def print_job(job: dict[str, Any]) -> None:
     """Human summary of a training job."""
     print(f"job {job['id']}  {job['status']}  {job['method']} of {job['baseModel']}")
+    if job.get("owner"):
+        print(f"  started by {describe_user(job['owner'])}")
     if job.get("sourceRunId"):
         print(f"  source run {job['sourceRunId']}")
     if job.get("envSlug"):
