@@ -60,7 +60,7 @@ async def import_run(cmd: ImportRun, broker: CurrentBroker, store: Store) -> Rep
 
 async def record_plan_event(cmd: RecordPlanEvent, broker: CurrentBroker) -> Reply:
     """Append one plan event, conditional on the plan's history being as the caller saw."""
-    return Reply(data=await plans.record_plan_event(jetstream(broker), cmd))
+    return Reply(data=await plans.record_plan_event(jetstream(broker), cmd, caller(broker)))
 
 
 async def get_run(query: GetRun, broker: CurrentBroker, pool: Pool, store: Store) -> Reply:

@@ -16,8 +16,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rollout.shared import subjects
+from rollout.shared.auth.ownership import check_may_change, owner_for
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, payload_types
+from rollout.shared.contracts.events import PlanStarted
 from rollout.shared.contracts.requests import RecordPlanEvent
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
@@ -31,8 +33,11 @@ PLAN_EVENTS = tuple(
 log = get_logger(__name__)
 
 
-def plan_event(cmd: RecordPlanEvent) -> EventEnvelope:
-    """The event `cmd` asks to append; RolloutError naming what is wrong with it."""
+def plan_event(cmd: RecordPlanEvent, caller: str = subjects.ANONYMOUS) -> EventEnvelope:
+    """The event `cmd` asks to append; RolloutError naming what is wrong with it.
+
+    A plan's first event records its driver (`caller`, or whom a service drives it for).
+    """
     subjects.token(cmd.plan_id, "plan id")
     model = payload_types().get(cmd.type)
     if model is None or model.aggregate != "plan":
@@ -44,6 +49,8 @@ def plan_event(cmd: RecordPlanEvent) -> EventEnvelope:
     except pydantic.ValidationError as exc:
         problems = [f"payload.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise RolloutError(f"invalid {cmd.type} event", problems=problems) from None
+    if isinstance(body, PlanStarted):
+        body = body.model_copy(update={"owner": owner_for(caller, body.owner, "a plan")})
     # A retried request (same position, same content) is the same event; another driver's
     # different event at that position is not, and meets the expected-sequence check.
     content = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
@@ -63,9 +70,33 @@ async def _newest(js: JetStreamContext, plan_id: str) -> tuple[int, EventEnvelop
     return msg.seq, EventEnvelope.from_bytes(msg.data)
 
 
-async def record_plan_event(js: JetStreamContext, cmd: RecordPlanEvent) -> dict:
-    """Append one plan event, conditional on the plan's history being as the caller saw."""
-    event = plan_event(cmd)
+async def _owner(js: JetStreamContext, plan_id: str) -> str | None:
+    """Who drives the plan (its `plan.started` owner); None before it started or before owners."""
+    started = subjects.event("plan", plan_id, subjects.event_name(PlanStarted.event_type))
+    try:
+        msg = await js.get_last_msg(subjects.EVENTS_STREAM, started)
+    except NotFoundError:
+        return None
+    try:
+        return EventEnvelope.from_bytes(msg.data).payload.get("owner")
+    except pydantic.ValidationError:
+        return None
+
+
+async def record_plan_event(
+    js: JetStreamContext, cmd: RecordPlanEvent, caller: str = subjects.ANONYMOUS
+) -> dict:
+    """Append one plan event, conditional on the plan's history being as the caller saw.
+
+    Only the plan's driver (the user whose request started it), the admin and the services
+    may append to a started plan: a colleague's key cannot fail or steer it.
+    """
+    event = plan_event(cmd, caller)
+    if not isinstance(event.body(), PlanStarted):
+        check_may_change(
+            caller, await _owner(js, cmd.plan_id), f"plan {cmd.plan_id}", "drive",
+            "; to run the same plan yourself, give it another name",
+        )  # fmt: skip
     try:
         result = await EventPublisher(js).publish(
             event,

@@ -35,13 +35,15 @@ def owner_for(caller: str, asked: str | None, what: str) -> str:
     return asked
 
 
-def check_may_change(caller: str, owner: str | None, what: str) -> None:
-    """RolloutError unless `caller` may cancel `what`, owned by `owner`."""
+def check_may_change(
+    caller: str, owner: str | None, what: str, action: str = "cancel", hint: str = ""
+) -> None:
+    """RolloutError unless `caller` may `action` `what`, owned by `owner`."""
     if owner is None or owner == caller or acts_for_others(caller):
         return
     raise RolloutError(
-        f"{what} was started by {describe(owner)}, not by {describe(caller)}: a key may cancel "
-        "only what it started (ask its owner, or whoever holds the admin credentials)"
+        f"{what} was started by {describe(owner)}, not by {describe(caller)}: a key may {action} "
+        f"only what it started (ask its owner, or whoever holds the admin credentials){hint}"
     )
 
 

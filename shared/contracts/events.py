@@ -388,6 +388,9 @@ class PlanStarted(Payload):
     stages: list[str] = Field(default_factory=list)
     # The registry version each environment ran at (files are pushed when the plan starts).
     env_versions: dict[str, int] = Field(default_factory=dict)
+    # The NATS user driving the plan (set by the tracker from the request): only it, the admin
+    # and the services may record the plan's later events. None on plans recorded before.
+    owner: str | None = None
 
 
 @register

@@ -9,6 +9,7 @@ from rollout.shared import subjects
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.auth.roles import Role
 from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import NatsServer
@@ -75,3 +76,47 @@ async def test_only_its_owner_or_the_admin_cancels_a_run(
         await alice.close()
         await bob.close()
         await admin.close()
+
+
+async def test_a_colleague_cannot_drive_or_fail_a_plan(
+    service_settings: Settings, services: None, auth_nats: NatsServer
+) -> None:
+    alice_key, bob_key = make_key(auth_nats, Role.RUNNER), make_key(auth_nats, Role.RUNNER)
+    alice, bob = client_for(service_settings, alice_key), client_for(service_settings, bob_key)
+
+    def event(type_: str, version: int, **payload: object) -> rq.RecordPlanEvent:
+        body = {"plan_id": "p-1", **payload}
+        return rq.RecordPlanEvent(plan_id="p-1", type=type_, payload=body, expected_version=version)
+
+    try:
+        started = {"name": "p", "plan_hash": "h", "stages": ["a"]}
+        # Bob cannot start it in alice's name either.
+        denied = await refused_fast(
+            bob.request("tracker", "record_plan_event",
+                        event("plan.started", 0, owner=alice_key.user, **started))
+        )  # fmt: skip
+        assert str(denied).startswith(f"owner: key {bob_key.key_id} may start a plan only"), denied
+        first = await alice.request(
+            "tracker", "record_plan_event", event("plan.started", 0, **started)
+        )
+        # At the plan's newest version, bob's failure would land but for its owner.
+        denied = await refused_fast(
+            bob.request(
+                "tracker", "record_plan_event",
+                event("plan.failed", first["seq"], reason="sabotage"),
+            )
+        )  # fmt: skip
+        assert str(denied).startswith(
+            f"plan p-1 was started by key {alice_key.key_id}, not by key {bob_key.key_id}: "
+            "a key may drive only what it started"
+        ), denied
+        assert "give it another name" in str(denied)
+        moved = await alice.request(
+            "tracker",
+            "record_plan_event",
+            event("plan.stage_started", first["seq"], stage="a", kind="run"),
+        )
+        assert moved["seq"] > first["seq"] and not moved["duplicate"]
+    finally:
+        await alice.close()
+        await bob.close()
