@@ -103,6 +103,7 @@ ATTRIBUTED: frozenset[tuple[str, str]] = frozenset(
         ("tracker", "create_run"),
         ("tracker", "cancel_run"),
         ("tracker", "record_plan_event"),
+        ("tracker", "import_run"),
         ("learner", "create_job"),
         ("learner", "cancel_job"),
     }

@@ -46,7 +46,7 @@ async def cancel_run(cmd: CancelRun, broker: CurrentBroker, pool: Pool) -> Reply
 
 async def import_run(cmd: ImportRun, broker: CurrentBroker, store: Store) -> Reply:
     """Check and record an imported run; answers with its id (the same on a re-import)."""
-    run, duplicate = await imports.import_run(jetstream(broker), cmd, store)
+    run, duplicate = await imports.import_run(jetstream(broker), cmd, store, caller(broker))
     return Reply(
         data={
             "runId": run.run_id,

@@ -189,13 +189,15 @@ def _histories(
 
 
 async def import_run(
-    js: JetStreamContext, cmd: ImportRun, store: ObjectStore
+    js: JetStreamContext, cmd: ImportRun, store: ObjectStore, caller: str = subjects.ANONYMOUS
 ) -> tuple[RunRequested, bool]:
     """Record the import as a run; (its run.requested, True when it was already recorded).
 
-    Its trajectories are claim-checked into `store` like an actor's: stored once.
+    Its trajectories are claim-checked into `store` like an actor's: stored once. The run is
+    its first importer's (`caller`); a repeat import, by anyone, is the same run.
     """
     run, trajectories = await plan_import(js, cmd)
+    run = run.model_copy(update={"owner": caller})
     state = await load_run(js, run.run_id)
     if state.ended is not None:
         return run, True

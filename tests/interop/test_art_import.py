@@ -125,6 +125,8 @@ async def test_art_groups_import_as_a_completed_run_the_buffer_and_learner_use_e
     done = await client.wait_for_run(run_id, timeout_s=60)
     assert done["status"] == "completed", done
     assert (done["total"], done["passed"]) == (4, 2)
+    # The importer's user is the run's owner.
+    assert done["owner"] == subjects.caller_token(client.settings.nats_user)
     assert [r["runId"] for r in await client.list_runs()] == [run_id]  # `rollout runs`
     rollouts = await client.get_rollouts(run_id)
     assert sorted((r["taskIndex"], r["sampleIndex"], r["score"]) for r in rollouts) == [
