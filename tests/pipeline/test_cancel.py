@@ -14,6 +14,7 @@ from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.shared import subjects
+from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.replay import replay_run
 from rollout.shared.settings import Settings
 
@@ -98,3 +99,5 @@ async def test_cancel_from_the_cli_and_a_completed_run_keeps_its_result(
     code, out, err = await rollout(settings, "runs")
     [line] = [line for line in out.splitlines() if line.startswith(run["runId"])]
     assert line.split()[3] == "cancelled", line
+    # ...with who started it.
+    assert line.endswith(f"  {describe_user(subjects.caller_token(settings.nats_user))}"), line

@@ -305,13 +305,14 @@ async def _runs(args: argparse.Namespace) -> int:
             print("no runs yet: `rollout run SLUG --model M`")
         return 0
     print(f"{'RUN':<17} {'ENV':<22} {'MODEL':<26} {'STATUS':<10} {'DONE':>9} {'PASS':>6}"
-          f" {'ERR':>5}")  # fmt: skip
+          f" {'ERR':>5}  BY")  # fmt: skip
     for r in runs:
         done = f"{r['scored']}/{r['total']}"
         # Errored rollouts have no verdict: a run with none judged has no pass rate.
         rate = f"{r['passRate']:.0%}" if r["scored"] > r["errored"] else "-"
+        by = describe_user(r["owner"]) if r.get("owner") else "-"
         print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26}"
-              f" {shown_status(r):<10} {done:>9} {rate:>6} {r['errored']:>5}")  # fmt: skip
+              f" {shown_status(r):<10} {done:>9} {rate:>6} {r['errored']:>5}  {by}")  # fmt: skip
     return 0
 
 
