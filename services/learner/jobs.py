@@ -38,6 +38,7 @@ from rollout.shared.contracts.events import JobCompleted, JobFailed, JobRequeste
 from rollout.shared.contracts.requests import (
     CancelTrainingJob,
     CreateTrainingJob,
+    owned_request_key,
     request_fingerprint,
 )
 from rollout.shared.errors import RolloutError
@@ -71,11 +72,12 @@ class JobWork(BaseModel):
     job_id: str
 
 
-def job_id_for(cmd: CreateTrainingJob) -> str:
-    """The job's id: derived from the client request id (so a retry names the same job)."""
+def job_id_for(cmd: CreateTrainingJob, owner: str | None = None) -> str:
+    """The job's id: derived from its owner's client request id (a retry names the same job)."""
     if cmd.client_request_id is None:
         return new_job_id()
-    return f"{JOB_PREFIX}{deterministic_id('job-request', cmd.client_request_id)[:16]}"
+    key = owned_request_key(owner, cmd.client_request_id)
+    return f"{JOB_PREFIX}{deterministic_id('job-request', *key)[:16]}"
 
 
 async def recorded_job(js: JetStreamContext, job_id: str) -> JobRequested | None:
@@ -90,8 +92,8 @@ async def recorded_job(js: JetStreamContext, job_id: str) -> JobRequested | None
     return body
 
 
-def _check_same(recorded: JobRequested, cmd: CreateTrainingJob, caller: str) -> None:
-    if recorded.request_hash != request_fingerprint(cmd, caller):
+def _check_same(recorded: JobRequested, cmd: CreateTrainingJob) -> None:
+    if recorded.request_hash != request_fingerprint(cmd):
         raise RolloutError(
             f"client_request_id: {cmd.client_request_id!r} was already used for another "
             f"training job (job {recorded.job_id}); send a fresh id with each new command"
@@ -128,15 +130,15 @@ async def create_job(
 
     Once per client request id: the append expects the job's history to be empty, so a retry
     (or a racing duplicate) reads the recorded job back and gets the same reply. The job
-    belongs to `caller` (the request's subject names it); another user reusing the request
-    id is refused, not handed the job.
+    belongs to `caller` (the request's subject names it); its id derives from the caller's
+    request id, so another user's same request id names another job.
     """
-    job_id = job_id_for(cmd)
+    job_id = job_id_for(cmd, caller)
     plan = await plan_job(ctx, cmd, job_id=job_id)
     requested = plan.event.model_copy(
         update={
             "request_id": cmd.client_request_id,
-            "request_hash": request_fingerprint(cmd, caller),
+            "request_hash": request_fingerprint(cmd),
             "owner": caller,
         }
     )
@@ -149,7 +151,7 @@ async def create_job(
         recorded = await recorded_job(ctx.js, job_id)
         if recorded is None:
             raise RolloutError(f"job {job_id} could not be recorded; retry the request")
-        _check_same(recorded, cmd, caller)
+        _check_same(recorded, cmd)
         await _requeue_if_lost(ctx, job_id)
         log.info("job request repeated; same job", job_id=job_id)
     else:

@@ -44,7 +44,12 @@ from rollout.shared.contracts.events import (
     RunStarted,
     SamplingParams,
 )
-from rollout.shared.contracts.requests import CancelRun, CreateRun, request_fingerprint
+from rollout.shared.contracts.requests import (
+    CancelRun,
+    CreateRun,
+    owned_request_key,
+    request_fingerprint,
+)
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RolloutError
@@ -414,10 +419,12 @@ async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
 
 
 def run_id_for(cmd: CreateRun) -> str:
-    """The run's id: derived from the client request id (so a retry names the same run)."""
+    """The run's id: derived from its owner's client request id (a retry names the same run)."""
     if cmd.client_request_id is None:
         return new_id()[:16]
-    return deterministic_id("run-request", cmd.client_request_id)[:16]
+    return deterministic_id("run-request", *owned_request_key(cmd.owner, cmd.client_request_id))[
+        :16
+    ]
 
 
 def same_request(recorded: RunRequested, cmd: CreateRun) -> RunRequested:
@@ -442,8 +449,8 @@ async def create_run(
     The first append for a run id expects an empty history, so of two attempts racing (a
     retry overtaking a slow first try, two replicas) one records the run and the other reads
     it back: never two runs, never an orphan. The run belongs to `caller` (the request's
-    subject names it), or to whom a service starts it for; the owner is part of the request's
-    fingerprint, so another user reusing its request id is refused, not handed the run.
+    subject names it), or to whom a service starts it for; its id derives from the owner's
+    request id, so another user's same request id names another run.
     """
     cmd = cmd.model_copy(update={"owner": owner_for(caller, cmd.owner, "a run")})
     run_id = run_id_for(cmd)

@@ -31,12 +31,13 @@ _SEE_JOBS = "see `rollout jobs` for the model names finished jobs produced"
 
 
 def is_checked(model: str) -> bool:
-    """True for the names this module can check: job ids and `local/...:SUFFIX`."""
+    """True for the names this module can check: job ids, and `BASE:SUFFIX` on a local model's
+    name or a job id (`job-...:SUFFIX`: trained from a job's model)."""
     name = model.strip()
-    if name.startswith(trained.JOB_PREFIX):
-        return True
     parts = split_trained_name(name)
-    return parts is not None and local_model(parts[0]) is not None
+    if parts is not None:
+        return local_model(parts[0]) is not None or bool(_JOB_ID.match(parts[0]))
+    return name.startswith(trained.JOB_PREFIX)
 
 
 async def trained_model_problem(
@@ -46,7 +47,7 @@ async def trained_model_problem(
     name = model.strip()
     if store is None or not is_checked(name):
         return None
-    if name.startswith(trained.JOB_PREFIX):
+    if name.startswith(trained.JOB_PREFIX) and split_trained_name(name) is None:
         if not _JOB_ID.match(name):
             return (
                 f"model: {model!r} is not a job id (job-<16 hex digits>, e.g. job-3f2a9c1d0b7e4a55)"

@@ -37,7 +37,8 @@ def denial(user: str | None, subject: str) -> RolloutError:
     who = f"a {role.value} key" if role else f"user {user}" if user else "this connection"
     problems = []
     parts = subject.split(".")
-    if len(parts) == 4 and parts[1] == "req":
+    # A request subject: `rollout.req.<service>.<verb>`, then the caller for an attributed one.
+    if len(parts) in (4, 5) and parts[1] == "req":
         allowed = [r.value for r in roles_allowed(parts[2], parts[3])]
         problems.append(
             f"this needs a {' or '.join(allowed)} key"

@@ -29,13 +29,21 @@ def _client_request_id() -> Any:
     )
 
 
-def request_fingerprint(request: Request, caller: str | None = None) -> str:
-    """A hash of what a command asks for (its request id aside), and of who asks when given:
-    tells a retry from a reuse."""
-    body = request.model_dump_json(exclude={"client_request_id"})
-    if caller is not None:
-        body += f"\n{caller}"
+def request_fingerprint(request: Request) -> str:
+    """A hash of what a command asks for (its request id and owner aside): tells a retry from a
+    reuse. Who asks is in the id the request id derives (see `owned_request_key`)."""
+    body = request.model_dump_json(exclude={"client_request_id", "owner"})
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def owned_request_key(owner: str | None, client_request_id: str) -> tuple[str, ...]:
+    """What a run's or job's id derives from: its owner's request id. Another user sending the
+    same request id gets an aggregate of its own, so none can take a colleague's next id first
+    (a training job's round runs, a plan's stages: their ids are predictable). An anonymous
+    caller (no auth) keeps the id of the request id alone, as before owners were kept."""
+    if owner is None or owner == "anonymous":
+        return (client_request_id,)
+    return (owner, client_request_id)
 
 
 class Reply(BaseModel):

@@ -354,8 +354,9 @@ def backend_for(record: PolicyRecord, *, path: Path | None = None) -> ModelBacke
 def find_trained(name: str) -> PolicyRecord | None:
     """The newest policy called `name` (a `BASE:SUFFIX` or a job id), or None."""
     name = name.strip()
-    if name.startswith(JOB_PREFIX):
+    if name.startswith(JOB_PREFIX) and ":" not in name:
         return run_sync(lambda: _with_store(lambda s: job_record(s, name)))
+    # `job-...:SUFFIX`: a policy trained from a job's model is named after its base, like any.
     if split_trained_name(name) is None:
         return None
     return run_sync(lambda: _with_store(lambda s: latest_record(s, name)))

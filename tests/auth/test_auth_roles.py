@@ -65,6 +65,7 @@ async def test_viewer_may_query_and_follow_but_not_push_or_run(
         assert "runner" in str(denied)
         denied = await refused_fast(viewer.create_run("refunds", MODEL, n=1))
         assert denied.message == "permission denied: a viewer key cannot start runs"
+        assert denied.problems and "needs a runner key" in denied.problems[0], denied.problems
         denied = await refused_fast(viewer.cancel_run("any-run"))
         assert denied.message == "permission denied: a viewer key cannot cancel runs"
         denied = await refused_fast(viewer.create_training_job("base", "sft", source_run_id="r"))

@@ -52,18 +52,20 @@ async def test_only_its_owner_or_the_admin_cancels_a_run(
         ), denied
         assert (await admin.get_run(run["runId"]))["status"] != "failed"
 
-        # Nor may bob start a run in alice's name, or claim hers by reusing her request id.
+        # Nor may bob start a run in alice's name.
         denied = await refused_fast(bob.create_run("refunds", MODEL, n=1, owner=alice_key.user))
         assert str(denied).startswith(
             f"owner: key {bob_key.key_id} may start a run only for itself"
         ), denied
-        denied = await refused_fast(
-            bob.create_run("refunds", MODEL, n=1, client_request_id="alice-1")
-        )
-        assert "'alice-1' was already used for another run request" in str(denied), denied
-        # Alice's retry of the same request still gets her run back.
+        # Her request id, sent by bob, names a run of bob's: he can neither claim hers nor
+        # take the id of her next one first (a job's round runs, a plan's stages: predictable).
+        squat = await bob.create_run("refunds", MODEL, n=2, client_request_id="alice-2")
+        bobs_copy = await bob.create_run("refunds", MODEL, n=1, client_request_id="alice-1")
+        assert bobs_copy["runId"] != run["runId"]
         again = await alice.create_run("refunds", MODEL, n=1, client_request_id="alice-1")
-        assert again["runId"] == run["runId"]
+        assert again["runId"] == run["runId"]  # her retry still gets her run back
+        hers = await alice.create_run("refunds", MODEL, n=1, client_request_id="alice-2")
+        assert hers["runId"] != squat["runId"] and hers["n"] == 1
 
         ended = await alice.cancel_run(run["runId"], reason="done with it")
         assert ended["reason"].startswith("cancelled: done with it")

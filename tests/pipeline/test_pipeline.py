@@ -111,6 +111,10 @@ async def test_run_completes_with_exactly_tasks_times_n_rollouts(
             "model: no training job 'job-0123456789abcdef'",
         ),
         ({"env_slug": "refunds", "model": "job-../../x"}, "model: 'job-../../x' is not a job id"),
+        (
+            {"env_slug": "refunds", "model": "job-0123456789abcdef:typo"},
+            "model: no trained model 'job-0123456789abcdef:typo'",
+        ),
         ({"env_slug": "refunds", "model": "openai/gpt-4o-mini", "n": 0}, "n: must be between"),
         ({"env_slug": "refunds", "model": "openai/x", "split": "dev"}, "no tasks in split 'dev'"),
         ({"env_slug": "bad slug!", "model": "openai/x"}, "env_slug"),
@@ -144,7 +148,10 @@ async def test_a_published_trained_name_is_accepted(client, settings) -> None:
         job_id="job-00000000000000aa",
     )
     await trained.publish_record(store, record)
-    for name in ("local/tiny-agent:mine", "job-00000000000000aa"):
+    # Trained from that job's model: named after its base, the job id.
+    again = trained.PolicyRecord(model="job-00000000000000aa:more", version=0, uri="file:///x")
+    await trained.publish_record(store, again)
+    for name in ("local/tiny-agent:mine", "job-00000000000000aa", "job-00000000000000aa:more"):
         run = await client.create_run("refunds", name, task_indices=[0])
         assert run["model"] == name
         # Its weights are nowhere: stopped before an actor spends time on them (or ended,
