@@ -302,6 +302,7 @@ class AsyncClient:
         env_slug: str | None = None,
         client_request_id: str | None = None,
         dataset: str | Path | None = None,
+        include_held_out: bool = False,
     ) -> dict[str, Any]:
         """Start a training job; returns a dict with `id`.
 
@@ -310,6 +311,8 @@ class AsyncClient:
         grpo, ppo and opd train online on `env_slug`. `dataset` (an export: .jsonl, .parquet or a
         save_to_disk folder) trains on that snapshot instead of a run: every row is checked
         here first, then its canonical bytes go to the object store and the job names them.
+        A run's rollouts of held-out tasks (splits other than train) are left out unless
+        `include_held_out` (the reply's `heldOutTasksExcluded` counts those tasks).
         """
         method, hyperparams = resolve_method(method, dict(hyperparams or {}))
         source_dataset = None
@@ -334,6 +337,7 @@ class AsyncClient:
                 env_slug=env_slug,
                 client_request_id=client_request_id or new_id(),
                 source_dataset=source_dataset,
+                include_held_out=include_held_out,
             )
         except ValueError as exc:
             raise RolloutError(f"invalid training job: {exc}") from None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic.alias_generators import to_snake
+
 from rollout.shared.stats import newcombe_interval, paired_difference_interval, wilson_interval
 
 _SUMMARY_KEYS = ("runId", "model", "envSlug", "envVersion", "split", "passRate", "meanScore",
@@ -115,6 +117,9 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     delta = newcombe_interval(base["passed"], judged(base), other["passed"], judged(other))
     warnings = comparison_warnings(base, other, set(tasks_b), set(tasks_o))
     paired = _paired_interval(base, other, tasks_b, tasks_o, warnings)
+    # After the pairing: other settings on the same tasks still make pairs; they only make
+    # the delta a measure of model and settings together, which the reader must be told.
+    warnings += settings_warnings(base, other)
     sides = {"base": summary(base), "other": summary(other)}
     mostly = []
     for side, s in sides.items():
@@ -205,6 +210,50 @@ def comparison_warnings(
             f"{': ' + _indices(only_o) if only_o else ''})"
         )
     return warnings
+
+
+# How the settings warnings end: a delta between runs sampled differently measures both.
+_SETTINGS_CAVEAT = "(the delta may come from the settings, not the model)"
+# Sampling fields worth a warning; not the seed: another seed is another draw of the same
+# sampling, which the intervals already allow for.
+_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens")
+
+
+def settings_warnings(base: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """Why a delta may not be the model's: other sampling, max tool calls or budgets."""
+    warnings = []
+    sampling_b, sampling_o = base.get("sampling") or {}, other.get("sampling") or {}
+    # A value one side does not report (an older run, a partial summary) is unknown, not
+    # different: only values both runs carry are compared.
+    diffs = [
+        f"{key} {sampling_b[key]} vs {sampling_o[key]}"
+        for key in _SAMPLING_KEYS
+        if sampling_b.get(key) is not None
+        and sampling_o.get(key) is not None
+        and sampling_b[key] != sampling_o[key]
+    ]
+    if diffs:
+        warnings.append(f"sampling differs: {', '.join(diffs)} {_SETTINGS_CAVEAT}")
+    calls_b, calls_o = base.get("maxToolCalls"), other.get("maxToolCalls")
+    if calls_b is not None and calls_o is not None and calls_b != calls_o:
+        warnings.append(f"max tool calls differ: {calls_b} vs {calls_o} {_SETTINGS_CAVEAT}")
+    # Budgets are a run's overrides (unset: the env's): compared only when both runs carry
+    # them, since a summary without the key says nothing about what the run used.
+    if "budgets" in base and "budgets" in other:
+        budgets_b, budgets_o = _budgets(base["budgets"]), _budgets(other["budgets"])
+        diffs = [
+            f"{key} {budgets_b.get(key, 'env default')} vs {budgets_o.get(key, 'env default')}"
+            for key in sorted(set(budgets_b) | set(budgets_o))
+            if budgets_b.get(key) != budgets_o.get(key)
+        ]
+        if diffs:
+            warnings.append(f"budgets differ: {', '.join(diffs)} {_SETTINGS_CAVEAT}")
+    return warnings
+
+
+def _budgets(value: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's budget overrides by snake_case name, unset ones left out."""
+    return {to_snake(k): v for k, v in (value or {}).items() if v is not None}
 
 
 def _indices(values: list[int], limit: int = 8) -> str:

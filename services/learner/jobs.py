@@ -170,6 +170,8 @@ async def create_job(
         ),
         "envSlug": plan.event.env_slug,
         "trainingRows": len(plan.rows or []),
+        # The source run's tasks of other splits, left out of the training data.
+        "heldOutTasksExcluded": plan.held_out_excluded,
         "pairs": plan.pairs,
     }
 

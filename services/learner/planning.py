@@ -21,7 +21,7 @@ from rollout.services.learner.basemodels import (
 )
 from rollout.services.learner.context import LearnerContext
 from rollout.shared import subjects
-from rollout.shared.aggregates.run import RunState, load_run_head
+from rollout.shared.aggregates.run import RunState, load_run_head, rollout_id
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
 from rollout.shared.errors import RolloutError
@@ -33,6 +33,7 @@ from rollout.shared.models import trained
 from rollout.shared.models.names import check_suffix
 from rollout.shared.models.trained import new_job_id
 from rollout.shared.objectstore import ObjectStore
+from rollout.shared.observability import get_logger
 from rollout.shared.store import env_versions
 
 
@@ -50,6 +51,15 @@ class ProviderOptions(_Options):
     lora: bool | None = None
     beta: float | None = Field(None, ge=0)
     seed: int | None = Field(None, ge=0)
+
+
+_HELD_OUT_WHY = (
+    "a model trained on held-out tasks scores recall on them, not generalisation: a later "
+    "run on that split would overstate what it learned"
+)
+_HELD_OUT_OVERRIDE = "to train on them anyway, pass --include-held-out (include_held_out)"
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -70,6 +80,8 @@ class JobPlan:
     rows: list[dict[str, Any]] | None = None
     pair_meta: list[dict[str, Any]] | None = None
     pairs: int = 0
+    # Tasks of the source run left out of the training data as held out (their splits).
+    held_out_excluded: int = 0
 
 
 def settings(method: Method, base: TrainBase, hyperparams: dict[str, Any]) -> tuple[Any, Any]:
@@ -130,6 +142,53 @@ async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunState:
     return run
 
 
+async def held_out_tasks(js: JetStreamContext, run: RunState) -> dict[int, str]:
+    """The run's tasks outside the train split, with their split (none when it has no env)."""
+    req = run.requested
+    if req is None:
+        return {}
+    env = await env_versions.version(js, req.env_slug, req.env_version)
+    tasks = env.spec.get("tasks", []) if env is not None else []
+    return {
+        t: split
+        for t in req.task_indices
+        if t < len(tasks) and (split := str(tasks[t].get("split", "train"))) != "train"
+    }
+
+
+def _without_held_out(
+    found: training_sets.TrainingSet,
+    held_out: dict[int, str],
+    ids: list[str] | None,
+    run: RunState,
+) -> training_sets.TrainingSet:
+    """`found` less the items of held-out tasks; RolloutError if the caller chose some by id."""
+    req = run.requested
+    assert req is not None
+    splits = ", ".join(sorted(set(held_out.values())))
+    if ids is not None:
+        chosen = set(ids)
+        named = sorted(
+            rid
+            for t in held_out
+            for s in range(req.n)
+            if (rid := rollout_id(run.run_id, t, s)) in chosen
+        )
+        if named:
+            raise RolloutError(
+                f"rollout_ids: {len(named)} of the given rollouts are of held-out tasks "
+                f"(split {splits}), e.g. {named[0]}",
+                problems=[_HELD_OUT_WHY, _HELD_OUT_OVERRIDE],
+            )
+    keep = [k for k, m in enumerate(found.meta) if m.get("task_index") not in held_out]
+    if len(keep) < len(found.items):
+        log.info("held-out tasks left out of the training data", run_id=run.run_id,
+                 tasks=len(held_out), items=len(found.items) - len(keep))  # fmt: skip
+    return training_sets.TrainingSet(
+        [found.items[k] for k in keep], [found.meta[k] for k in keep], found.stats
+    )
+
+
 async def _training_rows(
     nc: Client,
     store: ObjectStore,
@@ -137,8 +196,13 @@ async def _training_rows(
     method: Method,
     run: RunState | None,
     options: Any,
+    held_out: dict[int, str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rows, meta) from the buffer, or from the dataset snapshot; RolloutError when empty."""
+    """(rows, meta) from the buffer, or from the dataset snapshot; RolloutError when empty.
+
+    Rollouts of the run's held-out tasks (`held_out`) are left out: a test run on those tasks
+    would otherwise measure recall of what the model was trained on.
+    """
     ids = cmd.rollout_ids
     margin = float(getattr(options, "min_margin", 0.0))
     if cmd.source_dataset is not None:
@@ -159,6 +223,20 @@ async def _training_rows(
             found = await training_sets.dpo_pairs(
                 nc, store, run.run_id, ids, min_margin=margin, after_seq=run.ended_seq
             )
+        if held_out:
+            had = len(found.items)
+            found = _without_held_out(found, held_out, ids, run)
+            if had and not found.items:
+                # Only held-out tasks had anything to learn from (else the usual "none" below).
+                splits = ", ".join(sorted(set(held_out.values())))
+                raise RolloutError(
+                    f"{source} has nothing to train on outside its held-out tasks (split {splits})",
+                    problems=[
+                        "train on a run of the train split (`rollout run ... --split train`)",
+                        _HELD_OUT_WHY,
+                        _HELD_OUT_OVERRIDE,
+                    ],
+                )
     if method.data == "sft":
         if not found.items:
             considered = int(found.stats.get("examples", 0) + found.stats.get("skipped", 0))
@@ -233,6 +311,7 @@ async def plan_job(
             suffix=cmd.suffix,
             hyperparams=dict(cmd.hyperparams),
             source_dataset=cmd.source_dataset,
+            include_held_out=cmd.include_held_out,
         ),
         method=method,
         base=base,
@@ -260,7 +339,13 @@ async def plan_job(
         plan.run = await _source_run(js, cmd)
     if cmd.rollout_ids is not None and not cmd.rollout_ids:
         raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
-    plan.rows, meta = await _training_rows(ctx.nc, ctx.store, cmd, method, plan.run, options)
+    held_out = {} if plan.run is None else await held_out_tasks(js, plan.run)
+    if cmd.include_held_out:
+        held_out = {}
+    plan.rows, meta = await _training_rows(
+        ctx.nc, ctx.store, cmd, method, plan.run, options, held_out
+    )
+    plan.held_out_excluded = len(held_out)
     if method.data == "pairs":
         plan.pair_meta, plan.pairs = meta, len(plan.rows)
     return plan
@@ -342,4 +427,5 @@ def request_of(event: JobRequested) -> CreateTrainingJob:
         suffix=event.suffix,
         hyperparams=event.hyperparams,
         source_dataset=event.source_dataset,
+        include_held_out=event.include_held_out,
     )

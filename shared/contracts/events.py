@@ -262,6 +262,8 @@ class JobRequested(Payload):
     # The NATS user that asked for the job: who, besides the admin, may cancel it (None on
     # jobs recorded before owners were kept).
     owner: str | None = None
+    # Whether it may train on the source run's held-out tasks (splits other than train).
+    include_held_out: bool = False
 
 
 @register

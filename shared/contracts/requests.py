@@ -191,6 +191,11 @@ class CreateTrainingJob(Request):
         None,
         description="train on this exported dataset snapshot instead of a run (sft, dpo, kto, rm)",
     )
+    include_held_out: bool = Field(
+        False,
+        description="also train on the run's rollouts of held-out tasks (a split other than "
+        "train); left out by default, so a later test run measures what was not trained on",
+    )
 
 
 class GetJob(Request):

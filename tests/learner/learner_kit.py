@@ -125,7 +125,11 @@ def start_learner(settings: Settings, log: Path, **extra: str) -> subprocess.Pop
 async def scripted_run(
     client: Any, server: Any, *, n: int = 4, tasks: int = 3, **options: Any
 ) -> dict[str, Any]:
-    """Push the refund env and run the scripted agent on it; return the completed run."""
+    """Push the refund env and run the scripted agent on it; return the completed run.
+
+    On the train split unless told otherwise (task 0 is held out): jobs train on train tasks.
+    """
+    options.setdefault("split", "train")
     await client.push_environment(refund_env(tasks=tasks))
     run = await client.create_run(
         "refunds", f"{server.base_url}#scripted", n=n, temperature=0.0, **options

@@ -88,6 +88,55 @@ def test_comparison_warns_about_other_versions_splits_and_task_sets() -> None:
     assert "different environments (ticket-routing vs fix-calc)" in warnings[0]
 
 
+_DEFAULTS = {
+    "sampling": {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None},
+    "maxToolCalls": 16,
+}
+_CAVEAT = " (the delta may come from the settings, not the model)"
+
+
+def test_comparison_warns_when_the_runs_were_sampled_differently(capsys) -> None:
+    base = _run("a", 4, 16, **_DEFAULTS)
+    # Alike but for the seed (another draw of the same sampling): nothing to warn about.
+    reseeded = _run("b", 12, 16, **_DEFAULTS | {"sampling": _DEFAULTS["sampling"] | {"seed": 7}})
+    assert comparison(base, reseeded)["warnings"] == []
+    assert comparison(base, _run("b", 12, 16, **_DEFAULTS))["warnings"] == []
+
+    # `--temperature 1.5 --max-tool-calls 1 --max-tokens 16 --top-p 0.9` against the defaults.
+    sampling = {"temperature": 1.5, "top_p": 0.9, "max_tokens": 16, "seed": None}
+    result = comparison(base, _run("b", 12, 16, sampling=sampling, maxToolCalls=1))
+    assert result["warnings"] == [
+        "sampling differs: temperature 0.7 vs 1.5, top_p 1.0 vs 0.9, max_tokens 512 vs 16"
+        + _CAVEAT,
+        "max tool calls differ: 16 vs 1" + _CAVEAT,
+    ]
+    print_comparison(result)
+    err = capsys.readouterr().err
+    assert "warning: sampling differs: temperature 0.7 vs 1.5" in err
+    assert "warning: max tool calls differ: 16 vs 1" in err
+
+    # Budgets, where the summaries carry them: an override against the env's default.
+    budgeted = _run("b", 12, 16, **_DEFAULTS, budgets={"maxTurnTokens": 8})
+    assert comparison(_run("a", 4, 16, **_DEFAULTS, budgets=None), budgeted)["warnings"] == [
+        "budgets differ: max_turn_tokens env default vs 8" + _CAVEAT
+    ]
+    same = _run("a", 4, 16, **_DEFAULTS, budgets={"max_turn_tokens": 8})
+    assert comparison(same, budgeted)["warnings"] == []
+    # A summary without the settings (an older run) is unknown, not different.
+    assert comparison(_run("a", 4, 16), budgeted)["warnings"] == []
+
+
+def test_other_settings_still_pair_the_same_tasks() -> None:
+    base, other = _pairs(7, 5, 0, 4)
+    result = comparison(
+        _greedy_run("a", base, **_DEFAULTS), _greedy_run("b", other, maxToolCalls=1)
+    )
+    assert result["warnings"] == ["max tool calls differ: 16 vs 1" + _CAVEAT]
+    assert result["deltaPassRatePairedInterval"] == list(
+        paired_difference_interval(base, other)[1:]
+    )
+
+
 def _pairs(both: int, only_other: int, only_base: int, neither: int) -> tuple[list, list]:
     base = [True] * both + [False] * only_other + [True] * only_base + [False] * neither
     other = [True] * both + [True] * only_other + [False] * only_base + [False] * neither

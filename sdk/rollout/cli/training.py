@@ -80,6 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="any other hyperparameter (repeatable), e.g. --set save_every=10",
     )
+    p.add_argument(
+        "--include-held-out",
+        action="store_true",
+        help=f"also train on the run's held-out tasks ({offline}; left out by default, so a "
+        "test run measures tasks the model never trained on)",
+    )
     p.add_argument("--follow", "-f", action="store_true", help="show progress until it ends")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_improve(a)))
@@ -210,7 +216,12 @@ async def _improve(args: argparse.Namespace) -> int:
             hyperparams=hyperparams(args),
             env_slug=args.env_slug,
             dataset=args.dataset,
+            include_held_out=args.include_held_out,
         )
+        if (held := job.get("heldOutTasksExcluded")) and not args.json:
+            # Said up front: the run scored tasks the job will not learn from.
+            print(f"  left out {held} held-out task(s) of run {args.run_id} (--include-held-out"
+                  " to train on them)")  # fmt: skip
         if args.follow:
             if not args.json:
                 print(f"job {job['id']}: {args.method} of {args.model} -> {job['model']}")

@@ -1,0 +1,64 @@
+"""A job trained on a run leaves out the run's held-out tasks: a later test run measures tasks
+the model never trained on. Choosing held-out rollouts by id is refused; the flag overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from learner_kit import scripted_run
+from pipeline.kit import refund_env
+
+from rollout.errors import RolloutError
+from rollout.shared.aggregates.run import rollout_id
+
+SFT = {"max_steps": 1, "batch_size": 2}
+
+
+async def test_held_out_tasks_are_left_out_of_training(
+    client, agent_server, tiny_model: Path, learner_env
+) -> None:
+    # Every task, the held-out one (task 0, split test) included: the run a user makes first.
+    run = await scripted_run(client, agent_server, n=2, tasks=3, split=None)
+    assert run["total"] == 6, run
+    assert refund_env(tasks=3)["tasks"][0]["split"] == "test"
+    passing = set(await client.passing_rollout_ids(run["runId"]))
+    held_out = {rollout_id(run["runId"], 0, s) for s in range(2)}
+    assert passing - held_out and passing & held_out, "both splits must have passing rollouts"
+    base = f"hf:{tiny_model}"
+
+    job = await client.create_training_job(
+        base_model=base, method="sft", source_run_id=run["runId"], hyperparams=SFT
+    )
+    assert job["trainingRows"] == len(passing - held_out), job
+    assert job["heldOutTasksExcluded"] == 1, job
+
+    held = sorted(passing & held_out)[0]
+    with pytest.raises(RolloutError) as caught:
+        await client.create_training_job(
+            base_model=base, method="sft", source_run_id=run["runId"], hyperparams=SFT,
+            rollout_ids=[*sorted(passing - held_out), held],
+        )  # fmt: skip
+    assert str(caught.value).startswith(
+        f"rollout_ids: 1 of the given rollouts are of held-out tasks (split test), e.g. {held}"
+    ), caught.value
+    assert "--include-held-out" in str(caught.value)
+
+    both = await client.create_training_job(
+        base_model=base, method="sft", source_run_id=run["runId"], hyperparams=SFT,
+        include_held_out=True,
+    )  # fmt: skip
+    assert both["trainingRows"] == len(passing) and both["heldOutTasksExcluded"] == 0, both
+
+
+async def test_a_run_of_held_out_tasks_alone_is_refused_for_training(
+    client, agent_server, tiny_model: Path, learner_env
+) -> None:
+    run = await scripted_run(client, agent_server, n=2, tasks=3, split="test")
+    with pytest.raises(RolloutError) as caught:
+        await client.create_training_job(
+            base_model=f"hf:{tiny_model}", method="dpo", source_run_id=run["runId"]
+        )
+    assert str(caught.value).startswith(
+        f"run {run['runId']} has nothing to train on outside its held-out tasks (split test)"
+    ), caught.value
