@@ -11,6 +11,7 @@ import httpx
 from faststream import Context
 from faststream.nats import NatsRoute
 
+from rollout.services.actor import redelivery
 from rollout.services.actor.generate import (
     dumped_batch,
     failed_batch,
@@ -203,6 +204,29 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
         log.info("run ended; work item skipped", run_id=work.run_id,
                  work_item_id=work.work_item_id, ended=ended.event_type)  # fmt: skip
         return
+    todo = work
+    if delivery.number > 1:
+        # An earlier delivery may have published part of it before its replica died.
+        done = await redelivery.already_generated(js, work)
+        published.update(done)
+        todo = redelivery.remaining(work, done)
+        if done:
+            log.info("work item redelivered; generating only the rest", run_id=work.run_id,
+                     work_item_id=work.work_item_id, on_the_log=len(done),
+                     rest=len(todo.items))  # fmt: skip
+        if not todo.items:
+            return
+    if delivery.number > delivery.limit:
+        # Every earlier delivery ended without an answer: the item kills its replicas.
+        reason = redelivery.abandoned_reason(delivery.number)
+        log.error("work item abandoned", run_id=work.run_id,
+                  work_item_id=work.work_item_id, reason=reason)  # fmt: skip
+        await publish(
+            failed_batch(todo, reason, actor_id=actor.actor_id,
+                         delivery_attempt=delivery.number, kind="infra"),
+            last=True,
+        )  # fmt: skip
+        return
     async with working_on(raw, every_s=actor.keepalive_s):
         stage: ErrorKind = "env"
         try:
@@ -217,7 +241,7 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
             version = getattr(backend, "policy_version", None)
             task = asyncio.ensure_future(
                 generate_batch(
-                    work,
+                    todo,
                     spec,
                     backend,
                     actor_id=actor.actor_id,
@@ -245,7 +269,7 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
             delivery.retry(exc)
             kind: ErrorKind = "infra" if isinstance(exc, OSError | ObjectStoreError) else stage
             rollouts = failed_batch(
-                work,
+                todo,
                 delivery.gave_up(f"generation failed: {describe(exc)}"),
                 actor_id=actor.actor_id,
                 delivery_attempt=delivery.number,

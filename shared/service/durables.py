@@ -48,6 +48,8 @@ TRACKER_FANOUT = Consumer(
 
 # The items of one fetch are handled concurrently (each acked on its own); the service sets
 # the fetch size to its concurrency and the AckWait from its settings.
+# Unlimited deliveries: the handler counts them (an item that kills every replica is recorded
+# as errored past its limit, services/actor/redelivery.py) rather than JetStream dropping it.
 ACTORS = Consumer(
     _WORK,
     "actors",
@@ -55,6 +57,7 @@ ACTORS = Consumer(
     title="actor/generate",
     description="Generates a batch of rollouts and emits them as one rollout.generated event.",
     batch_size=4,
+    max_deliver=-1,
 )
 
 # --- verifier --------------------------------------------------------------------------
