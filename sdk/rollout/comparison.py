@@ -183,7 +183,8 @@ def _paired_interval(
 def comparison_warnings(
     base: dict[str, Any], other: dict[str, Any], base_tasks: set[int], other_tasks: set[int]
 ) -> list[str]:
-    """Why the two runs may not be comparable: another env, env version, split or task set."""
+    """Why the two runs may not be comparable: another env, env version, split or task set, or
+    rewards imported rather than verified here."""
     warnings = []
     if base.get("envSlug") != other.get("envSlug"):
         warnings.append(
@@ -209,6 +210,15 @@ def comparison_warnings(
             f"{': ' + _indices(only_b) if only_b else ''}, {len(only_o)} only in other"
             f"{': ' + _indices(only_o) if only_o else ''})"
         )
+    sides = (base,) if base.get("runId") == other.get("runId") else (base, other)
+    for side in sides:
+        if side.get("source"):
+            # An importer's rewards were decided elsewhere, by code this platform never ran.
+            warnings.append(
+                f"run {side.get('runId')}'s rewards were imported from {side['source']} (recorded "
+                f"there, not verified here); `rollout replay {side.get('runId')} --reverify` "
+                "re-scores them with the env's verifier"
+            )
     return warnings
 
 

@@ -65,12 +65,14 @@ async def _run_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunReque
     await c.execute(
         "insert into runs(run_id, name, env_slug, env_version, env_hash, model, n, split,"
         " parent_run_id, sampling, max_tool_calls, policy_version, status, created_at,"
-        " deadline_s, task_count, owner)"
-        " values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,'queued',$13,$14,$15,$16)"
-        " on conflict do nothing",
+        " deadline_s, task_count, owner, budgets, source)"
+        " values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,'queued',$13,$14,$15,$16,"
+        "$17::jsonb,$18) on conflict do nothing",
         p.run_id, p.name, p.env_slug, p.env_version, p.env_hash, p.model, p.n, p.split,
         p.parent_run_id, _json(p.sampling.model_dump(mode="json")), p.max_tool_calls,
         p.policy_version, e.time, p.deadline_s, len(p.task_indices), p.owner,
+        _json(p.budgets.model_dump(mode="json", exclude_none=True)) if p.budgets else None,
+        p.source,
     )  # fmt: skip
 
 

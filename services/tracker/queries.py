@@ -28,7 +28,8 @@ _REPLY_ROOM = 4 * 1024
 _RUN_COLUMNS = (
     "run_id, name, env_slug, env_version, env_hash, model, n, split, parent_run_id, sampling,"
     " max_tool_calls, policy_version, status, total, generated, scored, passed, errored,"
-    " score_sum, reason, created_at, started_at, finished_at, deadline_s, task_count, owner"
+    " score_sum, reason, created_at, started_at, finished_at, deadline_s, task_count, owner,"
+    " budgets, source"
 )
 
 
@@ -67,6 +68,10 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
         "taskCount": row["task_count"],
         # Who started it (a key's NATS user, a service's, the admin's); None before owners.
         "owner": row.get("owner"),
+        # The run's budget overrides (None: the env's, else the platform's defaults).
+        "budgets": json.loads(row["budgets"]) if row.get("budgets") else None,
+        # Where an imported run's rewards came from (None: scored by this platform's verifier).
+        "source": row.get("source"),
         "createdAt": _iso(row["created_at"]),
         "startedAt": _iso(row["started_at"]),
         "finishedAt": _iso(row["finished_at"]),

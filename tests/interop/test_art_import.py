@@ -136,7 +136,13 @@ async def test_art_groups_import_as_a_completed_run_the_buffer_and_learner_use_e
     # `rollout compare`: per task, as for any run of the env.
     compared = comparison(done, await client.get_run(run_id))
     assert [(t["taskIndex"], t["basePassRate"]) for t in compared["tasks"]] == [(1, 0.5), (2, 0.5)]
-    assert compared["deltaPassRate"] == 0.0 and compared["warnings"] == []
+    assert compared["deltaPassRate"] == 0.0
+    # Its rewards were ART's, never verified here: said wherever it is compared.
+    assert done["source"] == "art"
+    assert compared["warnings"] == [
+        f"run {run_id}'s rewards were imported from art (recorded there, not verified here); "
+        f"`rollout replay {run_id} --reverify` re-scores them with the env's verifier"
+    ]
 
     # The buffer holds them, with ART's sampled tokens, for SFT and GRPO alike.
     async def buffered() -> bool:

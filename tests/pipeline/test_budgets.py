@@ -17,6 +17,7 @@ from pipeline.kit import refund_env
 from waiting import wait_until
 
 from rollout.client import AsyncClient
+from rollout.comparison import settings_warnings
 from rollout.errors import RolloutError
 
 TASKS = 3
@@ -69,6 +70,12 @@ async def test_degenerate_policies_end_at_their_budgets_and_the_run_says_which(
         rambling_bodies = rambles.chat_bodies
     for run in runs.values():
         assert run["status"] == "completed" and run["generated"] == TASKS, run["reason"]
+    # A run's overrides are on its summary (what `rollout compare` warns about); none: None.
+    assert runs["rambling"]["budgets"] == {"max_turn_tokens": 100, "max_rollout_tokens": 250}
+    assert runs["healthy"]["budgets"] is None
+    assert "budgets differ: max_rollout_tokens env default vs 250" in " ".join(
+        settings_warnings(runs["healthy"], runs["rambling"])
+    )
 
     assert runs["healthy"]["endedBy"] == {"model": TASKS}
     # Each rollout says it in the same words as the run's counts.

@@ -322,6 +322,9 @@ def print_run(run: dict[str, Any]) -> None:
           f"  model {run['model']}  n={run['n']}")  # fmt: skip
     if run.get("owner"):
         print(f"  started by {describe_user(run['owner'])}")
+    if run.get("source"):
+        print(f"  rewards imported from {run['source']}: recorded there, not verified here"
+              f" (`rollout replay {run['runId']} --reverify` re-scores them)")  # fmt: skip
     if run.get("reason"):
         print(f"  reason: {run['reason']}")
     # Rates are over verdicts: errored rollouts (no verdict) are counted on their own, and
