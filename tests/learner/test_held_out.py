@@ -55,9 +55,10 @@ async def test_a_run_of_held_out_tasks_alone_is_refused_for_training(
     client, agent_server, tiny_model: Path, learner_env
 ) -> None:
     run = await scripted_run(client, agent_server, n=2, tasks=3, split="test")
+    assert await client.passing_rollout_ids(run["runId"]), "nothing would be left out"
     with pytest.raises(RolloutError) as caught:
         await client.create_training_job(
-            base_model=f"hf:{tiny_model}", method="dpo", source_run_id=run["runId"]
+            base_model=f"hf:{tiny_model}", method="sft", source_run_id=run["runId"]
         )
     assert str(caught.value).startswith(
         f"run {run['runId']} has nothing to train on outside its held-out tasks (split test)"
