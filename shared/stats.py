@@ -16,7 +16,7 @@ Z95 = 1.959963984540054
 """The two-sided 95% standard normal quantile."""
 
 
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+def wilson_interval(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of `successes` out of `n` (0..1 when n is 0: nothing known)."""
     if n < 0 or not 0 <= successes <= max(n, 0):
         raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
@@ -34,7 +34,7 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 
 
 def newcombe_interval(
-    base_successes: int, base_n: int, other_successes: int, other_n: int, z: float = Z95
+    base_successes: float, base_n: float, other_successes: float, other_n: float, z: float = Z95
 ) -> tuple[float, float]:
     """Newcombe's hybrid score interval of other rate - base rate (independent samples)."""
     p1 = base_successes / base_n if base_n else 0.0
@@ -45,6 +45,29 @@ def newcombe_interval(
     lower = d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2)
     upper = d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
     return max(-1.0, lower), min(1.0, upper)
+
+
+def design_effect(per_task: Sequence[tuple[float, float]]) -> float:
+    """How much wider than binomial a pass rate's variance is when samples come in tasks.
+
+    `per_task` is (passed, judged) for each task. The n samples of one task are not independent
+    trials: a task the model always solves passes all n. The cluster-robust (sandwich) variance
+    over tasks, divided by the binomial variance of the pooled rate, is the design effect
+    (Kish): the pooled count over it is the effective number of independent trials. At least
+    1 (never narrower than binomial); 1 with one sample per task, fewer than two tasks, or a
+    rate of 0 or 1.
+    """
+    tasks = [(p, n) for p, n in per_task if n > 0]
+    total = sum(n for _, n in tasks)
+    if len(tasks) < 2 or total == 0 or all(n == 1 for _, n in tasks):
+        return 1.0
+    rate = sum(p for p, _ in tasks) / total
+    binomial = rate * (1 - rate) / total
+    if binomial <= 0:
+        return 1.0
+    k = len(tasks)
+    clustered = k / (k - 1) * sum((p - rate * n) ** 2 for p, n in tasks) / (total * total)
+    return max(1.0, clustered / binomial)
 
 
 def format_interval(interval: tuple[float, float], *, signed: bool = False) -> str:

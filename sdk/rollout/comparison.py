@@ -6,7 +6,12 @@ from typing import Any
 
 from pydantic.alias_generators import to_snake
 
-from rollout.shared.stats import newcombe_interval, paired_difference_interval, wilson_interval
+from rollout.shared.stats import (
+    design_effect,
+    newcombe_interval,
+    paired_difference_interval,
+    wilson_interval,
+)
 
 _SUMMARY_KEYS = ("runId", "model", "envSlug", "envVersion", "split", "passRate", "meanScore",
                  "passed", "scored", "errored")  # fmt: skip
@@ -80,8 +85,10 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Headline and per-task deltas of OTHER against BASE, with 95% intervals and warnings.
 
     Pass-rate intervals are Wilson score intervals over the scored rollouts; the difference's
-    is Newcombe's hybrid score interval (independent runs). Rollouts of one task are counted as
-    independent trials, so with n > 1 per task the intervals are on the narrow side. When both
+    is Newcombe's hybrid score interval (independent runs). With n > 1 samples per task, the
+    samples of a task are not independent trials: the counts are divided by the run's design
+    effect over its tasks (`designEffect`), so eight samples of a task the model always solves
+    weigh about as one. When both
     runs scored one rollout of each of the same tasks of the same env version (two greedy
     evaluations of a test split), the tasks are pairs and the paired interval is given too.
     Errored rollouts have no verdict and are no trials: each side's errors are a warning, and
@@ -105,22 +112,39 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
             }
         )
 
-    def summary(run: dict[str, Any]) -> dict[str, Any]:
+    effects = {"base": _design_effect(base), "other": _design_effect(other)}
+
+    def trials(run: dict[str, Any], side: str) -> tuple[float, float]:
+        # Over the verdicts, as the pass rate is (errored rollouts are no trials), and as many
+        # independent trials as the task clustering leaves (`design_effect`).
+        effect = effects[side] or 1.0
+        return run["passed"] / effect, judged(run) / effect
+
+    def summary(run: dict[str, Any], side: str) -> dict[str, Any]:
         out = {k: run.get(k) for k in _SUMMARY_KEYS}
         out["errored"] = out["errored"] or 0
         out["judged"] = judged(run)
-        # Over the verdicts, as the pass rate is: errored rollouts are no trials.
-        out["passRateInterval"] = list(wilson_interval(run["passed"], judged(run)))
+        out["passRateInterval"] = list(wilson_interval(*trials(run, side)))
+        out["designEffect"] = effects[side]
         out["errorSummary"] = run.get("errorSummary") or error_summary(run)
         return out
 
-    delta = newcombe_interval(base["passed"], judged(base), other["passed"], judged(other))
+    delta = newcombe_interval(*trials(base, "base"), *trials(other, "other"))
     warnings = comparison_warnings(base, other, set(tasks_b), set(tasks_o))
+    unclustered = [
+        f"{side} {run.get('runId')}" for side, run in (("base", base), ("other", other))
+        if effects[side] is None
+    ]  # fmt: skip
+    if unclustered:
+        warnings.append(
+            f"{' and '.join(unclustered)}: several samples per task, but not every task's "
+            "counts were read, so the intervals count them as independent trials (too narrow)"
+        )
     paired = _paired_interval(base, other, tasks_b, tasks_o, warnings)
     # After the pairing: other settings on the same tasks still make pairs; they only make
     # the delta a measure of model and settings together, which the reader must be told.
     warnings += settings_warnings(base, other)
-    sides = {"base": summary(base), "other": summary(other)}
+    sides = {"base": summary(base, "base"), "other": summary(other, "other")}
     mostly = []
     for side, s in sides.items():
         if (errors := s["errorSummary"]) is not None:
@@ -140,6 +164,18 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         "warnings": warnings,
         "tasks": rows,
     }
+
+
+def _design_effect(run: dict[str, Any]) -> float | None:
+    """The run's design effect over its tasks (shared.stats.design_effect); None when it has
+    several samples per task but its task table is partial (not every task's counts known)."""
+    tasks = run.get("tasks") or []
+    if run.get("tasksCursor") is not None or not tasks:
+        return None if (run.get("n") or 1) > 1 else 1.0
+    counts = [
+        (t.get("passed") or 0, (t.get("scored") or 0) - (t.get("errored") or 0)) for t in tasks
+    ]
+    return design_effect(counts)
 
 
 def _judged_task(task: dict[str, Any] | None) -> dict[str, Any] | None:

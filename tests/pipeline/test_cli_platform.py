@@ -81,9 +81,13 @@ async def test_push_run_compare_replay_through_the_cli(
     assert cmp["deltaPassRate"] == other["passRate"] - base["passRate"]
     assert [t["taskIndex"] for t in cmp["tasks"]] == [0, 1]
     # 95% intervals: Wilson per run over its scored rollouts, Newcombe for the difference.
-    assert cmp["base"]["passRateInterval"] == list(wilson_interval(base["passed"], 8))
+    # Four samples per task are not four independent trials: the counts are divided by each
+    # run's design effect over its two tasks (1 when the samples vary as much within a task).
+    b, o = cmp["base"]["designEffect"], cmp["other"]["designEffect"]
+    assert b >= 1.0 and o >= 1.0
+    assert cmp["base"]["passRateInterval"] == list(wilson_interval(base["passed"] / b, 8 / b))
     assert cmp["deltaPassRateInterval"] == list(
-        newcombe_interval(base["passed"], 8, other["passed"], 8)
+        newcombe_interval(base["passed"] / b, 8 / b, other["passed"] / o, 8 / o)
     )
     assert cmp["warnings"] == []  # same env version, split and tasks
     code, out, err = await rollout(settings, "compare", base["runId"], other["runId"])
@@ -241,8 +245,12 @@ async def test_a_partly_errored_run_names_its_errors_and_still_compares(
     assert any(
         w.startswith(f"other {run['runId']}: 2 of 6 rollouts errored") for w in result["warnings"]
     )
-    # The interval is over the 4 verdicts, as the pass rate is.
-    assert result["other"]["passRateInterval"] == list(wilson_interval(run["passed"], 4))
+    # The interval is over the 4 verdicts, as the pass rate is (as independent trials as the
+    # task clustering leaves: its design effect).
+    effect = result["other"]["designEffect"]
+    assert result["other"]["passRateInterval"] == list(
+        wilson_interval(run["passed"] / effect, 4 / effect)
+    )
     task_1 = next(t for t in result["tasks"] if t["taskIndex"] == 1)
     assert task_1["otherPassRate"] is None and task_1["deltaPassRate"] is None
     code, out, err = await rollout(settings, "compare", good, run["runId"])

@@ -7,6 +7,7 @@ import pytest
 from rollout.cli.platform import comparison, print_comparison
 from rollout.comparison import error_summary
 from rollout.shared.stats import (
+    design_effect,
     format_interval,
     newcombe_interval,
     paired_difference_interval,
@@ -254,3 +255,57 @@ def test_a_task_whose_every_rollout_errored_has_no_rate(capsys) -> None:
     assert result["tasks"][1]["deltaPassRate"] is None
     print_comparison(result)
     assert "1 errored left out" in capsys.readouterr().out
+
+
+def _sampled_run(run_id: str, per_task: list[int], n: int) -> dict:
+    """A run of len(per_task) tasks, n samples each, per_task[i] of them passed."""
+    passed, scored = sum(per_task), n * len(per_task)
+    return {
+        "runId": run_id, "model": "m", "envSlug": "ticket-routing", "envVersion": 1,
+        "envHash": "h1", "split": "test", "n": n, "passed": passed, "scored": scored,
+        "passRate": passed / scored, "meanScore": passed / scored,
+        "tasks": [
+            {"taskIndex": i, "n": n, "scored": n, "errored": 0, "passed": k,
+             "passRate": k / n, "meanScore": k / n}
+            for i, k in enumerate(per_task)
+        ],
+    }  # fmt: skip
+
+
+def test_samples_of_one_task_are_not_counted_as_independent_trials(capsys) -> None:
+    # A deterministic player: each task passes all its samples or none. Eight samples per task
+    # carry no more than one does, and the interval must not pretend otherwise.
+    once = comparison(_sampled_run("a", [1, 0] * 48, 1), _sampled_run("b", [1, 0] * 48, 1))
+    eight = comparison(_sampled_run("a", [8, 0] * 48, 8), _sampled_run("b", [8, 0] * 48, 8))
+    assert once["base"]["designEffect"] == 1.0
+    assert eight["base"]["designEffect"] == pytest.approx(8 * 96 / 95, rel=1e-9)
+    low1, high1 = once["base"]["passRateInterval"]
+    low8, high8 = eight["base"]["passRateInterval"]
+    assert abs(low8 - low1) < 0.01 and abs(high8 - high1) < 0.01, (low1, high1, low8, high8)
+    assert (high8 - low8) > 2 * (high1 - low1) / 3  # was a third as wide, counted as 768 trials
+    width = eight["deltaPassRateInterval"][1] - eight["deltaPassRateInterval"][0]
+    width1 = once["deltaPassRateInterval"][1] - once["deltaPassRateInterval"][0]
+    assert abs(width - width1) < 0.02
+    print_comparison(eight, per_task=False)
+    assert (
+        "(samples of a task are correlated: counted as independent trials base as 95, other"
+        " as 95)" in capsys.readouterr().out
+    )
+    # Samples that vary within every task as much as across them are independent trials.
+    mixed = comparison(_sampled_run("a", [4] * 96, 8), _sampled_run("b", [4] * 96, 8))
+    assert mixed["base"]["designEffect"] == 1.0
+    assert mixed["base"]["passRateInterval"] == list(wilson_interval(384, 768))
+
+
+def test_design_effect_edges() -> None:
+    assert design_effect([]) == 1.0
+    assert design_effect([(3, 8)]) == 1.0  # one task: nothing to cluster on
+    assert design_effect([(8, 8), (8, 8)]) == 1.0  # a rate of 1: no variance either way
+    assert design_effect([(1, 1), (0, 1), (1, 1)]) == 1.0  # one sample per task
+
+
+def test_a_partial_task_table_with_several_samples_is_said_to_be_too_narrow() -> None:
+    base = _sampled_run("a", [8, 0] * 4, 8) | {"tasksCursor": "4"}
+    result = comparison(base, _sampled_run("b", [8, 0] * 4, 8))
+    assert result["base"]["designEffect"] is None
+    assert any("base a: several samples per task" in w for w in result["warnings"])

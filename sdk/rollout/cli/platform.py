@@ -456,6 +456,14 @@ def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
           + (f", {errored} errored left out" if errored else "") +
           "; the delta's is Newcombe's" + ("; paired: the same tasks, one rollout each, "
           "Newcombe's paired method" if paired is not None else "") + ")")  # fmt: skip
+    effects = [(s, x["designEffect"]) for s, x in (("base", base), ("other", other))
+               if (x.get("designEffect") or 1.0) > 1.0]  # fmt: skip
+    if effects:
+        # Samples of one task move together: fewer independent trials than rollouts.
+        said = ", ".join(
+            f"{side} as {result[side]['judged'] / effect:.0f}" for side, effect in effects
+        )
+        print(f"(samples of a task are correlated: counted as independent trials {said})")
     if not per_task:
         return
     print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
