@@ -23,9 +23,13 @@ def run_view(row: asyncpg.Record) -> dict[str, Any]:
     """A run row with its pass rate, 95% Wilson interval and progress."""
     out = dict(row)
     scored, total = row["scored"], row["total"]
-    out["pass_rate"] = row["passed"] / scored if scored else None
-    out["interval"] = wilson_interval(row["passed"], scored) if scored else None
-    out["mean_score"] = row["score_sum"] / scored if scored else None
+    # Rates are over verdicts, as the CLI's and the tracker's are: an errored rollout (scored,
+    # but with no verdict) is no trial and no zero.
+    judged = scored - (row.get("errored") or 0)
+    out["judged"] = judged
+    out["pass_rate"] = row["passed"] / judged if judged > 0 else None
+    out["interval"] = wilson_interval(row["passed"], judged) if judged > 0 else None
+    out["mean_score"] = row["score_sum"] / judged if judged > 0 else None
     out["progress"] = scored / total if total else 0.0
     if isinstance(out.get("sampling"), str):
         out["sampling"] = json.loads(out["sampling"])

@@ -96,3 +96,15 @@ def test_the_trajectory_page_says_whether_its_weights_are_its_versions() -> None
     assert "no proof of weights" in missing and 'class="bad"' in missing
     unknown = provenance({"weights_sha256": v1}, {})
     assert "no digest announced for v2" in unknown
+
+
+def test_a_run_rate_is_over_its_verdicts_as_in_the_cli() -> None:
+    from rollout.services.ui.queries import run_view
+
+    # 6 scored: 2 passed, 2 failed, 2 errored (no verdict): 50%, as `rollout show` says.
+    row = {"scored": 6, "errored": 2, "passed": 2, "total": 6, "score_sum": 2.5}
+    view = run_view(row)  # type: ignore[arg-type]
+    assert view["judged"] == 4 and view["pass_rate"] == 0.5
+    assert view["interval"] == wilson_interval(2, 4) and view["mean_score"] == 2.5 / 4
+    every = run_view({"scored": 3, "errored": 3, "passed": 0, "total": 3, "score_sum": 0.0})  # type: ignore[arg-type]
+    assert every["pass_rate"] is None and every["interval"] is None  # no verdict: no rate
