@@ -16,7 +16,7 @@ from rollout.shared.aggregates.run_options import REFUSED, option_problems
 from rollout.shared.auth.credentials import client_settings, with_credentials
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.reader import read_events
-from rollout.shared.bus.requests import call, service_subject
+from rollout.shared.bus.requests import call, connection_user, service_subject
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
@@ -235,12 +235,18 @@ class AsyncClient:
             seen.add(cursor)
         return found
 
-    async def list_runs(self, limit: int = 20, env_slug: str | None = None) -> list[dict]:
-        """Recent runs, newest first."""
+    async def list_runs(
+        self, limit: int = 20, env_slug: str | None = None, *, owner: str | None = None
+    ) -> list[dict]:
+        """Recent runs, newest first (only `owner`'s, when given: see `caller`)."""
         data = await self.request(
-            "tracker", "list_runs", rq.ListRuns(limit=limit, env_slug=env_slug)
+            "tracker", "list_runs", rq.ListRuns(limit=limit, env_slug=env_slug, owner=owner)
         )
         return data["runs"]
+
+    async def caller(self) -> str:
+        """Who this client is to the services: the owner recorded on what it starts."""
+        return subjects.caller_token(connection_user(await self._conn()))
 
     async def get_rollouts(self, run_id: str, include_trajectories: bool = True) -> list[dict]:
         """Every rollout of a run."""
@@ -347,9 +353,12 @@ class AsyncClient:
         """One training job."""
         return await self.request("tracker", "get_job", rq.GetJob(job_id=job_id))
 
-    async def list_training_jobs(self, limit: int = 20) -> list[dict[str, Any]]:
-        """Recent training jobs."""
-        return (await self.request("tracker", "list_jobs", rq.ListJobs(limit=limit)))["jobs"]
+    async def list_training_jobs(
+        self, limit: int = 20, *, owner: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Recent training jobs (only `owner`'s, when given)."""
+        query = rq.ListJobs(limit=limit, owner=owner)
+        return (await self.request("tracker", "list_jobs", query))["jobs"]
 
 
 class Client:

@@ -298,17 +298,13 @@ async def list_runs(pool: asyncpg.Pool, query: ListRuns) -> list[dict[str, Any]]
     """Newest runs first."""
     limit = max(1, min(query.limit, 1000))
     async with pool.acquire() as conn:
-        if query.env_slug:
-            rows = await conn.fetch(
-                f"select {_RUN_COLUMNS} from runs where env_slug = $1"
-                " order by created_at desc limit $2",
-                query.env_slug,
-                limit,
-            )
-        else:
-            rows = await conn.fetch(
-                f"select {_RUN_COLUMNS} from runs order by created_at desc limit $1", limit
-            )
+        rows = await conn.fetch(
+            f"select {_RUN_COLUMNS} from runs where ($1::text is null or env_slug = $1)"
+            " and ($2::text is null or owner = $2) order by created_at desc limit $3",
+            query.env_slug or None,
+            query.owner,
+            limit,
+        )
     return [run_summary(r) for r in rows]
 
 
@@ -353,6 +349,9 @@ async def list_jobs(pool: asyncpg.Pool, query: ListJobs) -> list[dict]:
     """Recent training jobs."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(
-            "select * from jobs order by created_at desc limit $1", max(1, min(query.limit, 1000))
+            "select * from jobs where ($1::text is null or owner = $1)"
+            " order by created_at desc limit $2",
+            query.owner,
+            max(1, min(query.limit, 1000)),
         )
     return [job_row(r) for r in rows]

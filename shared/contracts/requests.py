@@ -164,6 +164,8 @@ class ListRuns(Request):
 
     limit: int = 20
     env_slug: str | None = None
+    # Only the runs this user started (`rollout runs --mine`).
+    owner: str | None = Field(default=None, max_length=128)
 
 
 # --- training jobs ---------------------------------------------------------------------------
@@ -208,6 +210,8 @@ class ListJobs(Request):
     """Recent training jobs, newest first."""
 
     limit: int = 20
+    # Only the jobs this user started (`rollout jobs --mine`).
+    owner: str | None = Field(default=None, max_length=128)
 
 
 # --- imported runs -----------------------------------------------------------------------------

@@ -70,6 +70,16 @@ async def test_only_its_owner_or_the_admin_cancels_a_run(
         ended = await alice.cancel_run(run["runId"], reason="done with it")
         assert ended["reason"].startswith("cancelled: done with it")
 
+        # `rollout runs --mine`: only the runs this key started.
+        assert await bob.caller() == bob_key.user
+
+        async def only_bobs() -> bool:
+            mine = await bob.list_runs(owner=bob_key.user)
+            return {r["runId"] for r in mine} == {squat["runId"], bobs_copy["runId"]}
+
+        await wait_until(only_bobs, "bob's runs listed as his alone", 30)
+        assert await alice.list_training_jobs(owner=alice_key.user) == []
+
         # The admin may cancel anyone's run.
         bobs = await bob.create_run("refunds", MODEL, n=1)
         ended = await admin.cancel_run(bobs["runId"], reason="maintenance")

@@ -99,5 +99,7 @@ async def test_cancel_from_the_cli_and_a_completed_run_keeps_its_result(
     code, out, err = await rollout(settings, "runs")
     [line] = [line for line in out.splitlines() if line.startswith(run["runId"])]
     assert line.split()[3] == "cancelled", line
-    # ...with who started it.
+    # ...with who started it; `--mine` lists it too (this test's user started it).
     assert line.endswith(f"  {describe_user(subjects.caller_token(settings.nats_user))}"), line
+    code, out, err = await rollout(settings, "runs", "--mine")
+    assert code == 0 and run["runId"] in out, (out, err)

@@ -77,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list recent runs")
     p.add_argument("--limit", type=int, default=20, help=f"at most this many (1-{MAX_LIMIT})")
     p.add_argument("--env", default=None, help="only runs of this environment")
+    p.add_argument("--mine", action="store_true", help="only runs this key started")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_runs(a)))
 
@@ -287,7 +288,8 @@ async def _runs(args: argparse.Namespace) -> int:
     check_limit(args.limit)
 
     async def fetch(client: AsyncClient) -> list[dict[str, Any]]:
-        runs = await client.list_runs(args.limit, args.env)
+        owner = await client.caller() if args.mine else None
+        runs = await client.list_runs(args.limit, args.env, owner=owner)
         if not runs and args.env:
             # No runs of a slug that names no environment: a typo, not an empty history.
             if args.env not in {e["slug"] for e in await client.list_environments()}:

@@ -92,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("jobs", help="list training jobs")
     p.add_argument("--limit", type=int, default=20, help=f"at most this many (1-{MAX_LIMIT})")
+    p.add_argument("--mine", action="store_true", help="only jobs this key started")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _run(_jobs(a)))
 
@@ -244,7 +245,8 @@ async def _jobs(args: argparse.Namespace) -> int:
     check_limit(args.limit)
     client = AsyncClient()
     try:
-        jobs = await client.list_training_jobs(args.limit)
+        owner = await client.caller() if args.mine else None
+        jobs = await client.list_training_jobs(args.limit, owner=owner)
     finally:
         await client.close()
     if args.json:
