@@ -22,7 +22,7 @@ import pydantic
 from nats.js import JetStreamContext
 
 from rollout.shared import subjects
-from rollout.shared.bus.attempts import gave_up
+from rollout.shared.bus.attempts import abandoned
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import RolloutsGenerated
@@ -54,8 +54,4 @@ def remaining(work: RolloutWork, done: set[str]) -> RolloutWork:
 
 def abandoned_reason(delivery: int) -> str:
     """Why an item is given up on: every earlier delivery ended without the replica's answer."""
-    return gave_up(
-        delivery - 1,
-        "the actor replica generating this work item stopped before it finished (killed, out "
-        "of memory, or a model that crashes it); see `rollout status` and the actor's log",
-    )
+    return abandoned(delivery, "actor")

@@ -20,7 +20,7 @@ from rollout.services.verifier.scoring import (
     unscored,
 )
 from rollout.shared.aggregates.run import recorded_request
-from rollout.shared.bus.attempts import Delivery
+from rollout.shared.bus.attempts import Delivery, abandoned
 from rollout.shared.bus.broker import current_message, jetstream
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.keepalive import working_on
@@ -85,45 +85,52 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
     with event_context(event):
         async with working_on(raw, every_s=verifier.keepalive_s):
             scored: list[ScoredRollout] = []
-            try:
-                run = await run_of(js, generated.run_id, verifier.requests)
-                if run.source is not None:
-                    # An imported run's verdicts came with it (tracker/imports.py).
-                    log.info("imported rollouts not rescored", run_id=run.run_id)
-                    return
-                spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
-            except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
-                # Retried with backoff; on the last attempt every rollout of the batch is
-                # errored with the cause, so the run completes instead of waiting for
-                # its deadline on a dead-lettered batch.
-                delivery.retry(exc)
-                cause = delivery.gave_up(f"no environment to score with: {describe(exc)}")
-                kind = failure_kind(exc)
-                log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
-                scored = [unscored(r, cause, kind) for r in generated.rollouts]
+            if delivery.number > delivery.limit:
+                # Every earlier delivery ended without an answer: the batch kills its replicas
+                # (JetStream would have dropped it, the run then waiting for its deadline).
+                cause = abandoned(delivery.number, "verifier")
+                log.error("batch abandoned", run_id=generated.run_id, cause=cause)
+                scored = [unscored(r, cause, "infra") for r in generated.rollouts]
             else:
-                rollouts = await prefetched(generated.rollouts, verifier.store())
-                for unit in scoring_units(spec, rollouts):
-                    try:
-                        if len(unit) == 1 and not judged_in_groups(spec):
-                            scored.append(await score_rollout(spec, unit[0], verifier.store()))
-                        else:
-                            scored.extend(await score_task_group(spec, unit, verifier.store()))
-                    except Exception as exc:  # noqa: BLE001 (retried, then recorded)
-                        # Retried (the whole batch: scoring is idempotent); on the last
-                        # attempt the rollouts are errored with the cause.
-                        delivery.retry(exc)
-                        detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
-                        cause = delivery.gave_up(detail or describe(exc))
-                        for rollout in unit:
-                            log.warning(
-                                "rollout errored", rollout_id=rollout.rollout_id, cause=cause
-                            )
-                            # score_rollout itself errors what the env's own verifier raises.
-                            scored.append(errored_verdict(rollout, cause, "infra"))
-                # Verdicts in the batch's order, whatever order the groups were judged in.
-                order = {r.rollout_id: i for i, r in enumerate(generated.rollouts)}
-                scored.sort(key=lambda v: order[v.rollout_id])
+                try:
+                    run = await run_of(js, generated.run_id, verifier.requests)
+                    if run.source is not None:
+                        # An imported run's verdicts came with it (tracker/imports.py).
+                        log.info("imported rollouts not rescored", run_id=run.run_id)
+                        return
+                    spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
+                except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
+                    # Retried with backoff; on the last attempt every rollout of the batch is
+                    # errored with the cause, so the run completes instead of waiting for
+                    # its deadline on a dead-lettered batch.
+                    delivery.retry(exc)
+                    cause = delivery.gave_up(f"no environment to score with: {describe(exc)}")
+                    kind = failure_kind(exc)
+                    log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
+                    scored = [unscored(r, cause, kind) for r in generated.rollouts]
+                else:
+                    rollouts = await prefetched(generated.rollouts, verifier.store())
+                    for unit in scoring_units(spec, rollouts):
+                        try:
+                            if len(unit) == 1 and not judged_in_groups(spec):
+                                scored.append(await score_rollout(spec, unit[0], verifier.store()))
+                            else:
+                                scored.extend(await score_task_group(spec, unit, verifier.store()))
+                        except Exception as exc:  # noqa: BLE001 (retried, then recorded)
+                            # Retried (the whole batch: scoring is idempotent); on the last
+                            # attempt the rollouts are errored with the cause.
+                            delivery.retry(exc)
+                            detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
+                            cause = delivery.gave_up(detail or describe(exc))
+                            for rollout in unit:
+                                log.warning(
+                                    "rollout errored", rollout_id=rollout.rollout_id, cause=cause
+                                )
+                                # score_rollout itself errors what the env's own verifier raises.
+                                scored.append(errored_verdict(rollout, cause, "infra"))
+                    # Verdicts in the batch's order, whatever order the groups were judged in.
+                    order = {r.rollout_id: i for i, r in enumerate(generated.rollouts)}
+                    scored.sort(key=lambda v: order[v.rollout_id])
 
             def part(items: list[ScoredRollout], start: int, end: int) -> EventEnvelope:
                 whole = start == 0 and end == len(scored)

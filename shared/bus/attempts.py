@@ -15,6 +15,16 @@ def gave_up(attempts: int, why: str) -> str:
     return f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}: {why}"
 
 
+def abandoned(delivery: int, replica: str) -> str:
+    """Why a message is given up on at `delivery`: each earlier delivery ended without an
+    answer, its `replica` (an actor, a verifier) gone before it finished."""
+    return gave_up(
+        delivery - 1,
+        f"the {replica} replica handling it stopped before it finished (killed, out of memory, "
+        "or an input that crashes it); see `rollout status` and the replica's log",
+    )
+
+
 @dataclass(frozen=True)
 class Delivery:
     """This delivery of a work item: its number, and how many a handler allows."""

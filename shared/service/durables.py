@@ -70,6 +70,9 @@ VERIFIER = Consumer(
     description="Scores a generated batch with the environment's verifier.",
     ack_wait_s=60.0,
     batch_size=4,
+    # Unlimited: the handler counts deliveries (a batch every replica dies on is recorded as
+    # errored past the limit, rather than JetStream dropping it and its run never completing).
+    max_deliver=-1,
 )
 
 # --- buffer ----------------------------------------------------------------------------

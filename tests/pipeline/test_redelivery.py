@@ -114,8 +114,40 @@ async def test_an_item_every_delivery_dies_on_is_recorded_as_errored(
     errors = {r["error"] for r in full["rollouts"]}
     assert len(errors) == 1, errors
     [error] = errors
-    assert error.startswith("gave up after 5 attempts: the actor replica generating this work"), (
+    assert error.startswith("gave up after 5 attempts: the actor replica handling it stopped"), (
         error
     )
     assert {r["errorKind"] for r in full["rollouts"]} == {"infra"}
     assert len(work.items) == 2
+
+
+async def test_a_batch_every_verifier_dies_on_is_recorded_as_errored(settings: Settings) -> None:
+    platform = Platform(settings)
+    for name in ("env-registry", "tracker", "actor"):
+        platform.start(name)
+    client = AsyncClient(settings, timeout_s=20)
+    nc = await connect_nats(settings)
+    try:
+        await wait_for_platform(client, platform)
+        js = nc.jetstream()
+        await ensure_consumer(js, subjects.EVENTS_STREAM, durables.VERIFIER.config())
+        await client.push_environment(refund_env(tasks=1))
+        with FakeOpenAI(refund_agent) as server:
+            run = await client.create_run("refunds", f"{server.base_url}#scripted", n=2)
+            # Five verifier replicas took the generated batch and died on it.
+            sub = await js.pull_subscribe_bind(durable="verifier", stream=subjects.EVENTS_STREAM)
+            for _ in range(5):
+                (msg,) = await sub.fetch(1, timeout=60)
+                await msg.nak()
+            await sub.unsubscribe()
+            platform.start("verifier")
+            done = await client.wait_for_run(run["runId"], timeout_s=120)
+        assert done["status"] == "completed" and done["errored"] == 2, done
+        full = await client.get_run(run["runId"], include_rollouts=True)
+        [error] = {r["error"] for r in full["rollouts"]}
+        assert error.startswith("gave up after 5 attempts: the verifier replica handling it"), error
+        platform.check()
+    finally:
+        await nc.close()
+        await client.close()
+        await platform.stop_all()
