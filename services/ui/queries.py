@@ -7,6 +7,7 @@ from typing import Any
 
 import asyncpg
 
+from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.stats import wilson_interval
 
 PAGE = 50
@@ -15,7 +16,7 @@ HIST_BINS = 10
 _RUN_COLUMNS = (
     "run_id, name, env_slug, env_version, env_hash, model, n, split, parent_run_id, sampling,"
     " max_tool_calls, policy_version, status, total, generated, scored, passed, errored,"
-    " score_sum, reason, created_at, started_at, finished_at, task_count"
+    " score_sum, reason, created_at, started_at, finished_at, task_count, owner, source"
 )
 
 
@@ -31,6 +32,8 @@ def run_view(row: asyncpg.Record) -> dict[str, Any]:
     out["interval"] = wilson_interval(row["passed"], judged) if judged > 0 else None
     out["mean_score"] = row["score_sum"] / judged if judged > 0 else None
     out["progress"] = scored / total if total else 0.0
+    # Who started it, in words (`key 1a2b3c4d5e6f`); None for runs from before owners.
+    out["started_by"] = describe_user(row["owner"]) if row.get("owner") else None
     if isinstance(out.get("sampling"), str):
         out["sampling"] = json.loads(out["sampling"])
     return out

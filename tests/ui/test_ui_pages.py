@@ -16,6 +16,8 @@ from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.shared import subjects
+from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -170,6 +172,10 @@ async def test_every_page_renders_real_runs(
         # Run: per-task table, per-primitive pass rates, score histogram.
         await page.goto(f"{ui.url}/runs/{a['runId']}")
         assert "4/6" in await page.inner_text("#run-rate")
+        # Who started it (the test's client), as `rollout show` says it.
+        owner = describe_user(subjects.caller_token(settings.nats_user))
+        assert (await page.inner_text("#run-owner")).strip() == owner
+        assert await page.locator("#run-source").count() == 0  # verified here, not imported
         task1 = await page.inner_text("#task-1")
         assert "0.0%" in task1 and "2/2" in task1
         assert "100.0%" in await page.inner_text("#task-0")
