@@ -121,16 +121,17 @@ def caller_token(user: str | None) -> str:
 def request(service: str, verb: str, caller: str | None = None) -> str:
     """Subject of a request/reply command: `rollout.req.<service>.<verb>`, followed by the
     caller's user (`caller_token`) for an ATTRIBUTED request."""
-    subject = f"{PREFIX}.req.{token(service, 'service')}.{token(verb, 'verb')}"
-    if (service, verb) in ATTRIBUTED:
-        subject += f".{caller_token(caller)}"
-    return subject
+    return _with_caller(service, verb, caller_token(caller))
 
 
 def request_filter(service: str, verb: str) -> str:
     """What a service subscribes to for `verb`: the request subject, any caller's if ATTRIBUTED."""
+    return _with_caller(service, verb, "*")
+
+
+def _with_caller(service: str, verb: str, caller: str) -> str:
     subject = f"{PREFIX}.req.{token(service, 'service')}.{token(verb, 'verb')}"
-    return subject + ".*" if (service, verb) in ATTRIBUTED else subject
+    return f"{subject}.{caller}" if (service, verb) in ATTRIBUTED else subject
 
 
 def caller_of(subject: str) -> str:

@@ -20,7 +20,7 @@ from rollout.services.actor.generate import (
 )
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import ending_of
-from rollout.shared.bus.attempts import Delivery
+from rollout.shared.bus.attempts import Delivery, abandoned
 from rollout.shared.bus.broker import current_message, jetstream
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.keepalive import working_on
@@ -218,7 +218,7 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
             return
     if delivery.number > delivery.limit:
         # Every earlier delivery ended without an answer: the item kills its replicas.
-        reason = redelivery.abandoned_reason(delivery.number)
+        reason = abandoned(delivery.number, "actor")
         log.error("work item abandoned", run_id=work.run_id,
                   work_item_id=work.work_item_id, reason=reason)  # fmt: skip
         await publish(

@@ -22,7 +22,6 @@ import pydantic
 from nats.js import JetStreamContext
 
 from rollout.shared import subjects
-from rollout.shared.bus.attempts import abandoned
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import RolloutsGenerated
@@ -50,8 +49,3 @@ def remaining(work: RolloutWork, done: set[str]) -> RolloutWork:
     return work.model_copy(
         update={"items": [item for item in work.items if item.rollout_id not in done]}
     )
-
-
-def abandoned_reason(delivery: int) -> str:
-    """Why an item is given up on: every earlier delivery ended without the replica's answer."""
-    return abandoned(delivery, "actor")

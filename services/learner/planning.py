@@ -339,9 +339,8 @@ async def plan_job(
         plan.run = await _source_run(js, cmd)
     if cmd.rollout_ids is not None and not cmd.rollout_ids:
         raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
-    held_out = {} if plan.run is None else await held_out_tasks(js, plan.run)
-    if cmd.include_held_out:
-        held_out = {}
+    keep_all = plan.run is None or cmd.include_held_out
+    held_out = {} if keep_all else await held_out_tasks(js, plan.run)
     plan.rows, meta = await _training_rows(
         ctx.nc, ctx.store, cmd, method, plan.run, options, held_out
     )

@@ -77,14 +77,12 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
     """Score every rollout of the batch; ack after the scored event is stored."""
     message = current_message(broker)
     js = jetstream(broker)
-    cache = verifier.specs(js)
     generated = event.body()
     assert isinstance(generated, RolloutsGenerated)
     raw = message.raw_message
     delivery = Delivery.of(raw)
     with event_context(event):
         async with working_on(raw, every_s=verifier.keepalive_s):
-            scored: list[ScoredRollout] = []
             if delivery.number > delivery.limit:
                 # Every earlier delivery ended without an answer: the batch kills its replicas
                 # (JetStream would have dropped it, the run then waiting for its deadline).
@@ -92,45 +90,10 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
                 log.error("batch abandoned", run_id=generated.run_id, cause=cause)
                 scored = [unscored(r, cause, "infra") for r in generated.rollouts]
             else:
-                try:
-                    run = await run_of(js, generated.run_id, verifier.requests)
-                    if run.source is not None:
-                        # An imported run's verdicts came with it (tracker/imports.py).
-                        log.info("imported rollouts not rescored", run_id=run.run_id)
-                        return
-                    spec = await cache.get(run.env_slug, run.env_version, run.env_hash)
-                except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
-                    # Retried with backoff; on the last attempt every rollout of the batch is
-                    # errored with the cause, so the run completes instead of waiting for
-                    # its deadline on a dead-lettered batch.
-                    delivery.retry(exc)
-                    cause = delivery.gave_up(f"no environment to score with: {describe(exc)}")
-                    kind = failure_kind(exc)
-                    log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
-                    scored = [unscored(r, cause, kind) for r in generated.rollouts]
-                else:
-                    rollouts = await prefetched(generated.rollouts, verifier.store())
-                    for unit in scoring_units(spec, rollouts):
-                        try:
-                            if len(unit) == 1 and not judged_in_groups(spec):
-                                scored.append(await score_rollout(spec, unit[0], verifier.store()))
-                            else:
-                                scored.extend(await score_task_group(spec, unit, verifier.store()))
-                        except Exception as exc:  # noqa: BLE001 (retried, then recorded)
-                            # Retried (the whole batch: scoring is idempotent); on the last
-                            # attempt the rollouts are errored with the cause.
-                            delivery.retry(exc)
-                            detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
-                            cause = delivery.gave_up(detail or describe(exc))
-                            for rollout in unit:
-                                log.warning(
-                                    "rollout errored", rollout_id=rollout.rollout_id, cause=cause
-                                )
-                                # score_rollout itself errors what the env's own verifier raises.
-                                scored.append(errored_verdict(rollout, cause, "infra"))
-                    # Verdicts in the batch's order, whatever order the groups were judged in.
-                    order = {r.rollout_id: i for i, r in enumerate(generated.rollouts)}
-                    scored.sort(key=lambda v: order[v.rollout_id])
+                verdicts = await _verdicts(generated, js, verifier, delivery)
+                if verdicts is None:
+                    return  # an imported run's verdicts came with it (tracker/imports.py)
+                scored = verdicts
 
             def part(items: list[ScoredRollout], start: int, end: int) -> EventEnvelope:
                 whole = start == 0 and end == len(scored)
@@ -152,6 +115,53 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
             passed=sum(s.outcome == "passed" for s in scored),
             errored=sum(s.outcome == "errored" for s in scored),
         )
+
+
+async def _verdicts(
+    generated: RolloutsGenerated,
+    js: JetStreamContext,
+    verifier: VerifierState,
+    delivery: Delivery,
+) -> list[ScoredRollout] | None:
+    """The batch's verdicts in its order (errored where scoring failed on its last delivery);
+    None for an imported run, whose verdicts came with it. Raises to be retried otherwise."""
+    try:
+        run = await run_of(js, generated.run_id, verifier.requests)
+        if run.source is not None:
+            log.info("imported rollouts not rescored", run_id=run.run_id)
+            return None
+        spec = await verifier.specs(js).get(run.env_slug, run.env_version, run.env_hash)
+    except Exception as exc:  # noqa: BLE001 (retried, then on every rollout)
+        # Retried with backoff; on the last attempt every rollout of the batch is errored
+        # with the cause, so the run completes instead of waiting for its deadline on a
+        # dead-lettered batch.
+        delivery.retry(exc)
+        cause = delivery.gave_up(f"no environment to score with: {describe(exc)}")
+        kind = failure_kind(exc)
+        log.warning("batch errored", run_id=generated.run_id, kind=kind, cause=cause)
+        return [unscored(r, cause, kind) for r in generated.rollouts]
+    scored: list[ScoredRollout] = []
+    rollouts = await prefetched(generated.rollouts, verifier.store())
+    for unit in scoring_units(spec, rollouts):
+        try:
+            if len(unit) == 1 and not judged_in_groups(spec):
+                scored.append(await score_rollout(spec, unit[0], verifier.store()))
+            else:
+                scored.extend(await score_task_group(spec, unit, verifier.store()))
+        except Exception as exc:  # noqa: BLE001 (retried, then recorded)
+            # Retried (the whole batch: scoring is idempotent); on the last attempt the
+            # rollouts are errored with the cause.
+            delivery.retry(exc)
+            detail = str(exc) if isinstance(exc, ScoringUnavailable) else None
+            cause = delivery.gave_up(detail or describe(exc))
+            for rollout in unit:
+                log.warning("rollout errored", rollout_id=rollout.rollout_id, cause=cause)
+                # score_rollout itself errors what the env's own verifier raises.
+                scored.append(errored_verdict(rollout, cause, "infra"))
+    # Verdicts in the batch's order, whatever order the groups were judged in.
+    order = {r.rollout_id: i for i, r in enumerate(generated.rollouts)}
+    scored.sort(key=lambda v: order[v.rollout_id])
+    return scored
 
 
 def _too_large(verdict: ScoredRollout, size: int, budget: int) -> ScoredRollout:

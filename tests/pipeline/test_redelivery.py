@@ -3,6 +3,7 @@ rollout, never two); an item that every delivery dies on is recorded as errored,
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,24 +25,35 @@ from rollout.shared.service import durables
 from rollout.shared.settings import Settings, connect_nats
 
 
-@pytest.fixture
-async def actorless(settings: Settings) -> AsyncIterator[tuple[Platform, AsyncClient, Any]]:
-    """The platform without actors (the test plays the replica that died), a client, JetStream."""
+@contextlib.asynccontextmanager
+async def without(
+    settings: Settings, missing: str, consumer: durables.Consumer
+) -> AsyncIterator[tuple[Platform, AsyncClient, Any]]:
+    """The platform less service `missing` (the test plays its replicas that died, on the
+    durable `consumer`, ensured first), a client and JetStream."""
     platform = Platform(settings)
-    for name in ("env-registry", "tracker", "verifier"):
-        platform.start(name)
+    for name in ("env-registry", "tracker", "actor", "verifier"):
+        if name != missing:
+            platform.start(name)
     client = AsyncClient(settings, timeout_s=20)
     nc = await connect_nats(settings)
     try:
         await wait_for_platform(client, platform)
         js = nc.jetstream()
-        await ensure_consumer(js, subjects.WORK_STREAM, durables.ACTORS.config())
+        await ensure_consumer(js, consumer.stream, consumer.config())
         yield platform, client, js
         platform.check()
     finally:
         await nc.close()
         await client.close()
         await platform.stop_all()
+
+
+@pytest.fixture
+async def actorless(settings: Settings) -> AsyncIterator[tuple[Platform, AsyncClient, Any]]:
+    """The platform without actors, a client, JetStream."""
+    async with without(settings, "actor", durables.ACTORS) as parts:
+        yield parts
 
 
 async def _take(js: Any, times: int) -> RolloutWork:
@@ -122,15 +134,7 @@ async def test_an_item_every_delivery_dies_on_is_recorded_as_errored(
 
 
 async def test_a_batch_every_verifier_dies_on_is_recorded_as_errored(settings: Settings) -> None:
-    platform = Platform(settings)
-    for name in ("env-registry", "tracker", "actor"):
-        platform.start(name)
-    client = AsyncClient(settings, timeout_s=20)
-    nc = await connect_nats(settings)
-    try:
-        await wait_for_platform(client, platform)
-        js = nc.jetstream()
-        await ensure_consumer(js, subjects.EVENTS_STREAM, durables.VERIFIER.config())
+    async with without(settings, "verifier", durables.VERIFIER) as (platform, client, js):
         await client.push_environment(refund_env(tasks=1))
         with FakeOpenAI(refund_agent) as server:
             run = await client.create_run("refunds", f"{server.base_url}#scripted", n=2)
@@ -146,8 +150,3 @@ async def test_a_batch_every_verifier_dies_on_is_recorded_as_errored(settings: S
         full = await client.get_run(run["runId"], include_rollouts=True)
         [error] = {r["error"] for r in full["rollouts"]}
         assert error.startswith("gave up after 5 attempts: the verifier replica handling it"), error
-        platform.check()
-    finally:
-        await nc.close()
-        await client.close()
-        await platform.stop_all()
