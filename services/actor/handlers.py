@@ -33,16 +33,17 @@ from rollout.shared.contracts.events import (
     RolloutsGenerated,
     RunFailed,
 )
+from rollout.shared.contracts.requests import CheckModel, Reply
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.errors import RetrySignal, RolloutError
-from rollout.shared.models.base import ModelBackend
+from rollout.shared.models.base import ModelBackend, backend_problem
 from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.trained import FollowsPolicy, apply_update, refresh_policy
 from rollout.shared.objectstore import to_json_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.observability import get_logger
 from rollout.shared.service.replica import ReplicaState
-from rollout.shared.service.routes import CurrentBroker
+from rollout.shared.service.routes import CurrentBroker, request_route
 from rollout.shared.store.trajectories import inline_limit, offload
 
 log = get_logger(__name__)
@@ -53,12 +54,25 @@ class Backends:
 
     def __init__(self) -> None:
         self._backends: dict[str, ModelBackend] = {}
+        self._building: dict[str, asyncio.Future[ModelBackend]] = {}
 
-    def get(self, model: str) -> ModelBackend:
-        """The backend for `model`, built on first use."""
-        if model not in self._backends:
-            self._backends[model] = resolve_backend(model)
-        return self._backends[model]
+    async def get(self, model: str) -> ModelBackend:
+        """The backend for `model`, built on first use.
+
+        Built in a thread: loading weights must not stall the replica's keepalives and
+        requests. A model's first uses at once (a check and a work item) share one build.
+        """
+        if (backend := self._backends.get(model)) is not None:
+            return backend
+        building = self._building.get(model)
+        if building is None:
+            building = asyncio.ensure_future(asyncio.to_thread(resolve_backend, model))
+            self._building[model] = building
+            building.add_done_callback(lambda _: self._building.pop(model, None))
+        # Shielded: one waiter cancelled (its run ended) leaves the build to the others.
+        backend = await asyncio.shield(building)
+        self._backends[model] = backend
+        return backend
 
     def loaded(self, model: str) -> ModelBackend | None:
         """The backend for `model` if this replica has loaded it."""
@@ -232,7 +246,7 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
         try:
             spec = await cache.get(work.env_slug, work.env_version, work.env_hash)
             stage = "model"
-            backend = actor.backends.get(work.model)
+            backend = await actor.backends.get(work.model)
             # A trained policy catches up with its newest version before generating (in a
             # thread: it may download weights); no other backend pays for the thread hop.
             if isinstance(backend, FollowsPolicy):
@@ -288,6 +302,16 @@ async def policy_updated(event: EventEnvelope, actor: State) -> None:
         log.info("policy reloaded", model=body.model, version=body.version, actor=actor.actor_id)
 
 
+async def check_model(cmd: CheckModel, actor: State) -> Reply:
+    """Whether this replica can generate with `cmd.model`: its backend built (a local model's
+    weights loaded, kept for the run) and asked for its endpoint; nothing is generated."""
+    try:
+        problem = await backend_problem(await actor.backends.get(cmd.model))
+    except (RolloutError, httpx.HTTPError, OSError, ObjectStoreError) as exc:
+        problem = describe(exc)
+    return Reply(data={"model": cmd.model, "actor": actor.actor_id, "problem": problem})
+
+
 async def run_failed(event: EventEnvelope, actor: State) -> None:
     """Stop this replica's generations for a run that failed (cancelled, or past its deadline)."""
     body = event.body()
@@ -315,3 +339,9 @@ RUN_FAILED_ROUTE = NatsRoute(
     title="actor/run-failed",
     description="Stops the generations under way for a run that was cancelled or timed out.",
 )
+
+# One replica answers (a queue group): the replicas of a pool are configured alike.
+CHECK_MODEL_ROUTE = request_route(
+    check_model, "actor", "check_model", queue="actors",
+    title="actor/check-model",
+)  # fmt: skip

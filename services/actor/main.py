@@ -16,7 +16,8 @@ log = get_logger(__name__)
 
 
 def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBroker:
-    """The actor's broker: work items on the shared durable, policy updates to every replica."""
+    """The actor's broker: work items on the shared durable, policy updates to every replica,
+    model checks from the tracker."""
     state = handlers.ActorState(
         settings=settings,
         actor_id=actor_id or default_replica_id(),
@@ -24,7 +25,7 @@ def build_broker(settings: Settings, *, actor_id: str | None = None) -> NatsBrok
     )
     return service_broker(
         settings,
-        [handlers.POLICY_ROUTE, handlers.RUN_FAILED_ROUTE],
+        [handlers.POLICY_ROUTE, handlers.RUN_FAILED_ROUTE, handlers.CHECK_MODEL_ROUTE],
         consumers=[(tuning.consumer(), handlers.generate)],
         actor=state,
     )

@@ -11,7 +11,7 @@ from typing import Annotated
 from faststream import Context
 
 from rollout.services.tracker import imports, plans, queries, runs
-from rollout.shared.bus.broker import jetstream
+from rollout.shared.bus.broker import jetstream, nats_client
 from rollout.shared.bus.publisher import payload_budget
 from rollout.shared.contracts.requests import (
     CancelRun,
@@ -34,7 +34,9 @@ Store = Annotated[ObjectStore, Context("store")]
 
 async def create_run(cmd: CreateRun, broker: CurrentBroker, pool: Pool, store: Store) -> Reply:
     """Validate and record a run request; the fan-out happens from the event."""
-    run = await runs.create_run(jetstream(broker), cmd, store, pool, caller(broker))
+    run = await runs.create_run(
+        jetstream(broker), cmd, store, pool, caller(broker), nats_client(broker)
+    )
     return Reply(data={"runId": run.run_id, **run.model_dump(mode="json")})
 
 

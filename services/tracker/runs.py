@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 
 import asyncpg
 from faststream.nats import NatsBroker, NatsMessage
+from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 
+from rollout.services.tracker.servable import actors_problem
 from rollout.services.tracker.trained_names import trained_model_problem
 from rollout.shared import subjects
 from rollout.shared.aggregates import append
@@ -90,11 +92,13 @@ async def plan_run(
     cmd: CreateRun,
     store: ObjectStore | None = None,
     pool: asyncpg.Pool | None = None,
+    nc: Client | None = None,
 ) -> RunRequested:
     """Validate a run request against the registered environment; every problem is listed.
 
     With the object store (and the jobs read model), a trained model the name can only mean
-    (a job id, a local model's `BASE:SUFFIX`) must have been published.
+    (a job id, a local model's `BASE:SUFFIX`) must have been published. With a connection
+    (`nc`), the actors are asked whether they can generate with the model (servable.py).
     """
     problems = option_problems(cmd)
     if (problem := check_model_name(cmd.model)) is not None:
@@ -131,6 +135,9 @@ async def plan_run(
         problems.append(f"environment {cmd.env_slug!r} has no tasks")
     if (too_big := total_problem(len(indices), cmd.n)) is not None:
         problems.append(too_big)
+    if not problems and (problem := await actors_problem(nc, cmd.model)) is not None:
+        # Asked last: only a request otherwise accepted loads a model at the actors.
+        problems.append(problem)
     if problems:
         raise RolloutError(REFUSED, problems=problems)
     grouped = judged_in_groups(env.spec)
@@ -443,6 +450,7 @@ async def create_run(
     store: ObjectStore | None = None,
     pool: asyncpg.Pool | None = None,
     caller: str = subjects.ANONYMOUS,
+    nc: Client | None = None,
 ) -> RunRequested:
     """Plan and append run.requested once per client request id; a retry gets the same run.
 
@@ -456,7 +464,7 @@ async def create_run(
     run_id = run_id_for(cmd)
     if cmd.client_request_id is not None and (found := await recorded_request(js, run_id)):
         return same_request(found, cmd)
-    planned = await plan_run(js, cmd, store, pool)
+    planned = await plan_run(js, cmd, store, pool, nc)
     run = planned.model_copy(
         update={
             "run_id": run_id,

@@ -4,7 +4,8 @@
 keys`) and each service's own user, whose least permissions come from its declaration in
 shared/auth/services.py; `runner` may query, follow the event log, push environments, start runs
 and training jobs; `viewer` may only query and follow.
-Every (service, verb) request subject a service answers must be listed in QUERIES or MUTATIONS:
+Every (service, verb) request subject a service answers must be listed in QUERIES, MUTATIONS or
+INTERNAL (between services only):
 tests/auth checks that, so a new verb cannot silently become unreachable or over-exposed.
 """
 
@@ -55,6 +56,11 @@ MUTATIONS: dict[tuple[str, str], str] = {
     # it may also export, run by run.
     ("buffer", "rollouts"): "select rollouts from the buffer (export the runs it reads with "
     "--run or --env)",
+}
+
+# Requests one service sends another: no key may send them (a service's own user only).
+INTERNAL: dict[tuple[str, str], str] = {
+    ("actor", "check_model"): "check, for the tracker, that the actors can generate with a model",
 }
 
 ROLE_REQUESTS: dict[Role, tuple[tuple[str, str], ...]] = {

@@ -107,6 +107,8 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 ("tracker", "record_plan_event"),
                 ("tracker", "import_run"),
             ),
+            # Before it records a run: can the actors generate with its model?
+            calls=(("actor", "check_model"),),
             emits=(
                 "run.requested",
                 "run.started",
@@ -135,6 +137,7 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
         ),
         ServiceRole(
             "actor",
+            answers=(("actor", "check_model"),),
             emits=("rollout.generated", _DEAD_LETTER),
             consumes=(durables.ACTORS,),
             # New policy versions to load; failed runs whose generation stops.

@@ -7,6 +7,7 @@ from typing import Any
 
 from faststream.nats import NatsBroker, NatsMessage, NatsToken, NatsUserPassword
 from faststream.security import BaseSecurity
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from rollout.shared.bus import batch_pull, fetch_timeouts
@@ -85,6 +86,11 @@ def make_broker(settings: Settings, *, max_deliver: int = DEFAULT_MAX_DELIVER) -
 def jetstream(broker: NatsBroker) -> JetStreamContext:
     """The JetStream context of a started broker (for admin calls and direct publishes)."""
     return broker.config.connection_state.stream
+
+
+def nats_client(broker: NatsBroker) -> Client:
+    """The core NATS connection of a started broker (for requests to other services)."""
+    return broker.config.connection_state.connection
 
 
 def current_message(broker: NatsBroker) -> NatsMessage:

@@ -119,6 +119,12 @@ class CreateRun(Request):
     client_request_id: str | None = _client_request_id()
 
 
+class CheckModel(Request):
+    """Can the actors generate with `model`? Asked by the tracker before it records a run."""
+
+    model: str = Field(max_length=2048)
+
+
 def _one_line(value: str | None) -> str | None:
     # Printed by every CLI and viewer that shows the ending: no control characters (a terminal
     # escape in a colleague's `rollout show`), one line.

@@ -88,3 +88,11 @@ async def close_backend(backend: ModelBackend) -> None:
     aclose = getattr(backend, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+async def backend_problem(backend: ModelBackend) -> str | None:
+    """Why `backend` cannot generate now (its endpoint unreachable, its key refused), found
+    without generating; None when it can, or when it has no such check (the method is
+    optional: a local model that loaded is ready)."""
+    check = getattr(backend, "check", None)
+    return await check() if check is not None else None

@@ -50,6 +50,8 @@ ENDPOINT_PREFIX = "openai-compatible:"
 
 # 408/409/425/429 and every 5xx are worth another try; other 4xx will fail the same way again.
 _RETRYABLE_4XX = {408, 409, 425, 429}
+# How long the pre-run check (`check`) waits for the endpoint: a run's creation waits on it.
+CHECK_TIMEOUT_S = 5.0
 # Keys each role may carry on the wire; extra bookkeeping keys would be rejected by strict APIs.
 _WIRE_KEYS = {
     "system": ("role", "content", "name"),
@@ -138,6 +140,21 @@ class OpenAICompatBackend:
             # Surface the first real error (a RolloutError for 401 etc.), not a group.
             raise group.exceptions[0] from None
         return [r for r in results if r is not None]
+
+    async def check(self) -> str | None:
+        """Why this endpoint cannot serve now, asked once with a short timeout: unreachable,
+        or its key refused (`GET /models`). Any other answer counts as reachable: a server
+        without a model list still serves completions."""
+        try:
+            response = await self._get_client().get("/models", timeout=CHECK_TIMEOUT_S)
+        except httpx.TimeoutException:
+            return f"{self.base_url} did not answer within {CHECK_TIMEOUT_S:g}s"
+        except httpx.TransportError as exc:
+            return f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}"
+        if response.status_code in (401, 403):
+            # Said of this model already: without the backend's name in front.
+            return self._config_error(response.status_code, response).removeprefix(f"{self.name}: ")
+        return None
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""

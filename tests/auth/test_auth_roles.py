@@ -189,12 +189,12 @@ def test_service_durables_on_the_events_stream_are_all_protected() -> None:
 
 
 def test_every_request_verb_has_a_role() -> None:
-    """A verb a service answers is either a query or a mutation, never forgotten."""
+    """A verb a service answers is a query, a mutation or internal, never forgotten."""
     import importlib
     import re
     from pathlib import Path
 
-    from rollout.shared.auth.roles import MUTATIONS, QUERIES
+    from rollout.shared.auth.roles import INTERNAL, MUTATIONS, QUERIES
 
     root = Path(__file__).resolve().parents[2]
     found = set()
@@ -212,4 +212,6 @@ def test_every_request_verb_has_a_role() -> None:
                 name = getattr(importlib.import_module(module), name)
             found.add((name.strip('"'), verb))
     assert found, "found no request subjects under services/"
-    assert found <= set(QUERIES) | set(MUTATIONS)
+    assert found <= set(QUERIES) | set(MUTATIONS) | set(INTERNAL)
+    # No key's role reaches a service's internal request.
+    assert not set(INTERNAL) & (set(QUERIES) | set(MUTATIONS))

@@ -220,6 +220,21 @@ class FakeOpenAI:
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
+            def do_GET(self) -> None:
+                # `GET /models`: what a client asks to see the server is there and its key good.
+                with fake._lock:
+                    fake.requests.append(
+                        RecordedRequest("GET", self.path, dict(self.headers.items()), None)
+                    )
+                if fake.api_key is not None and (
+                    self.headers.get("Authorization") != f"Bearer {fake.api_key}"
+                ):
+                    self._send(error_reply(401, "Incorrect API key provided"))
+                elif self.path.endswith("/models"):
+                    self._send(Reply({"object": "list", "data": [{"id": "m", "object": "model"}]}))
+                else:
+                    self._send(error_reply(404, f"no route {self.path}"))
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)

@@ -13,6 +13,7 @@ from waiting import wait_until
 from rollout.client import AsyncClient
 from rollout.services.actor.generate import failed_batch
 from rollout.services.tracker.runs import work_items
+from rollout.services.tracker.servable import TIMEOUT_ENV
 from rollout.services.verifier.main import ACK_WAIT_ENV, DURABLE
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
@@ -126,7 +127,10 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_a_model_endpoint_that_is_down_is_errored_after_retries(client) -> None:
+async def test_a_model_endpoint_that_is_down_is_errored_after_retries(client, monkeypatch) -> None:
+    # Down after the run was accepted: the actors' check at creation (test_model_check.py)
+    # is off, so the run starts and its rollouts meet the dead endpoint.
+    monkeypatch.setenv(TIMEOUT_ENV, "0")
     await client.push_environment(refund_env(tasks=1))
     url = f"http://127.0.0.1:{closed_port()}/v1?retries=1&timeout=2#m"
     run = await client.create_run("refunds", url, n=2)

@@ -19,6 +19,7 @@ from test_plan_pipeline import plan_text, refund_env_file
 from waiting import wait_until
 
 from rollout.plans import check_plan, load_plan_state
+from rollout.services.tracker.servable import TIMEOUT_ENV
 from rollout.shared.settings import Settings
 
 
@@ -142,8 +143,11 @@ compare = {{ base = "baseline", other = "down" }}
 
 
 async def test_a_stage_whose_every_rollout_errored_fails_the_plan_with_the_error(
-    client, agent_server, settings, tmp_path
+    client, agent_server, settings, tmp_path, monkeypatch
 ) -> None:
+    # The endpoint went down after its run was accepted: the actors' check at creation (see
+    # the next test) is off, so the run starts and every rollout errors.
+    monkeypatch.setenv(TIMEOUT_ENV, "0")
     refund_env_file(tmp_path, tasks=3)
     path = tmp_path / "plan.toml"
     path.write_text(DEAD_PLAN.format(agent=f"{agent_server.base_url}#scripted"))
@@ -162,4 +166,24 @@ async def test_a_stage_whose_every_rollout_errored_fails_the_plan_with_the_error
     assert "cannot reach http://127.0.0.1:9/v1" in down["reason"], down["reason"]
     assert done["reason"] == down["reason"]
     # The compare never ran against the dead endpoint's 0%.
+    assert stages["delta"]["status"] == "pending"
+
+
+async def test_a_stage_on_an_endpoint_that_is_down_fails_before_its_run_starts(
+    client, agent_server, settings, tmp_path
+) -> None:
+    refund_env_file(tmp_path, tasks=3)
+    path = tmp_path / "plan.toml"
+    path.write_text(DEAD_PLAN.format(agent=f"{agent_server.base_url}#scripted"))
+
+    code, out, err = await rollout(settings, "run", "--config", str(path), "--json")
+    assert code == 1, (out, err)
+    done = json.loads(out)
+    stages = {s["name"]: s for s in done["stages"]}
+    assert stages["baseline"]["status"] == "completed"
+    down = stages["down"]
+    assert down["status"] == "failed", down
+    assert "the actors cannot generate with 'http://127.0.0.1:9/v1?retries=0#m'" in down["reason"]
+    assert "cannot reach http://127.0.0.1:9/v1" in down["reason"], down["reason"]
+    assert not down.get("outputs", {}).get("runId"), "no run was started on it"
     assert stages["delta"]["status"] == "pending"
