@@ -3,7 +3,8 @@
 Many episodes step together: each turn makes one `backend.generate` call for every live
 episode, so batching backends (hf, vLLM) see full batches. Every episode ends at its first
 budget (shared/contracts/budgets.py: tokens per turn and per rollout, a wall deadline, the same
-call repeated), and its trajectory says which (`ended_by`). Whatever the model gets wrong
+call repeated), and its trajectory says which (`ended_by`); a tool call the turn was writing
+when its tokens ran out is not run. Whatever the model gets wrong
 (malformed tool-call JSON, an unknown tool, arguments that are not an object, a tool that
 raises) becomes a tool error in the trajectory and is shown to the model; the loop never
 crashes on model output. Backend configuration errors (a bad key) do raise RolloutError.
@@ -275,11 +276,15 @@ async def _apply(state: _State, response: ChatResponse) -> None:
         state.done = True
         return
     _record_turn(state, response)
+    if response.finish_reason == "length":
+        # Out of tokens: the episode ends, and a call it was writing is not run. JSON that
+        # parses is no proof the call was finished (an amount cut short is still a number).
+        state.finish_reason = "length"
+        state.end(state.turn_limit)
+        _not_run(state, response.tool_calls, f"the turn ran out of tokens ({state.turn_limit})")
+        return
     if not response.tool_calls:
-        state.finish_reason = "length" if response.finish_reason == "length" else "stop"
-        state.done = True
-        if response.finish_reason == "length":
-            state.ended_by = state.turn_limit
+        state.finish_reason, state.done = "stop", True
         return
     for call in response.tool_calls:
         if state.finish_reason in ("error", "max_repeated_calls"):  # an earlier call ended it
@@ -313,6 +318,20 @@ async def _apply(state: _State, response: ChatResponse) -> None:
     rollout_tokens = state.budgets.max_rollout_tokens
     if not state.done and rollout_tokens is not None and state.tokens >= rollout_tokens:
         state.end("max_rollout_tokens")
+
+
+def _not_run(state: _State, calls: list[ToolCall], why: str) -> None:
+    """Record `calls` as tool errors, none run, each id answered (the conversation stays well
+    formed); as errors, a call cut short never scores better than a malformed one."""
+    for call in calls:
+        error = f"not run: {why} while writing this call"
+        state.records.append(
+            ToolCallRecord(
+                index=len(state.records), name=call.name or "<malformed>", arguments={},
+                error=error,
+            )
+        )  # fmt: skip
+        state.messages.append(_tool_message(call, None, error))
 
 
 def _record_turn(state: _State, response: ChatResponse) -> None:

@@ -464,3 +464,68 @@ async def test_each_episode_is_reported_as_it_ends_not_when_the_batch_does() -> 
     # 'short' was reported right after its only turn, while 'long' still had turns to go.
     assert heard.index(("finished", "short", 1)) < heard.index(("turn", "long", 1))
     assert heard[-1] == ("finished", "long", 4)
+
+
+class CutOff:
+    """Replays one turn that ran out of tokens (finish "length") with its tool calls, then
+    answers; as the hf and vLLM backends report a turn cut inside `<tool_call>`."""
+
+    name = "cut-off"
+
+    def __init__(self, *calls: tuple[str, str]) -> None:
+        self.calls = calls
+        self.turns = 0
+
+    async def generate(self, requests: list[ChatRequest]) -> list[ChatResponse]:
+        from rollout.shared.models.base import ToolCall
+
+        self.turns += 1
+        if self.turns > 1:
+            return [ChatResponse(content="done") for _ in requests]
+        calls = [ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(self.calls)]
+        return [ChatResponse(tool_calls=calls, finish_reason="length") for _ in requests]
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        # JSON that parses, but the amount may have been cut short (10 of 100): not run.
+        [("refund", '{"order_id": "O-1", "amount": 10}')],
+        # A finished lookup, then the refund being written when the tokens ran out.
+        [("lookup_order", '{"order_id": "O-1"}'), ("refund", '{"order_id": "O-1", "amo')],
+        [("refund", '{"order_id": "O-1", "amo')],
+    ],
+    ids=["parses", "second-cut", "partial-json"],
+)
+async def test_a_turn_cut_off_by_its_token_budget_runs_none_of_its_calls(calls) -> None:
+    from rollout.shared.contracts.budgets import Budgets
+
+    shop = ShopRuntime()
+    backend = CutOff(*calls)
+    trajectory = await run_episode(shop, backend, "refund O-1", budgets=Budgets(max_turn_tokens=64))
+    assert shop.refunds == [] and backend.turns == 1
+    assert trajectory.ended_by == "max_turn_tokens" and trajectory.finish_reason == "length"
+    assert trajectory.turns == 1 and trajectory.error is None
+    # Each call is on the record as an error (never scoring above a malformed call), and each
+    # id is answered, so the conversation stays well formed for training.
+    assert [c.name for c in trajectory.tool_calls] == [name for name, _ in calls]
+    assert all(
+        c.error == "not run: the turn ran out of tokens (max_turn_tokens) while writing this call"
+        for c in trajectory.tool_calls
+    )
+    answers = [m for m in trajectory.messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in answers] == [f"c{i}" for i in range(len(calls))]
+
+
+async def test_a_call_cut_at_the_rollout_budget_says_that_budget() -> None:
+    from rollout.shared.contracts.budgets import Budgets
+
+    shop = ShopRuntime()
+    trajectory = await run_episode(
+        shop,
+        CutOff(("refund", '{"order_id": "O-1"}')),
+        "refund O-1",
+        budgets=Budgets(max_turn_tokens=64, max_rollout_tokens=16),
+    )
+    assert shop.refunds == [] and trajectory.ended_by == "max_rollout_tokens"
+    assert "(max_rollout_tokens)" in trajectory.tool_calls[0].error
