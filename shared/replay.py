@@ -9,6 +9,7 @@ from nats.js import JetStreamContext
 
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
+from rollout.shared.bus.sequence import stream_sequence
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.trajectory import Trajectory
@@ -31,6 +32,8 @@ class ReplayedRun:
     events: int = 0
     generated: dict[str, ev.GeneratedRollout] = field(default_factory=dict)
     scored: dict[str, ev.ScoredRollout] = field(default_factory=dict)
+    # Where each kept trajectory is on the stream: a verdict applies to the one it judged only.
+    generated_seq: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """Counts as the read model would show them."""
@@ -73,10 +76,14 @@ async def replay_run(js: JetStreamContext, run_id: str) -> ReplayedRun:
             run.status, run.total = "running", body.total_rollouts
         elif isinstance(body, ev.RolloutsGenerated):
             for r in body.rollouts:
-                run.generated.setdefault(r.rollout_id, r)
+                if r.rollout_id not in run.generated:
+                    run.generated[r.rollout_id] = r
+                    run.generated_seq[r.rollout_id] = stream_sequence(msg)
         elif isinstance(body, ev.RolloutsScored):
             for s in body.rollouts:
-                if s.rollout_id in run.generated:
+                judged = body.generated_seq
+                kept = run.generated_seq.get(s.rollout_id)
+                if kept is not None and (judged is None or judged == kept):
                     run.scored.setdefault(s.rollout_id, s)
         elif isinstance(body, ev.RunCompleted):
             run.status = "completed"

@@ -127,7 +127,7 @@ class BufferProjection:
             if rows := known.generated_rows(row):
                 await conn.execute(_GENERATED_SQL, *columns(rows, 18))
         if rows := batch.scored_rows(_scored_row):
-            await conn.execute(_SCORED_SQL, *columns(rows, 8))
+            await conn.execute(_SCORED_SQL, *columns(rows, 9))
 
     async def _trajectory(
         self, r: ev.GeneratedRollout
@@ -160,20 +160,24 @@ _GENERATED_SQL = (
     " sha, size, tokens, error, seq, at)"
     " on conflict (rollout_id) do nothing"
 )
-# Only the first verdict per rollout counts: a re-scored batch changes nothing.
+# Only the first verdict per rollout counts: a re-scored batch changes nothing. A rollout
+# generated twice keeps its first trajectory, and only a verdict of that trajectory (the one
+# at its generated_seq): another's would label it with what a different trajectory did.
 _SCORED_SQL = (
     "update buffer_rollouts b set score = u.score, passed = u.passed,"
     " primitives = u.primitives::jsonb, error = u.error, scored_seq = u.seq, scored_at = u.at"
     " from unnest($1::text[], $2::float8[], $3::bool[], $4::text[], $5::text[], $6::bigint[],"
-    " $7::timestamptz[], $8::text[]) as u(id, score, passed, primitives, error, seq, at, run)"
+    " $7::timestamptz[], $8::text[], $9::bigint[])"
+    " as u(id, score, passed, primitives, error, seq, at, run, judged)"
     " where b.rollout_id = u.id and b.run_id = u.run and b.scored_at is null"
+    " and (u.judged is null or b.generated_seq = u.judged)"
 )
 
 
 def _scored_row(e: EventEnvelope, p: ev.RolloutsScored, r: Any, position: int) -> tuple:
     return (
         r.rollout_id, r.score, r.passed, _json([x.model_dump() for x in r.primitives]),
-        _text(r.error), position, e.time, p.run_id,
+        _text(r.error), position, e.time, p.run_id, p.generated_seq,
     )  # fmt: skip
 
 

@@ -90,20 +90,22 @@ async def _run_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunStarted
 _GENERATED_SQL = (
     "with ins as (insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
     " model, policy_version, seed, trajectory, trajectory_uri, trajectory_sha256, error,"
-    " error_kind, generated_at, ended_by, turns, completion_tokens) select u.id, u.run, u.task,"
+    " error_kind, generated_at, ended_by, turns, completion_tokens, generated_seq)"
+    " select u.id, u.run, u.task,"
     " u.sample, 'generated', u.model, u.policy, u.seed, u.trajectory::jsonb, u.uri, u.sha,"
-    " u.error, u.kind, u.at, u.ended, u.turns, u.tokens"
+    " u.error, u.kind, u.at, u.ended, u.turns, u.tokens, u.seq"
     " from unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[], $6::int[],"
     " $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],"
-    " $13::timestamptz[], $14::text[], $15::int[], $16::int[])"
+    " $13::timestamptz[], $14::text[], $15::int[], $16::int[], $17::bigint[])"
     " as u(id, run, task, sample, model, policy, seed, trajectory, uri, sha, error, kind, at,"
-    " ended, turns, tokens)"
+    " ended, turns, tokens, seq)"
     " on conflict (rollout_id) do nothing returning run_id),"
     " counts as (select run_id, count(*) as n from ins group by run_id)"
     " update runs set generated = runs.generated + counts.n from counts"
     " where runs.run_id = counts.run_id"
 )
-# Only the first verdict per rollout counts, so a re-scored batch never double-counts.
+# Only the first verdict per rollout counts, so a re-scored batch never double-counts; of a
+# rollout generated twice, only a verdict of the trajectory kept (the first: its generated_seq).
 # An errored rollout has no verdict: it is neither passed nor failed, and adds no score.
 _SCORED_SQL = (
     "with upd as (update rollouts r set score = u.score, passed = u.passed,"
@@ -111,9 +113,10 @@ _SCORED_SQL = (
     " error_kind = coalesce(u.kind, r.error_kind),"
     " status = case when u.outcome = 'errored' then 'errored' else 'scored' end"
     " from unnest($1::text[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::text[],"
-    " $7::text[], $8::text[], $9::timestamptz[])"
-    " as u(id, run, score, passed, primitives, error, outcome, kind, at)"
+    " $7::text[], $8::text[], $9::timestamptz[], $10::bigint[])"
+    " as u(id, run, score, passed, primitives, error, outcome, kind, at, judged)"
     " where r.rollout_id = u.id and r.run_id = u.run and r.scored_at is null"
+    " and (u.judged is null or r.generated_seq is null or r.generated_seq = u.judged)"
     " returning r.run_id, u.score, u.outcome),"
     " counts as (select run_id, count(*) as n, count(*) filter (where outcome = 'passed') as p,"
     " count(*) filter (where outcome = 'errored') as e,"
@@ -129,14 +132,14 @@ def _generated_row(e: EventEnvelope, p: ev.RolloutsGenerated, r: Any, position: 
         r.rollout_id, p.run_id, r.task_index, r.sample_index, r.model, r.policy_version, r.seed,
         None if r.trajectory is None else _json(r.trajectory),
         r.trajectory_uri, r.trajectory_sha256, r.error, r.error_kind, e.time,
-        r.ended_by, r.turns, r.completion_tokens,
+        r.ended_by, r.turns, r.completion_tokens, position,
     )  # fmt: skip
 
 
 def _scored_row(e: EventEnvelope, p: ev.RolloutsScored, r: Any, position: int) -> tuple:
     return (
         r.rollout_id, p.run_id, r.score, r.passed, _json(r.primitives), r.error, r.outcome,
-        r.error_kind, e.time,
+        r.error_kind, e.time, p.generated_seq,
     )  # fmt: skip
 
 
@@ -144,9 +147,9 @@ async def _flush(c: asyncpg.Connection, batch: RolloutBatch) -> None:
     """A batch of rollout events as at most two statements (each moves its runs' counters)."""
     # Only rollouts seen for the first time count: a re-generated batch never double-counts.
     if rows := batch.generated_rows(_generated_row):
-        await c.execute(_GENERATED_SQL, *columns(rows, 16))
+        await c.execute(_GENERATED_SQL, *columns(rows, 17))
     if rows := batch.scored_rows(_scored_row):
-        await c.execute(_SCORED_SQL, *columns(rows, 9))
+        await c.execute(_SCORED_SQL, *columns(rows, 10))
 
 
 @on("run.completed")

@@ -25,6 +25,7 @@ from rollout.shared.bus.broker import current_message, jetstream
 from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.bus.sequence import stream_sequence
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import (
     RolloutsGenerated,
@@ -81,6 +82,8 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
     assert isinstance(generated, RolloutsGenerated)
     raw = message.raw_message
     delivery = Delivery.of(raw)
+    # Which trajectories these verdicts judge, should the rollouts be on the log twice.
+    position = stream_sequence(raw)
     with event_context(event):
         async with working_on(raw, every_s=verifier.keepalive_s):
             if delivery.number > delivery.limit:
@@ -102,9 +105,12 @@ async def score_batch(event: EventEnvelope, broker: CurrentBroker, verifier: Sta
                         run_id=generated.run_id,
                         work_item_id=generated.work_item_id,
                         rollouts=items,
+                        generated_seq=position,
                     ),
                     aggregate_id=generated.run_id,
-                    id_parts=(event.id,) if whole else (event.id, start, end),
+                    # With the position: two copies of a generated event (a replica presumed
+                    # dead, later than JetStream's dedup window) each keep their verdicts.
+                    id_parts=(event.id, position) if whole else (event.id, position, start, end),
                     parent=event,
                 )
 

@@ -208,6 +208,11 @@ class RolloutsScored(Payload):
     run_id: str
     work_item_id: str
     rollouts: list[ScoredRollout]
+    # The stream position of the `rollout.generated` event these verdicts judge: a rollout
+    # generated twice (a replica presumed dead that was not) has two trajectories on the log,
+    # and a read model keeps the first with its own verdict only. None: imported verdicts,
+    # and events from before this field.
+    generated_seq: int | None = None
 
 
 @register

@@ -4,7 +4,8 @@ The tracker's read models and the buffer's store both see runs of `rollout.gener
 `rollout.scored` events between a few others. `apply_events` applies them in stream order
 with every consecutive run of rollout events gathered into a `RolloutBatch`, which the
 projection flushes as one insert (generated) and one update (scored). The first occurrence of
-a rollout (and of a verdict per rollout and run) wins, as applying events one by one would.
+a rollout (and of a verdict per rollout, run and judged trajectory) wins, as applying events one
+by one would.
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ class RolloutBatch:
         return list(rows.values())
 
     def scored_rows(self, row: Row) -> list[tuple]:
-        """One row per verdict of the batch (the first per rollout and run)."""
-        rows: dict[tuple[str, str], tuple] = {}
+        """One row per verdict of the batch (the first per rollout, run and judged trajectory:
+        of a rollout generated twice, only the verdict of the stored trajectory applies)."""
+        rows: dict[tuple[str, str, int | None], tuple] = {}
         for e, p, position in self.scored:
             for r in p.rollouts:
-                rows.setdefault((r.rollout_id, p.run_id), row(e, p, r, position))
+                key = (r.rollout_id, p.run_id, p.generated_seq)
+                rows.setdefault(key, row(e, p, r, position))
         return list(rows.values())
 
     def clear(self) -> None:

@@ -488,3 +488,79 @@ async def wait_answering(settings, platform) -> None:
         return True
 
     await wait_until(answering, "the buffer to answer")
+
+
+async def test_a_rollout_generated_twice_is_trained_on_with_its_own_verdict_only(
+    bare, settings
+) -> None:
+    """A replica presumed dead that was not generates a rollout a second time: both copies
+    are on the log and both are scored. The buffer keeps the first trajectory (a failure) and
+    must not label it with the second copy's pass, whichever verdict lands first."""
+    from buffer_kit import _trajectory
+
+    from rollout.shared.bus.publisher import EventPublisher
+    from rollout.shared.contracts import EventEnvelope
+    from rollout.shared.contracts import events as ev
+    from rollout.shared.replay import replay_run
+    from rollout.shared.store import env_versions
+
+    env = refund_env(tasks=1)
+    await push_env(settings, bare, env)
+    bare.start_buffer()
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        registered, _ = await env_versions.latest(js, env["slug"])
+        publisher = EventPublisher(js)
+        run_id = "twice"
+
+        async def append(payload: ev.Payload, *tag: object) -> int:
+            event = EventEnvelope.new(payload, aggregate_id=run_id, id_parts=(run_id, *tag),
+                                      run_id=run_id)  # fmt: skip
+            return (await publisher.publish(event)).seq
+
+        await append(
+            ev.RunRequested(
+                run_id=run_id, env_slug=registered.slug, env_version=registered.version,
+                env_hash=registered.spec_hash, model="scripted", n=1, task_indices=[0],
+            ),
+        )  # fmt: skip
+        positions = []
+        for copy, amount in (("first", 99), ("zombie", 0)):
+            rollout = ev.GeneratedRollout(
+                rollout_id="twice-0-0", task_index=0, sample_index=0, model="scripted",
+                trajectory=_trajectory("O-0", amount, version=0, tokens=True),
+            )  # fmt: skip
+            positions.append(
+                await append(
+                    ev.RolloutsGenerated(run_id=run_id, work_item_id="w", rollouts=[rollout]), copy
+                )  # fmt: skip
+            )
+        first, second = positions
+        for judged, passed in ((second, True), (first, False)):  # the second copy's lands first
+            verdict = ev.ScoredRollout(
+                rollout_id="twice-0-0", task_index=0, sample_index=0, score=float(passed),
+                passed=passed,
+            )  # fmt: skip
+            await append(
+                ev.RolloutsScored(run_id=run_id, work_item_id="w", rollouts=[verdict],
+                                  generated_seq=judged), "scored", judged,
+            )  # fmt: skip
+        await wait_caught_up(settings, bare)
+        await wait_for_position(pool, js)
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow("select * from buffer_rollouts where run_id = $1", run_id)
+        assert row["generated_seq"] == first
+        assert json.loads(row["trajectory"])["tool_calls"][0]["arguments"]["amount"] == 99
+        assert row["passed"] is False and row["score"] == 0.0
+        # Nothing passed: the failing trajectory is no demonstration.
+        sft = await ask(settings, "sft_set", SftSetQuery(run_id=run_id))
+        assert (await sft.load())[0] == []
+        # A replay of the log alone tells it the same way.
+        replayed = await replay_run(js, run_id)
+        assert replayed.scored["twice-0-0"].passed is False
+        assert replayed.generated_seq["twice-0-0"] == first
+    finally:
+        await nc.close()
+        await pool.close()

@@ -415,3 +415,65 @@ async def test_a_batch_applies_as_one_statement_per_type_and_equals_one_by_one(p
     rollout_statements = [q for q in applying if "unnest" in q]
     assert len(rollout_statements) <= 6, rollout_statements
     assert len(applying) <= 16, applying
+
+
+def twice_generated(run_id: str, start: int = 0) -> tuple[list[EventEnvelope], list[EventEnvelope]]:
+    """A rollout generated twice (a replica presumed dead that was not): its first trajectory
+    fails, the second passes; (the history to both generated events, each copy's verdict),
+    the history to be applied from stream position `start` + 1."""
+    history = run_history(run_id, tasks=1, n=1)
+    requested, started, first = history[0], history[1], history[2]
+    body = first.body()
+    second = body.model_copy(deep=True)
+    second.rollouts[0].trajectory = {"final_output": "the second copy"}
+    body.rollouts[0].trajectory = {"final_output": "the first copy"}
+    copies = [
+        EventEnvelope.new(b, aggregate_id=run_id, id_parts=(run_id, tag), run_id=run_id)
+        for b, tag in ((body, "first"), (second, "zombie"))
+    ]
+    verdicts = []
+    for position, passed in ((start + 3, False), (start + 4, True)):
+        rollout = ev.ScoredRollout(
+            rollout_id=f"{run_id}-0-0", task_index=0, sample_index=0, score=float(passed),
+            passed=passed,
+        )  # fmt: skip
+        scored = ev.RolloutsScored(
+            run_id=run_id, work_item_id="w0", rollouts=[rollout], generated_seq=position
+        )
+        verdicts.append(
+            EventEnvelope.new(
+                scored, aggregate_id=run_id, id_parts=(run_id, position), run_id=run_id
+            )  # fmt: skip
+        )
+    return [requested, started, *copies], verdicts
+
+
+async def test_a_rollout_generated_twice_keeps_its_first_trajectory_with_that_ones_verdict(
+    pg_dsn,
+) -> None:
+    pool = await create_pool(pg_dsn)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels(), contiguous=True)
+        for batched in (False, True):
+            run_id = new_id()
+            async with pool.acquire() as conn:
+                start = await conn.fetchval("select position from projection_tracking") or 0
+            history, (first_verdict, second_verdict) = twice_generated(run_id, start)
+            # The second copy's verdict lands first (the verifier's replicas race).
+            events = [*history, second_verdict, first_verdict]
+            items = [(e, start + i) for i, e in enumerate(events, start=1)]
+            if batched:
+                assert await runner.handle_batch(items) == len(items)
+            else:
+                for event, position in items:
+                    assert await runner.handle(event, position)
+            async with pool.acquire() as conn:
+                row = await conn.fetchrow("select * from rollouts where run_id = $1", run_id)
+                run = await conn.fetchrow("select * from runs where run_id = $1", run_id)
+            assert json.loads(row["trajectory"]) == {"final_output": "the first copy"}
+            # The verdict of the trajectory kept, never the other copy's pass.
+            assert row["passed"] is False and row["status"] == "scored", batched
+            assert (run["generated"], run["scored"], run["passed"]) == (1, 1, 0), batched
+    finally:
+        await pool.close()
