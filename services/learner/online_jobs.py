@@ -41,6 +41,7 @@ from rollout.services.learner.planning import (
 from rollout.shared.aggregates.run import follow_run
 from rollout.shared.bus.requests import call, service_subject
 from rollout.shared.contracts.envelope import deterministic_id
+from rollout.shared.contracts.events import RunFailed
 from rollout.shared.contracts.requests import CancelRun, CreateRun
 from rollout.shared.errors import RolloutError
 from rollout.shared.models import trained
@@ -134,6 +135,8 @@ class OnlineJob:
         self.digests: dict[int, str] = {}
         # Round runs that ended and were read (the rest are cancelled if the job ends).
         self.collected: set[str] = set()
+        # Why the last round run with no verdict at all failed (for the job's own failure).
+        self.last_errored: str | None = None
 
     async def _publish(self, *, checkpoint: bool = True) -> None:
         """Save the learner's current version: checkpoint (resume) and policy (actors)."""
@@ -244,10 +247,15 @@ class OnlineJob:
                         if self.timing.weights_refused
                         else ""
                     )
+                    errored = (
+                        f"; the last that errored: {self.last_errored}"
+                        if (self.last_errored)
+                        else ""
+                    )
                     raise RolloutError(
                         f"{empty} runs in a row gave nothing to train on (rollouts older than "
                         f"{self.config.max_staleness} versions, or failed generations"
-                        f"{refused}); are the actors loading new policy versions?"
+                        f"{refused}); are the actors loading new policy versions?{errored}"
                     )
                 # The same step's next try goes first: the runs behind it feed later steps.
                 in_flight.appendleft(
@@ -317,6 +325,13 @@ class OnlineJob:
             )
         )
         self.collected.add(current.run_id)
+        if isinstance(run.ended, RunFailed) and run.ended.cause == "errored":
+            # Every generation failed (a server restarting?): nothing to train on, as with a
+            # run of stale rollouts; the next try may fare better, and the job gives up after
+            # MAX_EMPTY_RUNS such runs in a row, naming this.
+            self.last_errored = f"run {current.run_id}: {run.reason}"
+            log.warning("round run errored throughout", run_id=current.run_id, reason=run.reason)
+            return []
         if run.status != "completed":
             raise RolloutError(
                 f"{self.method.upper()} run {current.run_id} did not complete: {run.reason}"

@@ -7,6 +7,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import TypeGuard
 
 import asyncpg
 from faststream.nats import NatsBroker, NatsMessage
@@ -371,23 +372,27 @@ class RunStates:
         self._states.pop(run_id, None)
 
     async def complete_if_done(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
-        """Complete the run once its folded state has every rollout scored; True when it did."""
+        """End the run once its folded state has every rollout scored (completed, or failed
+        when none got a verdict); True when it did."""
         state = self._states.get(run_id)
         if state is None:
             state = await self._load(js, pool, run_id)
             if state is None:
                 return False
         ending = state.decide(datetime.now(UTC))
-        if not isinstance(ending, RunCompleted):
+        if not _all_scored(ending):
             return False  # still going (a passed deadline is the deadline check's to act on)
         try:
             await append_to_run(js, state, ending)
         except ConcurrencyConflict:
             # Something of the run landed after the folded version: decide from a fresh load.
             self.forget(run_id)
-            return isinstance(await settle(js, run_id), RunCompleted)
+            return _all_scored(await settle(js, run_id))
         self.forget(run_id)
-        log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
+        if isinstance(ending, RunCompleted):
+            log.info("run completed", run_id=run_id, pass_rate=ending.pass_rate)
+        else:
+            log.warning("run failed", run_id=run_id, reason=ending.reason)
         return True
 
     async def _load(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> RunState | None:
@@ -405,6 +410,13 @@ class RunStates:
         if state.ended is not None:
             return None
         return self._keep(state)
+
+
+def _all_scored(ending: Ending | None) -> TypeGuard[Ending]:
+    """True for the endings of a run with every rollout scored (not its deadline's)."""
+    return isinstance(ending, RunCompleted) or (
+        isinstance(ending, RunFailed) and ending.cause == "errored"
+    )
 
 
 async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:

@@ -104,12 +104,13 @@ class RunState:
         return self.requested_event.time + timedelta(seconds=self.requested.deadline_s)
 
     def decide(self, now: datetime) -> Ending | None:
-        """How the run ends now: completed once all is scored, failed past its deadline."""
+        """How the run ends now: completed once all is scored (failed when no rollout got a
+        verdict), failed past its deadline."""
         if self.requested is None or self.ended is not None:
             return None
         scored = len(self.verdicts)
         if self.total is not None and scored >= self.total:
-            return self._completed()
+            return self._all_errored() or self._completed()
         deadline = self.deadline
         if deadline is not None and now >= deadline:
             total = self.total if self.total is not None else len(self.planned)
@@ -119,6 +120,7 @@ class RunState:
                     f"deadline of {self.requested.deadline_s:.0f}s passed with {scored}/{total}"
                     " rollouts scored (are actors and verifiers running? see `rollout status`)"
                 ),
+                cause="deadline",
             )
         return None
 
@@ -132,7 +134,27 @@ class RunState:
             total = len(self.requested.task_indices) * self.requested.n
         why = f": {reason.strip()}" if reason and reason.strip() else ""
         return RunFailed(
-            run_id=self.run_id, reason=f"cancelled{why} ({scored}/{total} rollouts scored)"
+            run_id=self.run_id,
+            reason=f"cancelled{why} ({scored}/{total} rollouts scored)",
+            cause="cancelled",
+        )
+
+    def _all_errored(self) -> RunFailed | None:
+        """The run's failure when every rollout is scored and none has a verdict: its pass
+        rate would measure the error (a model server that is down), so it measured nothing."""
+        verdicts = sorted(self.verdicts.values(), key=lambda v: (v.task_index, v.sample_index))
+        if not verdicts or any(v.outcome != "errored" for v in verdicts):
+            return None
+        first = verdicts[0]
+        kind = f" ({first.error_kind} error)" if first.error_kind else ""
+        lines = (first.error or "").strip().splitlines() or ["no error message was recorded"]
+        return RunFailed(
+            run_id=self.run_id,
+            reason=(
+                f"every rollout errored ({len(verdicts)} of {len(verdicts)}), so nothing was"
+                f" measured; the first: task {first.task_index}{kind}: {lines[0][:300]}"
+            ),
+            cause="errored",
         )
 
     def _completed(self) -> RunCompleted:

@@ -20,6 +20,8 @@ Method = Annotated[
 ]
 # How a rollout ended: a verdict (passed / failed), or none at all (errored, with its cause).
 RolloutOutcome = Literal["passed", "failed", "errored"]
+# Why a run failed: its deadline passed, a user cancelled it, or every rollout errored.
+RunFailure = Literal["deadline", "cancelled", "errored"]
 
 
 class SamplingParams(Payload):
@@ -239,6 +241,9 @@ class RunFailed(Payload):
 
     run_id: str
     reason: str
+    # What ended it: its deadline, a user's cancel, or every rollout errored (all scored, none
+    # with a verdict: nothing was measured). None: events from before this field.
+    cause: RunFailure | None = None
 
 
 # --- training jobs ---------------------------------------------------------------------------

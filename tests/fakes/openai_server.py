@@ -222,10 +222,11 @@ class FakeOpenAI:
 
             def do_GET(self) -> None:
                 # `GET /models`: what a client asks to see the server is there and its key good.
-                with fake._lock:
-                    fake.requests.append(
-                        RecordedRequest("GET", self.path, dict(self.headers.items()), None)
-                    )
+                # Not under `_lock`: a script holding its reply (a held run) holds that lock,
+                # and a real server answers this meanwhile (a list append is atomic).
+                fake.requests.append(
+                    RecordedRequest("GET", self.path, dict(self.headers.items()), None)
+                )
                 if fake.api_key is not None and (
                     self.headers.get("Authorization") != f"Bearer {fake.api_key}"
                 ):

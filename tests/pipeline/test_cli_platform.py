@@ -14,6 +14,7 @@ from fakes.openai_server import FakeOpenAI, Reply
 from pipeline.kit import refund_agent, refund_env
 
 from rollout.errors import RolloutError
+from rollout.services.tracker.servable import TIMEOUT_ENV
 from rollout.shared.settings import Settings
 from rollout.shared.stats import format_interval, newcombe_interval, wilson_interval
 
@@ -140,8 +141,11 @@ def half_broken_agent(body: dict) -> Reply:
 
 
 async def test_a_run_whose_every_rollout_errored_fails_and_says_why(
-    client, agent_server, settings
+    client, agent_server, settings, monkeypatch
 ) -> None:
+    # The endpoint goes down after the run is accepted: the actors' check at creation
+    # (test_model_check.py) is off, so the run starts and every rollout errors.
+    monkeypatch.setenv(TIMEOUT_ENV, "0")
     await client.push_environment(refund_env(tasks=2))
     down = f"http://127.0.0.1:{unused_port()}/v1#m"
     code, out, err = await rollout(settings, "run", "refunds", "--model", down, "-n", "2", "-f")

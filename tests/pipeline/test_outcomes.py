@@ -52,8 +52,13 @@ async def run_events(settings: Settings, run_id: str, event_type: str) -> list[E
 
 
 def assert_errored(run: dict[str, Any], kind: str, *causes: str) -> None:
-    """Every rollout errored (no verdict) with `kind` and a cause naming each of `causes`."""
-    assert run["status"] == "completed", run["reason"]
+    """Every rollout errored (no verdict) with `kind` and a cause naming each of `causes`;
+    the run, having measured nothing, failed saying so with the first rollout's error."""
+    assert run["status"] == "failed", run
+    total = run["total"]
+    assert run["reason"].startswith(f"every rollout errored ({total} of {total}), so nothing"
+                                    f" was measured; the first: task "), run["reason"]  # fmt: skip
+    assert f"({kind} error): " in run["reason"], run["reason"]
     assert run["errored"] == run["total"] and run["passed"] == 0 and run["failed"] == 0
     assert run["passRate"] == 0.0 and run["meanScore"] == 0.0
     for r in run["rollouts"]:

@@ -120,7 +120,8 @@ async def test_an_item_every_delivery_dies_on_is_recorded_as_errored(
         work = await _take(js, times=5)
         platform.start("actor")
         done = await client.wait_for_run(run["runId"], timeout_s=120)
-        assert done["status"] == "completed" and done["errored"] == 2, done
+        assert done["status"] == "failed" and done["errored"] == 2, done
+        assert done["reason"].startswith("every rollout errored (2 of 2)"), done
         assert not server.requests, "an abandoned item must not call the model"
     full = await client.get_run(run["runId"], include_rollouts=True)
     errors = {r["error"] for r in full["rollouts"]}
@@ -146,7 +147,8 @@ async def test_a_batch_every_verifier_dies_on_is_recorded_as_errored(settings: S
             await sub.unsubscribe()
             platform.start("verifier")
             done = await client.wait_for_run(run["runId"], timeout_s=120)
-        assert done["status"] == "completed" and done["errored"] == 2, done
+        assert done["status"] == "failed" and done["errored"] == 2, done
+        assert done["reason"].startswith("every rollout errored (2 of 2)"), done
         full = await client.get_run(run["runId"], include_rollouts=True)
         [error] = {r["error"] for r in full["rollouts"]}
         assert error.startswith("gave up after 5 attempts: the verifier replica handling it"), error

@@ -7,6 +7,8 @@ tracker's read models, and folded as the projection would fold it.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import asyncpg
 import nats.aio.client
 
@@ -263,3 +265,48 @@ def test_the_stored_subject_names_the_run_not_the_envelopes_claim() -> None:
     assert state is not None and state.verdicts == {} and state.version == 2
     states.fold([(verdict.subject, verdict, 4)])
     assert list(state.verdicts) == [rollout_id(RUN, 1, 1)] and state.version == 4
+
+
+async def test_a_run_whose_every_rollout_errored_fails_saying_why(
+    nats_client: nats.aio.client.Client, settings: Settings
+) -> None:
+    """All scored and none with a verdict (a model server that is down): its 0% would measure
+    the error, so the run fails, with the first rollout's error, once."""
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    pool = await create_pool(settings.database_url)
+    events = history(scored_all=False)[:3] + [_generated(1, PLANNED[2:])]
+    errors = [
+        ev.ScoredRollout(
+            rollout_id=rollout_id(RUN, t, s), task_index=t, sample_index=s, score=0.0,
+            passed=False, error=f"cannot reach the model (task {t})\ntraceback", error_kind="model",
+        )
+        for t, s in reversed(PLANNED)  # the first in task order is reported, not the first seen
+    ]  # fmt: skip
+    events.append(_event(ev.RolloutsScored(run_id=RUN, work_item_id="w", rollouts=errors), "e"))
+    try:
+        await migrate(pool)
+        states = runs.RunStates()
+        await _append(js, events)
+        states.fold(_stored(await _log(js)))
+        assert await states.complete_if_done(js, pool, RUN)
+        assert await _endings(js) == ["run.failed"]
+        failed = next(e for e, _ in await _log(js) if e.type == "run.failed").body()
+        assert isinstance(failed, ev.RunFailed) and failed.cause == "errored"
+        assert failed.reason == (
+            "every rollout errored (4 of 4), so nothing was measured; the first: task 0"
+            " (model error): cannot reach the model (task 0)"
+        )
+        await _projected(pool, await _log(js))
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow("select status, reason from runs where run_id = $1", RUN)
+        assert (row["status"], row["reason"]) == ("failed", failed.reason)
+        # One error among verdicts is a measured run: it completes.
+        state = await load_run(js, RUN)
+        state.ended = None
+        state.verdicts[rollout_id(RUN, 1, 1)] = ev.ScoredRollout(
+            rollout_id=rollout_id(RUN, 1, 1), task_index=1, sample_index=1, score=1.0, passed=True
+        )
+        assert isinstance(state.decide(datetime.now(UTC)), ev.RunCompleted)
+    finally:
+        await close_pool(pool)

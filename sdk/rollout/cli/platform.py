@@ -327,7 +327,9 @@ def print_run(run: dict[str, Any]) -> None:
     if run.get("source"):
         print(f"  rewards imported from {run['source']}: recorded there, not verified here"
               f" (`rollout replay {run['runId']} --reverify` re-scores them)")  # fmt: skip
-    if run.get("reason"):
+    errors = run.get("errorSummary")
+    if run.get("reason") and not (errors and errors["allErrored"]):
+        # A run failed for its errors has them listed by kind below, its reason among them.
         print(f"  reason: {run['reason']}")
     # Rates are over verdicts: errored rollouts (no verdict) are counted on their own, and
     # with no verdict at all there is no rate (the read model's 0.0 would read as one).
@@ -338,7 +340,7 @@ def print_run(run: dict[str, Any]) -> None:
           f"  failed {run.get('failed', run['scored'] - run['passed'] - run['errored'])}"
           f"  errored {run['errored']}"
           f"  pass rate {rate}  mean score {score}")  # fmt: skip
-    if errors := run.get("errorSummary"):
+    if errors:
         print_errors(errors)
     if run.get("endedBy"):
         # How the rollouts ended: the model finished them, or which budget did.
