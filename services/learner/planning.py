@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from rollout.shared import subjects
 from rollout.shared.aggregates.run import RunState, load_run_head, rollout_id
 from rollout.shared.contracts.events import JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
+from rollout.shared.contracts.snapshot import SnapshotRow
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning import methods
 from rollout.shared.learning.config import TrainConfig, config_problems, parse_config
@@ -189,6 +191,47 @@ def _without_held_out(
     )
 
 
+class SnapshotHeldOut:
+    """Leaves a dataset snapshot's rows of held-out tasks out, as a run's: each row names its
+    env version and task, and the registry says the task's split. Rows of an env this
+    platform does not hold (a snapshot from elsewhere) are kept: their split is unknown."""
+
+    def __init__(self, js: JetStreamContext, cmd: CreateTrainingJob) -> None:
+        self.js, self.cmd = js, cmd
+        # Held-out tasks left out, as (env, version, task).
+        self.excluded = 0
+
+    async def leave_out(self, rows: list[SnapshotRow]) -> list[SnapshotRow]:
+        """`rows` less those of held-out tasks; RolloutError when nothing else is left."""
+        splits: dict[tuple[str, int], list[str] | None] = {}
+        for slug, version in sorted({(r.env_slug, r.env_version) for r in rows}):
+            env = await env_versions.version(self.js, slug, version)
+            tasks = env.spec.get("tasks", []) if env is not None else None
+            splits[(slug, version)] = (
+                None if tasks is None else [str(t.get("split", "train")) for t in tasks]
+            )
+        held = {
+            (r.env_slug, r.env_version, r.task_index): split
+            for r in rows
+            if (known := splits[(r.env_slug, r.env_version)]) is not None
+            and r.task_index < len(known)
+            and (split := known[r.task_index]) != "train"
+        }
+        self.excluded = len(held)
+        kept = [r for r in rows if (r.env_slug, r.env_version, r.task_index) not in held]
+        if held and not kept:
+            name = self.cmd.source_dataset.name if self.cmd.source_dataset else "the dataset"
+            raise RolloutError(
+                f"dataset {name} has nothing to train on outside its held-out tasks "
+                f"(split {', '.join(sorted(set(held.values())))})",
+                problems=[_HELD_OUT_WHY, _HELD_OUT_OVERRIDE],
+            )
+        if held:
+            log.info("held-out tasks left out of the dataset", tasks=len(held),
+                     rows=len(rows) - len(kept))  # fmt: skip
+        return kept
+
+
 async def _training_rows(
     nc: Client,
     store: ObjectStore,
@@ -197,18 +240,20 @@ async def _training_rows(
     run: RunState | None,
     options: Any,
     held_out: dict[int, str] | None = None,
+    leave_out: Callable[[list[SnapshotRow]], Awaitable[list[SnapshotRow]]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(rows, meta) from the buffer, or from the dataset snapshot; RolloutError when empty.
 
-    Rollouts of the run's held-out tasks (`held_out`) are left out: a test run on those tasks
-    would otherwise measure recall of what the model was trained on.
+    Rollouts of the run's held-out tasks (`held_out`) are left out, and a snapshot's rows as
+    `leave_out` says: a test run on those tasks would otherwise measure recall of what the
+    model was trained on.
     """
     ids = cmd.rollout_ids
     margin = float(getattr(options, "min_margin", 0.0))
     if cmd.source_dataset is not None:
         source = f"dataset {cmd.source_dataset.name} ({cmd.source_dataset.sha256[:12]})"
         found = await training_sets.dataset_set(
-            store, cmd.source_dataset, method.data, min_margin=margin
+            store, cmd.source_dataset, method.data, min_margin=margin, leave_out=leave_out
         )
     else:
         assert run is not None
@@ -341,10 +386,12 @@ async def plan_job(
         raise RolloutError("rollout_ids: empty list (omit it to use the whole run)")
     keep_all = plan.run is None or cmd.include_held_out
     held_out = {} if keep_all else await held_out_tasks(js, plan.run)
+    snapshot = None if cmd.include_held_out else SnapshotHeldOut(js, cmd)
     plan.rows, meta = await _training_rows(
-        ctx.nc, ctx.store, cmd, method, plan.run, options, held_out
-    )
-    plan.held_out_excluded = len(held_out)
+        ctx.nc, ctx.store, cmd, method, plan.run, options, held_out,
+        snapshot.leave_out if snapshot is not None else None,
+    )  # fmt: skip
+    plan.held_out_excluded = len(held_out) + (snapshot.excluded if snapshot is not None else 0)
     if method.data == "pairs":
         plan.pair_meta, plan.pairs = meta, len(plan.rows)
     return plan

@@ -10,6 +10,8 @@ so at once (no responders), and one that does not answer is given up on after a 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import nats.errors
 from nats.aio.client import Client
 
@@ -24,7 +26,12 @@ from rollout.shared.contracts.buffer import (
     SftSetQuery,
 )
 from rollout.shared.contracts.requests import Reply
-from rollout.shared.contracts.snapshot import DatasetSource, lineage_of, rows_from_jsonl
+from rollout.shared.contracts.snapshot import (
+    DatasetSource,
+    SnapshotRow,
+    lineage_of,
+    rows_from_jsonl,
+)
 from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.learning import datasets
 from rollout.shared.learning.methods import DataKind
@@ -151,9 +158,15 @@ async def labelled_set(
 
 
 async def dataset_set(
-    store: ObjectStore, source: DatasetSource, kind: DataKind, *, min_margin: float
+    store: ObjectStore,
+    source: DatasetSource,
+    kind: DataKind,
+    *,
+    min_margin: float,
+    leave_out: Callable[[list[SnapshotRow]], Awaitable[list[SnapshotRow]]] | None = None,
 ) -> TrainingSet:
-    """A dataset snapshot's training set of `kind`, built as the buffer builds a run's.
+    """A dataset snapshot's training set of `kind`, built as the buffer builds a run's, of the
+    rows `leave_out` keeps (all without it).
 
     The bytes are fetched by claim check (sha256-verified) and every row is checked again:
     a job records only what it can train on, and a replayed job gets the very same rows.
@@ -175,6 +188,8 @@ async def dataset_set(
         expected = expected.model_copy(update={"sources": {}})
     if expected != source.lineage:
         raise RolloutError(f"{where}: the lineage sent does not match the dataset's rows")
+    if leave_out is not None:
+        rows = await leave_out(rows)
     buffer_rows = [r.buffer_row() for r in rows]
     if kind == "sft":
         items, meta, stats = datasets.sft_set(buffer_rows)

@@ -11,6 +11,8 @@ from pipeline.kit import refund_env
 
 from rollout.errors import RolloutError
 from rollout.shared.aggregates.run import rollout_id
+from rollout.shared.contracts.buffer import RolloutsQuery
+from rollout.snapshots import export_buffer_rows, write_snapshot
 
 SFT = {"max_steps": 1, "batch_size": 2}
 
@@ -65,3 +67,39 @@ async def test_a_run_of_held_out_tasks_alone_is_refused_for_training(
     assert str(caught.value).startswith(
         f"run {run['runId']} has nothing to train on outside its held-out tasks (split test)"
     ), caught.value
+
+
+async def test_a_dataset_snapshot_leaves_out_its_held_out_tasks_too(
+    client, agent_server, tiny_model: Path, learner_env, tmp_path: Path
+) -> None:
+    """An export of a run on every task carries the held-out task's rows; each row names its
+    env version and task, so a job on the snapshot leaves them out as a job on the run does."""
+    run = await scripted_run(client, agent_server, n=6, tasks=3, split=None)
+    rows, skipped = await export_buffer_rows(client, RolloutsQuery(run_ids=[run["runId"]]))
+    assert skipped == 0 and {r["task_index"] for r in rows} == {0, 1, 2}
+    passing = {r["rollout_id"] for r in rows if r["outcome"] == "passed"}
+    held_out = {r["rollout_id"] for r in rows if r["task_index"] == 0}
+    assert passing - held_out and passing & held_out, "both splits must have passing rollouts"
+    snapshot = write_snapshot(rows, tmp_path / "all.jsonl", "jsonl")
+    base = f"hf:{tiny_model}"
+
+    job = await client.create_training_job(
+        base_model=base, method="sft", dataset=snapshot, hyperparams=SFT
+    )
+    assert job["trainingRows"] == len(passing - held_out), job
+    assert job["heldOutTasksExcluded"] == 1, job
+    both = await client.create_training_job(
+        base_model=base, method="sft", dataset=snapshot, hyperparams=SFT, include_held_out=True
+    )
+    assert both["trainingRows"] == len(passing) and both["heldOutTasksExcluded"] == 0, both
+
+    only_test = write_snapshot(
+        [r for r in rows if r["task_index"] == 0], tmp_path / "test.jsonl", "jsonl"
+    )
+    with pytest.raises(RolloutError) as caught:
+        await client.create_training_job(
+            base_model=base, method="sft", dataset=only_test, hyperparams=SFT
+        )
+    assert "has nothing to train on outside its held-out tasks (split test)" in str(caught.value), (
+        caught.value
+    )
