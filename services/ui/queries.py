@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 
 from rollout.shared.auth.ownership import describe as describe_user
-from rollout.shared.stats import wilson_interval
+from rollout.shared.stats import design_effect, wilson_interval
 
 PAGE = 50
 HIST_BINS = 10
@@ -20,8 +20,9 @@ _RUN_COLUMNS = (
 )
 
 
-def run_view(row: asyncpg.Record) -> dict[str, Any]:
-    """A run row with its pass rate, 95% Wilson interval and progress."""
+def run_view(row: asyncpg.Record, effect: float = 1.0) -> dict[str, Any]:
+    """A run row with its pass rate, 95% Wilson interval and progress; `effect` is the run's
+    design effect over its tasks (several samples of a task are not independent trials)."""
     out = dict(row)
     scored, total = row["scored"], row["total"]
     # Rates are over verdicts, as the CLI's and the tracker's are: an errored rollout (scored,
@@ -29,7 +30,11 @@ def run_view(row: asyncpg.Record) -> dict[str, Any]:
     judged = scored - (row.get("errored") or 0)
     out["judged"] = judged
     out["pass_rate"] = row["passed"] / judged if judged > 0 else None
-    out["interval"] = wilson_interval(row["passed"], judged) if judged > 0 else None
+    out["design_effect"] = effect
+    # As `rollout compare` counts them: as many trials as the task clustering leaves.
+    out["interval"] = (
+        wilson_interval(row["passed"] / effect, judged / effect) if judged > 0 else None
+    )
     out["mean_score"] = row["score_sum"] / judged if judged > 0 else None
     out["progress"] = scored / total if total else 0.0
     # Who started it, in words (`key 1a2b3c4d5e6f`); None for runs from before owners.
@@ -37,6 +42,22 @@ def run_view(row: asyncpg.Record) -> dict[str, Any]:
     if isinstance(out.get("sampling"), str):
         out["sampling"] = json.loads(out["sampling"])
     return out
+
+
+async def run_views(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> list[dict[str, Any]]:
+    """`run_view` of each row, with its design effect from its tasks' counts (one query for
+    the runs with several samples per task; 1 for the rest)."""
+    clustered = [r["run_id"] for r in rows if (r["n"] or 1) > 1]
+    counts: dict[str, list[tuple[int, int]]] = {}
+    if clustered:
+        for t in await conn.fetch(
+            "select run_id, count(*) filter (where passed and status = 'scored') as passed,"
+            " count(*) filter (where status = 'scored') as judged from rollouts"
+            " where run_id = any($1::text[]) group by run_id, task_index",
+            clustered,
+        ):
+            counts.setdefault(t["run_id"], []).append((t["passed"], t["judged"]))
+    return [run_view(r, design_effect(counts.get(r["run_id"], []))) for r in rows]
 
 
 def _offset(page: int) -> int:
@@ -64,7 +85,7 @@ async def list_runs(
         " array(select distinct status from runs order by 1) as statuses"
     )
     return {
-        "runs": [run_view(r) for r in rows[:PAGE]],
+        "runs": await run_views(conn, rows[:PAGE]),
         "more": len(rows) > PAGE,
         "envs": facets["envs"],
         "models": facets["models"],
@@ -75,7 +96,7 @@ async def list_runs(
 async def get_run(conn: asyncpg.Connection, run_id: str) -> dict[str, Any] | None:
     """One run's summary row."""
     row = await conn.fetchrow(f"select {_RUN_COLUMNS} from runs where run_id = $1", run_id)
-    return run_view(row) if row else None
+    return (await run_views(conn, [row]))[0] if row else None
 
 
 def _task_view(t: asyncpg.Record) -> dict[str, Any]:
@@ -319,6 +340,6 @@ async def get_job(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | Non
             sorted(names | {p["model"]}),
             p["version"],
         )
-        versions.append(dict(p) | {"runs": [run_view(r) for r in runs]})
+        versions.append(dict(p) | {"runs": await run_views(conn, list(runs))})
     job["policies"] = versions
     return job

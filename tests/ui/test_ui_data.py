@@ -110,3 +110,42 @@ async def test_bad_input_is_a_page_that_says_what_is_wrong(http: httpx.AsyncClie
     assert bad_id.status_code == 400 and "rollout id" in bad_id.text
     topic = await http.get("/live", params={"topic": "everything"})
     assert topic.status_code == 400 and "topic must be" in topic.text
+
+
+async def test_a_runs_interval_counts_its_samples_per_task_as_rollout_compare_does(
+    http: httpx.AsyncClient, settings: Settings
+) -> None:
+    """8 samples of each of 12 tasks, every task all-pass or all-fail (a deterministic model):
+    the samples of a task are worth one trial, so the interval is as wide as 12 samples',
+    not 96 independent ones."""
+    from rollout.shared.stats import design_effect, wilson_interval
+
+    pool = await create_pool(settings.database_url)
+    try:
+        await pool.execute(
+            "insert into runs(run_id, env_slug, env_version, env_hash, model, n, sampling,"
+            " max_tool_calls, policy_version, status, total, scored, passed, created_at)"
+            " values ('rc', 'e', 1, 'h', 'tiny:v', 8, '{}', 4, 0, 'completed', 96, 96, 48, $1)",
+            T0,
+        )
+        await pool.executemany(
+            "insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
+            " model, policy_version, score, passed, generated_at)"
+            " values ($1, 'rc', $2, $3, 'scored', 'tiny:v', 0, $4, $5, $6)",
+            [(f"rc-{t}-{s}", t, s, float(t % 2), t % 2 == 1, T0)
+             for t in range(12) for s in range(8)],
+        )  # fmt: skip
+    finally:
+        await pool.close()
+    effect = design_effect([(8 * (t % 2), 8) for t in range(12)])
+    assert effect > 7.5
+    page = await http.get("/runs/rc")
+    shown = re.search(r'id="run-design-effect">([\d.]+)<', page.text)
+    assert shown and float(shown.group(1)) == pytest.approx(effect, abs=0.01), page.text
+    low, high = wilson_interval(48 / effect, 96 / effect)
+    assert f"[{100 * low:.1f}, {100 * high:.1f}]" in page.text
+    naive = wilson_interval(48, 96)
+    assert f"[{100 * naive[0]:.1f}, {100 * naive[1]:.1f}]" not in page.text
+    # The runs list counts them the same way.
+    listing = await http.get("/")
+    assert f"[{100 * low:.1f}, {100 * high:.1f}]" in listing.text
