@@ -25,16 +25,20 @@ COUNTRIES = {
     "BR": "Brazil", "JP": "Japan", "IN": "India",
 }  # fmt: skip
 CODES = list(COUNTRIES)
-CUSTOMER_COUNT = 24
+# Country k has k + 1 customers and month m has m + 2 orders: no two questions of a kind share
+# an answer, so one guessed number cannot pass every "how many" question.
+HOMES = [code for k, code in enumerate(CODES) for _ in range(k + 1)]
+CUSTOMER_COUNT = len(HOMES)
+PLACED = [(m, day) for m in range(1, 10) for day in range(m + 2)]
 SEED = "\n".join(
     [
-        f"INSERT INTO customers VALUES ({i}, 'c{i}', '{CODES[i % len(CODES)]}');"
+        f"INSERT INTO customers VALUES ({i}, 'c{i}', '{HOMES[(7 * i) % CUSTOMER_COUNT]}');"
         for i in range(1, CUSTOMER_COUNT + 1)
     ]
     + [
         f"INSERT INTO orders VALUES ({i}, {1 + i % CUSTOMER_COUNT}, {10.5 * (i % 7) + 3}, "
-        f"'2024-0{1 + i % 9}-1{i % 10}');"
-        for i in range(1, 61)
+        f"'2024-0{m}-1{day % 10}');"
+        for i, (m, day) in enumerate(PLACED, start=1)
     ]
 )
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September"]

@@ -62,6 +62,20 @@ async def test_sql_example_solved() -> None:
         assert (await score(env, i, t)).passed, query
 
 
+async def test_no_guessed_number_answers_the_sql_examples_counting_questions() -> None:
+    """Each country's customers and each month's orders differ in number: a constant guess
+    submitted without reading the data answers at most one question of each kind."""
+    env = load("sql_sales.py")
+    counting = [i for i, t in enumerate(env.tasks) if "COUNT(*)" in t.hidden_ground_truth["query"]]
+    assert len(counting) >= 10
+    for guess in range(13):
+        passed = 0
+        for i in counting:
+            t = await run_tool_script(env, i, [("submit_answer", {"answer": guess})])
+            passed += (await score(env, i, t)).passed
+        assert passed <= 2, f"{guess} answers {passed} counting questions"
+
+
 async def test_browser_example_solved() -> None:
     env = load("browser_signup.py")
     fields = env.tasks[1].hidden_ground_truth["fields"]

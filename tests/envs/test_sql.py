@@ -194,3 +194,41 @@ async def test_runtime_refuses_attach_and_extensions(tmp_path: Path) -> None:
     assert big.error and "too big" in big.error
     assert os.listdir(tmp_path) == []
     await rt.close()
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["DELETE FROM orders WHERE customer = 'Bob'", "UPDATE orders SET customer = 'Alice'"],
+)
+async def test_a_query_is_judged_on_the_tasks_data_not_on_what_the_model_changed(
+    change: str,
+) -> None:
+    # Alice has 2 orders. A model that first makes the data fit a guess must not pass.
+    env = sql_env(query="SELECT COUNT(*) FROM orders WHERE customer = 'Alice'")
+    guess = (
+        "SELECT COUNT(*) FROM orders"  # 3 orders; 2 after the delete, 3 Alice's after the update
+    )
+    forged = await run_tool_script(
+        env, 0, [("run_sql", {"query": change}), ("submit_answer", {"query": guess})]
+    )
+    result = await score(env, 0, forged)
+    assert not result.passed, result.primitives[0].reason
+    honest = await run_tool_script(
+        env, 0,
+        [("run_sql", {"query": change}),
+         ("submit_answer", {"query": "SELECT COUNT(*) FROM orders WHERE customer = 'Alice'"})],
+    )  # fmt: skip
+    # Judged on the seeded data: the right query passes whatever the episode changed.
+    assert (await score(env, 0, honest)).passed
+
+
+async def test_a_query_that_only_works_on_changed_data_fails_saying_so() -> None:
+    env = sql_env(query="SELECT COUNT(*) FROM orders")
+    t = await run_tool_script(
+        env, 0,
+        [("run_sql", {"query": "CREATE TABLE mine (x INTEGER)"}),
+         ("submit_answer", {"query": "SELECT COUNT(*) FROM mine"})],
+    )  # fmt: skip
+    result = await score(env, 0, t)
+    assert not result.passed
+    assert "the submitted query fails on the task's data: sql error" in result.primitives[0].reason

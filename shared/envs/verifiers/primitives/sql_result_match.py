@@ -53,6 +53,27 @@ def _expected_rows(p: SqlResultMatchParams, ctx: ScoreContext) -> tuple[list[Any
     return ref, "the reference query's rows"
 
 
+def _submitted_rows(sub: dict[str, Any], ctx: ScoreContext) -> tuple[list[str], list[Any]]:
+    """(columns, rows) of the submitted query run again on a fresh copy of the task's data.
+
+    Not the rows it returned in the episode: the model may have changed the data first
+    (`DELETE ... WHERE id > 3`, then `SELECT COUNT(*)` gives the expected count), and the
+    reference rows come from the data as seeded. Blocking: run it in a thread.
+    """
+    query = sub.get("query")
+    if not isinstance(ctx.config, SqlConfig) or not isinstance(query, str):
+        # Rows given without the sql template's data: only the episode's rows are known.
+        return sub.get("columns") or [], sub.get("rows") or []
+    conn = open_database(ctx.config)
+    try:
+        columns, rows, _ = run_query(
+            conn, query, ctx.config.query_timeout_seconds * 5, SUBMIT_ROW_CAP
+        )
+    finally:
+        conn.close()
+    return columns, rows
+
+
 def _one_value(rows: list[Any]) -> tuple[bool, Any]:
     """(True, value) when the rows are exactly one row of one column."""
     if len(rows) != 1:
@@ -121,7 +142,11 @@ async def sql_result_match(p: SqlResultMatchParams, ctx: ScoreContext) -> Outcom
         return binary(
             ok, f"answer {short(answer, 80)} {'==' if ok else '!='} {short(value, 80)} ({what})"
         )
-    actual = _rows_as(sub.get("rows") or [], sub.get("columns") or [], expected)
+    try:
+        columns, rows = await asyncio.to_thread(_submitted_rows, sub, ctx)
+    except Exception as exc:  # noqa: BLE001 - the model's query: its failure is a verdict
+        return binary(False, f"the submitted query fails on the task's data: {exc}")
+    actual = _rows_as(rows, columns, expected)
     gt = ctx.ground_truth if isinstance(ctx.ground_truth, dict) else {}
     ordered = p.order_matters if p.order_matters is not None else bool(gt.get("orderMatters"))
     if ordered:
