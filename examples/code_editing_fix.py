@@ -46,7 +46,12 @@ def _test(split: str, module: str, fn: str, params: str, expr: str, name: str) -
     values = [rng.choice(ARGUMENTS[split]) for _ in names]
     expected = eval(expr, {}, dict(zip(names, values, strict=True)))  # noqa: S307 - our own table
     call = f"{fn}({', '.join(map(str, values))})"
-    return f"from {module} import {fn}\n\n\ndef {name}():\n    assert {call} == {expected}\n"
+    # The exact type first: a result whose __eq__ always says True (an int subclass, even on
+    # the right of ==) would otherwise pass without the bug being fixed.
+    return (
+        f"from {module} import {fn}\n\n\ndef {name}():\n    result = {call}\n"
+        f"    assert type(result) is int and result == {expected}\n"
+    )
 
 
 tasks = []

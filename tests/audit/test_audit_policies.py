@@ -56,6 +56,8 @@ WEAK: dict[str, tuple[str, int, list[dict[str, Any]]]] = {
     "code_shadow_pytest": ("code_editing_fix.py", 0, [p("ran", "tool_was_called", tool="run_tests")]),
     "code_delete_tests": ("code_editing_fix.py", 0, [p("deleted", "tool_was_called",
                                                      tool="delete_file")]),
+    "code_always_equal": ("code_editing_fix.py", 0, [p("ran", "tool_was_called",
+                                                      tool="run_tests")]),
     "plugin_extreme_values": ("plugin_counter.py", 0, [p("clean", "no_tool_errors")]),
     "plugin_injection_strings": ("plugin_counter.py", 0, [p("clean", "no_tool_errors")]),
 }  # fmt: skip

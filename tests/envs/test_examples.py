@@ -105,6 +105,21 @@ async def test_code_editing_example_solved() -> None:
     assert (await score(env, 1, t)).passed
 
 
+async def test_code_editing_example_is_not_fooled_by_a_result_equal_to_everything() -> None:
+    env = load("code_editing_fix.py")
+    task = env.tasks[0]
+    (path, buggy), *_ = task.input["files"].items()
+    header = buggy.splitlines()[0]  # `def add(a, b):`
+    # An int whose == always says True, even when the expected value is on the left.
+    forged = (
+        "class _Any(int):\n    def __eq__(self, other):\n        return True\n"
+        f"    __hash__ = int.__hash__\n\n\n{header}\n    return _Any(0)\n"
+    )
+    t = await run_tool_script(env, 0, [("write_file", {"path": path, "content": forged})])
+    result = await score(env, 0, t)
+    assert not result.passed and result.score == 0.0, result
+
+
 async def test_plugin_example_solved() -> None:
     env = load("plugin_counter.py")
     t = await run_tool_script(env, 0, [("increment", {})] * 3)  # task 0's target is 3
