@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -131,7 +132,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     `messages` is a chat (system first if any, user/assistant turns, assistant tool calls and
     their tool results) that ends with the user turn the model answers; the turns before it
     go with the task. An optional `answer` on every line is scored with `final_answer_match`
-    (contains); errors name the file, line and field, and nothing runs on a bad file.
+    (see `answer_mode`); errors name the file, line and field, and nothing runs on a bad file.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -208,6 +209,22 @@ def _instruction(row: dict[str, Any], where: str) -> tuple[str, list[dict[str, A
     return last["content"], history or None
 
 
+_NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def answer_mode(tasks: list[dict[str, Any]]) -> str:
+    """How the answers are matched: `numeric` (the reply's last number) when every answer is a
+    number, else `exact` (the whole reply, trimmed, any case). Never `contains`: a reply
+    listing every candidate ("A B C D E", "0 1 2 ... 999") would contain the answer."""
+    answers = [t["hiddenGroundTruth"]["answer"] for t in tasks if "hiddenGroundTruth" in t]
+    numeric = all(
+        (isinstance(a, int | float) and not isinstance(a, bool))
+        or (isinstance(a, str) and _NUMBER.match(a))
+        for a in answers
+    )
+    return "numeric" if answers and numeric else "exact"
+
+
 def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     """A tool-less `custom` environment whose tasks are the prompts (slug from their hash)."""
     digest = hashlib.sha256(
@@ -215,7 +232,7 @@ def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     ).hexdigest()
     answered = "hiddenGroundTruth" in tasks[0]
     primitive = (
-        {"name": "answer", "type": "final_answer_match", "mode": "contains"}
+        {"name": "answer", "type": "final_answer_match", "mode": answer_mode(tasks)}
         if answered
         # Nothing to check: one verdict per rollout still ends the run the usual way.
         else {"name": "completed", "type": "no_tool_errors"}

@@ -147,7 +147,8 @@ def slow_agent() -> Iterator[FakeOpenAI]:
 
 async def test_generate_prompts_with_answers_scores_them(client, settings, tmp_path) -> None:
     prompts = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": "say 7", "answer": "7"}, {"prompt": "say 8", "answer": "nine"}]
+    # Numbers: the reply's last number is the answer ("echo: say 7" answers 7, not 9).
+    rows = [{"prompt": "say 7", "answer": "7"}, {"prompt": "say 8", "answer": "9"}]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "scored.jsonl"
     with FakeOpenAI(_echo(0.0)) as agent:
@@ -447,3 +448,30 @@ def test_an_out_that_cannot_be_written_is_named_not_a_traceback(tmp_path, capsys
         assert code == 1 and "Traceback" not in err, err
         assert f"--out {out}: " in err and reason in err, err
     assert not os.path.exists("/proc/version.jsonl.generate.json")
+
+
+@pytest.mark.parametrize(
+    ("answer", "reply", "passed"),
+    [
+        ("391", "The answer is 391.", True),
+        ("391", " ".join(str(i) for i in range(1000)), False),  # every candidate: last is 999
+        (391, "391", True),
+        ("C", "c", True),
+        ("C", "A B C D E", False),
+        ("no", "I know the answer.", False),
+        ("Paris", "Paris is the capital", False),
+    ],
+)
+async def test_a_prompts_answer_is_not_passed_by_listing_every_candidate(
+    tmp_path, answer, reply, passed
+) -> None:
+    from rollout.generate import prompts_environment, read_prompts
+    from rollout.shared.contracts.trajectory import Trajectory
+    from rollout.shared.envs.engine import score
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "which?", "answer": answer}) + "\n")
+    env = prompts_environment(read_prompts(path))
+    said = [{"role": "user", "content": "which?"}, {"role": "assistant", "content": reply}]
+    result = await score(env, 0, Trajectory(messages=said, final_output=reply))
+    assert result.passed is passed, result.primitives[0].reason
