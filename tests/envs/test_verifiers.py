@@ -189,6 +189,31 @@ async def test_form_submitted(params: dict, passed: bool) -> None:
     assert r.passed is passed, r.reason
 
 
+async def test_form_submitted_with_every_option_is_caught_by_max_count() -> None:
+    """One account per plan: the right one is among the submissions, so only a cap on the
+    form's submissions (matching or not) tells a spray from a signup."""
+    state = TRAJ.model_copy(deep=True)
+    state.final_state = {
+        "submissions": [
+            {"form": "f", "values": {"email": "a@b.c", "plan": plan}}
+            for plan in ("free", "pro", "team")
+        ]
+    }
+    wanted = {"form": "f", "fields": {"plan": "pro"}}
+    sprayed = await one(primitive("f", "form_submitted", **wanted), state, template="browser")
+    assert sprayed.passed, "without a cap the spray passes"
+    capped = await one(
+        primitive("f", "form_submitted", max_count=1, **wanted), state, template="browser"
+    )
+    assert not capped.passed
+    assert capped.reason == 'f submitted 3 times, more than 1 (1 matching f with {"plan": "pro"})'
+    state.final_state["submissions"] = state.final_state["submissions"][1:2]
+    once = await one(
+        primitive("f", "form_submitted", max_count=1, **wanted), state, template="browser"
+    )
+    assert once.passed, once.reason
+
+
 @pytest.mark.parametrize(
     ("params", "passed"),
     [

@@ -22,11 +22,15 @@ class FormSubmittedParams(CamelModel):
     form: str | None = None
     fields: dict[str, Any] | None = None
     min_count: int = Field(default=1, ge=1)
+    # At most this many submissions of the form, matching or not: a model that submits once
+    # with every option (one account per plan) has one matching submission among them.
+    max_count: int | None = Field(default=None, ge=1)
 
 
 @register("form_submitted", FormSubmittedParams, templates=("browser",))
 def form_submitted(p: FormSubmittedParams, ctx: ScoreContext) -> Outcome:
-    """A form was submitted (at least minCount times) with the expected field values."""
+    """A form was submitted (at least minCount times, at most maxCount) with the expected field
+    values."""
     gt = ctx.ground_truth if isinstance(ctx.ground_truth, dict) else {}
     form = p.form or gt.get("form")
     fields = p.fields if p.fields is not None else gt.get("fields")
@@ -42,6 +46,13 @@ def form_submitted(p: FormSubmittedParams, ctx: ScoreContext) -> Outcome:
         ):
             continue
         matching.append(s)
-    ok = len(matching) >= p.min_count
     what = (form or "any form") + (f" with {short(fields)}" if fields else "")
+    of_form = [s for s in subs if not form or s.get("form") == form]
+    if p.max_count is not None and len(of_form) > p.max_count:
+        return binary(
+            False,
+            f"{form or 'forms'} submitted {len(of_form)} times, more than {p.max_count}"
+            f" ({len(matching)} matching {what})",
+        )
+    ok = len(matching) >= p.min_count
     return binary(ok, f"{what}: {len(matching)} matching submission(s) of {len(subs)}")
