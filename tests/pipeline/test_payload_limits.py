@@ -159,7 +159,8 @@ async def test_a_rollout_too_large_even_after_the_claim_check_is_errored_not_ret
     with FakeOpenAI(chatty_agent(1_500_000)) as server:
         run = await client.create_run("chatty", f"{server.base_url}#m", n=2)
         done = await client.wait_for_run(run["runId"], timeout_s=60)
-    assert done["status"] == "completed"
+    # Every rollout errored: the run measured nothing and fails with the first one's cause.
+    assert done["status"] == "failed" and "bytes a message may carry" in done["reason"], done
     assert done["errored"] == 2 and done["passed"] == 0
     full = await client.get_run(run["runId"], include_rollouts=True)
     for r in full["rollouts"]:

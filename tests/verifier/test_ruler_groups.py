@@ -205,7 +205,10 @@ async def test_a_judge_answering_malformed_json_errors_the_group_with_its_cause(
         await client.push_environment(judged_env(judge.base_url, slug="judged-bad"))
         run = await client.create_run("judged-bad", f"{agent.base_url}#policy", n=N)
         done = await client.wait_for_run(run["runId"], timeout_s=120)
-    assert done["status"] == "completed", done
+    # Nothing got a verdict: the run measured nothing, and says why.
+    assert done["status"] == "failed", done
+    assert done["reason"].startswith(f"every rollout errored ({2 * N} of {2 * N})"), done
+    assert "(infra error)" in done["reason"] and "not JSON" in done["reason"], done
     rollouts = await client.get_rollouts(run["runId"], include_trajectories=False)
     assert len(rollouts) == 2 * N
     for r in rollouts:
