@@ -117,8 +117,10 @@ env = Environment(
         for o in ORDERS
     ],
     verifier=verifier_config(
-        primitive("handled", "state_match", weight=3),
-        primitive("looked_up", "tool_was_called", tool="get_order", weight=1),
+        # All or nothing: credit per path paid an idle agent for the lists it left untouched
+        # (0.4), and a blind notice scored 0.8 on in-transit orders without a lookup.
+        primitive("handled", "state_match", weight=3, all_or_nothing=True),
+        primitive("looked_up", "tool_was_called", tool="get_order", weight=2),
         primitive("no_errors", "no_tool_errors", weight=1),
     ),
 )

@@ -35,6 +35,9 @@ WEAK: dict[str, tuple[str, int, list[dict[str, Any]]]] = {
                       [p("checked", "tool_was_called", tool="get_order", min_count=3)]),
     "dump_everything": ("sql_sales.py", 0, [p("said", "contains_terms", terms=["orders"])]),
     "act_without_lookup": ("workflow_support.py", 0, ANY_REFUND),
+    # Task 4 is in transit (a notice, no refund) and the policy notifies: with credit per
+    # path and no lookup required, a blind notice is the whole answer.
+    "one_action_without_lookup": ("returns_desk.py", 4, [p("handled", "state_match")]),
     "act_twice": ("workflow_support.py", 0, [p("refunded", "tool_was_called", tool="refund",
                                                min_count=2)]),
     "wrong_entity": ("workflow_support.py", 0, ANY_REFUND),

@@ -71,6 +71,26 @@ async def test_state_match(params: dict, passed: bool, fragment: str) -> None:
     assert r.passed is passed and fragment in r.reason
 
 
+@pytest.mark.parametrize("fixed", [True, False])
+async def test_state_match_all_or_nothing_pays_no_credit_for_paths_that_already_held(
+    fixed: bool,
+) -> None:
+    # One path of two right (an idle agent's untouched list, say): half credit, or none.
+    expected = {"refunds.length": 1, "flag": 1}
+    params = {"expected": expected} if fixed else {}
+    gt = None if fixed else expected
+    half = await one(primitive("s", "state_match", **params), gt=gt)
+    assert not half.passed and half.score == 0.5
+    strict = await one(primitive("s", "state_match", all_or_nothing=True, **params), gt=gt)
+    assert not strict.passed and strict.score == 0.0 and "flag: expected 1" in strict.reason
+    whole = await one(
+        primitive("s", "state_match", all_or_nothing=True,
+                  **({"expected": {"refunds.length": 1}} if fixed else {})),
+        gt=None if fixed else {"refunds.length": 1},
+    )  # fmt: skip
+    assert whole.passed and whole.score == 1.0
+
+
 async def test_state_match_partial_score() -> None:
     r = await one(primitive("s", "state_match", expected={"count": 1, "flag": False}))
     assert r.score == 0.5 and not r.passed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 
 from rollout.shared.audit.policies.base import (
     CLAIM,
@@ -25,8 +26,15 @@ def _actions(view: View) -> list[dict]:
 
 
 def _guess(view: View, tool: dict, source: str) -> dict:
-    found = ids_in(source) + [w for w in re.findall(r"[A-Za-z]+", source) if len(w) > 3]
-    return {k: value_like(s, found) for k, s in properties(tool).items()}
+    ids = ids_in(source)
+    words = [w for w in re.findall(r"[A-Za-z]+", source) if len(w) > 3]
+    # Capitalised words past the first are likely names ("... with Cleo's message").
+    names = [w for w in words[1:] if w[0].isupper()]
+    return {
+        # An `*id` parameter takes an id from the words; any other takes a name first.
+        k: value_like(s, ids + words if k.lower().endswith("id") else names + ids + words)
+        for k, s in properties(tool).items()
+    }
 
 
 def _blind(view: View, repeat: int, source: str | None = None) -> ChatResponse:
@@ -39,6 +47,18 @@ def _blind(view: View, repeat: int, source: str | None = None) -> ChatResponse:
 
 def _without_lookup(view: View) -> ChatResponse:
     return _blind(view, 1)
+
+
+def _one_action(view: View) -> ChatResponse:
+    """One action tool alone, without looking: which one varies with the task, so across an
+    env's tasks each is tried (notify-only where the task wants a notice and nothing else)."""
+    actions = _actions(view)
+    if not actions:
+        return say(CLAIM)
+    tool = actions[zlib.crc32(view.instruction.encode()) % len(actions)]
+    if view.turn == 0:
+        return calls((tool["name"], _guess(view, tool, view.instruction)), turn=0)
+    return say(CLAIM)
 
 
 def _twice(view: View) -> ChatResponse:
@@ -81,6 +101,12 @@ POLICIES = [
         "act_without_lookup",
         "call the action tools straight away, guessing from the words",
         _without_lookup,
+        WORKFLOW,
+    ),  # fmt: skip
+    Policy(
+        "one_action_without_lookup",
+        "call one of the action tools straight away (which one varies by task), nothing else",
+        _one_action,
         WORKFLOW,
     ),  # fmt: skip
     Policy("act_twice", "make every action call twice", _twice, WORKFLOW),

@@ -20,6 +20,9 @@ class StateMatchParams(CamelModel):
 
     expected: dict[str, Any] | None = None
     partial: bool = False
+    # Score 0 unless every path matches. Credit per path pays for paths that already hold
+    # (an untouched `refunds: []` an idle agent leaves as it found it).
+    all_or_nothing: bool = False
 
 
 def _state_match(expected: Any, state: Any, partial: bool) -> tuple[float, bool, str]:
@@ -51,7 +54,20 @@ def _segments(key: str) -> tuple[Any, ...] | None:
 
 @register_compiled("state_match", StateMatchParams)
 def state_match(p: StateMatchParams) -> Compiled:
-    """Each expected path in the final state equals its value (numbers by value)."""
+    """Each expected path in the final state equals its value (numbers by value); with
+    allOrNothing, a state with any path wrong scores 0."""
+    matcher = _matcher(p)
+    if not p.all_or_nothing:
+        return matcher
+
+    def strict(trajectory: Trajectory, task: TaskSpec) -> tuple[float, bool, str]:
+        score, passed, reason = matcher(trajectory, task)
+        return (1.0 if passed else 0.0), passed, reason
+
+    return strict
+
+
+def _matcher(p: StateMatchParams) -> Compiled:
     partial = p.partial
     fixed = p.expected
     if not isinstance(fixed, dict) or not fixed:
