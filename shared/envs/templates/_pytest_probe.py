@@ -3,8 +3,11 @@
 Copied as source into a private, read-only harness directory and registered by the bootstrap
 before pytest starts; it never imports `rollout`. It records, in a marker file outside the work
 dir, that each hidden test's body ran to its end (the verifier wraps each hidden test with
-`wrap`) and any tampering it sees: pytest's module or attributes or builtins replaced, a trace or
-profile function installed, a function's code swapped, asserts compiled out. The verifier then
+`wrap`) and any tampering it sees: pytest's module or attributes or builtins replaced, this
+harness's own functions replaced (its `wrap`, swapped by the code under test, which is imported
+before the hidden module's last lines call it), a trace or profile function installed, a
+function's code swapped, asserts compiled out. It also records each hidden test its `wrap` was
+never asked to wrap. The verifier then
 trusts a JUnit "passed" only when the body's completion was recorded too and nothing tampered.
 
 The code under test runs in this same process, so code written against this exact harness could
@@ -34,13 +37,19 @@ _PYTEST = pytest
 _snapshot: dict[str, dict[str, int]] = {}
 _watching = False
 _TRACE = (sys.gettrace(), sys.getprofile())
+# The hidden tests the verifier expects to be wrapped, and those this module's `wrap` was asked
+# to wrap: a `wrap` replaced by the code under test (imported before the hidden module's last
+# lines run) leaves them apart. Read by the hooks through their default arguments, so names
+# rebound in this module's namespace change nothing.
+_EXPECTED: tuple[str, ...] = tuple(_CONF.get("fids", ()))
+_WRAPPED: set[str] = set()
 
 
-def _record(kind: str, what: str) -> None:
-    _OUT.write(f"{_NONCE}\t{kind}\t{what}\n")
+def _record(kind: str, what: str, _out: Any = _OUT, _nonce: str = _NONCE) -> None:
+    _out.write(f"{_nonce}\t{kind}\t{what}\n")
 
 
-def _tampered(what: str) -> None:
+def _tampered(what: str, _record: Any = _record) -> None:
     _record("tampered", what)
 
 
@@ -53,11 +62,18 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         _tampered("a function's __code__ was replaced")
 
 
-def _check(where: str) -> None:
-    """Record tampering with pytest, builtins or tracing since the run was configured."""
+def _check(
+    where: str,
+    _tampered: Any = _tampered,
+    _snapshot: dict[str, dict[str, int]] = _snapshot,
+    _self: dict[str, Any] = globals(),  # noqa: B008 - bound once, on purpose
+) -> None:
+    """Record tampering with pytest, builtins, this harness or tracing since the run was
+    configured."""
     if sys.modules.get("pytest") is not _PYTEST:
         _tampered(f"sys.modules['pytest'] was replaced ({where})")
-    for name, space in (("pytest", vars(_PYTEST)), ("builtins", vars(builtins))):
+    spaces = (("pytest", vars(_PYTEST)), ("builtins", vars(builtins)), ("the harness", _self))
+    for name, space in spaces:
         for key, ident in _snapshot.get(name, {}).items():
             if id(space.get(key, _snapshot)) != ident:
                 _tampered(f"{name}.{key} was changed ({where})")
@@ -65,8 +81,9 @@ def _check(where: str) -> None:
         _tampered(f"a trace or profile function is installed ({where})")
 
 
-def wrap(space: dict[str, Any], path: list[str], fid: str) -> None:
+def wrap(space: dict[str, Any], path: list[str], fid: str, _wrapped: set[str] = _WRAPPED) -> None:
     """Replace the test at `path` in a module's namespace by one that records its completion."""
+    _wrapped.add(fid)
     owner: Any = None
     target: Any = space
     for part in path:
@@ -119,11 +136,27 @@ def pytest_configure(config: Any) -> None:
     _snapshot["pytest"] = {k: id(v) for k, v in vars(_PYTEST).items()}
     _snapshot["builtins"] = {k: id(v) for k, v in vars(builtins).items()}
     _watching = True
+    # Everything the hidden modules and hooks call (`_watching` alone is rebound, above).
+    _snapshot["the harness"] = {
+        k: id(v) for k, v in globals().items() if not k.startswith("__") and k != "_watching"
+    }
 
 
-def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
-    """A last check once every test ran."""
+def pytest_sessionfinish(
+    session: Any,
+    exitstatus: Any,
+    _check: Any = _check,
+    _record: Any = _record,
+    _expected: tuple[str, ...] = _EXPECTED,
+    _wrapped: set[str] = _WRAPPED,
+) -> None:
+    """A last check once every test ran (pluggy passes only the hook's own arguments: the
+    defaults keep this module's functions, whatever its namespace holds by now)."""
     _check("at the end of the session")
+    # The verifier weighs these: a module that never imported is reported as such first.
+    for fid in _expected:
+        if fid not in _wrapped:
+            _record("unwrapped", fid)
     _record("finished", str(int(exitstatus)))
 
 

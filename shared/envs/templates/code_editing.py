@@ -274,12 +274,23 @@ def _ini(workdir: Path, nonce: str) -> str:
     )
 
 
-def _read_markers(path: Path, nonce: str) -> tuple[dict[str, int], list[str]]:
-    """Completion counts per test id and tampering records from the probe's marker file."""
+@dataclass
+class Markers:
+    """What the probe recorded: completions per test id, tampering seen, and the hidden tests
+    its `wrap` was never asked to wrap (a `wrap` replaced, or a module that never imported)."""
+
+    done: dict[str, int]
+    tampered: list[str]
+    unwrapped: list[str]
+
+
+def _read_markers(path: Path, nonce: str) -> Markers:
+    """The probe's records, read from its marker file."""
     done: dict[str, int] = {}
     tampered: list[str] = []
+    unwrapped: list[str] = []
     if not path.is_file():
-        return done, ["the probe's marker file is missing"]
+        return Markers(done, ["the probe's marker file is missing"], unwrapped)
     with path.open(encoding="utf-8", errors="replace") as f:
         text = f.read(MAX_REPORT_BYTES)
     for line in text.splitlines():
@@ -291,7 +302,9 @@ def _read_markers(path: Path, nonce: str) -> tuple[dict[str, int], list[str]]:
             done[parts[2]] = done.get(parts[2], 0) + 1
         elif parts[1] == "tampered":
             tampered.append(parts[2])
-    return done, tampered
+        elif parts[1] == "unwrapped":
+            unwrapped.append(parts[2])
+    return Markers(done, tampered, unwrapped)
 
 
 def _testcases(report: Path, nonce: str) -> list[tuple[str, str, str, str]] | str:
@@ -321,13 +334,12 @@ def _testcases(report: Path, nonce: str) -> list[tuple[str, str, str, str]] | st
 
 
 def _judge(
-    expected: list[HiddenTest],
-    cases: list[tuple[str, str, str, str]],
-    done: dict[str, int],
-    tampered: list[str],
+    expected: list[HiddenTest], cases: list[tuple[str, str, str, str]], markers: Markers
 ) -> tuple[bool, str, list[str]]:
     """Every expected test reported, each exactly once per parameter set, all passed, each
-    body completed, nothing tampered; anything else reported must pass too."""
+    body completed and wrapped by the harness, nothing tampered; anything else reported must
+    pass too."""
+    done, tampered = markers.done, markers.tampered
     if tampered:
         return False, "the code under test tampered with the test run: " + tampered[0], []
     if not cases:
@@ -368,6 +380,16 @@ def _judge(
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return False, problems[0] + more, []
+    if markers.unwrapped:
+        # Every module imported and every test "ran", yet the harness wrapped none of them:
+        # the completions on record were not its own.
+        return (
+            False,
+            f"the code under test tampered with the test run: the harness never wrapped "
+            f"{len(markers.unwrapped)} hidden test(s), e.g. {markers.unwrapped[0]}: its `wrap`"
+            " was replaced",
+            [],
+        )
     return True, "", sorted(counts)
 
 
@@ -432,7 +454,9 @@ async def run_hidden_tests(
             {
                 "pytest.ini": _ini(work, nonce),
                 "_rollout_probe.py": PROBE_SOURCE.read_text(encoding="utf-8"),
-                "probe.json": json.dumps({"nonce": nonce, "markers": str(markers)}),
+                "probe.json": json.dumps(
+                    {"nonce": nonce, "markers": str(markers), "fids": [t.fid for t in expected]}
+                ),
             },
         )
         # The sandbox may run as a fresh uid: it must be able to write its report here.
@@ -466,7 +490,7 @@ async def run_hidden_tests(
             run.reason = f"the test run was stopped ({result.killed_reason})"
             return run
         cases = _testcases(report, nonce)
-        done, tampered = _read_markers(markers, nonce)
+        recorded = _read_markers(markers, nonce)
         if isinstance(cases, str):
             if cases == "missing":
                 run.reason = (
@@ -475,7 +499,7 @@ async def run_hidden_tests(
             else:
                 run.reason = f"report unusable: {cases}"
             return run
-        ok, why, passed_ids = _judge(expected, cases, done, tampered)
+        ok, why, passed_ids = _judge(expected, cases, recorded)
         if ok and result.exit_code != 0:
             ok, why = (
                 False,
