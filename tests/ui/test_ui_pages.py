@@ -22,6 +22,7 @@ from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stats import design_effect, wilson_interval
 from rollout.shared.store.trajectories import object_store
 
 expect = pytest.importorskip(
@@ -163,7 +164,12 @@ async def test_every_page_renders_real_runs(
         row_a = page.locator(f"#run-{a['runId']}")
         text = await row_a.inner_text()
         assert "completed" in text and "refunds v1" in text and "6/6" in text
-        assert "66.7%" in text and "[30.0, 90.3]" in text  # Wilson 95% for 4/6
+        # Wilson 95% for 4/6, its samples counted by the run's design effect: each task's two
+        # greedy samples agree, so they weigh as one (4/6 alone would be [30.0, 90.3]).
+        effect = design_effect([(2, 2), (0, 2), (2, 2)])
+        low, high = wilson_interval(4 / effect, 6 / effect)
+        assert "66.7%" in text and f"[{100 * low:.1f}, {100 * high:.1f}]" in text, text
+        assert "[30.0, 90.3]" not in text
         await shoot(page, "runs")
         await page.select_option("select[name=status]", "completed")
         await page.goto(f"{ui.url}/?status=failed")
