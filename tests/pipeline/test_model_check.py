@@ -7,12 +7,11 @@ key from its own environment) and asks an endpoint whether it is there and takes
 
 from __future__ import annotations
 
-import socket
-
 import nats.errors
 import pytest
 from fakes.openai_server import FakeOpenAI
 from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform
+from test_outcomes import closed_port
 from waiting import wait_until
 
 from rollout.client import AsyncClient
@@ -21,13 +20,6 @@ from rollout.services.tracker.servable import TIMEOUT_ENV
 from rollout.shared import subjects
 from rollout.shared.contracts.requests import CheckModel
 from rollout.shared.settings import Settings, connect_nats
-
-
-def closed_port() -> int:
-    """A local port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def actors_answer(settings: Settings) -> None:
