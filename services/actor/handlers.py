@@ -36,7 +36,7 @@ from rollout.shared.contracts.events import (
 from rollout.shared.contracts.requests import CheckModel, Reply
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.errors import RetrySignal, RolloutError
-from rollout.shared.models.base import ModelBackend, backend_problem
+from rollout.shared.models.base import ModelBackend, backend_problem, close_backend
 from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.trained import FollowsPolicy, apply_update, refresh_policy
 from rollout.shared.objectstore import to_json_bytes
@@ -47,6 +47,9 @@ from rollout.shared.service.routes import CurrentBroker, request_route
 from rollout.shared.store.trajectories import inline_limit, offload
 
 log = get_logger(__name__)
+
+# How long a model check waits on a backend's build (a first load) before it refuses nothing.
+CHECK_BUILD_WAIT_S = 5.0
 
 
 class Backends:
@@ -68,11 +71,25 @@ class Backends:
         if building is None:
             building = asyncio.ensure_future(asyncio.to_thread(resolve_backend, model))
             self._building[model] = building
-            building.add_done_callback(lambda _: self._building.pop(model, None))
+            building.add_done_callback(lambda done: self._built(model, done))
         # Shielded: one waiter cancelled (its run ended) leaves the build to the others.
-        backend = await asyncio.shield(building)
-        self._backends[model] = backend
-        return backend
+        return await asyncio.shield(building)
+
+    def _built(self, model: str, done: asyncio.Future[ModelBackend]) -> None:
+        # Kept as it completes, waited for or not: a load is never thrown away and redone.
+        if not done.cancelled() and done.exception() is None:
+            self._backends[model] = done.result()
+        self._building.pop(model, None)
+
+    def building(self, model: str) -> asyncio.Future[ModelBackend] | None:
+        """The build of `model` under way, if any."""
+        return self._building.get(model)
+
+    async def drop(self, model: str) -> None:
+        """Forget `model`'s backend and release what it holds (connections, weights)."""
+        backend = self._backends.pop(model, None)
+        if backend is not None:
+            await close_backend(backend)
 
     def loaded(self, model: str) -> ModelBackend | None:
         """The backend for `model` if this replica has loaded it."""
@@ -304,11 +321,25 @@ async def policy_updated(event: EventEnvelope, actor: State) -> None:
 
 async def check_model(cmd: CheckModel, actor: State) -> Reply:
     """Whether this replica can generate with `cmd.model`: its backend built (a local model's
-    weights loaded, kept for the run) and asked for its endpoint; nothing is generated."""
+    weights loaded, kept for the run) and asked for its endpoint; nothing is generated.
+
+    A build still under way after CHECK_BUILD_WAIT_S refuses nothing (a large model loading:
+    the run will wait for it). A backend that cannot serve is dropped, its connections closed:
+    its run is refused, so nothing else would use it.
+    """
+    known = actor.backends.loaded(cmd.model) is not None
     try:
-        problem = await backend_problem(await actor.backends.get(cmd.model))
-    except (RolloutError, httpx.HTTPError, OSError, ObjectStoreError) as exc:
+        backend = await asyncio.wait_for(
+            asyncio.shield(actor.backends.get(cmd.model)), CHECK_BUILD_WAIT_S
+        )
+        problem = await backend_problem(backend)
+    except TimeoutError:
+        return Reply(data={"model": cmd.model, "actor": actor.actor_id, "problem": None,
+                           "loading": True})  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - whatever stops the build is the model's problem
         problem = describe(exc)
+    if problem is not None and not known:
+        await actor.backends.drop(cmd.model)
     return Reply(data={"model": cmd.model, "actor": actor.actor_id, "problem": problem})
 
 
@@ -340,8 +371,9 @@ RUN_FAILED_ROUTE = NatsRoute(
     description="Stops the generations under way for a run that was cancelled or timed out.",
 )
 
-# One replica answers (a queue group): the replicas of a pool are configured alike.
+# One replica answers (a queue group): the replicas of a pool are configured alike. Several
+# at once: one model's slow build or endpoint must not hold the checks of the others.
 CHECK_MODEL_ROUTE = request_route(
     check_model, "actor", "check_model", queue="actors",
-    title="actor/check-model",
+    title="actor/check-model", max_workers=8,
 )  # fmt: skip

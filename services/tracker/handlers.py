@@ -87,7 +87,10 @@ async def list_jobs(query: ListJobs, pool: Pool) -> Reply:
 
 
 ROUTES = [
-    request_route(create_run, "tracker", "create_run", queue=QUEUE, title="runs/create"),
+    # Several at once: a creation may wait (seconds) on the actors' model check.
+    request_route(
+        create_run, "tracker", "create_run", queue=QUEUE, title="runs/create", max_workers=8
+    ),
     request_route(cancel_run, "tracker", "cancel_run", queue=QUEUE, title="runs/cancel"),
     request_route(import_run, "tracker", "import_run", queue=QUEUE, title="runs/import"),
     request_route(

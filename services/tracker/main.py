@@ -18,6 +18,7 @@ from rollout.services.tracker.leader import (
     lead_when_elected,
     register_leader_handlers,
 )
+from rollout.services.tracker.servable import check_timeout_s
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
@@ -42,6 +43,7 @@ def request_broker(settings: Settings, pool: asyncpg.Pool, store: ObjectStore) -
 
 async def serve(settings: Settings) -> None:
     """Run one tracker replica until cancelled: it answers requests, and leads when elected."""
+    check_timeout_s()  # a bad ROLLOUT_MODEL_CHECK_S stops the replica before it connects
 
     async def build(runtime: ServiceRuntime) -> NatsBroker:
         return request_broker(settings, runtime.database(), runtime.object_store())

@@ -10,6 +10,8 @@ in time (a large model still loading), refuses nothing: the run waits for the ac
 from __future__ import annotations
 
 import os
+import time
+import weakref
 
 from nats.aio.client import Client
 
@@ -35,11 +37,22 @@ def check_timeout_s() -> float:
         raise RolloutError(f"{TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
 
 
+# A model the actors said they can serve is not asked about again for this long: an online
+# job's rounds, a plan's stages, a sweep start many runs of one model.
+SERVABLE_FOR_S = 60.0
+# Per tracker connection (a replica's, or a test's platform): when each model was found servable.
+_servable: weakref.WeakKeyDictionary[Client, dict[str, float]] = weakref.WeakKeyDictionary()
+
+
 async def actors_problem(nc: Client | None, model: str) -> str | None:
     """Why the actors cannot generate with `model`, in their words; None if they can, or if
     no actor answered in time."""
     timeout_s = check_timeout_s()
     if nc is None or timeout_s == 0:
+        return None
+    now = time.monotonic()
+    servable = _servable.setdefault(nc, {})
+    if now - servable.get(model, -SERVABLE_FOR_S) < SERVABLE_FOR_S:
         return None
     subject = subjects.request("actor", "check_model")
     try:
@@ -49,5 +62,10 @@ async def actors_problem(nc: Client | None, model: str) -> str | None:
         log.info("model not checked by the actors", model=model, why=str(exc))
         return None
     if not (problem := data.get("problem")):
+        if not data.get("loading"):
+            servable[model] = now
+            if len(servable) > 1024:  # names are free-form: keep the newest only
+                for name in sorted(servable, key=servable.__getitem__)[:512]:
+                    del servable[name]
         return None
     return f"model: the actors cannot generate with {model!r}: {problem}"

@@ -59,6 +59,8 @@ class RunState:
     total: int | None = None
     planned: frozenset[str] = frozenset()
     verdicts: dict[str, ScoredRollout] = field(default_factory=dict)
+    # The stream position of the trajectory each verdict judged (when the verdict names it).
+    judged: dict[str, int] = field(default_factory=dict)
     ended: Ending | None = None
     # Stream sequence of the event that ended the run (0 while it runs): a reader of the run's
     # verdicts (the buffer) must have applied the stream up to it to hold every one.
@@ -89,10 +91,20 @@ class RunState:
         elif isinstance(body, RunStarted) and self.total is None:
             self.total = body.total_rollouts
         elif isinstance(body, RolloutsScored):
-            # Only the first verdict per planned rollout counts, as in the read model.
+            # One verdict per planned rollout, as in the read model: the first, unless the
+            # rollout was generated twice and this one judged the earlier trajectory (the one
+            # the read models keep): then it replaces the twin's.
+            judged = body.generated_seq
             for r in body.rollouts:
-                if r.rollout_id in self.planned:
-                    self.verdicts.setdefault(r.rollout_id, r)
+                if r.rollout_id not in self.planned:
+                    continue
+                kept = self.judged.get(r.rollout_id)
+                if r.rollout_id not in self.verdicts or (
+                    judged is not None and kept is not None and judged < kept
+                ):
+                    self.verdicts[r.rollout_id] = r
+                    if judged is not None:
+                        self.judged[r.rollout_id] = judged
         elif isinstance(body, RunCompleted | RunFailed) and self.ended is None:
             self.ended, self.ended_seq = body, seq
 

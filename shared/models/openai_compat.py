@@ -145,16 +145,22 @@ class OpenAICompatBackend:
         """Why this endpoint cannot serve now, asked once with a short timeout: unreachable,
         or its key refused (`GET /models`). Any other answer counts as reachable: a server
         without a model list still serves completions."""
+        slow = f"{self.base_url} did not answer within {CHECK_TIMEOUT_S:g}s"
         try:
-            response = await self._get_client().get("/models", timeout=CHECK_TIMEOUT_S)
-        except httpx.TimeoutException:
-            return f"{self.base_url} did not answer within {CHECK_TIMEOUT_S:g}s"
+            # One limit for the whole exchange: httpx's own is per read, and a server that
+            # drips its answer would hold a run's creation for as long as it likes.
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                async with self._get_client().stream("GET", "/models") as response:
+                    if response.status_code not in (401, 403):
+                        return None  # there, and the key taken: the body is not needed
+                    await response.aread()
+        except (TimeoutError, httpx.TimeoutException):
+            return slow
         except httpx.TransportError as exc:
             return f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}"
-        if response.status_code in (401, 403):
-            # Said of this model already: without the backend's name in front.
-            return self._config_error(response.status_code, response).removeprefix(f"{self.name}: ")
-        return None
+        # Said of this model already: without the backend's name in front.
+        why = self._config_error(response.status_code, response).removeprefix(f"{self.name}: ")
+        return why if len(why) <= 500 else why[:497] + "..."
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""

@@ -29,14 +29,22 @@ Pool = Annotated[asyncpg.Pool, Context("pool")]
 
 
 def request_route(
-    handler: Callable[..., Any], service: str, verb: str, *, queue: str, title: str | None = None
+    handler: Callable[..., Any],
+    service: str,
+    verb: str,
+    *,
+    queue: str,
+    title: str | None = None,
+    max_workers: int = 1,
 ) -> NatsRoute:
-    """The route answering `service`'s `verb` requests (one queue group across replicas)."""
+    """The route answering `service`'s `verb` requests (one queue group across replicas;
+    `max_workers` requests at a time per replica, one unless the handler waits on others)."""
     return NatsRoute(
         handler,
         subjects.request_filter(service, verb),
         queue=queue,
         title=title or f"{service}/{verb}",
+        max_workers=max_workers,
     )
 
 

@@ -36,6 +36,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     # Seconds the server waits before answering: to trip the client's timeout.
     delay: float = 0.0
+    # Seconds between the body's bytes, after the headers went at once (a dripping server).
+    drip: float = 0.0
 
 
 @dataclass
@@ -133,9 +135,13 @@ def by_conversation(scripts: dict[str, Sequence[Reply | dict[str, Any]]]) -> Cal
 class FakeOpenAI:
     """The server; a context manager. `base_url` ends in /v1; `requests` records every call."""
 
-    def __init__(self, script: Script = (), *, api_key: str | None = None) -> None:
+    def __init__(
+        self, script: Script = (), *, api_key: str | None = None, models: Reply | None = None
+    ) -> None:
         self.script = script
         self.api_key = api_key
+        # The answer to `GET /models`, when not the usual list (or a 401 without the key).
+        self.models = models
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._position = 0
@@ -227,7 +233,9 @@ class FakeOpenAI:
                 fake.requests.append(
                     RecordedRequest("GET", self.path, dict(self.headers.items()), None)
                 )
-                if fake.api_key is not None and (
+                if fake.models is not None:
+                    self._send(fake.models)
+                elif fake.api_key is not None and (
                     self.headers.get("Authorization") != f"Bearer {fake.api_key}"
                 ):
                     self._send(error_reply(401, "Incorrect API key provided"))
@@ -281,7 +289,14 @@ class FakeOpenAI:
                     for key, value in reply.headers.items():
                         self.send_header(key, value)
                     self.end_headers()
-                    self.wfile.write(payload)
+                    if reply.drip:
+                        self.wfile.flush()
+                        for i in range(len(payload)):
+                            self.wfile.write(payload[i : i + 1])
+                            self.wfile.flush()
+                            time.sleep(reply.drip)
+                    else:
+                        self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout): nothing to answer
 

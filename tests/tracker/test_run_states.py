@@ -310,3 +310,33 @@ async def test_a_run_whose_every_rollout_errored_fails_saying_why(
         assert isinstance(state.decide(datetime.now(UTC)), ev.RunCompleted)
     finally:
         await close_pool(pool)
+
+
+def test_a_twins_verdict_gives_way_to_the_verdict_of_the_trajectory_the_read_models_keep() -> None:
+    """A rollout generated twice: the twin's verdict (a pass) lands first, the first
+    trajectory's (a fail) after; the run counts the one the buffer and read model keep."""
+    from rollout.shared.aggregates.run import RunState
+
+    state = RunState(RUN)
+    requested = ev.RunRequested(
+        run_id=RUN, env_slug="refunds", env_version=1, env_hash="h", model="m", n=1,
+        task_indices=[0],
+    )  # fmt: skip
+    state.apply(_event(requested), 1)
+    state.apply(_event(ev.RunStarted(run_id=RUN, work_items=1, total_rollouts=1)), 2)
+    rid = rollout_id(RUN, 0, 0)
+
+    def verdict(passed: bool, judged: int | None, tag: str) -> EventEnvelope:
+        r = ev.ScoredRollout(rollout_id=rid, task_index=0, sample_index=0,
+                             score=float(passed), passed=passed)  # fmt: skip
+        return _event(ev.RolloutsScored(run_id=RUN, work_item_id="w", rollouts=[r],
+                                        generated_seq=judged), tag)  # fmt: skip
+
+    state.apply(verdict(True, 4, "twin"), 6)  # the twin's trajectory is at 4, the first at 3
+    assert state.verdicts[rid].passed
+    state.apply(verdict(False, 3, "first"), 7)
+    assert not state.verdicts[rid].passed and state.judged[rid] == 3
+    state.apply(verdict(True, 4, "twin-again"), 8)  # a redelivered twin changes nothing
+    assert not state.verdicts[rid].passed
+    state.apply(verdict(True, None, "old"), 9)  # nor a verdict naming no trajectory
+    assert not state.verdicts[rid].passed

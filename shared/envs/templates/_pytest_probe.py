@@ -42,7 +42,8 @@ _TRACE = (sys.gettrace(), sys.getprofile())
 # lines run) leaves them apart. Read by the hooks through their default arguments, so names
 # rebound in this module's namespace change nothing.
 _EXPECTED: tuple[str, ...] = tuple(_CONF.get("fids", ()))
-_WRAPPED: set[str] = set()
+# This module as the hidden modules import it (the bootstrap registers it before running it).
+_SELF = sys.modules.get(__name__)
 
 
 def _record(kind: str, what: str, _out: Any = _OUT, _nonce: str = _NONCE) -> None:
@@ -72,6 +73,8 @@ def _check(
     configured."""
     if sys.modules.get("pytest") is not _PYTEST:
         _tampered(f"sys.modules['pytest'] was replaced ({where})")
+    if sys.modules.get(__name__) is not _SELF:
+        _tampered(f"sys.modules[{__name__!r}] was replaced ({where})")
     spaces = (("pytest", vars(_PYTEST)), ("builtins", vars(builtins)), ("the harness", _self))
     for name, space in spaces:
         for key, ident in _snapshot.get(name, {}).items():
@@ -81,7 +84,12 @@ def _check(
         _tampered(f"a trace or profile function is installed ({where})")
 
 
-def wrap(space: dict[str, Any], path: list[str], fid: str, _wrapped: set[str] = _WRAPPED) -> None:
+def wrap(
+    space: dict[str, Any],
+    path: list[str],
+    fid: str,
+    _wrapped: set[str] = set(),  # noqa: B006 - one set, shared with the session's last hook
+) -> None:
     """Replace the test at `path` in a module's namespace by one that records its completion."""
     _wrapped.add(fid)
     owner: Any = None
@@ -148,7 +156,7 @@ def pytest_sessionfinish(
     _check: Any = _check,
     _record: Any = _record,
     _expected: tuple[str, ...] = _EXPECTED,
-    _wrapped: set[str] = _WRAPPED,
+    _wrapped: set[str] = wrap.__defaults__[0],  # type: ignore[index] # no module name holds it
 ) -> None:
     """A last check once every test ran (pluggy passes only the hook's own arguments: the
     defaults keep this module's functions, whatever its namespace holds by now)."""
