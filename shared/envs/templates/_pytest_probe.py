@@ -68,9 +68,10 @@ def _check(
     _tampered: Any = _tampered,
     _snapshot: dict[str, dict[str, int]] = _snapshot,
     _self: dict[str, Any] = globals(),  # noqa: B008 - bound once, on purpose
+    _patched: set[tuple[str, str, int]] = set(),  # noqa: B006 - one set, filled by _patching
 ) -> None:
     """Record tampering with pytest, builtins, this harness or tracing since the run was
-    configured."""
+    configured (values a test put in place through pytest's monkeypatch aside)."""
     if sys.modules.get("pytest") is not _PYTEST:
         _tampered(f"sys.modules['pytest'] was replaced ({where})")
     if sys.modules.get(__name__) is not _SELF:
@@ -78,7 +79,8 @@ def _check(
     spaces = (("pytest", vars(_PYTEST)), ("builtins", vars(builtins)), ("the harness", _self))
     for name, space in spaces:
         for key, ident in _snapshot.get(name, {}).items():
-            if id(space.get(key, _snapshot)) != ident:
+            now = id(space.get(key, _snapshot))
+            if now != ident and (name, key, now) not in _patched:
                 _tampered(f"{name}.{key} was changed ({where})")
     if (sys.gettrace(), sys.getprofile()) != _TRACE:
         _tampered(f"a trace or profile function is installed ({where})")
@@ -137,6 +139,23 @@ def asserts_compiled_out(module: str) -> None:
     _tampered(f"asserts are compiled out in {module}")
 
 
+def _patching(original: Any, patched: set[tuple[str, str, int]]) -> Any:
+    """pytest's `MonkeyPatch.setattr`, noting each pytest or builtins value it puts in place:
+    a hidden test's own `monkeypatch.setattr("builtins.input", ...)` is no tampering."""
+
+    def setattr(self: Any, *args: Any, **kwargs: Any) -> Any:
+        spaces = (("pytest", vars(_PYTEST)), ("builtins", vars(builtins)))
+        before = {(n, k): id(v) for n, space in spaces for k, v in space.items()}
+        result = original(self, *args, **kwargs)
+        for name, space in spaces:
+            for key, value in space.items():
+                if before.get((name, key)) != id(value):
+                    patched.add((name, key, id(value)))
+        return result
+
+    return setattr
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: Any) -> None:
     """Snapshot pytest and builtins, then start watching."""
@@ -144,6 +163,9 @@ def pytest_configure(config: Any) -> None:
     _snapshot["pytest"] = {k: id(v) for k, v in vars(_PYTEST).items()}
     _snapshot["builtins"] = {k: id(v) for k, v in vars(builtins).items()}
     _watching = True
+    from _pytest.monkeypatch import MonkeyPatch
+
+    MonkeyPatch.setattr = _patching(MonkeyPatch.setattr, _check.__defaults__[-1])  # type: ignore[index]
     # Everything the hidden modules and hooks call (`_watching` alone is rebound, above).
     _snapshot["the harness"] = {
         k: id(v) for k, v in globals().items() if not k.startswith("__") and k != "_watching"
