@@ -329,9 +329,7 @@ async def check_model(cmd: CheckModel, actor: State) -> Reply:
     """
     known = actor.backends.loaded(cmd.model) is not None
     try:
-        backend = await asyncio.wait_for(
-            asyncio.shield(actor.backends.get(cmd.model)), CHECK_BUILD_WAIT_S
-        )
+        backend = await asyncio.wait_for(actor.backends.get(cmd.model), CHECK_BUILD_WAIT_S)
         problem = await backend_problem(backend)
     except TimeoutError:
         return Reply(data={"model": cmd.model, "actor": actor.actor_id, "problem": None,

@@ -144,18 +144,27 @@ async def _source_run(js: JetStreamContext, cmd: CreateTrainingJob) -> RunState:
     return run
 
 
+async def held_out_of(js: JetStreamContext, slug: str, version: int) -> dict[int, str] | None:
+    """An env version's tasks outside the train split, with their split; None when this
+    platform does not hold that version."""
+    env = await env_versions.version(js, slug, version)
+    if env is None:
+        return None
+    tasks = env.spec.get("tasks", [])
+    return {
+        t: split
+        for t, task in enumerate(tasks)
+        if (split := str(task.get("split", "train"))) != "train"
+    }
+
+
 async def held_out_tasks(js: JetStreamContext, run: RunState) -> dict[int, str]:
     """The run's tasks outside the train split, with their split (none when it has no env)."""
     req = run.requested
     if req is None:
         return {}
-    env = await env_versions.version(js, req.env_slug, req.env_version)
-    tasks = env.spec.get("tasks", []) if env is not None else []
-    return {
-        t: split
-        for t in req.task_indices
-        if t < len(tasks) and (split := str(tasks[t].get("split", "train"))) != "train"
-    }
+    held = await held_out_of(js, req.env_slug, req.env_version) or {}
+    return {t: held[t] for t in req.task_indices if t in held}
 
 
 def _without_held_out(
@@ -203,19 +212,14 @@ class SnapshotHeldOut:
 
     async def leave_out(self, rows: list[SnapshotRow]) -> list[SnapshotRow]:
         """`rows` less those of held-out tasks; RolloutError when nothing else is left."""
-        splits: dict[tuple[str, int], list[str] | None] = {}
-        for slug, version in sorted({(r.env_slug, r.env_version) for r in rows}):
-            env = await env_versions.version(self.js, slug, version)
-            tasks = env.spec.get("tasks", []) if env is not None else None
-            splits[(slug, version)] = (
-                None if tasks is None else [str(t.get("split", "train")) for t in tasks]
-            )
+        by_env = {
+            env: await held_out_of(self.js, *env)
+            for env in sorted({(r.env_slug, r.env_version) for r in rows})
+        }
         held = {
             (r.env_slug, r.env_version, r.task_index): split
             for r in rows
-            if (known := splits[(r.env_slug, r.env_version)]) is not None
-            and r.task_index < len(known)
-            and (split := known[r.task_index]) != "train"
+            if (split := (by_env[(r.env_slug, r.env_version)] or {}).get(r.task_index))
         }
         self.excluded = len(held)
         kept = [r for r in rows if (r.env_slug, r.env_version, r.task_index) not in held]

@@ -52,7 +52,7 @@ async def actors_problem(nc: Client | None, model: str) -> str | None:
         return None
     now = time.monotonic()
     servable = _servable.setdefault(nc, {})
-    if now - servable.get(model, -SERVABLE_FOR_S) < SERVABLE_FOR_S:
+    if (seen := servable.get(model)) is not None and now - seen < SERVABLE_FOR_S:
         return None
     subject = subjects.request("actor", "check_model")
     try:

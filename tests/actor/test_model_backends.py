@@ -31,7 +31,9 @@ async def test_a_build_its_waiter_gave_up_on_is_kept_not_redone() -> None:
     backends = Backends()
     model = "http://127.0.0.1:9/v1#kept"
     waiter = asyncio.ensure_future(backends.get(model))
-    await asyncio.sleep(0)  # the build has started
+    # One step of the loop, not a wait for anything: the task's first step starts the build,
+    # and the build's thread has not reported back before the cancel below.
+    await asyncio.sleep(0)
     building = backends.building(model)
     assert building is not None
     waiter.cancel()  # its run ended while the model loaded

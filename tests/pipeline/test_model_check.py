@@ -10,7 +10,7 @@ from __future__ import annotations
 import nats.errors
 import pytest
 from fakes.openai_server import FakeOpenAI
-from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform
+from pipeline.kit import refund_agent, refund_env
 from test_outcomes import closed_port
 from waiting import wait_until
 
@@ -103,24 +103,15 @@ async def test_a_model_the_actors_can_serve_runs(client, settings, agent_server)
     assert [r.method for r in agent_server.requests].count("GET") == 1, "checked once"
 
 
-async def test_with_no_actor_running_the_run_waits_for_one(settings: Settings) -> None:
-    platform = Platform(settings)
-    for name in ("env-registry", "tracker", "verifier"):
-        platform.start(name)
-    client = AsyncClient(settings, timeout_s=20)
-    try:
-        await wait_for_platform(client, platform)
-        await client.push_environment(refund_env(tasks=1))
-        with FakeOpenAI(refund_agent) as server:
-            run = await client.create_run("refunds", f"{server.base_url}#scripted", n=2)
-            assert server.requests == [], "no actor: nothing checked the endpoint"
-            platform.start("actor")
-            done = await client.wait_for_run(run["runId"], timeout_s=120)
-        assert done["status"] == "completed" and done["errored"] == 0, done
-    finally:
-        await client.close()
-        platform.check()
-        await platform.stop_all()
+async def test_with_no_actor_running_the_run_waits_for_one(actorless) -> None:
+    platform, client, _ = actorless
+    await client.push_environment(refund_env(tasks=1))
+    with FakeOpenAI(refund_agent) as server:
+        run = await client.create_run("refunds", f"{server.base_url}#scripted", n=2)
+        assert server.requests == [], "no actor: nothing checked the endpoint"
+        platform.start("actor")
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert done["status"] == "completed" and done["errored"] == 0, done
 
 
 async def test_the_check_can_be_turned_off(client, settings, monkeypatch) -> None:

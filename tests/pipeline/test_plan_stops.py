@@ -142,20 +142,25 @@ compare = {{ base = "baseline", other = "down" }}
 """
 
 
+async def run_dead_plan(settings, agent_server, tmp_path) -> dict:  # type: ignore[no-untyped-def]
+    """The dead-endpoint plan run to its end (it fails): its JSON document."""
+    refund_env_file(tmp_path, tasks=3)
+    path = tmp_path / "plan.toml"
+    path.write_text(DEAD_PLAN.format(agent=f"{agent_server.base_url}#scripted"))
+    code, out, err = await rollout(settings, "run", "--config", str(path), "--json")
+    assert code == 1, (out, err)
+    done = json.loads(out)
+    assert done["status"] == "failed"
+    return done
+
+
 async def test_a_stage_whose_every_rollout_errored_fails_the_plan_with_the_error(
     client, agent_server, settings, tmp_path, monkeypatch
 ) -> None:
     # The endpoint went down after its run was accepted: the actors' check at creation (see
     # the next test) is off, so the run starts and every rollout errors.
     monkeypatch.setenv(TIMEOUT_ENV, "0")
-    refund_env_file(tmp_path, tasks=3)
-    path = tmp_path / "plan.toml"
-    path.write_text(DEAD_PLAN.format(agent=f"{agent_server.base_url}#scripted"))
-
-    code, out, err = await rollout(settings, "run", "--config", str(path), "--json")
-    assert code == 1, (out, err)
-    done = json.loads(out)
-    assert done["status"] == "failed"
+    done = await run_dead_plan(settings, agent_server, tmp_path)
     stages = {s["name"]: s for s in done["stages"]}
     assert stages["baseline"]["status"] == "completed"
     assert stages["baseline"]["outputs"]["errored"] == 0
@@ -172,13 +177,7 @@ async def test_a_stage_whose_every_rollout_errored_fails_the_plan_with_the_error
 async def test_a_stage_on_an_endpoint_that_is_down_fails_before_its_run_starts(
     client, agent_server, settings, tmp_path
 ) -> None:
-    refund_env_file(tmp_path, tasks=3)
-    path = tmp_path / "plan.toml"
-    path.write_text(DEAD_PLAN.format(agent=f"{agent_server.base_url}#scripted"))
-
-    code, out, err = await rollout(settings, "run", "--config", str(path), "--json")
-    assert code == 1, (out, err)
-    done = json.loads(out)
+    done = await run_dead_plan(settings, agent_server, tmp_path)
     stages = {s["name"]: s for s in done["stages"]}
     assert stages["baseline"]["status"] == "completed"
     down = stages["down"]

@@ -3,57 +3,23 @@ rollout, never two); an item that every delivery dies on is recorded as errored,
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from fakes.openai_server import FakeOpenAI
-from pipeline.kit import Platform, refund_agent, refund_env, wait_for_platform
+from pipeline.fixtures import without
+from pipeline.kit import Platform, refund_agent, refund_env
 
 from rollout.client import AsyncClient
 from rollout.services.actor.generate import failed_batch
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
-from rollout.shared.bus.streams import ensure_consumer
 from rollout.shared.contracts import EventEnvelope
 from rollout.shared.contracts.events import RolloutsGenerated
 from rollout.shared.contracts.work import RolloutWork
 from rollout.shared.service import durables
-from rollout.shared.settings import Settings, connect_nats
-
-
-@contextlib.asynccontextmanager
-async def without(
-    settings: Settings, missing: str, consumer: durables.Consumer
-) -> AsyncIterator[tuple[Platform, AsyncClient, Any]]:
-    """The platform less service `missing` (the test plays its replicas that died, on the
-    durable `consumer`, ensured first), a client and JetStream."""
-    platform = Platform(settings)
-    for name in ("env-registry", "tracker", "actor", "verifier"):
-        if name != missing:
-            platform.start(name)
-    client = AsyncClient(settings, timeout_s=20)
-    nc = await connect_nats(settings)
-    try:
-        await wait_for_platform(client, platform)
-        js = nc.jetstream()
-        await ensure_consumer(js, consumer.stream, consumer.config())
-        yield platform, client, js
-        platform.check()
-    finally:
-        await nc.close()
-        await client.close()
-        await platform.stop_all()
-
-
-@pytest.fixture
-async def actorless(settings: Settings) -> AsyncIterator[tuple[Platform, AsyncClient, Any]]:
-    """The platform without actors, a client, JetStream."""
-    async with without(settings, "actor", durables.ACTORS) as parts:
-        yield parts
+from rollout.shared.settings import Settings
 
 
 async def _take(js: Any, times: int) -> RolloutWork:

@@ -45,12 +45,18 @@ def _expected_rows(p: SqlResultMatchParams, ctx: ScoreContext) -> tuple[list[Any
     if not isinstance(ctx.config, SqlConfig):
         raise ValueError("a reference query needs the sql template's config")
 
-    conn = open_database(ctx.config)
+    _, ref = _on_fresh_data(ctx.config, query)
+    return ref, "the reference query's rows"
+
+
+def _on_fresh_data(config: SqlConfig, query: str) -> tuple[list[str], list[Any]]:
+    """(columns, rows) of `query` on a fresh copy of the task's data (blocking)."""
+    conn = open_database(config)
     try:
-        _, ref, _ = run_query(conn, query, ctx.config.query_timeout_seconds * 5, SUBMIT_ROW_CAP)
+        columns, rows, _ = run_query(conn, query, config.query_timeout_seconds * 5, SUBMIT_ROW_CAP)
     finally:
         conn.close()
-    return ref, "the reference query's rows"
+    return columns, rows
 
 
 def _submitted_rows(sub: dict[str, Any], ctx: ScoreContext) -> tuple[list[str], list[Any]]:
@@ -64,14 +70,7 @@ def _submitted_rows(sub: dict[str, Any], ctx: ScoreContext) -> tuple[list[str], 
     if not isinstance(ctx.config, SqlConfig) or not isinstance(query, str):
         # Rows given without the sql template's data: only the episode's rows are known.
         return sub.get("columns") or [], sub.get("rows") or []
-    conn = open_database(ctx.config)
-    try:
-        columns, rows, _ = run_query(
-            conn, query, ctx.config.query_timeout_seconds * 5, SUBMIT_ROW_CAP
-        )
-    finally:
-        conn.close()
-    return columns, rows
+    return _on_fresh_data(ctx.config, query)
 
 
 def _one_value(rows: list[Any]) -> tuple[bool, Any]:
