@@ -151,6 +151,12 @@ async def test_no_tool_errors() -> None:
     [
         ({"expected": "Paris"}, "  paris ", True),
         ({"expected": "Paris", "case_sensitive": True}, "paris", False),
+        ({"expected": "Paris"}, "Paris.", True),
+        ({"expected": "Paris"}, ' "**Paris!**" ', True),
+        ({"expected": "Paris"}, "`paris`", True),
+        ({"expected": "Paris"}, "Paris, France.", False),
+        ({"expected": "Paris"}, "Paris...", False),
+        ({"expected": "Paris."}, "paris", True),
         ({"expected": 1234.5, "mode": "numeric"}, "The total is $1,234.50.", True),
         ({"expected": 1234.5, "mode": "numeric", "tolerance": 0.01}, "1234.509", True),
         ({"expected": 1234.5, "mode": "numeric"}, "1234.6", False),

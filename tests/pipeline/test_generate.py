@@ -460,6 +460,7 @@ def test_an_out_that_cannot_be_written_is_named_not_a_traceback(tmp_path, capsys
         ("C", "A B C D E", False),
         ("no", "I know the answer.", False),
         ("Paris", "Paris is the capital", False),
+        ("Paris", "Paris.", True),
     ],
 )
 async def test_a_prompts_answer_is_not_passed_by_listing_every_candidate(

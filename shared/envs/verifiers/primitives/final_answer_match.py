@@ -20,7 +20,10 @@ from rollout.shared.envs.verifiers.registry import (
 
 
 class FinalAnswerMatchParams(CamelModel):
-    """`final_answer_match`: the answer equals / is numerically close to / matches `expected`."""
+    """`final_answer_match`: the answer equals / is numerically close to / matches `expected`.
+
+    `exact` compares both sides trimmed, without enclosing quotes, code or bold marks and one
+    final full stop (any case unless `case_sensitive`)."""
 
     expected: Any = None
     mode: Literal["exact", "numeric", "regex", "contains"] = "exact"
@@ -41,6 +44,29 @@ def _last_number(text: str) -> float | None:
         except ValueError:
             continue
     return None
+
+
+# Wrappers a chat model puts around a short answer: quotes, code or bold marks, a full stop.
+_WRAPPERS = (('"', '"'), ("'", "'"), ("`", "`"), ("**", "**"), ("*", "*"), ("_", "_"))
+
+
+def _bare(text: str) -> str:
+    """`text` trimmed, without enclosing quotes/code/bold marks or one final `.` or `!`:
+    "**Paris.**" and "Paris" are the same exact answer, "Paris, France" is not."""
+    text = text.strip()
+    changed = True
+    while changed and text:
+        changed = False
+        for left, right in _WRAPPERS:
+            if (
+                len(text) > len(left) + len(right)
+                and text.startswith(left)
+                and text.endswith(right)
+            ):
+                text, changed = text[len(left) : -len(right)].strip(), True
+        if text[-1:] in (".", "!") and not text.endswith(".."):
+            text, changed = text[:-1].rstrip(), True
+    return text
 
 
 def _expected_answer(p: FinalAnswerMatchParams, ctx: ScoreContext) -> Any:
@@ -96,7 +122,7 @@ def final_answer_match(p: FinalAnswerMatchParams, ctx: ScoreContext) -> Outcome:
         ok = math.isclose(got, want_num, rel_tol=p.rel_tolerance, abs_tol=tol) or got == want_num
         return binary(ok, f"answer {got:g} vs expected {want_num:g} (tolerance {tol:g})")
     if isinstance(expected, str):
-        a, b = text.strip(), expected.strip()
+        a, b = _bare(text), _bare(expected)
         ok = a == b if p.case_sensitive else a.casefold() == b.casefold()
         return binary(ok, f"answer {short(a, 80)} {'==' if ok else '!='} {short(b, 80)}")
     # Structured expectation: the answer must be JSON equal to it.
