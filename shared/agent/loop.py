@@ -277,16 +277,31 @@ async def _apply(state: _State, response: ChatResponse) -> None:
         return
     _record_turn(state, response)
     if response.finish_reason == "length":
-        # Out of tokens: the episode ends, and a call it was writing is not run. JSON that
-        # parses is no proof the call was finished (an amount cut short is still a number).
-        state.finish_reason = "length"
-        state.end(state.turn_limit)
-        _not_run(state, response.tool_calls, f"the turn ran out of tokens ({state.turn_limit})")
+        # Out of tokens: the episode ends, and the call it was writing is not run. JSON that
+        # parses is no proof the call was finished (an amount cut short is still a number);
+        # calls before it were, since the model went on to write another.
+        *finished, cut = response.tool_calls or [None]
+        await _run_calls(state, finished)
+        if cut is not None and state.done:  # a finished call ended the episode first
+            state.messages.append(_tool_message(cut, None, "not run: the episode ended"))
+        elif not state.done:
+            state.finish_reason = "length"
+            state.end(state.turn_limit)
+            if cut is not None:
+                _not_run(state, [cut], f"the turn ran out of tokens ({state.turn_limit})")
         return
     if not response.tool_calls:
         state.finish_reason, state.done = "stop", True
         return
-    for call in response.tool_calls:
+    await _run_calls(state, response.tool_calls)
+    rollout_tokens = state.budgets.max_rollout_tokens
+    if not state.done and rollout_tokens is not None and state.tokens >= rollout_tokens:
+        state.end("max_rollout_tokens")
+
+
+async def _run_calls(state: _State, calls: list[ToolCall]) -> None:
+    """Run a turn's calls in order, each answered, within the episode's call limits."""
+    for call in calls:
         if state.finish_reason in ("error", "max_repeated_calls"):  # an earlier call ended it
             why = "the environment failed" if state.ended_by is None else "the episode ended"
             state.messages.append(_tool_message(call, None, f"not run: {why}"))
@@ -315,9 +330,6 @@ async def _apply(state: _State, response: ChatResponse) -> None:
             )
         )
         state.messages.append(_tool_message(call, result.output, result.error))
-    rollout_tokens = state.budgets.max_rollout_tokens
-    if not state.done and rollout_tokens is not None and state.tokens >= rollout_tokens:
-        state.end("max_rollout_tokens")
 
 
 def _not_run(state: _State, calls: list[ToolCall], why: str) -> None:

@@ -487,34 +487,67 @@ class CutOff:
 
 
 @pytest.mark.parametrize(
-    "calls",
+    ("calls", "ran"),
     [
         # JSON that parses, but the amount may have been cut short (10 of 100): not run.
-        [("refund", '{"order_id": "O-1", "amount": 10}')],
+        ([("refund", '{"order_id": "O-1", "amount": 10}')], 0),
         # A finished lookup, then the refund being written when the tokens ran out.
-        [("lookup_order", '{"order_id": "O-1"}'), ("refund", '{"order_id": "O-1", "amo')],
-        [("refund", '{"order_id": "O-1", "amo')],
+        ([("lookup_order", '{"order_id": "O-1"}'), ("refund", '{"order_id": "O-1", "amo')], 1),
+        ([("refund", '{"order_id": "O-1", "amo')], 0),
+        # Two finished calls, then a third cut short: the first two run.
+        (
+            [
+                ("lookup_order", '{"order_id": "O-1"}'),
+                ("refund", '{"order_id": "O-1", "amount": 100}'),
+                ("lookup_order", '{"order_id": "O-'),
+            ],
+            2,
+        ),
     ],
-    ids=["parses", "second-cut", "partial-json"],
+    ids=["parses", "second-cut", "partial-json", "third-cut"],
 )
-async def test_a_turn_cut_off_by_its_token_budget_runs_none_of_its_calls(calls) -> None:
+async def test_a_turn_cut_off_by_its_token_budget_runs_only_the_calls_it_finished(
+    calls, ran
+) -> None:
     from rollout.shared.contracts.budgets import Budgets
 
     shop = ShopRuntime()
     backend = CutOff(*calls)
     trajectory = await run_episode(shop, backend, "refund O-1", budgets=Budgets(max_turn_tokens=64))
-    assert shop.refunds == [] and backend.turns == 1
+    assert backend.turns == 1
+    assert shop.refunds == ([{"order_id": "O-1", "amount": 100}] if ran == 2 else [])
     assert trajectory.ended_by == "max_turn_tokens" and trajectory.finish_reason == "length"
     assert trajectory.turns == 1 and trajectory.error is None
-    # Each call is on the record as an error (never scoring above a malformed call), and each
-    # id is answered, so the conversation stays well formed for training.
+    # The calls finished before the cut one ran; the cut one is on the record as an error
+    # (never scoring above a malformed call); each id is answered, so the conversation stays
+    # well formed for training.
     assert [c.name for c in trajectory.tool_calls] == [name for name, _ in calls]
-    assert all(
-        c.error == "not run: the turn ran out of tokens (max_turn_tokens) while writing this call"
-        for c in trajectory.tool_calls
-    )
+    assert all(c.error is None for c in trajectory.tool_calls[:ran])
+    assert [c.error for c in trajectory.tool_calls[ran:]] == [
+        "not run: the turn ran out of tokens (max_turn_tokens) while writing this call"
+    ]
     answers = [m for m in trajectory.messages if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in answers] == [f"c{i}" for i in range(len(calls))]
+
+
+async def test_a_finished_call_that_ends_the_episode_keeps_that_budget_as_the_reason() -> None:
+    from rollout.shared.contracts.budgets import Budgets
+
+    shop = ShopRuntime()
+    calls = [
+        ("lookup_order", '{"order_id": "O-1"}'),
+        ("refund", '{"order_id": "O-1", "amount": 100}'),
+        ("refund", '{"order_id": "O-1", "amo'),
+    ]
+    trajectory = await run_episode(
+        shop, CutOff(*calls), "refund O-1", max_tool_calls=1, budgets=Budgets(max_turn_tokens=64)
+    )
+    # The call limit ended the episode at the second call: that budget is the reason given.
+    assert shop.refunds == [] and trajectory.ended_by == "max_tool_calls"
+    assert [c.name for c in trajectory.tool_calls] == ["lookup_order"]
+    answers = [m for m in trajectory.messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in answers] == ["c0", "c1", "c2"]
+    assert json.loads(answers[-1]["content"]) == {"error": "not run: the episode ended"}
 
 
 async def test_a_call_cut_at_the_rollout_budget_says_that_budget() -> None:
