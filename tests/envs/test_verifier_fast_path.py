@@ -224,7 +224,8 @@ def _ref_answer(params: dict[str, Any], trajectory: Trajectory):
     actual = trajectory.final_output
     if actual is None:
         return 0.0, False, "no final answer"
-    a, b = actual.strip(), params["expected"].strip()
+    # Trimmed, one final full stop aside (none of these answers has quotes or marks).
+    a, b = (t.strip().removesuffix(".") for t in (actual, params["expected"]))
     ok = a.casefold() == b.casefold()
     return float(ok), ok, f"answer {short(a, 80)} {'==' if ok else '!='} {short(b, 80)}"
 
