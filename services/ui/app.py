@@ -59,6 +59,9 @@ class UiState:
     pool: asyncpg.Pool | None = None
     js: Any = None
     hub: EventHub | None = None
+    # One re-verification at a time: it scores a whole run in this process, so a viewer key
+    # asking for many at once would hold the viewer for everyone.
+    reverifying: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _templates() -> jinja2.Environment:
@@ -517,15 +520,22 @@ async def replay_page(request: Request) -> Response:
     page = await ev_reads.run_events(state.js, run_id, after=after)
     diff = None
     if request.query_params.get("reverify"):
-        try:
-            replayed = await replay_run(state.js, run_id)
-            version, rows = await reverify(state.js, replayed, store=state.store)
-        except RolloutError as exc:
-            diff = {"error": str(exc)}
+        if state.reverifying.locked():
+            diff = {"error": "another re-verification is running in this viewer: try again soon"}
         else:
-            changed = [r for r in rows if r["changed"]]
-            diff = {"version": version, "checked": len(rows), "changed": changed}
+            async with state.reverifying:
+                diff = await _reverified(state, run_id)
     return render("replay.html", request, run=run, after=after, diff=diff, **page)
+
+
+async def _reverified(state: UiState, run_id: str) -> dict[str, Any]:
+    try:
+        replayed = await replay_run(state.js, run_id)
+        version, rows = await reverify(state.js, replayed, store=state.store)
+    except RolloutError as exc:
+        return {"error": str(exc)}
+    changed = [r for r in rows if r["changed"]]
+    return {"version": version, "checked": len(rows), "changed": changed}
 
 
 # --- live -------------------------------------------------------------------------------------

@@ -303,3 +303,72 @@ def test_registry_has_every_primitive() -> None:
             "reward_model",
         ]
     )
+
+
+# --- patterns an author wrote, run on what a model wrote ---------------------------------------
+
+# Nested repetition: exponential backtracking on a run of "a"s that fails at its end.
+SLOW = r"(a|aa)+$"
+
+
+@pytest.mark.parametrize(
+    ("prim", "traj"),
+    [
+        (
+            primitive("f", "final_answer_match", mode="regex", expected=SLOW),
+            Trajectory(final_output="a" * 60 + "!"),
+        ),
+        (
+            primitive("u", "url_reached", match="regex", url=SLOW),
+            Trajectory(final_state={"history": ["a" * 60 + "!"] * 40}),
+        ),
+    ],
+    ids=["final_answer_match", "url_reached"],
+)
+async def test_a_crafted_answer_cannot_stall_scoring_on_an_authors_pattern(prim, traj) -> None:
+    import asyncio
+    import time
+
+    from rollout.shared.envs.verifiers.patterns import PATTERN_BUDGET_S
+
+    # Python's `re` took minutes on this; the event loop must keep running meanwhile.
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    result = (await score(env_with(prim, template="browser"), 0, traj)).primitives[0]
+    took = time.monotonic() - started
+    ticker.cancel()
+    assert not result.passed and "ran past 0.5 s" in result.reason, result.reason
+    assert took < PATTERN_BUDGET_S + 2.5, took  # the budget, and the engine's coarse check
+    assert ticks >= took / 0.01 / 4, (ticks, took)  # the loop was not held
+
+
+async def test_a_pattern_still_matches_as_pythons_would() -> None:
+    prim = primitive("f", "final_answer_match", mode="regex", expected=r"^ord(er)?-\d+$")
+    assert (await one(prim, Trajectory(final_output="ORDER-17"))).passed
+    url = primitive("u", "url_reached", match="regex", url=r"thanks$")
+    assert (await one(url, template="browser")).passed
+
+
+def test_a_pattern_that_does_not_compile_is_refused_before_a_run() -> None:
+    from rollout.shared.envs import validate_environment
+
+    env = env_with(
+        primitive("f", "final_answer_match", mode="regex", expected="(unclosed"),
+        primitive("u", "url_reached", match="regex", url="[z-a]"),
+        template="browser",
+    )
+    problems = validate_environment(env)
+    assert any(
+        p.startswith("verifier.primitives[0].expected: not a regular expression") for p in problems
+    ), problems
+    assert any(
+        p.startswith("verifier.primitives[1].url: not a regular expression") for p in problems
+    ), problems

@@ -270,6 +270,10 @@ async def test_every_page_renders_real_runs(
         assert "v2: 2 changed" in await page.inner_text("#reverify-summary")
         assert await page.locator(".hunk .add").count() == 2
         await shoot(page, "replay")
+        # While one re-verification runs, a second is turned away, not queued behind it.
+        async with ui.app.state.ui.reverifying:
+            await page.goto(f"{ui.url}/runs/{a['runId']}/replay?reverify=1")
+            assert "another re-verification is running" in await page.inner_text("#reverify")
 
 
 async def test_a_running_run_moves_without_a_reload(

@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Awaitable
 from typing import Any, Literal
 
+import regex
 from pydantic import Field
 
 from rollout.shared.contracts.envspec import CamelModel
 from rollout.shared.envs.compare import short, values_equal
+from rollout.shared.envs.verifiers.patterns import (
+    BoundedPattern,
+    PatternTooSlow,
+    pattern_problem,
+    search_any,
+)
 from rollout.shared.envs.verifiers.primitives.common import MISSING, binary, lookup
 from rollout.shared.envs.verifiers.registry import (
     Outcome,
@@ -78,8 +86,27 @@ def _expected_answer(p: FinalAnswerMatchParams, ctx: ScoreContext) -> Any:
     return gt
 
 
-@register("final_answer_match", FinalAnswerMatchParams)
-def final_answer_match(p: FinalAnswerMatchParams, ctx: ScoreContext) -> Outcome:
+async def _regex_outcome(pattern: BoundedPattern, text: str) -> Outcome:
+    try:
+        ok = await search_any(pattern, [text])
+    except PatternTooSlow as exc:
+        return binary(False, str(exc))
+    verb = "matches" if ok else "does not match"
+    return binary(ok, f"{short(text, 80)} {verb} /{pattern.pattern}/")
+
+
+def _check(p: FinalAnswerMatchParams) -> list[tuple[str, str]]:
+    """A regex `expected` must compile (a wrong one would fail every rollout)."""
+    if p.mode == "regex" and p.expected is not None:
+        if (problem := pattern_problem(p.expected)) is not None:
+            return [("expected", problem)]
+    return []
+
+
+@register("final_answer_match", FinalAnswerMatchParams, check=_check)
+def final_answer_match(
+    p: FinalAnswerMatchParams, ctx: ScoreContext
+) -> Outcome | Awaitable[Outcome]:
     """The final answer equals / is within tolerance of / matches the expected answer."""
     expected = _expected_answer(p, ctx)
     if expected is None:
@@ -93,13 +120,12 @@ def final_answer_match(p: FinalAnswerMatchParams, ctx: ScoreContext) -> Outcome:
     if actual is None:
         return binary(False, "no final answer")
     text = actual if isinstance(actual, str) else json.dumps(actual, ensure_ascii=False)
-    flags = 0 if p.case_sensitive else re.IGNORECASE
     if p.mode == "regex":
         try:
-            ok = re.search(str(expected), text, flags) is not None
-        except re.error as exc:
+            pattern = BoundedPattern(str(expected), ignore_case=not p.case_sensitive)
+        except regex.error as exc:
             return binary(False, f"bad regex {expected!r}: {exc}")
-        return binary(ok, f"{short(text, 80)} {'matches' if ok else 'does not match'} /{expected}/")
+        return _regex_outcome(pattern, text)
     if p.mode == "contains":
         want = str(expected)
         ok = (want in text) if p.case_sensitive else (want.lower() in text.lower())
