@@ -308,7 +308,7 @@ async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Cl
         return client
     except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
         where = ", ".join(redact_url(url) for url in settings.nats_servers)
-        raise RolloutError(
+        raise NatsUnreachable(
             f"cannot reach NATS at {where} (from {source}): {exc}",
             problems=["start the embedded stack with `rollout up`, or set ROLLOUT_NATS_URL"]
             if not settings.api_key_user
@@ -316,6 +316,10 @@ async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Cl
         ) from exc
     except nats.errors.Error as exc:
         raise refused_error(settings, exc) from exc
+
+
+class NatsUnreachable(RolloutError):
+    """No NATS server answered (as opposed to one refusing the credentials)."""
 
 
 def is_permission_violation(exc: BaseException) -> bool:

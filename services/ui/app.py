@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import asyncpg
 import jinja2
@@ -154,16 +154,19 @@ def _id(value: str, what: str) -> str:
 class AuthMiddleware:
     """Every path but the login page and assets needs a valid session cookie."""
 
-    def __init__(self, app: Any, signer_of: Any) -> None:
+    def __init__(self, app: Any, state: UiState) -> None:
         self.app = app
-        self.signer_of = signer_of
+        self.state = state
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"].startswith(PUBLIC):
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        viewer = self.signer_of(scope).verify(request.cookies.get(COOKIE))
+        viewer = self.state.signer.verify(request.cookies.get(COOKIE))
+        auth = self.state.auth
+        if viewer is not None and auth is not None and not await auth.still_valid(viewer):
+            viewer = None  # its key was revoked (or this viewer restarted since)
         if viewer is None:
             if scope["path"] == "/live":
                 response: Response = Response("log in first", status_code=401)
@@ -178,10 +181,30 @@ class AuthMiddleware:
 
 
 def _safe_next(value: str | None) -> str:
-    # Only local paths: a login link must not bounce the browser to another site.
-    if not value or not value.startswith("/") or value.startswith("//"):
+    # Only local paths: a login link must not bounce the browser to another site. Browsers
+    # read `\` as `/` and drop tabs and newlines, so `/\host` and `/<TAB>/host` are other sites.
+    if not value or not value.startswith("/") or value[1:2] in ("/", "\\"):
+        return "/"
+    if "\\" in value or any(ch.isspace() or not ch.isprintable() for ch in value):
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
         return "/"
     return value
+
+
+def _cross_site(request: Request) -> bool:
+    """Whether a form was posted from another page than this viewer's own (a login CSRF: the
+    attacker's key planted in the victim's browser)."""
+    fetch_site = request.headers.get("sec-fetch-site")
+    if fetch_site is not None:
+        # Same-site is not enough: another port on this host is the same site.
+        return fetch_site not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False  # no browser (they send Origin with every POST)
+    # (Our no-referrer policy makes Chromium send Origin "null"; it sends Sec-Fetch-Site too.)
+    return origin != f"{request.url.scheme}://{request.url.netloc}"
 
 
 def _logged_in(state: UiState, viewer: Viewer, target: str) -> Response:
@@ -215,6 +238,9 @@ async def login_submit(request: Request) -> Response:
     form = parse_qs((await request.body()).decode(errors="replace"))
     key = (form.get("key") or [""])[0]
     target = _safe_next((form.get("next") or ["/"])[0])
+    if _cross_site(request):
+        error = "a login posted from another site is refused: open this viewer's /login"
+        return render("login.html", request, 403, error=error, next="/")
     if not key.strip():
         return render("login.html", request, 401, error="paste an API key", next=target)
     assert state.auth is not None
@@ -224,7 +250,7 @@ async def login_submit(request: Request) -> Response:
         # The message names the key's user at most, never its secret.
         log.info("ui login refused", error=str(exc).split(":")[0])
         return render("login.html", request, 401, error=_refusal(exc), next=target)
-    return _logged_in(state, viewer, target)
+    return _logged_in(state, state.auth.open_session(viewer, key), target)
 
 
 def _refusal(exc: RolloutError) -> str:
@@ -700,5 +726,5 @@ def create_app(
         },
     )
     app.state.ui = state
-    app.add_middleware(AuthMiddleware, signer_of=lambda scope: state.signer)
+    app.add_middleware(AuthMiddleware, state=state)
     return app

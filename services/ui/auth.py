@@ -1,7 +1,13 @@
-"""Who may look: a key is proven by connecting to NATS with it; a signed cookie remembers it."""
+"""Who may look: a key is proven by connecting to NATS with it; a signed cookie remembers it.
+
+The viewer keeps each session's key in its own memory and proves it again at most every
+RECHECK_S seconds a session is used, so a revoked key's session ends within that time
+(`rollout keys revoke` says "at once"; the cookie alone would have lasted SESSION_S).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -13,10 +19,12 @@ from dataclasses import dataclass, field, replace
 from rollout.shared.auth.identity import server_identity
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.errors import RolloutError
-from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.settings import NatsUnreachable, Settings, connect_nats
 
 COOKIE = "rollout_ui"
 SESSION_S = 12 * 3600
+# How long a proven key stays proven before a request proves it again.
+RECHECK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,8 @@ class Viewer:
 
     user: str
     role: str
+    # The session this viewer logged in with (its key is held by the Authenticator).
+    session: str = ""
 
 
 class SessionSigner:
@@ -40,7 +50,8 @@ class SessionSigner:
     def sign(self, viewer: Viewer, now: float | None = None) -> str:
         """A cookie value naming `viewer`, valid for SESSION_S."""
         expires = int((now or time.time()) + SESSION_S)
-        body = json.dumps({"u": viewer.user, "r": viewer.role, "e": expires}).encode()
+        fields = {"u": viewer.user, "r": viewer.role, "s": viewer.session, "e": expires}
+        body = json.dumps(fields).encode()
         encoded = base64.urlsafe_b64encode(body).decode().rstrip("=")
         return f"{encoded}.{self._mac(encoded.encode())}"
 
@@ -57,18 +68,31 @@ class SessionSigner:
             return None
         if not isinstance(data, dict) or data.get("e", 0) < (now or time.time()):
             return None
-        return Viewer(user=str(data.get("u")), role=str(data.get("r")))
+        return Viewer(user=str(data.get("u")), role=str(data.get("r")), session=str(data.get("s")))
+
+
+@dataclass
+class _Held:
+    """A session's key, when it was last proven, and when the session ends."""
+
+    key: str
+    proven: float
+    expires: float
 
 
 @dataclass
 class Authenticator:
-    """Checks keys against the NATS server and hands out one-time login tokens."""
+    """Checks keys against the NATS server, hands out one-time login tokens and proves each
+    session's key again while it is used."""
 
     settings: Settings
-    _tokens: dict[str, Viewer] = field(default_factory=dict)
+    _tokens: dict[str, tuple[Viewer, str]] = field(default_factory=dict)
+    _sessions: dict[str, _Held] = field(default_factory=dict)
+    _proving: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def check_key(self, text: str) -> Viewer:
-        """Connect to NATS with the key; a Viewer when the server accepts it, else RolloutError."""
+        """Connect to NATS with the key; a Viewer when the server accepts it, else RolloutError
+        (NatsUnreachable when the server could not be asked)."""
         key = ApiKey.parse(text, source="the key")
         keyed = replace(
             self.settings,
@@ -84,15 +108,47 @@ class Authenticator:
             await nc.close()
         return Viewer(user=str(who["user"]), role=str(who["role"]))
 
-    def one_time_token(self, viewer: Viewer) -> str:
-        """A token that logs `viewer` in once (printed in the URL, like Jupyter's)."""
+    def open_session(self, viewer: Viewer, key: str, now: float | None = None) -> Viewer:
+        """`viewer` with a new session that holds `key` (proven just now) for SESSION_S."""
+        now = time.time() if now is None else now
+        for sid in [s for s, held in self._sessions.items() if held.expires < now]:
+            del self._sessions[sid]
+        sid = secrets.token_urlsafe(16)
+        self._sessions[sid] = _Held(key=key, proven=time.monotonic(), expires=now + SESSION_S)
+        return replace(viewer, session=sid)
+
+    async def still_valid(self, viewer: Viewer) -> bool:
+        """Whether the session's key is still accepted: proven again after RECHECK_S. A server
+        that cannot be reached keeps the session (an outage is no revocation)."""
+        held = self._sessions.get(viewer.session)
+        if held is None:
+            return False
+        if time.monotonic() - held.proven < RECHECK_S:
+            return True
+        async with self._proving:
+            if time.monotonic() - held.proven < RECHECK_S:  # proven while this one waited
+                return True
+            try:
+                await self.check_key(held.key)
+            except NatsUnreachable:
+                pass  # asked again after RECHECK_S, not on every request meanwhile
+            except RolloutError:
+                self._sessions.pop(viewer.session, None)
+                return False
+            held.proven = time.monotonic()
+            return True
+
+    def one_time_token(self, viewer: Viewer, key: str) -> str:
+        """A token that logs `viewer` (holding `key`) in once (printed in the URL, like
+        Jupyter's)."""
         token = secrets.token_urlsafe(24)
-        self._tokens[token] = viewer
+        self._tokens[token] = (viewer, key)
         return token
 
     def redeem(self, token: str) -> Viewer:
-        """The viewer of an unused token; the token is spent either way."""
+        """The viewer of an unused token, with a session of its own; the token is spent."""
         for known in list(self._tokens):
             if hmac.compare_digest(known, token):
-                return self._tokens.pop(known)
+                viewer, key = self._tokens.pop(known)
+                return self.open_session(viewer, key)
         raise RolloutError("this login link was already used or never issued; log in with a key")

@@ -31,7 +31,7 @@ async def serve_ui(
     if login_key is not None:
         auth = app.state.ui.auth
         viewer = await auth.check_key(login_key.text)
-        url = f"{url}/login?token={auth.one_time_token(viewer)}"
+        url = f"{url}/login?token={auth.one_time_token(viewer, login_key.text)}"
     server = server_for(app)
     announce(url)
     try:

@@ -158,11 +158,100 @@ async def test_a_taken_port_is_a_clear_error(settings: Settings, tmp_path: Path)
     assert f"cannot listen on 127.0.0.1:{port}" in err.decode() and "Traceback" not in err.decode()
 
 
-async def test_read_models_missing_is_a_page_that_says_so(settings: Settings) -> None:
+async def test_read_models_missing_is_a_page_that_says_so(
+    settings: Settings, viewer_key: ApiKey
+) -> None:
     # A database the tracker never migrated: the viewer says what is missing.
     async with serve(settings) as ui:
-        key_free = ui.app.state.ui.signer.sign(ui.viewer("rk_viewer_test"))
-        async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: key_free}) as http:
+        cookie = await ui.session_cookie(viewer_key)
+        async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: cookie}) as http:
             page = await http.get("/")
     assert page.status_code == 503
     assert "read models" in page.text and "tracker" in page.text
+
+
+def origin_of(http: httpx.AsyncClient) -> str:
+    return f"{http.base_url.scheme}://{http.base_url.netloc.decode()}"
+
+
+async def _log_in(http: httpx.AsyncClient, key: ApiKey, next_: str = "/") -> httpx.Response:
+    """Post the login form as a browser on the viewer's own page does (its own Origin)."""
+    return await http.post(
+        "/login", data={"key": key.text, "next": next_}, headers={"origin": origin_of(http)}
+    )
+
+
+async def test_a_revoked_keys_session_ends_at_its_next_check(
+    settings: Settings, seeded: str, nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollout.services.ui import auth as ui_auth
+    from rollout.shared.auth.keys import KeyStore, Role
+
+    _, key = KeyStore(nats_server.home).create(Role.VIEWER, "soon revoked")
+    nats_server.reload()
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        assert (await _log_in(http, key)).status_code == 200 and COOKIE in http.cookies
+        monkeypatch.setattr(ui_auth, "RECHECK_S", 0.0)  # prove the key on every request
+        assert SECRET_NAME in (await http.get(f"/runs/{seeded}")).text  # still accepted
+        KeyStore(nats_server.home).revoke(key.key_id)
+        nats_server.reload()
+        page = await http.get(f"/runs/{seeded}")
+        assert page.status_code == 303 and page.headers["location"].startswith("/login")
+        # The session is gone, not only this request: the cookie stays refused.
+        assert (await http.get("/")).status_code == 303
+
+
+async def test_a_session_survives_a_nats_it_cannot_reach(settings: Settings) -> None:
+    # An outage is no revocation: the session stays (its key is proven once NATS is back).
+    from dataclasses import replace
+
+    from rollout.services.ui import auth as ui_auth
+    from rollout.shared.auth.keys import Role
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    try:
+        dead = replace(settings, nats_url=f"nats://127.0.0.1:{holder.getsockname()[1]}")
+        auth = ui_auth.Authenticator(dead)
+        key = ApiKey.generate(Role.VIEWER)
+        viewer = auth.open_session(ui_auth.Viewer(key.user, "viewer"), key.text)
+        auth._sessions[viewer.session].proven -= ui_auth.RECHECK_S + 1
+        assert await auth.still_valid(viewer)
+        assert not await auth.still_valid(ui_auth.Viewer("rk_viewer_x", "viewer", "forged"))
+    finally:
+        holder.close()
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/\\evil.test/phish", "/\t/evil.test/phish", "//evil.test/phish", "https://evil.test/",
+     "/\n/evil.test", "/\\/evil.test"],
+)  # fmt: skip
+async def test_login_next_never_leaves_the_site(
+    settings: Settings, viewer_key: ApiKey, target: str
+) -> None:
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        form = await http.get("/login", params={"next": target})
+        assert 'name="next" value="/"' in form.text, form.text
+        hop = await _log_in(http, viewer_key, target)
+        assert hop.status_code == 200 and "evil.test" not in hop.text
+        # A local path is kept.
+        form = await http.get("/login", params={"next": "/runs/r1?after=3"})
+        assert 'value="/runs/r1?after=3"' in form.text
+
+
+async def test_a_login_posted_from_another_site_is_refused(
+    settings: Settings, viewer_key: ApiKey
+) -> None:
+    # Login CSRF: a page elsewhere posts the attacker's own key to plant their session.
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        for headers in (
+            {"origin": "http://localhost:8556"},
+            {"origin": "null", "sec-fetch-site": "cross-site"},
+            {"origin": "null", "sec-fetch-site": "same-site"},  # another port on this host
+        ):
+            page = await http.post(
+                "/login", data={"key": viewer_key.text, "next": "/"}, headers=headers
+            )
+            assert page.status_code == 403 and "another site" in page.text
+            assert COOKIE not in http.cookies

@@ -13,6 +13,7 @@ from ui_kit import serve
 
 from rollout.services.ui.auth import COOKIE
 from rollout.services.ui.queries import PAGE
+from rollout.shared.auth.keys import ApiKey
 from rollout.shared.settings import Settings
 from rollout.shared.store.db import create_pool, migrate
 
@@ -57,11 +58,11 @@ async def _seed(settings: Settings) -> None:
 
 
 @pytest.fixture
-async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+async def http(settings: Settings, viewer_key: ApiKey) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client logged in to a viewer over the seeded read models."""
     await _seed(settings)
     async with serve(settings) as ui:
-        cookie = ui.app.state.ui.signer.sign(ui.viewer("rk_viewer_test"))
+        cookie = await ui.session_cookie(viewer_key)
         async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: cookie}) as client:
             yield client
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.services.ui.app import create_app
-from rollout.services.ui.auth import Viewer
 from rollout.services.ui.server import start_in_loop
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.service.sockets import bind, url_of
@@ -23,15 +22,17 @@ class UiServer:
     url: str
     app: Any
 
-    def viewer(self, user: str) -> Viewer:
-        """A viewer identity (to sign a session cookie with the app's own signer)."""
-        return Viewer(user=user, role="viewer")
+    async def session_cookie(self, key: ApiKey) -> str:
+        """A session cookie for `key`, as logging in with it gives (the key proven by NATS)."""
+        auth = self.app.state.ui.auth
+        viewer = auth.open_session(await auth.check_key(key.text), key.text)
+        return self.app.state.ui.signer.sign(viewer)
 
     async def login_link(self, key: ApiKey) -> str:
         """A one-time login URL for `key`, as `rollout ui` prints it for the local key."""
         auth = self.app.state.ui.auth
         viewer = await auth.check_key(key.text)
-        return f"{self.url}/login?token={auth.one_time_token(viewer)}"
+        return f"{self.url}/login?token={auth.one_time_token(viewer, key.text)}"
 
 
 @contextlib.asynccontextmanager
