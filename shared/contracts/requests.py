@@ -93,11 +93,34 @@ class AuditEnvironment(Request):
 # --- runs ------------------------------------------------------------------------------------
 
 
+def _one_line(value: str | None) -> str | None:
+    # Printed by every CLI and viewer that shows the ending: no control characters (a terminal
+    # escape in a colleague's `rollout show`), one line.
+    # isprintable() refuses C0/C1 controls, format characters (bidi overrides) and line breaks.
+    if value is not None and not value.replace(" ", "").isprintable():
+        raise ValueError("must be one line, without control characters")
+    return value
+
+
+def _printable(value: str | None) -> str | None:
+    # Text of several lines (a verifier's reason): line breaks and tabs, no other control.
+    if (
+        value is not None
+        and not value.replace(" ", "").replace("\n", "").replace("\t", "").isprintable()
+    ):
+        raise ValueError("must be text without control characters (line breaks and tabs aside)")
+    return value
+
+
+# Names and model references every CLI prints: one line, no terminal escapes.
+OneLine = Annotated[str, AfterValidator(_one_line)]
+
+
 class CreateRun(Request):
     """Start a run of `model` on an environment's tasks, `n` rollouts per task."""
 
     env_slug: str
-    model: str
+    model: OneLine = Field(max_length=2048)
     n: int = 1
     env_version: int | None = None
     temperature: float = 0.7
@@ -108,7 +131,7 @@ class CreateRun(Request):
     # Overrides of the env's rollout budgets (unset fields: the env's, else the platform's).
     budgets: Budgets | None = None
     split: str | None = None
-    name: str | None = None
+    name: OneLine | None = Field(default=None, max_length=200)
     parent_run_id: str | None = None
     task_indices: list[int] | None = None
     batch_size: int = 16
@@ -123,15 +146,6 @@ class CheckModel(Request):
     """Can the actors generate with `model`? Asked by the tracker before it records a run."""
 
     model: str = Field(max_length=2048)
-
-
-def _one_line(value: str | None) -> str | None:
-    # Printed by every CLI and viewer that shows the ending: no control characters (a terminal
-    # escape in a colleague's `rollout show`), one line.
-    # isprintable() refuses C0/C1 controls, format characters (bidi overrides) and line breaks.
-    if value is not None and not value.replace(" ", "").isprintable():
-        raise ValueError("must be one line, without control characters")
-    return value
 
 
 # Why a run or job was cancelled, kept in its ending.
@@ -236,8 +250,8 @@ class ImportedRollout(Request):
     trajectory: dict[str, Any] = Field(description="a rollout Trajectory (trajectory.json)")
     score: float = Field(ge=0, le=1, allow_inf_nan=False)
     passed: bool
-    reason: str = Field(default="", max_length=2000)
-    model: str | None = Field(default=None, min_length=1, max_length=200)
+    reason: Annotated[str, AfterValidator(_printable)] = Field(default="", max_length=2000)
+    model: OneLine | None = Field(default=None, min_length=1, max_length=200)
 
 
 class ImportRun(Request):
@@ -250,8 +264,8 @@ class ImportRun(Request):
     env_slug: str
     env_version: int | None = None
     source: Literal["art"] = "art"
-    model: str = Field(default="imported/art", min_length=1, max_length=200)
-    name: str | None = Field(default=None, max_length=200)
+    model: OneLine = Field(default="imported/art", min_length=1, max_length=200)
+    name: OneLine | None = Field(default=None, max_length=200)
     rollouts: list[ImportedRollout] = Field(min_length=1, max_length=MAX_IMPORTED_ROLLOUTS)
 
 

@@ -64,3 +64,43 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
         os.close(write)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def test_what_the_cli_prints_is_shown_never_obeyed(tmp_path: Path) -> None:
+    # A name holding a window-title (OSC), clear-screen and colour sequence and a bidi override:
+    # printed back in an error, each control character is written out, none reaches the terminal.
+    hostile = "run\x1b]0;OWNED\x07\x1b[2J\x1b[1;31mFAKE\u202eexe.py"
+    done = rollout("plan", str(tmp_path / hostile))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "\\x1b]0;OWNED\\x07\\x1b[2J\\x1b[1;31mFAKE\\u202eexe.py" in done.stderr, done.stderr
+    assert not any(ch in done.stderr + done.stdout for ch in "\x1b\x07\u202e")
+
+
+def test_shown_escapes_controls_and_keeps_text() -> None:
+    from rollout.cli.printable import shown
+
+    assert shown("a\tb\nc") == "a\tb\nc"
+    assert shown("ünïcødé ✓ 😀 日本") == "ünïcødé ✓ 😀 日本"
+    assert shown("\x1b[2J\r\x9b31m\x00\u2028") == "\\x1b[2J\\x0d\\x9b31m\\x00\\u2028"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("model", "http://127.0.0.1:1/v1#s\x1b]0;T\x07"), ("name", "base\x1b[2J"),
+     ("name", "two\nlines")],
+)  # fmt: skip
+def test_a_run_named_with_terminal_escapes_is_refused(field: str, value: str) -> None:
+    from pydantic import ValidationError
+
+    from rollout.shared.contracts.requests import CreateRun, ImportedRollout, ImportRun
+
+    fields = {"env_slug": "refunds", "model": "local/scripted", field: value}
+    with pytest.raises(ValidationError, match="must be one line, without control characters"):
+        CreateRun(**fields)
+    rollouts = [{"task_index": 0, "sample_index": 0, "trajectory": {}, "score": 1.0,
+                 "passed": True}]  # fmt: skip
+    with pytest.raises(ValidationError, match="must be one line"):
+        ImportRun(env_slug="refunds", rollouts=rollouts, **{field: value})
+    with pytest.raises(ValidationError, match="without control characters"):
+        ImportedRollout(**rollouts[0] | {"reason": "ok\x1b[2J"})
+    assert ImportedRollout(**rollouts[0] | {"reason": "line one\n\tline two"}).reason

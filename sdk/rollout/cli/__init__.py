@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 
+from rollout.cli import printable
 from rollout.errors import RolloutError
 from rollout.shared.observability import configure_logging
 
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rollout` console script."""
     # Every verb logs to stderr, warnings and up, so stdout stays clean for --json;
     # `serve` and `up --foreground` reconfigure for a long-running service.
+    printable.install()  # first: the loggers take the wrapped stderr
     configure_logging("cli", level=os.environ.get("ROLLOUT_LOG_LEVEL") or "WARNING")
     parser = build_parser()
     args = parser.parse_args(argv)

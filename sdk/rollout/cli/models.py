@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from rollout.cli._common import print_json
+from rollout.cli.printable import raw_stderr, shown
 from rollout.errors import RolloutError
 from rollout.shared.models.catalog import (
     folder_size,
@@ -94,10 +95,12 @@ class _Bar:
         line = f"{self.name} [{'#' * filled}{'.' * (24 - filled)}] {done}/{total} {stage} "
         line += f"({elapsed:.0f}s)"
         if self.tty:
-            sys.stderr.write("\r\033[K" + line + ("\n" if done >= total else ""))
+            err = raw_stderr()  # our own line control; the stage name is ours too
+            err.write("\r\033[K" + shown(line) + ("\n" if done >= total else ""))
+            err.flush()
         else:
             sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+            sys.stderr.flush()
 
 
 def _pull(args: argparse.Namespace) -> int:
