@@ -9,6 +9,7 @@ from typing import Any
 from nats.js.errors import NotFoundError
 
 from rollout.client import AsyncClient
+from rollout.printable import redraw
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import RunState
 from rollout.shared.aggregates.run import follow_run as follow_run_events
@@ -54,12 +55,11 @@ async def follow_job(
             event = EventEnvelope.from_bytes(msg.data)
             body: Any = event.body()
             if event.type == "job.progress" and not quiet:
-                sys.stderr.write(
-                    f"\r  [{bar(body.step, body.total_steps)}] step {body.step}/"
+                redraw(
+                    f"  [{bar(body.step, body.total_steps)}] step {body.step}/"
                     f"{body.total_steps}  loss {num(body.loss)}  reward {num(body.reward)}"
                     f"  tok/s {num(body.tokens_per_s, '.0f')}  ETA {eta(body.eta_s)}  "
                 )
-                sys.stderr.flush()
             if event.type in ("job.completed", "job.failed"):
                 return
 
@@ -104,7 +104,4 @@ def _progress(done: int, total: int, passed: int, errored: int = 0) -> None:
     judged = done - errored
     rate = f"{passed / judged:.0%}" if judged else "-"
     errors = f", errored {errored}" if errored else ""
-    sys.stderr.write(
-        f"\r  [{bar(done, total)}] {done}/{total or '?'} scored, pass {rate}{errors}  "
-    )
-    sys.stderr.flush()
+    redraw(f"  [{bar(done, total)}] {done}/{total or '?'} scored, pass {rate}{errors}  ")

@@ -25,13 +25,13 @@ import hashlib
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.printable import redraw
 from rollout.shared import subjects
 from rollout.shared.aggregates.run_options import REFUSED, option_problems, total_problem
 from rollout.shared.bus.reader import read_events
@@ -462,8 +462,7 @@ def progress_bar(done: int, total: int, written: int, width: int = 30) -> None:
     """The progress bar on stderr: rollouts done of the run, rows written by this process."""
     filled = int(width * done / total) if total else 0
     bar = "█" * filled + "░" * (width - filled)
-    sys.stderr.write(f"\r  [{bar}] {done}/{total or '?'} rollouts, {written} rows written  ")
-    sys.stderr.flush()
+    redraw(f"  [{bar}] {done}/{total or '?'} rollouts, {written} rows written  ")
 
 
 async def generate(

@@ -670,24 +670,36 @@ def _is_earlier_import(folder: Path) -> bool:
     )
 
 
+def replace_folder(
+    out: Path,
+    files: Mapping[str, Sequence[Any]],
+    command: str,
+    earlier: Callable[[Path], bool],
+    *,
+    inputs: Sequence[Path] = (),
+) -> None:
+    """Write OUT/NAME.jsonl for each of FILES (JSON lines) in place of OUT, all or nothing; OUT
+    is checked as `check_out_folder` does, before and again just before the swap."""
+    check_out_folder(out, "-o", command, earlier, inputs=inputs, new="sets")
+    final = out.resolve()
+    tmp = _staging_dir(final, f"-o {out}")
+    try:
+        for name, items in files.items():
+            with (tmp / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+                for i, item in enumerate(items):
+                    f.write(_json_line(item, f"{out / name}.jsonl: item {i}"))
+        # Checked again: the folder may have changed while the files were written.
+        check_out_folder(out, "-o", command, earlier, inputs=inputs, new="sets")
+        _swap_in(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def import_snapshot(path: Path, out: Path, *, min_margin: float = 0.0) -> dict[str, int]:
     """Check PATH, then write DIR/rollouts.jsonl and the training sets (all or nothing)."""
     check_out_folder(out, "-o", "import", _is_earlier_import, inputs=[path], new="sets")
     rows = read_snapshot(path)
     sets = training_sets(rows, min_margin)
-    final = out.resolve()
-    tmp = _staging_dir(final, f"-o {out}")
-    try:
-        with (tmp / "rollouts.jsonl").open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(row.model_dump_json() + "\n")
-        for name, items in sets.items():
-            with (tmp / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-                for i, item in enumerate(items):
-                    f.write(_json_line(item, f"{out / name}.jsonl: item {i}"))
-        # Checked again: the folder may have changed while the sets were built.
-        check_out_folder(out, "-o", "import", _is_earlier_import, inputs=[path], new="sets")
-        _swap_in(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    files = {"rollouts": [row.model_dump(mode="json") for row in rows], **sets}
+    replace_folder(out, files, "import", _is_earlier_import, inputs=[path])
     return {"rollouts": len(rows), **{name: len(items) for name, items in sets.items()}}

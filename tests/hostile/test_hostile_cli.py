@@ -77,7 +77,7 @@ def test_what_the_cli_prints_is_shown_never_obeyed(tmp_path: Path) -> None:
 
 
 def test_shown_escapes_controls_and_keeps_text() -> None:
-    from rollout.cli.printable import shown
+    from rollout.printable import shown
 
     assert shown("a\tb\nc") == "a\tb\nc"
     assert shown("ünïcødé ✓ 😀 日本") == "ünïcødé ✓ 😀 日本"
@@ -104,3 +104,40 @@ def test_a_run_named_with_terminal_escapes_is_refused(field: str, value: str) ->
     with pytest.raises(ValidationError, match="without control characters"):
         ImportedRollout(**rollouts[0] | {"reason": "ok\x1b[2J"})
     assert ImportedRollout(**rollouts[0] | {"reason": "line one\n\tline two"}).reason
+
+
+def test_every_commands_help_renders() -> None:
+    # argparse formats help lazily: a bare `%` in one option's help is a traceback on --help.
+    import argparse
+
+    from rollout.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, str]]:
+        found = [(path, parser.format_help())]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += walk(sub, f"{path} {name}")
+        return found
+
+    helps = walk(build_parser(), "rollout")
+    assert len(helps) > 30 and all(text for _, text in helps)
+    compare = dict(helps)["rollout compare"]
+    assert "over 50% of a run's rollouts errored" in " ".join(compare.split())
+
+
+def test_the_clis_own_progress_lines_still_redraw(capsys) -> None:
+    import sys
+
+    from rollout import printable
+
+    printable.install()
+    try:
+        printable.redraw("  [##..] 2/4 scored \x1b[2J")
+        print("a name \x1b]0;T\x07", file=sys.stderr)
+    finally:
+        sys.stderr = printable.raw_stderr()
+        sys.stdout = getattr(sys.stdout, "raw", sys.stdout)
+    err = capsys.readouterr().err
+    # Our carriage return moves the cursor; escapes in what is shown never do.
+    assert err == "\r  [##..] 2/4 scored \\x1b[2Ja name \\x1b]0;T\\x07\n", repr(err)

@@ -233,3 +233,40 @@ def test_importing_the_bridge_leaves_transformers_masking_untouched() -> None:
         input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long)
     )
     assert out.logits.shape == (1, 3, 32)
+
+
+def test_art_import_and_export_never_overwrite_a_users_files(tmp_path, capsys) -> None:
+    groups = [_group("What is 2+2?", [("4", 1.0), ("5", 0.0)])]
+    path = write_groups(groups, tmp_path / "in.jsonl")
+    # A folder of the user's own: refused, nothing in it changed.
+    mine = tmp_path / "mydata"
+    mine.mkdir()
+    (mine / "sft.jsonl").write_text('{"my": "precious"}\n')
+    assert main(["art", "import", str(path), "-o", str(mine)]) == 1
+    err = capsys.readouterr().err
+    assert "not empty and not the output of an earlier `rollout art import`" in err, err
+    assert "in the way: sft.jsonl" in err and "Traceback" not in err
+    assert (mine / "sft.jsonl").read_text() == '{"my": "precious"}\n'
+    # Its own earlier output is replaced, as the command redone.
+    out = tmp_path / "sets"
+    assert main(["art", "import", str(path), "-o", str(out)]) == 0
+    assert main(["art", "import", str(path), "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["dpo.jsonl", "grpo.jsonl", "rollouts.jsonl",
+                                                     "sft.jsonl"]  # fmt: skip
+    capsys.readouterr()
+
+    # Export: a file that is not an earlier export, or a folder, is refused before the
+    # platform is asked anything (there is none here).
+    from rollout.shared.interop.art import check_groups_out
+
+    env_file = tmp_path / "refund_agent.py"
+    env_file.write_text("env = 1\n")
+    for target, says in ((env_file, "exists and is not an earlier `rollout art export`"),
+                         (mine, "is a folder")):  # fmt: skip
+        with pytest.raises(RolloutError, match=says):
+            check_groups_out(target)
+        assert main(["art", "export", "r1", "-o", str(target)]) == 1
+        assert says in capsys.readouterr().err
+    assert env_file.read_text() == "env = 1\n"
+    check_groups_out(path)  # an earlier export may be replaced
+    assert write_groups(groups, path) == path

@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-from rollout.cli import printable
+from rollout import printable
 from rollout.errors import RolloutError
 from rollout.shared.observability import configure_logging
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rollout.cli._common import client_settings_or_error, port_number, print_json
 from rollout.cli.env_specs import resolve_spec
@@ -136,7 +137,9 @@ def _export_verifiers(args: argparse.Namespace) -> int:
 def _art_export(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollout.shared.interop.art import export_run, write_groups
+    from rollout.shared.interop.art import check_groups_out, export_run, write_groups
+
+    check_groups_out(Path(args.out))  # before anything is asked of the platform
 
     async def run() -> list:
         client = AsyncClient(settings=client_settings_or_error())
@@ -154,22 +157,29 @@ def _art_export(args: argparse.Namespace) -> int:
 
 
 def _art_import(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+    import os
 
     if args.env:
         return _art_import_run(args)
 
-    from rollout.shared.interop.art import from_trajectory_groups, read_groups, training_sets
+    from rollout.shared.interop.art import (
+        ART_IMPORT_FILES,
+        from_trajectory_groups,
+        read_groups,
+        training_sets,
+    )
+    from rollout.snapshots import check_out_folder, replace_folder
 
+    out, source = Path(args.out), Path(args.file)
+
+    def earlier(folder: Path) -> bool:  # exactly what an earlier `art import -o` wrote
+        names = set(os.listdir(folder))
+        return names == set(ART_IMPORT_FILES) and all((folder / n).is_file() for n in names)
+
+    check_out_folder(out, "-o", "art import", earlier, inputs=[source], new="sets")
     rollouts = from_trajectory_groups(read_groups(args.file), args.pass_at)
     sets = training_sets(rollouts, args.min_margin)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("rollouts", rollouts), *sets.items()):
-        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    replace_folder(out, {"rollouts": rollouts, **sets}, "art import", earlier, inputs=[source])
     counts = ", ".join(f"{len(rows)} {name}" for name, rows in sets.items())
     print(f"{len(rollouts)} rollouts imported -> {out} ({counts})")
     return 0

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from rollout.cli._common import print_json
-from rollout.cli.printable import raw_stderr, shown
 from rollout.errors import RolloutError
+from rollout.printable import raw_stderr, shown
 from rollout.shared.models.catalog import (
     folder_size,
     local_model,

@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--allow-errored",
         action="store_true",
-        help=f"print the delta even when over {MOSTLY_ERRORED:.0%} of a run's rollouts errored"
+        help=f"print the delta even when over {MOSTLY_ERRORED:.0%}% of a run's rollouts errored"
         " (refused otherwise: it would measure the errors)",
     )
     p.add_argument("--json", action="store_true")

@@ -3,7 +3,8 @@
 Run and model names, model errors, verifier reasons and trajectories come from other people
 and from models; an escape sequence among them (a clear-screen, a window title, an OSC-8 link,
 a bidi override) would act on the terminal of whoever runs `rollout show`. The streams are
-wrapped once, at the entry point; the CLI's own progress line writes to the raw stream.
+wrapped once, at the CLI's entry point; the CLI's own progress lines redraw themselves through
+`redraw`, on the raw stream.
 """
 
 from __future__ import annotations
@@ -61,3 +62,10 @@ def raw_stderr() -> TextIO:
     """stderr itself, for the CLI's own terminal control (its progress line)."""
     err = sys.stderr
     return err.raw if isinstance(err, Printable) else err  # type: ignore[return-value]
+
+
+def redraw(line: str) -> None:
+    """Write `line` over the current line of stderr (the CLI's progress bars)."""
+    err = raw_stderr()
+    err.write("\r" + shown(line))
+    err.flush()
