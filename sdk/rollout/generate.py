@@ -172,6 +172,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
             task["messages"] = history
         if "answer" in row:
             task["hiddenGroundTruth"] = {"answer": row["answer"]}
+        _check_storable(task, where)
         tasks.append(task)
     if not tasks:
         raise RolloutError(f"--prompts {path}: no prompts")
@@ -182,6 +183,19 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
             problems=["give every line an answer (to score them) or none"],
         )
     return tasks
+
+
+def _check_storable(task: dict[str, Any], where: str) -> None:
+    """A line's text must be UTF-8 and its numbers finite (the spec travels as JSON)."""
+    try:
+        json.dumps(task, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except ValueError as exc:  # UnicodeEncodeError is one
+        what = (
+            f"holds {exc.object[exc.start]!r}, which is not UTF-8 text"
+            if isinstance(exc, UnicodeEncodeError)
+            else "holds a number that is not finite (NaN or infinity)"
+        )
+        raise RolloutError(f"{where}: {what}") from None
 
 
 def _instruction(row: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]] | None]:

@@ -58,7 +58,7 @@ class PrimitiveSpec(BaseModel):
 
     name: str = Field(min_length=1)
     type: str = Field(min_length=1)
-    weight: float = Field(default=1.0, ge=0)
+    weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     description: str = ""
 
     @property

@@ -6,6 +6,7 @@ a list of `path: message` strings (e.g. `config.tools[1].fromArray: no fixture '
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -52,12 +53,9 @@ def validate_environment(env_or_spec: Any) -> list[str]:
     for key in ("config", "tasks", "verifier"):
         problems.extend(_non_json(raw.get(key), key))
     for key, value in raw.items():
-        if (
-            key not in ("config", "tasks", "verifier")
-            and isinstance(value, str)
-            and "\x00" in value
-        ):
-            problems.append(f"{key}: contains a NUL character")
+        if key not in ("config", "tasks", "verifier") and isinstance(value, str):
+            if (problem := _text_problem(value)) is not None:
+                problems.append(f"{key}: {problem}")
 
     template = raw.get("template")
     if isinstance(template, str):
@@ -100,6 +98,18 @@ def validate_environment(env_or_spec: Any) -> list[str]:
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
+def _text_problem(text: str) -> str | None:
+    """Why `text` cannot be stored: a NUL (Postgres text and jsonb cannot hold one) or a lone
+    surrogate (not UTF-8: no service could read the spec)."""
+    if "\x00" in text:
+        return "contains a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"contains {text[exc.start]!r} at position {exc.start}, which is not UTF-8 text"
+    return None
+
+
 def _non_json(value: Any, where: str, limit: int = 5) -> list[str]:
     """Paths holding values JSON cannot carry (specs travel as JSON to services and stores)."""
     found: list[str] = []
@@ -111,17 +121,23 @@ def _non_json(value: Any, where: str, limit: int = 5) -> list[str]:
                 if not isinstance(k, str):
                     found.append(f"{format_path(segs)}: key {k!r} is not a string")
                     continue
-                if "\x00" in k:
-                    # Postgres text and jsonb cannot hold NUL: the spec could not be stored.
-                    found.append(f"{format_path(segs)}: key {k!r} contains a NUL character")
+                if (problem := _text_problem(k)) is not None:
+                    found.append(f"{format_path(segs)}: key {k!r} {problem}")
                     continue
                 stack.append((v, [*segs, k]))
         elif isinstance(node, list | tuple):
             stack.extend((v, [*segs, i]) for i, v in enumerate(node))
-        elif isinstance(node, str) and "\x00" in node:
-            found.append(f"{format_path(segs)}: contains a NUL character")
+        elif isinstance(node, str) and (problem := _text_problem(node)) is not None:
+            found.append(f"{format_path(segs)}: {problem}")
+        elif isinstance(node, float) and not math.isfinite(node):
+            found.append(f"{format_path(segs)}: {node} is not a finite number (not JSON)")
         elif hasattr(node, "model_dump"):
-            continue  # pydantic models (Task, specs) are dumped to JSON by the SDK
+            # pydantic models (Task, specs) are dumped to JSON by the SDK: what they hold is
+            # checked as that JSON (a NaN in a ground truth would be stored as null).
+            try:
+                stack.append((node.model_dump(by_alias=True), segs))
+            except Exception:  # noqa: BLE001 - its own validation names what is wrong
+                continue
         elif not isinstance(node, _JSON_SCALARS):
             kind = type(node).__name__
             found.append(f"{format_path(segs)}: {kind} is not JSON (use str, number, list, dict)")

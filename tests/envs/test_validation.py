@@ -331,3 +331,29 @@ def test_random_configs_per_template(template: str, config: Any, verifier: Any, 
     problems = validate_environment(raw)
     assert problems and all(isinstance(p, str) for p in problems)
     assert not any("could not be checked" in p for p in problems), problems
+
+
+def test_values_json_cannot_carry_are_named_by_path() -> None:
+    # A NaN in a ground truth would be stored as null (the task then unpassable), a lone
+    # surrogate is not UTF-8 (no service could read the spec), an infinite weight has no mean.
+    nan_truth = refund_env(
+        tasks=[
+            Task(
+                instruction="Refund O-1",
+                hidden_ground_truth={"refunds": [{"amount": float("nan")}]},
+            )
+        ]
+    )
+    assert validate_environment(nan_truth) == [
+        "tasks[0].hiddenGroundTruth.refunds[0].amount: nan is not a finite number "
+        "(JSON has no NaN or inf)"
+    ]
+    surrogate = refund_env(tasks=[Task(instruction="Refund \ud800 O-1")])
+    assert any(
+        p.startswith("tasks[0].instruction: contains '\\ud800' at position 7, which is not UTF-8")
+        for p in validate_environment(surrogate)
+    ), validate_environment(surrogate)
+    heavy = refund_env(verifier=verifier_config(primitive("s", "state_match", weight=float("inf"))))
+    assert "verifier.primitives[0].weight: Input should be a finite number" in (
+        validate_environment(heavy)
+    )

@@ -224,6 +224,8 @@ def test_bad_prompts_files_name_the_line_and_field(tmp_path) -> None:
         '{"messages": [{"role": "system", "content": "s"}]}\n': f"{path}:1.messages[0]",
         "not json\n": f"{path}:1: not JSON",
         '{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n': "1 of 2 lines have an 'answer'",
+        '{"prompt": "hi \\ud800"}\n': f"{path}:1: holds '\\ud800', which is not UTF-8 text",
+        '{"prompt": "a", "answer": NaN}\n': f"{path}:1: holds a number that is not finite",
     }
     for text, message in cases.items():
         path.write_text(text)
