@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rollout.shared.envs.interpolate import placeholder_refs
+from rollout.shared.envs.interpolate import placeholder_refs, unclosed_placeholders
 from rollout.shared.envs.params import is_json_schema, schema_problems
 from rollout.shared.envs.paths import PathError, format_path, parse_path, resolve_path
 
@@ -14,7 +14,10 @@ CONTEXT_ROOTS = ("args", "state", "input")
 
 def placeholder_problems(value: Any, where: str, params: set[str] | None) -> list[str]:
     """Problems of the `${...}` placeholders in value (bad path, unknown root or argument)."""
-    problems = []
+    problems = [
+        f"{where}: placeholder {fragment!r} is never closed (a `}}` is missing)"
+        for fragment in unclosed_placeholders(value)
+    ]
     for expr in placeholder_refs(value):
         try:
             segments = parse_path(expr)

@@ -167,6 +167,23 @@ def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
+def unclosed_placeholders(value: Any) -> list[str]:
+    """Every `${` in a JSON value's strings that no `}` closes (shown from there, shortened)."""
+    found: list[str] = []
+    if isinstance(value, str):
+        rest = _PLACEHOLDER.sub("", value)
+        start = rest.find("${")
+        if start >= 0:
+            found.append(rest[start : start + 40])
+    elif isinstance(value, dict):
+        for v in value.values():
+            found.extend(unclosed_placeholders(v))
+    elif isinstance(value, list | tuple):
+        for v in value:
+            found.extend(unclosed_placeholders(v))
+    return found
+
+
 def placeholder_refs(value: Any) -> list[str]:
     """Every placeholder expression in a JSON value, in order (escaped ones excluded)."""
     found: list[str] = []

@@ -357,3 +357,11 @@ def test_values_json_cannot_carry_are_named_by_path() -> None:
     assert "verifier.primitives[0].weight: Input should be a finite number" in (
         validate_environment(heavy)
     )
+
+
+def test_a_placeholder_never_closed_is_named() -> None:
+    env = refund_env()
+    env.config["tools"][1]["value"] = {"order_id": "${args.order_id", "note": "$${literal}"}
+    assert validate_environment(env) == [
+        "config.tools[1].value: placeholder '${args.order_id' is never closed (a `}` is missing)"
+    ]

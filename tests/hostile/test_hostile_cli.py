@@ -141,3 +141,23 @@ def test_the_clis_own_progress_lines_still_redraw(capsys) -> None:
     err = capsys.readouterr().err
     # Our carriage return moves the cursor; escapes in what is shown never do.
     assert err == "\r  [##..] 2/4 scored \\x1b[2Ja name \\x1b]0;T\\x07\n", repr(err)
+
+
+def test_push_refuses_two_environments_of_one_slug_as_plan_does(tmp_path: Path) -> None:
+    two = tmp_path / "two.py"
+    two.write_text(
+        "from rollout import Environment, Task\n"
+        "a = Environment(slug='dup', template='custom', tasks=[Task(instruction='x')])\n"
+        "b = Environment(slug='dup', template='custom', tasks=[Task(instruction='y')])\n"
+    )
+    for verb in ("plan", "push"):
+        done = rollout(verb, str(two))
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "'dup' is used by 2 environments" in done.stdout + done.stderr, verb
+
+
+def test_an_audit_whose_policies_do_not_apply_is_no_clean_pass() -> None:
+    done = rollout("audit", str(REFUND), "--policy", "sql_literal_guess")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "--policy sql_literal_guess: does not apply to 'refund-agent' (workflow" in done.stderr
+    assert "no task hackable" not in done.stdout

@@ -26,6 +26,7 @@ from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.plans import parse_env_ref
 from rollout.shared.audit import POLICIES, AuditReport, audit, named
+from rollout.shared.audit.policies import for_template
 from rollout.shared.audit.runner import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S
 from rollout.shared.envs import load_environments, select_environment, validate_environment
 from rollout.shared.envs.sandbox_check import require_sandbox
@@ -131,6 +132,15 @@ async def _run(args: argparse.Namespace, chosen: list[Any] | None) -> list[Audit
             splits = sorted({t.split for t in spec.tasks})
             raise RolloutError(f"--split {args.split}: {spec.slug!r} has none (splits: {splits})")
         policies = [p for p in chosen if p.applies_to(spec.template)] if chosen else None
+        if chosen and not policies:
+            # An audit that ran nothing must not pass as clean (a CI gate would).
+            names = ", ".join(p.name for p in chosen)
+            raise RolloutError(
+                f"--policy {names}: does not apply to {spec.slug!r} ({spec.template} template)",
+                problems=[
+                    f"its policies: {', '.join(p.name for p in for_template(spec.template))}"
+                ],
+            )
         reports.append(
             await audit(
                 spec, split=args.split, threshold=args.threshold, policies=policies,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections import Counter
 from typing import Any
 
 from rollout.cli._common import print_json, shown_status
@@ -137,10 +138,13 @@ async def _with_client(fn: Any) -> Any:
 
 async def _push(args: argparse.Namespace) -> int:
     envs = select_environment(load_environments(args.file), args.slug)
-    problems = {e.slug: validate_environment(e) for e in envs}
-    bad = {slug: p for slug, p in problems.items() if p}
-    if bad:
-        lines = [f"{slug}: {p}" for slug, ps in bad.items() for p in ps]
+    slugs = Counter(e.slug for e in envs)
+    # As `rollout plan` says: two environments of one slug would push as two versions of one.
+    lines = [
+        f"{slug}: slug {slug!r} is used by {n} environments" for slug, n in slugs.items() if n > 1
+    ]
+    lines += [f"{e.slug}: {p}" for e in envs for p in validate_environment(e)]
+    if lines:
         raise RolloutError(f"{args.file}: not pushed, fix these first", problems=lines)
 
     # Pushed all the same: warnings name what the verifier lets through, by config path.
