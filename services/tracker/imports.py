@@ -73,7 +73,7 @@ async def plan_import(
     else:
         env = await env_versions.version(js, cmd.env_slug, cmd.env_version)
     if env is None:
-        what = f"version {cmd.env_version} of " if cmd.env_version else ""
+        what = f"version {cmd.env_version} of " if cmd.env_version is not None else ""
         raise RolloutError(
             "invalid import",
             problems=[

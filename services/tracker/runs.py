@@ -115,7 +115,7 @@ async def plan_run(
     else:
         env = await env_versions.version(js, cmd.env_slug, cmd.env_version)
     if env is None:
-        what = f"version {cmd.env_version} of " if cmd.env_version else ""
+        what = f"version {cmd.env_version} of " if cmd.env_version is not None else ""
         problems.append(
             f"env_slug: no {what}environment {cmd.env_slug!r} (push it with `rollout push`)"
         )

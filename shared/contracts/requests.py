@@ -122,7 +122,7 @@ class CreateRun(Request):
     env_slug: str
     model: OneLine = Field(max_length=2048)
     n: int = 1
-    env_version: int | None = None
+    env_version: int | None = Field(default=None, ge=1)
     temperature: float = 0.7
     top_p: float = 1.0
     max_tokens: int = 512
@@ -262,7 +262,7 @@ class ImportRun(Request):
     """
 
     env_slug: str
-    env_version: int | None = None
+    env_version: int | None = Field(default=None, ge=1)
     source: Literal["art"] = "art"
     model: OneLine = Field(default="imported/art", min_length=1, max_length=200)
     name: OneLine | None = Field(default=None, max_length=200)

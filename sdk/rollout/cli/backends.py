@@ -12,6 +12,7 @@ from rollout.shared.interop.backends import describe
 from rollout.shared.interop.nemo_gym import serve as serve_gym
 from rollout.shared.interop.verifiers_env import export_module
 from rollout.shared.service.sockets import bind
+from rollout.snapshots import check_out_folder, replace_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -168,7 +169,6 @@ def _art_import(args: argparse.Namespace) -> int:
         read_groups,
         training_sets,
     )
-    from rollout.snapshots import check_out_folder, replace_folder
 
     out, source = Path(args.out), Path(args.file)
 
