@@ -21,13 +21,14 @@ _CONTROL = re.compile(
 
 
 def shown(text: str) -> str:
-    """`text` with each control character written out (`\\x1b`, `\\u202e`)."""
+    """`text` with each control character written out (`\\u001b`, `\\u202e`)."""
     return _CONTROL.sub(_escape, text)
 
 
 def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    # JSON's own escape: inside `--json` output (whose strings may hold C1 controls and line
+    # separators, which JSON leaves raw) it stays valid JSON that decodes to the same text.
+    return f"\\u{ord(match.group()):04x}"
 
 
 class Printable:

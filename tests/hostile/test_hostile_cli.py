@@ -72,7 +72,7 @@ def test_what_the_cli_prints_is_shown_never_obeyed(tmp_path: Path) -> None:
     hostile = "run\x1b]0;OWNED\x07\x1b[2J\x1b[1;31mFAKE\u202eexe.py"
     done = rollout("plan", str(tmp_path / hostile))
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "\\x1b]0;OWNED\\x07\\x1b[2J\\x1b[1;31mFAKE\\u202eexe.py" in done.stderr, done.stderr
+    assert "\\u001b]0;OWNED\\u0007\\u001b[2J\\u001b[1;31mFAKE\\u202eexe.py" in done.stderr
     assert not any(ch in done.stderr + done.stdout for ch in "\x1b\x07\u202e")
 
 
@@ -81,7 +81,12 @@ def test_shown_escapes_controls_and_keeps_text() -> None:
 
     assert shown("a\tb\nc") == "a\tb\nc"
     assert shown("ünïcødé ✓ 😀 日本") == "ünïcødé ✓ 😀 日本"
-    assert shown("\x1b[2J\r\x9b31m\x00\u2028") == "\\x1b[2J\\x0d\\x9b31m\\x00\\u2028"
+    assert shown("\x1b[2J\r\x9b31m\x00\u2028") == "\\u001b[2J\\u000d\\u009b31m\\u0000\\u2028"
+    # Inside --json output the escapes stay JSON and decode to the same text.
+    import json
+
+    text = "babble \x85\x9b\u2028 end"
+    assert json.loads(shown(json.dumps({"t": text}, ensure_ascii=False))) == {"t": text}
 
 
 @pytest.mark.parametrize(
@@ -140,7 +145,7 @@ def test_the_clis_own_progress_lines_still_redraw(capsys) -> None:
         sys.stdout = getattr(sys.stdout, "raw", sys.stdout)
     err = capsys.readouterr().err
     # Our carriage return moves the cursor; escapes in what is shown never do.
-    assert err == "\r  [##..] 2/4 scored \\x1b[2Ja name \\x1b]0;T\\x07\n", repr(err)
+    assert err == "\r  [##..] 2/4 scored \\u001b[2Ja name \\u001b]0;T\\u0007\n", repr(err)
 
 
 def test_push_refuses_two_environments_of_one_slug_as_plan_does(tmp_path: Path) -> None:
