@@ -49,3 +49,24 @@ def wait_until_sync(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit_s:.0f}s waiting for {what}")
         time.sleep(interval_s)
+
+
+async def ticks_during(work: Awaitable[T], every_s: float = 0.01) -> tuple[T, int, float]:
+    """(work's result, how often a ticker got the event loop meanwhile, the seconds it took):
+    about took / every_s ticks when the loop stayed free, none when work held it."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(every_s)  # the ticker's cadence, not a wait for anything
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    try:
+        result = await work
+    finally:
+        took = time.monotonic() - started
+        ticker.cancel()
+    return result, ticks, took

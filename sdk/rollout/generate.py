@@ -229,7 +229,8 @@ _NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
 def answer_mode(tasks: list[dict[str, Any]]) -> str:
     """How the answers are matched: `numeric` (the reply's last number) when every answer is a
     number, else `exact` (the whole reply, trimmed, any case, a final full stop aside). Never
-    `contains`: a reply listing every candidate ("A B C D E", "0 1 2 ... 999") would contain the answer."""
+    `contains`: a reply listing every candidate ("A B C D E", "0 1 2 ... 999") would contain
+    the answer."""
     answers = [t["hiddenGroundTruth"]["answer"] for t in tasks if "hiddenGroundTruth" in t]
     numeric = all(
         (isinstance(a, int | float) and not isinstance(a, bool))

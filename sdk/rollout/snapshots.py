@@ -380,26 +380,34 @@ def _check_export_file(out: Path, fmt: str) -> None:
                 f"or leave --format out to write {named}"
             ],
         )
+    earlier = _is_earlier_jsonl if fmt == "jsonl" else _is_earlier_parquet
+    check_out_file(out, "--out", f"export --format {fmt}", earlier, what=f"{fmt} writes one file")
+
+
+def check_out_file(
+    out: Path, flag: str, command: str, earlier: Callable[[Path], bool], *, what: str
+) -> None:
+    """Refuse OUT unless it is missing, empty or what an earlier run of COMMAND wrote there
+    (a folder, a link or the user's own file is never replaced)."""
     if out.is_symlink():
-        raise RolloutError(f"--out {out}: is a symbolic link; name a real file")
+        raise RolloutError(f"{flag} {out}: is a symbolic link; name a real file")
     if not out.exists():
         return
     if out.is_dir():
-        raise RolloutError(f"--out {out}: is a folder ({fmt} writes one file)")
+        raise RolloutError(f"{flag} {out}: is a folder ({what})")
     try:
         info = out.stat()
     except OSError as exc:
-        raise RolloutError(f"--out {out}: cannot read it ({exc.strerror or exc})") from None
+        raise RolloutError(f"{flag} {out}: cannot read it ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):
-        raise RolloutError(f"--out {out}: is not a regular file; name a new file")
-    earlier = _is_earlier_jsonl if fmt == "jsonl" else _is_earlier_parquet
-    # An empty file holds nothing to lose; an earlier export is replaced as it would be redone.
+        raise RolloutError(f"{flag} {out}: is not a regular file; name a new file")
+    # An empty file holds nothing to lose; an earlier output is replaced as it would be redone.
     if info.st_size == 0 or earlier(out):
         return
     raise RolloutError(
-        f"--out {out}: exists and is not an earlier `rollout export --format {fmt}`",
+        f"{flag} {out}: exists and is not an earlier `rollout {command}`",
         problems=[
-            f"nothing was written; choose another --out (e.g. {_free_name(out)}), "
+            f"nothing was written; choose another {flag} (e.g. {_free_name(out)}), "
             "or move the file away"
         ],
     )
@@ -662,12 +670,21 @@ def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str,
 IMPORT_FILES = ("rollouts.jsonl", "sft.jsonl", "dpo.jsonl", "kto.jsonl", "grpo.jsonl")
 
 
-def _is_earlier_import(folder: Path) -> bool:
-    """FOLDER holds exactly the files `import_snapshot` writes (so it may be replaced)."""
-    names = set(os.listdir(folder))
-    return names == set(IMPORT_FILES) and all(
-        (folder / name).is_file() and not (folder / name).is_symlink() for name in names
-    )
+def holds_exactly(files: Sequence[str]) -> Callable[[Path], bool]:
+    """Whether a folder holds exactly FILES, plain files all (what a command wrote there, so
+    it may be replaced)."""
+
+    def check(folder: Path) -> bool:
+        names = set(os.listdir(folder))
+        return names == set(files) and all(
+            (folder / name).is_file() and not (folder / name).is_symlink() for name in names
+        )
+
+    return check
+
+
+# FOLDER holds exactly the files `import_snapshot` writes.
+_is_earlier_import = holds_exactly(IMPORT_FILES)
 
 
 def replace_folder(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextvars
 import copy
 import json
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -81,29 +80,17 @@ def _find_file(path: Path) -> Path:
     raise RolloutError(f"{path}: no such file")
 
 
-def _plain(value: Any, where: str = "") -> Any:
+def _plain(value: Any) -> Any:
     """Pydantic models inside configs (e.g. tasks) become camelCase dicts."""
     if isinstance(value, BaseModel):
-        # Their JSON dump would turn a NaN (in a ground truth, say) into null unseen.
-        _finite(value.model_dump(by_alias=True, exclude_none=True), where)
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # Python values, not their JSON dump: that would turn a NaN (in a ground truth, say)
+        # into null unseen; validation names what JSON cannot carry, by path.
+        return _plain(value.model_dump(by_alias=True, exclude_none=True))
     if isinstance(value, Mapping):
-        return {k: _plain(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_plain(v) for v in value]
     return value
-
-
-def _finite(value: Any, where: str) -> None:
-    """RolloutError naming the first NaN or infinity in `value` (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RolloutError(f"{where}: {value} is not a finite number (JSON has no NaN or inf)")
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            _finite(v, f"{where}.{k}")
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _finite(v, f"{where}[{i}]")
 
 
 class Environment:
@@ -162,15 +149,13 @@ class Environment:
             "name": self.name,
             "template": self.template,
             "description": self.description,
-            "config": _plain(copy.deepcopy(self.config), "config"),
-            "tasks": (
-                _plain(self.tasks, "tasks") if isinstance(self.tasks, list | tuple) else self.tasks
-            ),
+            "config": _plain(copy.deepcopy(self.config)),
+            "tasks": _plain(self.tasks) if isinstance(self.tasks, list | tuple) else self.tasks,
         }
         if self.verifier is not None:
-            raw["verifier"] = _plain(self.verifier, "verifier")
+            raw["verifier"] = _plain(self.verifier)
         if self.budgets is not None:
-            raw["budgets"] = _plain(self.budgets, "budgets")
+            raw["budgets"] = _plain(self.budgets)
         return raw
 
     def to_spec(self) -> EnvironmentSpec:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rollout.shared.envs.paths import (
@@ -167,37 +167,36 @@ def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON value (dict values, list items), in order."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+
+
 def unclosed_placeholders(value: Any) -> list[str]:
     """Every `${` in a JSON value's strings that no `}` closes (shown from there, shortened)."""
     found: list[str] = []
-    if isinstance(value, str):
-        rest = _PLACEHOLDER.sub("", value)
-        start = rest.find("${")
-        if start >= 0:
+    for text in _strings(value):
+        rest = _PLACEHOLDER.sub("", text)
+        if (start := rest.find("${")) >= 0:
             found.append(rest[start : start + 40])
-    elif isinstance(value, dict):
-        for v in value.values():
-            found.extend(unclosed_placeholders(v))
-    elif isinstance(value, list | tuple):
-        for v in value:
-            found.extend(unclosed_placeholders(v))
     return found
 
 
 def placeholder_refs(value: Any) -> list[str]:
     """Every placeholder expression in a JSON value, in order (escaped ones excluded)."""
-    found: list[str] = []
-    if isinstance(value, str):
-        for m in _PLACEHOLDER.finditer(value):
-            if not m.group(1):
-                found.append(m.group(2).strip())
-    elif isinstance(value, dict):
-        for v in value.values():
-            found.extend(placeholder_refs(v))
-    elif isinstance(value, list | tuple):
-        for v in value:
-            found.extend(placeholder_refs(v))
-    return found
+    return [
+        m.group(2).strip()
+        for text in _strings(value)
+        for m in _PLACEHOLDER.finditer(text)
+        if not m.group(1)
+    ]
 
 
 def arg_names(value: Any) -> list[str]:

@@ -130,7 +130,9 @@ def _non_json(value: Any, where: str, limit: int = 5) -> list[str]:
         elif isinstance(node, str) and (problem := _text_problem(node)) is not None:
             found.append(f"{format_path(segs)}: {problem}")
         elif isinstance(node, float) and not math.isfinite(node):
-            found.append(f"{format_path(segs)}: {node} is not a finite number (not JSON)")
+            found.append(
+                f"{format_path(segs)}: {node} is not a finite number (JSON has no NaN or inf)"
+            )
         elif hasattr(node, "model_dump"):
             # pydantic models (Task, specs) are dumped to JSON by the SDK: what they hold is
             # checked as that JSON (a NaN in a ground truth would be stored as null).

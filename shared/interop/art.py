@@ -151,7 +151,7 @@ def to_trajectory_groups(
 ART_IMPORT_FILES = ("rollouts.jsonl", "sft.jsonl", "dpo.jsonl", "grpo.jsonl")
 
 
-def _is_earlier_groups(path: Path) -> bool:
+def is_earlier_groups(path: Path) -> bool:
     """Whether PATH's first line is a trajectory group, as `write_groups` writes them."""
     try:
         with path.open("rb") as f:
@@ -161,36 +161,16 @@ def _is_earlier_groups(path: Path) -> bool:
     return isinstance(first, dict) and isinstance(first.get("trajectories"), list)
 
 
-def check_groups_out(out: Path) -> None:
-    """Refuse an -o that `write_groups` may not replace: a folder, a link, anything but a new
-    or empty file or an earlier export (nothing of the user's is overwritten)."""
-    if out.is_symlink():
-        raise RolloutError(f"-o {out}: is a symbolic link; name a real file")
-    if not out.exists():
-        return
-    if out.is_dir():
-        raise RolloutError(f"-o {out}: is a folder (art export writes one JSONL file)")
-    if not out.is_file():
-        raise RolloutError(f"-o {out}: is not a regular file; name a new file")
-    if out.stat().st_size and not _is_earlier_groups(out):
-        raise RolloutError(
-            f"-o {out}: exists and is not an earlier `rollout art export`",
-            problems=["nothing was written; choose another -o, or move the file away"],
-        )
-
-
 def write_groups(groups: Sequence[Any], path: str | Path) -> Path:
     """JSONL, one `TrajectoryGroup` per line (ART's own pydantic dump), in place of PATH at
-    once (checked by `check_groups_out` first, and again just before)."""
+    once (what may be replaced is the caller's to check)."""
     out = Path(path)
-    check_groups_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w", encoding="utf-8") as f:
             for group in groups:
                 f.write(group.model_dump_json() + "\n")
-        check_groups_out(out)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

@@ -8,10 +8,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 # Loops that sleep on purpose, not to wait for something: what they do, and why.
 NOT_WAITING = {
-    # Tickers measuring that the event loop stays free (a slow query, a plugin host's work, an
-    # author's pattern on a crafted answer).
-    "envs/test_sql.py",
-    "envs/test_verifiers.py",
+    # A ticker measuring that the event loop stays free (a plugin host's work; others use
+    # waiting.ticks_during).
     "plugin_host/test_plugin_host_lifecycle.py",
     # A sampler counting the sandbox's processes while it runs.
     "sandbox/test_sandbox_limits.py",

@@ -3,12 +3,12 @@ identifiers, queries off the event loop, and literal answers compared by value."
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from pathlib import Path
 
 import pytest
+from waiting import ticks_during
 
 from rollout import Environment, RolloutError, Task
 from rollout.shared.envs import build_runtime, run_tool_script, score, validate_environment
@@ -85,19 +85,7 @@ async def test_long_query_times_out_without_blocking_the_loop() -> None:
     env = sql_env()
     env.config["queryTimeoutSeconds"] = 1.0
     rt = build_runtime(env, 0)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticking = asyncio.create_task(ticker())
-    started = time.monotonic()
-    slow = await rt.call_tool("run_sql", {"query": RUNAWAY})
-    elapsed = time.monotonic() - started
-    ticking.cancel()
+    slow, ticks, elapsed = await ticks_during(rt.call_tool("run_sql", {"query": RUNAWAY}))
     assert slow.error == "query took longer than 1s and was stopped"
     assert 0.9 < elapsed < 5
     # The loop kept running while the query did: about 100 ticks in a second, none if blocked.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from waiting import ticks_during
 
 from rollout import Environment, Task, primitive, verifier_config
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
@@ -326,25 +327,11 @@ SLOW = r"(a|aa)+$"
     ids=["final_answer_match", "url_reached"],
 )
 async def test_a_crafted_answer_cannot_stall_scoring_on_an_authors_pattern(prim, traj) -> None:
-    import asyncio
-    import time
-
     from rollout.shared.envs.verifiers.patterns import PATTERN_BUDGET_S
 
     # Python's `re` took minutes on this; the event loop must keep running meanwhile.
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    started = time.monotonic()
-    result = (await score(env_with(prim, template="browser"), 0, traj)).primitives[0]
-    took = time.monotonic() - started
-    ticker.cancel()
+    scored, ticks, took = await ticks_during(score(env_with(prim, template="browser"), 0, traj))
+    result = scored.primitives[0]
     assert not result.passed and "ran past 0.5 s" in result.reason, result.reason
     assert took < PATTERN_BUDGET_S + 2.5, took  # the budget, and the engine's coarse check
     assert ticks >= took / 0.01 / 4, (ticks, took)  # the loop was not held

@@ -257,7 +257,7 @@ def test_art_import_and_export_never_overwrite_a_users_files(tmp_path, capsys) -
 
     # Export: a file that is not an earlier export, or a folder, is refused before the
     # platform is asked anything (there is none here).
-    from rollout.shared.interop.art import check_groups_out
+    from rollout.cli.backends import check_groups_out
 
     env_file = tmp_path / "refund_agent.py"
     env_file.write_text("env = 1\n")

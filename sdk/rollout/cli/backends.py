@@ -12,7 +12,7 @@ from rollout.shared.interop.backends import describe
 from rollout.shared.interop.nemo_gym import serve as serve_gym
 from rollout.shared.interop.verifiers_env import export_module
 from rollout.shared.service.sockets import bind
-from rollout.snapshots import check_out_folder, replace_folder
+from rollout.snapshots import check_out_file, check_out_folder, holds_exactly, replace_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,7 +138,7 @@ def _export_verifiers(args: argparse.Namespace) -> int:
 def _art_export(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollout.shared.interop.art import check_groups_out, export_run, write_groups
+    from rollout.shared.interop.art import export_run, write_groups
 
     check_groups_out(Path(args.out))  # before anything is asked of the platform
 
@@ -157,9 +157,15 @@ def _art_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _art_import(args: argparse.Namespace) -> int:
-    import os
+def check_groups_out(out: Path) -> None:
+    """Refuse an `art export -o` that is a folder, a link or a file of the user's own."""
+    from rollout.shared.interop.art import is_earlier_groups
 
+    what = "art export writes one JSONL file"
+    check_out_file(out, "-o", "art export", is_earlier_groups, what=what)
+
+
+def _art_import(args: argparse.Namespace) -> int:
     if args.env:
         return _art_import_run(args)
 
@@ -171,11 +177,7 @@ def _art_import(args: argparse.Namespace) -> int:
     )
 
     out, source = Path(args.out), Path(args.file)
-
-    def earlier(folder: Path) -> bool:  # exactly what an earlier `art import -o` wrote
-        names = set(os.listdir(folder))
-        return names == set(ART_IMPORT_FILES) and all((folder / n).is_file() for n in names)
-
+    earlier = holds_exactly(ART_IMPORT_FILES)  # what an earlier `art import -o` wrote
     check_out_folder(out, "-o", "art import", earlier, inputs=[source], new="sets")
     rollouts = from_trajectory_groups(read_groups(args.file), args.pass_at)
     sets = training_sets(rollouts, args.min_margin)
