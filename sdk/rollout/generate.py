@@ -35,12 +35,14 @@ from rollout.printable import redraw
 from rollout.shared import subjects
 from rollout.shared.aggregates.run_options import REFUSED, option_problems, total_problem
 from rollout.shared.bus.reader import read_events
+from rollout.shared.bus.requests import NobodyAnswered
 from rollout.shared.contracts.chat import check_messages
 from rollout.shared.contracts.envelope import EventEnvelope, new_id
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.requests import CreateRun
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError
+from rollout.shared.settings import NatsUnreachable
 from rollout.shared.store.trajectories import load_trajectory, object_store
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
@@ -561,8 +563,8 @@ async def _generate_locked(
     """`generate` past its checks, with `req.out` locked: start or resume the run, write rows."""
     state = _read_state(req.state_path)
     if state is not None and state.get("refused") and state.get("params") != params:
-        # The tracker refused that start, so no run exists: the corrected command starts over
-        # rather than being refused as another generate. (A start without a run id but not
+        # The tracker refused that start (or it never reached one), so no run exists: the
+        # corrected command starts over rather than being refused as another generate. (A start without a run id but not
         # refused may have made its run, its answer lost: that one is resumed or refused.)
         state = None
     resumed = state is not None
@@ -585,6 +587,11 @@ async def _generate_locked(
 
     try:
         run = await _create_run(client, req, state, env_slug, env_version)
+    except (NatsUnreachable, NobodyAnswered):
+        # The request never reached a tracker: no run exists, so a corrected command starts
+        # over (this one, re-run, simply asks again with the same id).
+        _write_state(req, state | {"refused": True})
+        raise
     except RolloutError as exc:
         if exc.message == REFUSED:
             _write_state(req, state | {"refused": True})

@@ -10,6 +10,10 @@ from rollout.shared.contracts.requests import Reply, Request
 from rollout.shared.errors import RolloutError
 
 
+class NobodyAnswered(RolloutError):
+    """No service subscribed to the request's subject: the request was never handled."""
+
+
 def connection_user(nc: Client) -> str | None:
     """The NATS user `nc` authenticates as (from its options, or its server URL), if any."""
     user = nc.options.get("user")
@@ -38,7 +42,9 @@ async def call(
             msg = await nc.request(subject, payload, timeout=timeout_s)
             break
         except nats.errors.NoRespondersError:
-            raise RolloutError(
+            # After an unanswered try, that try may still have been handled: not "never".
+            error = NobodyAnswered if attempt == 0 else RolloutError
+            raise error(
                 f"no service answers {subject}",
                 problems=["start the stack with `rollout up` (or `rollout serve <service>`)"],
             ) from None

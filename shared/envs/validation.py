@@ -6,8 +6,9 @@ a list of `path: message` strings (e.g. `config.tools[1].fromArray: no fixture '
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from pydantic import ValidationError
@@ -247,23 +248,42 @@ def _check_tasks(
                     f"({prims[0].type}) compares against it"
                 )
                 continue
-            if prims[0].type == "state_match" and len(prims) == 1:
+            # A lone state_match with no `expected` of its own compares the ground truth as state.
+            lone = len(prims) == 1 and prims[0].type == "state_match"
+            if lone and prims[0].params.get("expected") is None:
                 if not isinstance(gt, dict):
                     out.append(
                         f"{where}.hiddenGroundTruth: must be an object of state paths for the "
                         f"default state_match verifier"
                     )
                 elif roots is not None:
+                    # A typo of a key the template reads ("qury") made this a state_match.
+                    read = kind.ground_truth_keys() or set()
                     for key in gt:
                         first = _first_segment(key)
                         if first is not None and first not in roots:
-                            known = ", ".join(sorted(roots)) or "none"
                             out.append(
                                 f"{where}.hiddenGroundTruth.{key}: not in the environment's "
-                                f"state (state keys: {known})"
+                                f"state (state keys: {_known(roots, first, read)})"
                             )
+            elif isinstance(gt, dict) and (read := kind.ground_truth_keys()) is not None:
+                # A misspelt key ("tsts") would be ignored: its tests never run, yet rollouts pass.
+                for key in gt:
+                    if key not in read:
+                        out.append(
+                            f"{where}.hiddenGroundTruth.{key}: not read by the {template} "
+                            f"template's default verifier (it reads: {_known(read, key)})"
+                        )
         if config is not None:
             kind.check_task(config, task, where, out)
+
+
+def _known(names: set[str], given: str, also: Collection[str] = ()) -> str:
+    """`names` listed, with the closest to `given` of them or of `also` suggested (a typo is
+    the usual cause)."""
+    listed = ", ".join(sorted(names)) or "none"
+    close = difflib.get_close_matches(given, sorted(names | set(also)), n=1)
+    return f"{listed}; did you mean {close[0]!r}?" if close else listed
 
 
 def _first_segment(key: Any) -> str | None:

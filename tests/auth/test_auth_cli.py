@@ -135,6 +135,24 @@ async def test_keys_create_list_revoke_take_effect_without_a_restart(
     assert f"refused API key {key.user}" in result.stderr
 
 
+async def test_revoking_the_local_key_rotates_it(cli: Cli, services: None) -> None:
+    # Revoking it used to lock this machine's CLI out of its own stack until a restart.
+    old = await whoami(cli)
+    old_text = private_json(old["credentialSource"])[1]["api_key"]
+    revoked = await cli("keys", "revoke", old["keyId"], "--json")
+    assert revoked.returncode == 0, revoked.stderr
+    doc = json.loads(revoked.stdout)
+    assert doc["revoked"]["id"] == old["keyId"] and doc["applied"] is True
+    new = await whoami(cli)  # the CLI goes on, on a new key the server already knows
+    assert new["keyId"] == doc["newLocalKeyId"] != old["keyId"]
+    assert new["credentialSource"] == old["credentialSource"]
+    result = await Cli(cli.env | {"ROLLOUT_API_KEY": old_text})("envs")
+    assert result.returncode == 1 and "refused API key" in result.stderr
+    listed = json.loads((await cli("keys", "list", "--json")).stdout)["keys"]
+    assert [r["id"] for r in listed if r["local"]] == [new["keyId"]]
+    assert old["keyId"] not in {r["id"] for r in listed}
+
+
 async def test_keys_need_a_valid_role_and_an_existing_id(cli: Cli) -> None:
     result = await cli("keys", "create", "--role", "admin")
     assert result.returncode == 2

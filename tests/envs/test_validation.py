@@ -101,7 +101,8 @@ def test_issue_example_fixture_typo() -> None:
             lambda e: setattr(
                 e, "tasks", [Task(instruction="x", hidden_ground_truth={"refundz": []})]
             ),
-            "tasks[0].hiddenGroundTruth.refundz: not in the environment's state (state keys: refunds)",
+            "tasks[0].hiddenGroundTruth.refundz: not in the environment's state (state keys: refunds; "
+            "did you mean 'refunds'?)",
         ),
         (
             lambda e: setattr(e, "tasks", [Task(instruction="x")]),
@@ -192,6 +193,49 @@ def test_sql_problems() -> None:
     assert any(p.startswith('config.schema: near "CREAT"') for p in validate_environment(env))
     with pytest.raises(RolloutError, match="cannot start the sql runtime"):
         build_runtime(env, 0)
+
+
+def test_misspelt_ground_truth_keys_are_named_with_the_key_meant() -> None:
+    # Each typo was silently ignored: a code-editing task's hidden tests never ran (the
+    # rollout passed on its files alone), and a sql task could never pass.
+    fixed = {"calc.py": "def add(a, b):\n    return a + b\n"}
+    tests = {"test_calc.py": "from calc import add\n\ndef test_add():\n    assert add(1, 2) == 3\n"}
+    code = Environment(
+        slug="ce",
+        template="code-editing",
+        config={"files": {"calc.py": "def add(a, b):\n    return a - b\n"}},
+        tasks=[
+            Task(instruction="fix", hidden_ground_truth={"files": fixed, "tsts": tests}),
+            Task(instruction="fix", hidden_ground_truth={"tsts": tests}),
+            Task(instruction="fix", hidden_ground_truth={"files": fixed, "tests": tests}),
+        ],
+    )
+    assert validate_environment(code) == [
+        "tasks[0].hiddenGroundTruth.tsts: not read by the code-editing template's default "
+        "verifier (it reads: files, tests; did you mean 'tests'?)",
+        "tasks[1].hiddenGroundTruth.tsts: not in the environment's state (state keys: files, "
+        "testRuns; did you mean 'tests'?)",
+    ]
+    sql = Environment(
+        slug="db",
+        template="sql",
+        schema="CREATE TABLE t (id INTEGER);",
+        tasks=[
+            Task(instruction="q", hidden_ground_truth={"qury": "SELECT count(*) FROM t"}),
+            Task(instruction="q", hidden_ground_truth={"query": "SELECT 1", "ordred": True}),
+            Task(instruction="q", hidden_ground_truth={"rows": [[0]]}),
+            Task(instruction="q", hidden_ground_truth={"rowCounts": {"t": 0}}),
+        ],
+    )
+    assert validate_environment(sql) == [
+        "tasks[0].hiddenGroundTruth.qury: not in the environment's state (state keys: "
+        "rowCounts, submission, tables; did you mean 'query'?)",
+        "tasks[1].hiddenGroundTruth.ordred: not read by the sql template's default verifier "
+        "(it reads: query, rows)",
+    ]
+    # A verifier of the author's own reads the ground truth its own way: no key is judged.
+    sql.verifier = verifier_config(primitive("r", "sql_result_match", query="SELECT 1"))
+    assert validate_environment(sql) == []
 
 
 def test_browser_problems() -> None:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -102,6 +103,29 @@ async def test_a_start_the_tracker_refused_leaves_nothing_in_the_way(
     _write_json(Path(f"{lost}.generate.json"), {"params": {"model": "x"}, "client_request_id": "c"})
     code, _, err = await rollout(settings, *base[:-1], str(lost), "--split", "train")
     assert code == 1 and "was started by another generate" in err
+
+
+def test_a_start_that_never_reached_nats_leaves_nothing_in_the_way(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    from rollout.cli import main
+
+    with socket.socket() as probe:  # a port nobody listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("ROLLOUT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ROLLOUT_NATS_URL", f"nats://127.0.0.1:{port}")
+    out = tmp_path / "gen.jsonl"
+    base = ["generate", "--env", "refunds", "--model", "local/scripted", "--out", str(out)]
+    assert main([*base, "-n", "2"]) == 1
+    assert "cannot reach NATS" in capsys.readouterr().err
+    # No run can exist, so the corrected command is not "started by another generate": it
+    # starts over (and here meets the same missing server).
+    assert main([*base, "-n", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach NATS" in err and "another generate" not in err
+    state = json.loads(Path(f"{out}.generate.json").read_text())
+    assert state["params"]["n"] == 3 and state["refused"] is True
 
 
 def test_out_of_range_options_are_refused_before_anything_is_written(tmp_path, capsys) -> None:

@@ -166,6 +166,33 @@ def test_plan_closes_the_plugin_runtime_it_lists_tools_from(
     assert pool.leased == 0
 
 
+def test_plan_names_a_plugin_whose_reset_fails(
+    pool: HostPool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every rollout of such an env errors: plan must not call it OK (it listed "tools: none").
+    counter = (EXAMPLES / "example_plugins" / "counter.py").read_text()
+    broken = counter.replace(
+        "    def reset(self, task: dict[str, Any]) -> None:\n",
+        "    def reset(self, task: dict[str, Any]) -> None:\n        raise RuntimeError('no db')\n",
+    )
+    assert broken != counter
+    (tmp_path / "broken_plugins").mkdir()
+    (tmp_path / "broken_plugins" / "counter.py").write_text(broken)
+    env_file = tmp_path / "broken.py"
+    env_file.write_text(
+        (EXAMPLES / "plugin_counter.py")
+        .read_text()
+        .replace("example_plugins.counter", "broken_plugins.counter")
+    )
+    assert cli_main(["plan", str(env_file)]) == 1
+    out = capsys.readouterr().out
+    assert "✗ counter-plugin: 1 problem(s)" in out
+    assert (
+        "tasks[0]: the environment cannot start: plugin reset() raised RuntimeError: no db" in out
+    )
+    assert pool.leased == 0
+
+
 def _dead_pid() -> int:
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
                           capture_output=True, text=True)  # fmt: skip

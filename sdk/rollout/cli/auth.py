@@ -26,7 +26,7 @@ from rollout.shared.auth.credentials import (
 )
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.auth.identity import server_identity
-from rollout.shared.auth.keys import ApiKey, KeyStore, read_local_key
+from rollout.shared.auth.keys import ApiKey, KeyStore, ensure_local_key, read_local_key
 from rollout.shared.bus.requests import call
 from rollout.shared.contracts.requests import ListEnvironments
 from rollout.shared.settings import connect_nats, load_settings, read_json_file
@@ -244,10 +244,17 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     """Revoke a key; the running server refuses it (and drops its connections) at once."""
     home = _home_with_embedded_nats()
+    local = read_local_key(home)
     record = KeyStore(home).revoke(args.id)
+    # The CLI on this machine runs on the local key: revoking it rotates it (a leaked local
+    # key is the usual reason), rather than locking this machine out of its own stack.
+    fresh = ensure_local_key(home) if local is not None and local.key_id == record.id else None
     applied = _apply(home)
+    rotated = {"newLocalKeyId": fresh.key_id} if fresh is not None else {}
     if args.json:
-        print_json({"revoked": record.public(), "applied": applied})
+        print_json({"revoked": record.public(), "applied": applied} | rotated)
         return 0
     print(f"revoked {record.role.value} key {record.id} ({record.name})")
+    if fresh is not None:
+        print(f"it was this machine's local key: the CLI now uses a new one, {fresh.key_id}")
     return 0

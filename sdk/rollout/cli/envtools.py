@@ -57,19 +57,7 @@ def _summary(env: Any) -> dict[str, Any]:
         source = "default"
     else:
         source = "custom"
-    tools: list[str] = []
-    if spec.tasks:
-        try:
-            runtime = build_runtime(spec, 0)
-        except RolloutError:
-            runtime = None
-        try:
-            tools = [t.name for t in runtime.tool_specs()] if runtime is not None else []
-        except RolloutError:
-            tools = []
-        finally:
-            if runtime is not None:  # a remote env's session, a plugin's host: give them back
-                asyncio.run(runtime.close())
+    tools, failure = _tools_of(spec)
     return {
         "slug": spec.slug,
         "template": spec.template,
@@ -85,7 +73,35 @@ def _summary(env: Any) -> dict[str, Any]:
         "specHash": spec.spec_hash(),
         # What the verifier lets through, seen statically (`rollout audit` runs the policies).
         "warnings": verifier_warnings(spec),
+        "startFailure": failure,
     }
+
+
+def _tools_of(spec: Any) -> tuple[list[str], str | None]:
+    """The tools of the first task's episode, or why that episode could not start."""
+    if not spec.tasks:
+        return [], None
+    runtime = None
+    try:
+        runtime = build_runtime(spec, 0)
+        return [t.name for t in runtime.tool_specs()], None
+    except RolloutError as exc:
+        return [], exc.message
+    finally:
+        if runtime is not None:  # a remote env's session, a plugin's host: give them back
+            asyncio.run(runtime.close())
+
+
+def _start_verdict(report: dict[str, Any]) -> None:
+    """A first episode that cannot start: the env's own code (a plugin) fails every rollout,
+    so that is a problem; a remote env may simply not be up where plan runs, a warning."""
+    failure = report.pop("startFailure")
+    if failure is None:
+        return
+    if report["template"] == "plugin":
+        report["problems"].append(f"tasks[0]: the environment cannot start: {failure}")
+    else:
+        report["warnings"].append(f"tasks[0]: could not start an episode to list tools: {failure}")
 
 
 def _refuse(args: argparse.Namespace, message: str) -> int:
@@ -136,6 +152,7 @@ def _plan(args: argparse.Namespace) -> int:
             report.update(_summary(env))
             audited[len(reports)] = bool(report["warnings"])
             report["warnings"] = split_warnings + report["warnings"]
+            _start_verdict(report)
         reports.append(report)
     ok = all(not r["problems"] for r in reports)
     if args.json:

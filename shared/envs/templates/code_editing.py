@@ -638,6 +638,14 @@ class CodeEditingTemplate(Template):
         if isinstance(cmd, list) and not cmd or isinstance(cmd, str) and not cmd.strip():
             out.append("config.testCommand: empty command")
 
+    def state_roots(self, config: CodeEditingConfig | None) -> set[str]:
+        """The final state's keys (see CodeEditingRuntime.final_state)."""
+        return {"files", "testRuns"}
+
+    def ground_truth_keys(self) -> set[str]:
+        """The default verifier reads the expected files and the hidden tests."""
+        return {"files", "tests"}
+
     def check_task(
         self, config: CodeEditingConfig, task: TaskSpec, where: str, out: list[str]
     ) -> None:

@@ -66,6 +66,11 @@ class Template:
         """
         return None
 
+    def ground_truth_keys(self) -> set[str] | None:
+        """Ground-truth keys read by a default verifier that is not a lone state_match (whose
+        keys are state paths); None when any key may matter."""
+        return None
+
     def check_task(self, config: Any, task: TaskSpec, where: str, out: list[str]) -> None:
         """Append one task's template-specific problems (`where` is e.g. `tasks[2]`) to out."""
         return None

@@ -318,6 +318,14 @@ class SqlTemplate(Template):
         except SqlConfigError as exc:
             out.append(str(exc))
 
+    def state_roots(self, config: SqlConfig | None) -> set[str]:
+        """The final state's keys (see SqlRuntime.final_state)."""
+        return {"submission", "tables", "rowCounts"}
+
+    def ground_truth_keys(self) -> set[str]:
+        """sql_result_match reads a reference query or rows."""
+        return {"query", "rows"}
+
     def check_task(self, config: SqlConfig, task: TaskSpec, where: str, out: list[str]) -> None:
         """A ground truth's reference query must run on the database."""
         gt = task.hidden_ground_truth
