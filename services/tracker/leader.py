@@ -60,7 +60,8 @@ async def _complete_finished_runs(
     items: list[tuple[EventEnvelope | None, int]],
     states: runs.RunStates,
 ) -> None:
-    """Fold a settled batch into the runs' states; end every run it may have just completed."""
+    """Fold a settled batch into the runs' states; end every run it may have just completed,
+    and queue the next work items of the windowed runs it scored rollouts of."""
     states.fold(
         (msg.subject, event, position) for msg, (event, position) in zip(msgs, items, strict=True)
     )
@@ -69,7 +70,8 @@ async def _complete_finished_runs(
         e.run_id for e, _ in items if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
     }
     for run_id in sorted(runs_to_check):
-        await states.complete_if_done(js, pool, run_id)
+        if not await states.complete_if_done(js, pool, run_id):
+            await states.release_due(js, pool, run_id)
 
 
 def register_leader_handlers(

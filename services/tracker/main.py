@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncpg
 from faststream.nats import NatsBroker
 
-from rollout.services.tracker import handlers
+from rollout.services.tracker import handlers, runs
 from rollout.services.tracker.leader import (
     LEADER_CONSUMERS,
     lead_when_elected,
@@ -44,6 +44,7 @@ def request_broker(settings: Settings, pool: asyncpg.Pool, store: ObjectStore) -
 async def serve(settings: Settings) -> None:
     """Run one tracker replica until cancelled: it answers requests, and leads when elected."""
     check_timeout_s()  # a bad ROLLOUT_MODEL_CHECK_S stops the replica before it connects
+    runs.run_window()  # so does a bad ROLLOUT_RUN_WINDOW
 
     async def build(runtime: ServiceRuntime) -> NatsBroker:
         return request_broker(settings, runtime.database(), runtime.object_store())

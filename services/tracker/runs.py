@@ -46,6 +46,7 @@ from rollout.shared.contracts.events import (
     RunRequested,
     RunStarted,
     SamplingParams,
+    WorkReleased,
 )
 from rollout.shared.contracts.requests import (
     CancelRun,
@@ -61,6 +62,7 @@ from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
 from rollout.shared.service import durables
+from rollout.shared.settings import env_number
 from rollout.shared.store import env_versions
 
 QUEUE = "tracker"
@@ -70,6 +72,14 @@ RUN_STATES_LIMIT = 4096
 _STATE_NAMES = frozenset(subjects.event_name(t) for t in STATE_EVENTS)
 # Tries of a cancel: another is needed only when the run completed meanwhile.
 CANCEL_RETRIES = 3
+# Rollouts of one run in the shared queue at a time, in whole work items (0: all at once).
+# The actors take work first come, first served: without a window, a run of thousands of
+# rollouts queued ahead holds every later run, anyone's, until its last item is taken. The
+# window is in rollouts, not items, because a rollout is the unit of time another run waits
+# for, and small items need more of them in flight to keep the actors busy. Raise it on a
+# big actor pool, so that one run alone still fills every slot.
+RUN_WINDOW_ENV = "ROLLOUT_RUN_WINDOW"
+DEFAULT_RUN_WINDOW = 256
 
 log = get_logger(__name__)
 
@@ -181,18 +191,54 @@ async def plan_run(
     )
 
 
-def work_items(event: EventEnvelope, run: RunRequested) -> list[RolloutWork]:
-    """Split a run into batches of rollouts; ids are derived, so a retried fan-out dedups."""
+def run_window() -> int | None:
+    """Rollouts of a run queued at a time (ROLLOUT_RUN_WINDOW, else 256); None: no limit."""
+    window = int(env_number(RUN_WINDOW_ENV, DEFAULT_RUN_WINDOW, whole=True, low=0))
+    return window or None
+
+
+def window_items(window: int | None, batch_size: int, items: int) -> int | None:
+    """The window in work items (at least one), or None when the run fits in it whole."""
+    if window is None:
+        return None
+    count = max(1, -(-window // batch_size))
+    return count if count < items else None
+
+
+async def queue_work(js: JetStreamContext, batches: list[RolloutWork]) -> None:
+    """Publish work items; each id is its message id, so queuing one again is a no-op."""
+    futures = [
+        await js.publish_async(
+            subjects.work("rollouts", w.run_id),
+            w.model_dump_json().encode(),
+            headers={api.Header.MSG_ID: w.work_item_id},
+        )
+        for w in batches
+    ]
+    await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
+
+
+def work_items(
+    event: EventEnvelope, run: RunRequested, start: int = 0, stop: int | None = None
+) -> list[RolloutWork]:
+    """Split a run into batches of rollouts (those from `start` to `stop`); ids and seeds are
+    derived, so a retried fan-out dedups and a later slice matches the whole."""
     rng = random.Random(run.sampling.seed if run.sampling.seed is not None else run.run_id)
+    # Every seed is drawn, in order (a slice's seeds are those of the whole); only the
+    # slice's items are built, so releasing a big run item by item stays linear.
+    seeds = [rng.randrange(2**31) for _ in range(len(run.task_indices) * run.n)]
+    first = start * run.batch_size
+    last = len(seeds) if stop is None else min(len(seeds), stop * run.batch_size)
     items = [
         RolloutItem(
             rollout_id=rollout_id(run.run_id, t, s),
             task_index=t,
             sample_index=s,
-            seed=rng.randrange(2**31),
+            seed=seeds[i],
         )
-        for t in run.task_indices
-        for s in range(run.n)
+        for i in range(first, last)
+        for t, s in [divmod(i, run.n)]
+        for t in [run.task_indices[t]]
     ]
     batches = [items[i : i + run.batch_size] for i in range(0, len(items), run.batch_size)]
     return [
@@ -212,7 +258,7 @@ def work_items(event: EventEnvelope, run: RunRequested) -> list[RolloutWork]:
             correlation_id=event.correlation_id,
             causation_id=event.id,
         )
-        for index, batch in enumerate(batches)
+        for index, batch in enumerate(batches, start=start)
     ]
 
 
@@ -236,6 +282,7 @@ async def fan_out(
         run_id=run.run_id,
         work_items=len(batches),
         total_rollouts=sum(len(w.items) for w in batches),
+        window=window_items(run_window(), run.batch_size, len(batches)),
     )
     # Started first, so the total is known before any verdict can arrive. A redelivered
     # request (a crash between the two steps) finds it started and queues the items again:
@@ -244,15 +291,13 @@ async def fan_out(
     if not fresh and not await _start_from_history(js, run, started):
         log.info("run already ended; not fanned out", run_id=run.run_id)
         return None
-    futures = [
-        await js.publish_async(
-            subjects.work("rollouts", run.run_id),
-            w.model_dump_json().encode(),
-            headers={api.Header.MSG_ID: w.work_item_id},
-        )
-        for w in batches
-    ]
-    await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
+    window = started.window
+    if not fresh:
+        # A redelivered request: the window its history records (what releases the rest),
+        # whichever replica's setting made it.
+        recorded = await load_run_head(js, run.run_id)
+        window = recorded.window if recorded is not None else None
+    await queue_work(js, batches if window is None else batches[:window])
     return started
 
 
@@ -370,6 +415,34 @@ class RunStates:
     def forget(self, run_id: str) -> None:
         """Drop a run's state (it ended, or its history moved past what was folded)."""
         self._states.pop(run_id, None)
+
+    async def release_due(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> int:
+        """Queue a windowed run's next work items as earlier ones are scored; how many.
+
+        Not appended with an expected sequence, unlike the run's other decisions: verdicts
+        land every few milliseconds while a run is busy, so a guarded append would rarely get
+        in. It needs none: what is due only grows with the verdicts, each item's id is its
+        message id (queued again, it is dropped), and the record of it (`run.work_released`,
+        its id derived from the count) is what a new leader starts from. A crash between the
+        two steps queues those items again; a rollout generated twice is counted once.
+        """
+        state = self._states.get(run_id)
+        if state is None:
+            state = await self._load(js, pool, run_id)
+        due = state.to_release() if state is not None else None
+        if state is None or due is None:
+            return 0
+        assert state.requested is not None and state.requested_event is not None
+        before = state.released or 0
+        await queue_work(js, work_items(state.requested_event, state.requested, before, due))
+        released = WorkReleased(run_id=run_id, released=due)
+        envelope = EventEnvelope.new(
+            released, aggregate_id=run_id, id_parts=(run_id, due), parent=state.requested_event
+        )
+        await EventPublisher(js).publish(envelope)
+        state.released = due  # folded again when the projection reaches it: a no-op then
+        log.info("work released", run_id=run_id, released=due, of=state.work_items)
+        return due - before
 
     async def complete_if_done(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> bool:
         """End the run once its folded state has every rollout scored (completed, or failed

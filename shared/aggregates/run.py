@@ -34,11 +34,19 @@ from rollout.shared.contracts.events import (
     RunRequested,
     RunStarted,
     ScoredRollout,
+    WorkReleased,
 )
 from rollout.shared.errors import RolloutError
 
 # The event types the run's state is made of (its trajectories are not needed to decide).
-STATE_EVENTS = ("run.requested", "run.started", "rollout.scored", "run.completed", "run.failed")
+STATE_EVENTS = (
+    "run.requested",
+    "run.started",
+    "run.work_released",
+    "rollout.scored",
+    "run.completed",
+    "run.failed",
+)
 ENDINGS = ("run.completed", "run.failed")
 
 Ending = RunCompleted | RunFailed
@@ -62,6 +70,11 @@ class RunState:
     # The stream position of the trajectory each verdict judged (when the verdict names it).
     judged: dict[str, int] = field(default_factory=dict)
     ended: Ending | None = None
+    # A windowed run's work items, its window and how many of them are queued (None: all
+    # of them were queued at the start).
+    work_items: int = 0
+    window: int | None = None
+    released: int | None = None
     # Stream sequence of the event that ended the run (0 while it runs): a reader of the run's
     # verdicts (the buffer) must have applied the stream up to it to hold every one.
     ended_seq: int = 0
@@ -89,7 +102,9 @@ class RunState:
                 rollout_id(body.run_id, t, s) for t in body.task_indices for s in range(body.n)
             )
         elif isinstance(body, RunStarted) and self.total is None:
-            self.total = body.total_rollouts
+            self.start(body)
+        elif isinstance(body, WorkReleased) and self.released is not None:
+            self.released = max(self.released, min(body.released, self.work_items))
         elif isinstance(body, RolloutsScored):
             # One verdict per planned rollout, as in the read model: the first, unless the
             # rollout was generated twice and this one judged the earlier trajectory (the one
@@ -134,6 +149,28 @@ class RunState:
                 ),
                 cause="deadline",
             )
+        return None
+
+    def start(self, started: RunStarted) -> None:
+        """Fold the run's start: its size, and its window when it has one."""
+        self.total, self.work_items = started.total_rollouts, started.work_items
+        if started.window is not None and started.window < started.work_items:
+            self.window = self.released = started.window
+
+    def to_release(self) -> int | None:
+        """How many work items should be queued now, when more than are: the window plus one
+        per item's worth of rollouts scored (so about `window` are queued or generating)."""
+        if self.released is None or self.window is None or self.requested is None:
+            return None
+        if self.ended is not None:
+            return None  # a cancelled or failed run's unqueued work is never generated
+        done = len(self.verdicts) // self.requested.batch_size
+        due = min(self.work_items, self.window + done)
+        # A quarter of the window at a time (the last items whatever their number): fewer
+        # events and publishes, while at least 3/4 of the window stays queued or generating.
+        step = max(1, self.window // 4)
+        if due > self.released and (due - self.released >= step or due == self.work_items):
+            return due
         return None
 
     def cancel(self, reason: str | None, scored: int) -> RunFailed | None:
@@ -301,7 +338,7 @@ async def load_run_head(js: JetStreamContext, run_id: str) -> RunState | None:
     state.version = newest.seq
     started = await _last_of(js, run_id, RunStarted.event_type)
     if started is not None and isinstance(started[0], RunStarted):
-        state.total = started[0].total_rollouts
+        state.start(started[0])
     if (first := await _first_ending(js, run_id)) is not None:
         state.ended, state.ended_seq = first
     return state

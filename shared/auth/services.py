@@ -112,6 +112,7 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
             emits=(
                 "run.requested",
                 "run.started",
+                "run.work_released",
                 "run.completed",
                 "run.failed",
                 # An imported run's rollouts and verdicts (imports.py).

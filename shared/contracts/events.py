@@ -121,6 +121,21 @@ class RunStarted(Payload):
     run_id: str
     work_items: int
     total_rollouts: int
+    # Work items queued at the start; each later one is queued as an earlier one is scored,
+    # so a big run keeps this many in the shared queue and others' runs are not stuck behind
+    # its whole backlog. None: all at once (runs started before windows existed).
+    window: int | None = Field(default=None, ge=1)
+
+
+@register
+class WorkReleased(Payload):
+    """The tracker queued a windowed run's work items up to `released` (its first N)."""
+
+    event_type = "run.work_released"
+    aggregate = "run"
+
+    run_id: str
+    released: int = Field(ge=1)
 
 
 class GeneratedRollout(Payload):

@@ -1,0 +1,146 @@
+"""A small run queued behind a big one: its latency, and the big run's rate, with and without
+the tracker's run window (ROLLOUT_RUN_WINDOW), on the same servers in one process.
+
+The services run as their own processes (as deployed) on a real nats-server and Postgres, with
+pipeline.py's instant scripted model, so the numbers measure queueing, not a model. Each round
+starts the services with one window, times a big run alone (its rollouts/s), then starts the
+big run again and, at once, a small one (another user's quick check), and times the small run
+from its request to its completion. Rounds alternate between "no window" (ROLLOUT_RUN_WINDOW=0,
+first come first served, the behaviour before windows) and the window asked for (default 256
+rollouts); the best of each is kept.
+
+    python benchmarks/run_window.py [--big 2048] [--batch 1] [--window 256] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pipeline import (  # noqa: E402 (the sibling benchmark's services and model)
+    PROCESSES,
+    TASKS,
+    env_spec,
+    register_instant,
+    service_process,
+    stop_processes,
+    tracebacks,
+)
+
+from rollout.client import AsyncClient  # noqa: E402
+from rollout.errors import RolloutError  # noqa: E402
+from rollout.services.tracker.runs import RUN_WINDOW_ENV  # noqa: E402
+from rollout.shared.observability import configure_logging  # noqa: E402
+from rollout.shared.settings import Settings  # noqa: E402
+from rollout.shared.stack.nats import start_nats  # noqa: E402
+from rollout.shared.stack.postgres import start_postgres  # noqa: E402
+
+MODEL = "bench-scripted:instant"
+SMALL = 8  # one rollout per task, one work item
+
+
+async def _answering(client: AsyncClient) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await client.list_runs()
+            await client.list_environments()
+            return
+        except RolloutError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)  # polling the services' start, with a deadline
+
+
+async def _run(client: AsyncClient, n: int, batch: int) -> tuple[str, float]:
+    start = time.perf_counter()
+    run = await client.create_run("bench-refunds", MODEL, n=n, batch_size=batch)
+    return run["runId"], start
+
+
+async def _finished(client: AsyncClient, run_id: str, rollouts: int) -> float:
+    done = await client.wait_for_run(run_id, timeout_s=900)
+    if done["scored"] != rollouts or done["passed"] != rollouts:
+        raise RuntimeError(f"unexpected run result: {done}")
+    return time.perf_counter()
+
+
+async def one_round(settings: Settings, window: int, big: int, batch: int) -> tuple[float, float]:
+    """(the big run's rollouts/s alone, the small run's seconds behind it) with `window`."""
+    os.environ[RUN_WINDOW_ENV] = str(window)  # the tracker process reads it at fan-out
+    procs = {name: service_process(settings, name) for name in PROCESSES.values()}
+    client = AsyncClient(settings)
+    try:
+        await _answering(client)
+        await client.push_environment(env_spec())
+        run_id, start = await _run(client, 1, 1)  # warm-up: caches, consumers, connections
+        await _finished(client, run_id, TASKS)
+        run_id, start = await _run(client, big // TASKS, batch)
+        rate = big / (await _finished(client, run_id, big) - start)
+        big_id, _ = await _run(client, big // TASKS, batch)
+        small_id, small_start = await _run(client, SMALL // TASKS, SMALL)
+        waited = await _finished(client, small_id, SMALL) - small_start
+        await _finished(client, big_id, big)
+        return rate, waited
+    finally:
+        await client.close()
+        stop_processes(list(procs.values()))
+
+
+async def main(big: int, batch: int, window: int, repeat: int) -> None:
+    configure_logging("bench", level="WARNING")
+    register_instant()
+    home = Path(tempfile.mkdtemp(prefix="rollout-bench-window-"))
+    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
+    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
+    settings = Settings(
+        home=home,
+        nats_url=nats_server.url,
+        database_url=pg.dsn(),
+        nats_user=nats_server.user,
+        nats_password=nats_server.password,
+    )
+    best: dict[int, tuple[float, float]] = {}
+    try:
+        for _ in range(repeat):
+            for w in (0, window):  # alternating: a neighbour's burst lands on both sides
+                rate, waited = await one_round(settings, w, big, batch)
+                old = best.get(w, (0.0, float("inf")))
+                best[w] = (max(old[0], rate), min(old[1], waited))
+    finally:
+        pg.stop()
+        nats_server.stop()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(
+        f"big run: {big} rollouts in items of {batch}; small run: {SMALL} rollouts in one item;"
+        f" instant scripted model; {cores} cores; best of {repeat} rounds each"
+    )
+    print(f"{'window':>14} {'big run r/s':>12} {'small run waited s':>19}")
+    for w, (rate, waited) in best.items():
+        label = "none (before)" if w == 0 else f"{w} rollouts"
+        print(f"{label:>14} {rate:>12,.1f} {waited:>19.2f}")
+    (base_rate, base_wait), (rate, wait) = best[0], best[window]
+    print(
+        f"small run's wait, none / window: {base_wait / wait:.1f}x shorter; "
+        f"big run's rate, window / none: {rate / base_rate:.2f}"
+    )
+    print(f"tracebacks in the service processes' logs: {tracebacks(home)}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--big", type=int, default=2048, help="the big run's rollouts (x8)")
+    parser.add_argument("--batch", type=int, default=1, help="the big run's work-item size")
+    parser.add_argument("--window", type=int, default=256, help="ROLLOUT_RUN_WINDOW to compare")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds per window (best kept)")
+    args = parser.parse_args()
+    if args.big % TASKS or args.window < 1:
+        parser.error(f"--big must be a multiple of {TASKS}, --window at least 1")
+    asyncio.run(main(args.big, args.batch, args.window, args.repeat))

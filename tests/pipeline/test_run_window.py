@@ -1,0 +1,186 @@
+"""A run keeps at most its window of work items in the shared queue, so another run (anyone's)
+is not stuck behind its whole backlog; the rest is queued as earlier items are scored, and
+every rollout is still generated and scored exactly once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakes.openai_server import FakeOpenAI
+from pipeline.kit import Platform, refund_env
+from waiting import wait_until
+
+from rollout.client import AsyncClient
+from rollout.errors import RolloutError
+from rollout.services.tracker.runs import RUN_WINDOW_ENV, window_items
+from rollout.shared import subjects
+from rollout.shared.aggregates.run import RunState, load_run, load_run_head
+from rollout.shared.bus.reader import read_events
+from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.events import (
+    RolloutsGenerated,
+    RunRequested,
+    RunStarted,
+    WorkReleased,
+)
+from rollout.shared.replay import replay_run
+
+
+async def _queued(js: Any) -> int:
+    info = await js.consumer_info(subjects.WORK_STREAM, "actors")
+    return info.num_pending + info.num_ack_pending
+
+
+async def _completed(client: AsyncClient, run_id: str) -> bool:
+    try:
+        return (await client.get_run(run_id))["status"] == "completed"
+    except RolloutError:  # a tracker (re)starting answers nothing yet
+        return False
+
+
+async def test_a_big_run_queues_its_window_and_the_rest_as_items_are_scored(
+    actorless: tuple[Platform, AsyncClient, Any],
+    agent_server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    platform, client, js = actorless
+    monkeypatch.setenv(RUN_WINDOW_ENV, "3")
+    await client.push_environment(refund_env(tasks=6))
+    run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=2, batch_size=1)
+    run_id = run["runId"]
+
+    async def started() -> bool:
+        head = await load_run_head(js, run_id)
+        return head is not None and head.total is not None
+
+    await wait_until(started, "the run fanned out", 30)
+    head = await load_run_head(js, run_id)
+    assert head is not None and (head.work_items, head.window, head.total) == (12, 3, 12)
+    await wait_until(lambda: _queued_is(js, 3), "the run's window queued", 30)
+
+    platform.start("actor")
+    await wait_until(lambda: _completed(client, run_id), "the run completed", 90)
+    done = await client.get_run(run_id)
+    assert (done["generated"], done["scored"]) == (12, 12), done
+    assert await _queued(js) == 0
+    replayed = await replay_run(js, run_id)
+    assert len(replayed.generated) == len(replayed.scored) == 12
+    # Released one item at a time as each was scored, in order, up to all 12.
+    released = [
+        e.body().released
+        async for e in _events(
+            js, subjects.event("run", run_id, subjects.event_name(WorkReleased.event_type))
+        )
+        if isinstance(e.body(), WorkReleased)
+    ]
+    assert released == sorted(released) and released[-1] == 12 and released[0] > 3, released
+    state = await load_run(js, run_id)
+    assert state.released == 12 and state.to_release() is None
+
+
+async def _queued_is(js: Any, count: int) -> bool:
+    return await _queued(js) == count
+
+
+async def _events(js: Any, subject: str):  # type: ignore[no-untyped-def]
+    async for msg in read_events(js, subject, delete_consumer=True):
+        yield EventEnvelope.from_bytes(msg.data)
+
+
+@pytest.mark.parametrize(("window", "ahead_at_most"), [("2", 2), ("0", 24)])
+async def test_a_small_run_is_not_stuck_behind_a_big_runs_backlog(
+    actorless: tuple[Platform, AsyncClient, Any],
+    agent_server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    window: str,
+    ahead_at_most: int,
+) -> None:
+    # One actor taking one item at a time: the order it generates in is the queue's order.
+    platform, client, js = actorless
+    monkeypatch.setenv(RUN_WINDOW_ENV, window)
+    monkeypatch.setenv("ROLLOUT_ACTOR_CONCURRENCY", "1")
+    await client.push_environment(refund_env(tasks=6))
+    await client.push_environment(refund_env(tasks=1, slug="small"))
+    model = f"{agent_server.base_url}#m"
+    big = (await client.create_run("refunds", model, n=4, batch_size=1))["runId"]
+    queued_big = 2 if window == "2" else 24
+    await wait_until(lambda: _queued_is(js, queued_big), "the big run queued", 30)
+    small = (await client.create_run("small", model, n=1))["runId"]
+    await wait_until(lambda: _queued_is(js, queued_big + 1), "the small run queued", 30)
+
+    platform.start("actor")
+    await wait_until(lambda: _completed(client, small), "the small run completed", 90)
+    await wait_until(lambda: _completed(client, big), "the big run completed", 120)
+    # How many of the big run's rollouts were generated before the small run's one.
+    order = [
+        e.body().run_id
+        async for e in _events(js, subjects.event_filter("run", "rollout.generated"))
+        if isinstance(e.body(), RolloutsGenerated)
+    ]
+    assert sorted(set(order)) == sorted({big, small}) and order.count(small) == 1
+    ahead = order.index(small)
+    if window == "0":
+        assert ahead == ahead_at_most  # the old first come, first served: the whole backlog
+    else:
+        assert ahead <= ahead_at_most, order
+    done = await client.get_run(big)
+    assert (done["generated"], done["scored"]) == (24, 24)
+
+
+async def test_a_new_tracker_goes_on_releasing_from_the_runs_history(
+    actorless: tuple[Platform, AsyncClient, Any],
+    agent_server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    platform, client, js = actorless
+    monkeypatch.setenv(RUN_WINDOW_ENV, "2")
+    await client.push_environment(refund_env(tasks=5))
+    run_id = (await client.create_run("refunds", f"{agent_server.base_url}#m", n=2, batch_size=1))[
+        "runId"
+    ]
+    await wait_until(lambda: _queued_is(js, 2), "the run's window queued", 30)
+    # The tracker goes away with the window queued: nothing releases the rest meanwhile.
+    await platform.stop("tracker")
+    platform.start("actor")
+    await wait_until(lambda: _queued_is(js, 0), "the window generated", 60)
+    head = await load_run_head(js, run_id)
+    assert head is not None and head.ended is None
+    # A new tracker reads what was released from the run's history and goes on from there.
+    platform.start("tracker")
+    await wait_until(lambda: _completed(client, run_id), "the run completed", 90)
+    done = await client.get_run(run_id)
+    assert (done["generated"], done["scored"]) == (10, 10), done
+    replayed = await replay_run(js, run_id)
+    assert len(replayed.generated) == len(replayed.scored) == 10
+
+
+def test_the_window_is_whole_items_of_the_rollouts_asked_for() -> None:
+    assert window_items(256, 16, 100) == 16
+    assert window_items(256, 1, 1000) == 256
+    assert window_items(100, 64, 10) == 2  # rounded up to whole items
+    assert window_items(8, 64, 10) == 1  # at least one
+    assert window_items(256, 16, 16) is None  # the run fits: all queued at once
+    assert window_items(None, 16, 100) is None
+
+
+def test_items_are_released_a_quarter_window_at_a_time_and_the_last_whatever_their_number() -> None:
+    requested = RunRequested(
+        run_id="r", env_slug="e", env_version=1, env_hash="h", model="m", n=1,
+        task_indices=list(range(10)), batch_size=1,
+    )  # fmt: skip
+    state = RunState("r", requested=requested)
+    state.start(RunStarted(run_id="r", work_items=10, total_rollouts=10, window=8))
+    assert (state.released, state.to_release()) == (8, None)
+    score = iter(range(10))
+
+    def scored(count: int) -> int | None:
+        for _ in range(count):
+            i = next(score)
+            state.verdicts[f"x{i}"] = None  # type: ignore[assignment]
+        return state.to_release()
+
+    assert scored(1) is None  # one item's worth: under a quarter of the window
+    assert scored(1) == 10  # two: due 10, the last items, released
+    state.released = 10
+    assert scored(3) is None
