@@ -119,7 +119,13 @@ def describe(body: dict[str, Any], event_type: str) -> str:
     if event_type == "run.requested":
         return f"{body.get('env_slug')} v{body.get('env_version')} × {body.get('model')}, n={body.get('n')}"
     if event_type == "run.started":
-        return f"{body.get('total_rollouts')} rollouts in {body.get('work_items')} work items"
+        window = body.get("window")
+        queued = f", {window} queued at a time" if window else ""
+        return (
+            f"{body.get('total_rollouts')} rollouts in {body.get('work_items')} work items{queued}"
+        )
+    if event_type == "run.work_released":
+        return f"work items queued up to {body.get('released')}"
     if event_type == "run.completed":
         return f"{body.get('passed')}/{body.get('total')} passed"
     if event_type == "run.failed":

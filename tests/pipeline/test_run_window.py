@@ -14,6 +14,7 @@ from waiting import wait_until
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.tracker.runs import RUN_WINDOW_ENV, window_items
+from rollout.services.ui.events import describe
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import RunState, load_run, load_run_head
 from rollout.shared.bus.reader import read_events
@@ -184,3 +185,14 @@ def test_items_are_released_a_quarter_window_at_a_time_and_the_last_whatever_the
     assert scored(1) == 10  # two: due 10, the last items, released
     state.released = 10
     assert scored(3) is None
+
+
+def test_the_viewer_says_what_the_window_did() -> None:
+    started = RunStarted(run_id="r", work_items=40, total_rollouts=640, window=16)
+    assert describe(started.model_dump(), "run.started") == (
+        "640 rollouts in 40 work items, 16 queued at a time"
+    )
+    whole = RunStarted(run_id="r", work_items=4, total_rollouts=64)
+    assert describe(whole.model_dump(), "run.started") == "64 rollouts in 4 work items"
+    released = WorkReleased(run_id="r", released=20)
+    assert describe(released.model_dump(), "run.work_released") == "work items queued up to 20"
