@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rollout.shared.stack.nats import service_password_variable
+from rollout.shared.stack.services import SERVICES
+
 ROOT = Path(__file__).resolve().parents[2]
 REFUND = ROOT / "examples" / "refund_agent.py"
 
@@ -166,3 +169,43 @@ def test_an_audit_whose_policies_do_not_apply_is_no_clean_pass() -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "--policy sql_literal_guess: does not apply to 'refund-agent' (workflow" in done.stderr
     assert "no task hackable" not in done.stdout
+
+
+def test_schemas_export_refuses_a_dir_that_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me\n")
+    for extra in ([], ["--check"]):
+        done = rollout("schemas", "export", "--dir", str(target), *extra)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert f"--dir {target}: is a file, not a folder" in done.stderr
+    assert target.read_text() == "keep me\n"
+
+
+def test_schemas_export_refuses_an_asyncapi_that_is_a_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "api"
+    folder.mkdir()
+    schemas = tmp_path / "schemas"
+    done = rollout("schemas", "export", "--dir", str(schemas), "--asyncapi", str(folder))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"--asyncapi {folder}: is a folder" in done.stderr
+    assert not schemas.exists()  # refused before anything was written
+
+
+def test_nats_config_keeps_a_file_it_did_not_write(tmp_path: Path) -> None:
+    out = tmp_path / "nats.conf"
+    out.write_text("# my own server config\n")
+    done = rollout("admin", "nats-config", "--terraform-template", "--out", str(out))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"--out {out}: exists and is not an earlier `rollout admin nats-config`" in done.stderr
+    assert out.read_text() == "# my own server config\n"
+
+
+def test_nats_config_replaces_its_own_earlier_file(tmp_path: Path) -> None:
+    out = tmp_path / "nats.conf"
+    variables = ["ROLLOUT_NATS_PASSWORD", *map(service_password_variable, SERVICES)]
+    passwords = {name: f"pw-{i}" for i, name in enumerate(variables)}
+    env = {**os.environ, **passwords}
+    for flags in (["--terraform-template"], [], []):
+        done = rollout("admin", "nats-config", *flags, "--out", str(out), env=env)
+        assert done.returncode == 0, done.stderr
+    assert out.read_text().startswith("listen: 0.0.0.0:4222\n")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+from pathlib import Path
 
 from rollout.cli._common import port_number, print_json, require_database, settings_or_error
 from rollout.errors import RolloutError
@@ -16,6 +18,14 @@ from rollout.shared.stack.nats import deployment_config
 from rollout.shared.stack.services import SERVICES
 from rollout.shared.store.db import create_pool, migrate
 from rollout.shared.store.projection import ProjectionRunner
+from rollout.snapshots import check_out_file
+
+# What nats-config writes begins with one of these (the whole config, or --terraform-template's
+# authorization block) and holds the users block; a file of another shape is the user's own.
+_CONFIG_STARTS = ("listen: ", "authorization {\n")
+_USERS_BLOCK = "authorization {\n  users = [\n"
+# The largest config we expect: one user per service and many permissions, well under this.
+_CONFIG_LIMIT = 1 << 20
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,12 +87,21 @@ def _rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nats_config(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
+def is_earlier_nats_config(path: Path) -> bool:
+    """PATH holds what an earlier `rollout admin nats-config` wrote (so replacing it loses none)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            text = f.read(_CONFIG_LIMIT)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return text.startswith(_CONFIG_STARTS) and _USERS_BLOCK in text
 
+
+def _nats_config(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    what = "nats-config writes one config file"
+    check_out_file(out, "--out", "admin nats-config", is_earlier_nats_config, what=what)
     if args.terraform_template:
-        out = Path(args.out)
         try:
             write_atomic(out, authorization_template(list(SERVICES)), mode=0o644)
         except OSError as exc:
@@ -98,7 +117,6 @@ def _nats_config(args: argparse.Namespace) -> int:
         store_dir=args.store_dir,
         server_name=args.server_name,
     )
-    out = Path(args.out)
     try:
         # Hashes only, no password: readable by the nats-server container's user.
         write_atomic(out, text, mode=0o644)

@@ -23,7 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.set_defaults(func=_export)
 
 
+def _check_paths(folder: Path, asyncapi: Path) -> None:
+    """Refuse a --dir that is not a folder or an --asyncapi that is one, before writing."""
+    if folder.exists() and not folder.is_dir():
+        raise RolloutError(f"--dir {folder}: is a file, not a folder (the schemas go under it)")
+    if asyncapi.is_dir():
+        raise RolloutError(f"--asyncapi {asyncapi}: is a folder; name the JSON file to write")
+
+
 def _export(args: argparse.Namespace) -> int:
+    _check_paths(args.dir, args.asyncapi)
     if args.check:
         problems = stale_schemas(args.dir)
         if args.asyncapi.exists() and args.asyncapi.read_text() != asyncapi_document():
@@ -34,8 +43,12 @@ def _export(args: argparse.Namespace) -> int:
             )
         print("schemas are up to date")
         return 0
-    written = write_schemas(args.dir)
-    args.asyncapi.parent.mkdir(parents=True, exist_ok=True)
-    args.asyncapi.write_text(asyncapi_document())
+    try:
+        written = write_schemas(args.dir)
+        args.asyncapi.parent.mkdir(parents=True, exist_ok=True)
+        args.asyncapi.write_text(asyncapi_document())
+    except OSError as exc:
+        # e.g. a file where a parent folder should be, or no permission to write there.
+        raise RolloutError(f"cannot write {exc.filename}: {exc.strerror or exc}") from None
     print(f"wrote {len(written)} schemas to {args.dir}/ and {args.asyncapi}")
     return 0
