@@ -125,6 +125,31 @@ async def test_cli_errors_are_clear_and_exit_1_or_2(client, settings) -> None:
     assert code == 1 and "no such file" in err and "Traceback" not in err
 
 
+async def test_run_and_generate_take_slug_at_version(client, agent_server, settings, tmp_path):
+    await client.push_environment(refund_env(tasks=2))
+    await client.push_environment(refund_env(tasks=3))  # v2, the newest
+    model = f"{agent_server.base_url}#m"
+    code, out, err = await rollout(settings, "run", "refunds@1", "--model", model, "--json")
+    assert code == 0, err
+    run = json.loads(out)
+    assert (run["env_version"], len(run["task_indices"])) == (1, 2)
+    out_file = tmp_path / "v1.jsonl"
+    code, out, err = await rollout(
+        settings, "generate", "--env", "refunds@1", "--model", model, "--out", str(out_file),
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert {json.loads(line)["env_version"] for line in out_file.read_text().splitlines()} == {1}
+    for args, said in [
+        (["run", "refunds@x"], "SLUG refunds@x: version 'x' must be a whole number >= 1"),
+        (["run", "refunds@1", "--env-version", "2"], "names version 1, but --env-version is 2"),
+        (["generate", "--env", "refunds@0", "--out", str(tmp_path / "x.jsonl")], "--env refunds@0"),
+    ]:
+        code, out, err = await rollout(settings, *args, "--model", model)
+        assert code == 1 and said in err and "Traceback" not in err, err
+    assert "--env-version N" in err
+
+
 def unused_port() -> int:
     """A local port nothing listens on: a model server that refuses connections."""
     with socket.socket() as s:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.plans import parse_env_ref
 from rollout.shared.auth.credentials import client_settings
 from rollout.shared.settings import Settings, load_settings
 
@@ -30,6 +31,20 @@ def require_database(settings: Settings) -> str:
             problems=["start the embedded stack with `rollout up`, or set ROLLOUT_DATABASE_URL"],
         )
     return settings.database_url
+
+
+def env_ref(value: str, version: int | None, what: str) -> tuple[str, int | None]:
+    """(slug, version) of SLUG or SLUG@N, N taken as --env-version N; RolloutError naming WHAT."""
+    ref = parse_env_ref(value)
+    if isinstance(ref, str):
+        raise RolloutError(
+            f"{what} {value}: {ref}",
+            problems=["give SLUG, or SLUG@N (the same as --env-version N)"],
+        )
+    slug, at = ref
+    if at is not None and version is not None and at != version:
+        raise RolloutError(f"{what} {value}: names version {at}, but --env-version is {version}")
+    return slug, at if at is not None else version
 
 
 def print_json(document: Any) -> None:

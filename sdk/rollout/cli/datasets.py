@@ -11,7 +11,7 @@ from typing import Any
 
 # Trained names (`BASE:SUFFIX`, job ids) resolve for --model like everywhere else.
 import rollout.shared.models.trained  # noqa: F401
-from rollout.cli._common import print_json
+from rollout.cli._common import env_ref, print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.generate import GenerateRequest, generate, progress_bar
@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="e.g. local/tiny-agent, http://host/v1#NAME")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--env", help="a registered environment's slug")
+    source.add_argument(
+        "--env", metavar="SLUG[@VERSION]", help="a registered environment (@VERSION: --env-version)"
+    )
     source.add_argument("--prompts", type=Path, metavar="FILE.jsonl", help="a prompts file")
     p.add_argument("--split", help="only the env's tasks of this split")
     p.add_argument("--env-version", type=int, help="that version of --env (default: newest)")
@@ -124,13 +126,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _generate(args: argparse.Namespace) -> int:
+    env, version = args.env, args.env_version
+    if env is not None:
+        env, version = env_ref(env, version, "--env")
     req = GenerateRequest(
         model=args.model,
         out=args.out,
-        env=args.env,
+        env=env,
         prompts=args.prompts,
         split=args.split,
-        env_version=args.env_version,
+        env_version=version,
         n=args.n,
         score=args.score,
         temperature=args.temperature,

@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from rollout.cli._common import print_json, shown_status
+from rollout.cli._common import env_ref, print_json, shown_status
 from rollout.cli.experiments import run_config
 from rollout.client import AsyncClient
 from rollout.comparison import MOSTLY_ERRORED, comparison, error_line, error_summary, first_line
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="run a model on an environment's tasks, or an experiment plan (--config)"
     )
-    p.add_argument("slug", metavar="SLUG", nargs="?")
+    p.add_argument("slug", metavar="SLUG[@VERSION]", nargs="?")
     p.add_argument("--model", help="e.g. openai/gpt-4o-mini, hf:./model")
     p.add_argument(
         "--config", metavar="PLAN.toml", help="run an experiment plan stage by stage (resumes)"
@@ -225,11 +225,12 @@ async def _run_cmd(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    slug, version = env_ref(args.slug, args.env_version, "SLUG")
 
     async def go(client: AsyncClient) -> dict[str, Any]:
-        await _require_local_sandbox(client, args.slug)
+        await _require_local_sandbox(client, slug)
         run = await client.create_run(
-            args.slug,
+            slug,
             args.model,
             args.n,
             temperature=args.temperature,
@@ -241,12 +242,12 @@ async def _run_cmd(args: argparse.Namespace) -> int:
             split=args.split,
             batch_size=args.batch_size,
             deadline_s=args.deadline,
-            env_version=args.env_version,
+            env_version=version,
         )
         if not args.follow:
             return run
         if not args.json:
-            print(f"run {run['runId']}: {args.slug} v{run['env_version']} × {args.model}")
+            print(f"run {run['runId']}: {slug} v{run['env_version']} × {args.model}")
         await follow_run(client, run["runId"], quiet=args.json)
         # The final event is on the log; wait for the read model to show it too.
         done = await client.wait_for_run(run["runId"], timeout_s=60)
