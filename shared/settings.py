@@ -308,9 +308,19 @@ async def connect_nats(settings: Settings, **options: Any) -> nats.aio.client.Cl
         return client
     except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
         where = ", ".join(redact_url(url) for url in settings.nats_servers)
+        if not settings.external_nats:
+            # The address is the embedded stack's own: it is down (or was never started),
+            # and no endpoint setting would bring it back.
+            raise NatsUnreachable(
+                f"cannot reach NATS at {where} (from {source}): the local stack is not running",
+                problems=[
+                    "start it with `rollout up` (or set ROLLOUT_ENDPOINT / `rollout login` "
+                    "to use a deployment)"
+                ],
+            ) from exc
         raise NatsUnreachable(
             f"cannot reach NATS at {where} (from {source}): {exc}",
-            problems=["start the embedded stack with `rollout up`, or set ROLLOUT_NATS_URL"]
+            problems=["check ROLLOUT_NATS_URL, or start the embedded stack with `rollout up`"]
             if not settings.api_key_user
             else ["check the endpoint (`rollout login --endpoint URL`, or ROLLOUT_ENDPOINT)"],
         ) from exc

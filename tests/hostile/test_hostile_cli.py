@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -209,3 +210,25 @@ def test_nats_config_replaces_its_own_earlier_file(tmp_path: Path) -> None:
         done = rollout("admin", "nats-config", *flags, "--out", str(out), env=env)
         assert done.returncode == 0, done.stderr
     assert out.read_text().startswith("listen: 0.0.0.0:4222\n")
+
+
+def test_verbs_after_rollout_down_say_the_stack_is_not_running(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nobody listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    home = tmp_path / "home"
+    home.mkdir()
+    # What `rollout down` leaves: the stopped stack's state file, its NATS address in it.
+    state = {
+        "phase": "stopped",
+        "nats": {"url": f"nats://127.0.0.1:{port}", "external": False},
+        "postgres": {"url": f"postgresql://rollout:x@127.0.0.1:{port}/rollout", "external": False},
+    }
+    (home / "state.json").write_text(json.dumps(state))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
+    env["ROLLOUT_HOME"] = str(home)
+    for args in (["runs"], ["push", str(REFUND)], ["ui", "--port", "0"]):
+        done = rollout(*args, env=env)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)
+        assert "the local stack is not running" in done.stderr, (args, done.stderr)
+        assert "start it with `rollout up`" in done.stderr and "--endpoint" not in done.stderr

@@ -6,9 +6,13 @@ import argparse
 import asyncio
 import sys
 
+import asyncpg
+
 from rollout.cli._common import client_settings_or_error, require_database
+from rollout.errors import RolloutError
 from rollout.shared.auth.keys import read_local_key
 from rollout.shared.service.sockets import bind
+from rollout.shared.settings import Settings, connect_nats, redact_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +40,12 @@ def _ui(args: argparse.Namespace) -> int:
         return 2
     local = None if settings.external_nats or args.no_token else read_local_key(settings.home)
     sock = bind(args.host, args.port)
+    try:
+        # Before serving: the viewer's own start would report a stopped stack as a traceback.
+        asyncio.run(_reachable(settings))
+    except BaseException:
+        sock.close()
+        raise
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         print(f"warning: listening on {args.host}, not only this machine", file=sys.stderr)
 
@@ -46,3 +56,24 @@ def _ui(args: argparse.Namespace) -> int:
 
     asyncio.run(serve_ui(settings, sock, login_key=local, announce=announce))
     return 0
+
+
+async def _reachable(settings: Settings) -> None:
+    """Connect to NATS and the database once; a RolloutError saying which is down otherwise."""
+    nc = await connect_nats(settings)
+    await nc.close()
+    url = settings.database_url or ""
+    try:
+        conn = await asyncpg.connect(url, timeout=5)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        where = redact_url(url)
+        if settings.external_database:
+            raise RolloutError(
+                f"cannot reach the database at {where}: {exc}",
+                problems=["check ROLLOUT_DATABASE_URL"],
+            ) from None
+        raise RolloutError(
+            f"cannot reach the database at {where}: the local stack is not running",
+            problems=["start it with `rollout up`"],
+        ) from None
+    await conn.close()
