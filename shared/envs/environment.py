@@ -130,7 +130,10 @@ class Environment:
                 self.config["seed"] = seed
             if entrypoint is not None:
                 self.config["entrypoint"] = entrypoint
-        self.tasks: list[Any] = list(tasks) if tasks is not None else []
+        # Tasks that are no list (tasks=5) are kept as given so validation names them by path.
+        self.tasks: Any = [] if tasks is None else tasks
+        if isinstance(tasks, Iterable) and not isinstance(tasks, str | bytes | Mapping):
+            self.tasks = list(tasks)
         self.verifier = verifier
         # Per-rollout limits of this env (max_turn_tokens, max_rollout_tokens,
         # max_rollout_seconds, max_repeated_calls); unset ones are the platform's.

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
+from rollout.shared.envs.coerce import pydantic_problems
 from rollout.shared.envs.environment import LOADING_DIR, Environment
 from rollout.shared.errors import RolloutError
 
@@ -106,6 +108,14 @@ def load_environments(path: str | Path) -> list[Any]:
         line = _user_frame(exc, file)
         where = f"{file}:{line}" if line else str(file)
         raise RolloutError(f"{where}: {exc.message}", problems=exc.problems) from None
+    except ValidationError as exc:
+        # e.g. Task(instruction=3): one line per field, not pydantic's dump with its links.
+        line = _user_frame(exc, file)
+        where = f"{file}:{line}" if line else str(file)
+        raise RolloutError(
+            f"{where}: invalid {exc.title}: {exc.error_count()} problem(s)",
+            problems=pydantic_problems(exc),
+        ) from None
     except SystemExit as exc:
         raise RolloutError(f"{file}: called sys.exit({exc.code!r}) while loading") from None
     except Exception as exc:

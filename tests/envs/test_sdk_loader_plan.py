@@ -104,6 +104,29 @@ def test_loader_errors_name_file_and_line(tmp_path: Path, body: str, message: st
     assert str(f) in str(err.value) and message in str(err.value)
 
 
+def test_a_task_of_wrong_types_is_one_line_per_field(tmp_path: Path) -> None:
+    body = "from rollout import Task\n\nt = Task(instruction=3, split=['a'])\n"
+    f = write(tmp_path, "env.py", body)
+    with pytest.raises(RolloutError) as err:
+        load_environments(f)
+    assert err.value.message == f"{f}:3: invalid Task: 2 problem(s)"
+    assert err.value.problems == [
+        "instruction: Input should be a valid string",
+        "split: Input should be a valid string",
+    ]
+    assert "errors.pydantic.dev" not in str(err.value)
+
+
+def test_environment_tasks_that_are_no_list_are_a_problem_by_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = "from rollout import Environment\n\nenv = Environment(slug='x', tasks=5)\n"
+    f = write(tmp_path, "env.py", body)
+    assert main(["plan", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "- tasks: Input should be a valid list" in out
+
+
 def test_loader_finds_lists_and_resolves_relative_files(tmp_path: Path) -> None:
     (tmp_path / "t.jsonl").write_text('{"instruction": "a", "hidden_ground_truth": {}}\n')
     body = (
