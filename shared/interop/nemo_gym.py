@@ -18,7 +18,8 @@ Serving: our verifier decides the reward from the session's own tool calls and f
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
@@ -198,13 +199,14 @@ def create_app(spec: EnvironmentSpec, *, max_sessions: int = DEFAULT_MAX_SESSION
     return app
 
 
-def serve(spec: EnvironmentSpec, *, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the resources server in the foreground (uvicorn)."""
-    import uvicorn
+def serve(spec: EnvironmentSpec, sock: socket.socket, on_listening: Callable[[str], None]) -> None:
+    """Run the resources server in the foreground (uvicorn) on `sock`; `on_listening(url)` once it accepts connections."""
+    # uvicorn only here: the CLI imports this module for every command.
+    from rollout.shared.interop.http import run_on
 
     app = create_app(spec)
-    log.info("nemo_gym.serve", slug=spec.slug, host=host, port=port)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    log.info("nemo_gym.serve", slug=spec.slug, address=sock.getsockname())
+    run_on(app, sock, on_listening)
 
 
 # ---------------------------------------------------------------- discover (consume side)

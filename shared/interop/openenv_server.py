@@ -14,7 +14,9 @@ the client.
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -26,6 +28,7 @@ from rollout.shared.envs.engine import build_runtime, score
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.errors import RolloutError
 from rollout.shared.interop.backends import require
+from rollout.shared.interop.http import run_on
 
 log = structlog.get_logger(__name__)
 
@@ -249,10 +252,8 @@ def create_app(
     )
 
 
-def serve(spec: EnvironmentSpec, *, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the OpenEnv server in the foreground (uvicorn)."""
-    import uvicorn
-
+def serve(spec: EnvironmentSpec, sock: socket.socket, on_listening: Callable[[str], None]) -> None:
+    """Run the OpenEnv server in the foreground (uvicorn) on `sock`; `on_listening(url)` once it accepts connections."""
     app = create_app(spec)
-    log.info("openenv.serve", slug=spec.slug, host=host, port=port)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    log.info("openenv.serve", slug=spec.slug, address=sock.getsockname())
+    run_on(app, sock, on_listening)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -232,3 +233,23 @@ def test_verbs_after_rollout_down_say_the_stack_is_not_running(tmp_path: Path) -
         assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)
         assert "the local stack is not running" in done.stderr, (args, done.stderr)
         assert "start it with `rollout up`" in done.stderr and "--endpoint" not in done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["openenv", "nemo-gym"])
+async def test_env_serve_says_the_url_it_listens_on(protocol: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollout.cli", "env", "serve", str(REFUND), "--port", "0",
+        "--protocol", protocol, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert line.startswith(f"serving refund-agent ({protocol}) on http://127.0.0.1:"), line
+        url = line.split(" on ", 1)[1].split()[0]
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        # Said once it listens: a connection to that address is accepted at once.
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    finally:
+        proc.terminate()
+        await proc.wait()

@@ -117,15 +117,22 @@ def _list(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
-    # uvicorn reports an address it cannot listen on as a log line and exit status 3: try it
-    # first, so a bad --host or a taken --port is an error naming them.
-    bind(args.host, args.port).close()
-    if args.protocol == "nemo-gym":
-        serve_gym(spec, host=args.host, port=args.port)
-        return 0
-    from rollout.shared.interop.openenv_server import serve
+    # Bound here, not by uvicorn (which reports an address it cannot listen on as a log line
+    # and exit status 3): a bad --host or a taken --port is an error naming them.
+    sock = bind(args.host, args.port)
 
-    serve(spec, host=args.host, port=args.port)
+    def listening(url: str) -> None:
+        print(f"serving {spec.slug} ({args.protocol}) on {url}  (Ctrl-C stops it)", flush=True)
+
+    try:
+        if args.protocol == "nemo-gym":
+            serve_gym(spec, sock, listening)
+            return 0
+        from rollout.shared.interop.openenv_server import serve
+
+        serve(spec, sock, listening)
+    finally:
+        sock.close()
     return 0
 
 
