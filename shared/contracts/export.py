@@ -68,15 +68,35 @@ def render(schema: dict[str, Any]) -> str:
 
 
 def write_schemas(folder: Path) -> list[Path]:
-    """Write every schema under `folder`, removing stale files; return the files written."""
+    """Write every schema under `folder`, removing stale ones; return the files written."""
     wanted = {folder / rel: render(s) for rel, s in json_schemas().items()}
-    for old in folder.rglob("*.json"):
-        if old not in wanted:
-            old.unlink()
+    for old in _stale_schema_files(folder, wanted):
+        old.unlink()
     for path, text in wanted.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return sorted(wanted)
+
+
+def _stale_schema_files(folder: Path, wanted: dict[Path, str]) -> list[Path]:
+    """Schemas an earlier export wrote that no model produces now (a renamed event): only in
+    the sub-folders an export owns, and only what reads as a JSON Schema, so a `--dir` that
+    holds someone's own JSON files keeps them."""
+    owned = {Path(rel).parent for rel in json_schemas()} - {Path(".")}
+    stale = []
+    for sub in sorted(owned):
+        for path in sorted((folder / sub).glob("*.json")):
+            if path not in wanted and _reads_as_schema(path):
+                stale.append(path)
+    return stale
+
+
+def _reads_as_schema(path: Path) -> bool:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "title" in doc and ("properties" in doc or "type" in doc)
 
 
 def stale_schemas(folder: Path) -> list[str]:

@@ -193,6 +193,28 @@ def test_schemas_export_refuses_an_asyncapi_that_is_a_folder(tmp_path: Path) -> 
     assert not schemas.exists()  # refused before anything was written
 
 
+def test_schemas_export_into_a_folder_keeps_json_it_did_not_write(tmp_path: Path) -> None:
+    # Every *.json no model produced was deleted, a user's own data files included.
+    folder = tmp_path / "mine"
+    (folder / "events").mkdir(parents=True)
+    own = {
+        folder / "config.json": '{"lr": 0.1}\n',
+        folder / "events" / "notes.json": '["not a schema"]\n',
+        folder / "events" / "my_event.json": '{"title": "Mine", "data": 1}\n',
+    }
+    for path, text in own.items():
+        path.write_text(text)
+    # A schema an earlier export wrote for an event that no longer exists goes.
+    stale = folder / "events" / "run.renamed.json"
+    stale.write_text('{"title": "Old", "type": "object", "properties": {}}\n')
+    done = rollout(
+        "schemas", "export", "--dir", str(folder), "--asyncapi", str(tmp_path / "a.json")
+    )
+    assert done.returncode == 0, done.stderr
+    assert all(path.read_text() == text for path, text in own.items())
+    assert not stale.exists() and (folder / "events" / "run.started.json").is_file()
+
+
 def test_nats_config_keeps_a_file_it_did_not_write(tmp_path: Path) -> None:
     out = tmp_path / "nats.conf"
     out.write_text("# my own server config\n")
