@@ -96,7 +96,7 @@ def register_leader_handlers(
         after_batch=completed,
         gap_retry_s=GAP_RETRY_S,
     )
-    runs.register_fan_out(broker)
+    runs.register_fan_out(broker, states)
 
 
 async def _watch_deadlines(js: JetStreamContext, pool: asyncpg.Pool) -> None:

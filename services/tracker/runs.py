@@ -7,7 +7,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TypeGuard
+from typing import Literal, TypeGuard
 
 import asyncpg
 from faststream.nats import NatsBroker, NatsMessage
@@ -263,13 +263,18 @@ def work_items(
 
 
 async def fan_out(
-    js: JetStreamContext, event: EventEnvelope, position: int | None = None
+    js: JetStreamContext,
+    event: EventEnvelope,
+    position: int | None = None,
+    share: int | None | Literal["setting"] = "setting",
 ) -> RunStarted | None:
     """Mark a run started and queue its work items; None when the run already ended.
 
     `position` is the request's stream sequence, when the caller has it: the request is its
     run's first event, so a run whose history still ends there is one the request alone
     makes, and it is started expecting exactly that, without reading the history first.
+    `share` is the run's window in rollouts (None: no window); by default the whole of
+    ROLLOUT_RUN_WINDOW (the leader passes its owner's share, RunStates.owner_share).
     """
     run = event.body()
     assert isinstance(run, RunRequested)
@@ -282,7 +287,9 @@ async def fan_out(
         run_id=run.run_id,
         work_items=len(batches),
         total_rollouts=sum(len(w.items) for w in batches),
-        window=window_items(run_window(), run.batch_size, len(batches)),
+        window=window_items(
+            run_window() if share == "setting" else share, run.batch_size, len(batches)
+        ),
     )
     # Started first, so the total is known before any verdict can arrive. A redelivered
     # request (a crash between the two steps) finds it started and queues the items again:
@@ -416,6 +423,43 @@ class RunStates:
         """Drop a run's state (it ended, or its history moved past what was folded)."""
         self._states.pop(run_id, None)
 
+    def note_start(self, event: EventEnvelope, started: RunStarted) -> None:
+        """Hold a run this leader just started with a window, before the projection folds it,
+        so the owner's next run, fanned out at once, already counts it in the share."""
+        if started.window is None:
+            return
+        state = self._states.get(started.run_id)
+        if state is None:
+            # Version 0: the projection folds the run's events from its request on, as usual
+            # (the request and start again: both are kept as first seen).
+            state = self._keep(RunState(started.run_id))
+            state.apply(event)
+        if state.total is None:
+            state.start(started)
+
+    def owner_share(self, owner: str | None, run_id: str) -> int | None:
+        """`run_id`'s part of its owner's window, in rollouts: ROLLOUT_RUN_WINDOW split between
+        the owner's windowed runs under way, so one key starting many big runs holds one
+        window of the shared queue, not one per run (None: no window).
+
+        Counted from the runs this leader holds (all it saw start; after a takeover, those it
+        has loaded since), so a new leader's first shares may be larger: they only decide
+        when items are queued, never which or how often.
+        """
+        window = run_window()
+        if window is None:
+            return None
+        others = sum(
+            1
+            for state in self._states.values()
+            if state.run_id != run_id
+            and state.window is not None
+            and state.ended is None
+            and state.requested is not None
+            and state.requested.owner == owner
+        )
+        return max(1, window // (others + 1))
+
     async def release_due(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> int:
         """Queue a windowed run's next work items as earlier ones are scored; how many.
 
@@ -429,10 +473,14 @@ class RunStates:
         state = self._states.get(run_id)
         if state is None:
             state = await self._load(js, pool, run_id)
-        due = state.to_release() if state is not None else None
-        if state is None or due is None:
+        if state is None or state.window is None or state.requested is None:
             return 0
-        assert state.requested is not None and state.requested_event is not None
+        share = self.owner_share(state.requested.owner, run_id)
+        window = window_items(share, state.requested.batch_size, state.work_items)
+        due = state.to_release(window or state.work_items)
+        if due is None:
+            return 0
+        assert state.requested_event is not None
         before = state.released or 0
         await queue_work(js, work_items(state.requested_event, state.requested, before, due))
         released = WorkReleased(run_id=run_id, released=due)
@@ -617,14 +665,21 @@ async def cancel_run(
     raise RolloutError(f"run {cmd.run_id} already {how}{detail}: nothing to cancel")
 
 
-def register_fan_out(broker: NatsBroker) -> None:
-    """Attach the fan-out consumer (the leader's: see tracker/main.py) to `broker`."""
+def register_fan_out(broker: NatsBroker, states: RunStates | None = None) -> None:
+    """Attach the fan-out consumer (the leader's: see tracker/main.py) to `broker`; a run's
+    window is its owner's share among the runs `states` holds."""
 
     @durables.TRACKER_FANOUT.subscriber(broker)
     async def on_run_requested(event: EventEnvelope, message: NatsMessage) -> None:
         """Queue a requested run's work items, then mark it started."""
         with event_context(event):
             position = message.raw_message.metadata.sequence.stream
-            started = await fan_out(jetstream(broker), event, position)
+            run = event.body()
+            share: int | None | Literal["setting"] = "setting"
+            if states is not None and isinstance(run, RunRequested):
+                share = states.owner_share(run.owner, run.run_id)
+            started = await fan_out(jetstream(broker), event, position, share)
+            if started is not None and states is not None:
+                states.note_start(event, started)
             if started is not None:
                 log.info("run fanned out", work_items=started.work_items)

@@ -157,18 +157,20 @@ class RunState:
         if started.window is not None and started.window < started.work_items:
             self.window = self.released = started.window
 
-    def to_release(self) -> int | None:
-        """How many work items should be queued now, when more than are: the window plus one
-        per item's worth of rollouts scored (so about `window` are queued or generating)."""
+    def to_release(self, window: int | None = None) -> int | None:
+        """How many work items should be queued now, when more than are: the window (the
+        recorded one, or `window` items, the run's share now) plus one per item's worth of
+        rollouts scored (so about `window` are queued or generating)."""
         if self.released is None or self.window is None or self.requested is None:
             return None
         if self.ended is not None:
             return None  # a cancelled or failed run's unqueued work is never generated
+        window = self.window if window is None else window
         done = len(self.verdicts) // self.requested.batch_size
-        due = min(self.work_items, self.window + done)
+        due = min(self.work_items, window + done)
         # A quarter of the window at a time (the last items whatever their number): fewer
         # events and publishes, while at least 3/4 of the window stays queued or generating.
-        step = max(1, self.window // 4)
+        step = max(1, window // 4)
         if due > self.released and (due - self.released >= step or due == self.work_items):
             return due
         return None

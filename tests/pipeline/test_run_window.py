@@ -196,3 +196,37 @@ def test_the_viewer_says_what_the_window_did() -> None:
     assert describe(whole.model_dump(), "run.started") == "64 rollouts in 4 work items"
     released = WorkReleased(run_id="r", released=20)
     assert describe(released.model_dump(), "run.work_released") == "work items queued up to 20"
+
+
+async def test_one_owners_runs_share_one_window_and_another_owner_has_its_own(
+    actorless: tuple[Platform, AsyncClient, Any],
+    agent_server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The admin here starts runs for two users, as a job does for its owner.
+    platform, client, js = actorless
+    monkeypatch.setenv(RUN_WINDOW_ENV, "4")
+    await client.push_environment(refund_env(tasks=6))
+    model = f"{agent_server.base_url}#m"
+
+    async def start(owner: str) -> tuple[str, int | None]:
+        run_id = (await client.create_run("refunds", model, n=2, batch_size=1, owner=owner))[
+            "runId"
+        ]
+
+        async def head() -> Any:
+            found = await load_run_head(js, run_id)
+            return found if found is not None and found.total is not None else None
+
+        return run_id, (await wait_until(head, f"{owner}'s run fanned out", 30)).window
+
+    first, second, third = await start("alice"), await start("alice"), await start("bob")
+    # Alice's second run gets half of her window, and her first one's next releases too;
+    # Bob's run, started after both, still has a whole window of its own.
+    assert (first[1], second[1], third[1]) == (4, 2, 4)
+    await wait_until(lambda: _queued_is(js, 10), "4 + 2 + 4 items queued", 30)
+    platform.start("actor")
+    for run_id, _ in (first, second, third):
+        await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
+        done = await client.get_run(run_id)
+        assert (done["generated"], done["scored"]) == (12, 12), done
