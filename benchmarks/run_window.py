@@ -4,12 +4,13 @@ the tracker's run window (ROLLOUT_RUN_WINDOW), on the same servers in one proces
 The services run as their own processes (as deployed) on a real nats-server and Postgres, with
 pipeline.py's instant scripted model, so the numbers measure queueing, not a model. Each round
 starts the services with one window, times a big run alone (its rollouts/s), then starts the
-big run again and, at once, a small one (another user's quick check), and times the small run
-from its request to its completion. Rounds alternate between "no window" (ROLLOUT_RUN_WINDOW=0,
+big run again (or `--big-runs` of them, one user's) and, at once, a small one (another user's
+quick check), and times the small run from its request to its completion. Rounds alternate between "no window" (ROLLOUT_RUN_WINDOW=0,
 first come first served, the behaviour before windows) and the window asked for (default 256
 rollouts); the best of each is kept.
 
     python benchmarks/run_window.py [--big 2048] [--batch 1] [--window 256] [--repeat 2]
+        [--big-runs 1]
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ async def _answering(client: AsyncClient) -> None:
             await asyncio.sleep(0.05)  # polling the services' start, with a deadline
 
 
-async def _run(client: AsyncClient, n: int, batch: int) -> tuple[str, float]:
+async def _run(
+    client: AsyncClient, n: int, batch: int, owner: str | None = None
+) -> tuple[str, float]:
     start = time.perf_counter()
-    run = await client.create_run("bench-refunds", MODEL, n=n, batch_size=batch)
+    run = await client.create_run("bench-refunds", MODEL, n=n, batch_size=batch, owner=owner)
     return run["runId"], start
 
 
@@ -72,8 +75,11 @@ async def _finished(client: AsyncClient, run_id: str, rollouts: int) -> float:
     return time.perf_counter()
 
 
-async def one_round(settings: Settings, window: int, big: int, batch: int) -> tuple[float, float]:
-    """(the big run's rollouts/s alone, the small run's seconds behind it) with `window`."""
+async def one_round(
+    settings: Settings, window: int, big: int, batch: int, runs: int
+) -> tuple[float, float]:
+    """(the big run's rollouts/s alone, the small run's seconds behind `runs` big ones) with
+    `window`; the big runs are one user's (alice), the small one another's (bob)."""
     os.environ[RUN_WINDOW_ENV] = str(window)  # the tracker process reads it at fan-out
     procs = {name: service_process(settings, name) for name in PROCESSES.values()}
     client = AsyncClient(settings)
@@ -84,17 +90,18 @@ async def one_round(settings: Settings, window: int, big: int, batch: int) -> tu
         await _finished(client, run_id, TASKS)
         run_id, start = await _run(client, big // TASKS, batch)
         rate = big / (await _finished(client, run_id, big) - start)
-        big_id, _ = await _run(client, big // TASKS, batch)
-        small_id, small_start = await _run(client, SMALL // TASKS, SMALL)
+        big_ids = [(await _run(client, big // TASKS, batch, "alice"))[0] for _ in range(runs)]
+        small_id, small_start = await _run(client, SMALL // TASKS, SMALL, "bob")
         waited = await _finished(client, small_id, SMALL) - small_start
-        await _finished(client, big_id, big)
+        for big_id in big_ids:
+            await _finished(client, big_id, big)
         return rate, waited
     finally:
         await client.close()
         stop_processes(list(procs.values()))
 
 
-async def main(big: int, batch: int, window: int, repeat: int) -> None:
+async def main(big: int, batch: int, window: int, repeat: int, runs: int) -> None:
     configure_logging("bench", level="WARNING")
     register_instant()
     home = Path(tempfile.mkdtemp(prefix="rollout-bench-window-"))
@@ -111,7 +118,7 @@ async def main(big: int, batch: int, window: int, repeat: int) -> None:
     try:
         for _ in range(repeat):
             for w in (0, window):  # alternating: a neighbour's burst lands on both sides
-                rate, waited = await one_round(settings, w, big, batch)
+                rate, waited = await one_round(settings, w, big, batch, runs)
                 old = best.get(w, (0.0, float("inf")))
                 best[w] = (max(old[0], rate), min(old[1], waited))
     finally:
@@ -119,8 +126,9 @@ async def main(big: int, batch: int, window: int, repeat: int) -> None:
         nats_server.stop()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(
-        f"big run: {big} rollouts in items of {batch}; small run: {SMALL} rollouts in one item;"
-        f" instant scripted model; {cores} cores; best of {repeat} rounds each"
+        f"big run: {big} rollouts in items of {batch}; small run (another user's, behind"
+        f" {runs} big run(s) of one user): {SMALL} rollouts in one item; instant scripted model;"
+        f" {cores} cores; best of {repeat} rounds each"
     )
     print(f"{'window':>14} {'big run r/s':>12} {'small run waited s':>19}")
     for w, (rate, waited) in best.items():
@@ -140,7 +148,10 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=1, help="the big run's work-item size")
     parser.add_argument("--window", type=int, default=256, help="ROLLOUT_RUN_WINDOW to compare")
     parser.add_argument("--repeat", type=int, default=2, help="rounds per window (best kept)")
+    parser.add_argument(
+        "--big-runs", type=int, default=1, help="big runs one user starts before the small run"
+    )
     args = parser.parse_args()
     if args.big % TASKS or args.window < 1:
         parser.error(f"--big must be a multiple of {TASKS}, --window at least 1")
-    asyncio.run(main(args.big, args.batch, args.window, args.repeat))
+    asyncio.run(main(args.big, args.batch, args.window, args.repeat, args.big_runs))
