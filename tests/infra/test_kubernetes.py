@@ -24,6 +24,8 @@ from k8s_kit import (
     render_cluster_layer,
 )
 
+from rollout.services.actor.tuning import DEFAULT_CONCURRENCY
+from rollout.services.tracker.runs import RUN_WINDOW_ENV
 from rollout.shared import subjects
 from rollout.shared.auth.services import SERVICE_ROLES, service_user
 from rollout.shared.stack.nats import service_password_variable
@@ -277,6 +279,21 @@ def test_actors_scale_on_their_work_queue(rendered: dict[str, list[dict[str, Any
         nats = find(docs, "StatefulSet", "nats")
         host = meta["natsServerMonitoringEndpoint"].split(":")[0]
         assert host.startswith(f"{nats['spec']['serviceName']}.rollout.svc"), host
+
+
+def test_one_keys_window_can_call_for_every_actor(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    # KEDA scales on the queue's depth, and a key's runs queue at most the tracker's window:
+    # a window under the pool's appetite would cap one user's run at a few actors.
+    for _name, docs in rendered.items():
+        scaled = find(docs, "ScaledObject", "actor")["spec"]
+        lag = int(scaled["triggers"][0]["metadata"]["lagThreshold"])
+        (tracker,) = containers(find(docs, "Deployment", "tracker"))
+        env = {e["name"]: e.get("value") for e in tracker.get("env", [])}
+        window = int(env[RUN_WINDOW_ENV])
+        items = window // 16  # the default batch size, rollouts per work item
+        assert items >= scaled["maxReplicaCount"] * max(lag, DEFAULT_CONCURRENCY), window
 
 
 def test_every_multi_replica_workload_has_a_disruption_budget(
