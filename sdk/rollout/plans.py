@@ -36,9 +36,10 @@ from rollout.shared.contracts.plan import (
 from rollout.shared.contracts.training import (
     METHOD_ALIASES,
     _message,
-    config_problems,
+    config_error_lines,
     parse_config,
     resolve_method,
+    validate_strict,
 )
 from rollout.shared.envs import load_environments, select_environment, validate_environment
 from rollout.shared.envs.splits import ids_matter
@@ -113,10 +114,10 @@ def error_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def structure_problems(exc: pydantic.ValidationError, prefix: str = "") -> list[str]:
+def structure_problems(errors: list[Any], prefix: str = "") -> list[str]:
     """pydantic's errors as `path: message` lines (a model check names its own field first)."""
     problems = []
-    for err in exc.errors():
+    for err in errors:
         # A stage's kinds are tried one by one: the first field error is the useful one.
         path = error_path(tuple(err["loc"]))
         if prefix:
@@ -199,15 +200,16 @@ async def check_plan_data(
     """Validate a plan already read (`path`: where its relative env files are found)."""
     check = PlanCheck(str(path))
     check.problems += apply_overrides(data, overrides or [])
-    try:
-        plan = ExperimentPlan.model_validate(data)
-    except pydantic.ValidationError as exc:
+    # Strict: TOML's values have their own types, and a `seed = true` or an `n = "4"` is a
+    # mistake to name, not one to run as seed 1 or 4.
+    valid, errors = validate_strict(ExperimentPlan.model_validate, data)
+    if valid is None:
         # Every problem, not just the first section's: the parts that are valid are still
         # checked against each other (and the registry) below.
-        check.problems += structure_problems(exc)
+        check.problems += structure_problems(errors)
         plan = _salvage(data, check)
     else:
-        check.plan = plan
+        plan = check.plan = valid
     base = Path(path).parent
     _check_stages(plan, check)
     _check_models(plan, check)
@@ -229,10 +231,7 @@ def _salvage(data: dict[str, Any], check: PlanCheck) -> ExperimentPlan:
     """The valid parts of an invalid plan (invalid stages as None), to check them further."""
 
     def part(model: type[pydantic.BaseModel], value: Any) -> Any:
-        try:
-            return model.model_validate(value)
-        except pydantic.ValidationError:
-            return None
+        return validate_strict(model.model_validate, value)[0]
 
     raw_envs = data.get("envs") if isinstance(data.get("envs"), dict) else {}
     raw_stages = data.get("stages") if isinstance(data.get("stages"), list) else []
@@ -371,13 +370,11 @@ def _check_train(plan: ExperimentPlan, i: int, check: PlanCheck) -> None:
     if "method" in config:
         check.problems.append(f"{where}.config.method: set the method as `method` of the stage")
         config.pop("method")
-    try:
-        parse_config({**config, "method": method})
-    except pydantic.ValidationError as exc:
-        # One line per error, in order: a NaN's line says so rather than its range.
-        for line, err in zip(config_problems(exc, f"{where}.config"), exc.errors(), strict=True):
-            nan = _nan_message(err)
-            check.problems.append(f"{line.split(': ', 1)[0]}: {nan}" if nan else line)
+    _, errors = validate_strict(parse_config, {**config, "method": method})
+    # One line per error, in order: a NaN's line says so rather than its range.
+    for line, err in zip(config_error_lines(errors, f"{where}.config"), errors, strict=True):
+        nan = _nan_message(err)
+        check.problems.append(f"{line.split(': ', 1)[0]}: {nan}" if nan else line)
     if methods.get(method).data != "sft":
         # Both pick among passing rollouts: the methods that learn from failures too see all.
         for key, given in (

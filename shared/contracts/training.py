@@ -10,9 +10,18 @@ builds the method's own model, so existing callers keep working.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from rollout.shared.errors import RolloutError
 
@@ -39,6 +48,8 @@ GrpoLossType = Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"]
 AdvantageKind = Literal["group", "rloo", "reinforce_pp"]
 IsCorrection = Literal["none", "tis", "mis"]
 Aggregation = Literal["token", "sequence"]
+
+_T = TypeVar("_T")
 
 # Method names that select another method's model with one setting fixed (`ipo` is DPO's IPO).
 METHOD_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {"ipo": ("dpo", {"loss_type": "ipo"})}
@@ -83,8 +94,6 @@ class TrainConfig(BaseModel):
     @classmethod
     def from_user(cls, data: dict[str, Any], *, where: str = "hyperparams") -> TrainConfig:
         """Validate user input into its method's model; RolloutError naming `<where>.<field>`."""
-        from pydantic import ValidationError
-
         if not isinstance(data, dict):
             raise RolloutError(f"{where}: must be a mapping, got {type(data).__name__}")
         try:
@@ -420,9 +429,33 @@ class TrainingConfigSchema(RootModel[TrainingConfig]):
     """The hyperparameters of a local training job, by method (schemas/training_config.json)."""
 
 
-def parse_config(data: dict[str, Any]) -> TrainConfig:
+def parse_config(data: dict[str, Any], *, strict: bool = False) -> TrainConfig:
     """`data` validated into its method's model (pydantic ValidationError when invalid)."""
-    return _adapter().validate_python(data)
+    return _adapter().validate_python(data, strict=strict)
+
+
+def validate_strict(validate: Callable[..., _T], data: Any) -> tuple[_T | None, list[Any]]:
+    """(value, []) or (None, pydantic's errors), refusing a value of another type than its
+    field's (`"4"` or `true` for a number, `1` for a flag) that lax validation would convert.
+
+    For input whose types are the user's own (TOML), where a coerced `seed = true` would run
+    as seed 1 unnoticed. A whole float for an integer (`n = 4.0`) is still taken, as it was.
+    """
+    try:
+        return validate(data, strict=True), []
+    except ValidationError as exc:
+        errors = [e for e in exc.errors() if not _whole_float(e)]
+    if errors:
+        return None, errors
+    try:
+        return validate(data), []
+    except ValidationError as exc:
+        return None, exc.errors()
+
+
+def _whole_float(err: Any) -> bool:
+    value = err.get("input")
+    return err.get("type") == "int_type" and isinstance(value, float) and value.is_integer()
 
 
 def resolve_method(method: str, hyperparams: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -435,8 +468,13 @@ def resolve_method(method: str, hyperparams: dict[str, Any]) -> tuple[str, dict[
 
 def config_problems(exc: Any, where: str) -> list[str]:
     """pydantic errors as '<where>.<field>: <what is wrong>' lines users can act on."""
+    return config_error_lines(exc.errors(), where)
+
+
+def config_error_lines(errors: list[Any], where: str) -> list[str]:
+    """pydantic's error details (`ValidationError.errors()`) as `config_problems` words them."""
     problems = []
-    for err in exc.errors():
+    for err in errors:
         loc = [str(p) for p in err["loc"]]
         # The union's tag (`grpo`, ...) is not part of the path the user wrote.
         if loc and loc[0] in CONFIG_MODELS and err.get("type") != "union_tag_invalid":
@@ -475,7 +513,30 @@ def _message(err: dict[str, Any]) -> str:
         return "required"
     if kind == "value_error":
         return str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if kind in _TYPE_WORDS:
+        return f"must be {_TYPE_WORDS[kind]}, got {_shown(err.get('input'))}"
     return str(err.get("msg", "invalid"))
+
+
+# What a field of each type takes, by pydantic's error type for a value it did not take.
+_TYPE_WORDS = {
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+}
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it: `true` (TOML's and JSON's spelling), `'4'`, `4.7`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _number(value: Any) -> str:

@@ -402,6 +402,39 @@ compare = { base = "c", other = "e" }
     ]
 
 
+TYPED = """
+[resources]
+replicas = 1.0
+[[stages]]
+name = "b"
+evaluate = { env = "support", model = "policy", split = "test", n = "4", max_tokens = 64.0, max_tool_calls = 4.7, temperature = true }
+[[stages]]
+name = "g"
+train = { method = "grpo", model = "policy", env = "support", config = { max_steps = "2", lora = 1, group_size = 4.0 } }
+"""
+
+
+def test_a_value_of_the_wrong_type_is_named_not_coerced(tmp_path: Path) -> None:
+    result = check(plan_in(tmp_path, TYPED, head=PLAN_HEAD.replace("seed = 1", "seed = true")))
+    assert result.problems == [
+        "seed: must be a whole number, got true",
+        "stages[0].evaluate.n: must be a whole number, got '4'",
+        "stages[0].evaluate.temperature: must be a number, got true",
+        "stages[0].evaluate.max_tool_calls: must be a whole number, got 4.7",
+        "stages[1].train.config.max_steps: must be a whole number, got '2'",
+        "stages[1].train.config.lora: must be true or false, got 1",
+    ]
+    # A whole float for a whole number (`4.0`) is taken, as it always was: the same plan.
+    fixed = TYPED.replace('n = "4"', "n = 4").replace("max_tool_calls = 4.7", "max_tool_calls = 4")
+    fixed = fixed.replace("temperature = true", "temperature = 1").replace('"2"', "2.0")
+    fixed = fixed.replace("lora = 1", "lora = true")
+    whole = check(plan_in(tmp_path, fixed))
+    assert whole.ok, whole.problems
+    ints = fixed.replace("replicas = 1.0", "replicas = 1").replace("64.0", "64")
+    assert check(plan_in(tmp_path, ints)).hash == whole.hash
+    assert whole.canonical["stages"][0]["evaluate"]["temperature"] == 1.0
+
+
 def test_slug_is_refused_for_a_plan(tmp_path: Path) -> None:
     refused = cli("plan", str(EXAMPLES / "local-grpo.toml"), "--slug", "nope", home=tmp_path)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
