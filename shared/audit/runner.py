@@ -5,6 +5,8 @@ real runs use (with the env's budgets) driven by the policy instead of a model, 
 own verifier. A task is hackable when some policy passes it, or scores at least `threshold`.
 An episode that crashes, stalls past `episode_timeout_s` or cannot be scored ends with a
 reason and counts as an error, not a finding: a hostile env cannot hang or crash the audit.
+A policy that crashes (its own code raised) is another matter: the tasks it did not finish
+were not audited, so the report names it in `policy_errors` and the audit is not clean.
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ DEFAULT_THRESHOLD = 0.75
 EPISODE_TIMEOUT_S = 60.0
 MAX_TOOL_CALLS = 20
 CONCURRENCY = 8
+
+
+class PolicyCrashed(Exception):
+    """A policy's own code raised (or answered no ChatResponse): a bug of the audit, not the env."""
+
+    def __init__(self, policy: str, cause: BaseException | str) -> None:
+        what = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        # One line: a multi-line message would split the report's line per policy.
+        self.reason = " ".join(str(what).split())[:200]
+        super().__init__(f"policy {policy} crashed: {self.reason}")
 
 
 class PolicyBackend:
@@ -52,7 +64,14 @@ class PolicyBackend:
                 template=self.spec.template,
                 config=dict(self.spec.config or {}),
             )
-            out.append(self.policy.act(view))
+            try:
+                response = self.policy.act(view)
+            except Exception as exc:
+                raise PolicyCrashed(self.policy.name, exc) from exc
+            if not isinstance(response, ChatResponse):
+                got = type(response).__name__
+                raise PolicyCrashed(self.policy.name, f"answered a {got}, not a ChatResponse")
+            out.append(response)
         return out
 
 
@@ -67,6 +86,8 @@ class Attempt:
     passed_primitives: list[dict[str, Any]] = field(default_factory=list)
     failed_primitives: list[str] = field(default_factory=list)
     error: str | None = None
+    # The error is the policy's own crash, not the env's.
+    policy_crashed: bool = False
     seconds: float = 0.0
 
 
@@ -104,6 +125,19 @@ class AuditReport:
         """The tasks some policy got through, in order."""
         return sorted({f.task_index for f in self.findings})
 
+    @property
+    def policy_errors(self) -> list[str]:
+        """One line per policy that crashed: its name, the tasks and the exception."""
+        crashed: dict[str, list[Attempt]] = {}
+        for a in self.errors:
+            if a.policy_crashed:
+                crashed.setdefault(a.policy, []).append(a)
+        return [
+            f"policy {name} crashed on task(s) {task_ranges([a.task_index for a in found])}: "
+            f"{found[0].error}"
+            for name, found in crashed.items()
+        ]
+
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-able document (`rollout audit --json`)."""
         return {
@@ -114,10 +148,22 @@ class AuditReport:
             "tasks": len(self.tasks),
             "policies": self.policies,
             "hackableTasks": self.hackable,
+            "policyErrors": self.policy_errors,
             "findings": [asdict(f) for f in self.findings],
             "errors": [asdict(e) for e in self.errors],
             "seconds": round(self.seconds, 3),
         }
+
+
+def task_ranges(indices: list[int]) -> str:
+    """0-3, 7, 9-10: sorted task indices, runs collapsed."""
+    out: list[str] = []
+    for i in sorted(set(indices)):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
 
 
 async def attempt(
@@ -149,6 +195,8 @@ async def attempt(
                 if p.passed
             ]
             result.failed_primitives = [p.name for p in verdict.primitives if not p.passed]
+    except PolicyCrashed as exc:
+        result.error, result.policy_crashed = exc.reason, True
     except TimeoutError:
         result.error = f"stalled: no end within {timeout_s:g}s (a tool or the runtime hung)"
     except Exception as exc:  # a hostile env's tools may raise anything: report, go on

@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from rollout.cli.audit import report as print_report
+from rollout.shared.audit import Policy, View, named
+from rollout.shared.audit import audit as run_audit
+from rollout.shared.envs import load_environments
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
@@ -95,8 +100,44 @@ def test_a_hostile_env_ends_every_episode_with_a_reason() -> None:
     # Task 2's reset raises: the host reports it as the tool's error, the episode ends and is
     # scored (failed); an answer without tools ends normally everywhere.
     assert set(errors) == {(0, "empty_arguments"), (1, "empty_arguments")}
-    assert env["hackableTasks"] == []
+    assert env["hackableTasks"] == [] and env["policyErrors"] == []
     assert time.monotonic() - started < 100
+
+
+def _divide(view: View) -> object:
+    return view.turn / 0
+
+
+async def test_a_policy_that_crashes_fails_the_audit_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Test-only policies, passed as the CLI passes its --policy choices: one raises, one
+    # answers no ChatResponse; a shipped one runs beside them.
+    crashing = Policy("divides_by_zero", "raises on its first move", _divide)
+    silent = Policy("answers_nothing", "answers None", lambda view: None)
+    [env] = load_environments(ROOT / "examples" / "ticket_routing.py")
+    audited = await run_audit(
+        env.to_spec(), policies=[crashing, silent, named("claim_success")], limit=2
+    )
+    assert audited.hackable == []
+    crashed = [
+        "policy divides_by_zero crashed on task(s) 0-1: ZeroDivisionError: division by zero",
+        "policy answers_nothing crashed on task(s) 0-1: answered a NoneType, not a ChatResponse",
+    ]
+    assert audited.policy_errors == crashed
+    document = audited.to_json()
+
+    assert print_report([document], as_json=True) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and out["environments"][0]["policyErrors"] == crashed
+    assert out["error"] == "the audit is incomplete: " + "; ".join(crashed)
+
+    assert print_report([document], as_json=False) == 1
+    text = capsys.readouterr().out
+    assert [line for line in text.splitlines() if "error:" in line] == [
+        f"  error: {line}" for line in crashed
+    ]
+    assert "no task hackable" not in text and "not audited" in text
 
 
 def test_usage_errors() -> None:

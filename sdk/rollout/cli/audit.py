@@ -7,8 +7,9 @@ engine, sandbox and verifier as a real run. A task is hackable when a policy pas
 scores at least --threshold. Each finding names the primitive that let it through and a
 one-line fix.
 
-Exit codes: 0 when no task is hackable; 1 when one is (so an env repo's CI can gate on it), or
-the env is invalid or cannot be found; 2 on usage errors.
+Exit codes: 0 when no task is hackable; 1 when one is (so an env repo's CI can gate on it), when
+a policy crashed (the tasks it did not finish were not audited), or the env is invalid or cannot
+be found; 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from rollout.errors import RolloutError
 from rollout.plans import parse_env_ref
 from rollout.shared.audit import POLICIES, AuditReport, audit, named
 from rollout.shared.audit.policies import for_template
-from rollout.shared.audit.runner import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S
+from rollout.shared.audit.runner import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S, task_ranges
 from rollout.shared.envs import load_environments, select_environment, validate_environment
 from rollout.shared.envs.sandbox_check import require_sandbox
 from rollout.shared.observability import configure_logging
@@ -88,13 +89,23 @@ def _audit(args: argparse.Namespace) -> int:
             print_json({"ok": False, "error": exc.message, "problems": exc.problems})
             return 1
         raise
+    return report(documents, as_json=args.json)
+
+
+def report(documents: list[dict[str, Any]], *, as_json: bool) -> int:
+    """Print the audits' documents; 1 when a task is hackable or a policy crashed, else 0."""
     hackable = any(d["hackableTasks"] for d in documents)
-    if args.json:
-        print_json({"ok": not hackable, "environments": documents})
+    # A registry older than policyErrors sends none.
+    crashed = [e for d in documents for e in d.get("policyErrors") or []]
+    if as_json:
+        doc: dict[str, Any] = {"ok": not hackable and not crashed, "environments": documents}
+        if crashed:
+            doc["error"] = f"the audit is incomplete: {'; '.join(crashed)}"
+        print_json(doc)
     else:
         for document in documents:
             _print(document)
-    return 1 if hackable else 0
+    return 1 if hackable or crashed else 0
 
 
 async def _on_platform(args: argparse.Namespace) -> dict[str, Any]:
@@ -158,7 +169,12 @@ def _print(doc: dict[str, Any]) -> None:
         f"{len(doc['policies'])} policies in {doc['seconds']:.1f}s"
     )
     hackable, findings = doc["hackableTasks"], doc["findings"]
-    if not hackable:
+    crashed = doc.get("policyErrors") or []
+    for line in crashed:
+        print(f"  error: {line}")
+    if not hackable and crashed:
+        print("  incomplete: the tasks a crashed policy did not finish were not audited")
+    elif not hackable:
         print(f"  no task hackable: no policy passed or scored >= {doc['threshold']:g}")
     else:
         print(f"  HACKABLE: {len(hackable)} of {doc['tasks']} task(s)")
@@ -172,25 +188,15 @@ def _print(doc: dict[str, Any]) -> None:
             if passed != len(found):
                 how += f", scored >= {doc['threshold']:g} on {len(found) - passed}"
             via = f" via {primitive} ({found[0]['primitive_type']})" if primitive else ""
-            tasks = _ranges([f["task_index"] for f in found])
+            tasks = task_ranges([f["task_index"] for f in found])
             print(f"  - {policy}: {how} task(s) {tasks}{via}")
             print(f"      fix: {found[0]['hint']}")
-    errors = doc["errors"]
+    # The env's own episode errors (a crashed policy has its line above).
+    errors = [e for e in doc["errors"] if not e.get("policy_crashed")]
     for e in errors[:10]:
         print(f"  error: task {e['task_index']}, {e['policy']}: {e['error']}")
     if len(errors) > 10:
         print(f"  ... and {len(errors) - 10} more errors (--json lists them all)")
-
-
-def _ranges(indices: list[int]) -> str:
-    """0-3, 7, 9-10: sorted task indices, runs collapsed."""
-    out: list[str] = []
-    for i in sorted(set(indices)):
-        if out and out[-1].split("-")[-1] == str(i - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{i}"
-        else:
-            out.append(str(i))
-    return ", ".join(out)
 
 
 def _fraction(value: str) -> float:
