@@ -29,7 +29,14 @@ from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings, connect_nats
-from rollout.shared.stack.health import BEATS_DIR, DEFAULT_INTERVAL, default_replica_id, heartbeat
+from rollout.shared.stack.health import (
+    BEATS_DIR,
+    DEFAULT_INTERVAL,
+    READINESS,
+    Readiness,
+    default_replica_id,
+    heartbeat,
+)
 from rollout.shared.store.db import close_pool, create_pool, migrate
 from rollout.shared.store.trajectories import object_store
 
@@ -151,7 +158,13 @@ async def serve_service(
 
     `build` gets the ready runtime and returns the broker(s) to start (or starts what it
     needs itself with `runtime.start`); `run` is the service's life once they are started.
+    Under `rollout serve`, its beats say "not ready" until the brokers have started.
     """
+    readiness = READINESS.get()
+    if readiness is not None:
+        # Before the first await: the beat task has not sent a beat yet (it runs only once
+        # this task suspends), so no beat says "ready" before the brokers are up.
+        readiness.starting()
     async with running(
         name, settings, consumers=consumers, database=database, keep_connection=keep_connection
     ) as runtime:
@@ -160,6 +173,8 @@ async def serve_service(
         for broker in brokers:
             await runtime.start(broker)
         log.info("service started", service=name, consumers=[c.name for c in consumers])
+        if readiness is not None:
+            readiness.started()
         with frozen_startup_heap():
             await run(runtime)
 
@@ -193,6 +208,8 @@ async def beating(
     """The replica's heartbeat (on a connection of its own) while the block runs; its id."""
     replica_id = replica_id or default_replica_id()
     nc = await connect_nats(settings, name=f"{name}-heartbeat")
+    readiness = Readiness()
+    token = READINESS.set(readiness)  # what serve_service marks, when the block runs one
     beats = asyncio.create_task(
         heartbeat(
             nc.jetstream(),
@@ -201,11 +218,13 @@ async def beating(
             interval,
             settings.stream_replicas,
             beat_dir=settings.home / BEATS_DIR,
+            readiness=readiness,
         )
     )
     try:
         yield replica_id
     finally:
+        READINESS.reset(token)
         beats.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beats

@@ -9,7 +9,8 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,29 @@ BUCKET_TTL = 60.0
 BEATS_DIR = "beats"
 
 
+@dataclass
+class Readiness:
+    """Whether a process's service answers yet: a kit-built service is not until its brokers
+    have started (its beats say so), so `rollout up` does not hand over a stack whose tracker
+    would answer a first request with "no service answers"; any other service is at once."""
+
+    ready: bool = True
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def starting(self) -> None:
+        """The service is starting: not ready until `started`."""
+        self.ready = False
+
+    def started(self) -> None:
+        """The service is ready; its next beat goes out now, not an interval later."""
+        self.ready = True
+        self.changed.set()
+
+
+# The readiness of the service `rollout serve` runs in this task (set where its beats start).
+READINESS: ContextVar[Readiness | None] = ContextVar("rollout_readiness", default=None)
+
+
 @dataclass(frozen=True)
 class Beat:
     """One replica's last heartbeat."""
@@ -44,6 +68,8 @@ class Beat:
     host: str
     time: float
     interval: float
+    # Beats from before readiness was kept say nothing of it: taken as ready.
+    ready: bool = True
 
     @property
     def age(self) -> float:
@@ -65,6 +91,7 @@ class Beat:
             "last_beat": self.time,
             "age_s": round(self.age, 3),
             "live": self.live,
+            "ready": self.ready,
         }
 
 
@@ -96,12 +123,15 @@ async def heartbeat(
     interval: float = DEFAULT_INTERVAL,
     replicas: int = 1,
     beat_dir: Path | None = None,
+    readiness: Readiness | None = None,
 ) -> None:
     """Beat every `interval` seconds until cancelled; the beat is removed on a clean stop.
 
     With `beat_dir`, each beat NATS accepted is also written to a file there, which
-    `rollout health` (a Kubernetes probe) reads without a connection of its own.
+    `rollout health` (a Kubernetes probe) reads without a connection of its own. Each beat
+    says whether the service is ready (`readiness`; ready when there is none).
     """
+    readiness = readiness or Readiness()
     kv = await heartbeat_bucket(js, replicas)
     replica_id = replica_id or default_replica_id()
     key = beat_key(service, replica_id)
@@ -110,7 +140,8 @@ async def heartbeat(
     path = beat_dir / f"{key}.json" if beat_dir is not None else None
     try:
         while True:
-            record = json.dumps({**beat, "time": time.time()})
+            readiness.changed.clear()  # before reading it: a change meanwhile beats again
+            record = json.dumps({**beat, "time": time.time(), "ready": readiness.ready})
             try:
                 await kv.put(key, record.encode())
             except (nats.errors.Error, TimeoutError) as exc:
@@ -119,7 +150,9 @@ async def heartbeat(
             else:
                 if path is not None:
                     _write_beat_file(path, record)
-            await asyncio.sleep(interval)
+            # The next beat after `interval`, or at once when the service becomes ready.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(readiness.changed.wait(), interval)
     finally:
         # Best effort: a clean stop shows at once; a crash ages out after LIVE_INTERVALS.
         with contextlib.suppress(Exception):
@@ -198,6 +231,7 @@ def _beat_from(raw: bytes) -> Beat:
         host=str(data["host"]),
         time=float(data["time"]),
         interval=float(data["interval"]),
+        ready=data.get("ready", True) is not False,
     )
 
 

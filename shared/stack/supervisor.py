@@ -332,14 +332,15 @@ class Supervisor:
 
     @staticmethod
     async def _child_live(js: Any, child: ServiceProcess) -> bool:
-        """A live beat from the very process we started (not a previous run's leftover)."""
+        """A live, ready beat from the very process we started (not a previous run's)."""
         if not child.running or child.proc is None:
             return False
         try:
             beat = await read_beat(js, child.name, child.replica_id)
         except (nats.errors.Error, TimeoutError):
             return False  # NATS briefly away (e.g. being restarted): ask again next round
-        return beat is not None and beat.live and beat.pid == child.proc.pid
+        # Ready, not only alive: a service answers requests once its brokers have started.
+        return beat is not None and beat.live and beat.ready and beat.pid == child.proc.pid
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         """Services first (they may still write), then Postgres, then NATS."""

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from service_kit import tiny_service
 from service_kit.tiny_service import GREETINGS, CountGreetings, Greeting
 from waiting import wait_until
 
@@ -24,6 +25,7 @@ from rollout.shared import subjects
 from rollout.shared.auth.services import SERVICE_ROLES, service_permissions
 from rollout.shared.bus.requests import call
 from rollout.shared.bus.streams import ensure_streams
+from rollout.shared.errors import RolloutError
 from rollout.shared.service import durables
 from rollout.shared.service.bootstrap import ServiceRuntime, ensure_consumers, serve_service
 from rollout.shared.service.consumer import Consumer
@@ -86,6 +88,43 @@ async def test_a_tiny_kit_service_consumes_answers_and_beats(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await nc.close()
+
+
+async def test_a_kit_service_beats_ready_only_once_its_brokers_answer(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `rollout up` handed over a stack on live beats alone, and a first request could meet a
+    # tracker still starting: "no service answers" (the README commands test saw it in CI).
+    gate = tiny_service.GATE = asyncio.Event()
+    monkeypatch.setenv(
+        EXTRA_ENV, "tiny=service_kit.tiny_service:serve_gated,idle=stack.dummy_services:idle"
+    )
+    task = asyncio.create_task(run_service("tiny", settings, replica_id="tiny-2", interval=0.2))
+    idle = asyncio.create_task(run_service("idle", settings, replica_id="idle-1", interval=0.2))
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+
+        async def beat_of(service: str, replica: str, ready: bool) -> Any:
+            beat = await read_beat(js, service, replica)
+            return beat if beat is not None and beat.live and beat.ready is ready else None
+
+        # Alive, but not ready: its brokers wait on the gate, and nothing answers yet.
+        await _until(lambda: beat_of("tiny", "tiny-2", False), "a live, not ready beat")
+        with pytest.raises(RolloutError, match="no service answers"):
+            await call(nc, subjects.request("tiny", "count"), CountGreetings(), timeout_s=2)
+        # A service not built with the kit says nothing of readiness: ready at once.
+        await _until(lambda: beat_of("idle", "idle-1", True), "the idle service's ready beat")
+        gate.set()
+        await _until(lambda: beat_of("tiny", "tiny-2", True), "a ready beat")
+        reply = await call(nc, subjects.request("tiny", "count"), CountGreetings(), timeout_s=5)
+        assert reply["greetings"] >= 0
+    finally:
+        for running in (task, idle):
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
         await nc.close()
 
 

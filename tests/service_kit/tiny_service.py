@@ -6,6 +6,8 @@ the broker's context (`Pool`), request routes in `ROUTES`, and a `serve` that de
 
 from __future__ import annotations
 
+import asyncio
+
 from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
@@ -43,6 +45,23 @@ async def count(query: CountGreetings, pool: Pool) -> Reply:
 
 
 ROUTES = [request_route(count, "tiny", "count", queue="tiny")]
+
+
+# Held by serve_gated's build until a test sets it (a service slow to start its brokers).
+GATE: asyncio.Event | None = None
+
+
+async def serve_gated(settings: Settings) -> None:
+    """`serve`, whose build waits for GATE first."""
+
+    async def build(runtime: ServiceRuntime) -> NatsBroker:
+        assert GATE is not None
+        await GATE.wait()
+        pool = runtime.database()
+        await pool.execute("create table if not exists tiny_greetings(name text primary key)")
+        return service_broker(settings, ROUTES, pool=pool)
+
+    await serve_service("tiny", settings, build, database=True)
 
 
 async def serve(settings: Settings) -> None:
