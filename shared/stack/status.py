@@ -121,6 +121,10 @@ async def collect_status(settings: Settings) -> list[Component]:
         if live:
             newest = min(b.age for b in live)
             service.detail = f"{len(live)} live replica(s), last beat {newest:.1f}s ago"
+            if starting := sum(1 for b in live if not b.ready):
+                # Alive but its brokers not started: it answers nothing yet.
+                service.healthy = starting < len(live)
+                service.detail += f", {starting} still starting"
         elif not running and not settings.external_nats:
             service.detail = "stopped"
         else:
