@@ -32,6 +32,7 @@ from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import read_beat
 from rollout.shared.stack.serve import run_service
+from rollout.shared.stack.status import collect_status
 from rollout.shared.stack.services import EXTRA_ENV
 
 DEADLINE_S = 20.0
@@ -114,10 +115,14 @@ async def test_a_kit_service_beats_ready_only_once_its_brokers_answer(
         await _until(lambda: beat_of("tiny", "tiny-2", False), "a live, not ready beat")
         with pytest.raises(RolloutError, match="no service answers"):
             await call(nc, subjects.request("tiny", "count"), CountGreetings(), timeout_s=2)
+        tiny = {c.name: c for c in await collect_status(settings)}["tiny"]
+        assert not tiny.healthy and tiny.detail.endswith("1 still starting"), tiny
         # A service not built with the kit says nothing of readiness: ready at once.
         await _until(lambda: beat_of("idle", "idle-1", True), "the idle service's ready beat")
         gate.set()
         await _until(lambda: beat_of("tiny", "tiny-2", True), "a ready beat")
+        tiny = {c.name: c for c in await collect_status(settings)}["tiny"]
+        assert tiny.healthy and "starting" not in tiny.detail, tiny
         reply = await call(nc, subjects.request("tiny", "count"), CountGreetings(), timeout_s=5)
         assert reply["greetings"] >= 0
     finally:
