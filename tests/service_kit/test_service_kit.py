@@ -32,8 +32,8 @@ from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import read_beat
 from rollout.shared.stack.serve import run_service
-from rollout.shared.stack.status import collect_status
 from rollout.shared.stack.services import EXTRA_ENV
+from rollout.shared.stack.status import collect_status
 
 DEADLINE_S = 20.0
 
