@@ -588,9 +588,11 @@ async def _generate_locked(
     try:
         run = await _create_run(client, req, state, env_slug, env_version)
     except (NatsUnreachable, NobodyAnswered):
-        # The request never reached a tracker: no run exists, so a corrected command starts
-        # over (this one, re-run, simply asks again with the same id).
-        _write_state(req, state | {"refused": True})
+        # This request never reached a tracker. If it was this state's first (not a resume
+        # of a start whose answer was lost, which may have made a run), no run exists: a
+        # corrected command starts over (this one, re-run, asks again with the same id).
+        if not resumed:
+            _write_state(req, state | {"refused": True})
         raise
     except RolloutError as exc:
         if exc.message == REFUSED:

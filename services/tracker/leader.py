@@ -70,15 +70,25 @@ async def _complete_finished_runs(
         e.run_id for e, _ in items if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
     }
     for run_id in sorted(runs_to_check):
-        if not await states.complete_if_done(js, pool, run_id):
+        if await states.complete_if_done(js, pool, run_id):
+            continue
+        try:
             await states.release_due(js, pool, run_id)
+        except runs.RELEASE_RETRIED as exc:
+            # Not the projection's to retry (every run's read models would wait on it): the
+            # deadline check releases what is due again in a few seconds.
+            log.warning("work release failed", run_id=run_id, error=describe(exc))
 
 
 def register_leader_handlers(
-    broker: NatsBroker, runner: ProjectionRunner, pool: asyncpg.Pool | None = None
+    broker: NatsBroker,
+    runner: ProjectionRunner,
+    pool: asyncpg.Pool | None = None,
+    states: runs.RunStates | None = None,
 ) -> None:
     """The leader's consumers: the read models in stream order, and the runs' fan-out."""
-    states = runs.RunStates()  # this tenure's run aggregates, folded as they are projected
+    # This tenure's run aggregates, folded as they are projected.
+    states = states if states is not None else runs.RunStates()
 
     async def dead_letter(msg: Msg, exc: pydantic.ValidationError) -> None:
         # Recorded with its reason; the position moves past it.
@@ -99,10 +109,13 @@ def register_leader_handlers(
     runs.register_fan_out(broker, states)
 
 
-async def _watch_deadlines(js: JetStreamContext, pool: asyncpg.Pool) -> None:
+async def _watch_deadlines(
+    js: JetStreamContext, pool: asyncpg.Pool, states: runs.RunStates
+) -> None:
     while True:
         try:
             await runs.fail_overdue(js, pool)
+            await states.release_all_due(js, pool)
         except (
             asyncpg.PostgresError,
             OSError,
@@ -148,9 +161,10 @@ async def _lead(
 ) -> None:
     """The leader's part, until cancelled: the projection, the fan-out, the deadlines."""
     broker = make_broker(settings)
-    register_leader_handlers(broker, runner, pool)
+    states = runs.RunStates()
+    register_leader_handlers(broker, runner, pool, states)
     async with started(broker):
-        watcher = asyncio.create_task(_watch_deadlines(js, pool))
+        watcher = asyncio.create_task(_watch_deadlines(js, pool, states))
         log.info("tracker leading", position=await runner.position())
         try:
             await asyncio.Event().wait()

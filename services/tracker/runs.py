@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Literal, TypeGuard
 
 import asyncpg
+import nats.errors
 from faststream.nats import NatsBroker, NatsMessage
 from nats.aio.client import Client
 from nats.js import JetStreamContext, api
@@ -38,6 +40,7 @@ from rollout.shared.aggregates.run_options import (
 )
 from rollout.shared.auth.ownership import check_may_change, owner_for
 from rollout.shared.bus.broker import jetstream
+from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
 from rollout.shared.contracts.events import (
@@ -56,7 +59,7 @@ from rollout.shared.contracts.requests import (
 )
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
-from rollout.shared.errors import RolloutError
+from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.models.catalog import backend_forms
 from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.objectstore import ObjectStore
@@ -80,6 +83,10 @@ CANCEL_RETRIES = 3
 # big actor pool, so that one run alone still fills every slot.
 RUN_WINDOW_ENV = "ROLLOUT_RUN_WINDOW"
 DEFAULT_RUN_WINDOW = 256
+# How long a run being fanned out counts in its owner's share before its state holds it.
+STARTING_KEPT_S = 60.0
+# A release that fails on these is left to the next check (RunStates.release_all_due).
+RELEASE_RETRIED = (OSError, RolloutError, RetrySignal, nats.errors.Error)
 
 log = get_logger(__name__)
 
@@ -218,23 +225,59 @@ async def queue_work(js: JetStreamContext, batches: list[RolloutWork]) -> None:
     await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
 
 
+class Seeds:
+    """A run's rollout seeds in order, each drawn once: a slice continues where the last one
+    ended, so releasing a big run item by item costs each seed once (a seed's draw takes a
+    variable number of random bits: there is no skipping ahead without drawing)."""
+
+    def __init__(self, run: RunRequested) -> None:
+        self._run = run
+        self._restart()
+
+    def _restart(self) -> None:
+        run = self._run
+        self._rng = random.Random(
+            run.sampling.seed if run.sampling.seed is not None else run.run_id
+        )
+        self._drawn = 0
+
+    def slice(self, first: int, last: int) -> list[int]:
+        """The seeds of rollouts `first` (inclusive) to `last` (exclusive), in run order."""
+        if first < self._drawn:
+            self._restart()  # an earlier slice again (a re-queue): drawn anew from the start
+        for _ in range(first - self._drawn):
+            self._rng.randrange(2**31)
+        seeds = [self._rng.randrange(2**31) for _ in range(first, last)]
+        self._drawn = last
+        return seeds
+
+
+def run_size(run: RunRequested) -> tuple[int, int]:
+    """(rollouts, work items) of a run, without building them."""
+    total = len(run.task_indices) * run.n
+    return total, -(-total // run.batch_size)
+
+
 def work_items(
-    event: EventEnvelope, run: RunRequested, start: int = 0, stop: int | None = None
+    event: EventEnvelope,
+    run: RunRequested,
+    start: int = 0,
+    stop: int | None = None,
+    seeds: Seeds | None = None,
 ) -> list[RolloutWork]:
     """Split a run into batches of rollouts (those from `start` to `stop`); ids and seeds are
-    derived, so a retried fan-out dedups and a later slice matches the whole."""
-    rng = random.Random(run.sampling.seed if run.sampling.seed is not None else run.run_id)
-    # Every seed is drawn, in order (a slice's seeds are those of the whole); only the
-    # slice's items are built, so releasing a big run item by item stays linear.
-    seeds = [rng.randrange(2**31) for _ in range(len(run.task_indices) * run.n)]
-    first = start * run.batch_size
-    last = len(seeds) if stop is None else min(len(seeds), stop * run.batch_size)
+    derived, so a retried fan-out dedups and a later slice matches the whole. `seeds` carries
+    a run's draws from one slice to the next."""
+    total = len(run.task_indices) * run.n
+    first = min(total, start * run.batch_size)
+    last = total if stop is None else min(total, stop * run.batch_size)
+    drawn = (seeds or Seeds(run)).slice(first, last)
     items = [
         RolloutItem(
             rollout_id=rollout_id(run.run_id, t, s),
             task_index=t,
             sample_index=s,
-            seed=seeds[i],
+            seed=drawn[i - first],
         )
         for i in range(first, last)
         for t, s in [divmod(i, run.n)]
@@ -282,14 +325,12 @@ async def fan_out(
         # An imported run's rollouts and verdicts are on its history already (imports.py).
         log.info("imported run; nothing to generate", run_id=run.run_id, source=run.source)
         return None
-    batches = work_items(event, run)
+    total, items = run_size(run)
     started = RunStarted(
         run_id=run.run_id,
-        work_items=len(batches),
-        total_rollouts=sum(len(w.items) for w in batches),
-        window=window_items(
-            run_window() if share == "setting" else share, run.batch_size, len(batches)
-        ),
+        work_items=items,
+        total_rollouts=total,
+        window=window_items(run_window() if share == "setting" else share, run.batch_size, items),
     )
     # Started first, so the total is known before any verdict can arrive. A redelivered
     # request (a crash between the two steps) finds it started and queues the items again:
@@ -298,13 +339,13 @@ async def fan_out(
     if not fresh and not await _start_from_history(js, run, started):
         log.info("run already ended; not fanned out", run_id=run.run_id)
         return None
-    window = started.window
     if not fresh:
-        # A redelivered request: the window its history records (what releases the rest),
-        # whichever replica's setting made it.
+        # A redelivered request: the window its history records is the run's (what releases
+        # the rest), whichever share or replica's setting made this attempt's.
         recorded = await load_run_head(js, run.run_id)
         window = recorded.window if recorded is not None else None
-    await queue_work(js, batches if window is None else batches[:window])
+        started = started.model_copy(update={"window": window})
+    await queue_work(js, work_items(event, run, 0, started.window))
     return started
 
 
@@ -375,6 +416,11 @@ class RunStates:
     def __init__(self, limit: int = RUN_STATES_LIMIT) -> None:
         self._states: OrderedDict[str, RunState] = OrderedDict()
         self._limit = limit
+        # Runs this leader is fanning out, by owner, until their state holds the start: so
+        # one owner's runs fanned out together already count each other in the share.
+        self._starting: dict[str, tuple[str | None, float]] = {}
+        # Each windowed run's seeds, drawn once across its releases.
+        self._seeds: dict[str, Seeds] = {}
 
     def __len__(self) -> int:
         return len(self._states)
@@ -412,6 +458,8 @@ class RunStates:
             self._states.move_to_end(run_id)
             if state.ended is not None:
                 del self._states[run_id]
+                self._starting.pop(run_id, None)
+                self._seeds.pop(run_id, None)
 
     def _keep(self, state: RunState) -> RunState:
         self._states[state.run_id] = state
@@ -422,19 +470,20 @@ class RunStates:
     def forget(self, run_id: str) -> None:
         """Drop a run's state (it ended, or its history moved past what was folded)."""
         self._states.pop(run_id, None)
+        self._seeds.pop(run_id, None)
 
-    def note_start(self, event: EventEnvelope, started: RunStarted) -> None:
-        """Hold a run this leader just started with a window, before the projection folds it,
-        so the owner's next run, fanned out at once, already counts it in the share."""
-        if started.window is None:
-            return
+    def reserve(self, run: RunRequested) -> int | None:
+        """`run`'s share of its owner's window, counting it among the owner's runs from now
+        (before the fan-out's first await), so runs fanned out together split the window."""
+        share = self.owner_share(run.owner, run.run_id)
+        self._starting[run.run_id] = (run.owner, time.monotonic())
+        return share
+
+    def note_start(self, started: RunStarted) -> None:
+        """Fold a run's start as soon as this leader has made it, if its state is held (the
+        projection folds it again later: kept as first seen)."""
         state = self._states.get(started.run_id)
-        if state is None:
-            # Version 0: the projection folds the run's events from its request on, as usual
-            # (the request and start again: both are kept as first seen).
-            state = self._keep(RunState(started.run_id))
-            state.apply(event)
-        if state.total is None:
+        if state is not None and state.ended is None and state.total is None:
             state.start(started)
 
     def owner_share(self, owner: str | None, run_id: str) -> int | None:
@@ -443,22 +492,42 @@ class RunStates:
         window of the shared queue, not one per run (None: no window).
 
         Counted from the runs this leader holds (all it saw start; after a takeover, those it
-        has loaded since), so a new leader's first shares may be larger: they only decide
-        when items are queued, never which or how often.
+        has loaded since) and those it is fanning out, so a new leader's first shares may be
+        larger: a share only decides when items are queued, never which or how often.
         """
         window = run_window()
         if window is None:
             return None
-        others = sum(
-            1
+        counted = {
+            state.run_id
             for state in self._states.values()
-            if state.run_id != run_id
-            and state.window is not None
+            if state.window is not None
             and state.ended is None
             and state.requested is not None
             and state.requested.owner == owner
-        )
-        return max(1, window // (others + 1))
+        }
+        now = time.monotonic()
+        for other, (whose, since) in list(self._starting.items()):
+            state = self._states.get(other)
+            if now - since > STARTING_KEPT_S or (state is not None and state.total is not None):
+                del self._starting[other]  # its state holds its start now (or it never will)
+            elif whose == owner:
+                counted.add(other)
+        counted.discard(run_id)
+        return max(1, window // (len(counted) + 1))
+
+    async def release_all_due(self, js: JetStreamContext, pool: asyncpg.Pool) -> int:
+        """`release_due` for every windowed run held: what a failed release left undone (the
+        deadline check runs it every few seconds); items queued."""
+        queued = 0
+        for state in list(self._states.values()):
+            if state.window is None or state.ended is not None:
+                continue
+            try:
+                queued += await self.release_due(js, pool, state.run_id)
+            except RELEASE_RETRIED as exc:
+                log.warning("work release failed", run_id=state.run_id, error=describe(exc))
+        return queued
 
     async def release_due(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> int:
         """Queue a windowed run's next work items as earlier ones are scored; how many.
@@ -482,7 +551,8 @@ class RunStates:
             return 0
         assert state.requested_event is not None
         before = state.released or 0
-        await queue_work(js, work_items(state.requested_event, state.requested, before, due))
+        seeds = self._seeds.setdefault(run_id, Seeds(state.requested))
+        await queue_work(js, work_items(state.requested_event, state.requested, before, due, seeds))
         released = WorkReleased(run_id=run_id, released=due)
         envelope = EventEnvelope.new(
             released, aggregate_id=run_id, id_parts=(run_id, due), parent=state.requested_event
@@ -677,9 +747,10 @@ def register_fan_out(broker: NatsBroker, states: RunStates | None = None) -> Non
             run = event.body()
             share: int | None | Literal["setting"] = "setting"
             if states is not None and isinstance(run, RunRequested):
-                share = states.owner_share(run.owner, run.run_id)
+                # Before the first await: a fetch's requests are handled concurrently.
+                share = states.reserve(run)
             started = await fan_out(jetstream(broker), event, position, share)
             if started is not None and states is not None:
-                states.note_start(event, started)
+                states.note_start(started)
             if started is not None:
                 log.info("run fanned out", work_items=started.work_items)

@@ -20,6 +20,7 @@ from service_kit import tiny_service
 from service_kit.tiny_service import GREETINGS, CountGreetings, Greeting
 from waiting import wait_until
 
+from rollout.cli import main as cli_main
 from rollout.services.catalog import asyncapi_brokers
 from rollout.shared import subjects
 from rollout.shared.auth.services import SERVICE_ROLES, service_permissions
@@ -93,7 +94,7 @@ async def test_a_tiny_kit_service_consumes_answers_and_beats(
 
 
 async def test_a_kit_service_beats_ready_only_once_its_brokers_answer(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # `rollout up` handed over a stack on live beats alone, and a first request could meet a
     # tracker still starting: "no service answers" (the README commands test saw it in CI).
@@ -117,12 +118,17 @@ async def test_a_kit_service_beats_ready_only_once_its_brokers_answer(
             await call(nc, subjects.request("tiny", "count"), CountGreetings(), timeout_s=2)
         tiny = {c.name: c for c in await collect_status(settings)}["tiny"]
         assert not tiny.healthy and tiny.detail.endswith("1 still starting"), tiny
+        monkeypatch.setenv("ROLLOUT_HOME", str(settings.home))
+        assert cli_main(["health", "tiny"]) == 1  # the k8s probes' answer too
+        assert "tiny: unhealthy: still starting" in capsys.readouterr().out
         # A service not built with the kit says nothing of readiness: ready at once.
         await _until(lambda: beat_of("idle", "idle-1", True), "the idle service's ready beat")
         gate.set()
         await _until(lambda: beat_of("tiny", "tiny-2", True), "a ready beat")
         tiny = {c.name: c for c in await collect_status(settings)}["tiny"]
         assert tiny.healthy and "starting" not in tiny.detail, tiny
+        assert cli_main(["health", "tiny"]) == 0
+        assert "tiny: healthy" in capsys.readouterr().out
         reply = await call(nc, subjects.request("tiny", "count"), CountGreetings(), timeout_s=5)
         assert reply["greetings"] >= 0
     finally:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 import nats.aio.client
+import pytest
 
 from rollout.services.tracker import runs
 from rollout.services.tracker.projections import ReadModels
@@ -340,3 +341,68 @@ def test_a_twins_verdict_gives_way_to_the_verdict_of_the_trajectory_the_read_mod
     assert not state.verdicts[rid].passed
     state.apply(verdict(True, None, "old"), 9)  # nor a verdict naming no trajectory
     assert not state.verdicts[rid].passed
+
+
+def _big_request(run_id: str = RUN, owner: str | None = "u") -> EventEnvelope:
+    requested = ev.RunRequested(
+        run_id=run_id, env_slug="refunds", env_version=1, env_hash="h", model="m", n=8,
+        task_indices=list(range(8)), batch_size=2, owner=owner,
+    )  # fmt: skip
+    return EventEnvelope.new(requested, aggregate_id=run_id, id_parts=(run_id,), run_id=run_id)
+
+
+async def test_a_redelivered_fan_out_keeps_the_window_its_history_records(
+    nats_client: nats.aio.client.Client,
+) -> None:
+    # A redelivery met another share (another leader, another setting): it must queue and
+    # report the recorded window, or items between the two are never queued.
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    event = _big_request()
+    seq = (await EventPublisher(js).publish(event, expected_last_subject_seq=0)).seq
+    first = await runs.fan_out(js, event, seq, share=8)  # 4 items of 2 rollouts
+    assert first is not None and (first.work_items, first.window) == (32, 4)
+    again = await runs.fan_out(js, event, seq, share=32)
+    assert again is not None and again.window == 4
+    assert (await js.stream_info(subjects.WORK_STREAM)).state.messages == 4
+    states = runs.RunStates()
+    states.fold(_stored(await _log(js)))
+    states.note_start(again)
+    state = states.get(RUN)
+    assert state is not None and (state.window, state.released) == (4, 4)
+
+
+def test_slices_of_a_run_draw_each_seed_once_and_match_the_whole() -> None:
+    event = _big_request()
+    run = event.body()
+    whole = runs.work_items(event, run)
+    seeds = runs.Seeds(run)
+    sliced = [w for a in range(0, 32, 3) for w in runs.work_items(event, run, a, a + 3, seeds)]
+    assert sliced == whole
+    assert runs.work_items(event, run, 5, 7, seeds) == whole[5:7]  # an earlier slice again
+
+
+def test_runs_fanned_out_together_split_their_owners_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fetch's requests are handled concurrently: each reserves before its first await.
+    monkeypatch.setenv(runs.RUN_WINDOW_ENV, "12")
+    states = runs.RunStates()
+    shares = [states.reserve(_big_request(f"r{i}").body()) for i in range(3)]
+    assert shares == [12, 6, 4]
+    assert states.reserve(_big_request("other", owner="v").body()) == 12
+
+
+def test_a_start_noted_after_the_run_ended_does_not_bring_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(runs.RUN_WINDOW_ENV, "12")
+    states = runs.RunStates()
+    request = _big_request()
+    started = ev.RunStarted(run_id=RUN, work_items=32, total_rollouts=64, window=6)
+    states.reserve(request.body())
+    ended = _event(ev.RunFailed(run_id=RUN, reason="cancelled", cause="cancelled"))
+    states.fold(_stored([(request, 1), (_event(started), 2), (ended, 3)]))
+    states.note_start(started)  # the fan-out's await returned after all that was folded
+    assert states.get(RUN) is None and len(states) == 0
+    assert states.owner_share("u", "next") == 12  # nothing of it is counted any more

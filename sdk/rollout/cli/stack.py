@@ -292,6 +292,10 @@ def cmd_health(args: argparse.Namespace) -> int:
             f" (limit {limit:g}s; replica {newest.replica_id})"
         )
         return 1
+    if not newest.ready:
+        # A probe's answer: a replica whose brokers have not started answers no request yet.
+        print(f"{args.name}: unhealthy: still starting (replica {newest.replica_id})")
+        return 1
     print(f"{args.name}: healthy: heartbeat {newest.age:.1f}s ago (replica {newest.replica_id})")
     return 0
 
