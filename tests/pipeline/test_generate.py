@@ -126,6 +126,13 @@ def test_a_start_that_never_reached_nats_leaves_nothing_in_the_way(
     assert "cannot reach NATS" in err and "another generate" not in err
     state = json.loads(Path(f"{out}.generate.json").read_text())
     assert state["params"]["n"] == 3 and state["refused"] is True
+    # A start whose answer was lost may have made its run: meeting no NATS on the resume
+    # does not make it a start that made none.
+    lost = {k: v for k, v in state.items() if k != "refused"}
+    Path(f"{out}.generate.json").write_text(json.dumps(lost))
+    assert main([*base, "-n", "3"]) == 1
+    assert "cannot reach NATS" in capsys.readouterr().err
+    assert json.loads(Path(f"{out}.generate.json").read_text()) == lost
 
 
 def test_out_of_range_options_are_refused_before_anything_is_written(tmp_path, capsys) -> None:
