@@ -149,6 +149,7 @@ async def audit_env(cmd: AuditEnvironment, broker: CurrentBroker) -> Reply:
         findings=document["findings"][:MAX_AUDIT_FINDINGS],
         findings_total=len(document["findings"]),
         errors=len(report.errors),
+        policy_errors=report.policy_errors[:MAX_AUDIT_FINDINGS],
         seconds=round(report.seconds, 3),
     )
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()

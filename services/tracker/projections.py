@@ -51,12 +51,12 @@ async def _env_registered(c: asyncpg.Connection, e: EventEnvelope, p: ev.EnvRegi
 async def _env_audited(c: asyncpg.Connection, e: EventEnvelope, p: ev.EnvAudited) -> None:
     await c.execute(
         "insert into env_audits(event_id, slug, version, split, threshold, tasks, policies,"
-        " hackable_tasks, findings, findings_total, errors, seconds, audited_at)"
-        " values ($1,$2,$3,$4,$5,$6,$7::jsonb,$8::jsonb,$9::jsonb,$10,$11,$12,$13)"
+        " hackable_tasks, findings, findings_total, errors, seconds, audited_at, policy_errors)"
+        " values ($1,$2,$3,$4,$5,$6,$7::jsonb,$8::jsonb,$9::jsonb,$10,$11,$12,$13,$14::jsonb)"
         " on conflict do nothing",
         e.id, p.slug, p.version, p.split, p.threshold, p.tasks, _json(p.policies),
         _json(p.hackable_tasks), _json(p.findings), p.findings_total, p.errors, p.seconds,
-        e.time,
+        e.time, _json(p.policy_errors),
     )  # fmt: skip
 
 

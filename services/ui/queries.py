@@ -216,7 +216,7 @@ async def get_env(conn: asyncpg.Connection, slug: str) -> dict[str, Any] | None:
     env["audit"] = None
     if audit is not None:
         env["audit"] = dict(audit)
-        for key in ("policies", "hackable_tasks", "findings"):
+        for key in ("policies", "hackable_tasks", "findings", "policy_errors"):
             if isinstance(env["audit"][key], str):
                 env["audit"][key] = json.loads(env["audit"][key])
     return env

@@ -378,5 +378,19 @@ async def test_an_env_page_lists_its_last_audit(
         assert "not audited yet: rollout audit refunds --platform" in await page.inner_text(
             "#audit-summary"
         )
+        # An audit a crashed policy cut short is not "no task hackable".
+        crashed = "policy wrong_entity crashed on task(s) 0-1: KeyError: 'x'"
+        audited_once = ev.EnvAudited(slug="refunds", version=1, threshold=1.0, tasks=2,
+                                  policies=["wrong_entity"], policy_errors=[crashed])  # fmt: skip
+        await EventPublisher(await client.jetstream()).publish(
+            EventEnvelope.new(audited_once, aggregate_id="refunds", id_parts=("refunds", "a"))
+        )
+
+        async def incomplete() -> bool:
+            await page.goto(f"{ui.url}/envs/refunds")
+            return "audit incomplete: 1 policy crash(es)" in await page.inner_text("#audit-summary")
+
+        await wait_until(incomplete, "the crashed audit on the env page")
+        assert await page.inner_text("#audit-policy-errors") == crashed
         missing = await page.goto(f"{ui.url}/envs/nope")
         assert missing is not None and missing.status == 404
