@@ -544,9 +544,13 @@ class RunStates:
             state = await self._load(js, pool, run_id)
         if state is None or state.window is None or state.requested is None:
             return 0
+        batch, items = state.requested.batch_size, state.work_items
+        # Nothing due even with the whole window (the usual answer): skip counting the owner's
+        # runs, which reads every run held.
+        if state.to_release(window_items(run_window(), batch, items) or items) is None:
+            return 0
         share = self.owner_share(state.requested.owner, run_id)
-        window = window_items(share, state.requested.batch_size, state.work_items)
-        due = state.to_release(window or state.work_items)
+        due = state.to_release(window_items(share, batch, items) or items)
         if due is None:
             return 0
         assert state.requested_event is not None
