@@ -48,8 +48,8 @@ from rollout.shared.models.catalog import register_backend
 from rollout.shared.objectstore.claimcheck import DEFAULT_INLINE_LIMIT, INLINE_LIMIT_ENV
 from rollout.shared.observability import configure_logging
 from rollout.shared.settings import Settings
-from rollout.shared.stack.nats import start_nats
-from rollout.shared.stack.postgres import start_postgres
+from rollout.shared.stack.nats import NatsServer, start_nats
+from rollout.shared.stack.postgres import PostgresServer, start_postgres
 from rollout.shared.stack.process import die_with_parent
 
 TASKS = 8
@@ -175,6 +175,33 @@ async def through_platform(client: AsyncClient, rollouts: int, batch: int) -> fl
     return rollouts / elapsed
 
 
+def embedded_servers(prefix: str) -> tuple[Settings, NatsServer, PostgresServer]:
+    """A nats-server and a Postgres on free ports in a new temp home, and their settings."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
+    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
+    settings = Settings(
+        home=home,
+        nats_url=nats_server.url,
+        database_url=pg.dsn(),
+        nats_user=nats_server.user,
+        nats_password=nats_server.password,
+    )
+    return settings, nats_server, pg
+
+
+async def wait_answering(client: AsyncClient) -> None:
+    """Until the registry and the tracker answer (the services are starting), within 30 s."""
+    for _ in range(600):
+        try:
+            await client.list_runs()
+            await client.list_environments()
+            return
+        except RolloutError:
+            await asyncio.sleep(0.05)  # polling the services' start, with a deadline
+    raise RuntimeError("the registry and the tracker did not answer within 30 s")
+
+
 def service_process(settings: Settings, name: str) -> subprocess.Popen[bytes]:
     """One service as its own process, logging to ROLLOUT_HOME/<name>.log."""
     here = Path(__file__).resolve().parent
@@ -258,13 +285,7 @@ async def measure(
 ) -> list[Row]:
     """Each batch size's in-process and platform r/s, best of `repeat` alternating rounds."""
     procs = procs or {}
-    for _ in range(600):
-        try:
-            await client.list_runs()
-            await client.list_environments()
-            break
-        except RolloutError:
-            await asyncio.sleep(0.05)
+    await wait_answering(client)
     await client.push_environment(env_spec())
     await through_platform(client, TASKS, 1)  # warm-up: caches, consumers, connections
     rows = []
@@ -374,16 +395,8 @@ async def main(
 ) -> None:
     configure_logging("bench", level="WARNING")
     register_instant()
-    home = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
-    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
-    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
-    settings = Settings(
-        home=home,
-        nats_url=nats_server.url,
-        database_url=pg.dsn(),
-        nats_user=nats_server.user,
-        nats_password=nats_server.password,
-    )
+    settings, nats_server, pg = embedded_servers("rollout-bench-")
+    home = settings.home
     servers = {
         name: psutil.Process(server.process.pid)
         for name, server in (("nats-server", nats_server), ("postgres", pg))

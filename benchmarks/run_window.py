@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,36 +27,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline import (  # noqa: E402 (the sibling benchmark's services and model)
     PROCESSES,
     TASKS,
+    embedded_servers,
     env_spec,
     register_instant,
     service_process,
     stop_processes,
     tracebacks,
+    wait_answering,
 )
 
 from rollout.client import AsyncClient  # noqa: E402
-from rollout.errors import RolloutError  # noqa: E402
 from rollout.services.tracker.runs import RUN_WINDOW_ENV  # noqa: E402
 from rollout.shared.observability import configure_logging  # noqa: E402
 from rollout.shared.settings import Settings  # noqa: E402
-from rollout.shared.stack.nats import start_nats  # noqa: E402
-from rollout.shared.stack.postgres import start_postgres  # noqa: E402
 
 MODEL = "bench-scripted:instant"
 SMALL = 8  # one rollout per task, one work item
-
-
-async def _answering(client: AsyncClient) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            await client.list_runs()
-            await client.list_environments()
-            return
-        except RolloutError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)  # polling the services' start, with a deadline
 
 
 async def _run(
@@ -84,7 +69,7 @@ async def one_round(
     procs = {name: service_process(settings, name) for name in PROCESSES.values()}
     client = AsyncClient(settings)
     try:
-        await _answering(client)
+        await wait_answering(client)
         await client.push_environment(env_spec())
         run_id, start = await _run(client, 1, 1)  # warm-up: caches, consumers, connections
         await _finished(client, run_id, TASKS)
@@ -104,16 +89,7 @@ async def one_round(
 async def main(big: int, batch: int, window: int, repeat: int, runs: int) -> None:
     configure_logging("bench", level="WARNING")
     register_instant()
-    home = Path(tempfile.mkdtemp(prefix="rollout-bench-window-"))
-    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
-    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
-    settings = Settings(
-        home=home,
-        nats_url=nats_server.url,
-        database_url=pg.dsn(),
-        nats_user=nats_server.user,
-        nats_password=nats_server.password,
-    )
+    settings, nats_server, pg = embedded_servers("rollout-bench-window-")
     best: dict[int, tuple[float, float]] = {}
     try:
         for _ in range(repeat):
@@ -139,7 +115,7 @@ async def main(big: int, batch: int, window: int, repeat: int, runs: int) -> Non
         f"small run's wait, none / window: {base_wait / wait:.1f}x shorter; "
         f"big run's rate, window / none: {rate / base_rate:.2f}"
     )
-    print(f"tracebacks in the service processes' logs: {tracebacks(home)}")
+    print(f"tracebacks in the service processes' logs: {tracebacks(settings.home)}")
 
 
 if __name__ == "__main__":

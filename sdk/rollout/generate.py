@@ -587,15 +587,12 @@ async def _generate_locked(
 
     try:
         run = await _create_run(client, req, state, env_slug, env_version)
-    except (NatsUnreachable, NobodyAnswered):
-        # This request never reached a tracker. If it was this state's first (not a resume
-        # of a start whose answer was lost, which may have made a run), no run exists: a
-        # corrected command starts over (this one, re-run, asks again with the same id).
-        if not resumed:
-            _write_state(req, state | {"refused": True})
-        raise
     except RolloutError as exc:
-        if exc.message == REFUSED:
+        # No run exists when the tracker refused the start, or when this state's first
+        # request never reached one (a resume's earlier try, its answer lost, may have made
+        # it): a corrected command then starts over; this one, re-run, asks again.
+        unsent = isinstance(exc, NatsUnreachable | NobodyAnswered) and not resumed
+        if exc.message == REFUSED or unsent:
             _write_state(req, state | {"refused": True})
         raise
     run_id = run["runId"]

@@ -70,14 +70,8 @@ async def _complete_finished_runs(
         e.run_id for e, _ in items if e is not None and e.run_id and e.type in _COMPLETION_TRIGGERS
     }
     for run_id in sorted(runs_to_check):
-        if await states.complete_if_done(js, pool, run_id):
-            continue
-        try:
+        if not await states.complete_if_done(js, pool, run_id):
             await states.release_due(js, pool, run_id)
-        except runs.RELEASE_RETRIED as exc:
-            # Not the projection's to retry (every run's read models would wait on it): the
-            # deadline check releases what is due again in a few seconds.
-            log.warning("work release failed", run_id=run_id, error=describe(exc))
 
 
 def register_leader_handlers(

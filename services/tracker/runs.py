@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Literal, TypeGuard
+from typing import TypeGuard
 
 import asyncpg
 import nats.errors
@@ -309,15 +309,15 @@ async def fan_out(
     js: JetStreamContext,
     event: EventEnvelope,
     position: int | None = None,
-    share: int | None | Literal["setting"] = "setting",
+    share: int | None = None,
 ) -> RunStarted | None:
     """Mark a run started and queue its work items; None when the run already ended.
 
     `position` is the request's stream sequence, when the caller has it: the request is its
     run's first event, so a run whose history still ends there is one the request alone
     makes, and it is started expecting exactly that, without reading the history first.
-    `share` is the run's window in rollouts (None: no window); by default the whole of
-    ROLLOUT_RUN_WINDOW (the leader passes its owner's share, RunStates.owner_share).
+    `share` is the run's window in rollouts (None: all at once); the leader passes its
+    owner's share of ROLLOUT_RUN_WINDOW (RunStates.reserve).
     """
     run = event.body()
     assert isinstance(run, RunRequested)
@@ -330,7 +330,7 @@ async def fan_out(
         run_id=run.run_id,
         work_items=items,
         total_rollouts=total,
-        window=window_items(run_window() if share == "setting" else share, run.batch_size, items),
+        window=window_items(share, run.batch_size, items),
     )
     # Started first, so the total is known before any verdict can arrive. A redelivered
     # request (a crash between the two steps) finds it started and queues the items again:
@@ -479,13 +479,6 @@ class RunStates:
         self._starting[run.run_id] = (run.owner, time.monotonic())
         return share
 
-    def note_start(self, started: RunStarted) -> None:
-        """Fold a run's start as soon as this leader has made it, if its state is held (the
-        projection folds it again later: kept as first seen)."""
-        state = self._states.get(started.run_id)
-        if state is not None and state.ended is None and state.total is None:
-            state.start(started)
-
     def owner_share(self, owner: str | None, run_id: str) -> int | None:
         """`run_id`'s part of its owner's window, in rollouts: ROLLOUT_RUN_WINDOW split between
         the owner's windowed runs under way, so one key starting many big runs holds one
@@ -519,15 +512,8 @@ class RunStates:
     async def release_all_due(self, js: JetStreamContext, pool: asyncpg.Pool) -> int:
         """`release_due` for every windowed run held: what a failed release left undone (the
         deadline check runs it every few seconds); items queued."""
-        queued = 0
-        for state in list(self._states.values()):
-            if state.window is None or state.ended is not None:
-                continue
-            try:
-                queued += await self.release_due(js, pool, state.run_id)
-            except RELEASE_RETRIED as exc:
-                log.warning("work release failed", run_id=state.run_id, error=describe(exc))
-        return queued
+        held = [s.run_id for s in self._states.values() if s.window is not None and not s.ended]
+        return sum([await self.release_due(js, pool, run_id) for run_id in held])
 
     async def release_due(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> int:
         """Queue a windowed run's next work items as earlier ones are scored; how many.
@@ -538,7 +524,17 @@ class RunStates:
         message id (queued again, it is dropped), and the record of it (`run.work_released`,
         its id derived from the count) is what a new leader starts from. A crash between the
         two steps queues those items again; a rollout generated twice is counted once.
+
+        A release that fails is logged and left to the next check, never raised: the
+        projection retrying its batch for it would hold every run's read models.
         """
+        try:
+            return await self._release_due(js, pool, run_id)
+        except RELEASE_RETRIED as exc:
+            log.warning("work release failed", run_id=run_id, error=describe(exc))
+            return 0
+
+    async def _release_due(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> int:
         state = self._states.get(run_id)
         if state is None:
             state = await self._load(js, pool, run_id)
@@ -739,7 +735,7 @@ async def cancel_run(
     raise RolloutError(f"run {cmd.run_id} already {how}{detail}: nothing to cancel")
 
 
-def register_fan_out(broker: NatsBroker, states: RunStates | None = None) -> None:
+def register_fan_out(broker: NatsBroker, states: RunStates) -> None:
     """Attach the fan-out consumer (the leader's: see tracker/main.py) to `broker`; a run's
     window is its owner's share among the runs `states` holds."""
 
@@ -749,12 +745,8 @@ def register_fan_out(broker: NatsBroker, states: RunStates | None = None) -> Non
         with event_context(event):
             position = message.raw_message.metadata.sequence.stream
             run = event.body()
-            share: int | None | Literal["setting"] = "setting"
-            if states is not None and isinstance(run, RunRequested):
-                # Before the first await: a fetch's requests are handled concurrently.
-                share = states.reserve(run)
+            # Before the first await: a fetch's requests are handled concurrently.
+            share = states.reserve(run) if isinstance(run, RunRequested) else None
             started = await fan_out(jetstream(broker), event, position, share)
-            if started is not None and states is not None:
-                states.note_start(started)
             if started is not None:
                 log.info("run fanned out", work_items=started.work_items)

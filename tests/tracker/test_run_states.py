@@ -367,7 +367,6 @@ async def test_a_redelivered_fan_out_keeps_the_window_its_history_records(
     assert (await js.stream_info(subjects.WORK_STREAM)).state.messages == 4
     states = runs.RunStates()
     states.fold(_stored(await _log(js)))
-    states.note_start(again)
     state = states.get(RUN)
     assert state is not None and (state.window, state.released) == (4, 4)
 
@@ -393,7 +392,7 @@ def test_runs_fanned_out_together_split_their_owners_window(
     assert states.reserve(_big_request("other", owner="v").body()) == 12
 
 
-def test_a_start_noted_after_the_run_ended_does_not_bring_it_back(
+def test_a_run_that_ended_while_fanned_out_no_longer_counts_in_its_owners_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(runs.RUN_WINDOW_ENV, "12")
@@ -403,6 +402,5 @@ def test_a_start_noted_after_the_run_ended_does_not_bring_it_back(
     states.reserve(request.body())
     ended = _event(ev.RunFailed(run_id=RUN, reason="cancelled", cause="cancelled"))
     states.fold(_stored([(request, 1), (_event(started), 2), (ended, 3)]))
-    states.note_start(started)  # the fan-out's await returned after all that was folded
     assert states.get(RUN) is None and len(states) == 0
     assert states.owner_share("u", "next") == 12  # nothing of it is counted any more
