@@ -49,6 +49,7 @@ LEASE_NAME = "tracker"
 LEASE_TTL_ENV = "ROLLOUT_TRACKER_LEASE_TTL_S"
 # Events after which a run may have just become complete.
 _COMPLETION_TRIGGERS = ("rollout.scored", "run.started")
+_ENDINGS = ("run.completed", "run.failed")
 
 log = get_logger(__name__)
 
@@ -72,6 +73,9 @@ async def _complete_finished_runs(
     for run_id in sorted(runs_to_check):
         if not await states.complete_if_done(js, pool, run_id):
             await states.release_due(js, pool, run_id)
+    if any(e is not None and e.type in _ENDINGS for e, _ in items):
+        # A run ended: one of its owner's waiting runs may start now.
+        await states.release_all_due(js, pool)
 
 
 def register_leader_handlers(

@@ -65,9 +65,9 @@ async def _run_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunReque
     await c.execute(
         "insert into runs(run_id, name, env_slug, env_version, env_hash, model, n, split,"
         " parent_run_id, sampling, max_tool_calls, policy_version, status, created_at,"
-        " deadline_s, task_count, owner, budgets, source)"
+        " deadline_s, task_count, owner, budgets, source, deadline_from)"
         " values ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,'queued',$13,$14,$15,$16,"
-        "$17::jsonb,$18) on conflict do nothing",
+        "$17::jsonb,$18,$13) on conflict do nothing",
         p.run_id, p.name, p.env_slug, p.env_version, p.env_hash, p.model, p.n, p.split,
         p.parent_run_id, _json(p.sampling.model_dump(mode="json")), p.max_tool_calls,
         p.policy_version, e.time, p.deadline_s, len(p.task_indices), p.owner,
@@ -78,10 +78,27 @@ async def _run_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunReque
 
 @on("run.started")
 async def _run_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.RunStarted) -> None:
+    # A run that waits for its owner's earlier runs (window 0) stays queued, with no deadline
+    # yet, until its first release.
+    waits = p.window == 0
     await c.execute(
-        f"update runs set status = 'running', total = $2, started_at = $3 where run_id = $1"
+        "update runs set total = $2, work_items = $4, released = $5::int,"
+        " status = case when $6::bool then status else 'running' end,"
+        " started_at = case when $6::bool then null else $3::timestamptz end,"
+        f" deadline_from = case when $6::bool then null else deadline_from end where run_id = $1"
         f" and {_OPEN}",
-        p.run_id, p.total_rollouts, e.time,
+        p.run_id, p.total_rollouts, e.time, p.work_items,
+        p.window if p.window is not None and p.window < p.work_items else None, waits,
+    )  # fmt: skip
+
+
+@on("run.work_released")
+async def _work_released(c: asyncpg.Connection, e: EventEnvelope, p: ev.WorkReleased) -> None:
+    await c.execute(
+        "update runs set released = greatest(released, $2), status = 'running',"
+        " started_at = coalesce(started_at, $3), deadline_from = coalesce(deadline_from, $3)"
+        f" where run_id = $1 and released is not null and {_OPEN}",
+        p.run_id, p.released, e.time,
     )  # fmt: skip
 
 

@@ -29,7 +29,7 @@ _RUN_COLUMNS = (
     "run_id, name, env_slug, env_version, env_hash, model, n, split, parent_run_id, sampling,"
     " max_tool_calls, policy_version, status, total, generated, scored, passed, errored,"
     " score_sum, reason, created_at, started_at, finished_at, deadline_s, task_count, owner,"
-    " budgets, source"
+    " budgets, source, released"
 )
 
 
@@ -56,6 +56,9 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
         "maxToolCalls": row["max_tool_calls"],
         "policyVersion": row["policy_version"],
         "status": row["status"],
+        # Started, nothing queued yet: its owner's earlier runs come first (the tracker's
+        # ROLLOUT_RUNS_PER_OWNER).
+        "waiting": row["status"] == "queued" and row.get("released") == 0,
         "total": row["total"],
         "generated": row["generated"],
         "scored": scored,

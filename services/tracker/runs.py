@@ -7,6 +7,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import TypeGuard
 
@@ -83,6 +84,11 @@ CANCEL_RETRIES = 3
 # big actor pool, so that one run alone still fills every slot.
 RUN_WINDOW_ENV = "ROLLOUT_RUN_WINDOW"
 DEFAULT_RUN_WINDOW = 256
+# Runs of one owner with work in the shared queue at a time (0: no cap); the rest wait,
+# first come first served, and each starts as one of the owner's earlier runs ends. Without
+# it a key starting thousands of runs holds at least an item of each ahead of everyone's.
+RUNS_PER_OWNER_ENV = "ROLLOUT_RUNS_PER_OWNER"
+DEFAULT_RUNS_PER_OWNER = 8
 # How long a run being fanned out counts in its owner's share before its state holds it.
 STARTING_KEPT_S = 60.0
 # A release that fails on these is left to the next check (RunStates.release_all_due).
@@ -198,17 +204,35 @@ async def plan_run(
     )
 
 
+# The runs a leader must hold to release their work: windowed runs under way, and each
+# owner's oldest waiting runs (as many as may start: $1, the cap).
+_RELEASING_SQL = (
+    "select run_id from runs where status = 'running' and released < work_items"
+    " union all select run_id from (select run_id, row_number() over (partition by owner"
+    " order by created_at, run_id) as k from runs where status = 'queued' and released = 0"
+    " and released < work_items) w where k <= $1"
+)
+
+
 def run_window() -> int | None:
     """Rollouts of a run queued at a time (ROLLOUT_RUN_WINDOW, else 256); None: no limit."""
     window = int(env_number(RUN_WINDOW_ENV, DEFAULT_RUN_WINDOW, whole=True, low=0))
     return window or None
 
 
+def runs_per_owner() -> int | None:
+    """Runs of one owner with work queued at a time (ROLLOUT_RUNS_PER_OWNER, else 8); None:
+    no cap."""
+    cap = int(env_number(RUNS_PER_OWNER_ENV, DEFAULT_RUNS_PER_OWNER, whole=True, low=0))
+    return cap or None
+
+
 def window_items(window: int | None, batch_size: int, items: int) -> int | None:
-    """The window in work items (at least one), or None when the run fits in it whole."""
+    """The window in work items (at least one; 0 for a run that waits), or None when the run
+    fits in it whole."""
     if window is None:
         return None
-    count = max(1, -(-window // batch_size))
+    count = max(1 if window else 0, -(-window // batch_size))
     return count if count < items else None
 
 
@@ -416,9 +440,10 @@ class RunStates:
     def __init__(self, limit: int = RUN_STATES_LIMIT) -> None:
         self._states: OrderedDict[str, RunState] = OrderedDict()
         self._limit = limit
-        # Runs this leader is fanning out, by owner, until their state holds the start: so
-        # one owner's runs fanned out together already count each other in the share.
-        self._starting: dict[str, tuple[str | None, float]] = {}
+        # Runs this leader is fanning out (owner, since, request order, waits), until their
+        # state holds the start: so one owner's runs fanned out together already count each
+        # other in the share and the cap.
+        self._starting: dict[str, tuple[str | None, float, tuple[datetime, str], bool]] = {}
         # Each windowed run's seeds, drawn once across its releases.
         self._seeds: dict[str, Seeds] = {}
 
@@ -472,17 +497,30 @@ class RunStates:
         self._states.pop(run_id, None)
         self._seeds.pop(run_id, None)
 
-    def reserve(self, run: RunRequested) -> int | None:
-        """`run`'s share of its owner's window, counting it among the owner's runs from now
-        (before the fan-out's first await), so runs fanned out together split the window."""
-        share = self.owner_share(run.owner, run.run_id)
-        self._starting[run.run_id] = (run.owner, time.monotonic())
+    def reserve(self, event: EventEnvelope) -> int | None:
+        """The requested run's share of its owner's window (0: it waits for the owner's earlier
+        runs), counting it among the owner's runs from now (before the fan-out's first await),
+        so runs fanned out together split the window and the cap."""
+        run = event.body()
+        assert isinstance(run, RunRequested)
+        key = (event.time, run.run_id)
+        share = self._share(run.owner, run.run_id, key)
+        self._starting[run.run_id] = (run.owner, time.monotonic(), key, share == 0)
         return share
 
     def owner_share(self, owner: str | None, run_id: str) -> int | None:
-        """`run_id`'s part of its owner's window, in rollouts: ROLLOUT_RUN_WINDOW split between
-        the owner's windowed runs under way, so one key starting many big runs holds one
-        window of the shared queue, not one per run (None: no window).
+        """`run_id`'s part of its owner's window now, in rollouts (0: it still waits)."""
+        state = self._states.get(run_id)
+        event = state.requested_event if state is not None else None
+        return self._share(owner, run_id, (event.time, run_id) if event else None)
+
+    def _share(
+        self, owner: str | None, run_id: str, key: tuple[datetime, str] | None
+    ) -> int | None:
+        """ROLLOUT_RUN_WINDOW split between the owner's runs under way, so one key starting many
+        runs holds one window of the shared queue, not one per run (None: no window); 0 when
+        `run_id` (requested at `key`) is not under way and the owner already has
+        ROLLOUT_RUNS_PER_OWNER runs under way or waiting ahead of it.
 
         Counted from the runs this leader holds (all it saw start; after a takeover, those it
         has loaded since) and those it is fanning out, so a new leader's first shares may be
@@ -491,29 +529,58 @@ class RunStates:
         window = run_window()
         if window is None:
             return None
-        counted = {
-            state.run_id
-            for state in self._states.values()
-            if state.window is not None
-            and state.ended is None
-            and state.requested is not None
-            and state.requested.owner == owner
-        }
+        under_way: set[str] = set()
+        waiting: set[tuple[datetime, str]] = set()
+        for state in self._states.values():
+            request, event = state.requested, state.requested_event
+            if request is None or event is None or request.owner != owner:
+                continue
+            if state.ended is not None or state.total is None:
+                continue
+            if state.waiting:
+                waiting.add((event.time, state.run_id))
+            else:
+                under_way.add(state.run_id)
         now = time.monotonic()
-        for other, (whose, since) in list(self._starting.items()):
+        for other, (whose, since, at, waits) in list(self._starting.items()):
             state = self._states.get(other)
             if now - since > STARTING_KEPT_S or (state is not None and state.total is not None):
                 del self._starting[other]  # its state holds its start now (or it never will)
             elif whose == owner:
-                counted.add(other)
-        counted.discard(run_id)
-        return max(1, window // (len(counted) + 1))
+                (waiting.add(at) if waits else under_way.add(other))
+        if run_id in under_way:
+            under_way.discard(run_id)
+        elif (cap := runs_per_owner()) is not None and key is not None:
+            ahead = sum(1 for at in waiting if at < key)
+            if len(under_way) + ahead >= cap:
+                return 0
+        return max(1, window // (len(under_way) + 1))
 
     async def release_all_due(self, js: JetStreamContext, pool: asyncpg.Pool) -> int:
-        """`release_due` for every windowed run held: what a failed release left undone (the
-        deadline check runs it every few seconds); items queued."""
-        held = [s.run_id for s in self._states.values() if s.window is not None and not s.ended]
-        return sum([await self.release_due(js, pool, run_id) for run_id in held])
+        """`release_due` for every windowed run held, and for those waiting that may start,
+        oldest first: what a failed release or an ending left undone (the deadline check runs
+        it every few seconds); items queued.
+
+        Runs this leader does not hold yet (after a takeover) are found in the read model:
+        the windowed runs under way, and each owner's oldest waiting runs."""
+        cap = runs_per_owner() or 0
+        try:
+            rows = await pool.fetch(_RELEASING_SQL, cap)
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning("runs to release not read", error=describe(exc))
+            rows = []
+        for row in rows:
+            if row["run_id"] not in self._states:
+                with suppress(*RELEASE_RETRIED):
+                    await self._load(js, pool, row["run_id"])
+        held = [
+            s
+            for s in self._states.values()
+            if s.window is not None and not s.ended and s.requested_event is not None
+        ]
+        # Waiting runs after those under way, oldest first: the order they start in.
+        held.sort(key=lambda s: (s.waiting, s.requested_event.time, s.run_id))  # type: ignore[union-attr]
+        return sum([await self.release_due(js, pool, s.run_id) for s in held])
 
     async def release_due(self, js: JetStreamContext, pool: asyncpg.Pool, run_id: str) -> int:
         """Queue a windowed run's next work items as earlier ones are scored; how many.
@@ -546,7 +613,8 @@ class RunStates:
         if state.to_release(window_items(run_window(), batch, items) or items) is None:
             return 0
         share = self.owner_share(state.requested.owner, run_id)
-        due = state.to_release(window_items(share, batch, items) or items)
+        window = window_items(share, batch, items)  # 0: it still waits
+        due = state.to_release(items if window is None else window)
         if due is None:
             return 0
         assert state.requested_event is not None
@@ -619,7 +687,7 @@ async def fail_overdue(js: JetStreamContext, pool: asyncpg.Pool) -> list[str]:
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "select run_id from runs where status in ('queued', 'running')"
-            " and created_at + make_interval(secs => deadline_s) < now()"
+            " and deadline_from + make_interval(secs => deadline_s) < now()"
         )
     failed = []
     for row in rows:
@@ -744,9 +812,10 @@ def register_fan_out(broker: NatsBroker, states: RunStates) -> None:
         """Queue a requested run's work items, then mark it started."""
         with event_context(event):
             position = message.raw_message.metadata.sequence.stream
-            run = event.body()
             # Before the first await: a fetch's requests are handled concurrently.
-            share = states.reserve(run) if isinstance(run, RunRequested) else None
+            share = states.reserve(event) if isinstance(event.body(), RunRequested) else None
             started = await fan_out(jetstream(broker), event, position, share)
-            if started is not None:
+            if started is not None and started.window == 0:
+                log.info("run waits for its owner's earlier runs", work_items=started.work_items)
+            elif started is not None:
                 log.info("run fanned out", work_items=started.work_items)

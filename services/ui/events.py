@@ -121,6 +121,8 @@ def describe(body: dict[str, Any], event_type: str) -> str:
     if event_type == "run.started":
         window = body.get("window")
         queued = f", {window} queued at a time" if window else ""
+        if window == 0:
+            queued = ", waiting for its owner's earlier runs"
         return (
             f"{body.get('total_rollouts')} rollouts in {body.get('work_items')} work items{queued}"
         )

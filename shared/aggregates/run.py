@@ -75,6 +75,10 @@ class RunState:
     work_items: int = 0
     window: int | None = None
     released: int | None = None
+    # A run started waiting for its owner's earlier runs (window 0): its deadline counts
+    # from its first release (`began`, that event's time), not from its request.
+    waited: bool = False
+    began: datetime | None = None
     # Stream sequence of the event that ended the run (0 while it runs): a reader of the run's
     # verdicts (the buffer) must have applied the stream up to it to hold every one.
     ended_seq: int = 0
@@ -105,6 +109,8 @@ class RunState:
             self.start(body)
         elif isinstance(body, WorkReleased) and self.released is not None:
             self.released = max(self.released, min(body.released, self.work_items))
+            if self.waited and self.began is None:
+                self.began = event.time
         elif isinstance(body, RolloutsScored):
             # One verdict per planned rollout, as in the read model: the first, unless the
             # rollout was generated twice and this one judged the earlier trajectory (the one
@@ -124,11 +130,20 @@ class RunState:
             self.ended, self.ended_seq = body, seq
 
     @property
+    def waiting(self) -> bool:
+        """True while the run waits for its owner's earlier runs: started, nothing queued."""
+        return self.released == 0 and self.ended is None
+
+    @property
     def deadline(self) -> datetime | None:
-        """When the run times out (its request's time plus its deadline)."""
+        """When the run times out: its deadline after its request, or after its first release
+        for a run that waited for its owner's earlier runs (None while it waits)."""
         if self.requested is None or self.requested_event is None:
             return None
-        return self.requested_event.time + timedelta(seconds=self.requested.deadline_s)
+        since = self.began if self.waited else self.requested_event.time
+        if since is None:
+            return None
+        return since + timedelta(seconds=self.requested.deadline_s)
 
     def decide(self, now: datetime) -> Ending | None:
         """How the run ends now: completed once all is scored (failed when no rollout got a
@@ -156,6 +171,7 @@ class RunState:
         self.total, self.work_items = started.total_rollouts, started.work_items
         if started.window is not None and started.window < started.work_items:
             self.window = self.released = started.window
+            self.waited = started.window == 0
 
     def to_release(self, window: int | None = None) -> int | None:
         """How many work items should be queued now, when more than are: the window (the

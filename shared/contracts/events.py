@@ -125,8 +125,10 @@ class RunStarted(Payload):
     total_rollouts: int
     # Work items queued at the start; each later one is queued as an earlier one is scored,
     # so a big run keeps this many in the shared queue and others' runs are not stuck behind
-    # its whole backlog. None: all at once (runs started before windows existed).
-    window: int | None = Field(default=None, ge=1)
+    # its whole backlog. None: all at once (runs started before windows existed). 0: none
+    # yet, the run waits for its owner's earlier runs (ROLLOUT_RUNS_PER_OWNER), and its
+    # deadline counts from its first release.
+    window: int | None = Field(default=None, ge=0)
 
 
 @register

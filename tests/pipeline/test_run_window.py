@@ -11,9 +11,11 @@ from fakes.openai_server import FakeOpenAI
 from pipeline.kit import Platform, refund_env
 from waiting import wait_until
 
+from rollout.cli._common import shown_status
+from rollout.cli.platform import print_run
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.services.tracker.runs import RUN_WINDOW_ENV, window_items
+from rollout.services.tracker.runs import RUN_WINDOW_ENV, RUNS_PER_OWNER_ENV, window_items
 from rollout.services.ui.events import describe
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import RunState, load_run, load_run_head
@@ -194,6 +196,10 @@ def test_the_viewer_says_what_the_window_did() -> None:
     )
     whole = RunStarted(run_id="r", work_items=4, total_rollouts=64)
     assert describe(whole.model_dump(), "run.started") == "64 rollouts in 4 work items"
+    waits = RunStarted(run_id="r", work_items=40, total_rollouts=640, window=0)
+    assert describe(waits.model_dump(), "run.started") == (
+        "640 rollouts in 40 work items, waiting for its owner's earlier runs"
+    )
     released = WorkReleased(run_id="r", released=20)
     assert describe(released.model_dump(), "run.work_released") == "work items queued up to 20"
 
@@ -230,3 +236,86 @@ async def test_one_owners_runs_share_one_window_and_another_owner_has_its_own(
         await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
         done = await client.get_run(run_id)
         assert (done["generated"], done["scored"]) == (12, 12), done
+
+
+async def _head(js: Any, run_id: str) -> Any:
+    found = await load_run_head(js, run_id)
+    return found if found is not None and found.total is not None else None
+
+
+async def _first_position(js: Any, run_id: str, event_type: str) -> int:
+    subject = subjects.event("run", run_id, subjects.event_name(event_type))
+    async for msg in read_events(js, subject, delete_consumer=True):
+        return msg.metadata.sequence.stream
+    raise AssertionError(f"no {event_type} of {run_id}")
+
+
+async def test_an_owners_runs_past_the_cap_wait_for_its_earlier_ones(
+    actorless: tuple[Platform, AsyncClient, Any],
+    agent_server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One run of a key under way at a time: alice's second run queues nothing until her first
+    # ends; bob's run is not held by hers.
+    platform, client, js = actorless
+    monkeypatch.setenv(RUN_WINDOW_ENV, "4")
+    monkeypatch.setenv(RUNS_PER_OWNER_ENV, "1")
+    await client.push_environment(refund_env(tasks=6))
+    model = f"{agent_server.base_url}#m"
+
+    async def start(owner: str) -> str:
+        run = await client.create_run("refunds", model, n=2, batch_size=1, owner=owner)
+        await wait_until(lambda: _head(js, run["runId"]), f"{owner}'s run fanned out", 30)
+        return run["runId"]
+
+    first, second, third = await start("alice"), await start("alice"), await start("bob")
+    windows = [(await _head(js, r)).window for r in (first, second, third)]
+    assert windows == [4, 0, 4]
+    await wait_until(lambda: _queued_is(js, 8), "alice's first and bob's windows queued", 30)
+    waiting = await client.get_run(second)
+    assert (waiting["status"], waiting["waiting"], waiting["total"]) == ("queued", True, 12)
+    assert shown_status(waiting) == "waiting"  # as `rollout runs` lists it
+    capsys.readouterr()
+    print_run({**waiting, "tasks": []})
+    # The in-process services log to stdout too: the run's lines are the two in a row.
+    shown = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(shown) if line.startswith(f"run {second}"))
+    assert shown[at].startswith(f"run {second}  waiting  refunds"), shown
+    assert "waits for its owner's earlier runs" in shown[at + 1], shown
+    platform.start("actor")
+    for run_id in (first, second, third):
+        await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
+        done = await client.get_run(run_id)
+        assert (done["generated"], done["scored"]) == (12, 12), done
+    # Alice's second run queued its first items only after her first ended.
+    assert not (await client.get_run(second))["waiting"]
+    first_end = await _first_position(js, first, "run.completed")
+    second_go = await _first_position(js, second, WorkReleased.event_type)
+    assert second_go > first_end
+
+
+async def test_a_new_tracker_starts_a_waiting_run_it_never_saw_requested(
+    actorless: tuple[Platform, AsyncClient, Any],
+    agent_server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The waiting run gets no verdict that would make a new leader load it: the leader finds
+    # it in the read model once its owner's first run ends.
+    platform, client, js = actorless
+    monkeypatch.setenv(RUN_WINDOW_ENV, "2")
+    monkeypatch.setenv(RUNS_PER_OWNER_ENV, "1")
+    await client.push_environment(refund_env(tasks=3))
+    model = f"{agent_server.base_url}#m"
+    first = (await client.create_run("refunds", model, n=2, batch_size=1))["runId"]
+    second = (await client.create_run("refunds", model, n=2, batch_size=1))["runId"]
+    await wait_until(lambda: _head(js, second), "the second run fanned out", 30)
+    assert (await _head(js, second)).window == 0
+    await wait_until(lambda: _queued_is(js, 2), "the first run's window queued", 30)
+    await platform.stop("tracker")
+    platform.start("tracker")
+    platform.start("actor")
+    for run_id in (first, second):
+        await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
+        done = await client.get_run(run_id)
+        assert (done["generated"], done["scored"]) == (6, 6), done

@@ -7,7 +7,7 @@ tracker's read models, and folded as the projection would fold it.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import nats.aio.client
@@ -16,7 +16,7 @@ import pytest
 from rollout.services.tracker import runs
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared import subjects
-from rollout.shared.aggregates.run import load_run, rollout_id
+from rollout.shared.aggregates.run import RunState, load_run, rollout_id
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
 from rollout.shared.bus.streams import ensure_streams
@@ -387,9 +387,9 @@ def test_runs_fanned_out_together_split_their_owners_window(
     # A fetch's requests are handled concurrently: each reserves before its first await.
     monkeypatch.setenv(runs.RUN_WINDOW_ENV, "12")
     states = runs.RunStates()
-    shares = [states.reserve(_big_request(f"r{i}").body()) for i in range(3)]
+    shares = [states.reserve(_big_request(f"r{i}")) for i in range(3)]
     assert shares == [12, 6, 4]
-    assert states.reserve(_big_request("other", owner="v").body()) == 12
+    assert states.reserve(_big_request("other", owner="v")) == 12
 
 
 def test_a_run_that_ended_while_fanned_out_no_longer_counts_in_its_owners_share(
@@ -399,8 +399,54 @@ def test_a_run_that_ended_while_fanned_out_no_longer_counts_in_its_owners_share(
     states = runs.RunStates()
     request = _big_request()
     started = ev.RunStarted(run_id=RUN, work_items=32, total_rollouts=64, window=6)
-    states.reserve(request.body())
+    states.reserve(request)
     ended = _event(ev.RunFailed(run_id=RUN, reason="cancelled", cause="cancelled"))
     states.fold(_stored([(request, 1), (_event(started), 2), (ended, 3)]))
     assert states.get(RUN) is None and len(states) == 0
     assert states.owner_share("u", "next") == 12  # nothing of it is counted any more
+
+
+def test_an_owners_runs_past_the_cap_wait_and_start_first_come_first_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two runs of u may be under way; a third and a fourth wait (share 0), another owner does
+    # not. As u's first run ends, its oldest waiting run (not the newest) may start.
+    monkeypatch.setenv(runs.RUN_WINDOW_ENV, "12")
+    monkeypatch.setenv(runs.RUNS_PER_OWNER_ENV, "2")
+    states = runs.RunStates()
+    requests = [_big_request(f"r{i}") for i in range(4)]
+    shares = [states.reserve(r) for r in requests]
+    assert shares == [12, 6, 0, 0]
+    assert states.reserve(_big_request("other", owner="v")) == 12
+    history = []
+    for i, (request, share) in enumerate(zip(requests, shares, strict=True)):
+        window = runs.window_items(share, 2, 32)
+        started = ev.RunStarted(run_id=f"r{i}", work_items=32, total_rollouts=64, window=window)
+        history += [request, _event_of(f"r{i}", started)]
+    states.fold(_stored([(e, i) for i, e in enumerate(history, start=1)]))
+    waiting = [states.get(f"r{i}") for i in (2, 3)]
+    assert all(w is not None and w.waiting and w.deadline is None for w in waiting)
+    assert (states.owner_share("u", "r2"), states.owner_share("u", "r3")) == (0, 0)
+    assert states.owner_share("u", "r0") == 6  # one under way never waits
+    ended = _event_of("r0", ev.RunFailed(run_id="r0", reason="cancelled", cause="cancelled"))
+    states.fold(_stored([(ended, len(history) + 1)]))
+    assert (states.owner_share("u", "r2"), states.owner_share("u", "r3")) == (6, 0)
+
+
+def test_a_waiting_runs_deadline_counts_from_its_first_release() -> None:
+    request = _big_request()
+    state = RunState(RUN)
+    state.apply(request, 1)
+    state.apply(_event(ev.RunStarted(run_id=RUN, work_items=32, total_rollouts=64, window=0)), 2)
+    assert state.waiting and state.deadline is None
+    far = datetime(2999, 1, 1, tzinfo=UTC)
+    assert state.decide(far) is None  # no deadline passes while it waits
+    released = _event(ev.WorkReleased(run_id=RUN, released=4), "released")
+    state.apply(released, 3)
+    assert not state.waiting and state.released == 4
+    assert state.deadline == released.time + timedelta(seconds=request.body().deadline_s)
+    assert isinstance(state.decide(far), ev.RunFailed)
+
+
+def _event_of(run_id: str, payload: ev.Payload) -> EventEnvelope:
+    return EventEnvelope.new(payload, aggregate_id=run_id, id_parts=(run_id, payload.event_type))

@@ -68,4 +68,6 @@ def shown_status(item: dict[str, Any]) -> str:
     """A run's or job's status as a listing shows it: a failed one that was cancelled says so."""
     if item["status"] == "failed" and (item.get("reason") or "").startswith("cancelled"):
         return "cancelled"
+    if item.get("waiting"):
+        return "waiting"  # for its owner's earlier runs (the tracker's ROLLOUT_RUNS_PER_OWNER)
     return item["status"]

@@ -325,8 +325,13 @@ async def _runs(args: argparse.Namespace) -> int:
 
 def print_run(run: dict[str, Any]) -> None:
     """Human summary of a run and its per-task table."""
-    print(f"run {run['runId']}  {run['status']}  {run['envSlug']} v{run['envVersion']}"
+    status = "waiting" if run.get("waiting") else run["status"]
+    print(f"run {run['runId']}  {status}  {run['envSlug']} v{run['envVersion']}"
           f"  model {run['model']}  n={run['n']}")  # fmt: skip
+    if run.get("waiting"):
+        print("  waits for its owner's earlier runs: a key has at most ROLLOUT_RUNS_PER_OWNER"
+              " runs under way (the tracker's setting, 8 by default); its deadline starts"
+              " when it does")  # fmt: skip
     if run.get("owner"):
         print(f"  started by {describe_user(run['owner'])}")
     if run.get("source"):
