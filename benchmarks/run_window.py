@@ -9,8 +9,12 @@ quick check), and times the small run from its request to its completion. Rounds
 first come first served, the behaviour before windows) and the window asked for (default 256
 rollouts); the best of each is kept.
 
+With `--cap N`, rounds alternate between no cap on one key's runs under way
+(ROLLOUT_RUNS_PER_OWNER=0) and N, both with the window: one user starting many runs at once
+(`--big-runs 512 --big 8`) against another's small run.
+
     python benchmarks/run_window.py [--big 2048] [--batch 1] [--window 256] [--repeat 2]
-        [--big-runs 1]
+        [--big-runs 1] [--cap N]
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pipeline import (  # noqa: E402 (the sibling benchmark's services and model
 )
 
 from rollout.client import AsyncClient  # noqa: E402
-from rollout.services.tracker.runs import RUN_WINDOW_ENV  # noqa: E402
+from rollout.services.tracker.runs import RUN_WINDOW_ENV, RUNS_PER_OWNER_ENV  # noqa: E402
 from rollout.shared.observability import configure_logging  # noqa: E402
 from rollout.shared.settings import Settings  # noqa: E402
 
@@ -53,6 +57,13 @@ async def _run(
     return run["runId"], start
 
 
+async def _started(
+    client: AsyncClient, gate: asyncio.Semaphore, n: int, batch: int, owner: str
+) -> str:
+    async with gate:
+        return (await _run(client, n, batch, owner))[0]
+
+
 async def _finished(client: AsyncClient, run_id: str, rollouts: int) -> float:
     done = await client.wait_for_run(run_id, timeout_s=900)
     if done["scored"] != rollouts or done["passed"] != rollouts:
@@ -61,11 +72,12 @@ async def _finished(client: AsyncClient, run_id: str, rollouts: int) -> float:
 
 
 async def one_round(
-    settings: Settings, window: int, big: int, batch: int, runs: int
+    settings: Settings, window: int, cap: int, big: int, batch: int, runs: int
 ) -> tuple[float, float]:
     """(the big run's rollouts/s alone, the small run's seconds behind `runs` big ones) with
-    `window`; the big runs are one user's (alice), the small one another's (bob)."""
-    os.environ[RUN_WINDOW_ENV] = str(window)  # the tracker process reads it at fan-out
+    `window` and `cap`; the big runs are one user's (alice), the small one another's (bob)."""
+    # The tracker process reads them at fan-out.
+    os.environ[RUN_WINDOW_ENV], os.environ[RUNS_PER_OWNER_ENV] = str(window), str(cap)
     procs = {name: service_process(settings, name) for name in PROCESSES.values()}
     client = AsyncClient(settings)
     try:
@@ -75,7 +87,13 @@ async def one_round(
         await _finished(client, run_id, TASKS)
         run_id, start = await _run(client, big // TASKS, batch)
         rate = big / (await _finished(client, run_id, big) - start)
-        big_ids = [(await _run(client, big // TASKS, batch, "alice"))[0] for _ in range(runs)]
+        # Requested together (at most 64 requests in flight), as a script starting a sweep.
+        gate = asyncio.Semaphore(64)
+        big_ids = list(
+            await asyncio.gather(
+                *[_started(client, gate, big // TASKS, batch, "alice") for _ in range(runs)]
+            )
+        )
         small_id, small_start = await _run(client, SMALL // TASKS, SMALL, "bob")
         waited = await _finished(client, small_id, SMALL) - small_start
         for big_id in big_ids:
@@ -86,17 +104,19 @@ async def one_round(
         stop_processes(list(procs.values()))
 
 
-async def main(big: int, batch: int, window: int, repeat: int, runs: int) -> None:
+async def main(big: int, batch: int, window: int, repeat: int, runs: int, cap: int) -> None:
     configure_logging("bench", level="WARNING")
     register_instant()
     settings, nats_server, pg = embedded_servers("rollout-bench-window-")
-    best: dict[int, tuple[float, float]] = {}
+    # (window, cap) of the baseline and of the setting compared with it.
+    rounds = [(0, 0), (window, 0)] if not cap else [(window, 0), (window, cap)]
+    best: dict[tuple[int, int], tuple[float, float]] = {}
     try:
         for _ in range(repeat):
-            for w in (0, window):  # alternating: a neighbour's burst lands on both sides
-                rate, waited = await one_round(settings, w, big, batch, runs)
-                old = best.get(w, (0.0, float("inf")))
-                best[w] = (max(old[0], rate), min(old[1], waited))
+            for w, c in rounds:  # alternating: a neighbour's burst lands on both sides
+                rate, waited = await one_round(settings, w, c, big, batch, runs)
+                old = best.get((w, c), (0.0, float("inf")))
+                best[(w, c)] = (max(old[0], rate), min(old[1], waited))
     finally:
         pg.stop()
         nats_server.stop()
@@ -106,14 +126,15 @@ async def main(big: int, batch: int, window: int, repeat: int, runs: int) -> Non
         f" {runs} big run(s) of one user): {SMALL} rollouts in one item; instant scripted model;"
         f" {cores} cores; best of {repeat} rounds each"
     )
-    print(f"{'window':>14} {'big run r/s':>12} {'small run waited s':>19}")
-    for w, (rate, waited) in best.items():
+    print(f"{'window':>14} {'runs per key':>12} {'big run r/s':>12} {'small run waited s':>19}")
+    for (w, c), (rate, waited) in best.items():
         label = "none (before)" if w == 0 else f"{w} rollouts"
-        print(f"{label:>14} {rate:>12,.1f} {waited:>19.2f}")
-    (base_rate, base_wait), (rate, wait) = best[0], best[window]
+        print(f"{label:>14} {c or 'no cap':>12} {rate:>12,.1f} {waited:>19.2f}")
+    (base_rate, base_wait), (rate, wait) = best[rounds[0]], best[rounds[1]]
+    what = "cap" if cap else "window"
     print(
-        f"small run's wait, none / window: {base_wait / wait:.1f}x shorter; "
-        f"big run's rate, window / none: {rate / base_rate:.2f}"
+        f"small run's wait, none / {what}: {base_wait / wait:.1f}x shorter; "
+        f"big run's rate, {what} / none: {rate / base_rate:.2f}"
     )
     print(f"tracebacks in the service processes' logs: {tracebacks(settings.home)}")
 
@@ -127,7 +148,10 @@ if __name__ == "__main__":
     parser.add_argument(
         "--big-runs", type=int, default=1, help="big runs one user starts before the small run"
     )
+    parser.add_argument(
+        "--cap", type=int, default=0, help="compare ROLLOUT_RUNS_PER_OWNER=N with no cap"
+    )
     args = parser.parse_args()
-    if args.big % TASKS or args.window < 1:
-        parser.error(f"--big must be a multiple of {TASKS}, --window at least 1")
-    asyncio.run(main(args.big, args.batch, args.window, args.repeat, args.big_runs))
+    if args.big % TASKS or args.window < 1 or args.cap < 0:
+        parser.error(f"--big must be a multiple of {TASKS}, --window at least 1, --cap >= 0")
+    asyncio.run(main(args.big, args.batch, args.window, args.repeat, args.big_runs, args.cap))
