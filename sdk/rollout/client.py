@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -271,9 +272,10 @@ class AsyncClient:
         deadline = loop.time() + timeout_s
         follower = asyncio.ensure_future(follow())
         try:
-            await asyncio.wait({follower}, timeout=timeout_s)
-            if not follower.done():
-                raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
+            while not (await asyncio.wait({follower}, timeout=deadline - loop.time()))[0]:
+                # The timeout counts from the run's start, not while it waits for its owner's
+                # earlier runs (the tracker's ROLLOUT_RUNS_PER_OWNER).
+                deadline = await self._started_deadline(run_id, timeout_s, loop.time())
             follower.result()
             # The event is on the log; the read model follows it within moments, so the
             # first looks come quickly (a fixed 50 ms poll was most of a short run's tail).
@@ -286,6 +288,17 @@ class AsyncClient:
         finally:
             follower.cancel()
         return run
+
+    async def _started_deadline(self, run_id: str, timeout_s: float, now: float) -> float:
+        """A later end for waiting on `run_id` (loop time), if it waited to start; else raise."""
+        run = await self.get_run(run_id)
+        if run.get("waiting"):
+            return now + timeout_s
+        if run.get("startedAt"):
+            ran = (datetime.now(UTC) - datetime.fromisoformat(run["startedAt"])).total_seconds()
+            if ran < timeout_s:
+                return now + timeout_s - ran
+        raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
 
     # --- training jobs -----------------------------------------------------------------------
 

@@ -378,8 +378,11 @@ async def follow_run(
     run per round; a user's key may read the stream but not delete consumers).
     """
 
+    loop = asyncio.get_running_loop()
+    state = RunState(run_id)
+    began: list[float] = []  # when a run that waited for its owner's earlier runs started
+
     async def follow() -> RunState:
-        state = RunState(run_id)
         reader = read_events(
             js, subjects.run_events(run_id), follow=True, delete_consumer=delete_consumer
         )
@@ -389,7 +392,10 @@ async def follow_run(
                 if on_event is None and name not in _LIFECYCLE:
                     continue
                 event = EventEnvelope.from_bytes(msg.data)
+                was_waiting = state.waiting
                 state.apply(event, msg.metadata.sequence.stream)
+                if was_waiting and not state.waiting:
+                    began.append(loop.time())
                 if on_event is not None:
                     done = on_event(event, state)
                     if done is not None:
@@ -398,10 +404,24 @@ async def follow_run(
                     return state
         raise RolloutError(f"run {run_id}: its events ended before it did")
 
+    if timeout_s is None:
+        return await follow()
+    # The timeout counts from the run's start: not while it waits for its owner's earlier runs.
+    until = loop.time() + timeout_s
+    task = asyncio.ensure_future(follow())
     try:
-        return await asyncio.wait_for(follow(), timeout=timeout_s)
-    except TimeoutError:
-        raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s") from None
+        while not (await asyncio.wait({task}, timeout=max(0.0, until - loop.time())))[0]:
+            if state.waiting:
+                until = loop.time() + timeout_s
+            elif began and began[0] + timeout_s > loop.time():
+                until = began[0] + timeout_s
+            else:
+                raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
+        return task.result()
+    finally:
+        task.cancel()
 
 
-_LIFECYCLE = {subjects.event_name(t) for t in ("run.requested", "run.started", *ENDINGS)}
+_LIFECYCLE = {
+    subjects.event_name(t) for t in ("run.requested", "run.started", "run.work_released", *ENDINGS)
+}

@@ -4,6 +4,7 @@ every rollout is still generated and scored exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from rollout.errors import RolloutError
 from rollout.services.tracker.runs import RUN_WINDOW_ENV, RUNS_PER_OWNER_ENV, window_items
 from rollout.services.ui.events import describe
 from rollout.shared import subjects
-from rollout.shared.aggregates.run import RunState, load_run, load_run_head
+from rollout.shared.aggregates.run import RunState, follow_run, load_run, load_run_head
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import (
@@ -283,6 +284,16 @@ async def test_an_owners_runs_past_the_cap_wait_for_its_earlier_ones(
     at = next(i for i, line in enumerate(shown) if line.startswith(f"run {second}"))
     assert shown[at].startswith(f"run {second}  waiting  refunds"), shown
     assert "waits for its owner's earlier runs" in shown[at + 1], shown
+    # A waiter's timeout counts from the run's start, not while it waits: past its 1 s (no
+    # actor runs yet, so the run cannot start), neither way of waiting has given up.
+    waiters = {
+        asyncio.ensure_future(client.wait_for_run(second, timeout_s=1)),
+        asyncio.ensure_future(follow_run(js, second, timeout_s=1)),
+    }
+    finished, _ = await asyncio.wait(waiters, timeout=2.5)
+    assert not finished, [w.exception() for w in finished]
+    for waiter in waiters:
+        waiter.cancel()
     platform.start("actor")
     for run_id in (first, second, third):
         await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
