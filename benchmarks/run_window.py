@@ -24,6 +24,7 @@ import asyncio
 import os
 import sys
 import time
+from contextlib import aclosing
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,6 +43,9 @@ from pipeline import (  # noqa: E402 (the sibling benchmark's services and model
 
 from rollout.client import AsyncClient  # noqa: E402
 from rollout.services.tracker.runs import RUN_WINDOW_ENV, RUNS_PER_OWNER_ENV  # noqa: E402
+from rollout.shared import subjects  # noqa: E402
+from rollout.shared.bus.reader import read_events  # noqa: E402
+from rollout.shared.contracts.envelope import EventEnvelope  # noqa: E402
 from rollout.shared.observability import configure_logging  # noqa: E402
 from rollout.shared.settings import Settings  # noqa: E402
 
@@ -71,6 +75,26 @@ async def _finished(client: AsyncClient, run_id: str, rollouts: int) -> float:
     return time.perf_counter()
 
 
+async def _all_finished(client: AsyncClient, run_ids: list[str], rollouts: int) -> None:
+    """Wait for many runs with one reader of the runs' endings (a reader per run would leave
+    one consumer per run on the events stream, which keeps at most 1,000)."""
+    left = set(run_ids)
+    js = await client.jetstream()
+    endings = [subjects.event_filter("run", t) for t in ("run.completed", "run.failed")]
+    reader = read_events(js, endings, follow=True)
+    async with aclosing(reader) as events:
+        async for msg in events:
+            left.discard(EventEnvelope.from_bytes(msg.data).run_id or "")
+            if not left:
+                break
+    for run_id in run_ids:
+        done = await client.get_run(run_id)  # the read model may trail the ending a moment
+        while done["status"] not in ("completed", "failed"):
+            done = await client.get_run(run_id)
+        if done["scored"] != rollouts or done["passed"] != rollouts:
+            raise RuntimeError(f"unexpected run result: {done}")
+
+
 async def one_round(
     settings: Settings, window: int, cap: int, big: int, batch: int, runs: int
 ) -> tuple[float, float]:
@@ -96,8 +120,7 @@ async def one_round(
         )
         small_id, small_start = await _run(client, SMALL // TASKS, SMALL, "bob")
         waited = await _finished(client, small_id, SMALL) - small_start
-        for big_id in big_ids:
-            await _finished(client, big_id, big)
+        await _all_finished(client, big_ids, big)
         return rate, waited
     finally:
         await client.close()
