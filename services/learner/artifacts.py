@@ -12,10 +12,12 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from rollout.services.learner.journal import JobJournal
+from rollout.services.learner.journal import JobJournal, job_owner
 from rollout.shared import subjects
+from rollout.shared.auth.ownership import acts_for_others, describe
 from rollout.shared.contracts.envelope import EventEnvelope
-from rollout.shared.contracts.events import CheckpointSaved, PolicyUpdated
+from rollout.shared.contracts.events import CheckpointSaved, JobRequested, PolicyUpdated
+from rollout.shared.errors import RolloutError
 from rollout.shared.learning.checkpoints import load_checkpoint_state
 from rollout.shared.models import trained
 from rollout.shared.models.weights_proof import weights_digest
@@ -75,6 +77,34 @@ async def restore_checkpoint(
     return checkpoint.step
 
 
+async def check_name_owner(
+    store: ObjectStore, js: JetStreamContext, model: str, job_id: str, owner: str | None
+) -> None:
+    """RolloutError when `model`'s newest version came from another user's job.
+
+    A trained name is its publisher's: runs, compares and `serve-model` pick up its newest
+    version, so a colleague's key training with the same base and suffix must not replace it.
+    The admin and the services may; jobs recorded before owners were kept are not checked.
+    """
+    latest = await trained.latest_record(store, model)
+    if latest is None or latest.job_id in (None, job_id) or owner is None:
+        return
+    theirs = await job_owner(js, latest.job_id)
+    if theirs is None or theirs == owner or acts_for_others(owner):
+        return
+    raise RolloutError(
+        f"suffix: model {model!r} was trained by {describe(theirs)} (job {latest.job_id}), not "
+        f"by {describe(owner)}: a key may publish new versions only of its own trained models; "
+        "choose another --suffix"
+    )
+
+
+def owner_of(journal: JobJournal) -> str | None:
+    """The owner of the journal's job, from its job.requested."""
+    body = journal.parent.body() if journal.parent is not None else None
+    return body.owner if isinstance(body, JobRequested) else None
+
+
 async def publish_policy(
     store: ObjectStore,
     journal: JobJournal,
@@ -91,6 +121,7 @@ async def publish_policy(
     `signals`: the step's per-token signals by rollout (shared/learning/grpo.py
     `last_signals`), stored beside the model by their content hash for the viewer.
     """
+    await check_name_owner(store, journal.js, model, journal.job_id, owner_of(journal))
     ref = await upload_dir(store, model_dir, f"models/{trained.policy_key(model)}", arcname=".")
     weights = await asyncio.to_thread(weights_digest, model_dir)
     record = trained.PolicyRecord(

@@ -13,6 +13,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict
 
+from rollout.services.learner.artifacts import check_name_owner
 from rollout.services.learner.bridge import JobCancelled
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import (
@@ -135,6 +136,7 @@ async def create_job(
     """
     job_id = job_id_for(cmd, caller)
     plan = await plan_job(ctx, cmd, job_id=job_id)
+    await check_name_owner(ctx.store, ctx.js, model_name(plan), job_id, caller)
     requested = plan.event.model_copy(
         update={
             "request_id": cmd.client_request_id,

@@ -92,6 +92,13 @@ async def _last_job_event(js: JetStreamContext, job_id: str, event_type: str) ->
     return EventEnvelope.from_bytes(raw.data)
 
 
+async def job_owner(js: JetStreamContext, job_id: str) -> str | None:
+    """Who created job `job_id` (None: no such job, or one recorded before owners were kept)."""
+    requested = await _last_job_event(js, job_id, JobRequested.event_type)
+    body = requested.body() if requested is not None else None
+    return body.owner if isinstance(body, JobRequested) else None
+
+
 async def job_head(js: JetStreamContext, job_id: str) -> JobHistory:
     """The job's request, last step and ending, each the last message on its subject.
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from rollout.services.learner.artifacts import check_name_owner, owner_of
 from rollout.services.learner.basemodels import PROVIDERS, TrainBase, resolve_base
 from rollout.services.learner.context import LearnerContext
 from rollout.services.learner.journal import JobEnded, JobHistory, JobJournal
@@ -254,6 +255,7 @@ async def _track(
                         provider_job=state["job"], error=describe(exc))  # fmt: skip
         raise
     name = model_name(plan)
+    await check_name_owner(ctx.store, ctx.js, name, journal.job_id, owner_of(journal))
     previous = await trained.latest_record(ctx.store, name)
     mine = await trained.job_record(ctx.store, journal.job_id)
     version = mine.version if mine else (previous.version + 1 if previous else 1)
