@@ -3,15 +3,19 @@ identifiers, queries off the event loop, and literal answers compared by value."
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
 import pytest
+from fakes.openai_server import FakeOpenAI, Reply, text_reply, tool_reply
 from waiting import ticks_during
 
 from rollout import Environment, RolloutError, Task
+from rollout.shared.agent.loop import run_episode
 from rollout.shared.envs import build_runtime, run_tool_script, score, validate_environment
+from rollout.shared.models.openai_compat import OpenAICompatBackend
 
 SCHEMA = "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT, amount REAL);"
 SEED = "INSERT INTO orders VALUES (1, 'Alice', 100.0), (2, 'Bob', 25.0), (3, 'Alice', 0.5);"
@@ -220,3 +224,73 @@ async def test_a_query_that_only_works_on_changed_data_fails_saying_so() -> None
     result = await score(env, 0, t)
     assert not result.passed
     assert "the submitted query fails on the task's data: sql error" in result.primitives[0].reason
+
+
+def _agent(*queries: str):
+    """A scripted agent: one run_sql call per query, then a wrong final answer."""
+
+    def answer(body: dict) -> Reply:
+        turn = sum(m["role"] == "assistant" for m in body["messages"])
+        if turn < len(queries):
+            return tool_reply(("run_sql", {"query": queries[turn]}))
+        return text_reply("I do not know")
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["CAST(x'ff' AS TEXT)", "x'ff00'"],
+    ids=["text-that-is-not-utf8", "a-blob"],
+)
+async def test_an_agent_that_stores_undumpable_values_still_fails(stored: str) -> None:
+    """A failing agent cannot turn its failure into an errored rollout (no verdict, left out
+    of pass rates) nor make the actor's batch unpublishable by what it leaves in the db."""
+    env = sql_env(query="SELECT count(*) FROM orders")
+    agent = _agent("CREATE TABLE junk (v)", f"INSERT INTO junk VALUES ({stored})")
+    with FakeOpenAI(agent) as server:
+        backend = OpenAICompatBackend("scripted", server.base_url, max_retries=1)
+        runtime = build_runtime(env, 0)
+        try:
+            trajectory = await run_episode(runtime, backend, "how many orders?")
+        finally:
+            await runtime.close()
+    assert [c.error for c in trajectory.tool_calls] == [None, None]
+    assert trajectory.error is None, trajectory.error
+    json.loads(trajectory.model_dump_json())  # what the actor publishes
+    assert trajectory.final_state["rowCounts"] == {"orders": 3, "junk": 1}
+    result = await score(env, 0, trajectory)
+    assert (result.error, result.passed) == (None, False), result
+
+
+async def test_a_table_too_slow_to_dump_is_named_not_waited_for() -> None:
+    """A generated column that is slow to read cannot hold the actor for minutes at the end."""
+    slow = "length(replace(replace(hex(zeroblob(3000000 + n)), '0', '1'), '1', '2'))"
+    env = Environment(
+        slug="db",
+        template="sql",
+        config={"schema": SCHEMA, "seed": SEED, "queryTimeoutSeconds": 1.0},
+        tasks=[Task(instruction="q", hidden_ground_truth={"query": "SELECT 1"})],
+    )
+    fill = "INSERT INTO slow(n) SELECT value FROM json_each('[{}]')"
+    calls = [("run_sql", {"query": f"CREATE TABLE slow (n, v AS ({slow}))"})]
+    calls += [
+        ("run_sql", {"query": fill.format(",".join(map(str, range(i, i + 5))))})
+        for i in range(0, 100, 5)
+    ]
+    runtime = build_runtime(env, 0)
+    try:
+        for name, args in calls:
+            assert (await runtime.call_tool(name, args)).error is None
+        one = time.monotonic()
+        runtime.conn.execute("SELECT * FROM slow LIMIT 6").fetchall()
+        per_row = (time.monotonic() - one) / 6
+        started = time.monotonic()
+        state = runtime.final_state()
+        took = time.monotonic() - started
+    finally:
+        await runtime.close()
+    assert per_row * 100 > 3, f"the table reads in {per_row * 100:.1f}s: not slow enough to tell"
+    assert took < 2.0, f"the dump took {took:.1f}s"
+    assert state["unreadableTables"] == {"slow": "took longer than 1s"}
+    assert "slow" not in state["tables"] and state["rowCounts"]["orders"] == 3

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field
 
 from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
-from rollout.shared.envs.templates.base import BaseRuntime, ToolError
+from rollout.shared.envs.templates.base import BaseRuntime, ToolError, json_safe
 from rollout.shared.envs.templates.protocol import STATE_MATCH, Plan, Template
 from rollout.shared.errors import RolloutError
 
@@ -111,9 +111,15 @@ def _explain(exc: Exception, denied: list[str]) -> str:
     return str(exc)
 
 
-def _with_deadline(conn: sqlite3.Connection, timeout_s: float) -> None:
+def _lenient_text(data: bytes) -> str:
+    """TEXT as str, whatever bytes the agent stored (`CAST(x'ff' AS TEXT)`)."""
+    return data.decode("utf-8", "replace")
+
+
+def _with_deadline(conn: sqlite3.Connection, timeout_s: float, every: int = 1000) -> None:
+    """Stop what `conn` runs after `timeout_s`, checked every `every` VM instructions."""
     deadline = time.monotonic() + timeout_s
-    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), every)
 
 
 def open_database(config: SqlConfig) -> GuardedConnection:
@@ -261,22 +267,49 @@ class SqlRuntime(BaseRuntime):
         return {"submitted": True, "rowCount": len(submission.get("rows", []))}
 
     def final_state(self) -> dict[str, Any]:
-        """The submission plus a capped dump of every table and exact row counts."""
+        """The submission plus a capped dump of every table and exact row counts.
+
+        Whatever the agent put in the database, this returns plain JSON data within the query
+        time limit, never an error: text that is not UTF-8 is decoded with replacement
+        characters, blobs are shown as text, and a table that cannot be read in time (an
+        expensive generated column) is listed in `unreadableTables` instead. A broken dump
+        would make the rollout errored, which is no verdict: a failing agent could escape
+        its failure that way.
+        """
         tables: dict[str, list[dict[str, Any]]] = {}
         counts: dict[str, int] = {}
-        names = [
-            r[0]
-            for r in self.conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
-            )
-        ]
-        for name in names:
-            table = quote_ident(name)
-            cur = self.conn.execute(f"SELECT * FROM {table} LIMIT {STATE_ROWS_PER_TABLE}")
-            cols = [d[0] for d in cur.description]
-            tables[name] = [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
-            counts[name] = self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-        return {"submission": self.submission, "tables": tables, "rowCounts": counts}
+        unreadable: dict[str, str] = {}
+        limit = self.config.query_timeout_seconds
+        self.conn.text_factory = _lenient_text
+        # Checked often: one instruction may be a function over a 10 MB value (tens of ms),
+        # and a generated column runs one for every row read.
+        _with_deadline(self.conn, limit, every=20)
+        try:
+            names = [
+                r[0]
+                for r in self.conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+                )
+            ]
+            for name in names:
+                table = quote_ident(name)
+                try:
+                    cur = self.conn.execute(f"SELECT * FROM {table} LIMIT {STATE_ROWS_PER_TABLE}")
+                    cols = [d[0] for d in cur.description]
+                    rows = [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+                    counts[name] = self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                except (sqlite3.Error, ValueError, OverflowError) as exc:
+                    why = f"took longer than {limit:g}s" if "interrupted" in str(exc) else str(exc)
+                    unreadable[name] = why
+                    continue
+                tables[name] = json_safe(rows)
+        finally:
+            self.conn.set_progress_handler(None, 0)
+            self.conn.text_factory = str
+        state = {"submission": json_safe(self.submission), "tables": tables, "rowCounts": counts}
+        if unreadable:
+            state["unreadableTables"] = unreadable
+        return state
 
     async def close(self) -> None:
         """Drop the in-memory database."""
