@@ -137,6 +137,8 @@ class OnlineJob:
         self.collected: set[str] = set()
         # Why the last round run with no verdict at all failed (for the job's own failure).
         self.last_errored: str | None = None
+        # The env version every round runs on (read when the job starts).
+        self.env_version: int | None = None
 
     async def _publish(self, *, checkpoint: bool = True) -> None:
         """Save the learner's current version: checkpoint (resume) and policy (actors)."""
@@ -174,6 +176,7 @@ class OnlineJob:
         body = CreateRun(
             client_request_id=round_request_id(self.job_id, step, attempt),
             env_slug=self.plan.event.env_slug or "",
+            env_version=self.env_version,
             model=self.model,
             n=self.config.group_size,
             split="train",
@@ -217,6 +220,9 @@ class OnlineJob:
         env, _ = await env_versions.latest(self.ctx.js, self.plan.event.env_slug or "")
         if env is None:
             raise RolloutError(f"environment {self.plan.event.env_slug!r} is gone")
+        # Every round runs on this version: a version pushed meanwhile (by anyone's key, with
+        # another verifier) must not change the rewards the job learns from mid-way.
+        self.env_version = env.version
         train_tasks = train_task_indices(env.spec)
         target = int(self.config.max_steps or 1)
         # The runs in flight, one per upcoming step (in step order); after a step, the next

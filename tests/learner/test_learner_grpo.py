@@ -96,3 +96,27 @@ def test_completions_older_than_max_staleness_are_not_trained_on(
     kept = trainable([{"prompt": [], "completions": completions}], learner.accepts, {}, 2)
     assert [c["policy_version"] for c in kept.groups[0]["completions"]] == [2, 3]
     assert (kept.stale, kept.refused) == (2, [])
+
+
+async def test_a_version_pushed_mid_job_does_not_change_what_the_job_learns_from(
+    client, tiny_model: Path, learner_env
+) -> None:
+    """Whoever pushes a new version of the env (say with a verifier that passes everything)
+    while a GRPO job runs, every round of the job still runs on the version it started on."""
+    await client.push_environment(letters_env())
+    job = await client.create_training_job(
+        base_model=f"hf:{tiny_model}", method="grpo", env_slug="letters", suffix="pinned",
+        hyperparams={"max_steps": 3, "group_size": 2, "max_staleness": 0, "tasks_per_step": 1,
+                     "max_tokens": 8, "max_tool_calls": 1},
+    )  # fmt: skip
+    js = await client.jetstream()
+    await wait_for_event(js, job["id"], "job.progress", limit_s=300)
+    lenient = letters_env()
+    lenient["verifier"] = {
+        "primitives": [{"name": "anything", "type": "contains_terms", "terms": [""]}]
+    }
+    assert (await client.push_environment(lenient))["version"] == 2
+    done = await wait_for_event(js, job["id"], "job.completed", limit_s=300)
+    runs = [r for r in await client.list_runs(50) if r["model"] == done.payload["model_id"]]
+    assert len(runs) == done.payload["metrics"]["runs"] >= 3
+    assert {r["envVersion"] for r in runs} == {1}, runs
