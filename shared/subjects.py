@@ -95,8 +95,8 @@ def work_filter(kind: str) -> str:
     return f"{PREFIX}.work.{token(kind, 'work kind')}.>"
 
 
-# Requests whose answer depends on who asks: they create what someone owns (runs, jobs) or
-# change it (cancels). Their subject ends with the caller's NATS user, and the server lets a
+# Requests whose answer depends on who asks: they create what someone owns (runs, jobs,
+# environment slugs) or change it (cancels, new versions). Their subject ends with the caller's NATS user, and the server lets a
 # user publish only under its own name (shared/auth), so the service knows who is asking.
 ATTRIBUTED: frozenset[tuple[str, str]] = frozenset(
     {
@@ -106,6 +106,7 @@ ATTRIBUTED: frozenset[tuple[str, str]] = frozenset(
         ("tracker", "import_run"),
         ("learner", "create_job"),
         ("learner", "cancel_job"),
+        ("registry", "push"),
     }
 )
 # The caller token of a connection with no user name (token auth, or no auth at all, where

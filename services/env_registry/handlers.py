@@ -10,6 +10,7 @@ from typing import Any
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import decide_and_append
 from rollout.shared.audit import audit
+from rollout.shared.auth.ownership import acts_for_others, describe
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -25,7 +26,7 @@ from rollout.shared.envs.coerce import as_spec
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
-from rollout.shared.service.routes import CurrentBroker, request_route
+from rollout.shared.service.routes import CurrentBroker, caller, request_route
 from rollout.shared.store import env_versions as versions
 
 QUEUE = "env-registry"
@@ -41,8 +42,29 @@ def summary(env: EnvRegistered, *, with_spec: bool = False) -> dict:
     return out
 
 
+def check_slug_owner(slug: str, owner: str | None, pusher: str) -> None:
+    """RolloutError unless `pusher` may push a new version of `slug`, owned by `owner`.
+
+    A slug is the key's that pushed its first version: runs pick up its newest version, so a
+    colleague's key must not replace its tasks or verifier. The admin and the services may;
+    slugs registered before owners were kept are not checked.
+    """
+    if owner is None or owner == pusher or acts_for_others(pusher):
+        return
+    raise RolloutError(
+        f"environment {slug!r} belongs to {describe(owner)} (it pushed the first version), not "
+        f"to {describe(pusher)}: a key may push new versions only of its own environments; "
+        "push yours under another slug, or ask its owner (or whoever holds the admin "
+        "credentials) to push this one"
+    )
+
+
 async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
-    """Validate a spec; append a new version unless the newest has the same content."""
+    """Validate a spec; append a new version unless the newest has the same content.
+
+    The first version's pusher (the caller the request's subject names) owns the slug; only it,
+    the admin and the services may push later versions (check_slug_owner).
+    """
     # A plugin env is imported in a sandboxed plugin host: wait for it off the event loop.
     problems = await asyncio.to_thread(validate_environment, cmd.spec)
     if problems:
@@ -51,11 +73,14 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
     spec = as_spec(cmd.spec)
     js = jetstream(broker)
     digest = spec.spec_hash()
+    pusher = caller(broker)
 
     def decide(latest: tuple[EnvRegistered | None, int]) -> EnvRegistered | None:
         newest, _ = latest
         if newest is not None and newest.spec_hash == digest:
             return None  # the same content: its version stands
+        if newest is not None:
+            check_slug_owner(spec.slug, newest.owner, pusher)
         return EnvRegistered(
             slug=spec.slug,
             version=(newest.version + 1) if newest else 1,
@@ -64,6 +89,7 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
             template=spec.template,
             task_count=len(spec.tasks),
             spec=spec.to_json_dict(),
+            owner=newest.owner if newest is not None else pusher,
         )
 
     async def append(latest: tuple[EnvRegistered | None, int], event: EnvRegistered) -> None:
@@ -84,7 +110,7 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
     if event is None:
         assert newest is not None
         return Reply(data={**summary(newest), "created": False})
-    log.info("environment registered", slug=spec.slug, version=event.version)
+    log.info("environment registered", slug=spec.slug, version=event.version, by=pusher)
     return Reply(data={**summary(event), "created": True})
 
 

@@ -42,8 +42,9 @@ _OPEN = "status not in ('completed', 'failed')"
 async def _env_registered(c: asyncpg.Connection, e: EventEnvelope, p: ev.EnvRegistered) -> None:
     await c.execute(
         "insert into environments(slug, version, spec_hash, name, template, task_count, spec,"
-        " registered_at) values ($1,$2,$3,$4,$5,$6,$7::jsonb,$8) on conflict do nothing",
+        " registered_at, owner) values ($1,$2,$3,$4,$5,$6,$7::jsonb,$8,$9) on conflict do nothing",
         p.slug, p.version, p.spec_hash, p.name, p.template, p.task_count, _json(p.spec), e.time,
+        p.owner,
     )  # fmt: skip
 
 

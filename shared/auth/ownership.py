@@ -1,11 +1,13 @@
-"""Who owns a run or a training job, and who may change it.
+"""Who owns a run, a training job or an environment slug, and who may change it.
 
 The owner is the NATS user whose request created it, read from the request's subject (an
 attributed request names its caller, and the server lets a user publish only under its own
 name: see subjects.ATTRIBUTED and shared/auth/roles.py). An API key may cancel only what it
 started; the admin and the platform's services (a job cancelling its round runs) may cancel
 anything. Runs and jobs recorded before owners were kept have none: any runner key may cancel
-them, as before.
+them, as before. An environment slug is owned the same way, by the key that pushed its first
+version (services/env_registry: check_slug_owner); trained model names by their publisher's job
+(services/learner/artifacts.py).
 """
 
 from __future__ import annotations

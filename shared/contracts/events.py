@@ -50,6 +50,9 @@ class EnvRegistered(Payload):
     template: str = ""
     task_count: int = 0
     spec: dict[str, Any] = Field(default_factory=dict)
+    # The slug's owner: the NATS user whose push registered its first version (None on
+    # versions registered before owners were kept). Every later version carries it on.
+    owner: str | None = None
 
 
 @register
