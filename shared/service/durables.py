@@ -36,12 +36,16 @@ TRACKER_READ_MODELS = Consumer(
     batch=True,
     ack_policy=AckPolicy.MANUAL,
 )
+# Unlimited deliveries: the handler retries a fan-out the bus refused (the work queue or the
+# log unavailable) with backoff for as long as it takes; given up on, its run would sit
+# started with nothing queued until its deadline.
 TRACKER_FANOUT = Consumer(
     _EVENTS,
     "tracker-fanout",
     subjects.event_filter("run", "run.requested"),
     title="runs/fan-out",
     batch_size=8,
+    max_deliver=-1,
 )
 
 # --- actor -----------------------------------------------------------------------------
