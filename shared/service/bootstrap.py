@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 
 import asyncpg
 import nats.aio.client
+import nats.errors
 from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 
+from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.streams import ensure_consumer, ensure_streams
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
@@ -92,7 +94,22 @@ async def started(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
     try:
         yield broker
     finally:
+        await stop_broker(broker)
+
+
+async def stop_broker(broker: NatsBroker) -> None:
+    """Stop `broker`'s subscribers and drain its connection; a connection that cannot drain
+    (NATS away: reconnecting, or closed) is closed instead, never raised from: a tracker
+    stepping down because NATS restarted stops its leader broker so, and stays a replica."""
+    try:
         await broker.stop()
+    except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError) as exc:
+        log.warning("broker stopped without draining its connection", error=describe(exc))
+        connection, broker._connection = broker._connection, None
+        if connection is not None:
+            with contextlib.suppress(OSError, nats.errors.Error):
+                await connection.close()  # its transport may be gone already
+        broker.config.disconnect()
 
 
 async def ensure_consumers(js: JetStreamContext, consumers: Sequence[Consumer]) -> None:
