@@ -147,6 +147,12 @@ def fresh_nats(tmp_path: Path) -> Iterator[NatsServer]:
 
 
 @pytest.fixture
+def fresh_nats_settings(tmp_path: Path, fresh_nats: NatsServer, pg_dsn: str) -> Settings:
+    """Settings on this test's own nats-server (`fresh_nats`) and the session's Postgres."""
+    return settings_for(tmp_path / "home", fresh_nats, pg_dsn)
+
+
+@pytest.fixture
 def nats_cluster(servers_root: Path) -> Iterator[NatsCluster]:
     """Three nats-servers clustered on loopback (R3 streams), ready once JetStream has a meta
     leader every node agrees on; a test may SIGKILL and restart its nodes (`.nodes[i]`)."""

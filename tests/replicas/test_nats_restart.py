@@ -4,24 +4,22 @@ reconnecting), which took every tracker replica down with one NATS restart."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import settings_for
 from pipeline.kit import Platform
 from replicas_kit import leader
 from structlog.testing import capture_logs
 from waiting import wait_until
 
 from rollout.services.tracker.leader import LEASE_TTL_ENV
+from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import NatsServer
 
 
 async def test_a_tracker_that_steps_down_while_nats_restarts_leads_again(
-    tmp_path: Path, fresh_nats: NatsServer, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+    fresh_nats: NatsServer, fresh_nats_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(LEASE_TTL_ENV, "1.5")
-    settings = settings_for(tmp_path / "home", fresh_nats, pg_dsn)
+    settings = fresh_nats_settings
     platform = Platform(settings)
     platform.start("tracker")
     try:
