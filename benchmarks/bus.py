@@ -18,12 +18,11 @@ import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import asyncpg
 import nats
+from pipeline import embedded_servers  # the sibling benchmark's servers
 
 from rollout.services.tracker.main import serve as serve_tracker
 from rollout.services.tracker.projections import ReadModels
@@ -35,8 +34,6 @@ from rollout.shared.contracts import EventEnvelope, new_id
 from rollout.shared.contracts import events as ev
 from rollout.shared.observability import configure_logging
 from rollout.shared.settings import Settings
-from rollout.shared.stack.nats import start_nats
-from rollout.shared.stack.postgres import start_postgres
 from rollout.shared.stack.process import die_with_parent
 from rollout.shared.store.db import create_pool, migrate
 from rollout.shared.store.projection import ProjectionRunner
@@ -207,17 +204,9 @@ def best(rounds: list[tuple[float, float]]) -> tuple[float, float]:
 
 async def main(count: int, repeat: int, in_process: bool) -> None:
     configure_logging("bench", level="WARNING")
-    home = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
-    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
-    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
+    settings, nats_server, pg = embedded_servers("rollout-bench-")
+    home = settings.home
     try:
-        settings = Settings(
-            home=home,
-            nats_url=nats_server.url,
-            database_url=pg.dsn(),
-            nats_user=nats_server.user,
-            nats_password=nats_server.password,
-        )
         raws, batches, ones = [], [], []
         for _ in range(repeat):
             # Alternating rounds: a neighbour's burst on a shared machine hits one round of

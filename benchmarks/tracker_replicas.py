@@ -22,13 +22,12 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import asyncpg
 import nats.js.errors
-from pipeline import TASKS, InstantAgent, env_spec, through_platform
+from pipeline import TASKS, InstantAgent, embedded_servers, env_spec, through_platform
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -38,8 +37,6 @@ from rollout.shared.bus.lease import BUCKET, DEFAULT_TTL_S, current_holder
 from rollout.shared.models.catalog import register_backend
 from rollout.shared.observability import configure_logging
 from rollout.shared.settings import Settings, connect_nats
-from rollout.shared.stack.nats import start_nats
-from rollout.shared.stack.postgres import start_postgres
 from rollout.shared.stack.process import die_with_parent
 
 IN_PROCESS = {
@@ -175,16 +172,8 @@ async def failover(
 async def main(rollouts: int, batch: int, repeats: int) -> None:
     configure_logging("bench", level="WARNING")
     register_instant()
-    home = Path(tempfile.mkdtemp(prefix="rollout-bench-replicas-"))
-    nats_server = start_nats(home / "nats", port=0, monitor_port=0, attached=True)
-    pg = start_postgres(home / "pg", port=0, attached=True, fast=True)
-    settings = Settings(
-        home=home,
-        nats_url=nats_server.url,
-        database_url=pg.dsn(),
-        nats_user=nats_server.user,
-        nats_password=nats_server.password,
-    )
+    settings, nats_server, pg = embedded_servers("rollout-bench-replicas-")
+    home = settings.home
     tasks = [
         asyncio.create_task(importlib.import_module(m).serve(settings)) for m in IN_PROCESS.values()
     ]
