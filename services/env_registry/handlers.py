@@ -10,7 +10,7 @@ from typing import Any
 from rollout.shared import subjects
 from rollout.shared.aggregates.append import decide_and_append
 from rollout.shared.audit import audit
-from rollout.shared.auth.ownership import acts_for_others, describe
+from rollout.shared.auth.ownership import describe, may_change
 from rollout.shared.bus.broker import jetstream
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -49,7 +49,7 @@ def check_slug_owner(slug: str, owner: str | None, pusher: str) -> None:
     colleague's key must not replace its tasks or verifier. The admin and the services may;
     slugs registered before owners were kept are not checked.
     """
-    if owner is None or owner == pusher or acts_for_others(pusher):
+    if may_change(pusher, owner):
         return
     raise RolloutError(
         f"environment {slug!r} belongs to {describe(owner)} (it pushed the first version), not "

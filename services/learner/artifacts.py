@@ -14,7 +14,7 @@ from nats.js.errors import NotFoundError
 
 from rollout.services.learner.journal import JobJournal, job_owner
 from rollout.shared import subjects
-from rollout.shared.auth.ownership import acts_for_others, describe
+from rollout.shared.auth.ownership import describe, may_change
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import CheckpointSaved, JobRequested, PolicyUpdated
 from rollout.shared.errors import RolloutError
@@ -90,7 +90,7 @@ async def check_name_owner(
     if latest is None or latest.job_id in (None, job_id) or owner is None:
         return
     theirs = await job_owner(js, latest.job_id)
-    if theirs is None or theirs == owner or acts_for_others(owner):
+    if may_change(owner, theirs):
         return
     raise RolloutError(
         f"suffix: model {model!r} was trained by {describe(theirs)} (job {latest.job_id}), not "

@@ -547,8 +547,10 @@ class RunStates:
             state = self._states.get(other)
             if now - since > STARTING_KEPT_S or (state is not None and state.total is not None):
                 del self._starting[other]  # its state holds its start now (or it never will)
+            elif whose == owner and waits:
+                waiting.add(at)
             elif whose == owner:
-                (waiting.add(at) if waits else under_way.add(other))
+                under_way.add(other)
         if run_id in under_way:
             under_way.discard(run_id)
         elif (cap := runs_per_owner()) is not None and key is not None:

@@ -37,11 +37,17 @@ def owner_for(caller: str, asked: str | None, what: str) -> str:
     return asked
 
 
+def may_change(caller: str, owner: str | None) -> bool:
+    """Whether `caller` may change what `owner` made: its owner, the admin and the services;
+    anyone for what was made before owners were kept (`owner` None)."""
+    return owner is None or owner == caller or acts_for_others(caller)
+
+
 def check_may_change(
     caller: str, owner: str | None, what: str, action: str = "cancel", hint: str = ""
 ) -> None:
     """RolloutError unless `caller` may `action` `what`, owned by `owner`."""
-    if owner is None or owner == caller or acts_for_others(caller):
+    if may_change(caller, owner):
         return
     raise RolloutError(
         f"{what} was started by {describe(owner)}, not by {describe(caller)}: a key may {action} "

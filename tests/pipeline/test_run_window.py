@@ -43,6 +43,29 @@ async def _completed(client: AsyncClient, run_id: str) -> bool:
         return False
 
 
+async def _head(js: Any, run_id: str) -> Any:
+    """The run's head once it has fanned out (None before)."""
+    found = await load_run_head(js, run_id)
+    return found if found is not None and found.total is not None else None
+
+
+async def _started(
+    client: AsyncClient, js: Any, model: str, owner: str | None = None
+) -> tuple[str, int | None]:
+    """A run of 2 rollouts per task in items of one, once fanned out: (its id, its window)."""
+    run_id = (await client.create_run("refunds", model, n=2, batch_size=1, owner=owner))["runId"]
+    head = await wait_until(lambda: _head(js, run_id), f"{owner or 'the'}'s run fanned out", 30)
+    return run_id, head.window
+
+
+async def _all_completed(client: AsyncClient, run_ids: list[str], rollouts: int) -> None:
+    """Each run completes with every rollout generated and scored once."""
+    for run_id in run_ids:
+        await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
+        done = await client.get_run(run_id)
+        assert (done["generated"], done["scored"]) == (rollouts, rollouts), done
+
+
 async def test_a_big_run_queues_its_window_and_the_rest_as_items_are_scored(
     actorless: tuple[Platform, AsyncClient, Any],
     agent_server: FakeOpenAI,
@@ -53,14 +76,8 @@ async def test_a_big_run_queues_its_window_and_the_rest_as_items_are_scored(
     await client.push_environment(refund_env(tasks=6))
     run = await client.create_run("refunds", f"{agent_server.base_url}#m", n=2, batch_size=1)
     run_id = run["runId"]
-
-    async def started() -> bool:
-        head = await load_run_head(js, run_id)
-        return head is not None and head.total is not None
-
-    await wait_until(started, "the run fanned out", 30)
-    head = await load_run_head(js, run_id)
-    assert head is not None and (head.work_items, head.window, head.total) == (12, 3, 12)
+    head = await wait_until(lambda: _head(js, run_id), "the run fanned out", 30)
+    assert (head.work_items, head.window, head.total) == (12, 3, 12)
     await wait_until(lambda: _queued_is(js, 3), "the run's window queued", 30)
 
     platform.start("actor")
@@ -216,32 +233,13 @@ async def test_one_owners_runs_share_one_window_and_another_owner_has_its_own(
     await client.push_environment(refund_env(tasks=6))
     model = f"{agent_server.base_url}#m"
 
-    async def start(owner: str) -> tuple[str, int | None]:
-        run_id = (await client.create_run("refunds", model, n=2, batch_size=1, owner=owner))[
-            "runId"
-        ]
-
-        async def head() -> Any:
-            found = await load_run_head(js, run_id)
-            return found if found is not None and found.total is not None else None
-
-        return run_id, (await wait_until(head, f"{owner}'s run fanned out", 30)).window
-
-    first, second, third = await start("alice"), await start("alice"), await start("bob")
+    runs = [await _started(client, js, model, owner) for owner in ("alice", "alice", "bob")]
     # Alice's second run gets half of her window, and her first one's next releases too;
     # Bob's run, started after both, still has a whole window of its own.
-    assert (first[1], second[1], third[1]) == (4, 2, 4)
+    assert [window for _, window in runs] == [4, 2, 4]
     await wait_until(lambda: _queued_is(js, 10), "4 + 2 + 4 items queued", 30)
     platform.start("actor")
-    for run_id, _ in (first, second, third):
-        await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
-        done = await client.get_run(run_id)
-        assert (done["generated"], done["scored"]) == (12, 12), done
-
-
-async def _head(js: Any, run_id: str) -> Any:
-    found = await load_run_head(js, run_id)
-    return found if found is not None and found.total is not None else None
+    await _all_completed(client, [run_id for run_id, _ in runs], 12)
 
 
 async def _first_position(js: Any, run_id: str, event_type: str) -> int:
@@ -265,14 +263,9 @@ async def test_an_owners_runs_past_the_cap_wait_for_its_earlier_ones(
     await client.push_environment(refund_env(tasks=6))
     model = f"{agent_server.base_url}#m"
 
-    async def start(owner: str) -> str:
-        run = await client.create_run("refunds", model, n=2, batch_size=1, owner=owner)
-        await wait_until(lambda: _head(js, run["runId"]), f"{owner}'s run fanned out", 30)
-        return run["runId"]
-
-    first, second, third = await start("alice"), await start("alice"), await start("bob")
-    windows = [(await _head(js, r)).window for r in (first, second, third)]
-    assert windows == [4, 0, 4]
+    runs = [await _started(client, js, model, owner) for owner in ("alice", "alice", "bob")]
+    assert [window for _, window in runs] == [4, 0, 4]
+    (first, _), (second, _), (third, _) = runs
     await wait_until(lambda: _queued_is(js, 8), "alice's first and bob's windows queued", 30)
     waiting = await client.get_run(second)
     assert (waiting["status"], waiting["waiting"], waiting["total"]) == ("queued", True, 12)
@@ -295,10 +288,7 @@ async def test_an_owners_runs_past_the_cap_wait_for_its_earlier_ones(
     for waiter in waiters:
         waiter.cancel()
     platform.start("actor")
-    for run_id in (first, second, third):
-        await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
-        done = await client.get_run(run_id)
-        assert (done["generated"], done["scored"]) == (12, 12), done
+    await _all_completed(client, [first, second, third], 12)
     # Alice's second run queued its first items only after her first ended.
     assert not (await client.get_run(second))["waiting"]
     first_end = await _first_position(js, first, "run.completed")
@@ -318,15 +308,11 @@ async def test_a_new_tracker_starts_a_waiting_run_it_never_saw_requested(
     monkeypatch.setenv(RUNS_PER_OWNER_ENV, "1")
     await client.push_environment(refund_env(tasks=3))
     model = f"{agent_server.base_url}#m"
-    first = (await client.create_run("refunds", model, n=2, batch_size=1))["runId"]
-    second = (await client.create_run("refunds", model, n=2, batch_size=1))["runId"]
-    await wait_until(lambda: _head(js, second), "the second run fanned out", 30)
-    assert (await _head(js, second)).window == 0
+    first, _ = await _started(client, js, model)
+    second, window = await _started(client, js, model)
+    assert window == 0
     await wait_until(lambda: _queued_is(js, 2), "the first run's window queued", 30)
     await platform.stop("tracker")
     platform.start("tracker")
     platform.start("actor")
-    for run_id in (first, second):
-        await wait_until(lambda r=run_id: _completed(client, r), "the runs completed", 120)
-        done = await client.get_run(run_id)
-        assert (done["generated"], done["scored"]) == (6, 6), done
+    await _all_completed(client, [first, second], 6)
