@@ -41,7 +41,7 @@ from rollout.shared.aggregates.run_options import (
 )
 from rollout.shared.auth.ownership import check_may_change, owner_for
 from rollout.shared.bus.broker import jetstream
-from rollout.shared.bus.deadletter import describe, retry_delay
+from rollout.shared.bus.deadletter import describe
 from rollout.shared.bus.publisher import ACK_TIMEOUT_S, ConcurrencyConflict, EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, new_id
 from rollout.shared.contracts.events import (
@@ -91,9 +91,8 @@ RUNS_PER_OWNER_ENV = "ROLLOUT_RUNS_PER_OWNER"
 DEFAULT_RUNS_PER_OWNER = 8
 # How long a run being fanned out counts in its owner's share before its state holds it.
 STARTING_KEPT_S = 60.0
-# What the bus may refuse for a while: a release that fails on these is left to the next
-# check (RunStates.release_all_due), a fan-out is retried with backoff.
-BUS_RETRIED = (OSError, RolloutError, RetrySignal, nats.errors.Error)
+# A release that fails on these is left to the next check (RunStates.release_all_due).
+RELEASE_RETRIED = (OSError, RolloutError, RetrySignal, nats.errors.Error)
 
 log = get_logger(__name__)
 
@@ -574,7 +573,7 @@ class RunStates:
             rows = []
         for row in rows:
             if row["run_id"] not in self._states:
-                with suppress(*BUS_RETRIED):
+                with suppress(*RELEASE_RETRIED):
                     await self._load(js, pool, row["run_id"])
         held = [
             s
@@ -600,7 +599,7 @@ class RunStates:
         """
         try:
             return await self._release_due(js, pool, run_id)
-        except BUS_RETRIED as exc:
+        except RELEASE_RETRIED as exc:
             log.warning("work release failed", run_id=run_id, error=describe(exc))
             return 0
 
@@ -817,15 +816,10 @@ def register_fan_out(broker: NatsBroker, states: RunStates) -> None:
             position = message.raw_message.metadata.sequence.stream
             # Before the first await: a fetch's requests are handled concurrently.
             share = states.reserve(event) if isinstance(event.body(), RunRequested) else None
-            try:
-                started = await fan_out(jetstream(broker), event, position, share)
-            except BUS_RETRIED as exc:
-                # The bus refused a step (no stream leader, a full store): tried again with
-                # backoff, never given up on; each step is idempotent (see fan_out).
-                delay = retry_delay(message.raw_message.metadata.num_delivered)
-                log.warning("fan-out failed; will retry", retry_in_s=delay, error=describe(exc))
-                await message.nack(delay=delay)
-                return
+            # A step the bus refuses (no stream leader, a full store) raises: the broker's
+            # dead-letter policy retries it with backoff for as long as it takes, this
+            # consumer's deliveries being unlimited; each step is idempotent (see fan_out).
+            started = await fan_out(jetstream(broker), event, position, share)
             if started is not None and started.window == 0:
                 log.info("run waits for its owner's earlier runs", work_items=started.work_items)
             elif started is not None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+import nats.errors
 import pydantic
 from fast_depends.exceptions import ValidationError as DependsValidationError
 from faststream import BaseMiddleware
@@ -113,6 +114,26 @@ def format_traceback(exc: BaseException) -> str:
         return text
     cut = len(text) - 2 * _TRACEBACK_CHARS
     return f"{text[:_TRACEBACK_CHARS]}\n... ({cut} characters cut) ...\n{text[-_TRACEBACK_CHARS:]}"
+
+
+# Failures of the bus or of a dependency that passes (NATS reconnecting, a stream with no
+# leader, a refused publish, a retry asked for): the message itself is fine.
+_TRANSIENT = (nats.errors.Error, OSError, TimeoutError, RetrySignal)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when `exc` says the bus or a dependency is away for now (a later try may pass)."""
+    return isinstance(exc, _TRANSIENT)
+
+
+async def _unlimited(js: JetStreamContext, msg: Msg) -> bool:
+    """Whether the message's consumer redelivers without limit (asked only before giving up)."""
+    meta = msg.metadata
+    try:
+        info = await js.consumer_info(meta.stream, meta.consumer)
+    except (nats.errors.Error, OSError, TimeoutError):
+        return False  # unknown: the consumer's own limit may be near, so give up as usual
+    return info.config.max_deliver in (None, -1)
 
 
 def is_poison(exc: BaseException, data: bytes) -> bool:
@@ -235,11 +256,19 @@ class _DeadLetterMiddleware(BaseMiddleware):
             return True
         deliveries = msg.metadata.num_delivered
         poison = is_poison(exc_val, msg.data)
-        if poison or deliveries >= self.policy.max_deliver:
+        js = self.policy._js_provider()
+        # A transient failure never dead-letters a message its consumer may redeliver for as
+        # long as it takes: a run's fan-out or a job's dead letter given up on after a few
+        # seconds of a stream without a leader would strand the run or the job.
+        give_up = poison or (
+            deliveries >= self.policy.max_deliver
+            and not (is_transient(exc_val) and await _unlimited(js, msg))
+        )
+        if give_up:
             reason = describe(exc_val)
             if not poison:
                 reason = gave_up(deliveries, reason)
-            await record_dead_letter(self.policy._js_provider(), msg, reason)
+            await record_dead_letter(js, msg, reason)
             await msg.term()
             log.error("message dead-lettered", subject=msg.subject, reason=reason)
         else:

@@ -36,9 +36,10 @@ TRACKER_READ_MODELS = Consumer(
     batch=True,
     ack_policy=AckPolicy.MANUAL,
 )
-# Unlimited deliveries: the handler retries a fan-out the bus refused (the work queue or the
-# log unavailable) with backoff for as long as it takes; given up on, its run would sit
-# started with nothing queued until its deadline.
+# Unlimited deliveries: a fan-out the bus refused (the work queue or the log unavailable) is
+# retried with backoff for as long as it takes (the dead-letter policy gives up on a transient
+# failure only where deliveries are limited); given up on, its run would sit started with
+# nothing queued until its deadline.
 TRACKER_FANOUT = Consumer(
     _EVENTS,
     "tracker-fanout",
@@ -122,4 +123,7 @@ LEARNER_DEADLETTERS = Consumer(
     subjects.dead_letter(LEARNER_JOBS.name),
     title="learner/dead-lettered-jobs",
     description="Ends a job whose work item was dead-lettered with job.failed and the reason.",
+    # A job.failed the bus refuses for a while is retried until it lands: given up on, the
+    # job would never end.
+    max_deliver=-1,
 )

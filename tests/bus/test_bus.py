@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import nats.errors
 import pytest
 from faststream.nats import JStream, PullSub
 from nats.js import api
@@ -271,3 +272,45 @@ async def test_a_one_off_read_of_nothing_ends_without_waiting_out_its_idle_timeo
     await EventPublisher(js).publish(failed(new_id()[:16], 0))  # the stream is not empty
     nothing = read_events(js, subjects.run_events("no-such-run"), idle_timeout_s=60.0)
     assert await asyncio.wait_for(anext(nothing, None), 10) is None
+
+
+@pytest.mark.parametrize("unlimited", [True, False])
+async def test_a_transient_failure_is_retried_past_max_deliver_where_deliveries_are_unlimited(
+    settings, nats_client, unlimited: bool
+) -> None:
+    # The bus away for a while (here 4 attempts): a consumer that redelivers without limit
+    # keeps the message until it gets through; one with a limit dead-letters it as before.
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    key = new_id()
+    subject = subjects.work("bustest", key)
+    durable = f"bustest-{key}"
+    config = pull_consumer_config(durable, subject, max_deliver=-1 if unlimited else 2)
+    await ensure_consumer(js, subjects.WORK_STREAM, config)
+    attempts: list[int] = []
+    broker = make_broker(settings, max_deliver=2)
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(subjects.WORK_STREAM, declare=False),
+        durable=durable,
+        pull_sub=PullSub(batch_size=1, timeout=0.3),
+    )
+    async def handle(event: EventEnvelope) -> None:
+        attempts.append(1)
+        if len(attempts) <= 4:
+            raise nats.errors.NoRespondersError
+
+    await js.publish(subject, failed(key, 1).to_bytes())
+    async with broker:
+        await broker.start()
+        if unlimited:
+            await wait_until(lambda: len(attempts) == 5, "the fifth attempt", DEADLINE_S)
+        else:
+            await wait_until(
+                lambda: _dead_letters(js, key_subject=subject), "a dead letter", DEADLINE_S
+            )
+    if unlimited:
+        assert await _dead_letters(js, key_subject=subject) == []
+    else:
+        assert len(attempts) == 2
