@@ -192,7 +192,10 @@ async def execute(ctx: LearnerContext, job_id: str, delivery: Delivery | None = 
         return
     journal = JobJournal(ctx.js, job_id, history.envelope)
     try:
-        plan = await plan_job(ctx, request_of(history.requested), job_id=job_id)
+        requested = history.requested
+        plan = await plan_job(
+            ctx, request_of(requested), job_id=job_id, env_version=requested.env_version
+        )
         if not plan.base.local:
             await run_provider_job(ctx, plan, history)
         elif plan.method.online:

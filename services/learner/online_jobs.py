@@ -47,7 +47,6 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.models import trained
 from rollout.shared.models.weights_proof import proven
 from rollout.shared.observability import get_logger
-from rollout.shared.store import env_versions
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -137,8 +136,6 @@ class OnlineJob:
         self.collected: set[str] = set()
         # Why the last round run with no verdict at all failed (for the job's own failure).
         self.last_errored: str | None = None
-        # The env version every round runs on (read when the job starts).
-        self.env_version: int | None = None
 
     async def _publish(self, *, checkpoint: bool = True) -> None:
         """Save the learner's current version: checkpoint (resume) and policy (actors)."""
@@ -176,7 +173,7 @@ class OnlineJob:
         body = CreateRun(
             client_request_id=round_request_id(self.job_id, step, attempt),
             env_slug=self.plan.event.env_slug or "",
-            env_version=self.env_version,
+            env_version=self.plan.event.env_version,
             model=self.model,
             n=self.config.group_size,
             split="train",
@@ -217,12 +214,11 @@ class OnlineJob:
             # checkpoint and its announcement, the resumed version is announced now.
             saved = {c.step for c in self.history.checkpoints}
             await self._publish(checkpoint=version not in saved)
-        env, _ = await env_versions.latest(self.ctx.js, self.plan.event.env_slug or "")
-        if env is None:
-            raise RolloutError(f"environment {self.plan.event.env_slug!r} is gone")
-        # Every round runs on this version: a version pushed meanwhile (by anyone's key, with
-        # another verifier) must not change the rewards the job learns from mid-way.
-        self.env_version = env.version
+        # Every round runs on the version the job's request pinned (the plan read it): a
+        # version pushed meanwhile (by anyone's key, with another verifier) must not change
+        # the rewards the job learns from, mid-way or after a resume.
+        env = self.plan.env
+        assert env is not None  # planned as an online job
         train_tasks = train_task_indices(env.spec)
         target = int(self.config.max_steps or 1)
         # The runs in flight, one per upcoming step (in step order); after a step, the next

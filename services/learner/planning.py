@@ -23,7 +23,7 @@ from rollout.services.learner.basemodels import (
 from rollout.services.learner.context import LearnerContext
 from rollout.shared import subjects
 from rollout.shared.aggregates.run import RunState, load_run_head, rollout_id
-from rollout.shared.contracts.events import JobRequested
+from rollout.shared.contracts.events import EnvRegistered, JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
 from rollout.shared.contracts.snapshot import SnapshotRow
 from rollout.shared.errors import RolloutError
@@ -84,6 +84,8 @@ class JobPlan:
     pairs: int = 0
     # Tasks of the source run left out of the training data as held out (their splits).
     held_out_excluded: int = 0
+    # An online job's env, at the version its request pinned (`event.env_version`).
+    env: EnvRegistered | None = None
 
 
 def settings(method: Method, base: TrainBase, hyperparams: dict[str, Any]) -> tuple[Any, Any]:
@@ -324,9 +326,16 @@ async def _training_rows(
 
 
 async def plan_job(
-    ctx: LearnerContext, cmd: CreateTrainingJob, *, job_id: str | None = None
+    ctx: LearnerContext,
+    cmd: CreateTrainingJob,
+    *,
+    job_id: str | None = None,
+    env_version: int | None = None,
 ) -> JobPlan:
     """Validate `cmd`; return the plan or raise RolloutError listing what is wrong.
+
+    An online job trains on `env_version` of its env, the one its request pinned when it is
+    planned again to run (None: the newest, pinned now).
 
     SFT and DPO data come from the buffer, asked once the run is known to have completed.
     """
@@ -373,7 +382,8 @@ async def plan_job(
                 f"source_dataset: {cmd.method} trains online on an env (--env); a dataset "
                 f"trains {', '.join(methods.names(online=False))}"
             )
-        await _check_env(js, cmd.env_slug)
+        plan.env = await _check_env(js, cmd.env_slug, env_version)
+        plan.event.env_version = plan.env.version
         await reward_model_dir(getattr(config, "reward_model", None))
         if getattr(config, "teacher", None) is not None:
             await asyncio.to_thread(teacher_base, config.teacher)
@@ -401,19 +411,29 @@ async def plan_job(
     return plan
 
 
-async def _check_env(js: JetStreamContext, slug: str | None) -> None:
+async def _check_env(
+    js: JetStreamContext, slug: str | None, number: int | None = None
+) -> EnvRegistered:
+    """Version `number` of an online job's env (None: the newest), once it is one the job can
+    train on."""
     if not slug:
         raise RolloutError("env_slug: online training needs an environment (`--env SLUG`)")
     try:
         subjects.token(slug, "env_slug")
     except subjects.SubjectError as exc:
         raise RolloutError(str(exc)) from None
-    env, _ = await env_versions.latest(js, slug)
+    if number is not None:
+        env = await env_versions.version(js, slug, number)
+        if env is None:
+            raise RolloutError(f"env_slug: environment {slug!r} has no version {number}")
+    else:
+        env, _ = await env_versions.latest(js, slug)
     if env is None:
         raise RolloutError(f"env_slug: no environment {slug!r} (push it with `rollout push`)")
     tasks = env.spec.get("tasks", [])
     if not any(t.get("split", "train") == "train" for t in tasks):
         raise RolloutError(f"env_slug: environment {slug!r} has no tasks in its train split")
+    return env
 
 
 async def reward_model_dir(name: str | None) -> Path | None:

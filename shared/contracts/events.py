@@ -284,6 +284,10 @@ class JobRequested(Payload):
     source_run_id: str | None = None
     rollout_ids: list[str] = Field(default_factory=list)
     env_slug: str | None = None
+    # The env version an online job trains on: the newest when the job was requested, so a
+    # version pushed later (by anyone's key, with another verifier) never changes the rewards
+    # it learns from, resumed or not. None: requested before versions were pinned.
+    env_version: int | None = None
     suffix: str | None = None
     hyperparams: dict[str, Any] = Field(default_factory=dict)
     # The command's client request id and fingerprint: a retry gets this job back.
