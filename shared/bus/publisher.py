@@ -16,6 +16,7 @@ from typing import TypeVar
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
 
+from rollout.shared.bus import async_replies  # noqa: F401 (a refused publish fails at once)
 from rollout.shared.contracts.envelope import CONTENT_TYPE, EventEnvelope
 from rollout.shared.errors import RetrySignal, RolloutError
 
