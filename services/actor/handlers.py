@@ -236,8 +236,9 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
                  work_item_id=work.work_item_id, ended=ended.event_type)  # fmt: skip
         return
     todo = work
-    if delivery.number > 1:
-        # An earlier delivery may have published part of it before its replica died.
+    if delivery.number > 1 or work.requeued:
+        # An earlier delivery (of this message, or of the item queued before) may have
+        # published part of it before its replica died.
         done = await redelivery.already_generated(js, work)
         published.update(done)
         todo = redelivery.remaining(work, done)

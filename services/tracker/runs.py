@@ -288,10 +288,11 @@ def work_items(
     start: int = 0,
     stop: int | None = None,
     seeds: Seeds | None = None,
+    requeued: bool = False,
 ) -> list[RolloutWork]:
     """Split a run into batches of rollouts (those from `start` to `stop`); ids and seeds are
     derived, so a retried fan-out dedups and a later slice matches the whole. `seeds` carries
-    a run's draws from one slice to the next."""
+    a run's draws from one slice to the next; `requeued` marks items queued before."""
     total = len(run.task_indices) * run.n
     first = min(total, start * run.batch_size)
     last = total if stop is None else min(total, stop * run.batch_size)
@@ -324,6 +325,7 @@ def work_items(
             trace_id=event.trace_id,
             correlation_id=event.correlation_id,
             causation_id=event.id,
+            requeued=requeued,
         )
         for index, batch in enumerate(batches, start=start)
     ]
@@ -369,7 +371,7 @@ async def fan_out(
         recorded = await load_run_head(js, run.run_id)
         window = recorded.window if recorded is not None else None
         started = started.model_copy(update={"window": window})
-    await queue_work(js, work_items(event, run, 0, started.window))
+    await queue_work(js, work_items(event, run, 0, started.window, requeued=not fresh))
     return started
 
 

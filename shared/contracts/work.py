@@ -40,3 +40,7 @@ class RolloutWork(BaseModel):
     trace_id: str
     correlation_id: str
     causation_id: str
+    # Queued again by a redelivered fan-out: an earlier queue of the same item may have been
+    # generated already, past the work stream's dedup window (which drops a re-queue only
+    # within it), so the actor reads the log for its rollouts even on a first delivery.
+    requeued: bool = False

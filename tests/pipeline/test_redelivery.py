@@ -75,6 +75,45 @@ async def test_a_redelivered_item_generates_only_the_rollouts_not_on_the_log(
         assert len(server.requests) > 0
 
 
+async def test_an_item_queued_again_past_the_dedup_window_generates_only_what_is_not_on_the_log(
+    actorless: tuple[Platform, AsyncClient, Any],
+) -> None:
+    # A redelivered fan-out queues the run's items again; past the work stream's dedup window
+    # JetStream takes the copy as a new message, its first delivery. The copy says it was
+    # queued before, so the actor reads the log first and generates only the rest.
+    platform, client, js = actorless
+    await client.push_environment(refund_env(tasks=2))
+    with FakeOpenAI(refund_agent) as server:
+        run = await client.create_run(
+            "refunds", f"{server.base_url}#scripted", n=2, temperature=0.0, batch_size=4
+        )
+        sub = await js.pull_subscribe_bind(durable="actors", stream=subjects.WORK_STREAM)
+        (msg,) = await sub.fetch(1, timeout=30)
+        work = RolloutWork.model_validate_json(msg.data)
+        await msg.ack()  # the first queue was taken and half generated
+        await sub.unsubscribe()
+        first = work.model_copy(update={"items": work.items[:2]})
+        part = failed_batch(first, "the first queue's result", actor_id="gone", kind="model")
+        # Under an event id of its own: past the events stream's dedup window too, a second
+        # trajectory of these rollouts would not be dropped there either.
+        await EventPublisher(js).publish(
+            EventEnvelope.new(
+                RolloutsGenerated(run_id=work.run_id, work_item_id=work.work_item_id,
+                                  rollouts=part),
+                aggregate_id=work.run_id, id_parts=(work.work_item_id, "first queue"),
+                run_id=work.run_id,
+            )
+        )  # fmt: skip
+        again = work.model_copy(update={"requeued": True})
+        await js.publish(
+            subjects.work("rollouts", work.run_id), again.model_dump_json().encode()
+        )  # a new message id: as JetStream takes it once its dedup window has passed
+        platform.start("actor")
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+        assert done["status"] == "completed" and done["scored"] == 4, done
+        assert await _generated(js, run["runId"]) == Counter(i.rollout_id for i in work.items)
+
+
 async def test_an_item_every_delivery_dies_on_is_recorded_as_errored(
     actorless: tuple[Platform, AsyncClient, Any],
 ) -> None:
