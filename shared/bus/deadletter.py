@@ -126,16 +126,6 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSIENT)
 
 
-async def _unlimited(js: JetStreamContext, msg: Msg) -> bool:
-    """Whether the message's consumer redelivers without limit (asked only before giving up)."""
-    meta = msg.metadata
-    try:
-        info = await js.consumer_info(meta.stream, meta.consumer)
-    except (nats.errors.Error, OSError, TimeoutError):
-        return False  # unknown: the consumer's own limit may be near, so give up as usual
-    return info.config.max_deliver in (None, -1)
-
-
 def is_poison(exc: BaseException, data: bytes) -> bool:
     """True when `exc` says the message itself is malformed (no retry can help)."""
     if not isinstance(exc, _POISON):
@@ -216,6 +206,22 @@ class DeadLetterPolicy:
     ) -> None:
         self._js_provider = js_provider
         self.max_deliver = max_deliver
+        # Whether each consumer redelivers without limit: asked of JetStream once, and only
+        # when a transient failure reaches `max_deliver`.
+        self._unlimited: dict[tuple[str, str], bool] = {}
+
+    async def unlimited(self, msg: Msg) -> bool:
+        """Whether the message's consumer redelivers without limit (False when unknown: its
+        own limit may be near, so the message is dead-lettered as usual)."""
+        meta = msg.metadata
+        key = (meta.stream, meta.consumer)
+        if key not in self._unlimited:
+            try:
+                info = await self._js_provider().consumer_info(*key)
+            except (nats.errors.Error, OSError, TimeoutError):
+                return False
+            self._unlimited[key] = info.config.max_deliver in (None, -1)
+        return self._unlimited[key]
 
     def __call__(self, msg: Any, /, *, context: Any) -> _DeadLetterMiddleware:
         return _DeadLetterMiddleware(msg, context=context, policy=self)
@@ -256,19 +262,18 @@ class _DeadLetterMiddleware(BaseMiddleware):
             return True
         deliveries = msg.metadata.num_delivered
         poison = is_poison(exc_val, msg.data)
-        js = self.policy._js_provider()
         # A transient failure never dead-letters a message its consumer may redeliver for as
         # long as it takes: a run's fan-out or a job's dead letter given up on after a few
         # seconds of a stream without a leader would strand the run or the job.
         give_up = poison or (
             deliveries >= self.policy.max_deliver
-            and not (is_transient(exc_val) and await _unlimited(js, msg))
+            and not (is_transient(exc_val) and await self.policy.unlimited(msg))
         )
         if give_up:
             reason = describe(exc_val)
             if not poison:
                 reason = gave_up(deliveries, reason)
-            await record_dead_letter(js, msg, reason)
+            await record_dead_letter(self.policy._js_provider(), msg, reason)
             await msg.term()
             log.error("message dead-lettered", subject=msg.subject, reason=reason)
         else:
