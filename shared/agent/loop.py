@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 # Tool outputs are shown to the model in full up to this size; beyond it they are cut.
 MAX_TOOL_MESSAGE_CHARS = 20_000
+# A code point no UTF-8 text holds: a model that writes `"\\ud800"` in a call's JSON (or an
+# endpoint that sends one) would make its trajectory impossible to encode, so its whole batch
+# would fail to publish and be dead-lettered instead of scored.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # A backend that does not stop at a request's deadline itself is given this long past the
 # latest one before the turn is abandoned (the hf backend stops its rows on time).
 DEADLINE_GRACE_S = 5.0
@@ -261,8 +266,47 @@ def _start(
     )
 
 
+def _text(text: str) -> str:
+    """`text` with each lone surrogate replaced by U+FFFD (so it encodes as UTF-8)."""
+    return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
+
+
+def _json_text(value: Any) -> Any:
+    """A parsed JSON value with every string (keys too) passed through `_text`."""
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, dict):
+        return {_text(k): _json_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_text(v) for v in value]
+    return value
+
+
+def _encodable(response: ChatResponse) -> ChatResponse:
+    """The response with no lone surrogate in its text, names or arguments."""
+    texts = [response.content or "", response.error or ""]
+    texts += [f"{c.id}{c.name}{c.arguments}{c.error or ''}" for c in response.tool_calls]
+    if not any(_LONE_SURROGATE.search(t) for t in texts):
+        return response
+    calls = [
+        c.model_copy(
+            update={
+                "id": _text(c.id),
+                "name": _text(c.name),
+                "arguments": _text(c.arguments),
+                "error": c.error and _text(c.error),
+            }
+        )
+        for c in response.tool_calls
+    ]
+    content = response.content and _text(response.content)
+    error = response.error and _text(response.error)
+    return response.model_copy(update={"content": content, "tool_calls": calls, "error": error})
+
+
 async def _apply(state: _State, response: ChatResponse) -> None:
     state.turn += 1
+    response = _encodable(response)
     if response.finish_reason == "deadline":
         # The backend stopped this row at the rollout's deadline: what it wrote is kept.
         _record_turn(state, response)
@@ -409,6 +453,8 @@ async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolR
             error=f"invalid JSON arguments for '{call.name}': {exc.msg} at char {exc.pos} "
             f"in {_clip(raw, 200)!r}"
         )
+    if "\\u" in raw:  # a `\\ud800` escape decodes to a lone surrogate
+        arguments = _json_text(arguments)
     if not isinstance(arguments, dict):
         return {}, ToolResult(
             error=f"arguments for '{call.name}' must be a JSON object, "

@@ -20,6 +20,7 @@ from rollout.shared.agent.loop import Episode, SamplingParams, run_episode, run_
 from rollout.shared.envs.runtime import ToolResult, ToolSpec
 from rollout.shared.models.base import ChatRequest, ChatResponse
 from rollout.shared.models.openai_compat import OpenAICompatBackend
+from rollout.shared.objectstore.claimcheck import to_json_bytes
 
 
 class ShopRuntime:
@@ -153,6 +154,39 @@ async def test_malformed_tool_call_from_the_api_is_a_tool_error(fake_openai) -> 
     trajectory = await run_episode(ShopRuntime(), http_backend(server), "go")
     [record] = trajectory.tool_calls
     assert record.name == "<malformed>" and "malformed tool call" in record.error
+
+
+async def test_a_lone_surrogate_the_model_writes_leaves_a_trajectory_that_encodes(
+    fake_openai,
+) -> None:
+    # `"\\ud800"` is valid JSON text any model can write; decoded, it is a code point no UTF-8
+    # holds. Kept as is, the trajectory cannot be published: the actor's whole batch failed
+    # to encode and was dead-lettered, so no rollout of it was ever scored.
+    lone = "\ud800"
+    unnamed = completion(
+        f"Done {lone}",
+        [
+            {
+                "id": f"c{lone}",
+                "type": "function",
+                "function": {"name": f"x{lone}", "arguments": "{}"},
+            }
+        ],
+    )
+    server = fake_openai(
+        [tool_reply(("refund", {"order_id": f"O-1{lone}", lone: 1})), unnamed, text_reply("ok")]
+    )
+    runtime = ShopRuntime()
+    trajectory = await run_episode(runtime, http_backend(server), "Refund order O-1")
+
+    encoded = to_json_bytes(trajectory.model_dump(mode="json")).decode()
+    assert "\ufffd" in encoded
+    assert runtime.refunds == [{"order_id": "O-1\ufffd", "\ufffd": 1}]
+    assert trajectory.tool_calls[0].arguments == {"order_id": "O-1\ufffd", "\ufffd": 1}
+    assert (
+        trajectory.tool_calls[1].name == "x\ufffd"
+        and "unknown tool" in trajectory.tool_calls[1].error
+    )
 
 
 async def test_max_tool_calls_stops_the_episode(fake_openai) -> None:
