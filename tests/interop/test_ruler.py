@@ -11,6 +11,7 @@ from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs import validate_environment
 from rollout.shared.envs.verifiers.engine import score_group
+from rollout.shared.envs.verifiers.ruler import MAX_TRAJECTORY_CHARS
 
 
 def _spec(judge: str, extra: list | None = None) -> EnvironmentSpec:
@@ -108,3 +109,42 @@ def test_validation_requires_a_judge_model() -> None:
     del spec["verifier"]["primitives"][0]["judgeModel"]
     problems = validate_environment(spec)
     assert any("judgeModel" in p or "judge_model" in p for p in problems), problems
+
+
+def _claims_then_fails() -> Trajectory:
+    """A sample that opens with a long claim of success, then fails its only call."""
+    claim = "I refunded order O-1 in full and checked that the refund went through. " * 400
+    call = {"id": "c1", "type": "function", "function": {"name": "refund", "arguments": "{}"}}
+    return Trajectory(
+        messages=[
+            {"role": "user", "content": "Refund order O-1"},
+            {"role": "assistant", "content": claim},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"error": "refund: no order"}'},
+            {"role": "assistant", "content": "I could not refund it."},
+        ],
+        tool_calls=[ToolCallRecord(index=0, name="refund", arguments={}, error="no order")],
+        final_output="I could not refund it.",
+        final_state={"refunds": []},
+    )
+
+
+def _judge_of_what_it_sees(body: dict) -> object:
+    """A judge that fails a sample whose failed call or final answer it can read."""
+    text = body["messages"][-1]["content"]
+    seen = "refund: no order" in text or "could not refund" in text
+    score = 0.0 if seen else 1.0
+    return text_reply(json.dumps({"scores": [{"trajectory_id": "1", "score": score}]}))
+
+
+async def test_a_long_opening_claim_cannot_hide_the_failure_and_the_answer_from_the_judge() -> None:
+    # The judge's view used to be the trajectory's first 20,000 characters: padding the first
+    # turn with claims of success pushed the failed call and the real final answer out of it.
+    with FakeOpenAI(_judge_of_what_it_sees) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        [result] = await score_group(spec, spec.tasks[0], [_claims_then_fails()])
+        [body] = judge.chat_bodies
+    assert result.score == 0.0 and not result.passed, result
+    seen = body["messages"][-1]["content"]
+    assert len(seen) < 2 * MAX_TRAJECTORY_CHARS
+    assert '"final_answer": "I could not refund it."' in seen

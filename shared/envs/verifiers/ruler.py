@@ -99,21 +99,67 @@ def _escape(text: str) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+# Each string of a step (a message's text, a call's arguments) is cut to this many characters,
+# and the final answer and error to ANSWER_CHARS: one long turn cannot crowd the others out.
+STEP_STRING_CHARS = 2_000
+ANSWER_CHARS = 4_000
+
+
+def _clipped(value: Any, limit: int) -> Any:
+    """`value` with every string longer than `limit` cut, saying how much was left out."""
+    if isinstance(value, str):
+        return (
+            value if len(value) <= limit else f"{value[:limit]}… [{len(value) - limit} more chars]"
+        )
+    if isinstance(value, dict):
+        return {k: _clipped(v, limit) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clipped(v, limit) for v in value]
+    return value
+
+
+def _dumped(value: Any) -> str:
+    return _escape(json.dumps(value, ensure_ascii=False, default=str))
+
+
 def render(trajectory: Trajectory) -> str:
-    """A trajectory as the judge reads it: messages, tool calls and the final answer."""
-    body: dict[str, Any] = {}
+    """A trajectory as the judge reads it: messages, tool calls and the final answer.
+
+    At most about MAX_TRAJECTORY_CHARS: long strings are cut, then steps from the middle are
+    left out (the first and the last kept, the count said), and the final answer and error are
+    always shown. Cutting the text's end instead let a trajectory that opened with a long
+    claim of success hide its failed calls and its real answer from the judge."""
     if trajectory.messages:
-        body["messages"] = trajectory.messages
+        key, steps = "messages", list(trajectory.messages)
     else:
-        body["tool_calls"] = [
+        key = "tool_calls"
+        steps = [
             {"name": c.name, "arguments": c.arguments, "result": c.result, "error": c.error}
             for c in trajectory.tool_calls
         ]
-    body["final_answer"] = trajectory.final_output
+    end: dict[str, Any] = {"final_answer": _clipped(trajectory.final_output, ANSWER_CHARS)}
     if trajectory.error:
-        body["error"] = trajectory.error
-    text = _escape(json.dumps(body, ensure_ascii=False, default=str))
-    return text if len(text) <= MAX_TRAJECTORY_CHARS else text[:MAX_TRAJECTORY_CHARS] + "…"
+        end["error"] = _clipped(trajectory.error, ANSWER_CHARS)
+    tail = _dumped(end)[1:]  # `"final_answer": ...}`
+    if not steps:
+        return "{" + tail
+    budget = MAX_TRAJECTORY_CHARS - len(tail) - len(key) - 64
+    # A step of many strings (a turn of many calls) is cut as text past a quarter of the room.
+    parts = [_dumped(_clipped(step, STEP_STRING_CHARS)) for step in steps]
+    parts = [p if len(p) <= budget // 4 else p[: budget // 4] + "…" for p in parts]
+    if sum(len(p) + 1 for p in parts) > budget:
+        first, rest = parts[0], parts[1:]
+        kept: list[str] = []
+        used = len(first) + 1
+        for part in reversed(rest):
+            if used + len(part) + 1 > budget:
+                break
+            kept.insert(0, part)
+            used += len(part) + 1
+        omitted = len(rest) - len(kept)
+        note = _dumped({"omitted": f"{omitted} step(s) left out here for length"})
+        parts = [first, note, *kept]
+    return "{" + f'"{key}": [' + ", ".join(parts) + "], " + tail
 
 
 def judge_messages(params: RulerParams, task: TaskSpec, group: list[Trajectory]) -> list[dict]:
