@@ -448,9 +448,14 @@ async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolR
     raw = call.arguments.strip()
     try:
         arguments = json.loads(raw) if raw else {}
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return {}, ToolResult(
             error=f"invalid JSON arguments for '{call.name}': {exc.msg} at char {exc.pos} "
+            f"in {_clip(raw, 200)!r}"
+        )
+    except ValueError as exc:  # valid JSON Python will not read: an integer of 4,301+ digits
+        return {}, ToolResult(
+            error=f"invalid JSON arguments for '{call.name}': {_clip(str(exc), 200)} "
             f"in {_clip(raw, 200)!r}"
         )
     if "\\u" in raw:  # a `\\ud800` escape decodes to a lone surrogate

@@ -54,12 +54,20 @@ def parse_tool_calls(text: str, *, id_prefix: str = "call") -> tuple[str | None,
     return (content or None), calls
 
 
+def _why(exc: ValueError) -> str:
+    """What is wrong with a call's JSON: a decode error, or one Python will not read (an
+    integer of 4,301+ digits raises a plain ValueError, with no msg or pos to name)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at char {exc.pos}"
+    return str(exc)[:200]
+
+
 def _parse_block(body: str, next_id: Any) -> list[ToolCall]:
     raw = body.strip()
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        return [_broken(raw, next_id(), f"invalid JSON ({exc.msg} at char {exc.pos})")]
+        return [_broken(raw, next_id(), f"invalid JSON ({_why(exc)})")]
     if isinstance(data, list) and data and all(isinstance(d, dict) for d in data):
         return [_call(item, json.dumps(item), next_id()) for item in data]
     return [_call(data, raw, next_id())]
@@ -93,7 +101,7 @@ def _bare_calls(text: str, calls: list[ToolCall], next_id: Any) -> str:
             raw = text[start:].strip()
             if '"arguments"' in raw or '"parameters"' in raw:
                 kept.append(text[position:start])
-                calls.append(_broken(raw, next_id(), f"invalid JSON ({exc.msg})"))
+                calls.append(_broken(raw, next_id(), f"invalid JSON ({_why(exc)})"))
                 position = len(text)
                 break
             continue

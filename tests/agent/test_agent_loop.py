@@ -128,6 +128,9 @@ async def test_multi_turn_episode_records_everything(fake_openai) -> None:
     [
         (("refund", '{"order_id": "O-1", "amount": }'), "invalid JSON arguments for 'refund'"),
         (("refund", "[1, 2]"), "arguments for 'refund' must be a JSON object, got list"),
+        # Valid JSON whose integer Python refuses to read (over 4,300 digits): the loop used to
+        # raise on it, so the actor's whole batch was dead-lettered and never scored.
+        (("refund", '{"amount": ' + "9" * 5000 + "}"), "invalid JSON arguments for 'refund'"),
         (("cancel_order", {"order_id": "O-1"}), "unknown tool 'cancel_order'; available tools"),
         (("explode", {}), "tool 'explode' failed: RuntimeError: kaboom"),
         (("lookup_order", {"order_id": "O-9"}), "no order 'O-9'"),

@@ -194,6 +194,18 @@ def test_other_parts_can_register_forms() -> None:
             [("f", '{"name": "f", "arguments": {"team": billing}}', True)],
         ),
         ('The answer is {"name": "Paris"}.', 'The answer is {"name": "Paris"}.', []),
+        # Valid JSON Python will not read (an integer over 4,300 digits): a malformed call, not
+        # an AttributeError that failed the backend's whole batch.
+        (
+            f'<tool_call>{{"name": "f", "arguments": {{"a": {"9" * 5000}}}}}</tool_call>',
+            None,
+            [("f", f'{{"name": "f", "arguments": {{"a": {"9" * 5000}}}}}', True)],
+        ),
+        (
+            f'{{"name": "f", "arguments": {{"a": {"9" * 5000}}}}}',
+            None,
+            [("f", f'{{"name": "f", "arguments": {{"a": {"9" * 5000}}}}}', True)],
+        ),
     ],
 )
 def test_hermes_parsing(text: str, content, calls) -> None:
