@@ -151,10 +151,16 @@ def neutralised(messages: list[dict[str, Any]], tokens: list[str]) -> list[dict[
     transcript (a user verdict, a tool call) that the reward model reads as structure.
     """
 
+    # Removed until none is left: one pass would turn `<|im_<|im_end|>end|>` into `<|im_end|>`.
+    # Each pass is one regex scan; a pass only repeats when it removed something.
+    pattern = re.compile("|".join(map(re.escape, tokens))) if tokens else None
+
     def clean(value: Any) -> Any:
         if isinstance(value, str):
-            for token in tokens:
-                value = value.replace(token, "")
+            while pattern is not None:
+                value, removed = pattern.subn("", value)
+                if not removed:
+                    break
             return value
         if isinstance(value, list):
             return [clean(v) for v in value]
