@@ -7,7 +7,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-import httpx
 from faststream import Context
 from faststream.nats import NatsRoute
 
@@ -35,7 +34,6 @@ from rollout.shared.contracts.events import (
 )
 from rollout.shared.contracts.requests import CheckModel, Reply
 from rollout.shared.contracts.work import RolloutWork
-from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.models.base import ModelBackend, backend_problem, close_backend
 from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.models.trained import FollowsPolicy, apply_update, refresh_policy
@@ -295,9 +293,11 @@ async def generate(work: RolloutWork, broker: CurrentBroker, actor: State) -> No
                 return
             finally:
                 actor.stops.finish(work.run_id, task)
-        except (RolloutError, RetrySignal, httpx.HTTPError, OSError, ObjectStoreError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever fails an item ends on its rollouts
             # Retry a few times (a flaky endpoint); then record the failure on each rollout
-            # not yet on the log so the run still finishes and says why.
+            # not yet on the log so the run still finishes and says why. An error nothing
+            # expects (a bug) too: raised past the last delivery, the item was dead-lettered
+            # with its rollouts never recorded, and its run waited for its deadline.
             delivery.retry(exc)
             kind: ErrorKind = "infra" if isinstance(exc, OSError | ObjectStoreError) else stage
             rollouts = failed_batch(

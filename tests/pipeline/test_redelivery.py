@@ -18,6 +18,7 @@ from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import EventEnvelope
 from rollout.shared.contracts.events import RolloutsGenerated
 from rollout.shared.contracts.work import RolloutWork
+from rollout.shared.models.catalog import register_backend
 from rollout.shared.service import durables
 from rollout.shared.settings import Settings
 
@@ -157,3 +158,28 @@ async def test_a_batch_every_verifier_dies_on_is_recorded_as_errored(settings: S
         full = await client.get_run(run["runId"], include_rollouts=True)
         [error] = {r["error"] for r in full["rollouts"]}
         assert error.startswith("gave up after 5 attempts: the verifier replica handling it"), error
+
+
+class _Unexpected:
+    """A backend that fails in a way no handler expects (a bug, say): not a model error."""
+
+    name = "unexpected-test"
+
+    async def generate(self, requests: list[Any]) -> list[Any]:
+        """Fail the way a bug would."""
+        raise ZeroDivisionError("a bug in the backend")
+
+
+async def test_an_item_an_unexpected_error_fails_is_recorded_as_errored_not_dropped(
+    actorless: tuple[Platform, AsyncClient, Any],
+) -> None:
+    # Retried like any failure, then its rollouts are recorded as errored with the reason, so
+    # the run ends saying why instead of waiting for its deadline with the item dead-lettered.
+    register_backend("unexpected-test:", lambda rest: _Unexpected(), example="unexpected-test:x")
+    platform, client, js = actorless
+    await client.push_environment(refund_env(tasks=2))
+    run = await client.create_run("refunds", "unexpected-test:x", n=1)
+    platform.start("actor")
+    done = await client.wait_for_run(run["runId"], timeout_s=120)
+    assert (done["status"], done["errored"]) == ("failed", 2), done
+    assert "ZeroDivisionError: a bug in the backend" in (done["reason"] or ""), done
