@@ -297,10 +297,25 @@ def test_samples_of_one_task_are_not_counted_as_independent_trials(capsys) -> No
     assert mixed["base"]["passRateInterval"] == list(wilson_interval(384, 768))
 
 
+def test_a_deterministic_run_at_0_or_100_percent_is_no_surer_at_n8_than_at_n1() -> None:
+    # Every sample of every task failed (or passed): eight samples of a task say no more than
+    # one. Counted as 256 independent trials, 0 of 32 tasks read as "at most 1.5%".
+    for per_task in ([0] * 32, [1] * 32):
+        once = comparison(_sampled_run("a", per_task, 1), _sampled_run("b", per_task, 1))
+        eight = comparison(
+            _sampled_run("a", [8 * k for k in per_task], 8),
+            _sampled_run("b", [8 * k for k in per_task], 8),
+        )
+        assert eight["base"]["designEffect"] == 8.0
+        assert eight["base"]["passRateInterval"] == pytest.approx(once["base"]["passRateInterval"])
+        assert eight["deltaPassRateInterval"] == pytest.approx(once["deltaPassRateInterval"])
+
+
 def test_design_effect_edges() -> None:
     assert design_effect([]) == 1.0
     assert design_effect([(3, 8)]) == 1.0  # one task: nothing to cluster on
-    assert design_effect([(8, 8), (8, 8)]) == 1.0  # a rate of 1: no variance either way
+    assert design_effect([(8, 8), (8, 8)]) == 8.0  # a rate of 1: counted as one trial a task
+    assert design_effect([(0, 8), (0, 4)]) == pytest.approx(80 / 12)  # sum(n^2) / sum(n)
     assert design_effect([(1, 1), (0, 1), (1, 1)]) == 1.0  # one sample per task
 
 
