@@ -166,6 +166,14 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def pass_rate_interval(run: dict[str, Any]) -> list[float] | None:
+    """The run's 95% Wilson interval over its verdicts, counted as `comparison` counts them."""
+    if judged(run) <= 0:
+        return None
+    effect = _design_effect(run) or 1.0
+    return list(wilson_interval(run["passed"] / effect, judged(run) / effect))
+
+
 def _design_effect(run: dict[str, Any]) -> float | None:
     """The run's design effect over its tasks (shared.stats.design_effect); None when it has
     several samples per task but its task table is partial (not every task's counts known)."""

@@ -234,6 +234,24 @@ async def test_a_run_whose_every_rollout_errored_fails_and_says_why(
     assert rate.split()[3] == "-", rate  # no verdict: no rate, not 0%
 
 
+async def test_show_and_follow_give_the_pass_rate_with_its_interval(
+    client, agent_server, settings
+) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    model = f"{agent_server.base_url}#m"
+    code, out, err = await rollout(settings, "run", "refunds", "--model", model, "-n", "4", "-f")
+    assert code == 0, err
+    run_id = out.splitlines()[0].split()[1].rstrip(":")
+    code, out_cmp, err = await rollout(settings, "compare", run_id, run_id, "--json")
+    interval = json.loads(out_cmp)["base"]["passRateInterval"]
+    # The same interval `rollout compare` gives (its samples counted as compare counts them).
+    assert f"% {format_interval(interval)}  mean score" in out, out
+    code, out, err = await rollout(settings, "show", run_id)
+    assert code == 0 and f"% {format_interval(interval)}  mean score" in out, out
+    code, out, err = await rollout(settings, "show", run_id, "--json")
+    assert json.loads(out)["passRateInterval"] == interval
+
+
 async def test_a_partly_errored_run_names_its_errors_and_still_compares(
     client, agent_server, settings
 ) -> None:

@@ -11,7 +11,14 @@ from typing import Any
 from rollout.cli._common import env_ref, print_json, shown_status
 from rollout.cli.experiments import run_config
 from rollout.client import AsyncClient
-from rollout.comparison import MOSTLY_ERRORED, comparison, error_line, error_summary, first_line
+from rollout.comparison import (
+    MOSTLY_ERRORED,
+    comparison,
+    error_line,
+    error_summary,
+    first_line,
+    pass_rate_interval,
+)
 from rollout.errors import RolloutError
 from rollout.follow import follow_run
 from rollout.shared.audit.static import verifier_warnings
@@ -286,6 +293,7 @@ async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any
     elif run.get("errored"):
         errored = await client.errored_rollouts(run["runId"], run["errored"])
     run["errorSummary"] = error_summary(run, errored)
+    run["passRateInterval"] = pass_rate_interval(run)
     return run
 
 
@@ -345,6 +353,9 @@ def print_run(run: dict[str, Any]) -> None:
     # with no verdict at all there is no rate (the read model's 0.0 would read as one).
     verdicts = run["scored"] - run["errored"]
     rate = f"{run['passRate']:.1%}" if verdicts > 0 else "-"
+    if verdicts > 0 and run.get("passRateInterval"):
+        # A pass rate is never shown bare: its 95% interval, as `rollout compare` counts it.
+        rate += f" {format_interval(tuple(run['passRateInterval']))}"
     score = f"{run['meanScore']:.3f}" if verdicts > 0 else "-"
     print(f"  scored {run['scored']}/{run['total']}  passed {run['passed']}"
           f"  failed {run.get('failed', run['scored'] - run['passed'] - run['errored'])}"
