@@ -562,7 +562,13 @@ def _raw_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         if isinstance(dataset, datasets.DatasetDict):
             raise RolloutError(f"{path}: a DatasetDict; import one split's folder")
         return [(f"{path}: row {i}", row) for i, row in enumerate(dataset)]
-    if path.suffix.lower() == ".parquet":
+    kind = FILE_FORMATS.get(path.suffix.lower())
+    if kind is None:
+        # `rollout export --out snap` writes jsonl (or parquet, with --format) under a name
+        # without its suffix: such a file is read back by what it holds.
+        kind = "jsonl" if _is_earlier_jsonl(path) else None
+        kind = kind or ("parquet" if _is_earlier_parquet(path) else None)
+    if kind == "parquet":
         import pyarrow.parquet as pq
 
         try:
@@ -570,7 +576,7 @@ def _raw_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         except (OSError, ValueError) as exc:
             raise RolloutError(f"{path}: not a parquet file ({exc})") from None
         return [(f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist())]
-    if path.suffix.lower() == ".jsonl":
+    if kind == "jsonl":
         out = []
         offset = 0
         # Read as bytes: a byte that is not UTF-8 is then named by its offset in the file.

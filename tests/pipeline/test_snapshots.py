@@ -352,6 +352,24 @@ def test_import_replaces_an_earlier_import_and_fills_an_empty_folder(tmp_path, c
     assert sorted(os.listdir(tmp_path)) == ["empty", "good.jsonl", "one.jsonl", "sets"]
 
 
+def test_an_export_written_under_a_name_without_suffix_is_imported(tmp_path, capsys) -> None:
+    # `rollout export --run RUN --format jsonl|parquet --out snap`, then `rollout import snap`
+    # (README): the file has no suffix to say its format, so its content does.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [_row(), _row(rollout_id="r2", sample_index=1)]
+    _write_rows(tmp_path / "snap", *rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "snap-parquet")
+    for name in ("snap", "snap-parquet"):
+        assert [r.rollout_id for r in read_snapshot(tmp_path / name)] == ["r1", "r2"]
+        code, out, _ = _cli(capsys, "import", str(tmp_path / name), "-o", str(tmp_path / "o"))
+        assert code == 0 and out.startswith("2 rollouts imported"), out
+    (tmp_path / "notes").write_text("not a snapshot\n")
+    with pytest.raises(RolloutError, match="unknown snapshot format"):
+        read_snapshot(tmp_path / "notes")
+
+
 def test_export_hf_replaces_only_an_earlier_hf_export(tmp_path) -> None:
     rows = [SnapshotRow.model_validate(r).model_dump() for r in (_row(), _row(rollout_id="r2"))]
     target = tmp_path / "exp"
