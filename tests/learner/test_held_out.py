@@ -3,12 +3,14 @@ the model never trained on. Choosing held-out rollouts by id is refused; the fla
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from learner_kit import scripted_run
 from pipeline.kit import refund_env
 
+from rollout.cli import main
 from rollout.errors import RolloutError
 from rollout.shared.aggregates.run import rollout_id
 from rollout.shared.contracts.buffer import RolloutsQuery
@@ -70,7 +72,14 @@ async def test_a_run_of_held_out_tasks_alone_is_refused_for_training(
 
 
 async def test_a_dataset_snapshot_leaves_out_its_held_out_tasks_too(
-    client, agent_server, tiny_model: Path, learner_env, tmp_path: Path
+    client,
+    agent_server,
+    tiny_model: Path,
+    learner_env,
+    tmp_path: Path,
+    capsys,
+    settings,
+    monkeypatch,
 ) -> None:
     """An export of a run on every task carries the held-out task's rows; each row names its
     env version and task, so a job on the snapshot leaves them out as a job on the run does."""
@@ -92,6 +101,18 @@ async def test_a_dataset_snapshot_leaves_out_its_held_out_tasks_too(
         base_model=base, method="sft", dataset=snapshot, hyperparams=SFT, include_held_out=True
     )
     assert both["trainingRows"] == len(passing) and both["heldOutTasksExcluded"] == 0, both
+    # The CLI names the dataset it left them out of (it said "run None" and "env None").
+    for name, value in (
+        ("ROLLOUT_HOME", str(settings.home)), ("ROLLOUT_NATS_URL", settings.nats_url),
+        ("ROLLOUT_NATS_USER", settings.nats_user or ""),
+        ("ROLLOUT_NATS_PASSWORD", settings.nats_password or ""),
+    ):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    args = ["improve", "--model", base, "--dataset", str(snapshot), "--steps", "1"]
+    assert await asyncio.to_thread(main, args) == 0
+    out = capsys.readouterr().out
+    assert f"left out 1 held-out task(s) of dataset {snapshot} (" in out, out
+    assert f"of {base} on dataset {snapshot}\n" in out and "None" not in out, out
 
     only_test = write_snapshot(
         [r for r in rows if r["task_index"] == 0], tmp_path / "test.jsonl", "jsonl"

@@ -221,7 +221,8 @@ async def _improve(args: argparse.Namespace) -> int:
         )
         if (held := job.get("heldOutTasksExcluded")) and not args.json:
             # Said up front: the run scored tasks the job will not learn from.
-            print(f"  left out {held} held-out task(s) of run {args.run_id} (--include-held-out"
+            source = f"run {args.run_id}" if args.run_id else f"dataset {args.dataset}"
+            print(f"  left out {held} held-out task(s) of {source} (--include-held-out"
                   " to train on them)")  # fmt: skip
         if args.follow:
             if not args.json:
@@ -234,7 +235,11 @@ async def _improve(args: argparse.Namespace) -> int:
     elif args.follow:
         print_job(job)
     else:
-        what = f"run {args.run_id}" if args.run_id else f"env {args.env_slug}"
+        what = (
+            f"run {args.run_id}" if args.run_id
+            else f"dataset {args.dataset}" if args.dataset
+            else f"env {args.env_slug}"
+        )  # fmt: skip
         print(f"job {job['id']} queued: {args.method} of {args.model} on {what}")
         print(f"  model when done: {job['model']}  (or the job id {job['id']})")
         print(f"  follow: rollout job {job['id']} --follow")
