@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fakes.openai_server import FakeOpenAI, error_reply, text_reply, tool_reply
+from fakes.openai_server import FakeOpenAI, by_conversation, error_reply, text_reply, tool_reply
 
 REFUND = """
     from rollout import Environment, Task
@@ -142,6 +142,23 @@ def test_model_request_failure_marks_the_task_error_and_exits_1(rollout_test) ->
     task = run.task()
     assert task["status"] == "ERROR" and "maximum context length exceeded" in task["error"]
     assert run.report["ok"] is False and run.report["summary"]["errors"] == 1
+
+
+def test_an_errored_task_has_no_score_and_stays_out_of_the_mean(rollout_test) -> None:
+    # Task 0 passes; task 1's model request fails. Its unfinished episode is no verdict: it
+    # showed "score 0.25" (an idle episode's credit) and pulled the mean score down with it.
+    script = by_conversation({"O-1": GOOD_RUN, "O-2": [error_reply(400, "context too long")]})
+    run = rollout_test(REFUND, script)
+    assert run.code == 1
+    tasks = run.report["environments"][0]["tasks"]
+    assert [(t["status"], t["score"]) for t in tasks] == [("PASS", 1.0), ("ERROR", None)]
+    summary = run.report["summary"]
+    assert (summary["passRate"], summary["meanScore"], summary["errors"]) == (1.0, 1.0, 1)
+    run = rollout_test(REFUND, [error_reply(400, "context too long")], "--task", "1",
+                       json_output=False)  # fmt: skip
+    assert run.code == 1 and "[1] ERROR  score -  Refund order O-2" in run.stdout, run.stdout
+    assert "verifier: no verdict (the task errored)" in run.stdout
+    assert "0/1 passed · mean score - · 1 error(s)" in run.stdout, run.stdout
 
 
 def test_bad_api_key_is_a_clear_error(rollout_test) -> None:

@@ -214,7 +214,8 @@ def _task_report(spec: Any, index: int, trajectory: Any, verdict: Any) -> dict[s
         "instruction": task.instruction,
         "status": status,
         "passed": bool(verdict.passed) and not error,
-        "score": round(float(verdict.score), 6),
+        # An episode that errored has no verdict (as on the platform): not a score of 0.25.
+        "score": None if error else round(float(verdict.score), 6),
         "error": error,
         "finishReason": trajectory.finish_reason,
         "finalOutput": trajectory.final_output,
@@ -252,7 +253,7 @@ def _error_report(spec: Any, index: int, error: str) -> dict[str, Any]:
         "instruction": task.instruction,
         "status": "ERROR",
         "passed": False,
-        "score": 0.0,
+        "score": None,
         "error": error,
         "finishReason": "error",
         "finalOutput": None,
@@ -263,15 +264,22 @@ def _error_report(spec: Any, index: int, error: str) -> dict[str, Any]:
 
 
 def _summary(tasks: list[dict[str, Any]]) -> dict[str, Any]:
-    n = len(tasks)
+    """Counts, and the pass rate and mean score over the verdicts (None with none)."""
+    judged = [t for t in tasks if t["status"] != "ERROR"]
+    n = len(judged)
     return {
-        "tasks": n,
+        "tasks": len(tasks),
         "passed": sum(1 for t in tasks if t["status"] == "PASS"),
         "failed": sum(1 for t in tasks if t["status"] == "FAIL"),
-        "errors": sum(1 for t in tasks if t["status"] == "ERROR"),
-        "passRate": round(sum(1 for t in tasks if t["passed"]) / n, 6) if n else 0.0,
-        "meanScore": round(sum(t["score"] for t in tasks) / n, 6) if n else 0.0,
+        "errors": len(tasks) - n,
+        "passRate": round(sum(1 for t in judged if t["passed"]) / n, 6) if n else None,
+        "meanScore": round(sum(t["score"] for t in judged) / n, 6) if n else None,
     }
+
+
+def _score(value: float | None) -> str:
+    """A score to two places; `-` for none (an errored episode has no verdict)."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -282,7 +290,8 @@ def _print_report(report: dict[str, Any]) -> None:
         for task in env["tasks"]:
             print()
             print(
-                f"[{task['index']}] {task['status']}  score {task['score']:.2f}  {task['instruction']}"
+                f"[{task['index']}] {task['status']}  score {_score(task['score'])}"
+                f"  {task['instruction']}"
             )
             if task["toolCalls"]:
                 print("    tool calls:")
@@ -301,7 +310,9 @@ def _print_report(report: dict[str, Any]) -> None:
                 print(f"    stopped: {task['finishReason']}")
             if task["error"]:
                 print(f"    error: {task['error']}")
-            if task["verifier"]:
+            if task["error"] and task["verifier"]:
+                print("    verifier: no verdict (the task errored)")
+            elif task["verifier"]:
                 print("    verifier:")
                 for p in task["verifier"]:
                     mark = "✓" if p["passed"] else "✗"
@@ -313,12 +324,12 @@ def _print_report(report: dict[str, Any]) -> None:
         print()
         print(
             f"{env['slug']}: {s['passed']}/{s['tasks']} passed · mean score "
-            f"{s['meanScore']:.2f}" + (f" · {s['errors']} error(s)" if s["errors"] else "")
+            f"{_score(s['meanScore'])}" + (f" · {s['errors']} error(s)" if s["errors"] else "")
         )
     s = report["summary"]
     if len(report["environments"]) > 1:
         print(
-            f"all: {s['passed']}/{s['tasks']} passed · mean score {s['meanScore']:.2f}"
+            f"all: {s['passed']}/{s['tasks']} passed · mean score {_score(s['meanScore'])}"
             + (f" · {s['errors']} error(s)" if s["errors"] else "")
         )
     print(f"done in {s['seconds']:.1f}s")
