@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply
 from pipeline.kit import refund_agent, refund_env
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.tracker.servable import TIMEOUT_ENV
@@ -250,6 +252,33 @@ async def test_show_and_follow_give_the_pass_rate_with_its_interval(
     assert code == 0 and f"% {format_interval(interval)}  mean score" in out, out
     code, out, err = await rollout(settings, "show", run_id, "--json")
     assert json.loads(out)["passRateInterval"] == interval
+
+
+async def test_ctrl_c_while_following_a_run_says_the_run_goes_on(client, settings) -> None:
+    await client.push_environment(refund_env(tasks=1))
+    env = {
+        **os.environ,
+        "ROLLOUT_HOME": str(settings.home),
+        "ROLLOUT_NATS_URL": settings.nats_url,
+        "ROLLOUT_NATS_USER": settings.nats_user or "",
+        "ROLLOUT_NATS_PASSWORD": settings.nats_password or "",
+    }
+    with FakeOpenAI([Reply({"error": {"message": "never sent"}}, 400)]) as server:
+        server.hold()  # the run's first model call waits: the CLI is following it then
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rollout.cli", "run", "refunds", "--model",
+            f"{server.base_url}#m", "-f",
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await wait_until(lambda: server.held_ports, "the run's first model call")
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        server.release()
+    assert proc.returncode == 130
+    run_id = out.decode().split()[1].rstrip(":")
+    assert f"interrupted: run {run_id} goes on" in err.decode(), err.decode()
+    assert f"`rollout cancel {run_id}` stops it" in err.decode()
+    assert "Traceback" not in err.decode()
 
 
 async def test_a_partly_errored_run_names_its_errors_and_still_compares(

@@ -255,7 +255,14 @@ async def _run_cmd(args: argparse.Namespace) -> int:
             return run
         if not args.json:
             print(f"run {run['runId']}: {slug} v{run['env_version']} × {args.model}")
-        await follow_run(client, run["runId"], quiet=args.json)
+        try:
+            await follow_run(client, run["runId"], quiet=args.json)
+        except asyncio.CancelledError:
+            # Ctrl-C stops the following, not the run: say so, and how to stop it too.
+            rid = run["runId"]
+            print(f"\ninterrupted: run {rid} goes on (`rollout show {rid}` follows it up;"
+                  f" `rollout cancel {rid}` stops it)", file=sys.stderr)  # fmt: skip
+            raise
         # The final event is on the log; wait for the read model to show it too.
         done = await client.wait_for_run(run["runId"], timeout_s=60)
         return await with_errors(client, done)
