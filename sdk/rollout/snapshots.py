@@ -427,6 +427,8 @@ def write_snapshot(rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
     """Write rows as jsonl, parquet or a `save_to_disk` folder; all or nothing (tmp + rename)."""
     import datasets
 
+    # The CLI says what it wrote in one line; datasets' bars are noise on stderr (and escaped).
+    datasets.disable_progress_bars()
     check_export_out(out, fmt)
     final = out.resolve() if fmt == "hf" else out
     tmp = _staging_dir(final, f"--out {out}")

@@ -370,6 +370,14 @@ def test_an_export_written_under_a_name_without_suffix_is_imported(tmp_path, cap
         read_snapshot(tmp_path / "notes")
 
 
+def test_export_writes_no_progress_bars_to_stderr(tmp_path, capfd) -> None:
+    every = dict.fromkeys(SnapshotRow.model_fields)  # as export_rows writes them: each field
+    rows = [every | _row(), every | _row(rollout_id="r2", sample_index=1)]
+    for fmt, name in (("parquet", "snap.parquet"), ("hf", "snap-hf")):
+        write_snapshot(rows, tmp_path / name, fmt)
+        assert capfd.readouterr().err == "", fmt  # "Creating parquet from Arrow format: 0%|"
+
+
 def test_export_hf_replaces_only_an_earlier_hf_export(tmp_path) -> None:
     rows = [SnapshotRow.model_validate(r).model_dump() for r in (_row(), _row(rollout_id="r2"))]
     target = tmp_path / "exp"
