@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout.client import AsyncClient
-from rollout.comparison import comparison
+from rollout.comparison import comparison, pass_rate_interval
 from rollout.errors import RolloutError
 from rollout.follow import follow_job, follow_run
 from rollout.plans import (
@@ -43,6 +43,7 @@ from rollout.shared.contracts.envelope import EventEnvelope, deterministic_id, p
 from rollout.shared.contracts.plan import ExperimentPlan, PassingSelection, RunStage, Stage
 from rollout.shared.contracts.training import resolve_method
 from rollout.shared.envs import load_environments, select_environment
+from rollout.shared.stats import format_interval
 
 Say = Callable[[str], None]
 # How long a train stage asks again while the buffer catches up with the run it trains on (a
@@ -163,9 +164,35 @@ async def run_plan(
 
 
 def _brief(outputs: dict[str, Any]) -> str:
-    keys = ("runId", "passRate", "jobId", "model", "deltaPassRate", "skipped")
-    return ", ".join(f"{k} {outputs[k]:.3g}" if isinstance(outputs[k], float) else
-                     f"{k} {outputs[k]}" for k in keys if outputs.get(k) is not None)  # fmt: skip
+    return describe_outputs(
+        outputs, ("runId", "passRate", "jobId", "model", "deltaPassRate", "skipped")
+    )
+
+
+def describe_outputs(outputs: dict[str, Any], keys: tuple[str, ...]) -> str:
+    """A stage's outputs in a line; a pass rate or its delta with its 95% interval (the paired
+    one when the compare has it), as `rollout show` and `rollout compare` give them."""
+    parts = []
+    for key in keys:
+        value = outputs.get(key)
+        if value is None:
+            continue
+        if key == "passRate":
+            text, interval, signed = f"{value:.0%}", outputs.get("passRateInterval"), False
+        elif key == "deltaPassRate":
+            interval = outputs.get("deltaPassRatePairedInterval")
+            text, signed = f"{value:+.0%}", True
+            interval = interval or outputs.get("deltaPassRateInterval")
+        else:
+            text, interval, signed = (
+                (f"{value:.3g}" if isinstance(value, float) else str(value)),
+                None,
+                False,
+            )
+        if interval:
+            text += f" {format_interval((interval[0], interval[1]), signed=signed)}"
+        parts.append(f"{key} {text}")
+    return ", ".join(parts)
 
 
 async def _push_envs(client: AsyncClient, check: PlanCheck, say: Say) -> dict[str, int]:
@@ -279,6 +306,7 @@ async def _run(
         "envVersion": version,
         "split": spec.split,
         "passRate": done["passRate"],
+        "passRateInterval": pass_rate_interval(done),
         "meanScore": done["meanScore"],
         "passed": done["passed"],
         "scored": done["scored"],
@@ -443,5 +471,6 @@ async def _compare(client: AsyncClient, state: PlanState, base: str, other: str)
         "otherPassRate": result["other"]["passRate"],
         "deltaPassRate": result["deltaPassRate"],
         "deltaPassRateInterval": result["deltaPassRateInterval"],
+        "deltaPassRatePairedInterval": result["deltaPassRatePairedInterval"],
         "warnings": result["warnings"],
     }

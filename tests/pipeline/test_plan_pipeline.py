@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from test_cli_platform import rollout
 
+from rollout.comparison import comparison
 from rollout.errors import RolloutError
 from rollout.plans import check_plan, load_plan_state
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import deterministic_id
+from rollout.shared.stats import format_interval
 
 
 def refund_env_file(tmp_path: Path, tasks: int, name: str = "Refunds") -> Path:
@@ -146,6 +148,17 @@ async def test_plan_runs_stage_by_stage_as_events(client, agent_server, settings
     code, out, err = await rollout(settings, "run", "--config", str(path))
     assert code == 0 and "already completed" in out, (out, err)
     assert len(await client.list_runs(100)) == runs_before
+    # Every pass rate and delta it prints carries its 95% interval, as `rollout show` and
+    # `rollout compare` give them (it printed a bare "passRate 0.75" and "deltaPassRate 0").
+    for outputs in (baseline, heldout):
+        interval = outputs["passRateInterval"]
+        run = await client.get_run(outputs["runId"])
+        assert interval == comparison(run, run)["base"]["passRateInterval"]
+        assert f"passRate {outputs['passRate']:.0%} {format_interval(interval)}" in out, out
+    shown = delta["deltaPassRatePairedInterval"] or delta["deltaPassRateInterval"]
+    assert (
+        f"deltaPassRate {delta['deltaPassRate']:+.0%} {format_interval(shown, signed=True)}" in out
+    )
 
 
 async def test_a_killed_plan_resumes_without_repeating_a_stage(

@@ -12,7 +12,7 @@ from typing import Any
 from rollout.cli._common import client_settings_or_error, print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.plan_runner import run_plan
+from rollout.plan_runner import describe_outputs, run_plan
 from rollout.plans import check_plan, load_plan_state
 from rollout.shared import subjects
 from rollout.shared.settings import connect_nats
@@ -175,11 +175,7 @@ def _print_state(summary: dict[str, Any]) -> None:
         print(f"  reason: {summary['reason']}")
     for s in summary["stages"]:
         outputs = s["outputs"]
-        shown = ", ".join(
-            f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-            for k, v in outputs.items()
-            if k in ("runId", "passRate", "jobId", "model", "deltaPassRate")
-        )
+        shown = describe_outputs(outputs, ("runId", "passRate", "jobId", "model", "deltaPassRate"))
         print(
             f"  {s['name']:<20} {s['status']:<10} {shown}{'  ' + s['reason'] if s['reason'] else ''}"
         )
