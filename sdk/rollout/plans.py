@@ -665,9 +665,25 @@ def _learned(
     source = earlier.get(train.from_) if train.from_ is not None else None
     spec = (source.run or source.evaluate) if source is not None else None
     if spec is not None:
-        split = f"on split {spec.split}" if spec.split else "with no split (every task)"
-        how = f"stage {stage.name!r} trained on rollouts of stage {source.name!r}, run {split}"
-        learned.append(_Learned(_env_id(check, spec.env), spec.split, how))
+        # The learner trains on a run's train tasks only and refuses rollouts of held-out ones
+        # chosen by id (a plan cannot ask it otherwise): a plan it would stop is refused here.
+        assert source is not None
+        where, demos = f"stages[{i}].train", f"stage {source.name!r}"
+        if spec.split is not None and spec.split != "train":
+            check.problems.append(
+                f"{where}.from: {demos} runs the {spec.split} tasks, held-out ones: the learner "
+                f'never trains on them and would refuse the job; run {demos} on split = "train"'
+            )
+        elif spec.split is None and train.passing is not None:
+            check.problems.append(
+                f"{where}.passing: picks rollouts of {demos}, which runs every task, held-out "
+                f'ones included: the learner refuses those; run {demos} on split = "train"'
+            )
+        else:
+            how = f"stage {stage.name!r} trained on rollouts of {demos}, run " + (
+                "on split train" if spec.split else "with no split (its train tasks only)"
+            )
+            learned.append(_Learned(_env_id(check, spec.env), "train", how))
     elif train.from_ is None and train.env is not None:
         # Online methods sample the env's train split (the learner's planning).
         how = f"stage {stage.name!r} trained online on its train split"

@@ -234,53 +234,74 @@ compare = { base = "before", other = "after" }
 
 
 def test_scoring_a_model_on_the_split_it_trained_on_is_refused(tmp_path: Path) -> None:
+    # The learner never trains on held-out tasks and refuses a job on them: the plan would stop
+    # at its train stage after running the ones before, so it is refused before anything runs.
     result = check(plan_in(tmp_path, LEAK))
     assert result.problems == [
-        "stages[2].evaluate.split: model 'sft' learned from the test tasks of support-refunds "
-        "(stage 'sft' trained on rollouts of stage 'demos', run on split test): its score "
-        "would measure recall, not held-out performance; train on another split"
+        "stages[1].train.from: stage 'demos' runs the test tasks, held-out ones: the learner "
+        "never trains on them and would refuse the job; run stage 'demos' on split = \"train\""
     ]
     # Demonstrations of the train split: the same plan is fine.
     fixed = check(
         plan_in(tmp_path, LEAK.replace('"teacher", split = "test"', '"teacher", split = "train"'))
     )
     assert fixed.ok and not fixed.warnings, (fixed.problems, fixed.warnings)
-    # A run with no split trains on every task, the test ones included.
-    every = check(
+    # A run with no split: the job trains on its train tasks only, so a test score is held out
+    # (this was refused as "learned from the test tasks").
+    no_split = LEAK.replace(
+        ', split = "test" }\n[[stages]]\nname = "sft"', ' }\n[[stages]]\nname = "sft"'
+    )
+    every = check(plan_in(tmp_path, no_split))
+    assert every.ok and not every.warnings, (every.problems, every.warnings)
+    # Scored on train, it is a measure of fit, said so.
+    fit = check(
+        plan_in(tmp_path, no_split.replace('"sft", split = "test"', '"sft", split = "train"'))
+    )
+    assert fit.ok and any("(its train tasks only)" in w for w in fit.warnings), fit.warnings
+    # Choosing its rollouts by id picks held-out ones too, which the learner refuses.
+    picked = check(
         plan_in(
             tmp_path,
-            LEAK.replace(
-                ', split = "test" }\n[[stages]]\nname = "sft"', ' }\n[[stages]]\nname = "sft"'
+            no_split.replace(
+                'train = { method = "sft", model = "policy", from = "demos" }',
+                'train = { method = "sft", model = "policy", from = "demos", passing = {} }',
             ),
         )
     )
-    assert [p.split(": ")[0] for p in every.problems] == ["stages[2].evaluate.split"]
-    assert "run with no split (every task)" in every.problems[0]
+    assert [p.split(": ")[0] for p in picked.problems] == ["stages[1].train.passing"]
+    # A validation split is held out as well: the plan stopped at its train stage.
+    val = check(
+        plan_in(
+            tmp_path, LEAK.replace('"teacher", split = "test"', '"teacher", split = "validation"')
+        )
+    )
+    assert [p.split(": ")[0] for p in val.problems] == ["stages[1].train.from"], val.problems
 
 
 def test_what_a_model_learned_passes_to_models_trained_from_it(tmp_path: Path) -> None:
-    # GRPO on top of an SFT of test demonstrations still knows the test tasks.
-    stages = LEAK.replace(
-        '[[stages]]\nname = "after"\nevaluate = { env = "support", model = "sft"',
+    # GRPO on top of an SFT of train demonstrations still knows the train tasks.
+    stages = LEAK.replace('"teacher", split = "test"', '"teacher", split = "train"').replace(
+        '[[stages]]\nname = "after"\nevaluate = { env = "support", model = "sft", split = "test"',
         '[[stages]]\nname = "g"\ntrain = { method = "grpo", model = "sft", env = "support" }\n'
-        '[[stages]]\nname = "after"\nevaluate = { env = "support", model = "g"',
+        '[[stages]]\nname = "after"\nevaluate = { env = "support", model = "g", split = "train"',
     )
     result = check(plan_in(tmp_path, stages))
-    assert len(result.problems) == 1, result.problems
-    assert result.problems[0].startswith(
-        "stages[3].evaluate.split: model 'g' learned from the test"
-    )
-    # Another environment's test split is not what it learned from.
+    assert result.ok, result.problems
+    assert any(
+        w.startswith("stages[3].evaluate.split: model 'g' learned from these train tasks")
+        for w in result.warnings
+    ), result.warnings
+    # Another environment's train split is not what it learned from.
     elsewhere = """
 [[stages]]
 name = "demos"
-run = { env = "support", model = "teacher", split = "test" }
+run = { env = "support", model = "teacher", split = "train" }
 [[stages]]
 name = "sft"
 train = { method = "sft", model = "policy", from = "demos" }
 [[stages]]
 name = "after"
-evaluate = { env = "stock", model = "sft", split = "test" }
+evaluate = { env = "stock", model = "sft", split = "train" }
 """
     result = check(plan_in(tmp_path, elsewhere))
     assert result.ok and not result.warnings, (result.problems, result.warnings)
