@@ -110,6 +110,7 @@ def snapshot_row(
         "task_index": index,
         "sample_index": int(rollout["sampleIndex"]),
         "task_id": task.id if task is not None else None,
+        "split": task.split if task is not None else None,
         "model": rollout.get("model") or run["model"],
         "policy_version": int(rollout.get("policyVersion") or 0),
         "seed": rollout.get("seed"),
@@ -209,6 +210,7 @@ def buffer_row(item: Mapping[str, Any], tasks: list[Any]) -> dict[str, Any] | No
         "task_index": index,
         "sample_index": int(item["sample_index"]),
         "task_id": task.id if task is not None else None,
+        "split": task.split if task is not None else None,
         "model": item["model"],
         "policy_version": int(item["policy_version"]),
         "seed": item.get("seed"),
@@ -720,11 +722,17 @@ def replace_folder(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def import_snapshot(path: Path, out: Path, *, min_margin: float = 0.0) -> dict[str, int]:
-    """Check PATH, then write DIR/rollouts.jsonl and the training sets (all or nothing)."""
+def import_snapshot(
+    path: Path, out: Path, *, min_margin: float = 0.0, include_held_out: bool = False
+) -> dict[str, int]:
+    """Check PATH, then write DIR/rollouts.jsonl and the training sets (all or nothing); rows
+    of held-out tasks (a split other than train) stay out of the sets unless asked for."""
     check_out_folder(out, "-o", "import", _is_earlier_import, inputs=[path], new="sets")
     rows = read_snapshot(path)
-    sets = training_sets(rows, min_margin)
+    held = [] if include_held_out else [r for r in rows if r.split not in (None, "train")]
+    kept = [r for r in rows if r.split in (None, "train")] if held else rows
+    sets = training_sets(kept, min_margin)
     files = {"rollouts": [row.model_dump(mode="json") for row in rows], **sets}
     replace_folder(out, files, "import", _is_earlier_import, inputs=[path])
-    return {"rollouts": len(rows), **{name: len(items) for name, items in sets.items()}}
+    counts = {name: len(items) for name, items in sets.items()}
+    return {"rollouts": len(rows), **counts, "heldOut": len(held)}

@@ -26,6 +26,11 @@ class SnapshotRow(BaseModel):
     task_index: int = Field(ge=0)
     sample_index: int = Field(ge=0)
     task_id: str | None = None
+    split: str | None = Field(
+        default=None,
+        description="the task's split when exported; import leaves held-out tasks (any split but"
+        " train) out of the training sets it builds, as the learner does (none: unknown, kept)",
+    )
     model: str
     policy_version: int = Field(ge=0)
     seed: int | None = None

@@ -108,8 +108,9 @@ async def test_export_then_import_rebuilds_the_buffers_training_sets(
 
     for fmt, source in (("jsonl", "s.jsonl"), ("parquet", "s.parquet"), ("hf", "s_hf")):
         target = tmp_path / f"imported-{fmt}"
+        # Every task, the held-out one (task 0, split test) included, as the buffer gives them.
         code, stdout, err = await rollout(
-            settings, "import", str(tmp_path / source), "-o", str(target)
+            settings, "import", str(tmp_path / source), "-o", str(target), "--include-held-out"
         )
         assert code == 0, err
         assert stdout.startswith("8 rollouts imported")
@@ -121,6 +122,15 @@ async def test_export_then_import_rebuilds_the_buffers_training_sets(
         assert [len(g["completions"]) for g in grpo] == [4, 4]
         # The imported sets open as datasets too (what a trainer loads).
         assert datasets.load_dataset("json", data_files=str(target / "sft.jsonl"), split="train")
+    # By default the sets are the learner's: the held-out task's rollouts left out.
+    assert {r["split"] for r in loaded["jsonl"]} == {"train", "test"}
+    code, stdout, err = await rollout(
+        settings, "import", str(tmp_path / "s.jsonl"), "-o", str(tmp_path / "learner")
+    )
+    held = sum(1 for r in loaded["jsonl"] if r["split"] == "test")
+    assert code == 0 and f"left out {held} rollouts of held-out tasks" in stdout, (stdout, err)
+    sft_train = _read_jsonl(tmp_path / "learner" / "sft.jsonl")
+    assert sft_train and len(sft_train) < len(buffer_sft)
 
 
 async def test_export_errors_are_clear(client, settings, tmp_path) -> None:
@@ -376,6 +386,25 @@ def test_export_writes_no_progress_bars_to_stderr(tmp_path, capfd) -> None:
     for fmt, name in (("parquet", "snap.parquet"), ("hf", "snap-hf")):
         write_snapshot(rows, tmp_path / name, fmt)
         assert capfd.readouterr().err == "", fmt  # "Creating parquet from Arrow format: 0%|"
+
+
+def test_import_leaves_held_out_tasks_out_of_the_training_sets(tmp_path, capsys) -> None:
+    # An export of a run on every task carries the test task's rollouts; the sets import builds
+    # are for training, so they leave them out as the learner does (they went into sft.jsonl).
+    rows = [
+        _row(rollout_id="r1", task_index=0, split="train"),
+        _row(rollout_id="r2", task_index=1, split="test"),
+        _row(rollout_id="r3", task_index=2),  # an export from before splits: kept
+    ]
+    snap = _write_rows(tmp_path / "snap.jsonl", *rows)
+    code, out, _ = _cli(capsys, "import", str(snap), "-o", str(tmp_path / "sets"))
+    assert code == 0 and "left out 1 rollouts of held-out tasks from the sets" in out, out
+    assert len(_read_jsonl(tmp_path / "sets" / "rollouts.jsonl")) == 3
+    assert len(_read_jsonl(tmp_path / "sets" / "sft.jsonl")) == 2
+    code, out, _ = _cli(
+        capsys, "import", str(snap), "-o", str(tmp_path / "all"), "--include-held-out", "--json"
+    )
+    assert code == 0 and json.loads(out)["heldOut"] == 0 and json.loads(out)["sft"] == 3
 
 
 def test_export_hf_replaces_only_an_earlier_hf_export(tmp_path) -> None:

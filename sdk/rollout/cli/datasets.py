@@ -121,6 +121,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", type=Path, metavar="PATH")
     p.add_argument("-o", "--out", required=True, type=Path, metavar="DIR")
     p.add_argument("--min-margin", type=float, default=0.0, help="DPO pair score gap")
+    p.add_argument(
+        "--include-held-out",
+        action="store_true",
+        help="build the sets from rollouts of held-out tasks too (left out by default)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_import)
 
@@ -252,10 +257,18 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    counts = import_snapshot(args.path, args.out, min_margin=args.min_margin)
+    counts = import_snapshot(
+        args.path, args.out, min_margin=args.min_margin, include_held_out=args.include_held_out
+    )
     if args.json:
         print_json({"out": str(args.out), **counts})
     else:
-        sets = ", ".join(f"{n} {name}" for name, n in counts.items() if name != "rollouts")
+        sets = ", ".join(
+            f"{n} {name}" for name, n in counts.items() if name not in ("rollouts", "heldOut")
+        )
         print(f"{counts['rollouts']} rollouts imported -> {args.out} ({sets})")
+        if counts["heldOut"]:
+            # As `rollout improve` says: the sets are for training, and held-out tasks are not.
+            print(f"  left out {counts['heldOut']} rollouts of held-out tasks from the sets"
+                  " (--include-held-out to train on them)")  # fmt: skip
     return 0
