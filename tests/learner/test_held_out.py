@@ -4,6 +4,9 @@ the model never trained on. Choosing held-out rollouts by id is refused; the fla
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +127,32 @@ async def test_a_dataset_snapshot_leaves_out_its_held_out_tasks_too(
     assert "has nothing to train on outside its held-out tasks (split test)" in str(caught.value), (
         caught.value
     )
+
+
+async def test_ctrl_c_while_following_a_job_says_the_job_goes_on(
+    client, agent_server, tiny_model: Path, learner_env, settings
+) -> None:
+    run = await scripted_run(client, agent_server, n=2, tasks=3, split="train")
+    env = {
+        **os.environ,
+        "ROLLOUT_HOME": str(settings.home),
+        "ROLLOUT_NATS_URL": settings.nats_url,
+        "ROLLOUT_NATS_USER": settings.nats_user or "",
+        "ROLLOUT_NATS_PASSWORD": settings.nats_password or "",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollout.cli", "improve", "--run", run["runId"], "--model",
+        f"hf:{tiny_model}", "--steps", "100000", "--follow",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+    assert line.startswith("job job-"), line  # created, and followed from here
+    job_id = line.split()[1].rstrip(":")
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 130
+    text = err.decode()
+    assert f"interrupted: job {job_id} goes on" in text and "Traceback" not in text, text
+    assert f"`rollout cancel {job_id}` stops it" in text
+    await client.cancel_training_job(job_id, "test over")

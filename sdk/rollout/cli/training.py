@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,14 @@ async def _improve(args: argparse.Namespace) -> int:
         if args.follow:
             if not args.json:
                 print(f"job {job['id']}: {args.method} of {args.model} -> {job['model']}")
-            job = await follow_job(client, job["id"], quiet=args.json)
+            try:
+                job = await follow_job(client, job["id"], quiet=args.json)
+            except asyncio.CancelledError:
+                # Ctrl-C stops the following, not the job: say so, and how to stop it too.
+                jid = job["id"]
+                print(f"\ninterrupted: job {jid} goes on (`rollout job {jid} --follow` follows"
+                      f" it again; `rollout cancel {jid}` stops it)", file=sys.stderr)  # fmt: skip
+                raise
     finally:
         await client.close()
     if args.json:
