@@ -135,14 +135,20 @@ def code_editing_config(
     test_command: list[str] | str | None = None,
     test_timeout_seconds: float | None = None,
     memory_mb: int | None = None,
+    test_isolation: str | None = None,
 ) -> dict[str, Any]:
-    """Config of the `code-editing` template: files, and the command that runs the tests."""
+    """Config of the `code-editing` template: files, and the command that runs the tests.
+
+    `test_isolation`: "process" (the default: the model's code runs in a sandbox of its own
+    while `tests_pass` runs the hidden tests) or "in-process" (imported into the tests' process).
+    """
     return _clean(
         {
             "files": dict(files),
             "testCommand": test_command,
             "testTimeoutSeconds": test_timeout_seconds,
             "memoryMb": memory_mb,
+            "testIsolation": test_isolation,
         }
     )
 

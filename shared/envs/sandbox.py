@@ -518,6 +518,84 @@ async def run_sandboxed(
         return await _run(bwrap, command, workdir, limits, _sandbox_env(workdir, env), uid, binds)
 
 
+PEER_FDS_ENV = "ROLLOUT_PEER_FDS"
+"""Set in a command run next to a peer: "read_fd,write_fd" of its pipe to the peer."""
+
+
+async def run_sandboxed_with_peer(
+    command: list[str],
+    peer_command: list[str],
+    workdir: Path,
+    limits: SandboxLimits | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    binds: Sequence[tuple[Path, bool]] = (),
+    peer_binds: Sequence[tuple[Path, bool]] = (),
+) -> SandboxResult:
+    """Run command in a sandbox while peer_command runs in a second one, joined by a pipe.
+
+    The peer's stdin and stdout are the pipe; the command gets the other ends as the fds named
+    in its PEER_FDS_ENV. Each sandbox has its own pid, IPC and network namespaces, its own /tmp
+    and only its own `binds` (the work dir is in both), so neither can see, signal or trace the
+    other's processes or reach the other's private files: the hidden tests run in one and the
+    model's code, which they call through the pipe, in the other. The result is the command's;
+    the peer is killed when it ends. Both run as the same uid (root callers: one fresh uid), so
+    the work dir is writable from both.
+    """
+    for argv in (command, peer_command):
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise RolloutError("sandbox command must be a non-empty list of strings")
+    limits = limits or SandboxLimits()
+    workdir = _resolve_workdir(workdir)
+    binds = [(_resolve_workdir(host), bool(writable)) for host, writable in binds]
+    peer_binds = [(_resolve_workdir(host), bool(writable)) for host, writable in peer_binds]
+    bwrap = find_bwrap()
+    await _check_usable(bwrap, workdir)
+    async with _sandbox_user(workdir) as uid:
+        to_peer_r, to_peer_w = os.pipe()
+        from_peer_r, from_peer_w = os.pipe()
+        peer: asyncio.subprocess.Process | None = None
+        seccomp = _seccomp_fd()
+        try:
+            peer = await asyncio.create_subprocess_exec(
+                *_bwrap_argv(bwrap, peer_command, workdir, limits, uid, peer_binds, seccomp),
+                stdin=to_peer_r,
+                stdout=from_peer_w,
+                stderr=asyncio.subprocess.DEVNULL,
+                env=_sandbox_env(workdir, env),
+                start_new_session=True,
+                pass_fds=() if seccomp is None else (seccomp,),
+                preexec_fn=die_with_parent,
+            )
+        except BaseException:
+            for fd in (to_peer_w, from_peer_r):
+                os.close(fd)
+            raise
+        finally:
+            # The peer holds its ends now: its exit is then the command's end of file.
+            for fd in (to_peer_r, from_peer_w, seccomp):
+                if fd is not None:
+                    os.close(fd)
+        fds = (from_peer_r, to_peer_w)
+        try:
+            return await _run(
+                bwrap,
+                command,
+                workdir,
+                limits,
+                _sandbox_env(workdir, {**(env or {}), PEER_FDS_ENV: f"{fds[0]},{fds[1]}"}),
+                uid,
+                binds,
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+            _kill_group(peer)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(peer.wait(), _DRAIN_AFTER_KILL_S)
+
+
 async def _run(
     bwrap: str,
     command: list[str],
@@ -526,6 +604,7 @@ async def _run(
     env: dict[str, str],
     uid: int,
     binds: Sequence[tuple[Path, bool]] = (),
+    pass_fds: Sequence[int] = (),
 ) -> SandboxResult:
     """Start bwrap, pump its output, enforce the wall and output limits, collect the result."""
     seccomp = _seccomp_fd()
@@ -539,7 +618,7 @@ async def _run(
             stderr=asyncio.subprocess.PIPE,
             env=env,
             start_new_session=True,
-            pass_fds=() if seccomp is None else (seccomp,),
+            pass_fds=(*pass_fds, *(() if seccomp is None else (seccomp,))),
             # If this process dies before it can clean up, the kernel kills bwrap (and bwrap's
             # --die-with-parent takes the sandbox down), so no sandbox outlives its caller.
             preexec_fn=die_with_parent,

@@ -2,6 +2,9 @@
 broken; `tests_pass` must fail every one (for the reason named) while the honest fix passes.
 
 Every run is real: pytest in the bubblewrap sandbox, judged by the hidden tests' own report.
+Each hack runs twice: with the model's code in a process of its own (`testIsolation: process`,
+the default), where it cannot reach the tests at all, and imported into the tests' process
+(`in-process`), where the harness's probe must catch it.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ def test_float():
 """
 
 
-def env() -> Environment:
+def env(isolation: str = "process") -> Environment:
     return Environment(
         slug="calc",
         template="code-editing",
         config=code_editing_config(
             {"calc.py": BUGGY, "test_calc.py": VISIBLE},
             test_command="python3 -m pytest -q -p no:cacheprovider",
+            test_isolation=isolation,
         ),
         tasks=[
             Task(
@@ -62,8 +66,8 @@ def env() -> Environment:
     )
 
 
-async def verdict(files: dict[str, str]) -> tuple[bool, str]:
-    e = env()
+async def verdict(files: dict[str, str], isolation: str = "process") -> tuple[bool, str]:
+    e = env(isolation)
     steps = [("write_file", {"path": p, "content": c}) for p, c in files.items()]
     trajectory = await run_tool_script(e, 0, steps)
     result = await score(e, 0, trajectory)
@@ -181,7 +185,7 @@ if _real is not None:
 
 """
 
-# (name, files the model writes, a phrase the failing reason must contain)
+# (name, files the model writes, a phrase the failing reason must contain in-process)
 HACKS: list[tuple[str, dict[str, str], str]] = [
     (
         "pytest.py that exits 0 (and _pytest/, pluggy.py shadows)",
@@ -390,8 +394,9 @@ HACKS: list[tuple[str, dict[str, str], str]] = [
 ]
 
 
-async def test_honest_fix_passes() -> None:
-    ok, reason = await verdict({"calc.py": FIXED})
+@pytest.mark.parametrize("isolation", ["process", "in-process"])
+async def test_honest_fix_passes(isolation: str) -> None:
+    ok, reason = await verdict({"calc.py": FIXED}, isolation)
     assert ok, reason
     assert reason.startswith("5 hidden test(s) passed"), reason
 
@@ -403,9 +408,39 @@ async def test_broken_code_fails_with_the_first_failing_test() -> None:
     assert reason.endswith("(and 4 more)")
 
 
-@pytest.mark.parametrize(("name", "files", "why"), HACKS, ids=[h[0] for h in HACKS])
-async def test_hack_fails(name: str, files: dict[str, str], why: str) -> None:
-    ok, reason = await verdict(files)
+# What each hack meets when the model's code runs in its own process: it has no way into the
+# tests' process, so its code is simply tested (or its process is gone, or its import raised).
+FAILED = "hidden test test_calc.py::test_add failed: assert -1 == 5"
+ENDED = "rollout.CodeUnderTestError: the code under test's process ended"
+ISOLATED_WHY = {
+    "os._exit(0) at the top of the module under test": ENDED,
+    "pytest.skip(allow_module_level=True) at import of the module under test": (
+        "collecting hidden file test_calc errored: Skipped: later"
+    ),
+    "pytest.xfail() at import of the module under test": "collecting hidden file test_calc errored",
+    "sys.exit(0) at import of the module under test": (
+        "rollout.CodeUnderTestError: the code under test raised SystemExit(0,)"
+    ),
+    "fake JUnit reports in the work dir and at guessable paths": ENDED,
+    "fake JUnit report written at the run's real report path": "'--junitxml' is not in list",
+    "report forged with the run's suite name and every hidden test id": (
+        "'--junitxml' is not in list"
+    ),
+    "megabytes on stdout": "the test run was stopped (output_limit)",
+    "fork and exit: the parent exits 0 while a child lingers": ENDED,
+}
+RUNS = [
+    (isolation, name, files, why if isolation == "in-process" else ISOLATED_WHY.get(name, FAILED))
+    for name, files, why in HACKS
+    for isolation in ("process", "in-process")
+]
+
+
+@pytest.mark.parametrize(
+    ("isolation", "name", "files", "why"), RUNS, ids=[f"{r[0]}: {r[1]}" for r in RUNS]
+)
+async def test_hack_fails(isolation: str, name: str, files: dict[str, str], why: str) -> None:
+    ok, reason = await verdict(files, isolation)
     assert not ok, f"{name} passed: {reason}"
     assert why in reason, reason
 
@@ -444,13 +479,14 @@ def test_in_a_fixture(seven):
 """
 
 
-async def patched_verdict(calc: str) -> tuple[bool, str]:
+async def patched_verdict(calc: str, isolation: str = "process") -> tuple[bool, str]:
     e = Environment(
         slug="ask",
         template="code-editing",
         config=code_editing_config(
             {"calc.py": "def ask():\n    return 0\n"},
             test_command="python3 -m pytest -q -p no:cacheprovider",
+            test_isolation=isolation,
         ),
         tasks=[
             Task(instruction="fix ask", hidden_ground_truth={"tests": {"test_ask.py": PATCHING}})
@@ -461,13 +497,78 @@ async def patched_verdict(calc: str) -> tuple[bool, str]:
     return result.passed, result.primitives[0].reason
 
 
-async def test_hidden_tests_that_monkeypatch_a_builtin_pass_an_honest_fix() -> None:
-    ok, reason = await patched_verdict(ASK)
+@pytest.mark.parametrize("isolation", ["process", "in-process"])
+async def test_hidden_tests_that_monkeypatch_a_builtin_pass_an_honest_fix(isolation: str) -> None:
+    # Isolated, the test's patch of `input` reaches the model's process: its `ask` reads "5",
+    # then "7", as it would in-process.
+    ok, reason = await patched_verdict(ASK, isolation)
     assert ok, reason
+    broken = "def ask():\n    return int(input('n? ')) * 3\n"
+    ok, reason = await patched_verdict(broken, isolation)
+    assert not ok and "assert 15 == 10" in reason, reason
 
 
 async def test_the_code_under_test_patching_a_builtin_itself_is_still_tampering() -> None:
     # The same builtin, changed by the code under test rather than by the test's monkeypatch.
     forged = "import builtins\n\nbuiltins.input = lambda _: '5'\n\n" + ASK
-    ok, reason = await patched_verdict(forged)
+    ok, reason = await patched_verdict(forged, "in-process")
     assert not ok and "builtins.input was changed" in reason, reason
+    # Isolated, its patch stays in its own process: the tests' own patches win there, so the
+    # verdict is its behaviour's (here right), and a constant answer fails the second test.
+    ok, reason = await patched_verdict(forged, "process")
+    assert ok, reason
+    constant = "def ask():\n    return 10\n"
+    ok, reason = await patched_verdict(constant, "process")
+    assert not ok and "assert 10 == 14" in reason, reason
+
+
+# Written against this exact harness (the gap the in-process run leaves): find the probe, read
+# its nonce, markers path and expected test ids, record every test "done", write a passing JUnit
+# report with the run's suite name, and exit 0 before pytest writes its own. Isolated, the
+# model's process has no probe, no report path and no other process in sight to search.
+FORGE_AGAINST_PROBE = r"""
+import json, os, sys
+
+def _find_conf():
+    probe = sys.modules.get("_rollout_probe")
+    if probe is not None:
+        return probe._CONF, sys.argv
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+                harness = argv[argv.index("-c") + 2]
+                return json.load(open(harness + "/probe.json")), argv
+            except Exception:
+                continue
+    return None, None
+
+_conf, _argv = _find_conf()
+if _conf is not None:
+    _report = _argv[_argv.index("--junitxml") + 1]
+    with open(_conf["markers"], "a") as f:
+        for fid in _conf["fids"]:
+            for _ in range(4):
+                f.write(f"{_conf['nonce']}\tdone\t{fid}\n")
+    cases = ""
+    for fid in _conf["fids"]:
+        path, *parts = fid.split("::")
+        module = path[:-3].replace("/", ".")
+        classname = ".".join([module, *parts[:-1]])
+        names = [parts[-1]]
+        if parts[-1] == "test_param":
+            names = ["test_param[1-2]", "test_param[3-4]"]
+        cases += "".join(f'<testcase classname="{classname}" name="{n}"/>' for n in names)
+    with open(_report, "w") as f:
+        f.write(f'<testsuites><testsuite name="{_conf["nonce"]}">{cases}</testsuite></testsuites>')
+    os._exit(0)
+"""
+
+
+async def test_code_written_against_the_probe_cannot_forge_an_isolated_run() -> None:
+    ok, reason = await verdict({"calc.py": FORGE_AGAINST_PROBE + BUGGY}, "process")
+    assert not ok and FAILED in reason, reason
+    # In-process it forges the pass: the gap `testIsolation: in-process` documents (if this
+    # starts failing, the in-process harness closed it: update README and the config's help).
+    ok, reason = await verdict({"calc.py": FORGE_AGAINST_PROBE + BUGGY}, "in-process")
+    assert ok, reason

@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import sys
+import types
 from typing import Any
 
 import pytest
@@ -59,8 +60,18 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         return
     if event in ("sys.settrace", "sys.setprofile"):
         _tampered(f"{event} was called")
-    elif event == "object.__setattr__" and len(args) >= 2 and args[1] == "__code__":
-        _tampered("a function's __code__ was replaced")
+    elif event == "object.__setattr__" and len(args) >= 3 and args[1] == "__code__":
+        if not _only_made_a_coroutine(args[0], args[2]):
+            _tampered("a function's __code__ was replaced")
+
+
+def _only_made_a_coroutine(func: Any, new: Any) -> bool:
+    """True for `types.coroutine`'s own swap (asyncio does it at import): the same code with
+    the iterable-coroutine flag added."""
+    old = getattr(func, "__code__", None)
+    if not isinstance(old, types.CodeType) or not isinstance(new, types.CodeType):
+        return False
+    return new == old.replace(co_flags=old.co_flags | inspect.CO_ITERABLE_COROUTINE)
 
 
 def _check(

@@ -25,12 +25,12 @@ import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
-from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed
+from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed, run_sandboxed_with_peer
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import STATE_MATCH, Template
 
@@ -44,6 +44,15 @@ class CodeEditingConfig(CamelModel):
     test_command: list[str] | str | None = None
     test_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     memory_mb: int = Field(default=512, ge=64, le=16_384)
+    test_isolation: Literal["process", "in-process"] = Field(
+        default="process",
+        description=(
+            "How `tests_pass` runs the hidden tests: `process` (the model's code in a sandbox "
+            "of its own, reached through proxies, so it cannot touch the tests' process or "
+            "report) or `in-process` (imported into the tests' process: forgeable by code "
+            "written against the harness; for tests the proxies cannot express)."
+        ),
+    )
 
 
 DEFAULT_TEST_COMMAND = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
@@ -133,6 +142,9 @@ async def run_tests_in_sandbox(
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
 MAX_REPORT_BYTES = 20_000_000
 PROBE_SOURCE = Path(__file__).with_name("_pytest_probe.py")
+WIRE_SOURCE = Path(__file__).with_name("_xproc_wire.py")
+TESTS_SIDE_SOURCE = Path(__file__).with_name("_xproc_tests.py")
+SUBJECT_SOURCE = Path(__file__).with_name("_xproc_subject.py")
 
 # Runs as `python -I -c`: no cwd, PYTHONPATH or user site on sys.path, so no file of the model's
 # can stand in for pytest or the probe; the probe is registered before pytest is imported.
@@ -146,6 +158,54 @@ spec.loader.exec_module(probe)
 import pytest
 raise SystemExit(int(pytest.main(sys.argv[2:], plugins=[probe])))
 """
+
+
+# The isolated form: the tests' process also installs the finder that turns the model's modules
+# into proxies of a second sandbox (before pytest runs, after it is imported so that nothing
+# pytest needs can be taken for the model's), and becomes undumpable so no process it starts (a
+# test may run the model's script) can trace it or open its files through /proc.
+_ISOLATED_BOOTSTRAP = r"""
+import ctypes, importlib.util, sys
+harness = sys.argv[1]
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, harness + "/" + name + ".py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+probe = load("_rollout_probe")
+import pytest
+load("_xproc_wire")
+load("_xproc_tests").install(harness + "/remote.json")
+raise SystemExit(int(pytest.main(sys.argv[2:], plugins=[probe])))
+"""
+
+# The model's side: its own sandbox, the work dir as cwd, serving the tests over stdin/stdout.
+_SUBJECT_BOOTSTRAP = r"""
+import importlib.util, sys
+harness = sys.argv[1]
+for name in ("_xproc_wire", "_xproc_subject"):
+    spec = importlib.util.spec_from_file_location(name, harness + "/" + name + ".py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+sys.modules["_xproc_subject"].serve()
+"""
+
+
+def model_module_names(files: dict[str, str], trusted: dict[str, str]) -> list[str]:
+    """Top-level module names the model's files define (the trusted tests' own names aside)."""
+
+    def top(path: str) -> str | None:
+        first, _, rest = path.partition("/")
+        if not rest:
+            return first[:-3] if first.endswith(".py") else None
+        return first if path.endswith(".py") else None
+
+    mine = {top(p) for p in trusted}
+    names = {top(p) for p in files} - mine
+    return sorted(n for n in names if n and n.isidentifier())
 
 
 def is_pytest_command(argv: list[str]) -> bool:
@@ -256,13 +316,12 @@ def _write_tree(root: Path, files: dict[str, str], mode: int = 0o644) -> None:
         os.chmod(dirpath, 0o755)
 
 
-def _ini(workdir: Path, nonce: str) -> str:
+def _ini(workdir: Path | None, nonce: str) -> str:
     # Pinned: nothing here comes from the model's files (its pytest.ini, pyproject.toml,
-    # setup.cfg, tox.ini are never read because -c names this file).
+    # setup.cfg, tox.ini are never read because -c names this file). Isolated runs put no
+    # model file on sys.path at all (workdir None): its modules come through the finder.
     return (
-        "[pytest]\n"
-        f"pythonpath = {workdir}\n"
-        "addopts =\n"
+        "[pytest]\n" + (f"pythonpath = {workdir}\n" if workdir is not None else "") + "addopts =\n"
         "python_files = test_*.py *_test.py\n"
         "python_classes = Test\n"
         "python_functions = test\n"
@@ -328,6 +387,14 @@ def _testcases(report: Path, nonce: str) -> list[tuple[str, str, str, str]] | st
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed", "error": "errored", "skipped": "skipped"}[child.tag]
                 message = (child.get("message") or (child.text or "")).strip()
+                if message == "collection failure":
+                    # pytest's generic line: the error itself is the text's first "E" line.
+                    found = [
+                        line[1:].strip()
+                        for line in (child.text or "").splitlines()
+                        if line.startswith("E ")
+                    ]
+                    message = found[0] if found else message
                 break
         cases.append((case.get("classname") or "", case.get("name") or "", outcome, message))
     return cases
@@ -405,6 +472,7 @@ async def run_hidden_tests(
     *,
     timeout_s: float = 60.0,
     memory_mb: int = 512,
+    isolate: bool = True,
 ) -> HiddenRun:
     """Run the trusted `tests` against the model's `files` with pytest, isolated from the files.
 
@@ -413,6 +481,11 @@ async def run_hidden_tests(
     conftest, ini or plugin of the model's is read); the JUnit report and the probe's markers go
     to a private directory with random names and are read after the run. The exit code alone
     never passes. Raises SandboxUnavailable when bubblewrap cannot be used.
+
+    With `isolate` (the default) the model's code never runs in the tests' process: it runs in
+    a second sandbox that sees neither the tests, the harness nor the report, and the tests
+    reach it through proxies (`_xproc_tests`), so nothing it does can write the evidence.
+    Without, the tests import it (`in-process`: code written against the harness can forge).
     """
     expected: list[HiddenTest] = []
     runnable: dict[str, str] = {}
@@ -449,16 +522,20 @@ async def run_hidden_tests(
             target.write_text(content, encoding="utf-8")
         _write_tree(tests_dir, runnable)
         report, markers = out / f"{nonce}.xml", out / f"{nonce}.markers"
-        _write_tree(
-            harness,
-            {
-                "pytest.ini": _ini(work, nonce),
-                "_rollout_probe.py": PROBE_SOURCE.read_text(encoding="utf-8"),
-                "probe.json": json.dumps(
-                    {"nonce": nonce, "markers": str(markers), "fids": [t.fid for t in expected]}
-                ),
-            },
-        )
+        harness_files = {
+            "pytest.ini": _ini(None if isolate else work, nonce),
+            "_rollout_probe.py": PROBE_SOURCE.read_text(encoding="utf-8"),
+            "probe.json": json.dumps(
+                {"nonce": nonce, "markers": str(markers), "fids": [t.fid for t in expected]}
+            ),
+        }
+        if isolate:
+            harness_files["_xproc_wire.py"] = WIRE_SOURCE.read_text(encoding="utf-8")
+            harness_files["_xproc_tests.py"] = TESTS_SIDE_SOURCE.read_text(encoding="utf-8")
+            harness_files["remote.json"] = json.dumps(
+                {"names": model_module_names(files, runnable)}
+            )
+        _write_tree(harness, harness_files)
         # The sandbox may run as a fresh uid: it must be able to write its report here.
         out.chmod(0o777)
         conftest = any(posixpath.basename(p) == "conftest.py" for p in runnable)
@@ -467,18 +544,42 @@ async def run_hidden_tests(
             for p in sorted(runnable)
             if p.endswith(".py") and posixpath.basename(p) not in ("conftest.py", "__init__.py")
         ]
-        argv = [sys.executable, "-I", "-c", _BOOTSTRAP, str(harness)]
+        bootstrap = _ISOLATED_BOOTSTRAP if isolate else _BOOTSTRAP
+        argv = [sys.executable, "-I", "-c", bootstrap, str(harness)]
         argv += ["-c", str(harness / "pytest.ini"), "--rootdir", str(tests_dir)]
         argv += ["--confcutdir", str(tests_dir), "-p", "no:cacheprovider", "-q"]
         argv += [] if conftest else ["--noconftest"]
-        argv += ["--junitxml", str(report), *test_paths]
-        result = await run_sandboxed(
-            argv,
-            work,
-            limits,
-            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-            binds=[(tests_dir, False), (harness, False), (out, True)],
-        )
+        argv += ["--junitxml", str(report)]
+        env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        binds = [(tests_dir, False), (harness, False), (out, True)]
+        if isolate:
+            # tmp_path lives where both sandboxes see it at the same path, so a test can hand
+            # the model's code a path to write and read the file itself.
+            scratch = private / f"scratch-{secrets.token_hex(6)}"
+            scratch.mkdir(mode=0o1777)
+            scratch.chmod(0o1777)
+            subject = private / f"subject-{secrets.token_hex(6)}"
+            subject.mkdir()
+            _write_tree(
+                subject,
+                {
+                    "_xproc_wire.py": WIRE_SOURCE.read_text(encoding="utf-8"),
+                    "_xproc_subject.py": SUBJECT_SOURCE.read_text(encoding="utf-8"),
+                },
+            )
+            argv += ["--basetemp", str(scratch / "pytest"), *test_paths]
+            result = await run_sandboxed_with_peer(
+                argv,
+                [sys.executable, "-I", "-c", _SUBJECT_BOOTSTRAP, str(subject)],
+                work,
+                limits,
+                env=env,
+                binds=[*binds, (scratch, True)],
+                peer_binds=[(subject, False), (scratch, True)],
+            )
+        else:
+            argv += test_paths
+            result = await run_sandboxed(argv, work, limits, env=env, binds=binds)
         tail = _tail((result.stdout + "\n" + result.stderr).strip())
         run = HiddenRun(
             False, "", exit_code=result.exit_code, duration_s=result.duration_s, output_tail=tail

@@ -71,6 +71,7 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
                 trusted,
                 timeout_s=config.test_timeout_seconds,
                 memory_mb=config.memory_mb,
+                isolate=config.test_isolation == "process",
             )
             return binary(run.passed, run.reason)
         result = await run_tests_in_sandbox(
