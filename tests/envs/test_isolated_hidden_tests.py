@@ -1,0 +1,445 @@
+"""Hidden tests against the model's code in a process of its own (`testIsolation: process`).
+
+The hidden tests import the model's modules as proxies of a second sandbox. Real runs check that
+what honest tests commonly do still works through them (objects, exceptions, enums, generators,
+callbacks, tmp_path, capsys, monkeypatched env/argv/stdin/builtins/time, packages, coroutines)
+and gives the in-process verdict; that a model's object proves nothing by claiming equality;
+and, on a bare pipe, that the tests' side takes nothing but data from a hostile model process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rollout.shared.envs.templates import _xproc_tests, _xproc_wire
+from rollout.shared.envs.templates.code_editing import run_hidden_tests
+
+MODEL = {
+    "shop/__init__.py": "from .cart import Cart, OutOfStock\n__all__ = ['Cart', 'OutOfStock']\n",
+    "shop/cart.py": """import enum, os, sys, json, asyncio
+
+
+class OutOfStock(KeyError):
+    def __init__(self, item, left):
+        super().__init__(item)
+        self.item = item
+        self.left = left
+
+
+class Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+class Cart:
+    def __init__(self, stock):
+        self.stock = dict(stock)
+        self.items = []
+
+    def add(self, item, n=1):
+        if self.stock.get(item, 0) < n:
+            raise OutOfStock(item, self.stock.get(item, 0))
+        self.stock[item] -= n
+        self.items.append((item, n))
+        return self
+
+    def __len__(self):
+        return sum(n for _, n in self.items)
+
+    def __iter__(self):
+        for item, n in self.items:
+            yield item
+
+    def __contains__(self, item):
+        return any(i == item for i, _ in self.items)
+
+    def __eq__(self, other):
+        return isinstance(other, Cart) and self.items == other.items
+
+    def __repr__(self):
+        return f"Cart({self.items!r})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.items.clear()
+        return False
+
+    def total(self, price):
+        return sum(price(item) * n for item, n in self.items)
+
+    def summary(self):
+        return {"items": list(self.items), "count": len(self), "tags": {"a", "b"}}
+
+
+def countdown(n):
+    while n:
+        yield n
+        n -= 1
+
+
+def save(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def greet():
+    print("hello from the model")
+    print("oops", file=sys.stderr)
+    return os.environ.get("GREETING", "none")
+
+
+def cli():
+    return sys.argv[1:]
+
+
+def ask():
+    return input("n? ")
+
+
+def first_line():
+    return sys.stdin.readline().strip()
+
+
+async def fetch(x):
+    await asyncio.sleep(0)
+    return x * 2
+
+
+def big():
+    return 2 ** 200, float("inf"), b"\\x00\\xff", 3 + 4j
+
+
+def now_seconds():
+    import time
+    return time.time()
+""",
+    "data.json": '{"k": 1}',
+}
+TESTS = {
+    "test_shop.py": """import asyncio, io, json, os, sys, pathlib
+
+import pytest
+
+import shop
+from shop import Cart, OutOfStock
+from shop.cart import Color, countdown, save, greet, cli, ask, first_line, fetch, big, now_seconds
+
+
+def test_objects_and_methods():
+    cart = Cart({"apple": 3, "pear": 1})
+    assert cart.add("apple", 2) is cart
+    assert len(cart) == 2 and "apple" in cart and "kiwi" not in cart
+    assert list(cart) == ["apple"]
+    assert cart.items == [("apple", 2)]
+    assert cart.stock == {"apple": 1, "pear": 1}
+    assert cart.summary() == {"items": [("apple", 2)], "count": 2, "tags": {"a", "b"}}
+    assert cart.total(lambda item: {"apple": 5}[item]) == 10
+    assert repr(cart) == "Cart([('apple', 2)])"
+    assert isinstance(cart, Cart) and not isinstance(3, Cart)
+    other = Cart({"apple": 3}).add("apple", 2)
+    assert cart == other
+    with cart as c:
+        assert len(c) == 2
+    assert len(cart) == 0
+
+
+def test_exceptions():
+    cart = Cart({"apple": 1})
+    with pytest.raises(OutOfStock) as info:
+        cart.add("apple", 5)
+    assert info.value.item == "apple" and info.value.left == 1
+    assert isinstance(info.value, KeyError)
+    with pytest.raises(KeyError):
+        cart.add("kiwi")
+    with pytest.raises(AttributeError):
+        cart.nothing
+    assert not hasattr(cart, "nothing")
+    with pytest.raises(ZeroDivisionError):
+        cart.total(lambda item: 1 / 0) if cart.add("apple") else None
+
+
+def test_values_enums_generators():
+    assert Color.RED is Color.RED and Color.RED is not Color.BLUE
+    assert Color.RED.value == 1 and Color(2) is Color.BLUE
+    assert list(countdown(3)) == [3, 2, 1]
+    n, inf, raw, z = big()
+    assert type(n) is int and n == 2 ** 200 and inf == float("inf")
+    assert raw == b"\\x00\\xff" and z == 3 + 4j
+    assert shop.__all__ == ["Cart", "OutOfStock"]
+    assert pathlib.Path(shop.cart.__file__).name == "cart.py"
+
+
+def test_files_output_env_argv_stdin(tmp_path, capsys, monkeypatch):
+    save(tmp_path / "out.json", {"x": [1, 2]})
+    assert json.loads((tmp_path / "out.json").read_text()) == {"x": [1, 2]}
+    assert json.load(open("data.json")) == {"k": 1}
+    monkeypatch.setenv("GREETING", "hi")
+    assert greet() == "hi"
+    captured = capsys.readouterr()
+    assert "hello from the model" in captured.out and "oops" in captured.err
+    monkeypatch.delenv("GREETING")
+    assert greet() == "none"
+    monkeypatch.setattr(sys, "argv", ["prog", "--flag"])
+    assert cli() == ["--flag"]
+    monkeypatch.setattr("builtins.input", lambda prompt: "typed")
+    assert ask() == "typed"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("first\\nsecond\\n"))
+    assert first_line() == "first"
+    import time
+    monkeypatch.setattr(time, "time", lambda: 1234.5)
+    assert now_seconds() == 1234.5
+
+
+def test_after_monkeypatch_undo():
+    assert cli() != ["--flag"]
+    import time
+    assert now_seconds() > 1_000_000
+
+
+def test_patch_the_models_module(monkeypatch):
+    import shop.cart as cart_module
+    monkeypatch.setattr(cart_module, "cli", lambda: ["patched"])
+    assert cart_module.cli() == ["patched"]
+
+
+def test_async():
+    assert asyncio.run(fetch(4)) == 8
+""",
+}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_what_honest_tests_do_works_through_the_proxies(isolate: bool) -> None:
+    run = await run_hidden_tests(MODEL, TESTS, isolate=isolate)
+    assert run.passed, run.reason + "\n" + run.output_tail
+    assert len(run.passed_ids) == 7
+
+
+async def test_a_bug_behind_the_proxies_fails_with_the_tests_own_message() -> None:
+    broken = MODEL["shop/cart.py"].replace("    while n:\n", "    while n > 1:\n")
+    run = await run_hidden_tests({**MODEL, "shop/cart.py": broken}, TESTS)
+    assert not run.passed
+    assert "test_values_enums_generators failed" in run.reason, run.reason
+    assert "[3, 2] == [3, 2, 1]" in run.reason, run.reason
+
+
+async def test_the_models_traceback_reaches_the_failure_report() -> None:
+    model = {
+        "calc.py": "def add(a, b):\n    return helper(a) + b\n\n\ndef helper(a):\n    raise RuntimeError('deep inside')\n"
+    }
+    tests = {
+        "test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    }
+    run = await run_hidden_tests(model, tests)
+    assert not run.passed and "RuntimeError: deep inside" in run.reason, run.reason
+    assert "raised in the code under test" in run.output_tail
+    assert "in helper" in run.output_tail
+
+
+# Objects that answer "equal" to anything, and an int whose == always says True.
+CLAIMS = {
+    "calc.py": (
+        "class Anything:\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    def __hash__(self):\n        return 0\n\n\n"
+        "class Liar(int):\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = int.__hash__\n\n\n"
+        "def add(a, b):\n    return Anything()\n\n\n"
+        "def mul(a, b):\n    return Liar(0)\n"
+    )
+}
+NAIVE_TESTS = {
+    "test_calc.py": (
+        "from calc import add, mul\n\n\n"
+        "def test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_add_reversed():\n    assert 5 == add(2, 3)\n\n\n"
+        "def test_mul():\n    assert mul(2, 3) == 6\n"
+    )
+}
+
+
+async def test_a_value_that_claims_equality_proves_nothing_when_isolated() -> None:
+    # The tests check no types: in-process the claims pass; isolated, an object of the model's
+    # never equals a value of the tests' (and an int subclass is such an object).
+    run = await run_hidden_tests(CLAIMS, NAIVE_TESTS, isolate=False)
+    assert run.passed, run.reason
+    run = await run_hidden_tests(CLAIMS, NAIVE_TESTS)
+    assert not run.passed
+    assert "test_add failed" in run.reason and "(and 2 more)" in run.reason, run.reason
+
+
+async def test_the_models_process_sees_nothing_of_the_tests() -> None:
+    # Everything it could look for: other processes, the tests' files, the report's directory.
+    model = {
+        "spy.py": (
+            "import os\n\n\ndef look():\n"
+            "    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            "    found = []\n"
+            "    for root in ('/tmp', os.path.dirname(os.getcwd())):\n"
+            "        for dirpath, dirs, files in os.walk(root):\n"
+            "            found += [f for f in files if f.endswith(('.xml', '.json', '.markers'))"
+            " or f.startswith('test_')]\n"
+            "    return len(pids), sorted(found)\n"
+        )
+    }
+    tests = {
+        "test_spy.py": (
+            "import os\n\nfrom spy import look\n\n\ndef test_look():\n"
+            "    pids, found = look()\n"
+            "    assert pids <= 3, pids\n"
+            "    assert found == [], found\n"
+        )
+    }
+    run = await run_hidden_tests(model, tests)
+    assert run.passed, run.reason + "\n" + run.output_tail
+
+
+# ---------------------------------------------------------------- a hostile model process
+
+
+class FakeSubject:
+    """The model's end of the pipe, answering each request with whatever a test scripts."""
+
+    def __init__(self, answer: Callable[[dict[str, Any], int], Any]) -> None:
+        self.to_tests_r, self.to_tests_w = os.pipe()
+        self.to_subject_r, self.to_subject_w = os.pipe()
+        self.answer = answer
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+        self.remote = _xproc_tests.Remote(self.to_tests_r, self.to_subject_w)
+
+    def serve(self) -> None:
+        try:
+            while True:
+                message = _xproc_wire.read_frame(self.to_subject_r)
+                if self.answer(message, self.to_tests_w) == "exit":
+                    self._close(self.to_tests_w)  # as its process ending would
+                    return
+        except (_xproc_wire.ProtocolError, OSError):
+            pass
+
+    def close(self) -> None:
+        # The tests' write end first: the fake's read then ends and its thread with it, before
+        # any fd number can be reused by the next test's pipes.
+        self._close(self.to_subject_w)
+        self.thread.join(5)
+        assert not self.thread.is_alive()
+        for fd in (self.to_tests_r, self.to_tests_w, self.to_subject_r):
+            self._close(fd)
+
+    closed: set[int]
+
+    def _close(self, fd: int) -> None:
+        if fd not in self.__dict__.setdefault("closed", set()):
+            self.closed.add(fd)
+            os.close(fd)
+
+
+def reply(value: Any) -> Callable[[dict[str, Any], int], None]:
+    """Answer every request with `{"re": id, "v": value}`."""
+
+    def answer(message: dict[str, Any], fd: int) -> None:
+        _xproc_wire.write_frame(fd, {"re": message["id"], "v": value})
+
+    return answer
+
+
+def raw(data: bytes) -> Callable[[dict[str, Any], int], None]:
+    def answer(message: dict[str, Any], fd: int) -> None:
+        os.write(fd, data)
+
+    return answer
+
+
+def deep(n: int) -> Any:
+    value: Any = 1
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+HOSTILE = [
+    ("an unknown tag", reply({"$evil": 1}), "unknown value tag"),
+    ("a builtin exception tag naming a function", reply({"$bx": "eval"}), "not a builtin"),
+    ("a builtin type tag naming a function", reply({"$bt": "open"}), "not a builtin"),
+    ("a huge hex int", reply({"$i": "f" * 2_000_000}), "large integer"),
+    ("an int past the exact JSON range", reply(2**60), "exact JSON range"),
+    ("nesting past the limit", reply(deep(500)), "nested too deeply"),
+    (
+        "a reply to a request never made",
+        lambda m, fd: _xproc_wire.write_frame(fd, {"re": 99, "v": 1}),
+        "not asked",
+    ),
+    ("a frame over the size limit", raw(b"\xff\xff\xff\xff"), "over the"),
+    ("a frame that is not JSON", raw(b"\x00\x00\x00\x03abc"), "not valid JSON"),
+    ("a frame that is a JSON list", raw(b"\x00\x00\x00\x02[]"), "not a JSON object"),
+    ("a handle of the tests never sent", reply({"$own": 7}), "never sent"),
+    (
+        "a callback to something it was not given",
+        lambda m, fd: _xproc_wire.write_frame(
+            fd, {"id": 1, "op": "getattr", "obj": {"$own": 1}, "name": "x"}
+        ),
+        "may only call",
+    ),
+    (
+        "an exception whose class is not one",
+        lambda m, fd: _xproc_wire.write_frame(fd, {"re": m["id"], "x": {"type": 5}}),
+        "not an exception class",
+    ),
+    ("the process exiting mid-request", lambda m, fd: "exit", "process ended"),
+]
+
+
+@pytest.mark.parametrize(("name", "answer", "why"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_hostile_model_process_gets_an_error_not_a_foothold(
+    name: str, answer: Callable[[dict[str, Any], int], None], why: str
+) -> None:
+    fake = FakeSubject(answer)
+    try:
+        with pytest.raises(_xproc_tests.CodeUnderTestError, match=why):
+            fake.remote.getattr(_xproc_tests.RemoteObject(1, fake.remote), "x")
+        # Once broken, every later request fails at once (no half-read frame is trusted).
+        with pytest.raises(_xproc_tests.CodeUnderTestError):
+            fake.remote.getattr(_xproc_tests.RemoteObject(1, fake.remote), "y")
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "answer", "why"),
+    [
+        (bool, {"$ref": 5}, "bool()"),
+        (len, -1, "negative"),
+        (len, True, "len()"),
+        (str, 5, "str()"),
+        (hash, "x", "hash()"),
+        (lambda h: 3 in h, 1, "`in`"),
+    ],
+)
+def test_pythons_protocols_take_only_their_exact_types(method: Any, answer: Any, why: str) -> None:
+    fake = FakeSubject(reply(answer))
+    try:
+        with pytest.raises((TypeError, ValueError), match=why):
+            method(_xproc_tests.RemoteObject(1, fake.remote))
+    finally:
+        fake.close()
+
+
+def test_a_model_object_never_equals_or_orders_against_a_tests_value() -> None:
+    fake = FakeSubject(reply(True))  # it would say "equal" to anything, if asked
+    try:
+        handle = _xproc_tests.RemoteObject(1, fake.remote)
+        assert handle != 5 and not (handle == 5) and not (5 == handle)
+        with pytest.raises(TypeError):
+            _ = handle < 5
+        assert (handle == _xproc_tests.RemoteObject(2, fake.remote)) is True  # its own: asked
+    finally:
+        fake.close()
