@@ -76,4 +76,11 @@ def verifier_warnings(spec: EnvironmentSpec) -> list[str]:
         )
     elif kinds == {"no_tool_errors"}:
         out.append("verifier: only no_tool_errors: an episode that does nothing passes")
+    if "tests_pass" in kinds and (spec.config or {}).get("testIsolation") == "in-process":
+        out.append(
+            "config.testIsolation: in-process: tests_pass imports the model's code into the "
+            "hidden tests' process, where code written against the harness can forge a pass "
+            "(`rollout audit` shows it: code_forge_harness); drop it to run the code in a "
+            "process of its own"
+        )
     return out

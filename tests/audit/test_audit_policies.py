@@ -61,6 +61,8 @@ WEAK: dict[str, tuple[str, int, list[dict[str, Any]]]] = {
                                                      tool="delete_file")]),
     "code_always_equal": ("code_editing_fix.py", 0, [p("ran", "tool_was_called",
                                                       tool="run_tests")]),
+    "code_forge_harness": ("code_editing_fix.py", 0, [p("ran", "tool_was_called",
+                                                       tool="run_tests")]),
     "plugin_extreme_values": ("plugin_counter.py", 0, [p("clean", "no_tool_errors")]),
     "plugin_injection_strings": ("plugin_counter.py", 0, [p("clean", "no_tool_errors")]),
 }  # fmt: skip
@@ -98,3 +100,17 @@ async def test_the_policy_fools_a_weak_verifier_and_not_the_examples(name: str) 
     assert fooled.error is None and fooled.passed, fooled
     held = await attempt(strong, task, policy, timeout_s=60)
     assert held.error is None and not held.passed and held.score < 0.75, held
+
+
+async def test_the_audit_finds_the_harness_forgery_where_tests_run_in_process() -> None:
+    # The example's own verifier holds by default (the model's code in its own process); set to
+    # in-process, the same env is forged, and the audit says so before any training does.
+    strong = _spec("code_editing_fix.py")
+    policy = named("code_forge_harness")
+    held = await attempt(strong, 0, policy, timeout_s=60)
+    assert held.error is None and not held.passed, held
+    config = {**strong.config, "testIsolation": "in-process"}
+    # A fresh spec: a copy would keep the parsed config cached on the original.
+    exposed = EnvironmentSpec.model_validate({**strong.model_dump(by_alias=True), "config": config})
+    fooled = await attempt(exposed, 0, policy, timeout_s=60)
+    assert fooled.error is None and fooled.passed, fooled

@@ -28,6 +28,14 @@ def test_each_static_case_is_named_by_its_path() -> None:
     assert weights.startswith("verifier: 80% of the weight is on checks")
 
 
+def test_hidden_tests_run_in_process_are_named_as_forgeable() -> None:
+    [spec] = [e.to_spec() for e in load_environments(ROOT / "examples" / "code_editing_fix.py")]
+    assert verifier_warnings(spec) == []
+    exposed = spec.model_copy(update={"config": {**spec.config, "testIsolation": "in-process"}})
+    [warning] = verifier_warnings(exposed)
+    assert warning.startswith("config.testIsolation: in-process: tests_pass imports")
+
+
 def test_the_examples_have_none_and_rollout_plan_reports_them() -> None:
     for path in sorted((ROOT / "examples").glob("*.py")):
         for slug, spec in _specs(path).items():

@@ -38,18 +38,20 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
 
     With a pytest command (the default), the trusted tests (the hidden ones from the ground
     truth `tests` or params.files, plus the config's and the task's own test files as the author
-    wrote them)
-    run from a private read-only directory, never the work dir, under `python -I` with a pinned
-    config, rootdir and plugin set, so none of the model's files (conftest.py, pytest.ini,
-    pyproject.toml, setup.cfg, tox.ini, pytest.py, sitecustomize.py, .pth) has a say. It passes
-    only when the JUnit report written to a private directory lists every test found by parsing
-    the trusted files, each passed (skipped, xfailed and errors fail), the probe recorded that
-    each body ran to its end with no tampering (pytest, builtins or tracing patched, asserts
-    compiled out), and pytest exited 0. The exit code alone never passes.
+    wrote them) run from a private read-only directory, never the work dir, under `python -I`
+    with a pinned config, rootdir and plugin set, so none of the model's files (conftest.py,
+    pytest.ini, pyproject.toml, setup.cfg, tox.ini, pytest.py, sitecustomize.py, .pth) has a
+    say. It passes only when the JUnit report written to a private directory lists every test
+    found by parsing the trusted files, each passed (skipped, xfailed and errors fail), the
+    probe recorded that each body ran to its end with no tampering, and pytest exited 0. The
+    exit code alone never passes.
 
-    What remains possible: the module under test runs inside the test process, so code written
-    against this exact harness could forge the records, and a value whose `__eq__` always
-    returns True satisfies `assert add(2, 3) == 5` (tests should check types).
+    With `testIsolation: process` (the default) the model's code runs in a second sandbox that
+    sees nothing of the tests' (`_xproc_*`): the tests reach it through proxies, values come
+    back as data, and a model's object never equals a value of the tests'. Nothing it runs can
+    write the evidence. With `in-process` the tests import it: code written against this exact
+    harness can forge the records, and a value whose `__eq__` always returns True satisfies
+    `assert add(2, 3) == 5`.
 
     A command that is not pytest keeps exit-code semantics: it runs in the work dir with the
     hidden files laid over the model's, and a model can forge its result; prefer pytest.
