@@ -121,8 +121,71 @@ def now_seconds():
     return time.time()
 """,
     "data.json": '{"k": 1}',
+    "stats.py": """import collections
+
+import numpy as np
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def mean(values):
+    return np.mean(values)
+
+
+def scale(values, k):
+    return np.asarray(values, dtype=np.float32) * k
+
+
+def middle(a, b):
+    return Point((a.x + b.x) / 2, (a.y + b.y) / 2)
+
+
+def tally(words):
+    return collections.Counter(words)
+
+
+def ordered(pairs):
+    return collections.OrderedDict(pairs)
+
+
+def grouped(pairs):
+    out = collections.defaultdict(list)
+    for k, v in pairs:
+        out[k].append(v)
+    return out
+
+
+def window(values, n):
+    return collections.deque(values, maxlen=n)
+""",
 }
 TESTS = {
+    "test_stats.py": """import collections
+
+import numpy as np
+
+from stats import Point, grouped, mean, middle, ordered, scale, tally, window
+
+
+def test_numpy_values_cross_as_numpy():
+    m = mean([1, 2, 3, 4])
+    assert m == 2.5 and isinstance(m, np.floating)
+    out = scale([1, 2], 3)
+    assert out.dtype == np.float32 and out.tolist() == [3.0, 6.0]
+    np.testing.assert_array_equal(out, np.array([3, 6], dtype=np.float32))
+
+
+def test_named_tuples_and_collections():
+    p = middle(Point(0, 0), Point(2, 4))
+    assert p == (1.0, 2.0) and p.x == 1.0 and p.y == 2.0
+    assert isinstance(p, Point)
+    assert tally("a b a".split()) == collections.Counter(a=2, b=1)
+    assert type(tally([])) is collections.Counter
+    assert list(ordered([("b", 1), ("a", 2)])) == ["b", "a"]
+    g = grouped([("x", 1), ("x", 2)])
+    assert g == {"x": [1, 2]} and g["missing"] == []
+    assert window([1, 2, 3], 2) == collections.deque([2, 3], maxlen=2)
+""",
     "test_shop.py": """import asyncio, io, json, os, sys, pathlib
 
 import pytest
@@ -219,7 +282,7 @@ def test_async():
 async def test_what_honest_tests_do_works_through_the_proxies(isolate: bool) -> None:
     run = await run_hidden_tests(MODEL, TESTS, isolate=isolate)
     assert run.passed, run.reason + "\n" + run.output_tail
-    assert len(run.passed_ids) == 7
+    assert len(run.passed_ids) == 9
 
 
 async def test_a_bug_behind_the_proxies_fails_with_the_tests_own_message() -> None:
@@ -393,6 +456,22 @@ HOSTILE = [
         "an exception whose class is not one",
         lambda m, fd: _xproc_wire.write_frame(fd, {"re": m["id"], "x": {"type": 5}}),
         "not an exception class",
+    ),
+    ("a numpy array of objects", reply({"$nd": ["|O", [1], "AAAAAAAAAAA="]}), "not sent by value"),
+    (
+        "a numpy array shorter than its shape",
+        reply({"$nd": ["<f8", [2], "AAAAAAAAAAA="]}),
+        "do not match",
+    ),
+    (
+        "a named tuple with a keyword for a field",
+        reply({"$nt": [{"$ref": 1}, "P", ["class"], [1]]}),
+        "fields are malformed",
+    ),
+    (
+        "a named tuple whose class is not a handle",
+        reply({"$nt": [5, "P", ["x"], [1]]}),
+        "not a handle",
     ),
     ("the process exiting mid-request", lambda m, fd: "exit", "process ended"),
 ]

@@ -21,6 +21,7 @@ Rules that keep a verdict out of the model's reach:
 from __future__ import annotations
 
 import builtins
+import collections
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -283,7 +284,10 @@ class Remote:
         self.sent_attrs: dict[tuple[str, str], Any] = {}
         self.sent_env: dict[str, str] = {}
         self.sent_cwd = ""
-        self.codec = wire.Codec(self.export, self.resolve, self.proxy, self.handle_of)
+        self.tuples: dict[int, type] = {}
+        self.codec = wire.Codec(
+            self.export, self.resolve, self.proxy, self.handle_of, self.tuple_class
+        )
         self.peer = wire.Peer(rfd, wfd, self.serve, self.show_output, self.attach_drops)
 
     # -- handles
@@ -350,6 +354,22 @@ class Remote:
         except TypeError:  # bases whose layouts conflict: the first one alone
             cls = type(name, (bases[0],), namespace)
         self.classes[rid] = cls
+        return cls
+
+    def tuple_class(self, tree: Any, name: str, fields: list[str]) -> type:
+        """A local named-tuple class standing in for one of the model's (one per class): its
+        values compare and read like the model's, without any of its code."""
+        if not (isinstance(tree, dict) and type(tree.get("$ref")) is int):
+            raise wire.ProtocolError("a named tuple's class is not a handle")
+        rid = tree["$ref"]
+        cls = self.tuples.get(rid)
+        if cls is None or list(cls._fields) != fields:
+            try:
+                cls = collections.namedtuple(name if name.isidentifier() else "Tuple", fields)
+            except (ValueError, TypeError) as exc:
+                raise wire.ProtocolError(f"a named tuple's fields are malformed ({exc})") from None
+            cls._rollout_handle = rid
+            self.tuples[rid] = cls
         return cls
 
     def export(self, value: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ only the tags below, bounded in size and depth, and raises `ProtocolError` on an
 from __future__ import annotations
 
 import base64
+import collections
 import datetime
 import decimal
 import fractions
@@ -22,6 +23,7 @@ import math
 import os
 import pathlib
 import struct
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -113,7 +115,8 @@ class Codec:
 
     `export(obj)` gives the handle this side sends for an object it keeps; `resolve_own(id)` the
     object behind a handle this side sent earlier; `proxy(id, extra)` what this side holds for a
-    handle the other side sent.
+    handle the other side sent; `tuple_class(tree, name, fields)` the class a named tuple is
+    rebuilt with (a local stand-in on the tests' side, the real class on the model's).
     """
 
     def __init__(
@@ -122,11 +125,13 @@ class Codec:
         resolve_own: Callable[[int], Any],
         proxy: Callable[[int, dict[str, Any]], Any],
         own_handle: Callable[[Any], int | None],
+        tuple_class: Callable[[Any, str, list[str]], Any],
     ) -> None:
         self.export = export
         self.resolve_own = resolve_own
         self.proxy = proxy
         self.own_handle = own_handle
+        self.tuple_class = tuple_class
 
     # -- encode (anything this side holds)
 
@@ -161,10 +166,40 @@ class Codec:
                 return items if tag is None else {tag: items}
             finally:
                 stack.discard(id(value))
+        structured = self._encode_structured(value, kind, depth, stack)
+        if structured is not None:
+            return structured
         simple = _encode_simple(value, kind)
         if simple is not None:
             return simple
         return self.export(value)
+
+    def _encode_structured(self, value: Any, kind: type, depth: int, stack: set[int]) -> Any:
+        """The standard library's containers, named tuples and numpy values, by value."""
+
+        def items(values: Any) -> list[Any]:
+            return [self.encode(v, depth + 1, stack) for v in values]
+
+        def pairs(mapping: Any) -> list[Any]:
+            return [items(pair) for pair in mapping.items()]
+
+        if kind is collections.OrderedDict:
+            return {"$od": pairs(value)}
+        if kind is collections.Counter:
+            return {"$ctr": pairs(value)}
+        if kind is collections.defaultdict:
+            return {"$dd": [self.encode(value.default_factory, depth + 1, stack), pairs(value)]}
+        if kind is collections.deque:
+            return {"$dq": [items(value), value.maxlen]}
+        fields = getattr(kind, "_fields", None)
+        if issubclass(kind, tuple) and isinstance(fields, tuple):
+            if all(isinstance(f, str) for f in fields) and len(fields) == len(value):
+                cls = self.own_handle(kind)
+                cls_tree = {"$own": cls} if cls is not None else self.export(kind)
+                return {"$nt": [cls_tree, kind.__name__, list(fields), items(value)]}
+        if kind.__module__ == "numpy":
+            return _encode_numpy(value)
+        return None
 
     # -- decode (what the other side sent: hostile on the tests' side)
 
@@ -220,6 +255,40 @@ class Codec:
                 except TypeError:
                     raise ProtocolError("a dict key is unhashable") from None
             return result
+        if tag in ("$od", "$ctr"):
+            mapping = {"$od": collections.OrderedDict, "$ctr": collections.Counter}[tag]()
+            for key, value in self._pairs(body, depth):
+                mapping[key] = value
+            return mapping
+        if tag == "$dd":
+            if type(body) is not list or len(body) != 2:
+                raise ProtocolError("a defaultdict is malformed")
+            factory = self.decode(body[0], depth + 1)
+            if factory is not None and not callable(factory):
+                raise ProtocolError("a defaultdict's factory is not callable")
+            result = collections.defaultdict(factory)
+            for key, value in self._pairs(body[1], depth):
+                result[key] = value
+            return result
+        if tag == "$dq":
+            if type(body) is not list or len(body) != 2:
+                raise ProtocolError("a deque is malformed")
+            if body[1] is not None and (type(body[1]) is not int or body[1] < 0):
+                raise ProtocolError("a deque's maxlen is malformed")
+            return collections.deque(self._list(body[0], depth), body[1])
+        if tag == "$nt":
+            if type(body) is not list or len(body) != 4 or type(body[1]) is not str:
+                raise ProtocolError("a named tuple is malformed")
+            fields = body[2]
+            if type(fields) is not list or not all(type(f) is str for f in fields):
+                raise ProtocolError("a named tuple's fields are malformed")
+            values = self._list(body[3], depth)
+            if len(values) != len(fields):
+                raise ProtocolError("a named tuple's values do not match its fields")
+            cls = self.tuple_class(body[0], body[1], fields)
+            return cls._make(values)
+        if tag in ("$nd", "$ng"):
+            return _decode_numpy(tag, body)
         if tag == "$i":
             if type(body) is not str or len(body) > MAX_HEX_DIGITS:
                 raise ProtocolError("a large integer is malformed")
@@ -229,6 +298,16 @@ class Codec:
                 raise ProtocolError("a float tag holds a finite value")
             return float(body)
         return _decode_simple(tag, body)
+
+    def _pairs(self, body: Any, depth: int) -> list[tuple[Any, Any]]:
+        if type(body) is not list:
+            raise ProtocolError("a mapping is not a list of pairs")
+        out = []
+        for pair in body:
+            if type(pair) is not list or len(pair) != 2:
+                raise ProtocolError("a mapping entry is not a pair")
+            out.append((self.decode(pair[0], depth + 1), self.decode(pair[1], depth + 1)))
+        return out
 
     def _list(self, body: Any, depth: int) -> list[Any]:
         if type(body) is not list:
@@ -272,6 +351,51 @@ def _encode_simple(value: Any, kind: type) -> dict[str, Any] | None:
         if builtin_type(value.__name__) is value:
             return {"$bt": value.__name__}
     return None
+
+
+# numpy values travel as dtype, shape and raw bytes, for plain dtypes only (no objects, no
+# structured fields): the receiving side builds a genuine numpy value from data.
+_NUMPY_KINDS = "biufcUSMm"
+
+
+def _encode_numpy(value: Any) -> dict[str, Any] | None:
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    if type(value) is np.ndarray:
+        dtype = value.dtype
+        if dtype.kind in _NUMPY_KINDS and not dtype.hasobject and dtype.fields is None:
+            data = np.ascontiguousarray(value).tobytes()
+            return {"$nd": [dtype.str, list(value.shape), base64.b64encode(data).decode()]}
+    elif isinstance(value, np.generic) and type(value) is type(np.asarray(value)[()]):
+        dtype = np.asarray(value).dtype
+        if dtype.kind in _NUMPY_KINDS and not dtype.hasobject and dtype.fields is None:
+            data = np.asarray(value).tobytes()
+            return {"$ng": [dtype.str, base64.b64encode(data).decode()]}
+    return None
+
+
+def _decode_numpy(tag: str, body: Any) -> Any:
+    try:
+        import numpy as np
+    except ImportError:
+        raise ProtocolError("a numpy value, and numpy is not installed here") from None
+    if type(body) is not list or len(body) != (3 if tag == "$nd" else 2):
+        raise ProtocolError("a numpy value is malformed")
+    dtype = np.dtype(_text(body[0], 64))
+    if dtype.kind not in _NUMPY_KINDS or dtype.hasobject or dtype.fields is not None:
+        raise ProtocolError(f"numpy dtype {dtype} is not sent by value")
+    data = base64.b64decode(_text(body[-1], MAX_FRAME), validate=True)
+    if tag == "$ng":
+        if len(data) != dtype.itemsize:
+            raise ProtocolError("a numpy scalar's bytes do not match its dtype")
+        return np.frombuffer(data, dtype=dtype)[0]
+    shape = body[1]
+    if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+        raise ProtocolError("a numpy array's shape is malformed")
+    if math.prod(shape) * dtype.itemsize != len(data) or len(shape) > 32:
+        raise ProtocolError("a numpy array's bytes do not match its shape")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 
 
 def _text(body: Any, limit: int = 10_000) -> str:
