@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from rollout.shared.objectstore import ObjectStore, ObjectStoreError
 from rollout.shared.objectstore.claimcheck import get_json
 from rollout.shared.observability import get_logger
 from rollout.shared.replay import replay_run, reverify
-from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.settings import NatsUnreachable, Settings, connect_nats
 from rollout.shared.store.db import create_pool
 from rollout.shared.store.trajectories import load_trajectory
 
@@ -244,9 +245,22 @@ async def login_submit(request: Request) -> Response:
     if not key.strip():
         return render("login.html", request, 401, error="paste an API key", next=target)
     assert state.auth is not None
+    throttle = state.auth.throttle
+    address = request.client.host if request.client else "unknown"
+    wait = throttle.wait_s(address)
+    if wait > 0:
+        log.info("ui login throttled", address=address)
+        error = f"too many refused keys from this address: try again in {math.ceil(wait)} s"
+        page = render("login.html", request, 429, error=error, next=target)
+        page.headers["Retry-After"] = str(math.ceil(wait))
+        return page
     try:
-        viewer = await state.auth.check_key(key)
+        async with throttle.checks:
+            viewer = await state.auth.check_key(key)
+    except NatsUnreachable as exc:  # the server's outage, not this address's doing
+        return render("login.html", request, 503, error=_refusal(exc), next=target)
     except RolloutError as exc:
+        throttle.failed(address)
         # The message names the key's user at most, never its secret.
         log.info("ui login refused", error=str(exc).split(":")[0])
         return render("login.html", request, 401, error=_refusal(exc), next=target)

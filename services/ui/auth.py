@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -25,6 +27,64 @@ COOKIE = "rollout_ui"
 SESSION_S = 12 * 3600
 # How long a proven key stays proven before a request proves it again.
 RECHECK_S = 30.0
+# Failed logins one address may make in LOGIN_WINDOW_S before it must wait; each login opens
+# a NATS connection, so the form must not become a way to hammer the server (or guess keys).
+LOGIN_FAILURES_ENV = "ROLLOUT_UI_LOGIN_FAILURES"
+DEFAULT_LOGIN_FAILURES = 10
+LOGIN_WINDOW_S = 60.0
+# Keys checked against NATS at once; more logins wait their turn.
+LOGINS_AT_ONCE = 4
+# Addresses remembered at most (the oldest are forgotten first).
+MAX_ADDRESSES = 10_000
+
+
+def login_failures_allowed() -> int:
+    """ROLLOUT_UI_LOGIN_FAILURES (default 10; 0: no limit), or a clear error."""
+    raw = os.environ.get(LOGIN_FAILURES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LOGIN_FAILURES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise RolloutError(f"{LOGIN_FAILURES_ENV}={raw!r}: expected a whole number >= 0")
+    return value
+
+
+@dataclass
+class LoginThrottle:
+    """Failed logins per client address over a sliding window, and key checks at once."""
+
+    limit: int = DEFAULT_LOGIN_FAILURES
+    window_s: float = LOGIN_WINDOW_S
+    _failures: dict[str, collections.deque[float]] = field(default_factory=dict)
+    checks: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(LOGINS_AT_ONCE))
+
+    def wait_s(self, address: str, now: float | None = None) -> float:
+        """Seconds `address` must wait before its next login is checked (0: go ahead)."""
+        if self.limit == 0:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        seen = self._failures.get(address)
+        if not seen:
+            return 0.0
+        while seen and seen[0] <= now - self.window_s:
+            seen.popleft()
+        if len(seen) < self.limit:
+            return 0.0
+        return seen[0] + self.window_s - now
+
+    def failed(self, address: str, now: float | None = None) -> None:
+        """Count one refused key from `address`."""
+        if self.limit == 0:
+            return
+        now = time.monotonic() if now is None else now
+        seen = self._failures.pop(address, None) or collections.deque(maxlen=self.limit)
+        seen.append(now)
+        self._failures[address] = seen  # re-inserted: the dict stays oldest-first
+        while len(self._failures) > MAX_ADDRESSES:
+            del self._failures[next(iter(self._failures))]
 
 
 @dataclass(frozen=True)
@@ -86,6 +146,7 @@ class Authenticator:
     session's key again while it is used."""
 
     settings: Settings
+    throttle: LoginThrottle = field(default_factory=lambda: LoginThrottle(login_failures_allowed()))
     _tokens: dict[str, tuple[Viewer, str]] = field(default_factory=dict)
     _sessions: dict[str, _Held] = field(default_factory=dict)
     _proving: asyncio.Lock = field(default_factory=asyncio.Lock)

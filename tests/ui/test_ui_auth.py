@@ -255,3 +255,28 @@ async def test_a_login_posted_from_another_site_is_refused(
             )
             assert page.status_code == 403 and "another site" in page.text
             assert COOKIE not in http.cookies
+
+
+async def test_an_address_that_keeps_sending_refused_keys_must_wait(
+    settings: Settings, viewer_key: ApiKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each login is a NATS connection: past the limit, refused keys are not even tried.
+    monkeypatch.setenv("ROLLOUT_UI_LOGIN_FAILURES", "3")
+    forged = ApiKey(role=viewer_key.role, key_id=viewer_key.key_id, secret="0" * 48)
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        for _ in range(3):
+            page = await http.post("/login", data={"key": forged.text, "next": "/"})
+            assert page.status_code == 401 and "refused" in page.text
+        page = await http.post("/login", data={"key": forged.text, "next": "/"})
+        assert page.status_code == 429 and "too many refused keys" in page.text
+        assert 55 <= int(page.headers["retry-after"]) <= 60
+        # Even the right key waits: the address, not the key, is throttled.
+        page = await http.post("/login", data={"key": viewer_key.text, "next": "/"})
+        assert page.status_code == 429 and COOKIE not in http.cookies
+        # The window passes (moved here, rather than waited out): the right key logs in.
+        throttle = ui.app.state.ui.auth.throttle
+        for seen in throttle._failures.values():
+            for i in range(len(seen)):
+                seen[i] -= 61
+        page = await http.post("/login", data={"key": viewer_key.text, "next": "/"})
+        assert page.status_code == 200 and COOKIE in http.cookies

@@ -7,8 +7,15 @@ import math
 import pytest
 
 from rollout.services.ui.app import _turns
-from rollout.services.ui.auth import SESSION_S, SessionSigner, Viewer
+from rollout.services.ui.auth import (
+    SESSION_S,
+    LoginThrottle,
+    SessionSigner,
+    Viewer,
+    login_failures_allowed,
+)
 from rollout.services.ui.plots import histogram, line_plot
+from rollout.shared.errors import RolloutError
 from rollout.shared.stats import wilson_interval
 
 
@@ -108,3 +115,23 @@ def test_a_run_rate_is_over_its_verdicts_as_in_the_cli() -> None:
     assert view["interval"] == wilson_interval(2, 4) and view["mean_score"] == 2.5 / 4
     every = run_view({"scored": 3, "errored": 3, "passed": 0, "total": 3, "score_sum": 0.0})  # type: ignore[arg-type]
     assert every["pass_rate"] is None and every["interval"] is None  # no verdict: no rate
+
+
+def test_the_login_throttle_counts_failures_per_address_in_a_sliding_window() -> None:
+    throttle = LoginThrottle(limit=2, window_s=60)
+    assert throttle.wait_s("a", now=0) == 0
+    throttle.failed("a", now=0)
+    throttle.failed("a", now=10)
+    assert throttle.wait_s("a", now=20) == 40  # until the first failure leaves the window
+    assert throttle.wait_s("b", now=20) == 0  # another address is not held
+    assert throttle.wait_s("a", now=60.5) == 0
+    unlimited = LoginThrottle(limit=0)
+    for t in range(100):
+        unlimited.failed("a", now=t)
+    assert unlimited.wait_s("a", now=100) == 0
+
+
+def test_a_bad_login_failures_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUT_UI_LOGIN_FAILURES", "lots")
+    with pytest.raises(RolloutError, match="ROLLOUT_UI_LOGIN_FAILURES='lots'"):
+        login_failures_allowed()
