@@ -62,7 +62,8 @@ def test_the_weak_envs_show_each_class_of_finding() -> None:
     assert echo["passed"] and echo["primitive"] == "mentions"
     assert echo["primitive_type"] == "contains_terms"
     assert "accepts an echo of the instruction" in echo["hint"]
-    called = found("weak-called", "empty_arguments")
+    # A refund of any order passes (one with empty arguments fails: it does not count).
+    called = found("weak-called", "wrong_entity")
     assert called["passed"] and called["primitive"] == "refunded"
     assert "give it `args`" in called["hint"]
     # Doing nothing fails the outcome check but still earns 0.8: a partial finding.

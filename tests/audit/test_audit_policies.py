@@ -22,13 +22,15 @@ def p(name: str, kind: str, **params: Any) -> dict[str, Any]:
 
 
 ANY_REFUND = [p("refunded", "tool_was_called", tool="refund")]
+# Counting refunds that failed too: what calls with empty or wrong-typed arguments get through.
+ANY_REFUND_ATTEMPT = [p("refunded", "tool_was_called", tool="refund", successful_only=False)]
 # policy -> (example file, task index, a verifier that policy gets through)
 WEAK: dict[str, tuple[str, int, list[dict[str, Any]]]] = {
     # The terms appear in the instruction itself: an echo contains them.
     "echo_instruction": ("ticket_routing.py", 0, [p("said", "contains_terms", terms=["route", "ticket"])]),
     "claim_success": ("ticket_routing.py", 0, [p("said", "contains_terms", terms=["done"])]),
-    "empty_arguments": ("workflow_support.py", 0, ANY_REFUND),
-    "type_confused_arguments": ("workflow_support.py", 0, ANY_REFUND),
+    "empty_arguments": ("workflow_support.py", 0, ANY_REFUND_ATTEMPT),
+    "type_confused_arguments": ("workflow_support.py", 0, ANY_REFUND_ATTEMPT),
     "other_tasks_arguments": ("workflow_support.py", 0, ANY_REFUND),
     "stop_immediately": ("ticket_routing.py", 0, [p("clean", "no_tool_errors")]),
     "loop_one_call": ("workflow_support.py", 0,
@@ -47,7 +49,8 @@ WEAK: dict[str, tuple[str, int, list[dict[str, Any]]]] = {
     "sql_literal_guess": ("sql_sales.py", 0, [p("answered", "tool_was_called", tool="submit_answer")]),
     "sql_select_every_table": ("sql_sales.py", 0, [p("queried", "tool_was_called", tool="run_sql")]),
     "sql_wrong_rows": ("sql_sales.py", 0, [p("answered", "tool_was_called", tool="submit_answer")]),
-    "browser_submit_empty": ("browser_signup.py", 0, [p("tried", "tool_was_called", tool="submit")]),
+    "browser_submit_empty": ("browser_signup.py", 0, [p("tried", "tool_was_called", tool="submit",
+                                                        successful_only=False)]),
     "browser_jump_to_success": ("browser_signup.py", 0, [p("welcomed", "url_reached",
                                                            url="https://shop.test/welcome")]),
     "browser_click_everything": ("browser_signup.py", 0, [p("clicked", "tool_was_called",

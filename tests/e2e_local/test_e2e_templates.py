@@ -165,14 +165,17 @@ def test_helpers_workflow_failures_are_explained(rollout_test) -> None:
     task = run.task()
     assert task["status"] == "FAIL"
     v = verdicts(task)
-    assert v["called_lookup"][0] is True
+    # The lookup of a missing order failed: it is no lookup.
+    assert (
+        v["called_lookup"][0] is False and "1 failed call(s) not counted" in v["called_lookup"][1]
+    )
     assert v["refund_args"] == (False, v["refund_args"][1]) and "2 time(s)" in v["refund_args"][1]
     assert v["refunds_count"][0] is False
     assert v["no_errors"][0] is False and "get_order" in v["no_errors"][1]
     assert v["told_user"][0] is False
     # Calls were refund, refund, get_order: no refund after a get_order.
     assert v["lookup_first"][0] is False
-    assert 0 < task["score"] < 1
+    assert task["score"] == 0.0  # every check failed, the lookup included
 
 
 def test_custom_template_mutations_and_output_terms(rollout_test) -> None:

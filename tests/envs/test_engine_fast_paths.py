@@ -258,12 +258,16 @@ async def test_scores_follow_each_trajectory_not_the_cache():
     assert good.passed and good.score == 1.0
     bad = await score(spec, task, _trajectory(2, error="boom"))
     assert not bad.passed
+    # Its one call errored: it does not count as a call (and is a tool error).
     assert [(p.name, p.passed) for p in bad.primitives] == [
-        ("called", True),
+        ("called", False),
         ("count", False),
         ("no_errors", False),
     ]
-    assert bad.score == pytest.approx(1 / 4)
+    assert bad.score == 0.0
+    half = await score(spec, task, _trajectory(2))
+    assert [p.passed for p in half.primitives] == [True, False, True]
+    assert half.score == pytest.approx(2 / 4)
     assert (await score(spec, task, _trajectory(1))) == good
 
 

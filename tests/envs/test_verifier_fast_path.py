@@ -95,6 +95,7 @@ VERIFIERS = {
             "maxCount": 1,
         },
         {"name": "ok_only", "type": "tool_was_called", "tool": "get_order", "successfulOnly": True},
+        {"name": "attempts", "type": "tool_was_called", "tool": "refund", "successfulOnly": False},
         {
             "name": "never",
             "type": "tool_was_called",
@@ -186,9 +187,9 @@ def _ref_state_match(params: dict[str, Any], trajectory: Trajectory, truth: Any)
 def _ref_tool_was_called(params: dict[str, Any], trajectory: Trajectory):
     tool, args = params["tool"], params.get("args")
     low, high = params.get("minCount", 1), params.get("maxCount")
-    count = 0
+    count = failed = 0
     for call in trajectory.tool_calls:
-        if call.name != tool or (params.get("successfulOnly") and call.error):
+        if call.name != tool:
             continue
         if args is not None and not all(
             k in call.arguments
@@ -196,11 +197,15 @@ def _ref_tool_was_called(params: dict[str, Any], trajectory: Trajectory):
             for k, v in args.items()
         ):
             continue
+        if params.get("successfulOnly", True) and call.error:
+            failed += 1
+            continue
         count += 1
     ok = count >= low and (high is None or count <= high)
     what = tool + (f" with {short(args)}" if args else "")
     bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-    return float(ok), ok, f"{what} called {count} time(s), needed {bounds}"
+    left_out = f" ({failed} failed call(s) not counted)" if failed else ""
+    return float(ok), ok, f"{what} called {count} time(s), needed {bounds}{left_out}"
 
 
 def _ref_no_tool_errors(params: dict[str, Any], trajectory: Trajectory):

@@ -117,9 +117,11 @@ async def test_contains_terms(params: dict, passed: bool, score: float) -> None:
     ("params", "passed"),
     [
         ({"tool": "get_order"}, True),
-        ({"tool": "refund", "min_count": 2}, True),
-        ({"tool": "refund", "min_count": 2, "successful_only": True}, False),
-        ({"tool": "refund", "max_count": 1}, False),
+        # One refund of the two failed: by default it does not count.
+        ({"tool": "refund", "min_count": 2}, False),
+        ({"tool": "refund", "min_count": 2, "successful_only": False}, True),
+        ({"tool": "refund", "max_count": 1}, True),
+        ({"tool": "refund", "max_count": 1, "successful_only": False}, False),
         ({"tool": "refund", "args": {"order_id": "O-1"}}, True),
         ({"tool": "refund", "args": {"order_id": "O-1", "amount": 100.0}, "max_count": 1}, True),
         ({"tool": "refund", "args": {"order_id": "O-3"}}, False),
@@ -246,13 +248,52 @@ async def test_form_submitted_with_every_option_is_caught_by_max_count() -> None
     [
         ({"tools": ["get_order", "refund"]}, True),
         ({"tools": ["refund", "get_order"]}, False),
-        ({"tools": ["get_order", "refund", "refund"], "exact": True}, True),
-        ({"tools": ["get_order", "refund"], "exact": True}, False),
+        ({"tools": ["get_order", "refund"], "exact": True}, True),
+        ({"tools": ["get_order", "refund", "refund"], "exact": True}, False),
+        (
+            {"tools": ["get_order", "refund", "refund"], "exact": True, "successful_only": False},
+            True,
+        ),
+        ({"tools": ["get_order", "refund"], "exact": True, "successful_only": False}, False),
     ],
 )
 async def test_tool_call_order(params: dict, passed: bool) -> None:
     r = await one(primitive("o", "tool_call_order", **params))
     assert r.passed is passed, r.reason
+
+
+# A model that looks the order up, then "refunds" with arguments the tool refuses (or that are
+# not even JSON): the refund never happened.
+FAILED_ACT = Trajectory(
+    tool_calls=calls(
+        ("get_order", {"id": "O-1"}, None),
+        ("refund", {"order_id": None}, "refund failed: ValueError: no order None"),
+        ("refund", {}, "invalid JSON arguments for 'refund': Expecting value at char 0 in '{'"),
+    ),
+    final_output="Refunded.",
+)
+
+
+@pytest.mark.parametrize(
+    "prim",
+    [
+        primitive("o", "tool_call_order", tools=["get_order", "refund"]),
+        primitive("o", "tool_call_order", tools=["get_order", "refund"], exact=True),
+        primitive("t", "tool_was_called", tool="refund"),
+        primitive("t", "tool_was_called", tool="refund", args={"order_id": None}),
+    ],
+)
+async def test_calls_that_errored_or_were_malformed_do_not_satisfy_call_checks(
+    prim: dict[str, Any],
+) -> None:
+    r = await one(prim, FAILED_ACT)
+    assert not r.passed and r.score == 0.0, r.reason
+    assert "failed call(s) not counted" in r.reason, r.reason
+    # The old reading, every attempt, stays available when asked for by name.
+    lenient = {**prim, "successfulOnly": False}
+    if prim.get("exact"):
+        lenient["tools"] = ["get_order", "refund", "refund"]
+    assert (await one(lenient, FAILED_ACT)).passed
 
 
 async def test_weighted_score_and_all_must_pass() -> None:

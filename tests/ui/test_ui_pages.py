@@ -371,7 +371,7 @@ async def test_an_env_page_lists_its_last_audit(
         first = await rows.nth(0).inner_text()
         assert "refunded" in first and "tool_was_called" in first and "give it `args`" in first
         policies = set(await page.locator("#audit-findings .policy").all_inner_texts())
-        assert {"empty_arguments", "wrong_entity"} <= policies
+        assert {"act_without_lookup", "wrong_entity"} <= policies
         await shoot(page, "env-audit")
         # An env never audited says how to audit it.
         await page.goto(f"{ui.url}/envs/refunds")

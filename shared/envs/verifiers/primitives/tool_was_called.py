@@ -1,4 +1,10 @@
-"""`tool_was_called`: the tool was called (with matching args) minCount..maxCount times."""
+"""`tool_was_called`: the tool was called (with matching args) minCount..maxCount times.
+
+Only calls that succeeded count by default: a call that errored (bad arguments, the tool
+refused it, the plugin crashed) or was malformed did not do the thing, and counting it let a
+model satisfy "refund was called" with a refund that failed. `successfulOnly: false` counts
+every attempt (e.g. to forbid even trying a tool with `maxCount: 0`).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +28,10 @@ class ToolWasCalledParams(CamelModel):
     args: dict[str, Any] | None = None
     min_count: int = Field(default=1, ge=0)
     max_count: int | None = Field(default=None, ge=0)
-    successful_only: bool = False
+    successful_only: bool = Field(
+        default=True,
+        description="Only calls that succeeded (no error) count; false counts every attempt.",
+    )
 
 
 @register_compiled("tool_was_called", ToolWasCalledParams, tool_fields=("tool",))
@@ -32,13 +41,14 @@ def tool_was_called(p: ToolWasCalledParams) -> Compiled:
     low, high = p.min_count, p.max_count
     what = tool + (f" with {short(args)}" if args else "")
     bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-    # The reason is f"{what} called {count} time(s), needed {bounds}".
+    # The reason is f"{what} called {count} time(s), needed {bounds}", plus how many failed
+    # calls were left out, so a reader sees why an attempt did not count.
     head, tail = f"{what} called ", f" time(s), needed {bounds}"
 
     def run(trajectory: Trajectory, task: TaskSpec) -> tuple[float, bool, str]:
-        count = 0
+        count = failed = 0
         for call in trajectory.tool_calls:
-            if call.name != tool or (successful_only and call.error):
+            if call.name != tool:
                 continue
             if args is not None and not all(
                 k in call.arguments
@@ -46,8 +56,12 @@ def tool_was_called(p: ToolWasCalledParams) -> Compiled:
                 for k, v in args.items()
             ):
                 continue
+            if successful_only and call.error:
+                failed += 1
+                continue
             count += 1
         ok = count >= low and (high is None or count <= high)
-        return (1.0 if ok else 0.0), ok, f"{head}{count}{tail}"
+        left_out = f" ({failed} failed call(s) not counted)" if failed else ""
+        return (1.0 if ok else 0.0), ok, f"{head}{count}{tail}{left_out}"
 
     return run
