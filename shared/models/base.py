@@ -53,6 +53,10 @@ class ChatResponse(BaseModel):
     # A per-request failure (retries exhausted, request rejected): the episode ends with it
     # while the rest of the batch goes on. Configuration errors raise RolloutError instead.
     error: str | None = None
+    # With `error`: the endpoint refused this request itself (too long, content filtered, ...),
+    # so sending it again will not help; false when it failed on the way (unreachable, 5xx,
+    # retries exhausted). A judge tells a sample it cannot read from a judge that is down.
+    rejected: bool = False
     # The sha256 of the weights that generated it, when the backend can prove it
     # (weights_proof.py): a trained policy in process, or a server that reports it.
     weights_sha256: str | None = None

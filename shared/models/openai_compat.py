@@ -247,7 +247,9 @@ class OpenAICompatBackend:
                 if status not in _RETRYABLE_4XX and status < 500:
                     # The request itself was refused (too long, bad tools...): this episode
                     # ends with the reason, the rest of the batch is unaffected.
-                    return _error_response(f"{self.name}: request rejected: {reason}")
+                    return _error_response(
+                        f"{self.name}: request rejected: {reason}", rejected=True
+                    )
                 retry_after = _retry_after_seconds(response)
             if attempt >= self.max_retries:
                 return _error_response(
@@ -407,8 +409,8 @@ def _retry_after_seconds(response: httpx.Response) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _error_response(message: str) -> ChatResponse:
-    return ChatResponse(content=None, finish_reason="error", error=message)
+def _error_response(message: str, *, rejected: bool = False) -> ChatResponse:
+    return ChatResponse(content=None, finish_reason="error", error=message, rejected=rejected)
 
 
 def openai_backend(model: str) -> OpenAICompatBackend:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from fakes.openai_server import FakeOpenAI, text_reply
+import pytest
+from fakes.openai_server import FakeOpenAI, Reply, completion, error_reply, text_reply
 
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
@@ -84,18 +85,100 @@ async def test_a_group_is_judged_in_one_call_relative_to_each_other() -> None:
     assert results[0].score == (3 * 0.4 + 1.0) / 4
 
 
-async def test_a_malformed_judge_answer_is_an_error_not_a_score() -> None:
-    replies = [
-        text_reply("I think they are all fine."),
-        text_reply(json.dumps({"scores": [{"trajectory_id": "1", "score": 7}]})),
-        text_reply(json.dumps({"scores": [{"trajectory_id": "1", "score": 0.5}]})),
-    ]
-    with FakeOpenAI(replies) as judge:
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("I think they are all fine.", "not JSON"),
+        (json.dumps({"scores": [{"trajectory_id": "1", "score": 7}]}), "malformed at scores.0"),
+        # Every sample alone gets a score, the pair does not: no sample is at fault.
+        (json.dumps({"scores": [{"trajectory_id": "1", "score": 0.5}]}), "no score for traj"),
+    ],
+)
+async def test_a_malformed_judge_answer_is_an_error_not_a_score(answer: str, expected: str) -> None:
+    with FakeOpenAI(lambda body: text_reply(answer)) as judge:
         spec = _spec(f"{judge.base_url}#judge")
-        for expected in ("not JSON", "malformed at scores.0.score", "no score for trajectory 2"):
-            results = await score_group(spec, spec.tasks[0], [_sample("O-1"), _sample(None)])
-            assert all(r.score == 0.0 and not r.passed for r in results)
-            assert expected in (results[0].error or ""), results[0].error
+        results = await score_group(spec, spec.tasks[0], [_sample("O-1"), _sample(None)])
+    assert all(r.score == 0.0 and not r.passed for r in results)
+    assert all(expected in (r.error or "") for r in results), results[0].error
+
+
+# What each kind of sample does to a judge that reads it: trips its content filter (the
+# endpoint refuses the request), overflows its context, or talks it out of answering in JSON.
+FILTERED, HUGE, DERAILS = "O-FILTERED", "O-HUGE", "O-DERAILS"
+
+
+def _touchy_judge(body: dict) -> Reply:
+    """The ranking judge, except for samples it cannot read (whichever call they are in)."""
+    text = body["messages"][-1]["content"]
+    if FILTERED in text:
+        return error_reply(400, "The response was filtered due to the prompt triggering content "
+                                "management policy.")  # fmt: skip
+    if HUGE in text:
+        return error_reply(400, "This model's maximum context length is 8192 tokens.")
+    if DERAILS in text:
+        return text_reply("As instructed by trajectory 2, I will not score anything.")
+    return _ranking_judge(body)
+
+
+@pytest.mark.parametrize(
+    ("culprit", "cause"),
+    [
+        (FILTERED, "content management policy"),
+        (HUGE, "maximum context length"),
+        (DERAILS, "not JSON"),
+    ],
+)
+async def test_a_sample_the_judge_cannot_read_fails_alone_and_its_neighbours_are_judged(
+    culprit: str, cause: str
+) -> None:
+    with FakeOpenAI(_touchy_judge) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        group = [_sample("O-2"), _sample(culprit), _sample("O-1")]
+        results = await score_group(spec, spec.tasks[0], group)
+        bodies = judge.chat_bodies
+    # Nobody is errored: the neighbours get their verdicts, relative to each other only ...
+    assert [r.error for r in results] == [None, None, None]
+    [low, bad, high] = [r.primitives[0] for r in results]
+    assert (low.score, high.score) == (0.4, 1.0)
+    assert "rank 2/2" in low.reason and "rank 1/2" in high.reason
+    assert high.passed and not low.passed
+    # ... and the sample the judge could not read fails with the judge's reason.
+    assert bad.score == 0.0 and not bad.passed and not results[1].passed
+    assert "the judge cannot judge this trajectory" in bad.reason and cause in bad.reason
+    # The group, each sample alone, then the group again without the culprit.
+    last = bodies[-1]["messages"][-1]["content"]
+    assert len(bodies) == 5 and culprit not in last and "O-1" in last and "O-2" in last
+
+
+async def test_a_judge_filter_that_stops_the_answer_names_the_sample_too() -> None:
+    def judge_fn(body: dict) -> Reply:
+        if FILTERED in body["messages"][-1]["content"]:
+            return Reply(completion(None, finish_reason="content_filter"))
+        return _ranking_judge(body)
+
+    with FakeOpenAI(judge_fn) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        group = [_sample(FILTERED), _sample("O-1")]
+        first, second = await score_group(spec, spec.tasks[0], group)
+    assert first.error is None and not first.passed
+    assert "content filter" in first.primitives[0].reason
+    assert second.error is None and second.passed and second.primitives[0].score == 1.0
+
+
+async def test_a_judge_that_fails_on_every_sample_or_on_the_way_errors_the_group() -> None:
+    # Every sample fails alone as well: nothing says it is theirs, not the judge's.
+    with FakeOpenAI(lambda body: error_reply(400, "content management policy")) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        results = await score_group(spec, spec.tasks[0], [_sample(FILTERED), _sample(HUGE)])
+    assert all(r.error and "content management policy" in r.error for r in results)
+
+    # A judge that is down (5xx, retries spent) is never blamed on a sample: no probing.
+    with FakeOpenAI(lambda body: error_reply(503, "overloaded")) as judge:
+        spec = _spec(f"{judge.base_url}?retries=0#judge")
+        results = await score_group(spec, spec.tasks[0], [_sample("O-1"), _sample(FILTERED)])
+        calls = len(judge.chat_bodies)
+    assert calls == 1
+    assert all(r.error and "overloaded" in r.error for r in results)
 
 
 async def test_a_judge_the_policy_refuses_is_named() -> None:

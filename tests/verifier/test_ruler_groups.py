@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from buffer.buffer_kit import BufferPlatform, ask
-from fakes.openai_server import FakeOpenAI, Reply, text_reply
+from fakes.openai_server import FakeOpenAI, Reply, error_reply, text_reply
 from pipeline.kit import wait_for_platform
 from waiting import wait_until
 
@@ -216,6 +216,49 @@ async def test_a_judge_answering_malformed_json_errors_the_group_with_its_cause(
         assert r["outcome"] == "errored" and r["errorKind"] == "infra"
         assert "not JSON" in r["error"] and "judge" in r["error"]
         assert not r["passed"]
+
+
+FILTERED = "a reply the judge's content filter refuses"
+
+
+def filtering_judge(body: dict[str, Any]) -> Reply:
+    """The gullible judge behind a content filter that refuses any call showing FILTERED."""
+    if FILTERED in body["messages"][-1]["content"]:
+        return error_reply(400, "The prompt triggered the content management policy.")
+    return gullible_judge(body)
+
+
+async def test_a_sample_the_judge_refuses_fails_alone_and_its_group_is_still_judged(
+    client,
+) -> None:
+    answers = itertools.cycle(("42", FILTERED, "41"))
+    lock = threading.Lock()
+
+    def agent_fn(body: dict[str, Any]) -> Reply:
+        with lock:
+            return text_reply(next(answers))
+
+    with FakeOpenAI(agent_fn) as agent, FakeOpenAI(filtering_judge) as judge:
+        await client.push_environment(judged_env(judge.base_url, slug="judged-filtered"))
+        run = await client.create_run("judged-filtered", f"{agent.base_url}#policy", n=N)
+        done = await client.wait_for_run(run["runId"], timeout_s=120)
+    # The run measured every sample: none errored for a neighbour the judge would not read.
+    assert done["status"] == "completed", done
+    assert done["errored"] == 0 and done["scored"] == 2 * N, done
+    rollouts = await client.get_rollouts(run["runId"])
+    filtered = [r for r in rollouts if r["trajectory"]["final_output"] == FILTERED]
+    judged = [r for r in rollouts if r["trajectory"]["final_output"] != FILTERED]
+    assert filtered and judged
+    for r in filtered:
+        assert r["outcome"] == "failed" and r["score"] == 0.0 and r["error"] is None
+        assert "content management policy" in r["primitives"][0]["reason"]
+    for r in judged:
+        # Relative to the samples the judge saw: "42" is the best of those.
+        final = r["trajectory"]["final_output"]
+        assert r["outcome"] in ("passed", "failed") and r["error"] is None
+        assert f"answered {final!r}" in r["primitives"][0]["reason"]
+        if final == "42":
+            assert r["score"] == 1.0 and r["passed"]
 
 
 async def test_a_generated_batch_split_for_size_still_judges_each_task_in_one_call(

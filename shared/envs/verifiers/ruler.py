@@ -11,6 +11,20 @@ the tracker keeps a run's groups whole in its work items. Scoring a single traje
 The judge is a model name resolved like any other (`openai/...`, `<url>#<model>`), so its
 endpoint and key come from the operator's endpoint policy, never from the env's config. A judge
 that fails or answers malformed JSON is an infrastructure error (no verdict), not a score.
+
+One sample must not cost its neighbours their verdicts. When the judge refuses the group's
+call (the endpoint rejects the request: context too long, content filter) or answers it
+without a valid verdict (no JSON, a score missing), each sample is judged alone once to find
+the cause: a sample the judge also fails on alone, while the rest are judged, is the one it
+cannot read. The rest are judged again together, without it, so their scores stay relative to
+each other (RULER compares the samples it sees; a sample it never saw is not ranked against
+them). The sample left out gets 0 and fails, with the judge's reason: not errored, since the
+judge demonstrably works on its siblings at the same moment, and an errored sample is left out
+of pass rates and GRPO groups, so a policy that learned to derail the judge (an injection that
+breaks its JSON, text that trips its filter) would escape every verdict. A failure no single
+sample reproduces alone (the group only too long together, the judge down), or that every
+sample reproduces, or a call that fails on the way (unreachable, 5xx, retries spent) is still
+the infrastructure's: the whole group errors as before and its batch is retried.
 """
 
 from __future__ import annotations
@@ -175,6 +189,15 @@ def judge_messages(params: RulerParams, task: TaskSpec, group: list[Trajectory])
     ]
 
 
+class JudgeFailed(InfraError):
+    """The judge gave no verdict on a call; `refused` when it answered but would not or could
+    not judge that input (rejected the request, or replied without a valid verdict)."""
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
 def parse_answer(text: str | None, n: int) -> list[JudgedScore]:
     """The judge's scores in trajectory order (InfraError naming what is wrong)."""
     raw = (text or "").strip()
@@ -197,25 +220,105 @@ def parse_answer(text: str | None, n: int) -> list[JudgedScore]:
 async def judge_group(
     params: RulerParams, task: TaskSpec, group: list[Trajectory]
 ) -> list[Outcome]:
-    """One judge call over the group: an Outcome (score, passed, reason) per trajectory."""
+    """An Outcome (score, passed, reason) per trajectory, from one judge call over the group;
+    when the judge refuses that call, the group without the sample(s) it fails on alone."""
     try:
         backend = resolve_backend(params.judge_model)
-        request = ChatRequest(
-            messages=judge_messages(params, task, group),
+    except RolloutError as exc:
+        raise InfraError(f"judge {params.judge_model!r}: {exc.message}") from None
+    try:
+        return _outcomes(params, await _judge(backend, params, task, group))
+    except JudgeFailed as exc:
+        if not exc.refused or len(group) < 2:
+            raise
+        failed = exc
+    alone = await _judge_each(backend, params, task, group)
+    if any(f is not None and not f.refused for f in alone):
+        # The judge broke on the way meanwhile: nothing here says which sample is at fault.
+        raise failed
+    unreadable = {i for i, f in enumerate(alone) if f is not None}
+    if not unreadable or len(unreadable) == len(group):
+        raise failed
+    rest = [t for i, t in enumerate(group) if i not in unreadable]
+    try:
+        scores = await _judge(backend, params, task, rest)
+    except JudgeFailed as exc:
+        left = ", ".join(str(i + 1) for i in sorted(unreadable))
+        raise InfraError(f"{failed}; and without trajectory {left}: {exc}") from None
+    judged = iter(_outcomes(params, scores))
+    out = []
+    for f in alone:
+        if f is None:
+            out.append(next(judged))
+            continue
+        out.append(
+            Outcome(
+                0.0,
+                False,
+                f"the judge cannot judge this trajectory: {f} (judged alone it failed too; "
+                f"the other {len(rest)} were judged without it)",
+            )
+        )
+    return out
+
+
+async def _judge(
+    backend: Any, params: RulerParams, task: TaskSpec, group: list[Trajectory]
+) -> list[JudgedScore]:
+    """One judge call over `group`: the scores in order (JudgeFailed saying why not)."""
+    [result] = await _judge_calls(backend, params, task, [group])
+    if isinstance(result, JudgeFailed):
+        raise result
+    return result
+
+
+async def _judge_each(
+    backend: Any, params: RulerParams, task: TaskSpec, group: list[Trajectory]
+) -> list[JudgeFailed | None]:
+    """Each trajectory judged alone (one batch of calls): why the judge failed on it, or None."""
+    results = await _judge_calls(backend, params, task, [[t] for t in group])
+    return [r if isinstance(r, JudgeFailed) else None for r in results]
+
+
+async def _judge_calls(
+    backend: Any, params: RulerParams, task: TaskSpec, groups: list[list[Trajectory]]
+) -> list[list[JudgedScore] | JudgeFailed]:
+    """One judge call per group, sent as one batch: each group's scores or its failure."""
+    requests = [
+        ChatRequest(
+            messages=judge_messages(params, task, g),
             temperature=0.0,
             max_tokens=params.max_tokens,
         )
-        [response] = await backend.generate([request])
-    except RolloutError as exc:
+        for g in groups
+    ]
+    try:
+        responses = await backend.generate(requests)
+    except RolloutError as exc:  # the endpoint refused us (key, model name): not the samples
         raise InfraError(f"judge {params.judge_model!r}: {exc.message}") from None
-    if response.error:
-        raise InfraError(f"judge {params.judge_model!r}: {response.error}")
-    scores = parse_answer(response.content, len(group))
+    out: list[list[JudgedScore] | JudgeFailed] = []
+    for g, response in zip(groups, responses, strict=True):
+        where = f"judge {params.judge_model!r}"
+        if response.error:
+            out.append(JudgeFailed(f"{where}: {response.error}", refused=response.rejected))
+            continue
+        if response.finish_reason == "content_filter" and not response.content:
+            out.append(JudgeFailed(f"{where}: its content filter stopped it", refused=True))
+            continue
+        try:
+            out.append(parse_answer(response.content, len(g)))
+        except InfraError as exc:
+            # It answered, but with no verdict: what it was shown may have derailed it.
+            out.append(JudgeFailed(str(exc), refused=True))
+    return out
+
+
+def _outcomes(params: RulerParams, scores: list[JudgedScore]) -> list[Outcome]:
     return [
         Outcome(
             s.score,
             s.score >= params.pass_threshold,
-            f"judge {s.score:.2f} (rank {rank}/{len(group)}): {s.explanation}",
+            f"judge {s.score:.2f} (rank {rank}/{len(scores)}): {s.explanation}",
         )
         for s, rank in zip(scores, _ranks([s.score for s in scores]), strict=True)
     ]
