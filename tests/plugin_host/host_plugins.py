@@ -10,7 +10,7 @@ STEP_TIMEOUT_S = 2.0
 
 COUNTER = textwrap.dedent(
     """
-    import asyncio, ctypes, os, time
+    import asyncio, ctypes, os, sys, time
 
     VERSION = "v1"
     NAP_S = 0.5
@@ -24,9 +24,9 @@ COUNTER = textwrap.dedent(
         def tools(self):
             return [
                 {"name": "go", "description": "Do the task's thing.",
-                 "parameters": {"type": "object", "properties": {}}},
+                 "parameters": {"type": "object", "properties": {"how": {"type": "string"}}}},
                 {"name": "slow", "description": "Async step.",
-                 "parameters": {"type": "object", "properties": {}}},
+                 "parameters": {"type": "object", "properties": {"how": {"type": "string"}}}},
             ]
 
         def reset(self, task):
@@ -39,7 +39,22 @@ COUNTER = textwrap.dedent(
         def step(self, name, arguments):
             self.calls += 1
             if name == "slow":
-                return self._slow()
+                return self._slow(arguments.get("how"))
+            # What a model's arguments can make a buggy tool do.
+            how = arguments.get("how")
+            if how == "exit":
+                os._exit(3)
+            if how == "sys_exit":
+                sys.exit("bye")
+            if how == "hang":
+                while True:
+                    pass
+            if how == "stubborn_hang":  # keeps even the worker's alarm out
+                while True:
+                    try:
+                        time.sleep(60)
+                    except BaseException:
+                        pass
             if self.mode == "hang":
                 while True:
                     pass
@@ -61,8 +76,8 @@ COUNTER = textwrap.dedent(
                 return "x" * 3_000_000
             return {"version": VERSION, "calls": self.calls}
 
-        async def _slow(self):
-            await asyncio.sleep(0.01)
+        async def _slow(self, how):
+            await asyncio.sleep(3600 if how == "hang" else 0.01)
             return {"async": True, "calls": self.calls}
 
         def state(self):

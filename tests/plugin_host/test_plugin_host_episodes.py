@@ -1,4 +1,6 @@
-"""A crashing or hanging plugin ends only its own episode; a raising step is a tool error."""
+"""A step that raises, hangs or kills its host is a tool error the model sees and the episode
+goes on; what the model's arguments cannot cause (no host, a replay that differs) errors only
+its own episode."""
 
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ from rollout.errors import RolloutError
 from rollout.shared.agent.loop import Episode, run_episodes
 from rollout.shared.envs import build_runtime, validate_environment
 from rollout.shared.envs.plugin_host.client import HostPool
+from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.learning.scripted import ScriptedBackend
 
 PLAN = [("go", {}), ("go", {})]
+# The worker's own deadline for a step (the host's, STEP_TIMEOUT_S, is a little later).
+SOFT_S = STEP_TIMEOUT_S - min(1.0, STEP_TIMEOUT_S / 5)
+CRASHED = "go failed: crashed the tool's process; the call had no effect"
 
 
 async def _batch(raw: dict, n: int) -> list:
@@ -28,7 +34,9 @@ async def _batch(raw: dict, n: int) -> list:
             await rt.close()
 
 
-async def test_hanging_step_times_out_and_ends_only_its_episode(pool: HostPool) -> None:
+async def test_a_hanging_step_is_stopped_as_its_tool_error_and_the_env_lives_on(
+    pool: HostPool,
+) -> None:
     raw = spec(modes=("ok", "hang", "ok"))
     started = time.monotonic()
     ok1, hung, ok2 = await _batch(raw, 3)
@@ -40,25 +48,110 @@ async def test_hanging_step_times_out_and_ends_only_its_episode(pool: HostPool) 
             {"version": "v1", "calls": 2},
         ]
         assert done.final_state == {"calls": 2, "mode": "ok"}
-    assert hung.finish_reason == "error"
-    assert f"did not finish step within {STEP_TIMEOUT_S:g}s" in hung.error
-    assert len(hung.tool_calls) == 1 and hung.tool_calls[0].error == hung.error
-    assert elapsed < STEP_TIMEOUT_S + 10  # one deadline, not one per episode or per retry
+    # The model's call hung: it is told so, and the episode goes on to be scored (an errored
+    # episode would be left out of the pass rate: hanging the tool would dodge the verdict).
+    assert hung.error is None and hung.finish_reason == "stop"
+    stopped = f"go failed: StepTimeout: did not finish within {SOFT_S:g}s (stopped)"
+    assert [c.error for c in hung.tool_calls] == [stopped] * 2
+    # Stopped inside its host, before the host's deadline: the env kept both calls.
+    assert hung.final_state == {"calls": 2, "mode": "hang"}
+    assert elapsed < 2 * STEP_TIMEOUT_S + 10  # one deadline per call, not more
 
 
-@pytest.mark.parametrize(
-    ("mode", "reason"), [("exit", "exit code 3"), ("segv", "killed by SIGSEGV")]
-)
-async def test_crash_in_step_ends_only_that_episode_with_the_reason(
-    pool: HostPool, mode: str, reason: str
+@pytest.mark.parametrize(("mode", "signal_name"), [("exit", "exit code 3"), ("segv", "SIGSEGV")])
+async def test_a_step_that_kills_its_host_is_its_tool_error_and_the_episode_goes_on(
+    pool: HostPool, mode: str, signal_name: str
 ) -> None:
     ok, crashed = await _batch(spec(modes=("ok", mode)), 2)
     assert ok.error is None and len(ok.tool_calls) == 2
-    assert crashed.finish_reason == "error"
-    assert "died during step" in crashed.error and reason in crashed.error, crashed.error
+    assert crashed.error is None and crashed.finish_reason == "stop"
+    assert [c.error for c in crashed.tool_calls] == [CRASHED] * 2
+    # Each call had no effect: the episode was replayed on a fresh host (reset, no step).
+    assert crashed.final_state == {"calls": 0, "mode": mode}
+    # The host's own reason (its stderr: the plugin's prints) goes to the log, not the model.
+    assert not any(signal_name in m["content"] for m in crashed.messages if m["role"] == "tool")
     # The dead host is not given to the next episode: a new one serves it.
     [again] = await _batch(spec(modes=("ok",)), 1)
     assert again.error is None and again.tool_calls[0].result == {"version": "v1", "calls": 1}
+    assert pool.leased == 0
+
+
+@pytest.mark.parametrize(
+    ("how", "error", "calls_after"),
+    [
+        # The host died: the episode is replayed without the call (no effect).
+        ("exit", CRASHED, 2),
+        # Code that keeps the worker's alarm out is killed at the host's deadline: the same.
+        ("stubborn_hang", f"go failed: did not finish within {STEP_TIMEOUT_S:g}s (stopped); "
+                          "the call had no effect", 2),
+        # sys.exit() is an exception in the step like any other: the env lives on.
+        ("sys_exit", "go failed: SystemExit: bye", 3),
+    ],
+)  # fmt: skip
+async def test_arguments_that_break_the_plugin_are_that_calls_error_and_the_next_call_works(
+    pool: HostPool, how: str, error: str, calls_after: int
+) -> None:
+    plan = [("go", {}), ("go", {"how": how}), ("go", {})]
+    raw = spec()
+    rt = build_runtime(raw, 0)
+    try:
+        [t] = await run_episodes([Episode(rt, "go")], ScriptedBackend(plan))
+    finally:
+        await rt.close()
+    assert t.error is None and t.finish_reason == "stop"
+    assert [c.error for c in t.tool_calls] == [None, error, None]
+    assert t.tool_calls[2].result == {"version": "v1", "calls": calls_after}
+    assert t.final_state == {"calls": calls_after, "mode": "ok"}
+    assert pool.leased == 0
+
+
+async def test_a_hanging_async_step_is_stopped_and_the_plugins_loop_still_serves(
+    pool: HostPool,
+) -> None:
+    rt = build_runtime(spec(), 0)
+    try:
+        hung = await rt.call_tool("slow", {"how": "hang"})
+        assert (
+            hung.error == f"slow failed: StepTimeout: did not finish within {SOFT_S:g}s (stopped)"
+        )
+        # The stopped coroutine was cancelled, not left in the loop: the next steps run alone.
+        assert (await rt.call_tool("slow", {})).output == {"async": True, "calls": 2}
+        assert (await rt.call_tool("go", {})).output == {"version": "v1", "calls": 3}
+    finally:
+        await rt.close()
+
+
+async def test_a_crash_in_a_plugin_that_replays_differently_errors_the_episode(
+    pool: HostPool,
+) -> None:
+    # Its episode cannot be rebuilt faithfully (each call draws a random number): the env's
+    # fault, not a verdict on the model.
+    plan = [("go", {}), ("go", {"how": "exit"})]
+    rt = build_runtime(spec(modes=("rand",)), 0)
+    try:
+        [t] = await run_episodes([Episode(rt, "go")], ScriptedBackend(plan))
+    finally:
+        await rt.close()
+    assert t.finish_reason == "error" and "died during step (exit code 3)" in t.error
+    assert "gave a different result at step 1, so it cannot go on" in t.error
+    assert pool.leased == 0
+
+
+async def test_no_host_to_go_on_with_after_a_crash_errors_the_episode(
+    pool: HostPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = build_runtime(spec(), 0)
+
+    def unavailable(*args: object, **kwargs: object) -> None:
+        raise RolloutError("the sandbox is unavailable: bwrap cannot start")
+
+    try:
+        monkeypatch.setattr(pool, "lease", unavailable)  # the platform, from here on
+        with pytest.raises(EnvironmentFailed, match="no host to replay this episode on: the sa"):
+            await rt.call_tool("go", {"how": "exit"})
+    finally:
+        await rt.close()
+    assert pool.leased == 0
 
 
 async def test_a_raising_step_is_a_tool_error_the_model_sees(pool: HostPool) -> None:
@@ -135,8 +228,9 @@ def test_package_folder_named_like_stdlib_is_refused(pool: HostPool) -> None:
     assert any("config.sources['email/__init__.py']" in p and "shadow" in p for p in problems)
 
 
-async def test_actor_batch_records_the_crash_reason_on_that_rollout_only(pool: HostPool) -> None:
+async def test_a_rollout_whose_tool_crashed_or_hung_is_scored_not_errored(pool: HostPool) -> None:
     from rollout.services.actor.generate import generate_batch
+    from rollout.services.verifier.scoring import score_rollout
     from rollout.shared.contracts.envspec import EnvironmentSpec
     from rollout.shared.contracts.work import RolloutItem, RolloutWork
 
@@ -156,11 +250,17 @@ async def test_actor_batch_records_the_crash_reason_on_that_rollout_only(pool: H
         correlation_id="c",
         causation_id="c",
     )
-    ok, crashed, hung = await generate_batch(work, spec_, ScriptedBackend(PLAN), actor_id="a1")
-    assert ok.error is None and ok.trajectory["final_state"] == {"calls": 2, "mode": "ok"}
-    assert "died during step (exit code 3)" in crashed.error
-    assert "did not finish step within" in hung.error
-    assert crashed.trajectory["finish_reason"] == hung.trajectory["finish_reason"] == "error"
+    generated = await generate_batch(work, spec_, ScriptedBackend(PLAN), actor_id="a1")
+    ok, crashed, hung = generated
+    assert ok.trajectory["final_state"] == {"calls": 2, "mode": "ok"}
+    for r in (ok, crashed, hung):
+        assert r.error is None and r.trajectory["finish_reason"] == "stop"
+    assert [c["error"] for c in crashed.trajectory["tool_calls"]] == [CRASHED] * 2
+    # The verdicts: the model whose calls all failed fails (no call of `go` succeeded), and
+    # counts in the pass rate; errored would have left it out.
+    verdicts = [await score_rollout(spec_, r) for r in generated]
+    assert [v.outcome for v in verdicts] == ["passed", "failed", "failed"]
+    assert all(v.error is None for v in verdicts)
 
 
 async def test_memory_limit_is_a_tool_error_and_the_host_lives_on(pool: HostPool) -> None:

@@ -5,7 +5,9 @@ A host is one worker process in the bubblewrap sandbox (no network, read-only sy
 a host for its whole life and gives it back at close; a warm host then serves the next episode
 of the same version (every reset builds a fresh env object). Hosts are keyed by the content
 hash of (entrypoint, sources), so a new version gets new hosts while old ones age out. A host
-that crashes, or misses a deadline (it is then killed), fails only the episode that held it.
+that crashes, or misses a deadline (it is then killed), fails only the episode that held it:
+during a step that is the step's tool error and the episode goes on, replayed on a fresh host
+(templates/plugin.py); at start, reset or state the episode ends, errored.
 
 Per step the costs are process switches, not JSON (profiled on a loaded 2-core machine: the
 client's Python ~40 µs, the worker's ~20 µs, two switches with their cold caches the rest of
@@ -14,8 +16,8 @@ with one select (quick_wait_s) instead of a trip through the loop; and with
 episodes_per_host > 1 the episodes of one batch share a host, their calls of a turn going in
 one message. When a plugin kills a shared host (crash, hang), its partners are replayed on
 hosts of their own (reset and their recorded steps) and go on; the culprit's step then fails
-again on its own host and ends only its episode. A partner whose replay gives different
-results (a non-deterministic plugin) ends, saying so. The default, 1, is one host per episode.
+again on its own host, as its own tool error. A partner whose replay gives different results
+(a non-deterministic plugin) ends, saying so. The default, 1, is one host per episode.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ _STDERR_TAIL = 600
 
 
 class HostFailed(EnvironmentFailed):
-    """The plugin's host crashed or missed a deadline (and was killed): the episode ends."""
+    """The plugin's host crashed or missed a deadline (and was killed). In a step that is the
+    step's tool error (templates/plugin.py replays the episode on a fresh host); anywhere
+    else (start, reset, state) the episode ends, errored."""
 
 
 class HostSettings(BaseModel):
@@ -146,6 +150,8 @@ class PluginHost:
         self.entrypoint = entrypoint
         self.settings = settings
         self.dead: str | None = None
+        # Whether it was killed for missing a deadline (else it crashed or broke the protocol).
+        self.hung = False
         self.episodes = 0
         # Episodes of one batch sharing this host (1: the usual, one episode at a time).
         self.members = 1
@@ -185,6 +191,9 @@ class PluginHost:
                 "entrypoint": entrypoint,
                 "sources": sources or {},
                 "max_result_bytes": settings.max_result_bytes,
+                # The worker stops a step itself a little before we would kill the host: the
+                # step is then the model's tool error and the episode's env lives on.
+                "step_timeout_s": settings.step_timeout_s - min(1.0, settings.step_timeout_s / 5),
             },
             settings.start_timeout_s,
         )
@@ -212,12 +221,13 @@ class PluginHost:
         except (OSError, ValueError):
             return ""
 
-    def fail(self, reason: str) -> HostFailed:
-        """Kill the host and return the error naming why (raise it)."""
+    def fail(self, reason: str, *, hung: bool = False) -> HostFailed:
+        """Kill the host and return the error naming why (raise it); `hung`: a missed deadline."""
         if self.dead is None:
             if self.members > 1:
                 reason += f" (a host shared by {self.members} episodes of a batch)"
             self.dead = reason
+            self.hung = hung
             log.warning("plugin_host.failed", entrypoint=self.entrypoint, reason=reason)
         self.close()
         return HostFailed(self.dead)
@@ -255,7 +265,7 @@ class PluginHost:
             except BlockingIOError:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self.fail(self._timeout_reason(op, timeout)) from None
+                    raise self.fail(self._timeout_reason(op, timeout), hung=True) from None
                 select.select([], [self._in], [], left)
             except (BrokenPipeError, OSError):
                 raise self.fail(self._crash_reason(op)) from None
@@ -328,7 +338,7 @@ class PluginHost:
                 return reply
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self.fail(self._timeout_reason(op, timeout))
+                raise self.fail(self._timeout_reason(op, timeout), hung=True)
             ready, _, _ = select.select([self._out], [], [], left)
             if ready:
                 self._read_available(op)
@@ -357,7 +367,7 @@ class PluginHost:
             if reply is not None:
                 return reply
             if loop.time() >= deadline:
-                raise self.fail(self._timeout_reason(op, limit_s))
+                raise self.fail(self._timeout_reason(op, limit_s), hung=True)
 
     def _wake_waiter(self) -> None:
         waiter, loop = self._waiter, self._loop

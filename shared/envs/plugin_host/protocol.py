@@ -4,7 +4,8 @@ Request: ``{"id": n, "op": "load"|"reset"|"tools"|"step"|"state"|"close", ...}``
 Reply: ``{"id": n, "ok": true, "result": {...}}`` or
 ``{"id": n, "ok": false, "kind": "config"|"episode"|"tool", "error": "...", "type": "..."}``.
 
-- ``load {entrypoint, sources, max_result_bytes}``: once per host; imports the plugin.
+- ``load {entrypoint, sources, max_result_bytes, step_timeout_s}``: once per host; imports the
+  plugin. ``step_timeout_s``: the worker stops a step still running then (a ``tool`` error).
 - ``reset {options, task}`` -> ``{tools, cpu_s}``: a fresh env object for a new episode;
   with ``probe: true`` (validation) only the fresh env's tools, no episode.
 - ``step {name, arguments}`` -> ``{output}``; ``state`` -> ``{state}``; ``close`` -> ``{cpu_s}``.
@@ -15,7 +16,8 @@ Reply: ``{"id": n, "ok": true, "result": {...}}`` or
   above (its ``id`` null), capped on its own, in order.
 
 Kinds: ``config`` the env itself is broken (import, factory, protocol, tools()); ``episode``
-this episode cannot go on (reset raised); ``tool`` the step raised (the model sees it).
+this episode cannot go on (reset raised); ``tool`` the step raised or ran past its deadline
+(the model sees it).
 Replies over the size limit are replaced by a ``tool`` error saying so.
 """
 

@@ -5,18 +5,26 @@ needs nothing of the service's files. Protocol: one JSON object per line each wa
 protocol.py). The plugin's own prints go to stderr; the protocol streams are private dups.
 Episodes run one after another: every ``reset`` builds a fresh env object with the factory.
 
+A step's failure on the model's arguments is a tool error, never the host's end: whatever the
+plugin raises (SystemExit too) is answered as one, and a step still running at the soft
+deadline (``step_timeout_s`` from ``load``, a little under the client's) is interrupted by an
+alarm and answered as one, so the episode's env survives both. What no alarm can stop (code
+that swallows it, a C call) is killed by the client at its own deadline.
+
 The same functions serve the in-process baseline of benchmarks/engine.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
 import os
 import re
 import resource
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import PurePosixPath
@@ -138,6 +146,19 @@ def tool_dicts(env: Any) -> list[dict[str, Any]]:
     return out
 
 
+class _StepDeadline(BaseException):
+    """Raised into a step by the alarm (a BaseException: `except Exception` cannot keep it)."""
+
+
+# True only while a step runs: an alarm that fires just after one ends must not hit the worker.
+_in_step = False
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    if _in_step:
+        raise _StepDeadline
+
+
 class _Failure(Exception):
     """A reply with ok=false: kind is config (the env is broken), episode or tool."""
 
@@ -156,18 +177,32 @@ class Worker:
         self.envs: dict[int, Any] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.max_result_bytes = 1_000_000
+        self.step_timeout_s: float | None = None
 
     def _await(self, value: Any) -> Any:
         # One loop for the host's life: an async plugin may keep loop-bound objects across steps.
-        if inspect.isawaitable(value):
-            if self.loop is None:
-                self.loop = asyncio.new_event_loop()
-            return self.loop.run_until_complete(value)
-        return value
+        if not inspect.isawaitable(value):
+            return value
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        task = asyncio.ensure_future(value, loop=self.loop)
+        try:
+            return self.loop.run_until_complete(task)
+        except BaseException:
+            # Stopped from outside (the step's deadline): the task must not linger in the loop
+            # and resume inside a later step.
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):  # its cancellation is all we want
+                    self.loop.run_until_complete(task)
+            raise
 
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Materialise the sources in the sandbox's own /tmp and import the entrypoint."""
         self.max_result_bytes = int(msg.get("max_result_bytes") or self.max_result_bytes)
+        if msg.get("step_timeout_s"):
+            self.step_timeout_s = float(msg["step_timeout_s"])
+            signal.signal(signal.SIGALRM, _on_alarm)
         self.entrypoint = msg["entrypoint"]
         try:
             if msg.get("sources"):
@@ -220,11 +255,25 @@ class Worker:
             raise _Failure("config", str(exc)) from None
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Run one tool; an exception is a tool error (its type and message)."""
+        """Run one tool; an exception or the step's deadline is a tool error (type, message)."""
+        global _in_step
         env = self._live(msg)
+        limit = self.step_timeout_s
         try:
-            out = self._await(env.step(msg["name"], msg.get("arguments") or {}))
-        except Exception as exc:
+            if limit:
+                _in_step = True
+                signal.setitimer(signal.ITIMER_REAL, limit)
+            try:
+                out = self._await(env.step(msg["name"], msg.get("arguments") or {}))
+            finally:
+                if limit:
+                    _in_step = False
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+        except _StepDeadline:
+            raise _Failure(
+                "tool", f"did not finish within {limit:g}s (stopped)", "StepTimeout"
+            ) from None
+        except BaseException as exc:  # SystemExit too: the plugin failed on these arguments
             raise _Failure("tool", str(exc), type(exc).__name__) from None
         return {"output": out}
 

@@ -14,7 +14,14 @@ and import failures named clearly.
 
 Plugin code never runs in this process: every call goes to a plugin host (plugin_host/), a
 sandboxed worker process leased for the episode. A step that raises is a tool error the model
-reads; a host that crashes or hangs ends the episode as errored with the reason.
+reads, and so is a step that kills its host or hangs past the step timeout: the model's own
+arguments did it, and an errored episode is left out of pass rates, so a model that found
+arguments that crash the plugin would escape a failed verdict. The call has no effect: the
+episode is replayed on a fresh host (reset, then its earlier steps) and goes on to be scored.
+What the model's arguments cannot cause stays errored: no host can start or import the plugin,
+reset() or state() crashes, or the replay gives different results (a non-deterministic plugin,
+whose episode cannot be rebuilt faithfully). The model is told the call crashed or timed out,
+not the host's stderr (the plugin's own prints, which may hold what the task hides).
 """
 
 from __future__ import annotations
@@ -151,6 +158,19 @@ def _give_up(runtimes: list[PluginRuntime]) -> None:
         rt.abandon_now()
 
 
+class StepKilledHost(Exception):
+    """A step crashed its host or hung past the step timeout: that call's tool error (the
+    episode was replayed on a fresh host, as it was before the call)."""
+
+    def __init__(self, hung: bool, timeout_s: float) -> None:
+        what = (
+            f"did not finish within {timeout_s:g}s (stopped)"
+            if hung
+            else "crashed the tool's process"
+        )
+        super().__init__(f"{what}; the call had no effect")
+
+
 class PluginRuntime(BaseRuntime):
     """One episode of a plugin environment, played in a leased plugin host."""
 
@@ -174,9 +194,12 @@ class PluginRuntime(BaseRuntime):
         self._finalizer: weakref.finalize | None = None
         self._ep = ep  # this episode's slot on a host shared by its batch (start_group)
         self._config = config
-        # On a shared host, what this episode's steps returned: when another episode's plugin
-        # kills the host, this one is replayed on a host of its own and goes on.
-        self._replayable = shared is not None
+        # On a shared host, a step whose host dies may have died of a partner's step: it runs
+        # again once on a host of its own (then a death is its own).
+        self._shared = shared is not None
+        # What this episode's steps returned, so that it can be replayed on a fresh host when
+        # its host dies (of a step of its own or of a partner's) and go on. The results are
+        # the objects the trajectory keeps anyway: remembering them costs no copy.
         self._history: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
         self._task_view = {
             "instruction": task.instruction,
@@ -251,7 +274,9 @@ class PluginRuntime(BaseRuntime):
             call = {"name": name, "arguments": args}
             try:
                 result = await self._step(call)
-            except HostFailed as exc:  # call_tool turns this into the episode's end
+            except StepKilledHost as exc:
+                raise ToolError(f"{name} failed: {exc}") from None
+            except HostFailed as exc:  # no fresh host: call_tool turns this into the episode's end
                 self._failure = str(exc)
                 self._give_back()
                 raise ToolError(str(exc)) from None
@@ -271,29 +296,35 @@ class PluginRuntime(BaseRuntime):
             self._remember(call, ("tool", str(exc), exc.kind, exc.error_type))
             raise
         except HostFailed as exc:
-            if not self._replayable:
-                raise
+            shared, hung = self._shared, host.hung
             self._give_back()  # its share of the dead host (here, on the loop's thread)
+            # A fresh host with this episode's steps so far (HostFailed, ending it, when none
+            # can be had or the replay differs).
             await asyncio.get_running_loop().run_in_executor(starter(), self._recover, exc)
-            return await self._step(call)  # on its own host now
+            if shared:
+                return await self._step(call)  # on its own host now
+            log.info(
+                "plugin_host.step_killed_host", entrypoint=self._config.entrypoint, reason=str(exc)
+            )
+            raise StepKilledHost(hung, self._pool.settings.step_timeout_s) from None
         self._remember(call, ("ok", result))
         return result
 
     def _remember(self, call: dict[str, Any], outcome: tuple[Any, ...]) -> None:
-        if self._replayable:
-            self._history.append((call, outcome))
+        self._history.append((call, outcome))
 
     def _recover(self, cause: HostFailed) -> None:
-        """Replay this episode on a host of its own after its shared host died (blocking).
+        """Replay this episode on a host of its own after its host died (blocking).
 
-        The host may have died of another episode's plugin: a deterministic plugin gives the
-        same results again and the episode goes on; otherwise it ends, saying why.
+        The host died of another episode's step (on a shared host) or of this episode's own
+        step, which is not replayed: a deterministic plugin gives the same results again and
+        the episode goes on; otherwise it ends, saying why (HostFailed).
         """
-        self._replayable = False  # once: on its own host a crash is its own
+        self._shared = False  # once: on its own host a crash is its own
         steps = len(self._history)
         try:
             host = lease_host(self._config, self._pool)
-        except (HostFailed, PluginError) as exc:
+        except (PluginError, RolloutError) as exc:  # RolloutError: no sandbox here (HostFailed too)
             raise HostFailed(f"{cause}; no host to replay this episode on: {exc}") from None
         self._host, self._ep = host, 0
         self._finalizer = weakref.finalize(self, self._pool.abandon, host)
@@ -311,7 +342,6 @@ class PluginRuntime(BaseRuntime):
                     )
         except (ReplyError, PluginError) as exc:
             raise HostFailed(f"{cause}; replaying this episode failed: {exc}") from None
-        self._history.clear()
         log.info("plugin_host.episode_replayed", entrypoint=self._config.entrypoint, steps=steps)
 
     async def call_tool(self, name: str, arguments: dict[str, Any]):  # type: ignore[no-untyped-def]
@@ -327,7 +357,7 @@ class PluginRuntime(BaseRuntime):
         """The plugin's state() (EnvironmentFailed when its host is gone)."""
         try:
             host = self._live_host()
-            if self._replayable and not host.alive:
+            if self._shared and not host.alive:
                 # Its shared host died after this episode's last step: replay it first (this
                 # blocks, but only after a crash).
                 self._give_back()
