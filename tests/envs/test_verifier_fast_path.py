@@ -201,10 +201,14 @@ def _ref_tool_was_called(params: dict[str, Any], trajectory: Trajectory):
             failed += 1
             continue
         count += 1
-    ok = count >= low and (high is None or count <= high)
+    # The maximum counts every attempt, failed ones included.
+    ok = count >= low and (high is None or count + failed <= high)
     what = tool + (f" with {short(args)}" if args else "")
     bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-    left_out = f" ({failed} failed call(s) not counted)" if failed else ""
+    if high is not None and count + failed > high and failed:
+        left_out = f" ({failed} more that failed count against the maximum)"
+    else:
+        left_out = f" ({failed} failed call(s) not counted)" if failed else ""
     return float(ok), ok, f"{what} called {count} time(s), needed {bounds}{left_out}"
 
 

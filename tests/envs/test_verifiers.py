@@ -120,7 +120,9 @@ async def test_contains_terms(params: dict, passed: bool, score: float) -> None:
         # One refund of the two failed: by default it does not count.
         ({"tool": "refund", "min_count": 2}, False),
         ({"tool": "refund", "min_count": 2, "successful_only": False}, True),
-        ({"tool": "refund", "max_count": 1}, True),
+        # The maximum counts attempts: the failed refund was still a second try.
+        ({"tool": "refund", "max_count": 1}, False),
+        ({"tool": "refund", "max_count": 2}, True),
         ({"tool": "refund", "max_count": 1, "successful_only": False}, False),
         ({"tool": "refund", "args": {"order_id": "O-1"}}, True),
         ({"tool": "refund", "args": {"order_id": "O-1", "amount": 100.0}, "max_count": 1}, True),
@@ -294,6 +296,13 @@ async def test_calls_that_errored_or_were_malformed_do_not_satisfy_call_checks(
     if prim.get("exact"):
         lenient["tools"] = ["get_order", "refund", "refund"]
     assert (await one(lenient, FAILED_ACT)).passed
+
+
+async def test_a_forbidden_tool_tried_and_failed_still_breaks_max_count_zero() -> None:
+    r = await one(
+        primitive("t", "tool_was_called", tool="refund", min_count=0, max_count=0), FAILED_ACT
+    )
+    assert not r.passed and "2 more that failed count against the maximum" in r.reason, r.reason
 
 
 async def test_weighted_score_and_all_must_pass() -> None:

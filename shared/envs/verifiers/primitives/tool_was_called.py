@@ -1,9 +1,10 @@
 """`tool_was_called`: the tool was called (with matching args) minCount..maxCount times.
 
-Only calls that succeeded count by default: a call that errored (bad arguments, the tool
-refused it, the plugin crashed) or was malformed did not do the thing, and counting it let a
-model satisfy "refund was called" with a refund that failed. `successfulOnly: false` counts
-every attempt (e.g. to forbid even trying a tool with `maxCount: 0`).
+Only calls that succeeded count towards `minCount` by default: a call that errored (bad
+arguments, the tool refused it, the plugin crashed) or was malformed did not do the thing, and
+counting it let a model satisfy "refund was called" with a refund that failed. `maxCount` still
+counts every attempt, failed ones included: `maxCount: 0` forbids even trying, and a model
+cannot spray failing calls past a limit. `successfulOnly: false` counts every attempt for both.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ class ToolWasCalledParams(CamelModel):
     max_count: int | None = Field(default=None, ge=0)
     successful_only: bool = Field(
         default=True,
-        description="Only calls that succeeded (no error) count; false counts every attempt.",
+        description=(
+            "Only calls that succeeded (no error) count towards minCount (maxCount counts "
+            "every attempt); false counts every attempt for both."
+        ),
     )
 
 
@@ -60,8 +64,12 @@ def tool_was_called(p: ToolWasCalledParams) -> Compiled:
                 failed += 1
                 continue
             count += 1
-        ok = count >= low and (high is None or count <= high)
-        left_out = f" ({failed} failed call(s) not counted)" if failed else ""
+        # The upper bound counts attempts: a failed call was still an attempt.
+        ok = count >= low and (high is None or count + failed <= high)
+        if high is not None and count + failed > high and failed:
+            left_out = f" ({failed} more that failed count against the maximum)"
+        else:
+            left_out = f" ({failed} failed call(s) not counted)" if failed else ""
         return (1.0 if ok else 0.0), ok, f"{head}{count}{tail}{left_out}"
 
     return run
