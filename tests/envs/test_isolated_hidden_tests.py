@@ -365,6 +365,36 @@ async def test_the_models_process_sees_nothing_of_the_tests() -> None:
     assert run.passed, run.reason + "\n" + run.output_tail
 
 
+# ---------------------------------------------------------------- real runs of hostile code
+
+BROKEN = {"calc.py": "def add(a, b):\n    return a - b\n"}
+FIXED = {"calc.py": "def add(a, b):\n    return a + b\n"}
+CHECK = "def check(got, want):\n    assert got == want, (got, want)\n"
+NOOP_CHECK = "def check(got, want):\n    pass\n"
+USES_CHECK = "from calc import add\n{imp}\n\n\ndef test_add():\n    check(add(2, 3), 5)\n"
+
+
+@pytest.mark.parametrize(
+    ("helper", "imp", "shadow"),
+    [
+        ("tests/testlib/__init__.py", "from testlib import check", "testlib/__init__.py"),
+        ("tests/lib/checks.py", "from lib.checks import check", "lib/checks.py"),
+        ("tests/checks.py", "from checks import check", "checks.py"),
+    ],
+    ids=["a package", "a namespace package's module", "a module"],
+)
+async def test_a_helper_of_the_hidden_tests_is_never_the_models(
+    helper: str, imp: str, shadow: str
+) -> None:
+    # Hidden tests in a folder import a helper of theirs by its bare name (pytest put the
+    # folder on sys.path); the model's module of that name must not stand in for it.
+    tests = {helper: CHECK, "tests/test_calc.py": USES_CHECK.format(imp=imp)}
+    run = await run_hidden_tests(FIXED, tests)
+    assert run.passed, run.reason
+    run = await run_hidden_tests({**BROKEN, shadow: NOOP_CHECK}, tests)
+    assert not run.passed and "(-1, 5)" in run.reason, run.reason
+
+
 # ---------------------------------------------------------------- a hostile model process
 
 

@@ -203,7 +203,15 @@ def model_module_names(files: dict[str, str], trusted: dict[str, str]) -> list[s
             return first[:-3] if first.endswith(".py") else None
         return first if path.endswith(".py") else None
 
-    mine = {top(p) for p in trusted}
+    # pytest puts each test file's directory on sys.path, so any directory or module of the
+    # trusted tree that holds code can be imported by its bare name (`tests/lib/checks.py` as
+    # `lib.checks`, `tests/helpers/__init__.py` as `helpers`): none of them may become a proxy.
+    mine: set[str | None] = set()
+    for path in trusted:
+        if path.endswith(".py"):
+            *dirs, name = path.split("/")
+            mine.update(dirs)
+            mine.add(name[:-3])
     names = {top(p) for p in files} - mine
     return sorted(n for n in names if n and n.isidentifier())
 
