@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from rollout.shared.audit.policies.code_editing import FORGE_HARNESS
 from rollout.shared.envs.templates import _xproc_tests, _xproc_wire
 from rollout.shared.envs.templates.code_editing import run_hidden_tests
 
@@ -393,6 +394,42 @@ async def test_a_helper_of_the_hidden_tests_is_never_the_models(
     assert run.passed, run.reason
     run = await run_hidden_tests({**BROKEN, shadow: NOOP_CHECK}, tests)
     assert not run.passed and "(-1, 5)" in run.reason, run.reason
+
+
+# Hidden tests that put the work dir on sys.path (so that, in-process, they find the model's
+# code) and, in a later module, import a standard module not loaded yet; one loads the model's
+# module by its path.
+ON_SYS_PATH = {
+    "test_calc.py": (
+        "import os\nimport sys\n\nsys.path.insert(0, os.getcwd())\n\nfrom calc import add\n\n\n"
+        "def test_add():\n    assert add(2, 3) == 5\n"
+    ),
+    "test_more.py": (
+        "import statistics\n\nfrom calc import add\n\n\n"
+        "def test_mean():\n    assert add(1, 1) == statistics.mean([2, 2])\n"
+    ),
+    "test_path.py": (
+        "import importlib.util\n\n\ndef test_by_path():\n"
+        "    spec = importlib.util.spec_from_file_location('solution', 'calc.py')\n"
+        "    solution = importlib.util.module_from_spec(spec)\n"
+        "    spec.loader.exec_module(solution)\n"
+        "    assert solution.add(2, 3) == 5\n"
+    ),
+}
+
+
+async def test_no_file_of_the_model_loads_in_the_tests_process() -> None:
+    run = await run_hidden_tests(FIXED, ON_SYS_PATH)
+    assert run.passed, run.reason + "\n" + run.output_tail
+    # Its forger, named as the standard module and at the top of the module under test:
+    # found on sys.path, it would run next to the harness and forge the run.
+    forged = {"calc.py": FORGE_HARNESS + BROKEN["calc.py"], "statistics.py": FORGE_HARNESS}
+    run = await run_hidden_tests(forged, ON_SYS_PATH)
+    assert not run.passed and "assert -1 == 5" in run.reason, run.reason
+    # A script run in the tests' process (runpy) is refused: a subprocess runs it instead.
+    tests = {"test_run.py": "import runpy\n\n\ndef test_main():\n    runpy.run_path('calc.py')\n"}
+    run = await run_hidden_tests(FIXED, tests)
+    assert not run.passed and "is a file of the code under test" in run.reason, run.reason
 
 
 # ---------------------------------------------------------------- a hostile model process

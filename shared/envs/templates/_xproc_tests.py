@@ -29,6 +29,7 @@ import inspect
 import io
 import json
 import os
+import runpy
 import sys
 import types
 import weakref
@@ -605,7 +606,8 @@ class RemoteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: Any) -> RemoteModule:
         """Import the module in the model's process and stand a proxy in for it."""
-        info = self.remote.import_module(spec.name)
+        # A spec made from one of the model's files by path names its module in loader_state.
+        info = self.remote.import_module(spec.loader_state or spec.name)
         module: RemoteModule = info["module"]
         if info.get("package"):
             spec.submodule_search_locations = []
@@ -617,6 +619,91 @@ class RemoteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         """Nothing to run here: the module ran in the model's process."""
+
+
+class _Barred(importlib.abc.PathEntryFinder):
+    """A sys.path entry inside a directory the model's process writes: nothing loads from it."""
+
+    def find_spec(self, fullname: str, target: Any = None) -> None:
+        """Nothing there is this process's to import."""
+        return None
+
+    def invalidate_caches(self) -> None:
+        """Nothing is cached."""
+
+
+def bar_model_files(finder: RemoteFinder, workdir: str, scratch: str) -> None:
+    """Keep every file the model's process can write out of this process's code.
+
+    A test may put the work dir (or tmp_path) on sys.path, or load the model's file by its
+    path: either would run code of the model's here, next to the harness, and a file named as
+    a module imported later (`csv.py`) would not even be the model's module. Its modules still
+    come as proxies, by name or, through `spec_from_file_location`, by path; no other file
+    there is imported, loaded or run.
+    """
+    roots = tuple(os.path.realpath(p) for p in (workdir, scratch) if p)
+
+    def inside(path: Any) -> bool:
+        try:
+            real = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return False
+        return any(real == root or real.startswith(root + os.sep) for root in roots)
+
+    def refuse(path: Any) -> ImportError:
+        return ImportError(
+            f"{os.fsdecode(path)} is a file of the code under test: the tests' process does not "
+            "load or run it (import the model's modules by name; run a script in a subprocess)"
+        )
+
+    def path_hook(entry: str) -> importlib.abc.PathEntryFinder:
+        if inside(entry or "."):
+            return _Barred()
+        raise ImportError("not a directory of the code under test")  # the next hook's
+
+    sys.path_hooks.insert(0, path_hook)
+    sys.path_importer_cache.clear()
+
+    file_loader = importlib.machinery.SourceFileLoader.__mro__[1]  # FileLoader: .py and .pyc
+    get_data = file_loader.get_data
+
+    def guarded_get_data(self: Any, path: Any) -> bytes:
+        if inside(path):
+            raise refuse(path)
+        return get_data(self, path)
+
+    file_loader.get_data = guarded_get_data
+
+    from_file = importlib.util.spec_from_file_location
+
+    def spec_from_file_location(name: str, location: Any = None, *args: Any, **kw: Any) -> Any:
+        if location is None or not inside(location):
+            return from_file(name, location, *args, **kw)
+        rel = os.path.relpath(os.path.realpath(os.fsdecode(location)), roots[0])
+        parts = rel.split(os.sep)
+        package = parts[-1] == "__init__.py"
+        parts = parts[:-1] if package else [*parts[:-1], parts[-1].removesuffix(".py")]
+        if not (rel.endswith(".py") and parts and parts[0] in finder.names):
+            raise refuse(location)
+        if not all(p.isidentifier() for p in parts):
+            raise refuse(location)
+        return importlib.machinery.ModuleSpec(
+            name,
+            finder,
+            origin="the code under test",
+            loader_state=".".join(parts),
+            is_package=package,
+        )
+
+    importlib.util.spec_from_file_location = spec_from_file_location
+    run_path = runpy.run_path
+
+    def guarded_run_path(path_name: Any, *args: Any, **kw: Any) -> dict[str, Any]:
+        if inside(path_name):
+            raise refuse(path_name)
+        return run_path(path_name, *args, **kw)
+
+    runpy.run_path = guarded_run_path
 
 
 def install(config_path: str) -> Remote:
@@ -639,7 +726,9 @@ def install(config_path: str) -> Remote:
         and n not in sys.modules
         and importlib.util.find_spec(n) is None
     }
-    sys.meta_path.insert(0, RemoteFinder(remote, names))
+    finder = RemoteFinder(remote, names)
+    sys.meta_path.insert(0, finder)
+    bar_model_files(finder, conf.get("workdir", ""), conf.get("scratch", ""))
     # What tests commonly change for the code they call: every builtin, argv and stdin, and
     # any standard-library attribute set through pytest's monkeypatch.
     for name, value in list(vars(builtins).items()):

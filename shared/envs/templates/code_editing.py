@@ -324,6 +324,11 @@ def _write_tree(root: Path, files: dict[str, str], mode: int = 0o644) -> None:
         os.chmod(dirpath, 0o755)
 
 
+def _real(path: Path) -> str:
+    """The path with every symlink resolved, as the sandbox binds it."""
+    return os.path.realpath(path)
+
+
 def _ini(workdir: Path | None, nonce: str) -> str:
     # Pinned: nothing here comes from the model's files (its pytest.ini, pyproject.toml,
     # setup.cfg, tox.ini are never read because -c names this file). Isolated runs put no
@@ -522,6 +527,9 @@ async def run_hidden_tests(
         tests_dir = private / f"tests-{secrets.token_hex(6)}"
         harness = private / f"harness-{secrets.token_hex(6)}"
         out = private / f"out-{secrets.token_hex(6)}"
+        # tmp_path (isolated runs) lives where both sandboxes see it at the same path, so a
+        # test can hand the model's code a path to write and read the file itself.
+        scratch = private / f"scratch-{secrets.token_hex(6)}"
         for d in (tests_dir, harness, out):
             d.mkdir()
         for rel, content in files.items():
@@ -540,8 +548,14 @@ async def run_hidden_tests(
         if isolate:
             harness_files["_xproc_wire.py"] = WIRE_SOURCE.read_text(encoding="utf-8")
             harness_files["_xproc_tests.py"] = TESTS_SIDE_SOURCE.read_text(encoding="utf-8")
+            # The directories the model's process writes: the tests' process loads no file
+            # from them (a test may put the work dir on sys.path or load a file by its path).
             harness_files["remote.json"] = json.dumps(
-                {"names": model_module_names(files, runnable)}
+                {
+                    "names": model_module_names(files, runnable),
+                    "workdir": _real(work),
+                    "scratch": _real(scratch),
+                }
             )
         _write_tree(harness, harness_files)
         # The sandbox may run as a fresh uid: it must be able to write its report here.
@@ -561,9 +575,6 @@ async def run_hidden_tests(
         env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         binds = [(tests_dir, False), (harness, False), (out, True)]
         if isolate:
-            # tmp_path lives where both sandboxes see it at the same path, so a test can hand
-            # the model's code a path to write and read the file itself.
-            scratch = private / f"scratch-{secrets.token_hex(6)}"
             scratch.mkdir(mode=0o1777)
             scratch.chmod(0o1777)
             subject = private / f"subject-{secrets.token_hex(6)}"
