@@ -432,6 +432,31 @@ async def test_no_file_of_the_model_loads_in_the_tests_process() -> None:
     assert not run.passed and "is a file of the code under test" in run.reason, run.reason
 
 
+STAR = (
+    "import math\n\nimport pytest\n\nfrom checks import check\nfrom calc import *\n\n\n"
+    "def test_add():\n    assert math.isclose(add(0.1, 0.2), 0.3)\n\n\n"
+    "def test_approx():\n    assert add(2, 3) == pytest.approx(5)\n\n\n"
+    "def test_check():\n    check(add(2, 3), 5)\n"
+)
+
+
+async def test_a_star_import_never_rebinds_the_tests_own_names() -> None:
+    tests = {"checks.py": CHECK, "test_star.py": STAR}
+    run = await run_hidden_tests(FIXED, tests)
+    assert run.passed, run.reason
+    # Its module exports a `math` whose isclose says yes, a `pytest` whose approx equals
+    # anything and a `check` that checks nothing: the tests keep their own.
+    forged = BROKEN["calc.py"] + (
+        "import math\nimport types\n\nmath.isclose = lambda *a, **k: True\n\n\n"
+        "class Anything:\n    def __eq__(self, other):\n        return True\n\n\n"
+        "pytest = types.SimpleNamespace(approx=lambda *a, **k: Anything())\n\n\n"
+        "def check(got, want):\n    pass\n\n\n"
+        "__all__ = ['add', 'math', 'pytest', 'check']\n"
+    )
+    run = await run_hidden_tests({"calc.py": forged}, tests)
+    assert not run.passed and "(and 2 more)" in run.reason, run.reason
+
+
 # ---------------------------------------------------------------- a hostile model process
 
 

@@ -269,6 +269,15 @@ class RemoteModule(types.ModuleType):
         names = self.__dict__["__rollout_remote__"].op("dir", self)
         return [n for n in names if type(n) is str] if type(names) is list else []
 
+    @property
+    def __all__(self) -> list[str]:
+        """The model's public names, less any the module reading them (a star import's)
+        already holds as its own: `from calc import *` never rebinds the tests' `math`,
+        `pytest` or helpers to the model's objects."""
+        names = self.__dict__.get("__rollout_all__", [])
+        held = sys._getframe(1).f_globals
+        return [n for n in names if n.isidentifier() and (n not in held or _is_remote(held[n]))]
+
 
 class Remote:
     """The tests' end of the pipe to the model's process."""
@@ -614,7 +623,8 @@ class RemoteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if type(info.get("file")) is str:
             module.__file__ = info["file"]
         names = info.get("all")
-        module.__all__ = [n for n in names if type(n) is str] if type(names) is list else []
+        names = [n for n in names if type(n) is str] if type(names) is list else []
+        module.__dict__["__rollout_all__"] = names
         return module
 
     def exec_module(self, module: Any) -> None:
