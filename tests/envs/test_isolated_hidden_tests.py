@@ -457,6 +457,45 @@ async def test_a_star_import_never_rebinds_the_tests_own_names() -> None:
     assert not run.passed and "(and 2 more)" in run.reason, run.reason
 
 
+SESSION = (
+    "class Session:\n    def __enter__(self):\n        return self\n\n"
+    "    def __exit__(self, kind, exc, tb):\n        return {swallow}\n\n"
+    "    def get(self, key):\n        raise KeyError(key)\n\n\n"
+)
+IN_SESSION = """import pytest
+
+from calc import Session, add
+
+
+def test_add_in_a_session():
+    with Session():
+        assert add(2, 3) == 5
+
+
+def test_fail_in_a_session():
+    with Session():
+        if add(2, 3) != 5:
+            pytest.fail("wrong sum")
+
+
+def test_a_missing_key_is_suppressed():
+    with Session() as s:
+        s.get("k")
+"""
+
+
+async def test_the_models_context_manager_cannot_swallow_a_failed_check() -> None:
+    # Its __exit__ still runs and may suppress its own errors (the KeyError), never the
+    # tests' failed assert or pytest.fail.
+    model = {"calc.py": SESSION.format(swallow="True") + FIXED["calc.py"]}
+    run = await run_hidden_tests(model, {"test_session.py": IN_SESSION})
+    assert run.passed, run.reason
+    model = {"calc.py": SESSION.format(swallow="True") + BROKEN["calc.py"]}
+    run = await run_hidden_tests(model, {"test_session.py": IN_SESSION})
+    assert not run.passed and "assert -1 == 5" in run.reason, run.reason
+    assert "(and 1 more)" in run.reason, run.reason
+
+
 # ---------------------------------------------------------------- a hostile model process
 
 
