@@ -496,6 +496,81 @@ async def test_the_models_context_manager_cannot_swallow_a_failed_check() -> Non
     assert "(and 1 more)" in run.reason, run.reason
 
 
+APPROX = """import datetime
+
+import numpy as np
+import pytest
+
+from calc import add, elapsed, mean
+
+
+def test_add():
+    assert add(0.1, 0.2) == pytest.approx(0.3)
+
+
+def test_mean():
+    assert mean([1, 2]) == pytest.approx(1.5)
+
+
+def test_elapsed():
+    assert elapsed() == pytest.approx(datetime.timedelta(seconds=5), abs=datetime.timedelta(0))
+"""
+APPROX_HONEST = """import datetime
+
+import numpy as np
+
+
+def add(a, b):
+    return a + b
+
+
+def mean(values):
+    return np.mean(values)
+
+
+def elapsed():
+    return datetime.timedelta(seconds=5)
+"""
+# Vacuous answers: an empty array (every one of its no elements is close), an object whose
+# __array__ is empty, one that says the difference to what it is compared with is nothing.
+APPROX_VACUOUS = """import datetime
+
+import numpy as np
+
+
+def add(a, b):
+    return np.array([])
+
+
+class Empty:
+    def __array__(self, *args, **kwargs):
+        return np.array([])
+
+
+def mean(values):
+    return Empty()
+
+
+class NoDifference:
+    def __rsub__(self, other):
+        return datetime.timedelta(0)
+
+
+def elapsed():
+    return NoDifference()
+"""
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_pytest_approx_never_holds_vacuously(isolate: bool) -> None:
+    tests = {"test_approx.py": APPROX}
+    run = await run_hidden_tests({"calc.py": APPROX_HONEST}, tests, isolate=isolate)
+    assert run.passed, run.reason
+    run = await run_hidden_tests({"calc.py": APPROX_VACUOUS}, tests, isolate=isolate)
+    assert not run.passed and "test_add failed" in run.reason, run.reason
+    assert "(and 2 more)" in run.reason, run.reason
+
+
 # ---------------------------------------------------------------- a hostile model process
 
 

@@ -7,7 +7,7 @@ dir, that each hidden test's body ran to its end (the verifier wraps each hidden
 harness's own functions replaced (its `wrap`, swapped by the code under test, which is imported
 before the hidden module's last lines call it), a trace or profile function installed, a
 function's code swapped, asserts compiled out. It also records each hidden test its `wrap` was
-never asked to wrap. The verifier then
+never asked to wrap, and keeps `pytest.approx` from holding vacuously. The verifier then
 trusts a JUnit "passed" only when the body's completion was recorded too and nothing tampered.
 
 The code under test runs in this same process, so code written against this exact harness could
@@ -201,4 +201,43 @@ def pytest_sessionfinish(
     _record("finished", str(int(exitstatus)))
 
 
+def _strict_approx() -> None:
+    """Make `value == pytest.approx(x)` hold only for a value that is close to x.
+
+    An approx of a number compares an array element by element, so an empty array (close in
+    every one of its no elements) matched any number; and an approx of a datetime or timedelta
+    asked the value to subtract itself, so an object of the code under test answered its own
+    closeness. Neither ever holds now; everything else is pytest's.
+    """
+    import datetime
+
+    scalar = type(pytest.approx(0.0))
+    as_array = getattr(sys.modules.get(scalar.__module__), "_as_numpy_array", None)
+    scalar_eq = scalar.__eq__
+
+    def scalar_equals(self: Any, actual: Any) -> bool:
+        array = as_array(actual) if as_array is not None else None
+        if array is None:
+            return scalar_eq(self, actual)
+        # Converted once (an object of the code under test could answer twice, differently).
+        return array.size > 0 and scalar_eq(self, array)
+
+    scalar.__eq__ = scalar_equals  # type: ignore[method-assign]
+    try:
+        timed = type(pytest.approx(datetime.timedelta(0), abs=datetime.timedelta(0)))
+    except TypeError:  # a pytest without approx of timedeltas
+        return
+    if timed is scalar:
+        return
+    timed_eq = timed.__eq__
+
+    def timed_equals(self: Any, actual: Any) -> bool:
+        if not isinstance(actual, datetime.datetime | datetime.timedelta):
+            return False
+        return timed_eq(self, actual)
+
+    timed.__eq__ = timed_equals  # type: ignore[method-assign]
+
+
+_strict_approx()
 sys.addaudithook(_audit)
