@@ -561,6 +561,100 @@ def elapsed():
 """
 
 
+def _landlock() -> bool:
+    try:
+        os.close(_xproc_tests.landlock_ruleset([], [], []))
+    except OSError:
+        return False
+    return True
+
+
+# The model's script, run by the tests as a CLI: it adds its arguments, and, asked to look,
+# reports which of the given paths it could list or read.
+CLI = """import os
+import sys
+
+
+def add(a, b):
+    return a + b
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "look":
+        for path in sys.argv[2:]:
+            try:
+                os.listdir(path) if os.path.isdir(path) else open(path).read()
+                print("reached", path)
+            except OSError:
+                print("refused", path)
+        open("from_child.txt", "w").write("written")
+    else:
+        print(add(int(sys.argv[1]), int(sys.argv[2])))
+"""
+RUNS_THE_CLI = """import os
+import subprocess
+import sys
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "calc.py", *args], capture_output=True, text=True)
+
+
+def test_the_cli_adds():
+    assert run("2", "3").stdout == "5\\n"
+    assert os.system(f"{sys.executable} calc.py 2 3 > sum.txt") == 0
+    assert open("sum.txt").read() == "5\\n"
+
+
+def test_the_cli_reaches_the_work_dir_and_tmp_path_only(tmp_path):
+    (tmp_path / "in.txt").write_text("x")
+    report = sys.argv[sys.argv.index("--junitxml") + 1]
+    private = [os.path.dirname(__file__), __file__, sys.argv[1], os.path.dirname(report)]
+    out = run("look", str(tmp_path / "in.txt"), "/usr/lib", *private).stdout.splitlines()
+    assert out == [f"reached {tmp_path / 'in.txt'}", "reached /usr/lib"] + [
+        f"refused {p}" for p in private
+    ]
+    assert open("from_child.txt").read() == "written"
+"""
+
+
+@pytest.mark.skipif(not _landlock(), reason="the kernel has no Landlock")
+async def test_a_process_the_tests_start_cannot_reach_the_hidden_tests() -> None:
+    run = await run_hidden_tests({"calc.py": CLI}, {"test_cli.py": RUNS_THE_CLI})
+    assert run.passed, run.reason + "\n" + run.output_tail
+    # The attack it stops: the CLI's process copies the hidden tests (their directory is in
+    # the mount table) into the work dir, where the model's own process reads the expected
+    # values from them.
+    leak = (
+        "import glob, os, re, sys\n\n\n"
+        "def add(a, b):\n"
+        "    if os.path.exists('leak.txt'):\n"
+        "        for x, y, z in re.findall(r'add\\((\\d+), (\\d+)\\) == (\\d+)', "
+        "open('leak.txt').read()):\n"
+        "            if (int(x), int(y)) == (a, b):\n"
+        "                return int(z)\n"
+        "    return a - b\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    for line in open('/proc/self/mountinfo'):\n"
+        "        found = line.split()[4]\n"
+        "        pattern = found + '/**/test_*.py' if '/tests-' in found else ''\n"
+        "        for p in glob.glob(pattern, recursive=True):\n"
+        "            try:\n"
+        "                open('leak.txt', 'a').write(open(p).read())\n"
+        "            except OSError:\n"
+        "                pass\n"
+    )
+    tests = {
+        "test_a_cli.py": (
+            "import subprocess, sys\n\n\ndef test_runs():\n"
+            "    assert subprocess.run([sys.executable, 'calc.py']).returncode == 0\n"
+        ),
+        "test_b_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    }
+    run = await run_hidden_tests({"calc.py": leak}, tests)
+    assert not run.passed and "assert -1 == 5" in run.reason, run.reason
+
+
 @pytest.mark.parametrize("isolate", [True, False])
 async def test_pytest_approx_never_holds_vacuously(isolate: bool) -> None:
     tests = {"test_approx.py": APPROX}

@@ -555,6 +555,8 @@ async def run_hidden_tests(
                     "names": model_module_names(files, runnable),
                     "workdir": _real(work),
                     "scratch": _real(scratch),
+                    # What a process the tests start must never reach.
+                    "private": [_real(tests_dir), _real(harness), _real(out)],
                 }
             )
         _write_tree(harness, harness_files)
