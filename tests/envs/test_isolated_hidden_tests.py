@@ -286,6 +286,43 @@ async def test_what_honest_tests_do_works_through_the_proxies(isolate: bool) -> 
     assert len(run.passed_ids) == 9
 
 
+WARNS = {
+    "calc.py": (
+        "import warnings\n\n\nclass Legacy(UserWarning):\n    pass\n\n\n"
+        "def old_add(a, b):\n    warnings.warn('use add', DeprecationWarning)\n    return a + b\n\n\n"
+        "def legacy():\n    warnings.warn('legacy', Legacy)\n"
+    )
+}
+WARNS_TESTS = {
+    "test_warns.py": """import pytest
+
+from calc import Legacy, legacy, old_add
+
+
+def test_deprecated():
+    with pytest.warns(DeprecationWarning, match="use add"):
+        assert old_add(1, 2) == 3
+
+
+def test_its_own_category():
+    with pytest.warns(Legacy):
+        legacy()
+
+
+@pytest.mark.filterwarnings("error")
+def test_an_error_filter():
+    with pytest.raises(DeprecationWarning):
+        old_add(1, 2)
+"""
+}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_the_models_warnings_reach_the_tests(isolate: bool) -> None:
+    run = await run_hidden_tests(WARNS, WARNS_TESTS, isolate=isolate)
+    assert run.passed, run.reason + "\n" + run.output_tail
+
+
 async def test_a_bug_behind_the_proxies_fails_with_the_tests_own_message() -> None:
     broken = MODEL["shop/cart.py"].replace("    while n:\n", "    while n > 1:\n")
     run = await run_hidden_tests({**MODEL, "shop/cart.py": broken}, TESTS)
@@ -774,6 +811,13 @@ HOSTILE = [
         "not a handle",
     ),
     ("the process exiting mid-request", lambda m, fd: "exit", "process ended"),
+    (
+        "a warning whose category is no Warning",
+        lambda m, fd: _xproc_wire.write_frame(
+            fd, {"re": m["id"], "v": 1, "warn": [[{"$bx": "ValueError"}, "x", "f.py", 1]]}
+        ),
+        "not a Warning class",
+    ),
 ]
 
 

@@ -21,6 +21,7 @@ import operator
 import os
 import sys
 import threading
+import warnings
 from typing import Any
 
 try:
@@ -68,6 +69,7 @@ for _name in "add sub mul truediv floordiv mod pow matmul and or xor lshift rshi
 
 
 _MISSING = object()
+MAX_WARNINGS = 100  # per message: a warning in a loop need not flood the pipe
 
 
 class CallbackError(Exception):
@@ -105,6 +107,8 @@ class Server:
         self.thread = threading.get_ident()
         self.stdout = io.StringIO()
         self.stderr = io.StringIO()
+        self.warned: list[tuple[Any, str, str, int]] = []
+        warnings.showwarning = self.keep_warning
         self.codec = wire.Codec(
             self.export, self.resolve, self.callback, self.handle_of, self.tuple_class
         )
@@ -183,14 +187,30 @@ class Server:
 
     # -- output
 
+    def keep_warning(
+        self, message: Any, category: Any, filename: Any, lineno: Any, *_: Any
+    ) -> None:
+        """Keep a warning the model's code issued, for the tests' process to issue again."""
+        if len(self.warned) < MAX_WARNINGS:
+            self.warned.append((category, str(message), str(filename), int(lineno or 0)))
+
     def attach_output(self, message: dict[str, Any]) -> None:
-        """Send what the model's code printed since the last message along with this one."""
+        """Send what the model's code printed (and warned) since the last message with this one."""
         for name, buffer in (("out", self.stdout), ("err", self.stderr)):
             text = buffer.getvalue()
             if text:
                 message[name] = text[: wire.MAX_OUTPUT]
                 buffer.seek(0)
                 buffer.truncate()
+        warned, self.warned = self.warned, []
+        sent = []
+        for category, text, filename, lineno in warned:
+            try:
+                sent.append([self.codec.encode(category), text[:10_000], filename[:4096], lineno])
+            except Exception:  # noqa: BLE001, S112 - a category that cannot travel
+                continue
+        if sent:
+            message["warn"] = sent
 
     # -- requests
 
@@ -358,4 +378,7 @@ def serve(rfd: int = 0, wfd: int = 1) -> None:
     sys.path.insert(0, os.getcwd())
     # Lets the model's code see a main-like process (argv of a plain interpreter).
     sys.argv = [""]
+    # Every warning goes to the tests, whose filters decide (pytest.warns, "error" marks), as
+    # they would for the code imported into their process.
+    warnings.simplefilter("always")
     Server(rfd, wfd).peer.serve_forever()

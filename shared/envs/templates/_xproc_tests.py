@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 import types
+import warnings
 import weakref
 from typing import Any
 
@@ -305,6 +306,7 @@ class Remote:
         self.sent_env: dict[str, str] = {}
         self.sent_cwd = ""
         self.tuples: dict[int, type] = {}
+        self.warned: list[Any] = []
         self.codec = wire.Codec(
             self.export, self.resolve, self.proxy, self.handle_of, self.tuple_class
         )
@@ -479,11 +481,32 @@ class Remote:
         return ctx
 
     def show_output(self, message: dict[str, Any]) -> None:
-        """Write what the model's code printed where this process's output goes."""
+        """Write what the model's code printed where this process's output goes, and keep
+        what it warned for `issue_warnings`."""
         for key, stream in (("out", sys.stdout), ("err", sys.stderr)):
             text = message.get(key)
             if type(text) is str and text:
                 stream.write(text)
+        warned = message.get("warn")
+        if warned is not None:
+            if type(warned) is not list:
+                raise wire.ProtocolError("warnings are not a list")
+            self.warned += warned
+
+    def issue_warnings(self) -> None:
+        """Issue here the warnings the model's code issued in its process (a Warning class
+        and text each), so `pytest.warns` and the tests' warning filters see them."""
+        warned, self.warned = self.warned, []
+        for entry in warned:
+            if type(entry) is not list or len(entry) != 4:
+                raise wire.ProtocolError("a warning is malformed")
+            category = self.codec.decode(entry[0])
+            text, filename, lineno = entry[1:]
+            if not (isinstance(category, type) and issubclass(category, Warning)):
+                raise wire.ProtocolError("a warning's category is not a Warning class")
+            if type(text) is not str or type(filename) is not str or type(lineno) is not int:
+                raise wire.ProtocolError("a warning is malformed")
+            warnings.warn_explicit(text, category, filename, lineno)
 
     # -- requests
 
@@ -491,6 +514,9 @@ class Remote:
         """Send a request and return the decoded value, or raise what the model's code raised."""
         try:
             reply = self.peer.request(message)
+            # After the reply is in: a warning the tests' filters turn into an error is then
+            # this call's exception, as it would be in-process.
+            self.issue_warnings()
             if "x" in reply:
                 raise self.rebuild(reply["x"])
             return self.codec.decode(reply.get("v"))
