@@ -317,6 +317,50 @@ def test_an_error_filter():
 }
 
 
+ASYNC = {
+    "feed.py": (
+        "async def numbers(n):\n    '''Count to n.'''\n    for i in range(n):\n        yield i\n\n\n"
+        "class Session:\n    opened = 0\n\n    async def __aenter__(self):\n"
+        "        Session.opened += 1\n        return self\n\n"
+        "    async def __aexit__(self, kind, exc, tb):\n        return kind is KeyError\n"
+    )
+}
+ASYNC_TESTS = {
+    "test_feed.py": """import asyncio
+
+import pytest
+
+from feed import Session, numbers
+
+
+def test_async_for_and_docstrings():
+    async def collect():
+        return [i async for i in numbers(3)]
+
+    assert asyncio.run(collect()) == [0, 1, 2]
+    assert numbers.__doc__ == "Count to n."
+
+
+def test_async_with():
+    async def use():
+        async with Session() as s:
+            raise KeyError("swallowed by its __aexit__")
+        async with Session():
+            assert 1 == 2  # its __aexit__ may not swallow the tests' own failure
+
+    with pytest.raises(AssertionError):
+        asyncio.run(use())
+    assert Session.opened == 2
+"""
+}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_async_iteration_and_context_managers_cross(isolate: bool) -> None:
+    run = await run_hidden_tests(ASYNC, ASYNC_TESTS, isolate=isolate)
+    assert run.passed, run.reason + "\n" + run.output_tail
+
+
 @pytest.mark.parametrize("isolate", [True, False])
 async def test_the_models_warnings_reach_the_tests(isolate: bool) -> None:
     run = await run_hidden_tests(WARNS, WARNS_TESTS, isolate=isolate)

@@ -55,6 +55,11 @@ OPERATORS: dict[str, Any] = {
     "round": round,
     "enter": lambda obj: type(obj).__enter__(obj),
     "exit": lambda obj, *args: type(obj).__exit__(obj, *args),
+    # The async protocols return the model's awaitable; the tests await it through its handle.
+    "aiter": lambda obj: type(obj).__aiter__(obj),
+    "anext": lambda obj: type(obj).__anext__(obj),
+    "aenter": lambda obj: type(obj).__aenter__(obj),
+    "aexit": lambda obj, *args: type(obj).__aexit__(obj, *args),
     "isinstance": lambda cls, obj: isinstance(obj, cls),
     "issubclass": lambda cls, sub: issubclass(sub, cls),
     "dir": lambda obj: sorted(n for n in dir(obj) if isinstance(n, str)),

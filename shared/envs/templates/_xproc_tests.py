@@ -87,6 +87,10 @@ class RemoteObject:
     def _op(self, name: str, *args: Any) -> Any:
         return self._remote.op(name, self, *args)
 
+    @property  # type: ignore[misc]
+    def __doc__(self) -> Any:  # the model's object's docstring, not this class's
+        return self._remote.getattr(self, "__doc__")
+
     # -- attributes and calls
 
     def __getattr__(self, name: str) -> Any:
@@ -177,20 +181,20 @@ class RemoteObject:
         return self._op("enter")
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> Any:
-        # The exception itself stays here; its class crosses when it is a builtin one.
-        sent = (
-            None
-            if kind is None
-            else (kind if wire.builtin_exception(kind.__name__) is kind else Exception)
-        )
-        suppress = self._op("exit", sent, None, None)
-        if kind is not None and (
-            issubclass(kind, AssertionError) or not issubclass(kind, Exception)
-        ):
-            # A failed check of the tests' (or pytest.fail, skip, exit) is theirs to report:
-            # the model's `__exit__` runs, but it cannot swallow the test's failure.
-            return False
-        return suppress
+        suppress = self._op("exit", _exited(kind), None, None)
+        return False if _unswallowable(kind) else suppress
+
+    def __aiter__(self) -> Any:
+        return self._op("aiter")
+
+    def __anext__(self) -> Any:
+        return self._op("anext")
+
+    def __aenter__(self) -> Any:
+        return self._op("aenter")
+
+    def __aexit__(self, kind: Any, exc: Any, tb: Any) -> Any:
+        return _aexit(self._op("aexit", _exited(kind), None, None), kind)
 
     def __instancecheck__(self, obj: Any) -> bool:
         return _exact(self._op("isinstance", obj), bool, "isinstance()")
@@ -221,6 +225,27 @@ class RemoteObject:
             self._remote.dropped(self._rid, self._count)
         except Exception:  # noqa: BLE001, S110 - at interpreter exit there is nothing to tell
             pass
+
+
+def _exited(kind: Any) -> Any:
+    """What `__exit__` is told: the exception itself stays here; its class crosses when it is
+    a builtin one."""
+    if kind is None:
+        return None
+    return kind if wire.builtin_exception(kind.__name__) is kind else Exception
+
+
+def _unswallowable(kind: Any) -> bool:
+    """A failed check of the tests' (or pytest.fail, skip, exit) is theirs to report: the
+    model's `__exit__` runs, but it cannot swallow the test's failure."""
+    return kind is not None and (
+        issubclass(kind, AssertionError) or not issubclass(kind, Exception)
+    )
+
+
+async def _aexit(pending: Any, kind: Any) -> Any:
+    suppress = await pending
+    return False if _unswallowable(kind) else suppress
 
 
 def _comparison(name: str) -> Any:
