@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rollout.shared.audit.policies.code_editing import FORGE_HARNESS
-from rollout.shared.envs.templates import _xproc_tests, _xproc_wire
+from rollout.shared.envs.templates import _xproc_confine, _xproc_tests, _xproc_wire
 from rollout.shared.envs.templates.code_editing import run_hidden_tests
 
 MODEL = {
@@ -644,7 +644,7 @@ def elapsed():
 
 def _landlock() -> bool:
     try:
-        os.close(_xproc_tests.landlock_ruleset([], [], []))
+        os.close(_xproc_confine.landlock_ruleset([], [], []))
     except OSError:
         return False
     return True

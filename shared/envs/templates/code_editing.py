@@ -144,6 +144,7 @@ MAX_REPORT_BYTES = 20_000_000
 PROBE_SOURCE = Path(__file__).with_name("_pytest_probe.py")
 WIRE_SOURCE = Path(__file__).with_name("_xproc_wire.py")
 TESTS_SIDE_SOURCE = Path(__file__).with_name("_xproc_tests.py")
+CONFINE_SOURCE = Path(__file__).with_name("_xproc_confine.py")
 SUBJECT_SOURCE = Path(__file__).with_name("_xproc_subject.py")
 
 # Runs as `python -I -c`: no cwd, PYTHONPATH or user site on sys.path, so no file of the model's
@@ -177,6 +178,7 @@ def load(name):
 probe = load("_rollout_probe")
 import pytest
 load("_xproc_wire")
+load("_xproc_confine")
 load("_xproc_tests").install(harness + "/remote.json")
 raise SystemExit(int(pytest.main(sys.argv[2:], plugins=[probe])))
 """
@@ -548,6 +550,7 @@ async def run_hidden_tests(
         if isolate:
             harness_files["_xproc_wire.py"] = WIRE_SOURCE.read_text(encoding="utf-8")
             harness_files["_xproc_tests.py"] = TESTS_SIDE_SOURCE.read_text(encoding="utf-8")
+            harness_files["_xproc_confine.py"] = CONFINE_SOURCE.read_text(encoding="utf-8")
             # The directories the model's process writes: the tests' process loads no file
             # from them (a test may put the work dir on sys.path or load a file by its path).
             harness_files["remote.json"] = json.dumps(
