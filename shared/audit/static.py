@@ -6,13 +6,24 @@ Three static cases, each named by its config path:
 - `tool_was_called` without `args` where no primitive checks the outcome: any call passes;
 - weights that give at least 0.75 of the reward to primitives an idle episode passes
   (`no_tool_errors`, `contains_terms` on the instruction's own words): doing nothing scores.
+
+And two about `tests_pass`: hidden tests imported in-process (`testIsolation: in-process`),
+and hidden tests that turn values into code (`eval`, `exec`, `pickle.loads`, ...): what the
+model's code returns then runs in the tests' own process, where it can forge the report.
 """
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from rollout.shared.contracts.envspec import EnvironmentSpec
+
+# Calls in a hidden test that run a value as code (or unpickle it: the same).
+CODE_FROM_VALUES = frozenset(
+    {"eval", "exec", "compile", "pickle.loads", "pickle.load", "pickle.Unpickler",
+     "marshal.loads", "dill.loads", "cloudpickle.loads"}
+)  # fmt: skip
 
 # Primitives that check what the episode achieved (not only that something was called).
 OUTCOME = frozenset(
@@ -76,6 +87,8 @@ def verifier_warnings(spec: EnvironmentSpec) -> list[str]:
         )
     elif kinds == {"no_tool_errors"}:
         out.append("verifier: only no_tool_errors: an episode that does nothing passes")
+    if "tests_pass" in kinds:
+        out += _code_from_values(spec)
     if "tests_pass" in kinds and (spec.config or {}).get("testIsolation") == "in-process":
         out.append(
             "config.testIsolation: in-process: tests_pass imports the model's code into the "
@@ -84,3 +97,45 @@ def verifier_warnings(spec: EnvironmentSpec) -> list[str]:
             "process of its own"
         )
     return out
+
+
+def _called_name(node: ast.Call) -> str:
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return f"{func.value.id}.{func.attr}"
+    return func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _code_from_values(spec: EnvironmentSpec) -> list[str]:
+    """Hidden test files that call eval/exec/pickle.loads: one warning per file, by path."""
+    sources: list[tuple[str, str]] = []
+    for path, text in ((spec.config or {}).get("files") or {}).items():
+        if path.rsplit("/", 1)[-1].startswith("test") and isinstance(text, str):
+            sources.append((f"config.files[{path!r}]", text))
+    for i, task in enumerate(spec.tasks):
+        truth = task.hidden_ground_truth if isinstance(task.hidden_ground_truth, dict) else {}
+        for path, text in (truth.get("tests") or {}).items():
+            if isinstance(text, str):
+                sources.append((f"tasks[{i}].hiddenGroundTruth.tests[{path!r}]", text))
+    out = []
+    for where, text in sources:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue  # tests_pass names the file itself
+        calls = sorted(
+            {
+                name
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and (name := _called_name(node)) in CODE_FROM_VALUES
+            }
+        )
+        if calls:
+            out.append(
+                f"{where}: calls {', '.join(calls)}: a value of the model's code turned into "
+                "code runs in the hidden tests' own process, where it can forge the report; "
+                "compare values (==) instead"
+            )
+    return out[:5]

@@ -50,3 +50,20 @@ def test_the_examples_have_none_and_rollout_plan_reports_them() -> None:
     envs = {e["slug"]: e for e in json.loads(done.stdout)["environments"]}
     assert len(envs["weak-called"]["warnings"]) == 1
     assert envs["weak-weights"]["warnings"][0].startswith("verifier: 80%")
+
+
+def test_hidden_tests_that_run_values_as_code_are_named() -> None:
+    [spec] = [e.to_spec() for e in load_environments(ROOT / "examples" / "code_editing_fix.py")]
+    task = spec.tasks[0]
+    truth = dict(task.hidden_ground_truth)
+    truth["tests"] = {
+        "test_repr.py": "import pickle\nfrom calc import Point\n\n\ndef test_round_trip():\n"
+        "    p = Point(1, 2)\n    assert eval(repr(p)) == p\n"
+        "    assert pickle.loads(pickle.dumps(p)) == p\n"
+    }
+    exposed = spec.model_copy(
+        update={"tasks": [task.model_copy(update={"hidden_ground_truth": truth})]}
+    )
+    [warning] = verifier_warnings(exposed)
+    assert warning.startswith("tasks[0].hiddenGroundTruth.tests['test_repr.py']: calls eval, ")
+    assert "pickle.loads" in warning
