@@ -112,7 +112,7 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
             }
         )
 
-    effects = {"base": _design_effect(base), "other": _design_effect(other)}
+    effects = {"base": run_design_effect(base), "other": run_design_effect(other)}
 
     def trials(run: dict[str, Any], side: str) -> tuple[float, float]:
         # Over the verdicts, as the pass rate is (errored rollouts are no trials), and as many
@@ -170,14 +170,17 @@ def pass_rate_interval(run: dict[str, Any]) -> list[float] | None:
     """The run's 95% Wilson interval over its verdicts, counted as `comparison` counts them."""
     if judged(run) <= 0:
         return None
-    effect = _design_effect(run) or 1.0
+    effect = run_design_effect(run) or 1.0
     return list(wilson_interval(run["passed"] / effect, judged(run) / effect))
 
 
-def _design_effect(run: dict[str, Any]) -> float | None:
+def run_design_effect(run: dict[str, Any]) -> float | None:
     """The run's design effect over its tasks (shared.stats.design_effect); None when it has
     several samples per task but its task table is partial (not every task's counts known)."""
     tasks = run.get("tasks") or []
+    if not tasks and run.get("designEffect") is not None:
+        # A listed run (`rollout runs`): the tracker counted its tasks, as below.
+        return float(run["designEffect"])
     if run.get("tasksCursor") is not None or not tasks:
         return None if (run.get("n") or 1) > 1 else 1.0
     counts = [

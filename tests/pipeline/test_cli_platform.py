@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes.openai_server import FakeOpenAI, Reply
+from fakes.openai_server import FakeOpenAI, Reply, tool_reply
 from pipeline.kit import refund_agent, refund_env
 from waiting import wait_until
 
@@ -252,6 +252,56 @@ async def test_show_and_follow_give_the_pass_rate_with_its_interval(
     assert code == 0 and f"% {format_interval(interval)}  mean score" in out, out
     code, out, err = await rollout(settings, "show", run_id, "--json")
     assert json.loads(out)["passRateInterval"] == interval
+
+
+def task_0_only_agent(body: dict) -> Reply:
+    """The refund agent, but one cent too much for order O-1: task 0 always passes, 1 never."""
+    user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    if "O-1 " in user and not any(m["role"] == "tool" for m in body["messages"]):
+        return tool_reply(("refund", {"order_id": "O-1", "amount": 10.01}))
+    return refund_agent({**body, "seed": 1})
+
+
+async def test_runs_gives_each_pass_rate_the_interval_show_gives(client, settings) -> None:
+    await client.push_environment(refund_env(tasks=2))
+    errored = f"http://127.0.0.1:{unused_port()}/v1#m"
+    with FakeOpenAI(task_0_only_agent) as server:
+        model = f"{server.base_url}#m"
+        code, out, err = await rollout(settings, "run", "refunds", "--model", model, "-n", "4",
+                                       "-f", "--json")  # fmt: skip
+        assert code == 0, err
+        clustered = json.loads(out)
+        code, out, err = await rollout(settings, "run", "refunds", "--model", model, "-f", "--json")
+        assert code == 0, err
+        single = json.loads(out)
+    # 4 of 8 passed, but all of task 0 and none of task 1: two independent trials, not eight.
+    assert (clustered["passed"], clustered["scored"]) == (4, 8)
+    assert clustered["passRateInterval"] != list(wilson_interval(4, 8))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TIMEOUT_ENV, "0")  # the run starts on the dead endpoint: nothing judged
+        code, out, err = await rollout(settings, "run", "refunds", "--model", errored, "-f")
+    assert code == 1, (out, err)
+
+    code, out, err = await rollout(settings, "runs", "--json")
+    assert code == 0, err
+    listed = {r["runId"]: r for r in json.loads(out)["runs"]}
+    for run in (clustered, single):
+        code, shown, err = await rollout(settings, "show", run["runId"], "--json")
+        shown = json.loads(shown)
+        # The same interval and design effect as `rollout show --json`, for each listed run.
+        assert listed[run["runId"]]["passRateInterval"] == shown["passRateInterval"], shown
+        assert listed[run["runId"]]["designEffect"] == pytest.approx(shown["designEffect"])
+    [dead] = [r for r in listed.values() if r["runId"] not in (clustered["runId"], single["runId"])]
+    assert dead["passRateInterval"] is None  # no verdict: no interval, as show says
+
+    code, out, err = await rollout(settings, "runs")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert "PASS 95% CI" in header
+    rows_by_id = {row.split()[0]: row for row in rows}
+    for run in (clustered, single):
+        assert f"% {format_interval(run['passRateInterval'])} " in rows_by_id[run["runId"]]
+    assert rows_by_id[dead["runId"]].split()[5:7] == ["-", "-"]  # PASS and 95% CI
 
 
 async def test_ctrl_c_while_following_a_run_says_the_run_goes_on(client, settings) -> None:

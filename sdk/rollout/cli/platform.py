@@ -18,6 +18,7 @@ from rollout.comparison import (
     error_summary,
     first_line,
     pass_rate_interval,
+    run_design_effect,
 )
 from rollout.errors import RolloutError
 from rollout.follow import follow_run
@@ -300,6 +301,7 @@ async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any
     elif run.get("errored"):
         errored = await client.errored_rollouts(run["runId"], run["errored"])
     run["errorSummary"] = error_summary(run, errored)
+    run["designEffect"] = run_design_effect(run)
     run["passRateInterval"] = pass_rate_interval(run)
     return run
 
@@ -317,6 +319,9 @@ async def _runs(args: argparse.Namespace) -> int:
         return runs
 
     runs = await _with_client(fetch)
+    for r in runs:
+        # As `rollout show` gives it (None with no verdict), from the tracker's design effect.
+        r["passRateInterval"] = pass_rate_interval(r)
     if args.json:
         print_json({"runs": runs})
         return 0
@@ -327,14 +332,18 @@ async def _runs(args: argparse.Namespace) -> int:
             print("no runs yet: `rollout run SLUG --model M`")
         return 0
     print(f"{'RUN':<17} {'ENV':<22} {'MODEL':<26} {'STATUS':<10} {'DONE':>9} {'PASS':>6}"
-          f" {'ERR':>5}  BY")  # fmt: skip
+          f" {'95% CI':<12} {'ERR':>5}  BY")  # fmt: skip
     for r in runs:
         done = f"{r['scored']}/{r['total']}"
         # Errored rollouts have no verdict: a run with none judged has no pass rate.
         rate = f"{r['passRate']:.0%}" if r["scored"] > r["errored"] else "-"
+        # A pass rate is never shown bare: its interval, as `rollout show` gives it.
+        interval = r["passRateInterval"]
+        ci = format_interval(tuple(interval)) if interval else "-"
         by = describe_user(r["owner"]) if r.get("owner") else "-"
         print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26}"
-              f" {shown_status(r):<10} {done:>9} {rate:>6} {r['errored']:>5}  {by}")  # fmt: skip
+              f" {shown_status(r):<10} {done:>9} {rate:>6} {ci:<12} {r['errored']:>5}"
+              f"  {by}")  # fmt: skip
     return 0
 
 
