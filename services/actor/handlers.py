@@ -21,7 +21,7 @@ from rollout.shared import subjects
 from rollout.shared.aggregates.run import ending_of
 from rollout.shared.bus.attempts import Delivery, abandoned
 from rollout.shared.bus.broker import current_message, jetstream
-from rollout.shared.bus.deadletter import describe
+from rollout.shared.bus.deadletter import capped, describe
 from rollout.shared.bus.keepalive import working_on
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -34,8 +34,10 @@ from rollout.shared.contracts.events import (
 )
 from rollout.shared.contracts.requests import CheckModel, Reply
 from rollout.shared.contracts.work import RolloutWork
+from rollout.shared.errors import RolloutError
 from rollout.shared.models.base import ModelBackend, backend_problem, close_backend
 from rollout.shared.models.catalog import resolve_backend
+from rollout.shared.models.openai_compat import MissingApiKey
 from rollout.shared.models.trained import FollowsPolicy, apply_update, refresh_policy
 from rollout.shared.objectstore import to_json_bytes
 from rollout.shared.objectstore.errors import ObjectStoreError
@@ -322,7 +324,8 @@ async def policy_updated(event: EventEnvelope, actor: State) -> None:
 
 async def check_model(cmd: CheckModel, actor: State) -> Reply:
     """Whether this replica can generate with `cmd.model`: its backend built (a local model's
-    weights loaded, kept for the run) and asked for its endpoint; nothing is generated.
+    weights loaded, kept for the run) and asked for its endpoint (at most one token generated,
+    by a server with no working model list: `OpenAICompatBackend.check`).
 
     A build still under way after CHECK_BUILD_WAIT_S refuses nothing (a large model loading:
     the run will wait for it). A backend that cannot serve is dropped, its connections closed:
@@ -335,6 +338,15 @@ async def check_model(cmd: CheckModel, actor: State) -> Reply:
     except TimeoutError:
         return Reply(data={"model": cmd.model, "actor": actor.actor_id, "problem": None,
                            "loading": True})  # fmt: skip
+    except MissingApiKey as exc:
+        # Read from the actors' environment, not the caller's shell: a key set there after
+        # `rollout up` reaches no actor, and would be refused again in the same words.
+        problem = capped(
+            f"{exc.message}; the actors read {exc.variable} from their own environment (on the"
+            " local stack: set it, then `rollout down` and `rollout up`)"
+        )
+    except RolloutError as exc:
+        problem = capped(str(exc))  # said for the user already: no exception class in front
     except Exception as exc:  # noqa: BLE001 - whatever stops the build is the model's problem
         problem = describe(exc)
     if problem is not None and not known:

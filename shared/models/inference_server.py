@@ -169,6 +169,10 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
     def __repr__(self) -> str:
         return f"ServerPolicyBackend({self.model_name!r}, v{self.policy_version}, {self.base_url})"
 
+    def probe_body(self) -> dict[str, Any]:
+        """The check's one-token request, on the completions route this backend speaks."""
+        return {"model": self.model, "prompt": "ping", "max_tokens": 1}
+
     # -- versions ---------------------------------------------------------------------------
 
     def _switch(self, record: PolicyRecord, path: Path) -> None:

@@ -70,6 +70,14 @@ class EndpointRefused(RolloutError):
         self.status = status
 
 
+class MissingApiKey(RolloutError):
+    """A provider model without its API key in this process's environment (`variable`)."""
+
+    def __init__(self, message: str, *, variable: str) -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
 class OpenAICompatBackend:
     """A chat-completions endpoint; a batch is sent as concurrent requests under a cap."""
 
@@ -143,23 +151,56 @@ class OpenAICompatBackend:
 
     async def check(self) -> str | None:
         """Why this endpoint cannot serve now, asked once with a short timeout: unreachable,
-        or its key refused (`GET /models`). Any other answer counts as reachable: a server
-        without a model list still serves completions."""
-        slow = f"{self.base_url} did not answer within {CHECK_TIMEOUT_S:g}s"
+        its key refused, its chat route missing or failing. `GET /models` first: any answer
+        but 401/403, 404 or a 5xx means it is there and takes the key. A server without a model
+        list (404) may still serve completions, and a failing list says little of the chat
+        route, so then the route itself is asked for one token: a 404 or a 5xx there is the
+        problem; any other answer counts as serving."""
+        slow = f"{self.base_url} did not answer within {CHECK_TIMEOUT_S:g}s; is it overloaded?"
         try:
             # One limit for the whole exchange: httpx's own is per read, and a server that
             # drips its answer would hold a run's creation for as long as it likes.
             async with asyncio.timeout(CHECK_TIMEOUT_S):
-                async with self._get_client().stream("GET", "/models") as response:
-                    if response.status_code not in (401, 403):
-                        return None  # there, and the key taken: the body is not needed
-                    await response.aread()
+                response = await self._probe("GET", "/models")
+                if response.status_code != 404 and response.status_code < 500:
+                    return self._check_answer(response)
+                response = await self._probe("POST", self.completions_path, self.probe_body())
         except (TimeoutError, httpx.TimeoutException):
             return slow
         except httpx.TransportError as exc:
-            return f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}"
-        # Said of this model already: without the backend's name in front.
-        why = self._config_error(response.status_code, response).removeprefix(f"{self.name}: ")
+            return (
+                f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}; is its server"
+                " running and the URL right?"
+            )
+        return self._check_answer(response)
+
+    def probe_body(self) -> dict[str, Any]:
+        """The check's one-token request, asked only of a server with no working model list."""
+        return {"model": self.model, "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1}  # fmt: skip
+
+    async def _probe(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        """One check request; its body is read only when the status says something is wrong."""
+        async with self._get_client().stream(method, path, json=body) as response:
+            if response.status_code in (401, 403, 404) or response.status_code >= 500:
+                await response.aread()
+            return response
+
+    def _check_answer(self, response: httpx.Response) -> str | None:
+        """The problem a check's answer shows (a refused key, no route, a failing server)."""
+        status = response.status_code
+        if status in (401, 403, 404):
+            # Said of this model already: without the backend's name in front.
+            why = self._config_error(status, response).removeprefix(f"{self.name}: ")
+        elif status >= 500:
+            why = (
+                f"{self.base_url} answers HTTP {status} ({_server_message(response)}): the"
+                " server is up but failing; see its logs"
+            )
+        else:
+            return None
         return why if len(why) <= 500 else why[:497] + "..."
 
     async def aclose(self) -> None:
@@ -432,9 +473,10 @@ def _provider_backend(provider: str, model: str) -> OpenAICompatBackend:
     default = OPENAI_DEFAULT_BASE if provider == "openai" else TOGETHER_DEFAULT_BASE
     if key is None and endpoint.base_url == default:
         base_env = f"{provider.upper()}_BASE_URL"
-        raise RolloutError(
+        raise MissingApiKey(
             f"model '{label}' needs an API key: set {endpoint.key_source()} "
-            f"(or point {base_env} at an endpoint that needs none)"
+            f"(or point {base_env} at an endpoint that needs none)",
+            variable=endpoint.key_source(),
         )
     return OpenAICompatBackend(
         model,
@@ -540,6 +582,7 @@ __all__ = [
     "ENDPOINT_PREFIX",
     "EndpointRefused",
     "EndpointName",
+    "MissingApiKey",
     "OpenAICompatBackend",
     "check_endpoint_policy",
     "endpoint_backend",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +169,75 @@ def test_bad_api_key_is_a_clear_error(rollout_test) -> None:
     assert "authentication failed (HTTP 401" in run.stderr
     assert "check OPENAI_API_KEY" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rollout_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    """`rollout ARGV` in this process: (exit code, stdout, stderr)."""
+    from rollout.cli import main
+
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_dead_endpoint_is_one_line_before_any_task(tmp_path: Path, capsys) -> None:
+    env_file = tmp_path / "refund_env.py"
+    env_file.write_text(textwrap.dedent(REFUND))
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    started = time.monotonic()
+    code, out, err = rollout_cli(capsys, "test", str(env_file), "--model", f"{url}#m")
+    # Not each task's retries (about 12 s each) and then a report of errors: one line, at once.
+    assert time.monotonic() - started < 6
+    assert code == 1 and out == "" and "Traceback" not in err
+    [line] = err.splitlines()
+    assert line.startswith(f"error: model {url}#m: cannot reach {url}: ConnectError"), line
+    assert "is its server running and the URL right?" in line
+    assert line.endswith("(its URL comes from --model; no task was run)"), line
+    code, out, err = rollout_cli(capsys, "test", str(env_file), "--model", f"{url}#m", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False and f"cannot reach {url}" in doc["error"]
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (404, "not found (HTTP 404: no such route); check the model name 'm' and the base URL"),
+        (500, "answers HTTP 500 (no such route): the server is up but failing; see its logs"),
+    ],
+)
+def test_an_endpoint_without_a_working_chat_route_is_one_line_before_any_task(
+    tmp_path: Path, capsys, monkeypatch, status: int, said: str
+) -> None:
+    env_file = tmp_path / "refund_env.py"
+    env_file.write_text(textwrap.dedent(REFUND))
+    broken = error_reply(status, "no such route")
+    with FakeOpenAI([broken] * 20, models=broken) as server:
+        code, out, err = rollout_cli(
+            capsys, "test", str(env_file), "--model", f"{server.base_url}#m"
+        )
+        assert code == 1 and out == "" and "Traceback" not in err
+        [line] = err.splitlines()
+        assert line.startswith(f"error: model {server.base_url}#m: ") and said in line, line
+        assert line.endswith("(its URL comes from --model; no task was run)"), line
+        # The model list, then the chat route asked for one token: no task's request was sent.
+        sent = [(r.method, r.path, (r.body or {}).get("max_tokens")) for r in server.requests]
+        assert sent == [("GET", "/v1/models", None), ("POST", "/v1/chat/completions", 1)], sent
+
+        # The same for a provider's model on an endpoint set by OPENAI_BASE_URL.
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-any")
+        code, out, err = rollout_cli(capsys, "test", str(env_file), "--model", "openai/m")
+    [line] = err.splitlines()
+    assert code == 1 and line.startswith("error: model openai/m: ") and said in line, line
+    assert line.endswith("(its URL comes from OPENAI_BASE_URL; no task was run)"), line
 
 
 def test_unknown_model_lists_valid_forms(rollout_test) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import nats.errors
 import pytest
-from fakes.openai_server import FakeOpenAI
+from fakes.openai_server import FakeOpenAI, error_reply
 from pipeline.kit import refund_agent, refund_env
 from test_outcomes import closed_port
 from waiting import wait_until
@@ -82,6 +82,24 @@ async def test_a_provider_whose_key_the_actors_lack_is_refused(
     await actors_answer(settings)
     why = await refused(client, "openai/gpt-4o-mini")
     assert "needs an API key: set OPENAI_API_KEY" in why, why
+    # Set in the user's shell it would reach no actor: where it must be set, and no class name.
+    assert "the actors read OPENAI_API_KEY from their own environment" in why, why
+    assert "`rollout down` and `rollout up`" in why and "RolloutError" not in why, why
+    await no_runs(client)
+
+
+@pytest.mark.parametrize(("status", "said"), [(404, "not found (HTTP 404"), (500, "HTTP 500")])
+async def test_an_endpoint_whose_chat_route_is_missing_or_failing_is_refused(
+    client, settings, status: int, said: str
+) -> None:
+    # No model list to ask (or a failing one): the chat route itself is asked for one token.
+    await client.push_environment(refund_env(tasks=1))
+    await actors_answer(settings)
+    broken = error_reply(status, "no such route")
+    with FakeOpenAI([broken] * 4, models=broken) as server:
+        why = await refused(client, f"{server.base_url}#m")
+        assert said in why, why
+        assert [r.method for r in server.requests] == ["GET", "POST"], "asked once"
     await no_runs(client)
 
 

@@ -31,7 +31,7 @@ from rollout.shared.envs import (
     validate_environment,
 )
 from rollout.shared.envs.sandbox_check import require_sandbox
-from rollout.shared.models.base import close_backend
+from rollout.shared.models.base import backend_problem, close_backend
 from rollout.shared.models.catalog import resolve_backend
 from rollout.shared.observability import configure_logging
 
@@ -111,6 +111,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     await require_sandbox({spec.template for spec, _ in selections})
 
     backend = resolve_backend(args.model)
+    try:
+        await _require_endpoint(backend, args.model)
+    except BaseException:
+        await close_backend(backend)
+        raise
     sampling = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
@@ -134,6 +139,23 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "environments": reports,
         "summary": summary,
     }
+
+
+async def _require_endpoint(backend: Any, model: str) -> None:
+    """Ask the model's endpoint once, before any task, as the actors do before a run.
+
+    A dead endpoint would otherwise cost every task its retries (about 12 s each) before
+    anything is said; here it is one line naming the endpoint and what to fix.
+    """
+    problem = await backend_problem(backend)
+    if problem is None:
+        return
+    endpoint = getattr(backend, "endpoint", None)
+    where = "--model"
+    if model.startswith(("openai/", "together/")) and endpoint is not None:
+        # The URL is the operator's: the built-in one, OPENAI_BASE_URL, or the endpoints file.
+        where = "the built-in URL" if endpoint.source == "built-in default" else endpoint.source
+    raise RolloutError(f"model {model}: {problem} (its URL comes from {where}; no task was run)")
 
 
 def _select_tasks(spec: Any, args: argparse.Namespace) -> list[int]:
