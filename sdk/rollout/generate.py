@@ -391,6 +391,8 @@ def write_parquet(rows_path: Path, out: Path) -> None:
     """The JSONL rows as one Parquet file (through `datasets`, so it loads back the same)."""
     import datasets
 
+    # The CLI says what it wrote in one line; datasets' bars are noise on stderr (and escaped).
+    datasets.disable_progress_bars()
     dataset = datasets.Dataset.from_json(str(rows_path), keep_in_memory=True)
     tmp = out.with_name(out.name + ".tmp")
     try:

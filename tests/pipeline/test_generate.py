@@ -24,7 +24,7 @@ from test_cli_platform import rollout
 from waiting import wait_until
 
 from rollout.errors import RolloutError
-from rollout.generate import GenerateRequest, out_lock, read_prompts, written_ids
+from rollout.generate import GenerateRequest, out_lock, read_prompts, write_parquet, written_ids
 from rollout.shared.contracts.envspec import TaskSpec
 from rollout.shared.settings import Settings
 
@@ -509,3 +509,16 @@ async def test_a_prompts_answer_is_not_passed_by_listing_every_candidate(
     said = [{"role": "user", "content": "which?"}, {"role": "assistant", "content": reply}]
     result = await score(env, 0, Trajectory(messages=said, final_output=reply))
     assert result.passed is passed, result.primitives[0].reason
+
+
+def test_parquet_output_writes_no_progress_bars_to_stderr(tmp_path, capfd) -> None:
+    # As export's: the CLI says what it wrote in one line ("Creating parquet from Arrow
+    # format: 0%|" was printed, its carriage returns escaped). On, as a fresh process has them.
+    datasets.enable_progress_bars()
+    rows = tmp_path / "gen.parquet.partial.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"id": f"p{i}", "completion": "x"}) + "\n" for i in range(3))
+    )
+    write_parquet(rows, tmp_path / "gen.parquet")
+    assert capfd.readouterr().err == ""
+    assert datasets.load_dataset("parquet", data_files=str(tmp_path / "gen.parquet"))
