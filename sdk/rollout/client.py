@@ -131,8 +131,9 @@ class AsyncClient:
         options["client_request_id"] = options["client_request_id"] or new_id()
         try:
             body = rq.CreateRun(env_slug=env_slug, model=model, n=n, **options)
-        except ValueError as exc:
-            raise RolloutError(f"invalid run options: {exc}") from None
+        except pydantic.ValidationError as exc:
+            # By option, as the tracker's refusals are: not pydantic's report and its links.
+            raise RolloutError(REFUSED, problems=pydantic_problems(exc)) from None
         # What the tracker would refuse whatever the environment, refused before sending.
         if problems := option_problems(body):
             raise RolloutError(REFUSED, problems=problems)

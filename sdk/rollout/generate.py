@@ -405,7 +405,7 @@ def write_parquet(rows_path: Path, out: Path) -> None:
 # The run request's fields as `rollout generate` spells them.
 _FLAGS = {"n": "-n", "batch_size": "--batch-size", "max_tool_calls": "--max-tool-calls",
           "temperature": "--temperature", "deadline_s": "--deadline", "split": "--split",
-          "model": "--model", "max_tokens": "--max-tokens"}  # fmt: skip
+          "model": "--model", "max_tokens": "--max-tokens", "seed": "--seed"}  # fmt: skip
 
 
 def _as_flag(problem: str) -> str:

@@ -32,6 +32,9 @@ def pydantic_problems(exc: ValidationError, prefix: str = "") -> list[str]:
                 msg = msg[len(noise) :]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling)"
+        elif err["type"] == "too_long" and isinstance(err.get("input"), str):
+            # Not pydantic's "at most 200 items after validation" of a checked string.
+            msg = f"at most {err['ctx']['max_length']} characters, got {len(err['input'])}"
         problems.append(f"{loc_path(err['loc'], prefix)}: {msg}")
     return problems
 

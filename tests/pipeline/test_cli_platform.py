@@ -17,6 +17,7 @@ from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.services.tracker.servable import TIMEOUT_ENV
+from rollout.shared.contracts.requests import CreateRun
 from rollout.shared.settings import Settings
 from rollout.shared.stats import format_interval, newcombe_interval, wilson_interval
 
@@ -125,6 +126,43 @@ async def test_cli_errors_are_clear_and_exit_1_or_2(client, settings) -> None:
     assert code == 2 and "--model" in err
     code, out, err = await rollout(settings, "push", "/does/not/exist.py")
     assert code == 1 and "no such file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        # Accepted, then its run.requested stopped the read models' projection (an int column).
+        (["--max-tool-calls", "99999999999999"], "max_tool_calls: must be between 0 and 1024"),
+        # Accepted, then overflowed the tracker's deadline sweep (a timestamp plus an interval).
+        (["--deadline", "1e300"], "deadline_s: must be a positive number of seconds up to"),
+        (["--seed", str(10**23)], "seed: must be a 64-bit integer"),
+        (["--env-version", str(10**20)], f"env_version: no environment has version {10**20}"),
+        # pydantic's own report ("1 validation error for CreateRun ... errors.pydantic.dev").
+        (["--env-version", "-3"], "env_version: Input should be greater than or equal to 1"),
+        (["--name", "x" * 5000], "name: at most 200 characters, got 5000"),
+    ],
+)
+async def test_run_options_out_of_range_are_named_and_record_nothing(
+    client, agent_server, settings, flags: list[str], said: str
+) -> None:
+    await client.push_environment(refund_env(tasks=1))
+    model = f"{agent_server.base_url}#m"
+    code, out, err = await rollout(settings, "run", "refunds", "--model", model, *flags)
+    assert code == 1 and out == "", (out, err)
+    assert err.startswith("error: invalid run request\n") and f"  - {said}" in err, err
+    assert "pydantic" not in err and "Traceback" not in err and "cmd." not in err, err
+    assert await client.list_runs() == []
+
+
+async def test_the_tracker_refuses_options_a_client_did_not_check(client) -> None:
+    # Another client (an older CLI, a script) sends what this one refuses: the tracker says no.
+    await client.push_environment(refund_env(tasks=1))
+    for option in ({"max_tool_calls": 10**14}, {"deadline_s": 1e300}, {"top_p": 5.0}):
+        body = CreateRun(env_slug="refunds", model="local/scripted", **option)
+        with pytest.raises(RolloutError) as caught:
+            await client.request("tracker", "create_run", body)
+        assert f"{next(iter(option))}: must be" in " ".join(caught.value.problems), caught.value
+    assert await client.list_runs() == []
 
 
 async def test_run_and_generate_take_slug_at_version(client, agent_server, settings, tmp_path):
