@@ -116,6 +116,25 @@ def test_a_run_named_with_terminal_escapes_is_refused(field: str, value: str) ->
     assert ImportedRollout(**rollouts[0] | {"reason": "line one\n\tline two"}).reason
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["refund-agent", "--model", "local/scripted", "--config", "PLAN"], "not both"),
+        (["--model", "local/scripted", "--config", "PLAN"], "not both"),
+        (["refund-agent", "--model", "local/scripted", "--with", "policy=x"], "needs --config"),
+    ],
+)
+def test_run_refuses_flags_it_would_ignore(tmp_path: Path, args: list[str], said: str) -> None:
+    # A plan names its own envs and models: SLUG or --model beside --config were ignored, the
+    # plan run as if they were not there (and --with without a plan likewise).
+    plan = ROOT / "examples" / "local-grpo.toml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
+    env["ROLLOUT_HOME"] = str(tmp_path)  # no stack: nothing must get as far as asking one
+    done = rollout("run", *[str(plan) if a == "PLAN" else a for a in args], env=env)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
 def test_every_commands_help_renders() -> None:
     # argparse formats help lazily: a bare `%` in one option's help is a traceback on --help.
     import argparse

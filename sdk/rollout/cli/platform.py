@@ -223,6 +223,16 @@ def budget_overrides(pairs: list[str]) -> dict[str, Any] | None:
 
 
 async def _run_cmd(args: argparse.Namespace) -> int:
+    # A plan names its own envs and models: SLUG or --model beside it would be ignored, and
+    # --with without a plan has nothing to replace. Usage errors, exit 2 as argparse's are.
+    if args.config and (args.slug or args.model):
+        print("error: rollout run takes SLUG --model MODEL or --config PLAN.toml, not both"
+              " (a plan's models are replaced with --with NAME=MODEL)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.overrides and not args.config:
+        print("error: --with NAME=MODEL replaces a plan's model: it needs --config PLAN.toml",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.config:
         # On this loop, not a worker thread: Ctrl-C must reach the plan runner at once.
         return await run_config(args)
