@@ -16,6 +16,7 @@ from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.engine import score
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
+from rollout.shared.stats import design_effect, wilson_interval
 from rollout.shared.store import env_versions
 from rollout.shared.store.spec_cache import SpecCache
 from rollout.shared.store.trajectories import load_trajectory
@@ -41,6 +42,15 @@ class ReplayedRun:
         passed = sum(v.outcome == "passed" for v in verdicts)
         # Errored rollouts have no verdict: rates are over the judged ones, like the read model.
         judged = [v for v in verdicts if v.outcome != "errored"]
+        # Samples of one task are not independent trials: the interval counts them as
+        # `rollout show` does (shared.stats.design_effect over the tasks' verdicts).
+        per_task: dict[int, list[int]] = {}
+        for v in judged:
+            counts = per_task.setdefault(v.task_index, [0, 0])
+            counts[0] += v.outcome == "passed"
+            counts[1] += 1
+        effect = design_effect([(p, n) for p, n in per_task.values()])
+        interval = wilson_interval(passed / effect, len(judged) / effect) if judged else None
         return {
             "runId": self.request.run_id,
             "envSlug": self.request.env_slug,
@@ -56,6 +66,8 @@ class ReplayedRun:
             "errored": len(verdicts) - len(judged),
             "failed": len(judged) - passed,
             "passRate": passed / len(judged) if judged else 0.0,
+            "passRateInterval": list(interval) if interval else None,
+            "designEffect": effect,
             "meanScore": sum(v.score for v in judged) / len(judged) if judged else 0.0,
         }
 

@@ -290,6 +290,11 @@ async def test_show_and_follow_give_the_pass_rate_with_its_interval(
     assert code == 0 and f"% {format_interval(interval)}  mean score" in out, out
     code, out, err = await rollout(settings, "show", run_id, "--json")
     assert json.loads(out)["passRateInterval"] == interval
+    # A run rebuilt from its events says the same (it printed a bare "pass rate 75.0%").
+    code, out, err = await rollout(settings, "replay", run_id)
+    assert code == 0 and f"% {format_interval(interval)}  mean score" in out, out
+    code, out, err = await rollout(settings, "replay", run_id, "--json")
+    assert json.loads(out)["run"]["passRateInterval"] == pytest.approx(interval)
 
 
 def task_0_only_agent(body: dict) -> Reply:

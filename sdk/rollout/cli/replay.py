@@ -10,6 +10,7 @@ from rollout.cli.experiments import replay_plan_command
 from rollout.errors import RolloutError
 from rollout.shared.replay import replay_run, reverify
 from rollout.shared.settings import connect_nats
+from rollout.shared.stats import format_interval
 from rollout.shared.store.trajectories import object_store
 
 
@@ -59,9 +60,13 @@ async def _replay(args: argparse.Namespace) -> int:
             doc |= {"envVersion": version, "reverified": len(rows), "changed": changed}
         print_json(doc)
         return 0
+    # As `rollout show` gives them: with its 95% interval, and none without a verdict.
+    interval = summary["passRateInterval"]
+    rate = f"{summary['passRate']:.1%} {format_interval(tuple(interval))}" if interval else "-"
+    score = f"{summary['meanScore']:.3f}" if interval else "-"
     print(f"run {summary['runId']} from {summary['events']} events: {summary['status']}"
-          f"  scored {summary['scored']}/{summary['total']}  pass rate {summary['passRate']:.1%}"
-          f"  mean score {summary['meanScore']:.3f}")  # fmt: skip
+          f"  scored {summary['scored']}/{summary['total']}  pass rate {rate}"
+          f"  mean score {score}")  # fmt: skip
     if rows is not None:
         print(f"re-scored {len(rows)} trajectories with the verifier of v{version}:"
               f" {len(changed)} changed")  # fmt: skip
