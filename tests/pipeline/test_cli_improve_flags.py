@@ -44,6 +44,14 @@ async def test_improve_refuses_what_it_would_ignore_or_record_falsely(
         (["--env", "refunds", "--method", "grpo", "--steps", "1", "--epochs", "2"],
          "error: --epochs: --method grpo trains online on --env; it has no epochs"),
         (["--run", "nope", "--env", "refunds"], "error: --run nope: no run 'nope'"),
+        # JSON has no NaN or infinity (they reached the learner as null: "got None"), and the
+        # learner reads at most 64-bit integers ("exceeded maximum size"): named by flag.
+        (["--run", run_id, "--learning-rate", "nan"],
+         "error: --learning-rate: must be a finite number, got nan"),
+        (["--run", run_id, "--batch-size", str(10**20)],
+         f"error: --batch-size: {10**20} is out of range (a 64-bit integer at most)"),
+        (["--run", run_id, "--set", "max_steps=1e999"],
+         "error: --set max_steps: must be a finite number, got inf"),
     ]  # fmt: skip
     for flags, message in cases:
         code, out, err = await rollout(settings, "improve", "--model", base, *flags)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -140,16 +141,44 @@ def _lora(args: argparse.Namespace) -> bool | None:
 def hyperparams(args: argparse.Namespace) -> dict[str, Any]:
     """The hyperparameters the flags ask for (only those given)."""
     out: dict[str, Any] = {}
-    for dest, _, key in _FLAGS:
+    for dest, flag, key in _FLAGS:
         value = _lora(args) if dest == "lora" else getattr(args, dest)
         if value is not None:
-            out[key] = value
+            out[key] = _sendable(value, flag)
     for item in args.settings:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise RolloutError(f"--set {item!r}: expected KEY=VALUE")
-        out[key.strip()] = _value(value.strip())
+        out[key.strip()] = _sendable(_value(value.strip()), f"--set {key.strip()}")
     return out
+
+
+# The learner reads numbers from JSON as 64-bit integers and finite floats.
+_INT64 = 2**63
+
+
+def _sendable(value: Any, flag: str) -> Any:
+    """`value`, or a RolloutError naming `flag` when the learner could not read it as given."""
+    if (problem := _unsendable(value)) is not None:
+        raise RolloutError(f"{flag}: {problem}")
+    return value
+
+
+def _unsendable(value: Any) -> str | None:
+    """Why `value` cannot reach the learner as given, or None.
+
+    JSON has no NaN or infinity (they arrive as null, refused as "got None"), and an integer
+    past 64 bits fails to parse there ("exceeded maximum size"): said here, by flag, instead.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        return f"{value} is out of range (a 64-bit integer at most)"
+    if isinstance(value, list | tuple):
+        return next((p for v in value if (p := _unsendable(v)) is not None), None)
+    if isinstance(value, dict):
+        return next((p for v in value.values() if (p := _unsendable(v)) is not None), None)
+    return None
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -207,6 +236,7 @@ async def _check_run_env(client: AsyncClient, args: argparse.Namespace) -> None:
 
 async def _improve(args: argparse.Namespace) -> int:
     check_flags(args)
+    params = hyperparams(args)  # refused before any connection, as the flags are
     client = AsyncClient()
     try:
         await _check_run_env(client, args)
@@ -215,7 +245,7 @@ async def _improve(args: argparse.Namespace) -> int:
             method=args.method,
             source_run_id=args.run_id,
             suffix=args.suffix,
-            hyperparams=hyperparams(args),
+            hyperparams=params,
             env_slug=args.env_slug,
             dataset=args.dataset,
             include_held_out=args.include_held_out,
