@@ -139,6 +139,17 @@ async def test_export_errors_are_clear(client, settings, tmp_path) -> None:
     assert code == 1 and "no run 'nope'" in err and "Traceback" not in err
     code, _, err = await rollout(settings, "export", "--env", "ghost", "--out", out)
     assert code == 1 and "'ghost' has no completed runs" in err
+    # A span past datetime's range was a traceback (OverflowError); numbers past the buffer's
+    # 64-bit parse came back as "query.policy_versions.0: ... exceeded maximum size".
+    buffer = ["export", "--buffer", "--env", "ghost", "--out", out]
+    for flags, said in [
+        (["--since", f"{10**20}h"], f"error: --since '{10**20}h': reaches back before the year 1"),
+        (["--policy-version", str(10**20)], f"error: --policy-version {10**20}: no policy has"),
+        (["--policy-version", "-1"], "error: --policy-version -1: no policy has that version"),
+        (["--env-version", str(10**20)], f"error: --env-version {10**20}: no environment has"),
+    ]:
+        code, _, err = await rollout(settings, *buffer, *flags)
+        assert code == 1 and err.startswith(said) and "Traceback" not in err, (flags, err)
 
 
 async def test_export_from_the_buffer_selects_by_env_verdict_version_and_time(

@@ -15,6 +15,7 @@ from rollout.cli._common import env_ref, print_json
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.generate import GenerateRequest, generate, progress_bar
+from rollout.shared.aggregates.run_options import MAX_VERSION
 from rollout.shared.contracts.buffer import RolloutsQuery
 from rollout.snapshots import (
     check_export_out,
@@ -172,7 +173,13 @@ def _since(text: str) -> datetime:
     spans = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     value = text.strip()
     if value[-1:].lower() in spans and value[:-1].isdigit():
-        return datetime.now(UTC) - timedelta(seconds=int(value[:-1]) * spans[value[-1].lower()])
+        try:
+            return datetime.now(UTC) - timedelta(seconds=int(value[:-1]) * spans[value[-1].lower()])
+        except OverflowError:
+            raise RolloutError(
+                f"--since {text!r}: reaches back before the year 1",
+                problems=["leave --since out to select rollouts of any time"],
+            ) from None
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
@@ -203,6 +210,19 @@ def _buffer_query(args: argparse.Namespace) -> Any:
         return None
     if args.env_version is not None and not args.env:
         raise RolloutError("--env-version: needs --env SLUG (the env it is a version of)")
+    # Versions are kept in int columns: past 32 bits one failed in the buffer as "exceeded
+    # maximum size"; below the first (env 1, policy 0) one matches nothing.
+    if args.env_version is not None and not 1 <= args.env_version <= MAX_VERSION:
+        raise RolloutError(
+            f"--env-version {args.env_version}: no environment has that version",
+            problems=[f"versions are whole numbers from 1 to {MAX_VERSION}"],
+        )
+    for version in args.policy_versions or []:
+        if not 0 <= version <= MAX_VERSION:
+            raise RolloutError(
+                f"--policy-version {version}: no policy has that version",
+                problems=[f"versions are whole numbers from 0 to {MAX_VERSION}"],
+            )
     try:
         return RolloutsQuery(
             env_slug=args.env,
