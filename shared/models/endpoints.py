@@ -264,7 +264,8 @@ def load_policy(env: Mapping[str, str] | None = None) -> EndpointPolicy:
         parsed = EndpointsFile.model_validate(raw)
     except ValidationError as exc:
         problems = [
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: "
+            + str(e["msg"]).removeprefix("Value error, ")
             for e in exc.errors()
         ]
         raise RolloutError(f"invalid model endpoint setting {source}", problems=problems) from None
@@ -312,7 +313,8 @@ def _read_setting(env: Mapping[str, str]) -> tuple[dict[str, Any] | None, str]:
         path = Path(value).expanduser()
         source = f"{SETTING}={path}"
         if not path.is_file():
-            raise RolloutError(f"{source}: no such file (a .toml or .json endpoint list)")
+            what = "is a folder, not" if path.is_dir() else "no such file"
+            raise RolloutError(f"{source}: {what} (a .toml or .json endpoint list)")
     else:
         home = Path(env["ROLLOUT_HOME"]).expanduser() if env.get("ROLLOUT_HOME") else None
         path = (home or default_home(env)) / MODEL_ENDPOINTS_FILE
@@ -320,9 +322,13 @@ def _read_setting(env: Mapping[str, str]) -> tuple[dict[str, Any] | None, str]:
         if not path.is_file():
             return None, "built-in defaults"
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RolloutError(f"{source}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise RolloutError(
+            f"{source}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+        ) from None
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -7,6 +7,7 @@ request's headers, so "no credential reached it" is read from what it actually r
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,6 +193,21 @@ def test_a_bad_operator_setting_names_the_setting(monkeypatch, setting: str, pro
     assert "ROLLOUT_MODEL_ENDPOINTS" in text and problem in text, text
     # The tracker reports the same problem at run creation instead of crashing.
     assert problem in (check_model_name("http://127.0.0.1:9/v1#m") or "")
+
+
+def test_an_endpoint_setting_not_text_or_a_folder_names_its_path(monkeypatch, tmp_path) -> None:
+    # Bytes that are not UTF-8 were a UnicodeDecodeError traceback (and would crash the
+    # tracker's check at run creation); a folder was called "no such file".
+    binary = tmp_path / "endpoints.toml"
+    binary.write_bytes(b"\xff\xfe[endpoints.gw]\n")
+    for setting, problem in [
+        (binary, f"ROLLOUT_MODEL_ENDPOINTS={binary}: not UTF-8 text (byte 0xff at offset 0)"),
+        (tmp_path, f"ROLLOUT_MODEL_ENDPOINTS={tmp_path}: is a folder, not (a .toml or .json"),
+    ]:
+        monkeypatch.setenv("ROLLOUT_MODEL_ENDPOINTS", str(setting))
+        with pytest.raises(RolloutError, match=re.escape(problem)):
+            resolve_backend("http://127.0.0.1:9/v1#m")
+        assert problem in (check_model_name("http://127.0.0.1:9/v1#m") or "")
 
 
 def test_a_bad_toml_file_names_its_path(monkeypatch, tmp_path: Path) -> None:
