@@ -9,7 +9,6 @@ from nats.js import JetStreamContext
 
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
-from rollout.shared.bus.sequence import stream_sequence
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.trajectory import Trajectory
@@ -90,7 +89,7 @@ async def replay_run(js: JetStreamContext, run_id: str) -> ReplayedRun:
             for r in body.rollouts:
                 if r.rollout_id not in run.generated:
                     run.generated[r.rollout_id] = r
-                    run.generated_seq[r.rollout_id] = stream_sequence(msg)
+                    run.generated_seq[r.rollout_id] = msg.seq
         elif isinstance(body, ev.RolloutsScored):
             for s in body.rollouts:
                 judged = body.generated_seq

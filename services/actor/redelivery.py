@@ -33,7 +33,7 @@ async def already_generated(js: JetStreamContext, work: RolloutWork) -> set[str]
     wanted = {item.rollout_id for item in work.items}
     subject = subjects.event("run", work.run_id, subjects.event_name(RolloutsGenerated.event_type))
     found: set[str] = set()
-    async with aclosing(read_events(js, subject, delete_consumer=True)) as messages:
+    async with aclosing(read_events(js, subject)) as messages:
         async for msg in messages:
             try:
                 body = EventEnvelope.from_bytes(msg.data).body()

@@ -61,9 +61,7 @@ class JobHistory:
 async def job_history(js: JetStreamContext, job_id: str) -> JobHistory:
     """Replay one job's events from the stream."""
     history = JobHistory()
-    async for msg in read_events(
-        js, subjects.aggregate_events("job", job_id), delete_consumer=True
-    ):
+    async for msg in read_events(js, subjects.aggregate_events("job", job_id)):
         history.last_seq = max(history.last_seq, msg.metadata.sequence.stream)
         try:
             event = EventEnvelope.from_bytes(msg.data)
@@ -197,7 +195,7 @@ class JobJournal:
             subjects.event("job", self.job_id, subjects.event_name(t))
             for t in (JobCompleted.event_type, JobFailed.event_type)
         ]
-        reader = read_events(self.js, filters, follow=True, delete_consumer=True)
+        reader = read_events(self.js, filters, follow=True)
         async with aclosing(reader) as endings:
             async for _ in endings:
                 return

@@ -316,15 +316,9 @@ class OnlineJob:
     async def _collect(self, current: RoundRun) -> list[dict[str, Any]]:
         """Wait for a round's run to end; its groups the learner accepts."""
         waited = time.monotonic()
-        # One run per round: its reader's consumer goes at once. A job cancelled meanwhile
-        # stops waiting at once (its runs are then cancelled with it).
+        # A job cancelled meanwhile stops waiting at once (its runs are then cancelled with it).
         run = await self._unless_ended(
-            follow_run(
-                self.ctx.js,
-                current.run_id,
-                timeout_s=self.options.run_deadline_s + 30,
-                delete_consumer=True,
-            )
+            follow_run(self.ctx.js, current.run_id, timeout_s=self.options.run_deadline_s + 30)
         )
         self.collected.add(current.run_id)
         if isinstance(run.ended, RunFailed) and run.ended.cause == "errored":

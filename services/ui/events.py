@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rollout.shared import subjects
-from rollout.shared.bus.reader import read_events
+from rollout.shared.bus.reader import StoredEvent, read_events
 
 PAGE = 50
 PREVIEW_CHARS = 1500
@@ -33,7 +32,7 @@ async def last_of(js: JetStreamContext, filter_subject: str) -> int:
 
 async def read_range(
     js: JetStreamContext, filter_subject: str, *, after: int = 0, batch: int = 256
-) -> AsyncIterator[Msg]:
+) -> AsyncIterator[StoredEvent]:
     """The events matching `filter_subject` after position `after`, up to the newest one now.
 
     Knowing where to stop up front, a read never waits out an idle timeout for an event that

@@ -252,7 +252,7 @@ async def load_run(js: JetStreamContext, run_id: str) -> RunState:
         return state
     state.version = newest.seq
     filters = [subjects.event("run", run_id, subjects.event_name(t)) for t in STATE_EVENTS]
-    async with aclosing(read_events(js, filters, delete_consumer=True)) as messages:
+    async with aclosing(read_events(js, filters)) as messages:
         async for msg in messages:
             if msg.metadata.sequence.stream > state.version:
                 break  # the state is as of `version`: what came later is decided next time
@@ -368,14 +368,11 @@ async def follow_run(
     *,
     timeout_s: float | None = None,
     on_event: Callable[[EventEnvelope, RunState], Awaitable[None] | None] | None = None,
-    delete_consumer: bool = False,
 ) -> RunState:
     """Follow the run's events live until it ends; its state then (RolloutError on timeout).
 
     `on_event` sees each event after it is folded in (a progress bar, say). Only lifecycle
     events are decoded unless `on_event` is given: rollout batches are large.
-    `delete_consumer`: delete the reader's consumer at once when done (a service following one
-    run per round; a user's key may read the stream but not delete consumers).
     """
 
     loop = asyncio.get_running_loop()
@@ -383,9 +380,7 @@ async def follow_run(
     began: list[float] = []  # when a run that waited for its owner's earlier runs started
 
     async def follow() -> RunState:
-        reader = read_events(
-            js, subjects.run_events(run_id), follow=True, delete_consumer=delete_consumer
-        )
+        reader = read_events(js, subjects.run_events(run_id), follow=True)
         async with aclosing(reader) as events:
             async for msg in events:
                 _, _, name = subjects.parse_event_subject(msg.subject)

@@ -68,10 +68,11 @@ ROLE_REQUESTS: dict[Role, tuple[tuple[str, str], ...]] = {
     Role.RUNNER: (*QUERIES, *MUTATIONS),
 }
 
-# Durable consumers the services keep (declared with each service's role). A key may create its
-# own consumers on the events stream and pull from them, but must never pull from these (a
-# pulled, unacked message is redelivered late and counts towards the service's max-deliver,
-# then is dead-lettered) nor recreate them with another config.
+# Durable consumers the services keep (declared with each service's role). A key reads the
+# events stream with direct gets and may create no consumer on it (one more per read would let
+# a key fill the stream's consumer limit: docs/scaling.md); these are denied to it by name too,
+# so no later allow can let a key pull from them (a pulled, unacked message is redelivered late
+# and counts towards the service's max-deliver, then is dead-lettered) or recreate them.
 SERVICE_DURABLES: tuple[str, ...] = tuple(dict.fromkeys(d.name for d in all_durables()))
 
 

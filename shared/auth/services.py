@@ -9,10 +9,10 @@ against it, so a handler the role does not cover fails a test before it fails in
 What every service may do besides: read and follow the events stream (like a viewer key, the
 other services' durables excepted), look up and create (never reconfigure) the platform
 streams, beat its own heartbeat key, receive replies only on its own inbox prefix, and answer
-the requests it received (`allow_responses`), and delete the short-lived consumers its reads
-of the events stream create (never a declared durable). Only the stream manager (the tracker)
-may update a stream's configuration; nothing here may delete or purge a stream, delete a
-message, or touch a durable it does not own. The unrestricted admin user
+the requests it received (`allow_responses`). Reads of the events stream are direct gets and
+hold no consumer; a service creates only its own declared durables. Only the stream manager
+(the tracker) may update a stream's configuration; nothing here may delete or purge a stream,
+delete a message or a consumer, or touch a durable it does not own. The unrestricted admin user
 (`rollout admin ...`, `rollout keys ...`, tests) is held by no long-running service.
 """
 
@@ -266,19 +266,17 @@ def _lease_subjects(role: ServiceRole) -> list[str]:
 
 
 def event_reader_subjects() -> list[str]:
-    """JetStream API subjects needed to read and follow the events stream, and nothing more."""
+    """JetStream API subjects needed to read and follow the events stream, and nothing more.
+
+    Reads are direct gets (shared/bus/reader.py): no consumer. Creating one is not allowed,
+    so nothing a key does can fill the stream's consumer limit, past which nats-server refuses
+    every create on the stream, the services' own durables included.
+    """
     stream = subjects.EVENTS_STREAM
     return [
         subjects.js_api("INFO"),
         subjects.js_api("STREAM", "NAMES"),
         subjects.js_api("STREAM", "INFO", stream),
-        # Named creates only (nats-py names its ephemeral consumers, with the filter after the
-        # name). The nameless form is not allowed: it would update any consumer named in the
-        # body, and names cannot be checked there. Service durables are denied below.
-        subjects.js_api("CONSUMER", "CREATE", stream, "*"),
-        subjects.js_api("CONSUMER", "CREATE", stream, "*", ">"),
-        subjects.js_api("CONSUMER", "INFO", stream, "*"),
-        subjects.js_api("CONSUMER", "MSG", "NEXT", stream, "*"),
         subjects.js_api("DIRECT", "GET", stream),
         subjects.js_api("DIRECT", "GET", stream, ">"),
         subjects.js_api("STREAM", "MSG", "GET", stream),
@@ -300,9 +298,6 @@ def service_permissions(role: ServiceRole) -> dict[str, Any]:
         # Whether an item it queued is still there (a retried create re-queues a lost one).
         publish.append(api("STREAM", "MSG", "GET", subjects.WORK_STREAM))
     publish += event_reader_subjects()
-    # Its reads' own consumers (a decision loads an aggregate with a short-lived consumer and
-    # deletes it after: see shared/bus/reader.py); every declared durable is denied below.
-    publish.append(api("CONSUMER", "DELETE", subjects.EVENTS_STREAM, "*"))
     for stream in PLATFORM_STREAMS:
         publish += [api("STREAM", "INFO", stream), api("STREAM", "CREATE", stream)]
         if role.manages_streams:

@@ -237,41 +237,71 @@ async def test_the_events_stream_refuses_purge_and_delete_even_for_a_service(nat
     await ensure_streams(js)  # idempotent with the denies set
 
 
-async def test_a_one_off_read_slower_than_its_idle_timeout_still_reads_everything(
-    nats_client,
-) -> None:
-    """A fetch that times out before the server answers (a loaded machine) is not the end.
+async def test_a_read_holds_no_consumer_and_is_bounded_merged_and_batched(nats_client) -> None:
+    """Reads are direct gets: nothing is left on the stream, however many there are.
 
-    A job's history read this way came back empty under load: its ending was then refused as
-    "unknown job" and the job never ended.
+    A read ends at the stream's end when it was called; a list of filters comes merged in
+    stream order; a read longer than a batch (in messages or bytes) continues where it stopped.
     """
     js = nats_client.jetstream()
     await ensure_streams(js)
-    run_id = new_id()[:16]
+    run_id, other = new_id()[:16], new_id()[:16]
+    publisher = EventPublisher(js)
     for i in range(5):
-        await EventPublisher(js).publish(failed(run_id, i))
-    # Far shorter than one round trip to the server: every first fetch times out.
+        await publisher.publish(failed(run_id, i, reason=f"r{i}"))
+        await publisher.publish(failed(other, i))
     read = [
-        EventEnvelope.from_bytes(m.data)
-        async for m in read_events(js, subjects.run_events(run_id), idle_timeout_s=0.0001)
+        EventEnvelope.from_bytes(m.data) async for m in read_events(js, subjects.run_events(run_id))
     ]
-    assert [e.body().reason for e in read] == ["x"] * 5
-    assert len({e.id for e in read}) == 5
-    # A filter nothing matches still ends (no waiting for messages that will never come).
-    assert [
-        m async for m in read_events(js, subjects.run_events("none"), idle_timeout_s=0.0001)
-    ] == []
+    assert [e.body().reason for e in read] == [f"r{i}" for i in range(5)]
+    # Batches of 2 messages: the read asks again from where each one stopped.
+    small = [m async for m in read_events(js, subjects.run_events(run_id), batch=2)]
+    assert [m.seq for m in small] == sorted(m.seq for m in small) and len(small) == 5
+    both = [
+        m async for m in read_events(js, [subjects.run_events(other), subjects.run_events(run_id)])
+    ]
+    assert [m.seq for m in both] == sorted(m.seq for m in both) and len(both) == 10
+    assert {m.subject.split(".")[3] for m in both} == {run_id, other}
+    # Bounded at its call: an event appended while it reads is not part of it.
+    reader = read_events(js, subjects.run_events(run_id))
+    first = await anext(reader)
+    await publisher.publish(failed(run_id, 9, reason="later"))
+    rest = [m async for m in reader]
+    assert first.metadata.num_pending == 4 and len(rest) == 4
+    assert all(EventEnvelope.from_bytes(m.data).body().reason != "later" for m in rest)
+    # A filter nothing matches ends at once.
+    assert [m async for m in read_events(js, subjects.run_events("none"))] == []
+    for _ in range(20):
+        assert [m async for m in read_events(js, subjects.run_events("none"))] == []
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    assert info.state.consumer_count == 0
 
 
-async def test_a_one_off_read_of_nothing_ends_without_waiting_out_its_idle_timeout(
-    nats_client,
-) -> None:
+async def test_a_followed_read_sees_new_events_without_a_consumer(nats_client) -> None:
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    run_id = new_id()[:16]
+    publisher = EventPublisher(js)
+    await publisher.publish(failed(run_id, 0, reason="before"))
+    following = read_events(js, subjects.run_events(run_id), follow=True)
+    assert EventEnvelope.from_bytes((await anext(following)).data).body().reason == "before"
+    waiting = asyncio.ensure_future(anext(following))
+    await asyncio.sleep(0.3)  # the follower is idle at its longest pause
+    assert not waiting.done()
+    await publisher.publish(failed(run_id, 1, reason="after"))
+    late = await asyncio.wait_for(waiting, 5)
+    assert EventEnvelope.from_bytes(late.data).body().reason == "after"
+    assert (await js.stream_info(subjects.EVENTS_STREAM)).state.consumer_count == 0
+    await following.aclose()
+
+
+async def test_a_one_off_read_of_nothing_ends_without_waiting(nats_client) -> None:
     """A job or run with no events yet: its history read said so only after a 1 s fetch."""
     js = nats_client.jetstream()
     await ensure_streams(js)
     await EventPublisher(js).publish(failed(new_id()[:16], 0))  # the stream is not empty
-    nothing = read_events(js, subjects.run_events("no-such-run"), idle_timeout_s=60.0)
-    assert await asyncio.wait_for(anext(nothing, None), 10) is None
+    nothing = read_events(js, subjects.run_events("no-such-run"))
+    assert await asyncio.wait_for(anext(nothing, None), 1) is None
 
 
 @pytest.mark.parametrize("unlimited", [True, False])

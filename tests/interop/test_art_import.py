@@ -98,7 +98,7 @@ async def _events(client: AsyncClient, run_id: str, name: str) -> list[EventEnve
     js = await client.jetstream()
     subject = subjects.event("run", run_id, subjects.event_name(name))
     out = []
-    async for msg in read_events(js, [subject], delete_consumer=True):
+    async for msg in read_events(js, [subject]):
         out.append(EventEnvelope.from_bytes(msg.data))
     return out
 

@@ -105,7 +105,7 @@ async def _queued_is(js: Any, count: int) -> bool:
 
 
 async def _events(js: Any, subject: str):  # type: ignore[no-untyped-def]
-    async for msg in read_events(js, subject, delete_consumer=True):
+    async for msg in read_events(js, subject):
         yield EventEnvelope.from_bytes(msg.data)
 
 
@@ -244,7 +244,7 @@ async def test_one_owners_runs_share_one_window_and_another_owner_has_its_own(
 
 async def _first_position(js: Any, run_id: str, event_type: str) -> int:
     subject = subjects.event("run", run_id, subjects.event_name(event_type))
-    async for msg in read_events(js, subject, delete_consumer=True):
+    async for msg in read_events(js, subject):
         return msg.metadata.sequence.stream
     raise AssertionError(f"no {event_type} of {run_id}")
 
