@@ -76,8 +76,8 @@ async def _finished(client: AsyncClient, run_id: str, rollouts: int) -> float:
 
 
 async def _all_finished(client: AsyncClient, run_ids: list[str], rollouts: int) -> None:
-    """Wait for many runs with one reader of the runs' endings (a reader per run would leave
-    one consumer per run on the events stream, which keeps at most 1,000)."""
+    """Wait for many runs with one reader of the runs' endings (a reader per run would poll
+    the events stream once per run)."""
     left = set(run_ids)
     js = await client.jetstream()
     endings = [subjects.event_filter("run", t) for t in ("run.completed", "run.failed")]
