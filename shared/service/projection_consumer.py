@@ -26,7 +26,7 @@ from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
-from rollout.shared.store.projection import ProjectionRunner
+from rollout.shared.store.projection import UNHOLDABLE, ProjectionRunner
 
 log = get_logger(__name__)
 
@@ -102,7 +102,11 @@ def subscribe_projection(
         try:
             async with working_on_all(msgs, every_s=keepalive_s):
                 items = await parse(msgs)
-                settled = await runner.handle_batch(items)
+                try:
+                    settled = await runner.handle_batch(items)
+                except UNHOLDABLE:
+                    # Retrying would fail the same way forever: find the event, skip it alone.
+                    settled = await runner.handle_each(items)
                 if after_batch is not None and settled:
                     await after_batch(msgs[:settled], items[:settled])
         except RETRIED as exc:

@@ -14,6 +14,9 @@ from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.observability import get_logger
 
 log = get_logger(__name__)
+# A data error no retry can cure: the event holds a value its row cannot (asyncpg raises it
+# for an argument out of a column's range too).
+UNHOLDABLE = (asyncpg.exceptions.DataError,)
 
 
 class Projection(Protocol):
@@ -118,6 +121,32 @@ class ProjectionRunner:
                     await self.projection.apply(conn, event, position)
             if last != start:
                 await conn.execute(_SET_TRACKING, self.projection.name, last)
+        return settled
+
+    async def handle_each(self, items: list[tuple[EventEnvelope | None, int]]) -> int:
+        """`handle_batch` one item at a time, skipping an event the read models cannot hold.
+
+        For a batch that failed with a data error (a value out of a column's range, text
+        Postgres refuses): the events before and after the bad one are applied in order, and
+        the bad one only advances the position, logged, so one event cannot stall every read
+        model behind it forever. Returns how many items were settled.
+        """
+        settled = 0
+        for event, position in items:
+            try:
+                done = await self.handle_batch([(event, position)])
+            except UNHOLDABLE as exc:
+                log.error(
+                    "event skipped: the read model cannot hold it",
+                    projection=self.projection.name,
+                    seq=position,
+                    type=event.type if event is not None else None,
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
+                done = await self.handle_batch([(None, position)])
+            if not done:
+                break  # a gap: the rest comes back later
+            settled += done
         return settled
 
     async def skip(self, position: int) -> bool:

@@ -477,3 +477,33 @@ async def test_a_rollout_generated_twice_keeps_its_first_trajectory_with_that_on
             assert (run["generated"], run["scored"], run["passed"]) == (1, 1, 0), batched
     finally:
         await pool.close()
+
+
+async def test_an_event_the_read_models_cannot_hold_is_skipped_alone_not_retried_forever(
+    pg_dsn,
+) -> None:
+    # A run.requested whose max_tool_calls overflows its column (as one recorded before the
+    # contract bounded it could): the batch fails as a whole every time. Event by event, the
+    # runs around it are projected and it alone only moves the position.
+    good, bad = new_id(), new_id()
+    history = run_history(good, tasks=1, n=1)
+    payload = history[0].body().model_copy(update={"run_id": bad, "max_tool_calls": 2**40})
+    poisoned = EventEnvelope.new(payload, aggregate_id=bad, id_parts=(bad, "req"), run_id=bad)
+    items = [(history[0], 1), (poisoned, 2), *[(e, i) for i, e in enumerate(history[1:], 3)]]
+    pool = await create_pool(pg_dsn)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels())
+        try:
+            await runner.handle_batch(items)
+        except asyncpg.exceptions.DataError:
+            pass
+        else:
+            raise AssertionError("the poisoned batch applied as a whole")
+        assert await runner.handle_each(items) == len(items)
+        assert await runner.position() == len(items)
+        async with pool.acquire() as conn:
+            runs = {r["run_id"]: r["status"] for r in await conn.fetch("select * from runs")}
+        assert runs == {good: "completed"}
+    finally:
+        await pool.close()
