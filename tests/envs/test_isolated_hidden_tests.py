@@ -425,11 +425,17 @@ async def test_the_models_process_sees_nothing_of_the_tests() -> None:
     # Everything it could look for: other processes, the tests' files, the report's directory.
     model = {
         "spy.py": (
-            "import os\n\n\ndef look():\n"
+            "import os, sys\n\n\ndef look():\n"
             "    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
             "    found = []\n"
+            # The Python installation is every sandbox's, read-only and public (a checkout's
+            # venv may sit under /tmp): not the tests'.
+            "    public = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}\n"
             "    for root in ('/tmp', os.path.dirname(os.getcwd())):\n"
             "        for dirpath, dirs, files in os.walk(root):\n"
+            "            if any(os.path.realpath(dirpath).startswith(p) for p in public):\n"
+            "                dirs[:] = []\n"
+            "                continue\n"
             "            found += [f for f in files if f.endswith(('.xml', '.json', '.markers'))"
             " or f.startswith('test_')]\n"
             "    return len(pids), sorted(found)\n"
