@@ -120,6 +120,14 @@ def big():
 def now_seconds():
     import time
     return time.time()
+
+
+def audit():
+    import logging
+    log = logging.getLogger("shop")
+    log.info("audited %d items", 3)
+    log.warning("low stock")
+    return True
 """,
     "data.json": '{"k": 1}',
     "stats.py": """import collections
@@ -187,7 +195,7 @@ def test_named_tuples_and_collections():
     assert g == {"x": [1, 2]} and g["missing"] == []
     assert window([1, 2, 3], 2) == collections.deque([2, 3], maxlen=2)
 """,
-    "test_shop.py": """import asyncio, io, json, os, sys, pathlib
+    "test_shop.py": """import asyncio, io, json, logging, os, sys, pathlib
 
 import pytest
 
@@ -273,6 +281,17 @@ def test_patch_the_models_module(monkeypatch):
     assert cart_module.cli() == ["patched"]
 
 
+def test_logging(caplog):
+    from shop.cart import audit
+    assert audit() is True
+    assert "low stock" in caplog.text and "audited" not in caplog.text
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="shop")
+    audit()
+    assert "audited 3 items" in caplog.text
+    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING"]
+
+
 def test_async():
     assert asyncio.run(fetch(4)) == 8
 """,
@@ -283,7 +302,7 @@ def test_async():
 async def test_what_honest_tests_do_works_through_the_proxies(isolate: bool) -> None:
     run = await run_hidden_tests(MODEL, TESTS, isolate=isolate)
     assert run.passed, run.reason + "\n" + run.output_tail
-    assert len(run.passed_ids) == 9
+    assert len(run.passed_ids) == 10
 
 
 WARNS = {
@@ -859,6 +878,13 @@ HOSTILE = [
         "a named tuple whose class is not a handle",
         reply({"$nt": [5, "P", ["x"], [1]]}),
         "not a handle",
+    ),
+    (
+        "a log record at a level past any",
+        lambda m, fd: _xproc_wire.write_frame(
+            fd, {"re": m["id"], "v": 1, "log": [["x", 999, "t", "p", 1, "f"]]}
+        ),
+        "log record is malformed",
     ),
     ("the process exiting mid-request", lambda m, fd: "exit", "process ended"),
     (

@@ -17,6 +17,7 @@ import collections
 import importlib
 import inspect
 import io
+import logging
 import operator
 import os
 import sys
@@ -75,6 +76,34 @@ for _name in "add sub mul truediv floordiv mod pow matmul and or xor lshift rshi
 
 _MISSING = object()
 MAX_WARNINGS = 100  # per message: a warning in a loop need not flood the pipe
+MAX_RECORDS = 1_000  # log records per message, likewise
+
+
+class ForwardLogs(logging.Handler):
+    """Keeps every log record of the model's code for the tests' process to log again."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(logging.NOTSET)
+        self.server = server
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep the record as plain data (its message formatted here)."""
+        if len(self.server.logged) >= MAX_RECORDS:
+            return
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string still leaves its text
+            text = str(record.msg)
+        self.server.logged.append(
+            [
+                str(record.name)[:200],
+                int(record.levelno),
+                text[:10_000],
+                str(record.pathname)[:4096],
+                int(record.lineno or 0),
+                str(record.funcName or "")[:200],
+            ]
+        )
 
 
 class CallbackError(Exception):
@@ -113,6 +142,7 @@ class Server:
         self.stdout = io.StringIO()
         self.stderr = io.StringIO()
         self.warned: list[tuple[Any, str, str, int]] = []
+        self.logged: list[list[Any]] = []
         warnings.showwarning = self.keep_warning
         self.codec = wire.Codec(
             self.export, self.resolve, self.callback, self.handle_of, self.tuple_class
@@ -216,6 +246,8 @@ class Server:
                 continue
         if sent:
             message["warn"] = sent
+        if self.logged:
+            message["log"], self.logged = self.logged, []
 
     # -- requests
 
@@ -386,4 +418,10 @@ def serve(rfd: int = 0, wfd: int = 1) -> None:
     # Every warning goes to the tests, whose filters decide (pytest.warns, "error" marks), as
     # they would for the code imported into their process.
     warnings.simplefilter("always")
-    Server(rfd, wfd).peer.serve_forever()
+    server = Server(rfd, wfd)
+    # Every log record goes to the tests too, where their loggers' levels decide what is kept
+    # (caplog sees the model's logging as it would in-process).
+    root = logging.getLogger()
+    root.setLevel(logging.NOTSET)
+    root.addHandler(ForwardLogs(server))
+    server.peer.serve_forever()

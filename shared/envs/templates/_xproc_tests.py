@@ -28,6 +28,7 @@ import importlib.util
 import inspect
 import io
 import json
+import logging
 import os
 import runpy
 import sys
@@ -331,6 +332,7 @@ class Remote:
         self.sent_cwd = ""
         self.tuples: dict[int, type] = {}
         self.warned: list[Any] = []
+        self.logged: list[Any] = []
         self.codec = wire.Codec(
             self.export, self.resolve, self.proxy, self.handle_of, self.tuple_class
         )
@@ -516,6 +518,29 @@ class Remote:
             if type(warned) is not list:
                 raise wire.ProtocolError("warnings are not a list")
             self.warned += warned
+        logged = message.get("log")
+        if logged is not None:
+            if type(logged) is not list:
+                raise wire.ProtocolError("log records are not a list")
+            self.logged += logged
+
+    def issue_logs(self) -> None:
+        """Log here what the model's code logged in its process, where this process's loggers
+        are enabled for it (so `caplog` and its levels see it as in-process)."""
+        logged, self.logged = self.logged, []
+        for entry in logged:
+            if type(entry) is not list or len(entry) != 6:
+                raise wire.ProtocolError("a log record is malformed")
+            name, level, text, path, line, func = entry
+            kinds = (str, int, str, str, int, str)
+            if not all(type(v) is k for v, k in zip(entry, kinds, strict=True)):
+                raise wire.ProtocolError("a log record is malformed")
+            if not 0 <= level <= 100 or len(name) > 200:
+                raise wire.ProtocolError("a log record is malformed")
+            logger = logging.getLogger(name or None)
+            if logger.isEnabledFor(level):
+                # A formatted message and no args: nothing of the record is formatted again.
+                logger.handle(logging.LogRecord(name, level, path, line, text, None, None, func))
 
     def issue_warnings(self) -> None:
         """Issue here the warnings the model's code issued in its process (a Warning class
@@ -541,6 +566,7 @@ class Remote:
             # After the reply is in: a warning the tests' filters turn into an error is then
             # this call's exception, as it would be in-process.
             self.issue_warnings()
+            self.issue_logs()
             if "x" in reply:
                 raise self.rebuild(reply["x"])
             return self.codec.decode(reply.get("v"))
