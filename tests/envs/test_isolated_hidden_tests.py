@@ -100,6 +100,10 @@ def cli():
     return sys.argv[1:]
 
 
+def cli_twice():
+    return cli() + cli()
+
+
 def ask():
     return input("n? ")
 
@@ -281,6 +285,19 @@ def test_patch_the_models_module(monkeypatch):
     assert cart_module.cli() == ["patched"]
 
 
+def test_mock_patch_of_a_models_function():
+    from unittest import mock
+    import shop.cart as cart_module
+    with mock.patch("shop.cart.cli") as fake:
+        fake.return_value = ["x"]
+        assert not isinstance(fake, mock.AsyncMock)
+        assert cart_module.cli_twice() == ["x", "x"]
+        assert fake.call_count == 2
+    # Both patches undone (the monkeypatch above, this one): the model's own function is back,
+    # not deleted.
+    assert isinstance(cart_module.cli_twice(), list)
+
+
 def test_logging(caplog):
     from shop.cart import audit
     assert audit() is True
@@ -302,7 +319,7 @@ def test_async():
 async def test_what_honest_tests_do_works_through_the_proxies(isolate: bool) -> None:
     run = await run_hidden_tests(MODEL, TESTS, isolate=isolate)
     assert run.passed, run.reason + "\n" + run.output_tail
-    assert len(run.passed_ids) == 10
+    assert len(run.passed_ids) == 11
 
 
 WARNS = {

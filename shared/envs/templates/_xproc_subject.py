@@ -165,7 +165,10 @@ class Server:
             tree["exc"] = self.exception_class(obj)
         elif inspect.ismodule(obj):
             tree["module"] = str(obj.__name__)
-        elif inspect.iscoroutine(obj):
+        elif inspect.isawaitable(obj):
+            # Any awaitable (a coroutine, what `anext` returns): the tests get a coroutine of
+            # their own for it, and a handle is then never "awaitable" by itself (mock.patch
+            # would build an AsyncMock for every function of the model's).
             tree["coro"] = True
         return tree
 

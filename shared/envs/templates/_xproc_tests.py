@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import collections.abc
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -110,12 +111,6 @@ class RemoteObject:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._remote.call(self, args, kwargs)
-
-    def __await__(self) -> Any:
-        value = self._remote.await_(self)
-        if False:  # a generator, as __await__ must return; it finishes at once
-            yield
-        return value
 
     # -- what Python asks for, answered with exact types
 
@@ -280,29 +275,71 @@ async def _remote_coroutine(target: RemoteObject) -> Any:
     return target._remote.await_(target)
 
 
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"]
+
+
+def _own(module: types.ModuleType) -> dict[str, Any]:
+    """A proxy module's own namespace (the import system's attributes and ours)."""
+    return _MODULE_DICT.__get__(module)
+
+
+class RemoteNamespace(collections.abc.Mapping):
+    """What `module.__dict__` reads as for a proxy module: its own entries, then the model's.
+
+    pytest's monkeypatch (and mock.patch) take the value to restore from `target.__dict__`: a
+    plain module dict would hold none of the model's names, and undoing a patch would delete
+    the model's function for every later test.
+    """
+
+    def __init__(self, module: RemoteModule) -> None:
+        self._module = module
+
+    def __getitem__(self, name: Any) -> Any:
+        own = _own(self._module)
+        if name in own:
+            return own[name]
+        if not isinstance(name, str) or (name.startswith("__") and name.endswith("__")):
+            raise KeyError(name)
+        try:
+            return own["__rollout_remote__"].getattr(self._module, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def __iter__(self) -> Any:
+        return iter(dir(self._module))
+
+    def __len__(self) -> int:
+        return len(dir(self._module))
+
+
 class RemoteModule(types.ModuleType):
     """A module of the model's code: attributes are fetched from, and set in, its process."""
+
+    @property  # type: ignore[override]
+    def __dict__(self) -> RemoteNamespace:  # noqa: PLE0307
+        """The module's names as a read-only view: its own, then the model's."""
+        return RemoteNamespace(self)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return self.__dict__["__rollout_remote__"].getattr(self, name)
+        return _own(self)["__rollout_remote__"].getattr(self, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The import system's own attributes (__spec__, __path__, ...) stay here.
         if name.startswith("__") and name.endswith("__"):
             object.__setattr__(self, name, value)
         else:
-            self.__dict__["__rollout_remote__"].setattr(self, name, value)
+            _own(self)["__rollout_remote__"].setattr(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         if name.startswith("__") and name.endswith("__"):
             object.__delattr__(self, name)
         else:
-            self.__dict__["__rollout_remote__"].delattr(self, name)
+            _own(self)["__rollout_remote__"].delattr(self, name)
 
     def __dir__(self) -> list[str]:
-        names = self.__dict__["__rollout_remote__"].op("dir", self)
+        names = _own(self)["__rollout_remote__"].op("dir", self)
         return [n for n in names if type(n) is str] if type(names) is list else []
 
     @property
@@ -310,7 +347,7 @@ class RemoteModule(types.ModuleType):
         """The model's public names, less any the module reading them (a star import's)
         already holds as its own: `from calc import *` never rebinds the tests' `math`,
         `pytest` or helpers to the model's objects."""
-        names = self.__dict__.get("__rollout_all__", [])
+        names = _own(self).get("__rollout_all__", [])
         held = sys._getframe(1).f_globals
         return [n for n in names if n.isidentifier() and (n not in held or _is_remote(held[n]))]
 
@@ -345,7 +382,7 @@ class Remote:
         if type(value) is RemoteObject:
             return value._rid
         if isinstance(value, RemoteModule):
-            return value.__dict__["__rollout_rid__"]
+            return _own(value)["__rollout_rid__"]
         if isinstance(value, type):
             return value.__dict__.get("_rollout_handle")
         return None
@@ -359,8 +396,8 @@ class Remote:
             if module is None:
                 name = tree["module"] if type(tree["module"]) is str else "?"
                 module = RemoteModule(name[:_MAX_NAME])
-                module.__dict__["__rollout_rid__"] = rid
-                module.__dict__["__rollout_remote__"] = self
+                _own(module)["__rollout_rid__"] = rid
+                _own(module)["__rollout_remote__"] = self
                 self.modules[rid] = module
             return module
         found = self.proxies.get(rid)
@@ -710,7 +747,7 @@ class RemoteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.__file__ = info["file"]
         names = info.get("all")
         names = [n for n in names if type(n) is str] if type(names) is list else []
-        module.__dict__["__rollout_all__"] = names
+        _own(module)["__rollout_all__"] = names
         return module
 
     def exec_module(self, module: Any) -> None:
