@@ -19,7 +19,7 @@ from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
-from rollout.shared.stats import design_effect
+from rollout.shared.store.run_stats import design_effects
 from rollout.shared.store.trajectories import load_trajectory
 
 QUEUE = "tracker"
@@ -311,29 +311,6 @@ async def list_runs(pool: asyncpg.Pool, query: ListRuns) -> list[dict[str, Any]]
         )
         effects = await design_effects(conn, rows)
     return [run_summary(r) | {"designEffect": effects.get(r["run_id"], 1.0)} for r in rows]
-
-
-async def design_effects(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> dict[str, float]:
-    """The design effect of each run with several samples per task, from its tasks' counts.
-
-    A listing's pass rate gets the interval `rollout show` gives it, so it needs what show
-    reads, each task's verdicts; one grouped query over the listed runs (on the rollouts'
-    (run_id, task_index) index) rather than a read-model column kept per task. With one
-    sample per task the effect is 1, so those runs are not read.
-    """
-    clustered = [r["run_id"] for r in rows if (r["n"] or 1) > 1]
-    if not clustered:
-        return {}
-    counts: dict[str, list[tuple[int, int]]] = {}
-    # Counted as `get_run`'s task table counts them: verdicts only (errored rollouts have none).
-    for t in await conn.fetch(
-        "select run_id, count(*) filter (where passed and status = 'scored') as passed,"
-        " count(*) filter (where status = 'scored') as judged from rollouts"
-        " where run_id = any($1::text[]) group by run_id, task_index",
-        clustered,
-    ):
-        counts.setdefault(t["run_id"], []).append((t["passed"], t["judged"]))
-    return {run_id: design_effect(tasks) for run_id, tasks in counts.items()}
 
 
 def job_row(row: asyncpg.Record) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 import asyncpg
 
 from rollout.shared.auth.ownership import describe as describe_user
-from rollout.shared.stats import design_effect, wilson_interval
+from rollout.shared.stats import wilson_interval
+from rollout.shared.store.run_stats import design_effects
 
 PAGE = 50
 HIST_BINS = 10
@@ -47,17 +48,8 @@ def run_view(row: asyncpg.Record, effect: float = 1.0) -> dict[str, Any]:
 async def run_views(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> list[dict[str, Any]]:
     """`run_view` of each row, with its design effect from its tasks' counts (one query for
     the runs with several samples per task; 1 for the rest)."""
-    clustered = [r["run_id"] for r in rows if (r["n"] or 1) > 1]
-    counts: dict[str, list[tuple[int, int]]] = {}
-    if clustered:
-        for t in await conn.fetch(
-            "select run_id, count(*) filter (where passed and status = 'scored') as passed,"
-            " count(*) filter (where status = 'scored') as judged from rollouts"
-            " where run_id = any($1::text[]) group by run_id, task_index",
-            clustered,
-        ):
-            counts.setdefault(t["run_id"], []).append((t["passed"], t["judged"]))
-    return [run_view(r, design_effect(counts.get(r["run_id"], []))) for r in rows]
+    effects = await design_effects(conn, rows)
+    return [run_view(r, effects.get(r["run_id"], 1.0)) for r in rows]
 
 
 def _offset(page: int) -> int:

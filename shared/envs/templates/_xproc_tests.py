@@ -179,15 +179,6 @@ class RemoteObject:
         suppress = self._op("exit", _exited(kind), None, None)
         return False if _unswallowable(kind) else suppress
 
-    def __aiter__(self) -> Any:
-        return self._op("aiter")
-
-    def __anext__(self) -> Any:
-        return self._op("anext")
-
-    def __aenter__(self) -> Any:
-        return self._op("aenter")
-
     def __aexit__(self, kind: Any, exc: Any, tb: Any) -> Any:
         return _aexit(self._op("aexit", _exited(kind), None, None), kind)
 
@@ -199,18 +190,6 @@ class RemoteObject:
 
     def __round__(self, ndigits: Any = None) -> Any:
         return self._op("round") if ndigits is None else self._op("round", ndigits)
-
-    def __neg__(self) -> Any:
-        return self._op("neg")
-
-    def __pos__(self) -> Any:
-        return self._op("pos")
-
-    def __abs__(self) -> Any:
-        return self._op("abs")
-
-    def __invert__(self) -> Any:
-        return self._op("invert")
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError("an object of the code under test cannot be pickled")
@@ -263,6 +242,16 @@ def _arithmetic(name: str) -> Any:
     return apply
 
 
+def _unary(name: str) -> Any:
+    def apply(self: RemoteObject) -> Any:
+        return self._op(name)
+
+    apply.__name__ = f"__{name}__"
+    return apply
+
+
+for _one in ("neg", "pos", "abs", "invert", "aiter", "anext", "aenter"):
+    setattr(RemoteObject, f"__{_one}__", _unary(_one))
 for _cmp in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(RemoteObject, f"__{_cmp}__", _comparison(_cmp))
 for _arith in "add sub mul truediv floordiv mod pow matmul and or xor lshift rshift".split():
