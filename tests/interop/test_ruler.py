@@ -181,6 +181,64 @@ async def test_a_judge_that_fails_on_every_sample_or_on_the_way_errors_the_group
     assert all(r.error and "overloaded" in r.error for r in results)
 
 
+@pytest.mark.parametrize(
+    ("culprit", "cause"),
+    [
+        (FILTERED, "content management policy"),
+        (HUGE, "maximum context length"),
+        (DERAILS, "not JSON"),
+    ],
+)
+async def test_a_lone_sample_the_judge_cannot_read_fails_when_it_reads_a_control(
+    culprit: str, cause: str
+) -> None:
+    # A group of one (`rollout test`, a run of one sample) has no sibling to tell the judge's
+    # failure from the sample's: the judge is shown a trajectory that does nothing instead.
+    with FakeOpenAI(_touchy_judge) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        [result] = await score_group(spec, spec.tasks[0], [_sample(culprit)])
+        bodies = judge.chat_bodies
+    assert result.error is None and not result.passed and result.score == 0.0
+    reason = result.primitives[0].reason
+    assert "the judge cannot judge this trajectory" in reason and cause in reason
+    assert "does nothing was judged" in reason
+    # The sample, then the control, which carries nothing of the sample's.
+    assert len(bodies) == 2 and culprit not in bodies[1]["messages"][-1]["content"]
+
+    # A readable lone sample is judged in one call, as before.
+    with FakeOpenAI(_touchy_judge) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        [result] = await score_group(spec, spec.tasks[0], [_sample("O-1")])
+        assert len(judge.chat_bodies) == 1
+    assert result.error is None and result.passed and result.primitives[0].score == 1.0
+
+
+async def test_a_group_whose_every_sample_derails_the_judge_fails_whole() -> None:
+    # Every sample fails alone, but the judge reads the control at the same moment: a policy
+    # whose every sample derails the judge has failed them all, not escaped its verdicts.
+    with FakeOpenAI(_touchy_judge) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        group = [_sample(FILTERED), _sample(DERAILS), _sample(HUGE)]
+        results = await score_group(spec, spec.tasks[0], group)
+        calls = len(judge.chat_bodies)
+    assert [r.error for r in results] == [None, None, None]
+    assert all(not r.passed and r.score == 0.0 for r in results)
+    causes = ["content management policy", "not JSON", "maximum context length"]
+    for r, cause in zip(results, causes, strict=True):
+        assert cause in r.primitives[0].reason, r.primitives[0].reason
+    assert calls == 1 + 3 + 1  # the group, each alone, the control
+
+
+async def test_a_lone_sample_errors_when_the_judge_refuses_the_control_too() -> None:
+    # A judge that refuses everything (a filter on the task's own words, a context too small
+    # for the rubric) cannot read the task: that is the infrastructure's, never the sample's.
+    with FakeOpenAI(lambda body: error_reply(400, "content management policy")) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        [result] = await score_group(spec, spec.tasks[0], [_sample("O-1")])
+        assert len(judge.chat_bodies) == 2
+    assert result.error and "content management policy" in result.error
+
+
 async def test_a_judge_the_policy_refuses_is_named() -> None:
     spec = _spec("https://judge.example.com/v1#j")
     [result] = await score_group(spec, spec.tasks[0], [_sample("O-1")])

@@ -21,10 +21,13 @@ each other (RULER compares the samples it sees; a sample it never saw is not ran
 them). The sample left out gets 0 and fails, with the judge's reason: not errored, since the
 judge demonstrably works on its siblings at the same moment, and an errored sample is left out
 of pass rates and GRPO groups, so a policy that learned to derail the judge (an injection that
-breaks its JSON, text that trips its filter) would escape every verdict. A failure no single
-sample reproduces alone (the group only too long together, the judge down), or that every
-sample reproduces, or a call that fails on the way (unreachable, 5xx, retries spent) is still
-the infrastructure's: the whole group errors as before and its batch is retried.
+breaks its JSON, text that trips its filter) would escape every verdict. When no sample of a
+group can be read alone (a group of one among them: `rollout test`, runs of one sample), the
+judge is shown a control, a trajectory that does nothing and no policy wrote: if it judges
+that, the samples fail; if it refuses that too, the judge cannot read the task at all. A
+failure no single sample reproduces alone (the group only too long together), one the control
+reproduces, or a call that fails on the way (unreachable, 5xx, retries spent) is still the
+infrastructure's: the whole group errors as before and its batch is retried.
 """
 
 from __future__ import annotations
@@ -229,16 +232,25 @@ async def judge_group(
     try:
         return _outcomes(params, await _judge(backend, params, task, group))
     except JudgeFailed as exc:
-        if not exc.refused or len(group) < 2:
+        if not exc.refused:
             raise
         failed = exc
-    alone = await _judge_each(backend, params, task, group)
+    # A group of one was just judged alone: its failure is the sample's answer.
+    alone = [failed] if len(group) == 1 else await _judge_each(backend, params, task, group)
     if any(f is not None and not f.refused for f in alone):
         # The judge broke on the way meanwhile: nothing here says which sample is at fault.
         raise failed
     unreadable = {i for i, f in enumerate(alone) if f is not None}
-    if not unreadable or len(unreadable) == len(group):
+    if not unreadable:
         raise failed
+    if len(unreadable) == len(group):
+        # No sibling the judge reads: the control (a trajectory that does nothing, which no
+        # policy wrote) says whether the judge reads this task at all at this moment.
+        control = await _judge_calls(backend, params, task, [[CONTROL]])
+        if isinstance(control[0], JudgeFailed):
+            raise failed
+        why = "judged alone; a trajectory that does nothing was judged at the same moment"
+        return [_unreadable(failed if f is None else f, why) for f in alone]
     rest = [t for i, t in enumerate(group) if i not in unreadable]
     try:
         scores = await _judge(backend, params, task, rest)
@@ -246,20 +258,20 @@ async def judge_group(
         left = ", ".join(str(i + 1) for i in sorted(unreadable))
         raise InfraError(f"{failed}; and without trajectory {left}: {exc}") from None
     judged = iter(_outcomes(params, scores))
-    out = []
-    for f in alone:
-        if f is None:
-            out.append(next(judged))
-            continue
-        out.append(
-            Outcome(
-                0.0,
-                False,
-                f"the judge cannot judge this trajectory: {f} (judged alone it failed too; "
-                f"the other {len(rest)} were judged without it)",
-            )
-        )
-    return out
+    why = f"judged alone it failed too; the other {len(rest)} were judged without it"
+    return [next(judged) if f is None else _unreadable(f, why) for f in alone]
+
+
+# What the judge is shown to learn whether it reads a task at all, when no sample of a group
+# can be read: a trajectory that does nothing. It comes from no policy, so nothing in it can
+# derail the judge, and a judge that refuses it is the infrastructure's failure, not a sample's.
+CONTROL = Trajectory(final_output="")
+
+
+def _unreadable(failure: JudgeFailed, why: str) -> Outcome:
+    # Failed, not errored: errored samples leave pass rates and GRPO groups, so a policy that
+    # learned to derail the judge would escape every verdict.
+    return Outcome(0.0, False, f"the judge cannot judge this trajectory: {failure} ({why})")
 
 
 async def _judge(
