@@ -52,15 +52,19 @@ class AsyncClient:
         self.settings = settings
         self.timeout_s = timeout_s
         self._nc: Any = None
+        self._connecting = asyncio.Lock()
         # A request the key's role may not make fails at once instead of timing out.
         self._denials = PermissionWatch(settings.nats_user)
 
     async def _conn(self) -> Any:
-        if self._nc is None or self._nc.is_closed:
-            self._nc = await connect_nats(
-                self.settings, name="rollout-client", error_cb=self._denials.error_cb
-            )
-        return self._nc
+        # One connection however many calls start at once: without the lock each concurrent
+        # first call opened its own, and all but the last were left open, unclosed.
+        async with self._connecting:
+            if self._nc is None or self._nc.is_closed:
+                self._nc = await connect_nats(
+                    self.settings, name="rollout-client", error_cb=self._denials.error_cb
+                )
+            return self._nc
 
     async def request(
         self,
