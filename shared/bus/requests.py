@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import random
+import time
+
 import nats.errors
 from nats.aio.client import Client
 
 from rollout.shared import subjects
 from rollout.shared.contracts.requests import Reply, Request
 from rollout.shared.errors import RolloutError
+from rollout.shared.service.throttle import RATE_LIMITED
+
+# A request refused for its key's rate waits at most 2**this times the wait it was told.
+MAX_BACKOFF_DOUBLINGS = 6
 
 
 class NobodyAnswered(RolloutError):
@@ -37,6 +46,29 @@ async def call(
     idempotent (they carry a client request id), where a repeat returns the first's result.
     """
     payload = request.model_dump_json().encode()
+    deadline = time.monotonic() + timeout_s
+    for refusals in itertools.count(1):
+        reply = await _send(nc, subject, payload, timeout_s=timeout_s, retries=retries)
+        if reply.ok:
+            return reply.data
+        wait = reply.data.get("retryAfterS") if reply.error == RATE_LIMITED else None
+        # Over the key's write budget (shared/service/throttle.py): the request was answered
+        # before it was handled, so it is resent unchanged once the budget allows, for as
+        # long as the caller said it would wait. Many requests of one key refused at once are
+        # told the same moment: each waits a random multiple of it, wider each time it is
+        # refused again, so they come back spread out instead of together.
+        if isinstance(wait, int | float) and wait >= 0:
+            wait *= random.uniform(1.0, 2.0 ** min(refusals, MAX_BACKOFF_DOUBLINGS))
+            if time.monotonic() + wait <= deadline:
+                await asyncio.sleep(wait)
+                continue
+        raise RolloutError(reply.error or "request failed", problems=reply.problems)
+    raise AssertionError("unreachable")
+
+
+async def _send(
+    nc: Client, subject: str, payload: bytes, *, timeout_s: float, retries: int
+) -> Reply:
     for attempt in range(retries + 1):
         try:
             msg = await nc.request(subject, payload, timeout=timeout_s)
@@ -51,7 +83,4 @@ async def call(
         except nats.errors.TimeoutError:
             if attempt == retries:
                 raise RolloutError(f"{subject} did not answer within {timeout_s:.0f}s") from None
-    reply = Reply.model_validate_json(msg.data)
-    if not reply.ok:
-        raise RolloutError(reply.error or "request failed", problems=reply.problems)
-    return reply.data
+    return Reply.model_validate_json(msg.data)

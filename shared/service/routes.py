@@ -20,6 +20,7 @@ from rollout.shared import subjects
 from rollout.shared.bus.attempts import DEFAULT_MAX_DELIVER
 from rollout.shared.bus.broker import current_message, make_broker
 from rollout.shared.service.consumer import Consumer
+from rollout.shared.service.throttle import KeyThrottle, writes_per_key
 from rollout.shared.settings import Settings
 
 # The broker a handler runs on (for its JetStream context), as a handler parameter.
@@ -68,8 +69,12 @@ def service_broker(
 
     Built without dependencies it still describes the service (the AsyncAPI document).
     """
+    routes = list(routes)
     broker = make_broker(settings, max_deliver=max_deliver)
-    broker.include_router(NatsRouter(handlers=list(routes)))
+    if routes and (rate := writes_per_key()) is not None:
+        # Before the routes are included: their subscribers take the broker's middlewares.
+        broker.add_middleware(KeyThrottle(rate))
+    broker.include_router(NatsRouter(handlers=routes))
     for consumer, handler in consumers:
         # Durable pull consumers subscribe on the broker itself: through a router their pull
         # loop never fetched (FastStream 0.7).
