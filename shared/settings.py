@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import ssl
 from collections.abc import Mapping
@@ -385,6 +386,9 @@ def env_number(
         value: float = int(raw) if whole else float(raw)
     except ValueError:
         raise RolloutError(f"{name} must be {what}, got {raw!r}") from None
+    if not math.isfinite(value):
+        # nan passes every range check below (each comparison is false), and inf is no budget.
+        raise RolloutError(f"{name} must be a finite number, got {raw!r}")
     shown = f"{value:g}" if isinstance(value, float) else str(value)
     if above is not None and not value > above:
         raise RolloutError(f"{name} must be > {above:g}, got {shown}")

@@ -30,6 +30,9 @@ def test_values_and_defaults(raw: str | None, kw: dict, value: float) -> None:
         ("99", {"high": 60}, f"{V} must be <= 60, got 99"),
         ("0.1", {"low": 0.5, "high": 60, "unit": "seconds"},
          f"{V} must be between 0.5 and 60 seconds, got 0.1"),
+        ("nan", {"low": 0}, f"{V} must be a finite number, got 'nan'"),
+        ("inf", {"above": 0}, f"{V} must be a finite number, got 'inf'"),
+        ("-Infinity", {}, f"{V} must be a finite number, got '-Infinity'"),
     ],
 )  # fmt: skip
 def test_a_bad_value_names_the_variable_and_the_rule(raw: str, kw: dict, message: str) -> None:
