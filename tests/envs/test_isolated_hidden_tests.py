@@ -356,9 +356,11 @@ def test_an_error_filter():
 ASYNC = {
     "feed.py": (
         "async def numbers(n):\n    '''Count to n.'''\n    for i in range(n):\n        yield i\n\n\n"
-        "class Session:\n    opened = 0\n\n    async def __aenter__(self):\n"
+        "class Session:\n    opened = 0\n\n    def __init__(self, *ignored):\n"
+        "        self.ignored = ignored\n\n    async def __aenter__(self):\n"
         "        Session.opened += 1\n        return self\n\n"
-        "    async def __aexit__(self, kind, exc, tb):\n        return kind is KeyError\n"
+        "    async def __aexit__(self, kind, exc, tb):\n"
+        "        return kind is not None and issubclass(kind, self.ignored)\n"
     )
 }
 ASYNC_TESTS = {
@@ -379,10 +381,10 @@ def test_async_for_and_docstrings():
 
 def test_async_with():
     async def use():
-        async with Session() as s:
+        async with Session(KeyError) as s:
             raise KeyError("swallowed by its __aexit__")
-        async with Session():
-            assert 1 == 2  # its __aexit__ may not swallow the tests' own failure
+        async with Session(KeyError):
+            assert 1 == 2  # not what it was told to suppress
 
     with pytest.raises(AssertionError):
         asyncio.run(use())
@@ -581,10 +583,13 @@ async def test_a_star_import_never_rebinds_the_tests_own_names() -> None:
 
 
 SESSION = (
-    "class Session:\n    def __enter__(self):\n        return self\n\n"
+    "class Session:\n    def __init__(self, *ignored):\n        self.ignored = ignored\n\n"
+    "    def __enter__(self):\n        return self\n\n"
     "    def __exit__(self, kind, exc, tb):\n        return {swallow}\n\n"
     "    def get(self, key):\n        raise KeyError(key)\n\n\n"
 )
+# What `suppress(KeyError)` does: only what it was told to ignore.
+NAMED_ONLY = "kind is not None and issubclass(kind, self.ignored)"
 IN_SESSION = """import pytest
 
 from calc import Session, add
@@ -602,14 +607,23 @@ def test_fail_in_a_session():
 
 
 def test_a_missing_key_is_suppressed():
-    with Session() as s:
+    with Session(KeyError) as s:
         s.get("k")
+    with Session((LookupError, ValueError)):
+        {}["k"]
 """
 
 
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_the_models_context_manager_suppresses_what_the_test_names(isolate: bool) -> None:
+    model = {"calc.py": SESSION.format(swallow=NAMED_ONLY) + FIXED["calc.py"]}
+    run = await run_hidden_tests(model, {"test_session.py": IN_SESSION}, isolate=isolate)
+    assert run.passed, run.reason + "\n" + run.output_tail
+
+
 async def test_the_models_context_manager_cannot_swallow_a_failed_check() -> None:
-    # Its __exit__ still runs and may suppress its own errors (the KeyError), never the
-    # tests' failed assert or pytest.fail.
+    # Its __exit__ still runs, and suppresses what the test named to it (the KeyError), never
+    # the tests' failed assert or pytest.fail.
     model = {"calc.py": SESSION.format(swallow="True") + FIXED["calc.py"]}
     run = await run_hidden_tests(model, {"test_session.py": IN_SESSION})
     assert run.passed, run.reason
@@ -617,6 +631,100 @@ async def test_the_models_context_manager_cannot_swallow_a_failed_check() -> Non
     run = await run_hidden_tests(model, {"test_session.py": IN_SESSION})
     assert not run.passed and "assert -1 == 5" in run.reason, run.reason
     assert "(and 1 more)" in run.reason, run.reason
+
+
+# contextlib.suppress as a model would write it (a class, a generator, async), used as honest
+# tests do: what they name is suppressed, whoever raised it; anything else goes on.
+SUPPRESS = {
+    "quiet.py": """import contextlib
+
+
+class Invalid(ValueError):
+    pass
+
+
+class suppress:
+    def __init__(self, *kinds):
+        self.kinds = kinds
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        return kind is not None and issubclass(kind, self.kinds)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, kind, exc, tb):
+        return self.__exit__(kind, exc, tb)
+
+
+@contextlib.contextmanager
+def ignoring(*kinds):
+    try:
+        yield
+    except kinds:
+        pass
+
+
+def parse(text):
+    if not text.isdigit():
+        raise Invalid(text)
+    return int(text)
+"""
+}
+SUPPRESS_TESTS = {
+    "test_quiet.py": """import asyncio
+import contextlib
+
+import pytest
+
+from quiet import Invalid, ignoring, parse, suppress
+
+
+class Mine(KeyError):
+    pass
+
+
+def test_what_it_is_told_to_suppress():
+    with suppress(ValueError):
+        parse("x")
+    with suppress(Invalid):
+        parse("x")
+    with ignoring(KeyError, IndexError):
+        [][1]
+    with suppress(KeyError):
+        raise Mine("the test's own subclass")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(suppress(ZeroDivisionError))
+        1 / 0
+
+
+def test_what_it_is_not_told_goes_on():
+    with pytest.raises(TypeError):
+        with suppress(ValueError):
+            raise TypeError("not named")
+    with pytest.raises(Invalid):
+        with ignoring(KeyError):
+            parse("x")
+
+
+def test_async_suppress():
+    async def use():
+        async with suppress(LookupError):
+            {}["k"]
+        return "after"
+
+    assert asyncio.run(use()) == "after"
+"""
+}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_a_models_suppress_works_as_the_test_expects(isolate: bool) -> None:
+    run = await run_hidden_tests(SUPPRESS, SUPPRESS_TESTS, isolate=isolate)
+    assert run.passed, run.reason + "\n" + run.output_tail
 
 
 APPROX = """import datetime

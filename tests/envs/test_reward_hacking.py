@@ -537,3 +537,132 @@ async def test_code_written_against_the_probe_cannot_forge_an_isolated_run() -> 
     # starts failing, the in-process harness closed it: update README and the config's help).
     ok, reason = await verdict({"calc.py": FORGE_HARNESS + BUGGY}, "in-process")
     assert ok, reason
+
+
+# A context manager of the model's that swallows whatever leaves its block: hidden tests that
+# run a check inside one must still fail when the check fails, however it fails.
+SWALLOWS = (
+    BUGGY
+    + """
+
+class session:
+    def __init__(self, *kinds):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        return True
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, kind, exc, tb):
+        return True
+
+
+def total(values):
+    raise NotImplementedError("later")
+"""
+)
+IN_A_SESSION = """import asyncio
+
+import pytest
+
+from calc import add, session, total
+
+
+def test_in_a_session():
+{body}
+"""
+# (name, the test's body, a phrase the failing reason must contain)
+SWALLOWED: list[tuple[str, str, str]] = [
+    (
+        "an error of its own call",
+        "    with session():\n        assert total([2, 3]) == 5\n",
+        "NotImplementedError: later",
+    ),
+    (
+        "a check the test wrote as raise",
+        "    with session():\n        if add(2, 3) != 5:\n            raise ValueError('wrong sum')\n",
+        "ValueError: wrong sum",
+    ),
+    (
+        "a KeyError of the test's lookup on its answer",
+        "    with session():\n        assert {5: 'five'}[add(2, 3)] == 'five'\n",
+        "KeyError: -1",
+    ),
+    (
+        "pytest.fail",
+        "    with session():\n        if add(2, 3) != 5:\n            pytest.fail('wrong sum')\n",
+        "wrong sum",
+    ),
+    (
+        "pytest.skip",
+        "    with session():\n        if add(2, 3) != 5:\n            pytest.skip('later')\n",
+        "skipped",
+    ),
+    (
+        "an assert inside an exception group",
+        "    async def check():\n        assert add(2, 3) == 5\n\n"
+        "    async def main():\n        async with asyncio.TaskGroup() as group:\n"
+        "            group.create_task(check())\n\n"
+        "    with session():\n        asyncio.run(main())\n",
+        "ExceptionGroup",
+    ),
+    (
+        "async with",
+        "    async def main():\n        async with session():\n"
+        "            if add(2, 3) != 5:\n                raise ValueError('wrong sum')\n\n"
+        "    asyncio.run(main())\n",
+        "ValueError: wrong sum",
+    ),
+    (
+        "an assert, though the test named Exception to it",
+        "    with session(Exception):\n        assert add(2, 3) == 5\n",
+        "assert -1 == 5",
+    ),
+]
+
+
+async def session_verdict(body: str, isolation: str = "process") -> tuple[bool, str]:
+    e = Environment(
+        slug="calc",
+        template="code-editing",
+        config=code_editing_config(
+            {"calc.py": BUGGY},
+            test_command="python3 -m pytest -q -p no:cacheprovider",
+            test_isolation=isolation,
+        ),
+        tasks=[
+            Task(
+                instruction="fix add",
+                hidden_ground_truth={"tests": {"test_session.py": IN_A_SESSION.format(body=body)}},
+            )
+        ],
+    )
+    trajectory = await run_tool_script(
+        e, 0, [("write_file", {"path": "calc.py", "content": SWALLOWS})]
+    )
+    result = await score(e, 0, trajectory)
+    return result.passed, result.primitives[0].reason
+
+
+@pytest.mark.parametrize(("name", "body", "why"), SWALLOWED, ids=[h[0] for h in SWALLOWED])
+async def test_a_context_manager_of_the_models_cannot_swallow_a_failure(
+    name: str, body: str, why: str
+) -> None:
+    # Its __exit__ runs and answers True, but it suppresses only what the test named to the
+    # call that made it, and never a failed assert, pytest.fail or skip.
+    ok, reason = await session_verdict(body)
+    assert not ok, f"{name} passed: {reason}"
+    assert why in reason, reason
+
+
+async def test_a_swallowing_context_manager_is_open_in_process() -> None:
+    # In-process its __exit__ is called by the interpreter itself, as any model code there can
+    # forge (the gap `testIsolation: in-process` documents; if this starts failing, the
+    # in-process harness closed it: update README).
+    ok, reason = await session_verdict(SWALLOWED[0][1], "in-process")
+    assert ok, reason

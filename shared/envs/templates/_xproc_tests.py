@@ -16,6 +16,9 @@ Rules that keep a verdict out of the model's reach:
   KeyboardInterrupt) becomes `CodeUnderTestError`.
 - Only callables of the tests (callbacks, fakes for monkeypatch) can be passed to the model's
   code, and the model can only call them.
+- A context manager of the model's suppresses only an exception of a class the test passed to
+  the call that made it (`with suppress(KeyError):`), and never a failed assert, pytest.fail,
+  skip or exit: its `__exit__` cannot hide a test's failure.
 """
 
 from __future__ import annotations
@@ -56,6 +59,11 @@ CodeUnderTestError.__module__ = "rollout"  # as failure reports name it
 
 
 _PRIVATE = frozenset(("_rid", "_remote", "_count"))
+_REFUSED = (
+    "the code under test's __exit__ asked to suppress this exception: it may only suppress an "
+    "exception of a class the test passed to the call that made the context manager "
+    "(`with suppress(KeyError):`), never a failed assert, pytest.fail, skip or exit"
+)
 # Standard-library modules whose patched attributes the model's process mirrors.
 _MIRRORED = frozenset(sys.stdlib_module_names) | {"builtins"}
 # Environment variables of the harness, not the test's: never mirrored.
@@ -175,12 +183,12 @@ class RemoteObject:
     def __enter__(self) -> Any:
         return self._op("enter")
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> Any:
-        suppress = self._op("exit", _exited(kind), None, None)
-        return False if _unswallowable(kind) else suppress
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        answer = self._op("exit", _exited(kind), None, None)
+        return self._remote.may_suppress(self, kind, exc, answer)
 
     def __aexit__(self, kind: Any, exc: Any, tb: Any) -> Any:
-        return _aexit(self._op("aexit", _exited(kind), None, None), kind)
+        return _aexit(self, self._op("aexit", _exited(kind), None, None), kind, exc)
 
     def __instancecheck__(self, obj: Any) -> bool:
         return _exact(self._op("isinstance", obj), bool, "isinstance()")
@@ -202,24 +210,40 @@ class RemoteObject:
 
 
 def _exited(kind: Any) -> Any:
-    """What `__exit__` is told: the exception itself stays here; its class crosses when it is
-    a builtin one."""
+    """What `__exit__` is told: the exception itself stays here; its class crosses as the
+    nearest class of its own that can (a builtin one, or one of the model's)."""
     if kind is None:
         return None
-    return kind if wire.builtin_exception(kind.__name__) is kind else Exception
+    for cls in kind.__mro__:
+        if wire.builtin_exception(cls.__name__) is cls or "_rollout_handle" in cls.__dict__:
+            return cls
+    return Exception
 
 
-def _unswallowable(kind: Any) -> bool:
-    """A failed check of the tests' (or pytest.fail, skip, exit) is theirs to report: the
-    model's `__exit__` runs, but it cannot swallow the test's failure."""
-    return kind is not None and (
-        issubclass(kind, AssertionError) or not issubclass(kind, Exception)
-    )
+def _unswallowable(exc: Any, kind: Any) -> bool:
+    """A failed check of the tests' (an assert, pytest.fail, skip, xfail, exit), a harness
+    error or a group holding one is theirs to report: no `__exit__` of the model's hides it."""
+    if not issubclass(kind, Exception) or issubclass(kind, AssertionError | CodeUnderTestError):
+        return True
+    inner = getattr(exc, "exceptions", None) if isinstance(exc, BaseExceptionGroup) else None
+    return any(_unswallowable(e, type(e)) for e in inner or ())
 
 
-async def _aexit(pending: Any, kind: Any) -> Any:
-    suppress = await pending
-    return False if _unswallowable(kind) else suppress
+def _named_exceptions(values: Any) -> tuple[type[BaseException], ...]:
+    """The exception classes among a call's arguments (or in a tuple, list or set of them):
+    what a test tells a context manager to suppress (`suppress(KeyError)`)."""
+    found: list[type[BaseException]] = []
+    for value in values:
+        items = value if type(value) in (tuple, list, set, frozenset) else (value,)
+        for item in items:
+            if isinstance(item, type) and issubclass(item, BaseException) and item not in found:
+                found.append(item)
+    return tuple(found)
+
+
+async def _aexit(target: RemoteObject, pending: Any, kind: Any, exc: Any) -> bool:
+    answer = await pending
+    return target._remote.may_suppress(target, kind, exc, answer)
 
 
 def _comparison(name: str) -> Any:
@@ -357,6 +381,9 @@ class Remote:
         self.sent_env: dict[str, str] = {}
         self.sent_cwd = ""
         self.tuples: dict[int, type] = {}
+        # Per context manager of the model's: the exception classes the test passed to the
+        # call that made it, the only ones its __exit__ may suppress.
+        self.suppressible: dict[int, tuple[type[BaseException], ...]] = {}
         self.warned: list[Any] = []
         self.logged: list[Any] = []
         self.codec = wire.Codec(
@@ -469,6 +496,29 @@ class Remote:
     def dropped(self, rid: int, count: int) -> None:
         """Note that the proxy of #rid is gone (sent with the next request)."""
         self.pending.append([rid, count])
+        self.suppressible.pop(rid, None)
+
+    def may_suppress(self, target: RemoteObject, kind: Any, exc: Any, answer: Any) -> bool:
+        """Whether the exception leaving a `with` block of the model's context manager stops
+        there: only when its `__exit__` says so and the test named the exception's class to the
+        call that made it (`with suppress(KeyError):`), and never for a failed check.
+
+        Otherwise a context manager wrapping a test's body could hide its every failure: an
+        error of the model's own call, a KeyError or TypeError of the test's check on its
+        answer, or a check the test wrote as `raise`.
+        """
+        if kind is None or not answer:
+            return False
+        named = self.suppressible.get(target._rid, ())
+        if isinstance(exc, BaseException):
+            allowed = isinstance(exc, named)
+        else:
+            allowed = isinstance(kind, type) and issubclass(kind, named)
+        if allowed and not _unswallowable(exc, kind):
+            return True
+        if isinstance(exc, BaseException) and _REFUSED not in getattr(exc, "__notes__", ()):
+            exc.add_note(_REFUSED)
+        return False
 
     def attach_drops(self, message: dict[str, Any]) -> None:
         """Piggyback the handles dropped since the last request, and what the tests changed
@@ -632,7 +682,7 @@ class Remote:
 
     def call(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call one of the model's objects."""
-        return self.request(
+        result = self.request(
             {
                 "op": "call",
                 "obj": self.codec.encode(target),
@@ -640,6 +690,12 @@ class Remote:
                 "kwargs": self.codec.encode(kwargs),
             }
         )
+        if type(result) is RemoteObject:
+            named = _named_exceptions([*args, *kwargs.values()])
+            if named:
+                known = self.suppressible.get(result._rid, ())
+                self.suppressible[result._rid] = known + tuple(c for c in named if c not in known)
+        return result
 
     def await_(self, target: Any) -> Any:
         """Await one of the model's awaitables to its end, in its process."""
