@@ -582,6 +582,47 @@ async def test_a_star_import_never_rebinds_the_tests_own_names() -> None:
     assert not run.passed and "(and 2 more)" in run.reason, run.reason
 
 
+# Checks that lean on builtins, after a star import of the model's module.
+STAR_BUILTINS = """from calc import *
+
+
+def test_abs():
+    assert abs(add(0.1, 0.2) - 0.3) < 1e-9
+
+
+def test_all():
+    assert all([add(a, b) == a + b for a, b in [(1, 2), (3, 4)]])
+
+
+def test_sorted():
+    assert sorted([add(3, 1), add(1, 1)]) == [2, 4]
+
+
+def test_len():
+    assert len(str(add(2, 3))) == 1
+"""
+
+
+async def test_a_star_import_never_shadows_a_builtin() -> None:
+    tests = {"test_star.py": STAR_BUILTINS}
+    run = await run_hidden_tests(FIXED, tests)
+    assert run.passed, run.reason
+    # Its module defines an `abs`, `all`, `sorted` and `len` that make every check hold: the
+    # tests keep the builtins.
+    forged = BROKEN["calc.py"] + (
+        "abs = lambda x: 0\nall = lambda values: True\nsorted = lambda values: [2, 4]\n"
+        "len = lambda value: 1\n"
+    )
+    run = await run_hidden_tests({"calc.py": forged}, tests)
+    assert not run.passed and "(and 3 more)" in run.reason, run.reason
+    # A builtin's name is still the model's when the test imports it by name.
+    tests = {
+        "test_named.py": "from calc import sorted\n\n\ndef test_it():\n    assert sorted(1) == [2, 4]\n"
+    }
+    run = await run_hidden_tests({"calc.py": forged}, tests)
+    assert run.passed, run.reason
+
+
 SESSION = (
     "class Session:\n    def __init__(self, *ignored):\n        self.ignored = ignored\n\n"
     "    def __enter__(self):\n        return self\n\n"

@@ -358,11 +358,17 @@ class RemoteModule(types.ModuleType):
     @property
     def __all__(self) -> list[str]:
         """The model's public names, less any the module reading them (a star import's)
-        already holds as its own: `from calc import *` never rebinds the tests' `math`,
-        `pytest` or helpers to the model's objects."""
+        already holds as its own or has as a builtin: `from calc import *` never rebinds the
+        tests' `math`, `pytest` or helpers, nor shadows their `len`, `isinstance` or `sorted`,
+        with the model's objects."""
         names = _own(self).get("__rollout_all__", [])
-        held = sys._getframe(1).f_globals
-        return [n for n in names if n.isidentifier() and (n not in held or _is_remote(held[n]))]
+        caller = sys._getframe(1)
+        held, shadowed = caller.f_globals, {*caller.f_builtins, *vars(builtins)}
+        return [
+            n
+            for n in names
+            if n.isidentifier() and n not in shadowed and (n not in held or _is_remote(held[n]))
+        ]
 
 
 class Remote:
