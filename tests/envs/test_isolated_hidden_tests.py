@@ -927,6 +927,171 @@ async def test_a_process_the_tests_start_cannot_reach_the_hidden_tests() -> None
     assert not run.passed and "assert -1 == 5" in run.reason, run.reason
 
 
+# Tests that fork with multiprocessing: the child runs the tests' own code under the rules of a
+# process they start; a fresh interpreter (spawn, forkserver) is refused.
+FORKS = """import multiprocessing
+import os
+import sys
+
+import pytest
+
+from calc import add
+
+
+def look(conn, paths):
+    found = []
+    for path in paths:
+        try:
+            os.listdir(path) if os.path.isdir(path) else open(path).read()
+            found.append("reached")
+        except OSError:
+            found.append("refused")
+    conn.send(found)
+
+
+def call_add(conn):
+    try:
+        conn.send(add(2, 3))
+    except Exception as exc:
+        conn.send(str(exc))
+
+
+def in_a_child(target, *args, method="fork"):
+    ctx = multiprocessing.get_context(method)
+    recv, send = ctx.Pipe(False)
+    child = ctx.Process(target=target, args=(send, *args))
+    child.start()
+    got = recv.recv() if recv.poll(30) else None
+    child.join(30)
+    return got
+
+
+def test_a_forked_child_reaches_the_work_dir_and_tmp_path_only(tmp_path):
+    (tmp_path / "in.txt").write_text("x")
+    report = sys.argv[sys.argv.index("--junitxml") + 1]
+    private = [__file__, os.path.dirname(__file__), sys.argv[1], os.path.dirname(report)]
+    got = in_a_child(look, [str(tmp_path / "in.txt"), os.getcwd(), *private])
+    assert got == ["reached", "reached"] + ["refused"] * len(private)
+    assert add(2, 3) == 5
+
+
+def test_a_forked_child_cannot_call_the_model():
+    assert "from the tests' own process only" in in_a_child(call_add)
+    assert add(2, 3) == 5
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_fresh_interpreter_is_refused(method):
+    with pytest.raises(PermissionError, match="fresh Python"):
+        in_a_child(look, [], method=method)
+"""
+
+
+@pytest.mark.skipif(not _landlock(), reason="the kernel has no Landlock")
+async def test_a_process_the_tests_fork_is_confined() -> None:
+    run = await run_hidden_tests(FIXED, {"test_forks.py": FORKS})
+    assert run.passed, run.reason + "\n" + run.output_tail
+
+
+# The model's module, imported where the hidden tests are mounted, copies them to the work dir,
+# where its own process reads the expected values.
+LEAKS = {
+    "calc.py": (
+        "import glob, os, re\n\n"
+        "for line in open('/proc/self/mountinfo'):\n"
+        "    found = line.split()[4]\n"
+        "    for p in glob.glob(found + '/**/test_*.py', recursive=True) if '/tests-' in found"
+        " else []:\n"
+        "        try:\n"
+        "            open('leak.txt', 'a').write(open(p).read())\n"
+        "        except OSError:\n"
+        "            pass\n\n\n"
+        "def add(a, b):\n"
+        "    if os.path.exists('leak.txt'):\n"
+        "        for x, y, z in re.findall(r'add\\((\\d+), (\\d+)\\) == (\\d+)', "
+        "open('leak.txt').read()):\n"
+        "            if (int(x), int(y)) == (a, b):\n"
+        "                return int(z)\n"
+        "    return a - b\n"
+    )
+}
+# A test that puts the work dir on sys.path (to find the model's code in-process) and runs a
+# function of its own in a spawned child, which imports the test module again.
+SPAWNS = {
+    "test_a_spawn.py": """import multiprocessing
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+
+from calc import add
+
+
+def square(conn, x):
+    conn.send(x * x)
+
+
+def test_square_in_a_child():
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(False)
+    child = ctx.Process(target=square, args=(send, 3))
+    child.start()
+    assert recv.poll(30) and recv.recv() == 9
+    child.join(30)
+""",
+    "test_b_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+}
+
+
+async def test_a_spawned_interpreter_never_loads_the_models_files() -> None:
+    # Were the child started, it would run the model's calc.py next to the hidden tests, and
+    # test_b would pass on the leaked expectations.
+    run = await run_hidden_tests(LEAKS, SPAWNS)
+    assert not run.passed, run.reason
+    assert "fresh Python" in run.reason, run.reason
+    assert "(and 1 more)" in run.reason, "the leak reached the model: " + run.reason
+
+
+# The model's own code starting processes (fork and spawn) in its own process: its business.
+PARALLEL = {
+    "calc.py": """import multiprocessing
+
+
+def _square(conn, x):
+    conn.send(x * x)
+
+
+def squares(values, method):
+    ctx = multiprocessing.get_context(method)
+    out = []
+    for x in values:
+        recv, send = ctx.Pipe(False)
+        child = ctx.Process(target=_square, args=(send, x))
+        child.start()
+        out.append(recv.recv() if recv.poll(30) else None)
+        child.join(30)
+    return out
+"""
+}
+PARALLEL_TESTS = {
+    "test_parallel.py": """import pytest
+
+from calc import squares
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_squares(method):
+    assert squares([2, 3], method) == [4, 9]
+"""
+}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_the_models_own_processes_work(isolate: bool) -> None:
+    run = await run_hidden_tests(PARALLEL, PARALLEL_TESTS, isolate=isolate)
+    assert run.passed, run.reason + "\n" + run.output_tail
+
+
 @pytest.mark.parametrize("isolate", [True, False])
 async def test_pytest_approx_never_holds_vacuously(isolate: bool) -> None:
     tests = {"test_approx.py": APPROX}

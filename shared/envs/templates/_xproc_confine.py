@@ -3,6 +3,9 @@
 A test may run the model's script (`subprocess.run([sys.executable, "calc.py"])`, a plain CLI
 test). That process shares the tests' sandbox; unconfined, it could find the hidden tests (the
 mount table names their directory) and hand them to the model's process through the work dir.
+A child forked from the tests (multiprocessing) is confined the same way, and multiprocessing's
+fresh interpreters (spawn, forkserver) are refused: one would import the test module again and,
+with the work dir on sys.path, the model's files with it, outside the model's sandbox.
 Loaded by the isolated hidden-test bootstrap with the tests' side (`_xproc_tests`); never
 imports `rollout`.
 """
@@ -149,3 +152,54 @@ def confine_children(workdir: str, scratch: str, private: list[str]) -> None:
         raise PermissionError("the tests cannot posix_spawn here: use subprocess")
 
     os.posix_spawn = os.posix_spawnp = no_spawn
+    confine_forks(enter, ruleset is not None, why)
+    refuse_fresh_interpreters()
+
+
+def confine_forks(enter: Any, available: bool, why: str) -> None:
+    """Every process forked from the tests' (multiprocessing's fork, os.fork, pty.fork) enters
+    the Landlock domain before it runs anything of the tests' again.
+
+    A forked child runs only the tests' code, but unconfined it would reach the hidden tests,
+    the harness and the report: the same rules as for a process they start, then.
+    """
+
+    def in_child() -> None:
+        try:
+            enter()
+        except BaseException:  # noqa: BLE001 - never go on unconfined
+            os._exit(126)
+
+    os.register_at_fork(after_in_child=in_child)
+    if available:
+        return
+
+    def no_fork(*args: Any) -> Any:
+        raise PermissionError(
+            f"the tests cannot fork here: the child would see the hidden tests ({why})"
+        )
+
+    os.fork = os.forkpty = no_fork
+
+
+def refuse_fresh_interpreters() -> None:
+    """multiprocessing's spawn and forkserver start methods (and its resource tracker) are
+    refused, and fork made the default: all three start a fresh interpreter, which no barrier of
+    the tests' process guards.
+
+    Such a child imports the test module again, with the work dir on sys.path when a test put
+    it there, so a file of the model's (its module, or one named as a standard module) would run
+    in it, outside the model's sandbox; and the tests' process unpickles what it sends back.
+    """
+    import multiprocessing
+    import multiprocessing.util
+
+    def no_fresh_interpreter(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(
+            "the tests cannot start a fresh Python here (multiprocessing's spawn or forkserver "
+            "start method, or its resource tracker): it would load the model's files outside "
+            "its sandbox; use the fork start method (multiprocessing.get_context('fork'))"
+        )
+
+    multiprocessing.util.spawnv_passfds = no_fresh_interpreter  # type: ignore[assignment]
+    multiprocessing.set_start_method("fork", force=True)

@@ -396,6 +396,7 @@ class Remote:
             self.export, self.resolve, self.proxy, self.handle_of, self.tuple_class
         )
         self.peer = wire.Peer(rfd, wfd, self.serve, self.show_output, self.attach_drops)
+        self.pid = os.getpid()
 
     # -- handles
 
@@ -643,6 +644,13 @@ class Remote:
 
     def request(self, message: dict[str, Any]) -> Any:
         """Send a request and return the decoded value, or raise what the model's code raised."""
+        if os.getpid() != self.pid:
+            # A child forked from the tests (multiprocessing) holds a copy of the one pipe:
+            # its requests and the tests' own would take each other's replies.
+            raise CodeUnderTestError(
+                "the code under test is reached from the tests' own process only, not from a "
+                "process it forked (multiprocessing): call its code in the test itself"
+            )
         try:
             reply = self.peer.request(message)
             # After the reply is in: a warning the tests' filters turn into an error is then
