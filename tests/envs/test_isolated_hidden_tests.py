@@ -399,6 +399,109 @@ async def test_async_iteration_and_context_managers_cross(isolate: bool) -> None
     assert run.passed, run.reason + "\n" + run.output_tail
 
 
+# What honest tests read of a function or class: its signature, names, docs and annotations,
+# and copies of its objects.
+INTROSPECT = {
+    "calc.py": '''class Box:
+    """A box."""
+
+    def __init__(self, size: int, label="x"):
+        self.size = size
+        self.items = []
+
+    def grow(self, by: int = 1) -> "Box":
+        """Grow it."""
+        return Box(self.size + by)
+
+    def push(self, i, x):
+        self.items[i].append(x)
+
+
+def add(a: int, b: int = 2, /, *rest, scale: float = 1.0, **opts) -> int:
+    """Add a and b.
+
+    More words.
+    """
+    return a + b
+
+
+def box(size, items):
+    made = Box(size)
+    made.items = items
+    return made
+'''
+}
+INTROSPECT_TESTS = {
+    "test_introspect.py": """import copy
+import functools
+import inspect
+import pickle
+
+from calc import Box, add, box
+
+
+def test_signature():
+    sig = inspect.signature(add)
+    assert list(sig.parameters) == ["a", "b", "rest", "scale", "opts"]
+    assert sig.parameters["a"].kind is inspect.Parameter.POSITIONAL_ONLY
+    assert sig.parameters["a"].annotation is int
+    assert sig.parameters["b"].default == 2
+    assert sig.parameters["rest"].kind is inspect.Parameter.VAR_POSITIONAL
+    assert sig.parameters["scale"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert sig.return_annotation is int
+    assert str(sig) == "(a: int, b: int = 2, /, *rest, scale: float = 1.0, **opts) -> int"
+    assert sig.bind(1, scale=2.0).arguments == {"a": 1, "scale": 2.0}
+    assert str(inspect.signature(Box)) == "(size: int, label='x')"
+    assert str(inspect.signature(Box(1).grow)) == "(by: int = 1) -> 'Box'"
+
+    @functools.wraps(add)
+    def logged(*args, **kwargs):
+        return add(*args, **kwargs)
+
+    assert inspect.signature(logged) == sig
+    assert logged.__name__ == "add" and logged(2, 3) == 5
+
+
+def test_names_docs_and_annotations():
+    assert add.__name__ == "add" and add.__qualname__ == "add"
+    assert Box.__name__ == "Box" and Box.grow.__qualname__ == "Box.grow"
+    assert inspect.getdoc(add) == "Add a and b.\\n\\nMore words."
+    assert add.__doc__.startswith("Add a and b.")
+    assert inspect.getdoc(Box) == "A box." and inspect.getdoc(Box.grow) == "Grow it."
+    assert add.__annotations__ == {"a": int, "b": int, "scale": float, "return": int}
+    assert Box.grow.__annotations__ == {"by": int, "return": "Box"}
+
+
+def test_copies():
+    original = box(3, [1, [2]])
+    shallow, deep = copy.copy(original), copy.deepcopy(original)
+    assert shallow.size == deep.size == 3
+    original.push(1, 3)  # its list, in its process (a list read here is a copy)
+    assert shallow.items == [1, [2, 3]] and deep.items == [1, [2]]
+    shallow.size = 4
+    assert original.size == 3
+    both = copy.deepcopy({"a": original, "b": original})
+    assert both["a"].items == [1, [2, 3]]
+
+
+def test_a_pickle_round_trip_is_refused_or_works():
+    # In-process the object pickles; isolated its bytes never load in the tests' process.
+    try:
+        again = pickle.loads(pickle.dumps(box(2, [])))
+    except TypeError as exc:
+        assert "cannot be pickled in the tests' process" in str(exc)
+    else:
+        assert again.size == 2
+"""
+}
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_signatures_docs_and_copies_read_as_the_models(isolate: bool) -> None:
+    run = await run_hidden_tests(INTROSPECT, INTROSPECT_TESTS, isolate=isolate)
+    assert run.passed, run.reason + "\n" + run.output_tail
+
+
 @pytest.mark.parametrize("isolate", [True, False])
 async def test_the_models_warnings_reach_the_tests(isolate: bool) -> None:
     run = await run_hidden_tests(WARNS, WARNS_TESTS, isolate=isolate)
@@ -1271,5 +1374,28 @@ def test_a_model_object_never_equals_or_orders_against_a_tests_value() -> None:
         with pytest.raises(TypeError):
             _ = handle < 5
         assert (handle == _xproc_tests.RemoteObject(2, fake.remote)) is True  # its own: asked
+    finally:
+        fake.close()
+
+
+def _dict(**items: Any) -> dict[str, Any]:
+    """A dict as the wire carries it."""
+    return {"$d": [[k, v] for k, v in items.items()]}
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ([], "not a list of parameters"),
+        (_dict(params=[_dict(name="a", kind=9)]), "kind"),
+        (_dict(params=[_dict(name="not a name", kind=0)]), "not a valid parameter name"),
+        (_dict(params=[_dict(name="a", kind=4), _dict(name="b", kind=0)]), "wrong parameter order"),
+    ],
+)
+def test_a_malformed_signature_is_an_error(answer: Any, why: str) -> None:
+    fake = FakeSubject(reply(answer))
+    try:
+        with pytest.raises(_xproc_tests.CodeUnderTestError, match=why):
+            _ = _xproc_tests.RemoteObject(1, fake.remote).__signature__
     finally:
         fake.close()

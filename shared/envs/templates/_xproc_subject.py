@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import importlib
 import inspect
 import io
@@ -30,8 +31,30 @@ try:
 except ImportError:  # in the sandbox, loaded by the bootstrap under its own name
     import _xproc_wire as wire  # type: ignore[no-redef]
 
+
+def signature_data(obj: Any) -> dict[str, Any]:
+    """inspect.signature(obj) as data (names, kinds, defaults, annotations): the tests build
+    their own Signature from it."""
+    sig = inspect.signature(obj)
+    params = []
+    for param in sig.parameters.values():
+        entry: dict[str, Any] = {"name": param.name, "kind": int(param.kind)}
+        if param.default is not param.empty:
+            entry["default"] = param.default
+        if param.annotation is not param.empty:
+            entry["annotation"] = param.annotation
+        params.append(entry)
+    data: dict[str, Any] = {"params": params}
+    if sig.return_annotation is not sig.empty:
+        data["return"] = sig.return_annotation
+    return data
+
+
 # The operators the tests' proxies forward: name -> how to apply it here (first arg: the handle).
 OPERATORS: dict[str, Any] = {
+    "signature": signature_data,
+    "copy": copy.copy,
+    "deepcopy": copy.deepcopy,
     "repr": repr,
     "str": str,
     "format": format,

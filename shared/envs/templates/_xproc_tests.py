@@ -100,6 +100,15 @@ class RemoteObject:
     def __doc__(self) -> Any:  # the model's object's docstring, not this class's
         return self._remote.getattr(self, "__doc__")
 
+    @property
+    def __annotations__(self) -> Any:  # the model's object's, not this class's
+        return self._remote.getattr(self, "__annotations__")
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The model's object's signature (`inspect.signature` reads it), built here from data."""
+        return self._remote.signature(self)
+
     # -- attributes and calls
 
     def __getattr__(self, name: str) -> Any:
@@ -199,8 +208,19 @@ class RemoteObject:
     def __round__(self, ndigits: Any = None) -> Any:
         return self._op("round") if ndigits is None else self._op("round", ndigits)
 
+    def __copy__(self) -> Any:
+        return self._op("copy")
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self._op("deepcopy")
+
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("an object of the code under test cannot be pickled")
+        # Its bytes, loaded here, would run its code in the tests' process.
+        raise TypeError(
+            "an object of the code under test cannot be pickled in the tests' process (loading "
+            "it here would run the model's code here): copy.copy and copy.deepcopy copy it in "
+            "its own process; a pickle round trip belongs in the model's code"
+        )
 
     def __del__(self) -> None:
         try:
@@ -677,6 +697,35 @@ class Remote:
                 "obj": self.codec.encode(target),
                 "args": self.codec.encode(list(args)),
             }
+        )
+
+    def signature(self, target: Any) -> inspect.Signature:
+        """inspect.signature of one of the model's objects, rebuilt from the data it sends."""
+        data = self.op("signature", target)
+        try:
+            if type(data) is not dict or type(data.get("params")) is not list:
+                raise TypeError("not a list of parameters")
+            params = [self.parameter(entry) for entry in data["params"]]
+            back = data.get("return", inspect.Signature.empty)
+            return inspect.Signature(params, return_annotation=back)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise CodeUnderTestError(
+                f"the code under test sent a malformed signature ({exc})"
+            ) from None
+
+    @staticmethod
+    def parameter(entry: Any) -> inspect.Parameter:
+        """One parameter of a signature, from its data (a name, a kind, a default, a note)."""
+        if type(entry) is not dict or type(entry.get("name")) is not str:
+            raise TypeError("a parameter is not a named entry")
+        kind = entry.get("kind")
+        if type(kind) is not int or not 0 <= kind <= 4:
+            raise ValueError("a parameter's kind is not one of inspect's")
+        return inspect.Parameter(
+            entry["name"],
+            type(inspect.Parameter.POSITIONAL_ONLY)(kind),
+            default=entry.get("default", inspect.Parameter.empty),
+            annotation=entry.get("annotation", inspect.Parameter.empty),
         )
 
     def getattr(self, target: Any, name: str) -> Any:
