@@ -539,8 +539,9 @@ async def test_code_written_against_the_probe_cannot_forge_an_isolated_run() -> 
     assert ok, reason
 
 
-# A context manager of the model's that swallows whatever leaves its block: hidden tests that
-# run a check inside one must still fail when the check fails, however it fails.
+# A context manager of the model's that swallows whatever leaves its block, and a function that
+# swallows whatever its callback raises: hidden tests that run a check inside either must still
+# fail when the check fails, however it fails.
 SWALLOWS = (
     BUGGY
     + """
@@ -564,13 +565,20 @@ class session:
 
 def total(values):
     raise NotImplementedError("later")
+
+
+def run_later(callback):
+    try:
+        callback()
+    except BaseException:
+        pass
 """
 )
 IN_A_SESSION = """import asyncio
 
 import pytest
 
-from calc import add, session, total
+from calc import add, run_later, session, total
 
 
 def test_in_a_session():
@@ -619,6 +627,17 @@ SWALLOWED: list[tuple[str, str, str]] = [
         "ValueError: wrong sum",
     ),
     (
+        "an assert in a callback of the test's it calls",
+        "    def check():\n        assert add(2, 3) == 5\n\n    run_later(check)\n",
+        "assert -1 == 5",
+    ),
+    (
+        "pytest.fail in a callback of the test's it calls",
+        "    def check():\n        if add(2, 3) != 5:\n            pytest.fail('wrong sum')\n\n"
+        "    run_later(check)\n",
+        "wrong sum",
+    ),
+    (
         "an assert, though the test named Exception to it",
         "    with session(Exception):\n        assert add(2, 3) == 5\n",
         "assert -1 == 5",
@@ -650,11 +669,10 @@ async def session_verdict(body: str, isolation: str = "process") -> tuple[bool, 
 
 
 @pytest.mark.parametrize(("name", "body", "why"), SWALLOWED, ids=[h[0] for h in SWALLOWED])
-async def test_a_context_manager_of_the_models_cannot_swallow_a_failure(
-    name: str, body: str, why: str
-) -> None:
+async def test_the_models_code_cannot_swallow_a_failure(name: str, body: str, why: str) -> None:
     # Its __exit__ runs and answers True, but it suppresses only what the test named to the
-    # call that made it, and never a failed assert, pytest.fail or skip.
+    # call that made it, and never a failed assert, pytest.fail or skip; nor does catching a
+    # failed check that a callback of the test's raised into its code hide it.
     ok, reason = await session_verdict(body)
     assert not ok, f"{name} passed: {reason}"
     assert why in reason, reason

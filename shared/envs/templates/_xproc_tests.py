@@ -18,7 +18,8 @@ Rules that keep a verdict out of the model's reach:
   code, and the model can only call them.
 - A context manager of the model's suppresses only an exception of a class the test passed to
   the call that made it (`with suppress(KeyError):`), and never a failed assert, pytest.fail,
-  skip or exit: its `__exit__` cannot hide a test's failure.
+  skip or exit: its `__exit__` cannot hide a test's failure; nor can its code catch one that a
+  callable of the tests' raised into it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ CodeUnderTestError.__module__ = "rollout"  # as failure reports name it
 
 
 _PRIVATE = frozenset(("_rid", "_remote", "_count"))
+_CAUGHT = (
+    "a callable of the tests' raised this into the code under test, which did not let it "
+    "through: a failed check is the test's to report"
+)
 _REFUSED = (
     "the code under test's __exit__ asked to suppress this exception: it may only suppress an "
     "exception of a class the test passed to the call that made the context manager "
@@ -410,6 +415,9 @@ class Remote:
         # Per context manager of the model's: the exception classes the test passed to the
         # call that made it, the only ones its __exit__ may suppress.
         self.suppressible: dict[int, tuple[type[BaseException], ...]] = {}
+        # Failed checks (assert, pytest.fail, skip) the tests' callables raised into the
+        # model's code during the requests in flight.
+        self.failed: list[BaseException] = []
         self.warned: list[Any] = []
         self.logged: list[Any] = []
         self.codec = wire.Codec(
@@ -671,14 +679,23 @@ class Remote:
                 "the code under test is reached from the tests' own process only, not from a "
                 "process it forked (multiprocessing): call its code in the test itself"
             )
+        mark = len(self.failed)
         try:
             reply = self.peer.request(message)
             # After the reply is in: a warning the tests' filters turn into an error is then
             # this call's exception, as it would be in-process.
             self.issue_warnings()
             self.issue_logs()
-            if "x" in reply:
-                raise self.rebuild(reply["x"])
+            error = self.rebuild(reply["x"]) if "x" in reply else None
+            # A failed check that a callable of the tests' raised into the model's code leaves
+            # this call, whatever that code did with it (caught it, or raised another).
+            caught = [e for e in self.failed[mark:] if e is not error]
+            if caught:
+                if _CAUGHT not in getattr(caught[0], "__notes__", ()):
+                    caught[0].add_note(_CAUGHT)
+                raise caught[0]
+            if error is not None:
+                raise error
             return self.codec.decode(reply.get("v"))
         except wire.Gone:
             raise CodeUnderTestError(
@@ -687,6 +704,8 @@ class Remote:
         except wire.ProtocolError as exc:
             self.peer.gone = wire.Gone(str(exc))
             raise CodeUnderTestError(f"the code under test broke the protocol: {exc}") from None
+        finally:
+            del self.failed[mark:]
 
     def op(self, name: str, target: Any, *args: Any) -> Any:
         """Apply an operator to one of the model's objects, in its process."""
@@ -822,6 +841,8 @@ class Remote:
         except BaseException as exc:  # noqa: BLE001 - pytest.fail inside a callback included
             token = len(self.raised) + 1
             self.raised[token] = exc
+            if _unswallowable(exc, type(exc)):
+                self.failed.append(exc)
             return {
                 "x": {
                     "name": type(exc).__name__,
