@@ -718,6 +718,7 @@ async def test_a_star_import_never_shadows_a_builtin() -> None:
     )
     run = await run_hidden_tests({"calc.py": forged}, tests)
     assert not run.passed and "(and 3 more)" in run.reason, run.reason
+    assert "leaves the builtins abs, all, len, sorted as they are" in run.output_tail
     # A builtin's name is still the model's when the test imports it by name.
     tests = {
         "test_named.py": "from calc import sorted\n\n\ndef test_it():\n    assert sorted(1) == [2, 4]\n"

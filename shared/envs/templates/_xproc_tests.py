@@ -388,11 +388,20 @@ class RemoteModule(types.ModuleType):
         with the model's objects."""
         names = _own(self).get("__rollout_all__", [])
         caller = sys._getframe(1)
-        held, shadowed = caller.f_globals, {*caller.f_builtins, *vars(builtins)}
+        held, builtin = caller.f_globals, {*caller.f_builtins, *vars(builtins)}
+        shadowing = sorted(n for n in names if n in builtin)
+        if shadowing:
+            # Said where the test author looks: a test that meant the model's `sum` sees why
+            # it got the builtin.
+            warnings.warn(
+                f"`from {self.__name__} import *` leaves the builtins {', '.join(shadowing)} "
+                "as they are: import the model's by name",
+                stacklevel=2,
+            )
         return [
             n
             for n in names
-            if n.isidentifier() and n not in shadowed and (n not in held or _is_remote(held[n]))
+            if n.isidentifier() and n not in builtin and (n not in held or _is_remote(held[n]))
         ]
 
 
