@@ -255,11 +255,13 @@ def _unswallowable(exc: Any, kind: Any) -> bool:
 
 
 def _named_exceptions(values: Any) -> tuple[type[BaseException], ...]:
-    """The exception classes among a call's arguments (or in a tuple, list or set of them):
-    what a test tells a context manager to suppress (`suppress(KeyError)`)."""
+    """The exception classes among a call's arguments (or in a short tuple of them, as
+    `except` takes them): what a test tells a context manager to suppress (`suppress(KeyError)`,
+    `ignoring((KeyError, IndexError))`)."""
     found: list[type[BaseException]] = []
     for value in values:
-        items = value if type(value) in (tuple, list, set, frozenset) else (value,)
+        # Only short tuples: a call with a long list of data costs no scan.
+        items = value if type(value) is tuple and len(value) <= 32 else (value,)
         for item in items:
             if isinstance(item, type) and issubclass(item, BaseException) and item not in found:
                 found.append(item)
