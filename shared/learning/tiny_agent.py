@@ -42,6 +42,7 @@ from rollout.shared.learning.sft import train_sft
 from rollout.shared.models import tiny
 from rollout.shared.models.hf import HFBackend
 from rollout.shared.models.local_models import LocalModel, ProgressHook, register_local_model
+from rollout.shared.models.names import unknown_local
 from rollout.shared.models.registry import register_backend
 from rollout.shared.models.tiny import build_tiny_model
 from rollout.shared.settings import default_home
@@ -257,7 +258,7 @@ def ensure_tiny_agent(progress: Callable[[str], None] | None = None) -> Path:
 
 def _backend(rest: str) -> Any:
     if rest.strip():
-        raise RolloutError(f"unknown model '{NAME}{rest}': did you mean '{NAME}'?")
+        raise unknown_local(NAME, rest)
     return HFBackend(ensure_tiny_agent())
 
 

@@ -16,6 +16,7 @@ from rollout.shared.models import smollm2
 from rollout.shared.models.base import ModelBackend
 from rollout.shared.models.hf import HFBackend
 from rollout.shared.models.local_models import require as require_local
+from rollout.shared.models.names import unknown_local
 from rollout.shared.models.openai_compat import endpoint_backend, openai_backend, together_backend
 
 BackendFactory = Callable[[str], ModelBackend]
@@ -114,7 +115,7 @@ register_backend("hf:", _hf, example="hf:./models/my-model")
 
 def _smollm2(rest: str) -> ModelBackend:
     if rest.strip():
-        raise RolloutError(f"unknown model '{smollm2.NAME}{rest}': did you mean '{smollm2.NAME}'?")
+        raise unknown_local(smollm2.NAME, rest)
     model = require_local(smollm2.NAME)
     return HFBackend(
         smollm2.ensure_smollm2(),

@@ -52,6 +52,21 @@ def test_tiny_agent_name_is_exact() -> None:
         resolve_backend("local/tiny-agent-xl")
 
 
+@pytest.mark.parametrize("base", ["local/tiny-agent", "local/smollm2-135m"])
+def test_a_trained_name_no_job_published_is_named_as_such(
+    base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `serve-model` and `rollout test` said "did you mean BASE?" for a typo'd suffix, as if
+    # the user had meant the untrained base.
+    monkeypatch.setenv("ROLLOUT_HOME", str(tmp_path))
+    with pytest.raises(RolloutError) as caught:
+        resolve_backend(f"{base}:typo")
+    assert str(caught.value) == (
+        f"no trained model '{base}:typo'\n"
+        "  - see `rollout jobs` for finished jobs and the model names they produced"
+    )
+
+
 @pytest.mark.parametrize(
     "order",
     [
