@@ -74,6 +74,17 @@ async def test_improve_bad_input_is_one_clear_line(
     assert "Traceback" not in refused.stderr
     missing = await cli(learner_env, "improve", "--model", "local/tiny-agent", "--method", "grpo")
     assert missing.returncode == 1 and "--env SLUG is required" in missing.stderr
+    # The learner names its settings; each problem also names the flag that set it.
+    bad = await cli(
+        learner_env, "improve", "--run", "nope", "--model", f"hf:{tiny_model}",
+        "--learning-rate", "-1", "--set", "beta=3", "--set", "lora_r=0",
+    )  # fmt: skip
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.splitlines()[1:] == [
+        "  - hyperparams.learning_rate: must be > 0 (--learning-rate)",
+        "  - hyperparams.lora_r: must be >= 1 (--set lora_r=VALUE)",
+        "  - hyperparams.beta: unknown setting (--set beta: --method sft has no such setting)",
+    ], bad.stderr
     unknown = await cli(learner_env, "job", "job-0000000000000000")
     assert unknown.returncode == 1 and "no training job 'job-0000000000000000'" in unknown.stderr
 

@@ -44,6 +44,9 @@ async def test_improve_refuses_what_it_would_ignore_or_record_falsely(
         (["--env", "refunds", "--method", "grpo", "--steps", "1", "--epochs", "2"],
          "error: --epochs: --method grpo trains online on --env; it has no epochs"),
         (["--run", "nope", "--env", "refunds"], "error: --run nope: no run 'nope'"),
+        # Online jobs sample train tasks only: the flag was recorded in job.requested, unheeded.
+        (["--env", "refunds", "--method", "grpo", "--steps", "1", "--include-held-out"],
+         "error: --include-held-out: --method grpo trains online on --env's train tasks"),
         # JSON has no NaN or infinity (they reached the learner as null: "got None"), and the
         # learner reads at most 64-bit integers ("exceeded maximum size"): named by flag.
         (["--run", run_id, "--learning-rate", "nan"],

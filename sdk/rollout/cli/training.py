@@ -199,6 +199,12 @@ def check_flags(args: argparse.Namespace) -> None:
         raise RolloutError(f"--run RUN or --dataset FILE is required for --method {args.method}")
     if online and not args.env_slug:
         raise RolloutError(f"--env SLUG is required for --method {args.method}")
+    if online and args.include_held_out:
+        # Online jobs sample the env's train tasks only: the flag would be recorded, not obeyed.
+        raise RolloutError(
+            f"--include-held-out: --method {args.method} trains online on --env's train tasks;"
+            f" it applies to a run's or a dataset's rollouts ({_offline_names()})"
+        )
     _lora(args)
     # A flag the method has no setting for (--group-size with sft, --epochs with grpo).
     fields = method.config.model_fields
@@ -234,22 +240,43 @@ async def _check_run_env(client: AsyncClient, args: argparse.Namespace) -> None:
         )
 
 
+def with_flags(exc: RolloutError, method: str) -> RolloutError:
+    """The learner's `hyperparams.KEY: ...` problems, each with the flag that sets KEY."""
+    flags = {key: flag for _, flag, key in _FLAGS}
+    problems = []
+    for problem in exc.problems:
+        path, sep, said = problem.partition(":")
+        head, dot, rest = path.partition(".")
+        key = rest.split(".")[0]
+        if sep and dot and head == "hyperparams" and "--" not in problem:
+            # The learner names its settings; the user typed flags (or --set).
+            if said.strip() == "unknown setting":
+                problem += f" (--set {key}: --method {method} has no such setting)"
+            else:
+                problem += f" ({flags.get(key, f'--set {key}=VALUE')})"
+        problems.append(problem)
+    return RolloutError(exc.message, problems=problems)
+
+
 async def _improve(args: argparse.Namespace) -> int:
     check_flags(args)
     params = hyperparams(args)  # refused before any connection, as the flags are
     client = AsyncClient()
     try:
         await _check_run_env(client, args)
-        job = await client.create_training_job(
-            base_model=args.model,
-            method=args.method,
-            source_run_id=args.run_id,
-            suffix=args.suffix,
-            hyperparams=params,
-            env_slug=args.env_slug,
-            dataset=args.dataset,
-            include_held_out=args.include_held_out,
-        )
+        try:
+            job = await client.create_training_job(
+                base_model=args.model,
+                method=args.method,
+                source_run_id=args.run_id,
+                suffix=args.suffix,
+                hyperparams=params,
+                env_slug=args.env_slug,
+                dataset=args.dataset,
+                include_held_out=args.include_held_out,
+            )
+        except RolloutError as exc:
+            raise with_flags(exc, args.method) from None
         if (held := job.get("heldOutTasksExcluded")) and not args.json:
             # Said up front: the run scored tasks the job will not learn from.
             source = f"run {args.run_id}" if args.run_id else f"dataset {args.dataset}"
@@ -329,7 +356,8 @@ async def _job(args: argparse.Namespace) -> int:
 
 def print_job(job: dict[str, Any]) -> None:
     """Human summary of a training job."""
-    print(f"job {job['id']}  {job['status']}  {job['method']} of {job['baseModel']}")
+    # A cancelled job is stored as failed: said as `rollout jobs` lists it.
+    print(f"job {job['id']}  {shown_status(job)}  {job['method']} of {job['baseModel']}")
     if job.get("owner"):
         print(f"  started by {describe_user(job['owner'])}")
     if job.get("sourceRunId"):
@@ -337,8 +365,10 @@ def print_job(job: dict[str, Any]) -> None:
     if job.get("envSlug"):
         print(f"  environment {job['envSlug']}")
     step = f"{job['step']}/{job['totalSteps']}" if job.get("totalSteps") else "-"
+    # The ETA is the last step's guess: once the job has ended, nothing is left to wait for.
+    left = f"  ETA {eta(job.get('etaS'))}" if job["status"] in ("queued", "running") else ""
     print(f"  step {step}  loss {num(job.get('loss'))}  reward {num(job.get('reward'))}"
-          f"  tokens/s {num(job.get('tokensPerS'), '.0f')}  ETA {eta(job.get('etaS'))}")  # fmt: skip
+          f"  tokens/s {num(job.get('tokensPerS'), '.0f')}{left}")  # fmt: skip
     if job.get("modelId"):
         print(f"  model {job['modelId']}  (also: {job['id']})")
     if job.get("reason"):
