@@ -191,6 +191,9 @@ async def execute(ctx: LearnerContext, job_id: str, delivery: Delivery | None = 
         await cancel_left_behind(ctx, history)
         return
     journal = JobJournal(ctx.js, job_id, history.envelope)
+    # Loading the base and the data, or an online job's first round, takes minutes before
+    # the first step: without this the job read `queued` all that while.
+    await journal.started(delivery.number)
     try:
         requested = history.requested
         plan = await plan_job(

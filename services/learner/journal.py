@@ -22,6 +22,7 @@ from rollout.shared.contracts.events import (
     JobFailed,
     JobProgress,
     JobRequested,
+    JobStarted,
     PolicyUpdated,
 )
 from rollout.shared.models.trained import policy_key
@@ -150,6 +151,11 @@ class JobJournal:
         return EventEnvelope.new(
             payload, aggregate_id=aggregate, id_parts=(self.job_id, *id_parts), parent=self.parent
         )
+
+    async def started(self, attempt: int) -> None:
+        """Say the job is being worked on: listings show it running, not queued, from now."""
+        payload = JobStarted(job_id=self.job_id, attempt=attempt)
+        await self.publisher.publish(self._envelope(payload, self.job_id, "started", attempt))
 
     async def progress(
         self,

@@ -198,6 +198,16 @@ async def _job_requested(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobReque
     )  # fmt: skip
 
 
+@on("job.started")
+async def _job_started(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobStarted) -> None:
+    # Only a queued job moves: a restarted attempt's start never hides its steps or ending.
+    await c.execute(
+        "update jobs set status = 'running', updated_at = $2 where job_id = $1"
+        " and status = 'queued'",
+        p.job_id, e.time,
+    )  # fmt: skip
+
+
 @on("job.progress")
 async def _job_progress(c: asyncpg.Connection, e: EventEnvelope, p: ev.JobProgress) -> None:
     await c.execute(

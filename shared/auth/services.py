@@ -177,6 +177,7 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
             ),
             emits=(
                 "job.requested",
+                "job.started",
                 "job.progress",
                 "job.completed",
                 "job.failed",

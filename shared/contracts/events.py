@@ -303,6 +303,18 @@ class JobRequested(Payload):
 
 
 @register
+class JobStarted(Payload):
+    """A learner took a training job and is working on it (before its first step)."""
+
+    event_type = "job.started"
+    aggregate = "job"
+
+    job_id: str
+    # Which delivery of the job's work item this is: a job resumed elsewhere starts again.
+    attempt: int = 1
+
+
+@register
 class JobProgress(Payload):
     """A training job advanced."""
 

@@ -92,6 +92,10 @@ async def test_a_cancelled_sft_job_stops_training_and_ends_once(
     # Once ended, it cannot be cancelled again; an unknown job is named.
     again = await rollout(learner_env, "cancel", job["id"])
     assert again[0] == 1 and again[2].startswith(f"error: job {job['id']} already failed (cancel")
+    # `rollout job` says cancelled, as `rollout jobs` lists it, with no ETA left to wait out.
+    code, out, err = await rollout(learner_env, "job", job["id"])
+    assert code == 1 and out.startswith(f"job {job['id']}  cancelled  sft of "), out
+    assert "ETA" not in out and "reason: cancelled: enough (at step" in out, out
     try:
         await client.cancel_training_job("job-nosuchjob")
     except RolloutError as exc:
@@ -131,6 +135,14 @@ async def test_cancelling_an_online_job_cancels_the_round_it_waits_on(
         assert (
             requested.payload["owner"] == job_owner == subjects.caller_token(learner_env.nats_user)
         )
+
+        # It is being worked on, though no step has ended: listed running, not queued (the
+        # whole first round used to read `queued`).
+        async def listed_running() -> bool:
+            code, out, _ = await rollout(learner_env, "jobs")
+            return [job["id"], "grpo", "running", "-"] in [r.split()[:4] for r in out.splitlines()]
+
+        await wait_until(listed_running, "`rollout jobs` to list the job as running", 30)
         code, out, err = await rollout(learner_env, "cancel", job["id"], "--reason", "wrong env")
         assert code == 0, err
         assert out.startswith(f"job {job['id']} cancelled: wrong env (at step 0)"), out
