@@ -145,25 +145,57 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     # the delta a measure of model and settings together, which the reader must be told.
     warnings += settings_warnings(base, other)
     sides = {"base": summary(base, "base"), "other": summary(other, "other")}
-    mostly = []
+    mostly, unscored = [], []
     for side, s in sides.items():
+        run = base if side == "base" else other
         if (errors := s["errorSummary"]) is not None:
             warnings.append(f"{side} {s['runId']}: {error_line(errors)}")
             if errors["mostlyErrored"]:
                 mostly.append(side)
+        elif s["judged"] <= 0:
+            # Nothing scored yet, or cancelled first: its 0% is no rate (and no -100% delta).
+            unscored.append(side)
+            s["noVerdict"] = _unscored_line(run)
+            warnings.append(f"{side} {s['runId']}: {s['noVerdict']}")
+        elif (status := _under_way(run)) is not None:
+            warnings.append(
+                f"{side} {s['runId']} is still {status}: {s['judged']} of {run.get('total')} "
+                "rollouts scored so far, so its numbers are partial"
+            )
+    # A side with no verdict has no pass rate, so there is no difference to give.
+    known = all(s["judged"] > 0 for s in sides.values())
     return {
         **sides,
-        "deltaPassRate": other["passRate"] - base["passRate"],
-        "deltaPassRateInterval": list(delta),
-        "deltaPassRatePairedInterval": paired,
-        "deltaScore": other["meanScore"] - base["meanScore"],
+        "deltaPassRate": other["passRate"] - base["passRate"] if known else None,
+        "deltaPassRateInterval": list(delta) if known else None,
+        "deltaPassRatePairedInterval": paired if known else None,
+        "deltaScore": other["meanScore"] - base["meanScore"] if known else None,
         "confidence": 0.95,
-        # False when a side's rollouts mostly errored: the delta then measures the errors.
-        "measured": not mostly,
+        # False when a side's rollouts mostly errored (the delta would measure the errors) or
+        # a side has no verdict at all.
+        "measured": not mostly and not unscored,
         "mostlyErrored": mostly,
+        "unscored": unscored,
         "warnings": warnings,
         "tasks": rows,
     }
+
+
+def _under_way(run: dict[str, Any]) -> str | None:
+    """`running`, `queued` or `waiting` for a run that has not ended; None once it has."""
+    if run.get("waiting"):
+        return "waiting"
+    status = run.get("status")
+    return status if status in ("queued", "running") else None
+
+
+def _unscored_line(run: dict[str, Any]) -> str:
+    """Why a run with no verdict has none: still to come, or it ended first."""
+    total = run.get("total")
+    if (status := _under_way(run)) is not None:
+        return f"no rollout scored yet (it is {status}, 0 of {total}): wait for it to score some"
+    reason = f": {first_line(run['reason'])}" if run.get("reason") else ""
+    return f"no rollout was scored (it {run.get('status') or 'ended'}{reason})"
 
 
 def pass_rate_interval(run: dict[str, Any]) -> list[float] | None:

@@ -7,6 +7,8 @@ nothing is left queued, and the model is asked nothing more.
 
 from __future__ import annotations
 
+import json
+
 from fakes.openai_server import FakeOpenAI
 from pipeline.kit import refund_agent, refund_env
 from pipeline.test_cli_platform import rollout
@@ -90,10 +92,29 @@ async def test_cancel_from_the_cli_and_a_completed_run_keeps_its_result(
     with FakeOpenAI(refund_agent) as server:
         server.hold()  # nothing finishes before the cancel
         run = await client.create_run("refunds", f"{server.base_url}#agent", n=2)
+        # Compared before it scored anything: its "0%" is no rate, and no -100 point delta.
+        await wait_until(lambda: bool(server.held_ports), "the actors asking the model", 60)
+        code, out, err = await rollout(settings, "compare", done["runId"], run["runId"])
+        assert code == 1 and "pass rate" not in out, out
+        assert f"error: not comparable: other {run['runId']}: no rollout scored yet (it is " in err
+        assert "0 of 4): wait for it to score some" in err and "Traceback" not in err
         code, out, err = await rollout(settings, "cancel", run["runId"], "--reason", "oops")
         assert code == 0, err
         assert out.splitlines()[0] == f"run {run['runId']} cancelled: oops (0/4 rollouts scored)"
         server.release()
+    # Cancelled before anything was scored, it never gets a rate, --allow-errored or not.
+    for flags in ((), ("--allow-errored",)):
+        code, out, err = await rollout(settings, "compare", done["runId"], run["runId"], *flags)
+        assert code == 1 and "pass rate" not in out, out
+        assert (
+            f"error: not comparable: other {run['runId']}: no rollout was scored (it failed:"
+            " cancelled: oops (0/4 rollouts scored))" in err
+        ), err
+    code, out, err = await rollout(settings, "compare", done["runId"], run["runId"], "--json")
+    result = json.loads(out)
+    assert (result["measured"], result["unscored"], result["deltaPassRate"]) == (
+        False, ["other"], None,
+    )  # fmt: skip
     assert (await client.get_run(run["runId"]))["status"] == "failed"
     # Listed as cancelled, not as a failure (`--json` keeps status failed, with the reason).
     code, out, err = await rollout(settings, "runs")

@@ -246,6 +246,39 @@ def test_errored_rollouts_are_no_trials_and_a_mostly_errored_side_is_no_measurem
     assert error_summary(_run("a", 4, 16)) is None
 
 
+def test_a_run_with_no_verdict_has_no_delta_and_a_running_one_is_partial(capsys) -> None:
+    # Cancelled before anything was scored: its passRate reads 0.0, which gave a "-100%"
+    # delta with an interval, measured, against a run that passed every task.
+    base = _greedy_run("a", [True, True, True])
+    cancelled = {
+        **_greedy_run("b", [True]), "passed": 0, "scored": 0, "passRate": 0.0,
+        "meanScore": 0.0, "tasks": [], "status": "failed", "total": 3,
+        "reason": "cancelled: wrong model (0/3 rollouts scored)",
+    }  # fmt: skip
+    result = comparison(base, cancelled)
+    assert result["measured"] is False and result["unscored"] == ["other"]
+    assert (result["deltaPassRate"], result["deltaPassRateInterval"], result["deltaScore"]) == (
+        None, None, None,
+    )  # fmt: skip
+    said = "no rollout was scored (it failed: cancelled: wrong model (0/3 rollouts scored))"
+    assert result["other"]["noVerdict"] == said and f"other b: {said}" in result["warnings"]
+    print_comparison(result, per_task=False)
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+    assert rows["pass"] == ["rate", "100%", "-", "-"] and rows["95%"][-1] == "-", rows
+    queued = {**cancelled, "status": "queued", "reason": None}
+    assert comparison(base, queued)["other"]["noVerdict"] == (
+        "no rollout scored yet (it is queued, 0 of 3): wait for it to score some"
+    )
+    # Under way with some verdicts: compared, and said to be partial.
+    running = _greedy_run("b", [True, False], status="running", total=3)
+    result = comparison(base, running)
+    assert result["measured"] is True and result["deltaPassRate"] == pytest.approx(-0.5)
+    assert "other b is still running: 2 of 3 rollouts scored so far, so its numbers are " \
+        "partial" in result["warnings"]  # fmt: skip
+    done = comparison(base, _greedy_run("b", [True, False], status="completed", total=2))
+    assert not [w for w in done["warnings"] if "still" in w]
+
+
 def test_a_task_whose_every_rollout_errored_has_no_rate(capsys) -> None:
     base = _greedy_run("a", [True, False])
     other = _greedy_run("b", [True, False], errored=1)

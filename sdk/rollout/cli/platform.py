@@ -478,6 +478,11 @@ def _delta(value: float | None, pct: bool = True) -> str:
     return f"{value:+.0%}" if pct else f"{value:+.3f}"
 
 
+def _interval(value: list[float] | None) -> str:
+    """A difference's interval, `-` when there is no difference (a side has no verdict)."""
+    return "-" if value is None else format_interval(value, signed=True)
+
+
 def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
     """The compare table: pass rates with 95% intervals, the delta's interval, per-task rows."""
     base, other = result["base"], result["other"]
@@ -494,7 +499,7 @@ def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
           f" {_delta(result['deltaPassRate']):>8}")  # fmt: skip
     print(f"{'95% CI':<10} {format_interval(base['passRateInterval']):>12}"
           f" {format_interval(other['passRateInterval']):>12}"
-          f" {format_interval(result['deltaPassRateInterval'], signed=True):>8}")  # fmt: skip
+          f" {_interval(result['deltaPassRateInterval']):>8}")  # fmt: skip
     print(f"{'score':<10} {_rate(base, 'meanScore', '.3f'):>12}"
           f" {_rate(other, 'meanScore', '.3f'):>12}"
           f" {_delta(result['deltaScore'], False):>8}")  # fmt: skip
@@ -530,18 +535,31 @@ async def _compare(args: argparse.Namespace) -> int:
 
     base, other = await _with_client(both)
     result = comparison(base, other)
-    refused = not result["measured"] and not args.allow_errored
+    unscored = result["unscored"]
+    # A side with no verdict has no rate to print, --allow-errored or not.
+    refused = bool(unscored) or (not result["measured"] and not args.allow_errored)
     if args.json:
         print_json(result)
     elif refused:
         # No table: a delta between errors reads as a measured change. The other warnings
         # (the mostly errored sides are in the error below).
-        said = tuple(f"{side} {result[side]['runId']}: " for side in result["mostlyErrored"])
+        said = tuple(
+            f"{side} {result[side]['runId']}: " for side in (*result["mostlyErrored"], *unscored)
+        )
         for warning in result["warnings"]:
             if not warning.startswith(said):
                 print(f"warning: {warning}", file=sys.stderr)
     else:
         print_comparison(result)
+    if unscored:
+        # A run cancelled or compared before it scored anything read as 0%: a -100 point delta.
+        why = "; ".join(
+            f"{side} {result[side]['runId']}: {result[side]['noVerdict']}" for side in unscored
+        )
+        raise RolloutError(
+            f"not comparable: {why}",
+            problems=["compare runs that scored rollouts (`rollout show RUN` gives its progress)"],
+        )
     if refused:
         # Refused (exit 1), not only warned: a script or a CI job reads the exit status and
         # the numbers, and would take a -100 point "regression" for a model that was down.
