@@ -54,6 +54,9 @@ async def follow_job(
         async for msg in read_events(js, subjects.aggregate_events("job", job_id), follow=True):
             event = EventEnvelope.from_bytes(msg.data)
             body: Any = event.body()
+            if event.type == "job.started" and not quiet:
+                # Minutes may pass before the first step: say the job is under way meanwhile.
+                redraw("  started: loading the model and its data (online: the first round)  ")
             if event.type == "job.progress" and not quiet:
                 redraw(
                     f"  [{bar(body.step, body.total_steps)}] step {body.step}/"

@@ -4,6 +4,7 @@ keeps its ending."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -143,8 +144,13 @@ async def test_cancelling_an_online_job_cancels_the_round_it_waits_on(
             return [job["id"], "grpo", "running", "-"] in [r.split()[:4] for r in out.splitlines()]
 
         await wait_until(listed_running, "`rollout jobs` to list the job as running", 30)
+        # Following it shows it started, though no step has been reported; it ends at the cancel.
+        following = asyncio.create_task(rollout(learner_env, "job", job["id"], "--follow"))
         code, out, err = await rollout(learner_env, "cancel", job["id"], "--reason", "wrong env")
         assert code == 0, err
+        code, followed, progress = await asyncio.wait_for(following, 60)
+        assert code == 1 and followed.startswith(f"job {job['id']}  cancelled  grpo"), followed
+        assert "started: loading the model and its data (online: the first round)" in progress
         assert out.startswith(f"job {job['id']} cancelled: wrong env (at step 0)"), out
 
         async def listed_cancelled() -> bool:
