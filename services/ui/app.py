@@ -686,6 +686,20 @@ async def no_read_models(request: Request, exc: Exception) -> Response:
 
 # --- the app ----------------------------------------------------------------------------------
 
+# How long a shutdown waits on each part it stops (the follower, the database pool): a part
+# that does not stop must not keep the viewer (or a test that serves it) from ending.
+SHUTDOWN_WAIT_S = 10.0
+
+
+async def _stop_follower(follower: asyncio.Task[None]) -> None:
+    """Cancel the events follower and wait for it to end, at most SHUTDOWN_WAIT_S."""
+    follower.cancel()
+    done, _ = await asyncio.wait({follower}, timeout=SHUTDOWN_WAIT_S)
+    if not done:
+        log.warning("the live follower did not stop; shutting down without it")
+    elif not follower.cancelled() and follower.exception() is not None:
+        log.warning("the live follower failed", error=repr(follower.exception()))
+
 
 def create_app(
     settings: Settings, *, store: ObjectStore | None = None, signer: SessionSigner | None = None
@@ -709,11 +723,13 @@ def create_app(
         try:
             yield
         finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            await _stop_follower(follower)
             await nc.close()
-            await state.pool.close()
+            try:
+                # Waits for connections still lent out; past the limit they are cut.
+                await asyncio.wait_for(state.pool.close(), SHUTDOWN_WAIT_S)
+            except TimeoutError:
+                state.pool.terminate()
 
     routes = [
         Route("/login", login_page, methods=["GET"]),

@@ -12,6 +12,7 @@ import nats.errors
 from nats.js import JetStreamContext
 
 from rollout.shared import subjects
+from rollout.shared.bus.cancels import raise_if_cancelled
 from rollout.shared.bus.reader import last_sequence, read_events
 from rollout.shared.observability import get_logger
 
@@ -67,6 +68,9 @@ class EventHub:
         """Read new events forever (until cancelled), waiting out a missing or lost stream."""
         start: int | None = None
         while True:
+            # A cancel a request swallowed (3.11's wait_for) would leave this loop running
+            # for ever, and the viewer's shutdown waiting on it.
+            raise_if_cancelled()
             try:
                 if start is None:
                     start = await last_sequence(self.js) + 1
@@ -82,6 +86,7 @@ class EventHub:
             except nats.errors.Error as exc:  # a missing stream is a NotFoundError
                 # Before `rollout up` made the stream, or while NATS restarts: pages still
                 # answer from the database; live updates resume where they stopped.
+                raise_if_cancelled()  # the error may be a reply the cancel came with
                 log.warning("events stream unavailable; retrying", error=str(exc))
                 await asyncio.sleep(retry_s)
 

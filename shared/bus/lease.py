@@ -29,6 +29,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
 from rollout.shared import subjects
+from rollout.shared.bus.cancels import cancelling, raise_if_cancelled
 from rollout.shared.bus.streams import retry_api
 from rollout.shared.observability import get_logger
 
@@ -188,10 +189,10 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
     poll = lease.ttl_s / POLLS_PER_TTL
     while True:
         acquired = await lease.try_acquire()
-        if acquired and _cancelling():
+        if acquired and cancelling():
             # Won in the same moment as the cancel: give it back, or it blocks a standby a TTL.
             await asyncio.shield(lease.release())
-        _raise_if_cancelled()
+        raise_if_cancelled()
         if not acquired:
             await asyncio.sleep(poll)  # a standby's pace: about one try per tenth of a TTL
             continue
@@ -210,7 +211,7 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
                     log.warning("leadership expired unrenewed; stepping down", lease=lease.name)
                     break
                 renewed = await lease.renew()
-                _raise_if_cancelled()
+                raise_if_cancelled()
                 if not renewed:
                     log.warning("leadership lost; stepping down", lease=lease.name)
                     break
@@ -222,16 +223,3 @@ async def lead(lease: Lease, duty: Callable[[], Awaitable[None]]) -> None:
             finally:
                 # Also on a clean stop or a failed duty: the standby need not wait out the TTL.
                 await asyncio.shield(lease.release())
-
-
-def _cancelling() -> bool:
-    """True when this task was asked to stop (even if a request swallowed the cancel)."""
-    task = asyncio.current_task()
-    return task is not None and bool(task.cancelling())
-
-
-def _raise_if_cancelled() -> None:
-    """Re-raise a cancellation a request swallowed (Python 3.11's wait_for returns the reply
-    when it lands with the cancel: a standby that asks every tenth of a TTL meets that)."""
-    if _cancelling():
-        raise asyncio.CancelledError

@@ -29,6 +29,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from rollout.shared import subjects
+from rollout.shared.bus.cancels import raise_if_cancelled
 
 # How long a batch waits for its next reply before it is asked again (a lost reply, a server
 # that went away mid-batch), and how long a read goes without progress before it gives up.
@@ -166,6 +167,8 @@ class _DirectGet:
                 await self.nc.publish(self.subject, json.dumps(request).encode(), reply=reply)
                 while True:
                     msg = await asyncio.wait_for(queue.get(), REPLY_WAIT_S)
+                    # A reply that came with a cancel: wait_for (3.11) dropped the cancel.
+                    raise_if_cancelled()
                     status = (msg.headers or {}).get(_STATUS)
                     if status is None:
                         got.append(_stored(msg))
@@ -272,6 +275,8 @@ async def _follow(cursors: list[_Cursor]) -> AsyncGenerator[StoredEvent, None]:
             for msg in sorted(round_, key=lambda m: m.seq):
                 found += 1
                 yield msg
+        # A follow never ends by itself: a cancel a request swallowed must end it here.
+        raise_if_cancelled()
         if found:
             pause = FOLLOW_PAUSE_MIN_S
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 
 import nats.errors
 import pytest
@@ -293,6 +294,36 @@ async def test_a_followed_read_sees_new_events_without_a_consumer(nats_client) -
     assert EventEnvelope.from_bytes(late.data).body().reason == "after"
     assert (await js.stream_info(subjects.EVENTS_STREAM)).state.consumer_count == 0
     await following.aclose()
+
+
+async def test_a_followed_read_ends_when_cancelled_even_as_a_reply_lands(
+    nats_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Python 3.11's wait_for returns a reply that lands with a cancel and drops the cancel: a
+    # follow that went on asking then never ended (the viewer's shutdown waited on it).
+    from rollout.shared.bus import reader
+
+    monkeypatch.setattr(reader, "FOLLOW_PAUSE_MIN_S", 0.0)  # always asking: the race is
+    monkeypatch.setattr(reader, "FOLLOW_PAUSE_MAX_S", 0.0)  # met within a few cancels
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    run_id = new_id()[:16]
+    await EventPublisher(js).publish(failed(run_id, 0))
+
+    async def follow() -> None:
+        async for _ in read_events(js, subjects.run_events(run_id), follow=True):
+            pass
+
+    rng = random.Random(7)
+    for attempt in range(40):
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(rng.uniform(0.0, 0.01))  # a cancel at any moment of its asking
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=DEADLINE_S)
+        if not done:
+            task.cancel()  # once more: the failure below leaves nothing running
+        assert done, f"cancel {attempt} did not end the followed read"
+        assert task.cancelled()
 
 
 async def test_a_one_off_read_of_nothing_ends_without_waiting(nats_client) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -13,6 +14,9 @@ from rollout.shared.auth.keys import ApiKey
 from rollout.shared.service.sockets import bind, url_of
 from rollout.shared.settings import Settings
 from rollout.shared.store.trajectories import object_store
+
+# The longest a viewer may take to stop: well past its own shutdown limits (server.py, app.py).
+STOP_LIMIT_S = 60.0
 
 
 @dataclass
@@ -46,6 +50,11 @@ async def serve(settings: Settings) -> AsyncIterator[UiServer]:
         yield UiServer(url=url_of(sock), app=app)
     finally:
         server.should_exit = True
-        await task
-        sock.close()
-        await store.close()
+        try:
+            # A viewer that does not stop fails here, saying so, not at pytest's timeout.
+            await asyncio.wait_for(task, STOP_LIMIT_S)
+        except TimeoutError:
+            raise AssertionError(f"the viewer did not stop within {STOP_LIMIT_S:.0f} s") from None
+        finally:
+            sock.close()
+            await store.close()
