@@ -32,6 +32,8 @@ RECHECK_S = 30.0
 LOGIN_FAILURES_ENV = "ROLLOUT_UI_LOGIN_FAILURES"
 DEFAULT_LOGIN_FAILURES = 10
 LOGIN_WINDOW_S = 60.0
+# The longest one key check may take (connect, identity request, close), all told.
+KEY_CHECK_S = 20.0
 # Keys checked against NATS at once; more logins wait their turn.
 LOGINS_AT_ONCE = 4
 # Addresses remembered at most (the oldest are forgotten first).
@@ -162,11 +164,19 @@ class Authenticator:
             nats_token=None,
             credential_source="the login form",
         )
-        nc = await connect_nats(keyed, connect_timeout=5)
         try:
-            who = await server_identity(nc)
-        finally:
-            await nc.close()
+            # Each step has its own limit, but not the close; a check holds a login slot or
+            # the lock every session's recheck waits on, so the whole of it has one too.
+            async with asyncio.timeout(KEY_CHECK_S):
+                nc = await connect_nats(keyed, connect_timeout=5)
+                try:
+                    who = await server_identity(nc)
+                finally:
+                    await nc.close()
+        except TimeoutError:
+            raise NatsUnreachable(
+                f"NATS did not finish checking the key within {KEY_CHECK_S:.0f} s"
+            ) from None
         return Viewer(user=str(who["user"]), role=str(who["role"]))
 
     def open_session(self, viewer: Viewer, key: str, now: float | None = None) -> Viewer:

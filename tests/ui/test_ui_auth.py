@@ -222,6 +222,30 @@ async def test_a_session_survives_a_nats_it_cannot_reach(settings: Settings) -> 
         holder.close()
 
 
+async def test_a_key_check_nats_never_finishes_ends_at_its_deadline(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server that takes the connection and never says a word: the check ends, as an outage.
+    from dataclasses import replace
+
+    from rollout.services.ui import auth as ui_auth
+    from rollout.shared.auth.keys import Role
+    from rollout.shared.settings import NatsUnreachable
+
+    monkeypatch.setattr(ui_auth, "KEY_CHECK_S", 0.5)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()  # connections complete in the backlog; nothing is ever sent
+    try:
+        mute = replace(settings, nats_url=f"nats://127.0.0.1:{silent.getsockname()[1]}")
+        auth = ui_auth.Authenticator(mute)
+        # Its own deadline ends it, before the connect's 5 s limit ("cannot reach NATS").
+        with pytest.raises(NatsUnreachable, match="did not finish checking the key"):
+            await auth.check_key(ApiKey.generate(Role.VIEWER).text)
+    finally:
+        silent.close()
+
+
 @pytest.mark.parametrize(
     "target",
     ["/\\evil.test/phish", "/\t/evil.test/phish", "//evil.test/phish", "https://evil.test/",
