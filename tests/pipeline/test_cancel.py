@@ -8,6 +8,7 @@ nothing is left queued, and the model is asked nothing more.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fakes.openai_server import FakeOpenAI
 from pipeline.kit import refund_agent, refund_env
@@ -21,6 +22,12 @@ from rollout.shared.replay import replay_run
 from rollout.shared.settings import Settings
 
 TASKS, N, BATCH = 8, 4, 2  # 32 rollouts in 16 work items; two actors hold at most 8 at once
+
+
+async def _run_if(client: AsyncClient, run_id: str, status: str) -> dict[str, Any] | None:
+    """The run from the read model once it shows `status` (None before)."""
+    run = await client.get_run(run_id)
+    return run if run["status"] == status else None
 
 
 async def test_a_cancelled_run_ends_now_and_its_queued_work_is_skipped(
@@ -62,7 +69,8 @@ async def test_a_cancelled_run_ends_now_and_its_queued_work_is_skipped(
         assert len(server.chat_bodies) == asked
         assert all(all(m["role"] != "assistant" for m in b["messages"]) for b in server.chat_bodies)
 
-    done = await client.get_run(run_id)
+    # The cancel's answer comes once its event is on the log; the read model follows it.
+    done = await wait_until(lambda: _run_if(client, run_id, "failed"), "the cancel projected", 30)
     assert done["status"] == "failed" and done["reason"] == ended["reason"], done
     assert done["generated"] == 0 and done["scored"] == 0, done
     replayed = await replay_run(js, run_id)
@@ -102,6 +110,7 @@ async def test_cancel_from_the_cli_and_a_completed_run_keeps_its_result(
         assert code == 0, err
         assert out.splitlines()[0] == f"run {run['runId']} cancelled: oops (0/4 rollouts scored)"
         server.release()
+    await wait_until(lambda: _run_if(client, run["runId"], "failed"), "the cancel projected", 30)
     # Cancelled before anything was scored, it never gets a rate, --allow-errored or not.
     for flags in ((), ("--allow-errored",)):
         code, out, err = await rollout(settings, "compare", done["runId"], run["runId"], *flags)
