@@ -85,6 +85,10 @@ class HFBackend:
         name: str | None = None,
         stop_after_tool_call: bool = False,
     ) -> None:
+        # Before anything imports torch (the default device too): a cold torch and
+        # transformers take seconds, more on a busy machine, past the actors' model check's
+        # wait, which then took a missing folder for a model still loading and refused nothing.
+        _local_path(str(path))
         self.path = str(path)
         self.name = name or f"hf:{self.path}"
         self.threads = threads
@@ -171,6 +175,7 @@ class HFBackend:
     # -- loading -----------------------------------------------------------------------
 
     def _load(self, path: str) -> tuple[Any, Any]:
+        local = _local_path(path)
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -183,9 +188,6 @@ class HFBackend:
 
         # Per-shard progress bars are noise in CLI output and service logs.
         hf_logging.disable_progress_bar()
-        local = Path(path).expanduser()
-        if not local.exists() and path.startswith((".", "/", "~")):
-            raise RolloutError(f"hf:{path}: no model directory at {local}")
         source = str(local) if local.exists() else path
 
         dtype = _torch_dtype(torch, self._dtype_name(torch))
@@ -683,6 +685,15 @@ def _torch_dtype(torch: Any, name: str) -> Any:
     if value is None:
         raise RolloutError(f"unknown torch dtype '{name}'")
     return value
+
+
+def _local_path(path: str) -> Path:
+    """`path` as a local path; RolloutError when it names a folder that is not there (a name
+    that is no path may be a model in the local HF cache)."""
+    local = Path(path).expanduser()
+    if not local.exists() and path.startswith((".", "/", "~")):
+        raise RolloutError(f"hf:{path}: no model directory at {local}")
+    return local
 
 
 def _default_device() -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,27 @@ def test_registry_builds_hf_backend(parrot: Path) -> None:
 def test_missing_model_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(RolloutError, match="no model directory"):
         resolve_backend(f"hf:{tmp_path}/nope")
+
+
+def test_a_missing_model_directory_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    # The actors' model check waits 5 s on a build: a cold torch and transformers took longer
+    # on a busy machine, so a missing folder passed as a model still loading.
+    probe = (
+        "import sys\n"
+        "from rollout.errors import RolloutError\n"
+        "from rollout.shared.models.catalog import resolve_backend\n"
+        "try:\n"
+        f"    resolve_backend('hf:{tmp_path}/nope')\n"
+        "except RolloutError as exc:\n"
+        "    print(exc)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    said, imported = done.stdout.strip().splitlines()
+    assert f"no model directory at {tmp_path}/nope" in said
+    assert imported == "[]"
 
 
 def test_directory_without_a_model_is_a_clear_error(tmp_path: Path) -> None:
