@@ -95,20 +95,20 @@ def work_filter(kind: str) -> str:
     return f"{PREFIX}.work.{token(kind, 'work kind')}.>"
 
 
-# Requests whose answer depends on who asks: they create what someone owns (runs, jobs,
-# environment slugs) or change it (cancels, new versions). Their subject ends with the caller's NATS user, and the server lets a
-# user publish only under its own name (shared/auth), so the service knows who is asking.
-ATTRIBUTED: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("tracker", "create_run"),
-        ("tracker", "cancel_run"),
-        ("tracker", "record_plan_event"),
-        ("tracker", "import_run"),
-        ("learner", "create_job"),
-        ("learner", "cancel_job"),
-        ("registry", "push"),
-    }
-)
+# Requests one service sends another (no key may send them: shared/auth/roles.py INTERNAL).
+# Every other request is attributed: its subject ends with the caller's NATS user, and the
+# server lets a user publish only under its own name (shared/auth), so the service knows who is
+# asking: the owner of what it creates (runs, jobs, environment slugs), who may cancel it, and
+# whose budget a request spends (shared/service/throttle.py). Attribution is the default so
+# that no request a key may send is ever anonymous to the service that answers it.
+SERVICE_ONLY: frozenset[tuple[str, str]] = frozenset({("actor", "check_model")})
+
+
+def attributed(service: str, verb: str) -> bool:
+    """Whether a request's subject names its caller: every request but SERVICE_ONLY's."""
+    return (service, verb) not in SERVICE_ONLY
+
+
 # The caller token of a connection with no user name (token auth, or no auth at all, where
 # every connection may do everything anyway).
 ANONYMOUS = "anonymous"
@@ -121,28 +121,28 @@ def caller_token(user: str | None) -> str:
 
 def request(service: str, verb: str, caller: str | None = None) -> str:
     """Subject of a request/reply command: `rollout.req.<service>.<verb>`, followed by the
-    caller's user (`caller_token`) for an ATTRIBUTED request."""
+    caller's user (`caller_token`) for an attributed request."""
     return _with_caller(service, verb, caller_token(caller))
 
 
 def request_filter(service: str, verb: str) -> str:
-    """What a service subscribes to for `verb`: the request subject, any caller's if ATTRIBUTED."""
+    """What a service subscribes to for `verb`: the request subject, any caller's if attributed."""
     return _with_caller(service, verb, "*")
 
 
 def _with_caller(service: str, verb: str, caller: str) -> str:
     subject = f"{PREFIX}.req.{token(service, 'service')}.{token(verb, 'verb')}"
-    return f"{subject}.{caller}" if (service, verb) in ATTRIBUTED else subject
+    return f"{subject}.{caller}" if attributed(service, verb) else subject
 
 
 def caller_of(subject: str) -> str:
-    """The caller an ATTRIBUTED request's subject names (ANONYMOUS for any other subject)."""
+    """The caller an attributed request's subject names (ANONYMOUS for any other subject)."""
     parts = subject.split(".")
     if (
         len(parts) == 5
         and parts[0] == PREFIX
         and parts[1] == "req"
-        and (parts[2], parts[3]) in ATTRIBUTED
+        and attributed(parts[2], parts[3])
     ):
         return parts[4]
     return ANONYMOUS

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 from nats.aio.client import Client
 
-from rollout.shared import subjects
+from rollout.shared.bus.requests import service_subject
 from rollout.shared.contracts.buffer import (
     BEHIND,
     SERVICE,
@@ -59,7 +59,9 @@ async def ask(
     timeout_s: float = BUFFER_TIMEOUT_S,
 ) -> TrainingSet:
     """One buffer question; items fetched from the store (sha256-verified) when a ref comes."""
-    subject = subjects.request(SERVICE, verb)
+    # As the learner's own user, which its permissions let it publish under (and which the
+    # buffer exempts from the keys' budgets: shared/service/throttle.py).
+    subject = service_subject(nc, SERVICE, verb)
     try:
         msg = await nc.request(subject, query.model_dump_json().encode(), timeout=timeout_s)
     except nats.errors.NoRespondersError:

@@ -2,7 +2,7 @@
 
 The owner is the NATS user whose request created it, read from the request's subject (an
 attributed request names its caller, and the server lets a user publish only under its own
-name: see subjects.ATTRIBUTED and shared/auth/roles.py). An API key may cancel only what it
+name: see subjects.attributed and shared/auth/roles.py). An API key may cancel only what it
 started; the admin and the platform's services (a job cancelling its round runs) may cancel
 anything. Runs and jobs recorded before owners were kept have none: any runner key may cancel
 them, as before. An environment slug is owned the same way, by the key that pushed its first

@@ -7,6 +7,9 @@ and training jobs; `viewer` may only query and follow.
 Every (service, verb) request subject a service answers must be listed in QUERIES, MUTATIONS or
 INTERNAL (between services only):
 tests/auth checks that, so a new verb cannot silently become unreachable or over-exposed.
+Every request a key may send ends with the key's user (subjects.attributed; INTERNAL ones are
+subjects.SERVICE_ONLY), and a key may publish only under its own name: a service knows which
+key asks, for ownership and for the key's budgets (shared/service/throttle.py).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ MUTATIONS: dict[tuple[str, str], str] = {
     "--run or --env)",
 }
 
-# Requests one service sends another: no key may send them (a service's own user only).
+# Requests one service sends another: no key may send them (a service's own user only). Their
+# subjects name no caller: subjects.SERVICE_ONLY holds the same verbs (tests/auth checks).
 INTERNAL: dict[tuple[str, str], str] = {
     ("actor", "check_model"): "check, for the tracker, that the actors can generate with a model",
 }

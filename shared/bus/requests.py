@@ -33,7 +33,7 @@ def connection_user(nc: Client) -> str | None:
 
 def service_subject(nc: Client, service: str, verb: str) -> str:
     """The subject of a request to `service` from this connection (with its caller, where
-    the request is attributed: see subjects.ATTRIBUTED)."""
+    the request is attributed: see subjects.attributed)."""
     return subjects.request(service, verb, connection_user(nc))
 
 
@@ -52,7 +52,7 @@ async def call(
         if reply.ok:
             return reply.data
         wait = reply.data.get("retryAfterS") if reply.error == RATE_LIMITED else None
-        # Over the key's write budget (shared/service/throttle.py): the request was answered
+        # Over the key's budget (shared/service/throttle.py): the request was answered
         # before it was handled, so it is resent unchanged once the budget allows, for as
         # long as the caller said it would wait. Many requests of one key refused at once are
         # told the same moment: each waits a random multiple of it, wider each time it is

@@ -30,12 +30,14 @@ def plan_file(tmp_path: Path, ref: str) -> Path:
 
 async def test_no_registry_running_is_reported_as_such(nats_settings: Settings, tmp_path) -> None:
     client = AsyncClient(nats_settings, timeout_s=5)
+    # The lookup names its caller (subjects.attributed).
+    subject = subjects.request("registry", "get", nats_settings.nats_user)
     try:
         for ref, shown in (("refunds@2", "refunds@2"), ("refunds", "refunds")):
             result = await check_plan(plan_file(tmp_path, ref), client=client)
             assert result.problems == [
                 f"envs.refunds.ref: could not look up {shown} in the registry: no service "
-                "answers rollout.req.registry.get; start the stack with `rollout up` "
+                f"answers {subject}; start the stack with `rollout up` "
                 "(or `rollout serve <service>`)"
             ]
     finally:
@@ -47,14 +49,15 @@ async def test_a_registry_that_does_not_answer_in_time_is_a_timeout(
 ) -> None:
     # A registry that is up (it takes the request) but too busy to answer in time.
     nc = await connect_nats(nats_settings)
-    stalled = await nc.subscribe(subjects.request("registry", "get"))
+    stalled = await nc.subscribe(subjects.request_filter("registry", "get"))
     await nc.flush()
     client = AsyncClient(nats_settings, timeout_s=1)
     try:
         result = await check_plan(plan_file(tmp_path, "refunds@1"), client=client)
         assert result.problems == [
             "envs.refunds.ref: could not look up refunds@1 in the registry: "
-            "rollout.req.registry.get did not answer within 1s"
+            f"{subjects.request('registry', 'get', nats_settings.nats_user)} did not answer "
+            "within 1s"
         ]
     finally:
         await client.close()

@@ -239,6 +239,6 @@ def test_each_broker_has_its_own_routes_and_dependencies(settings: Settings) -> 
     b = service_broker(settings, tiny_service.ROUTES, pool="pool-b")
     assert (a.context.get("pool"), b.context.get("pool")) == ("pool-a", "pool-b")
     assert [repr(s.subject) for s in a.subscribers] == [
-        f"Address({subjects.request('tiny', 'count')!r})"
+        f"Address({subjects.request_filter('tiny', 'count')!r})"
     ]
     assert a.subscribers[0] is not b.subscribers[0]

@@ -12,7 +12,6 @@ from typing import Any
 
 from rollout.cli._common import print_json
 from rollout.errors import RolloutError
-from rollout.shared import subjects
 from rollout.shared.auth.credentials import (
     API_KEY_ENV,
     ENDPOINT_ENV,
@@ -27,7 +26,7 @@ from rollout.shared.auth.credentials import (
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.auth.identity import server_identity
 from rollout.shared.auth.keys import ApiKey, KeyStore, ensure_local_key, read_local_key
-from rollout.shared.bus.requests import call
+from rollout.shared.bus.requests import call, service_subject
 from rollout.shared.contracts.requests import ListEnvironments
 from rollout.shared.settings import connect_nats, load_settings, read_json_file
 from rollout.shared.stack.nats import reload_nats
@@ -116,7 +115,8 @@ async def _identify(settings: Any, *, query: bool) -> dict[str, Any]:
     try:
         identity = await server_identity(nc)
         if query:
-            subject = subjects.request("registry", "list")
+            # Under the key's own name: the only subject its permissions let it ask on.
+            subject = service_subject(nc, "registry", "list")
             try:
                 await watch.guard(subject, call(nc, subject, ListEnvironments(), timeout_s=15))
             except RolloutError as exc:
