@@ -20,7 +20,7 @@ from rollout.shared import subjects
 from rollout.shared.bus.attempts import DEFAULT_MAX_DELIVER
 from rollout.shared.bus.broker import current_message, make_broker
 from rollout.shared.service.consumer import Consumer
-from rollout.shared.service.throttle import KeyThrottle, writes_per_key
+from rollout.shared.service.throttle import KeyThrottle
 from rollout.shared.settings import Settings
 
 # The broker a handler runs on (for its JetStream context), as a handler parameter.
@@ -50,8 +50,9 @@ def request_route(
 
 
 def caller(broker: NatsBroker) -> str:
-    """Who sent the request being handled: the user its subject names (an attributed request,
-    subjects.ATTRIBUTED; the server lets a user publish only under its own name)."""
+    """Who sent the request being handled: the user its subject names (every request a key
+    may send is attributed: subjects.attributed; the server lets a user publish only under its
+    own name)."""
     return subjects.caller_of(current_message(broker).raw_message.subject)
 
 
@@ -71,9 +72,9 @@ def service_broker(
     """
     routes = list(routes)
     broker = make_broker(settings, max_deliver=max_deliver)
-    if routes and (rate := writes_per_key()) is not None:
+    if routes and (throttle := KeyThrottle.from_settings()) is not None:
         # Before the routes are included: their subscribers take the broker's middlewares.
-        broker.add_middleware(KeyThrottle(rate))
+        broker.add_middleware(throttle)
     broker.include_router(NatsRouter(handlers=routes))
     for consumer, handler in consumers:
         # Durable pull consumers subscribe on the broker itself: through a router their pull

@@ -12,4 +12,5 @@ from auth.conftest import (  # noqa: E402, F401  (pytest fixtures)
     runner_key,
     service_settings,
     services,
+    viewer_key,
 )

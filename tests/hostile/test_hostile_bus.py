@@ -26,6 +26,7 @@ from rollout.shared import subjects
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.auth.roles import ROLE_REQUESTS, Role
 from rollout.shared.bus.reader import last_sequence
+from rollout.shared.service.throttle import COSTLY, READS, WRITES
 from rollout.shared.settings import Settings
 from rollout.shared.store.db import create_pool
 from rollout.shared.store.projection import ProjectionRunner
@@ -158,7 +159,15 @@ def hostile_bodies(valid: dict[str, Any], max_payload: int) -> list[bytes]:
 
 
 @pytest.fixture
-async def platform(service_settings: Settings, services: None) -> Any:
+def no_key_budgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys' request budgets off: the hostile bodies must reach the handlers, not be answered
+    `rate limited` before they are parsed (the budgets: tests/hostile/test_hostile_queries.py)."""
+    for budget in (WRITES, READS, COSTLY):
+        monkeypatch.setenv(budget.env, "0")
+
+
+@pytest.fixture
+async def platform(no_key_budgets: None, service_settings: Settings, services: None) -> Any:
     """The buffer and the learner too (the registry and the tracker come from `services`)."""
     tasks = [
         asyncio.create_task(
