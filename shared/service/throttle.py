@@ -56,19 +56,19 @@ class Budget:
 # is budgeted as a write until it is said to be a read).
 WRITES = Budget("write requests", "ROLLOUT_WRITES_PER_KEY", 20.0)
 # Queries and export pages, in seconds of a replica's handling a second. A count could not
-# bind them: a buffer page takes 30-40 ms, so a flood of them was handled one by one slower than
-# 50 a second would refill (benchmarks/queries.py, docs/scaling.md "A key's reads"). A key may
-# take half of a replica's time, after 2.5 s of handling saved: a client that waits for each
-# answer before it asks again spends less than that (its own and the network's part of each
-# round trip are not the replica's), so the CLI and `rollout export` page unrefused (4,000
-# rollouts: under 2 s of handling), while a key with thousands queued is refused once what it
-# saved is spent, until half of what it took is earned back.
+# bind them: a buffer page takes 25-40 ms, so a flood of them was handled one by one slower
+# than 50 a second would refill (benchmarks/queries.py; docs/scaling.md, "A key's reads and
+# costly requests"). A key may take half of a replica's time, after 2.5 s of handling saved: a
+# client that waits for each answer before it asks again spends less than that (its own and
+# the network's part of each round trip are not the replica's), so the CLI and `rollout
+# export` page unrefused (4,000 rollouts: under 2 s of handling), while a key with thousands
+# queued is refused once what it saved is spent, until half of what it took is earned back.
 READS = Budget("read requests", "ROLLOUT_READS_PER_KEY", 0.5, timed=True)
 # Requests that each cost a replica up to minutes (an audit runs env code for every policy; a
 # training set is a query over the whole buffer), which no key's client sends more than one at a
 # time (`rollout audit`; training sets are built for the learner's own user, which is exempt).
-# A quarter of a replica's time after 2.5 s saved: another key's audit finds the replica
-# within one of the flooding key's, and a flood of them burns a quarter of a core.
+# A quarter of a replica's time after 2.5 s saved: past those, another key's audit waits about
+# one of the flooding key's, not all of them, and a flood of them burns a quarter of a core.
 COSTLY = Budget("costly requests", "ROLLOUT_COSTLY_PER_KEY", 0.25, timed=True, burst_s=10.0)
 
 READ_REQUESTS: frozenset[tuple[str, str]] = frozenset(
