@@ -309,6 +309,33 @@ async def test_an_extra_service_only_beats_and_reads(nats_server: NatsServer) ->
     assert SUPERVISOR in nats_server.services
 
 
+async def test_the_learner_asks_the_buffer_under_its_own_user(settings: Settings) -> None:
+    # Training-set requests name their caller (subjects.attributed): the learner's on the
+    # anonymous subject were refused by the server and timed out as "buffer unavailable".
+    from rollout.services.learner.training_sets import BufferUnavailable, ask
+    from rollout.shared.contracts.buffer import SftSetQuery
+
+    platform = Platform(settings)
+    platform.start("buffer")
+    try:
+        async with As(settings, "learner") as learner:
+
+            async def answered() -> bool:
+                platform.check()
+                try:
+                    await ask(learner.nc, None, "sft_set", SftSetQuery(run_id="r1"), timeout_s=2)
+                except BufferUnavailable:
+                    return False
+                except RolloutError as exc:
+                    assert "r1" in exc.message, exc  # the buffer's answer: no such run
+                return True
+
+            await wait_until(answered, "the buffer to answer the learner", 30)
+            assert learner.errors == []
+    finally:
+        await platform.stop_all()
+
+
 # --- the whole pipeline with every service on its own credential -------------------------
 
 
