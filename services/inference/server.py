@@ -24,6 +24,8 @@ from rollout.shared.settings import Settings, connect_nats
 RECONNECT_S = 10.0
 
 log = get_logger(__name__)
+# How long a shutdown waits for the policy follower to end.
+SHUTDOWN_WAIT_S = 10.0
 
 
 @dataclass
@@ -129,8 +131,11 @@ async def serving(
     finally:
         if follower is not None:
             follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            # Bounded: a follower whose cancel a NATS request swallowed (shared/bus/cancels.py)
+            # must not keep the server, or a test that serves it, from ending.
+            done, _ = await asyncio.wait({follower}, timeout=SHUTDOWN_WAIT_S)
+            if not done:
+                log.warning("the policy follower did not stop; shutting down without it")
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await task

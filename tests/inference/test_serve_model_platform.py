@@ -4,6 +4,7 @@ trained policy switches to each version `policy.updated` announces, with no fail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -160,3 +161,40 @@ async def _true_after(seen: list[str], count: int) -> bool:
 
 async def _done(task) -> bool:
     return task is not None and task.done()
+
+
+async def test_a_follower_that_ignores_its_cancel_does_not_keep_the_server_from_stopping(
+    serve, home: Settings, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A NATS request can swallow a cancel on Python 3.11 (shared/bus/cancels.py); whatever
+    # follower is left running, the server still stops, after SHUTDOWN_WAIT_S.
+    import rollout.services.inference.server as server_module
+
+    release, started = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(policy, settings_for) -> None:  # type: ignore[no-untyped-def]
+        started.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    monkeypatch.setattr(server_module, "follow_updates", stubborn)
+    monkeypatch.setattr(server_module, "SHUTDOWN_WAIT_S", 0.5)
+    base = f"hf:{tiny_model}"
+    name = names.trained_name(base, "stubborn")
+    nc = await connect_nats(home)
+    store = trained.default_store()
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, 1)
+        await _publish(js, store, name, base, 1, tiny_model)
+        async with serve(name, follow=lambda: home) as running:
+            follower = running.follower
+            assert follower is not None
+            await asyncio.wait_for(started.wait(), 30)
+        # Out of the block within the limit, the follower still running.
+        assert not follower.done()
+    finally:
+        release.set()
+        await store.close()
+        await nc.close()
