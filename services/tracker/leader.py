@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 from rollout.services.tracker import runs
 from rollout.services.tracker.projections import ReadModels
 from rollout.shared.bus.broker import jetstream, make_broker
+from rollout.shared.bus.cancels import raise_if_cancelled
 from rollout.shared.bus.deadletter import describe, record_dead_letter
 from rollout.shared.bus.lease import DEFAULT_TTL_S, Lease, bucket_ttl, lead, lease_bucket
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -123,6 +124,7 @@ async def _watch_deadlines(
         ) as exc:
             # The next check decides again from the runs' events: nothing is lost by waiting.
             log.warning("deadline check failed", error=describe(exc))
+        raise_if_cancelled()  # a cancel one of the checks' requests swallowed (bus/cancels.py)
         await asyncio.sleep(DEADLINE_CHECK_S)
 
 

@@ -21,6 +21,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
 from rollout.shared import subjects
+from rollout.shared.bus.cancels import raise_if_cancelled
 from rollout.shared.bus.streams import retry_api
 from rollout.shared.observability import get_logger
 
@@ -150,6 +151,7 @@ async def heartbeat(
             else:
                 if path is not None:
                     _write_beat_file(path, record)
+            raise_if_cancelled()  # a cancel the put's request swallowed (bus/cancels.py)
             # The next beat after `interval`, or at once when the service becomes ready.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(readiness.changed.wait(), interval)
