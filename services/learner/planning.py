@@ -294,8 +294,9 @@ async def _training_rows(
             raise RolloutError(
                 f"{source} has no passing rollouts to fine-tune on",
                 problems=[
-                    f"{considered} rollout(s) considered, none passed its verifier; run a "
-                    "stronger model, or pick rollouts with rollout_ids"
+                    f"{considered} rollout(s) considered, none passed its verifier (SFT learns "
+                    "from passing ones only): run a stronger model, or more samples per task "
+                    "(`rollout run ... -n 8`), until some pass"
                 ],
             )
         return found.items, found.meta

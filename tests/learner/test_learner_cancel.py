@@ -86,7 +86,12 @@ async def test_a_cancelled_sft_job_stops_training_and_ends_once(
         async for m in read_events(js, subjects.aggregate_events("policy"))
     ]
     assert not [p for p in policies if p.get("job_id") == job["id"]], policies
-    assert (await client.get_training_job(job["id"]))["status"] == "failed"
+
+    async def listed_failed() -> bool:
+        # The read model follows the log a moment behind: read once, it may still say running.
+        return (await client.get_training_job(job["id"]))["status"] == "failed"
+
+    await wait_until(listed_failed, "the cancel in the jobs read model", 30)
     with pytest.raises(RolloutError, match="failed and published no model: cancelled: enough"):
         await client.create_run("refunds", job["id"])
 
@@ -152,6 +157,7 @@ async def test_cancelling_an_online_job_cancels_the_round_it_waits_on(
         assert code == 1 and followed.startswith(f"job {job['id']}  cancelled  grpo"), followed
         assert "started: loading the model and its data (online: the first round)" in progress
         assert out.startswith(f"job {job['id']} cancelled: wrong env (at step 0)"), out
+        assert "a queued one never starts" in out, out
 
         async def listed_cancelled() -> bool:
             code, out, _ = await rollout(learner_env, "jobs")

@@ -202,6 +202,9 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
         text = await refused(client, **job)
         assert expected in text, (job, text)
         assert "Traceback" not in text
+    # A run where nothing passed says what would give SFT something to learn from.
+    text = await refused(client, **cases[0][0])
+    assert "SFT learns from passing ones only" in text and "-n 8" in text, text
     # Both hyperparameter problems are named at once.
     text = await refused(client, **cases[9][0])
     assert "hyperparams.epochs: must be > 0" in text

@@ -456,7 +456,10 @@ async def _cancel(args: argparse.Namespace) -> int:
         return 0
     if job:
         print(f"job {ended['jobId']} {ended['reason']}")
-        print("  it stops at its next step; a job's runs still going are cancelled with it")
+        print(
+            "  a running job stops at its next step, a queued one never starts; its runs still"
+            " going are cancelled with it"
+        )
     else:
         print(f"run {ended['runId']} {ended['reason']}")
         print("  its work items under way stop, and the queued ones are skipped")
