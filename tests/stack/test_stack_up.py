@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import asyncpg
@@ -148,6 +149,24 @@ def test_up_fails_clearly_when_a_service_never_comes_up(stack_home: Path) -> Non
     assert read_state(home)["phase"] in ("stopped", "failed")
     code, _ = _status(cli)
     assert code == 1
+
+
+def test_up_fails_at_once_naming_a_setting_a_service_refuses(stack_home: Path) -> None:
+    # A mistyped setting made every service exit at start with the same one-line error: `up`
+    # used to wait out its whole timeout, then point at the logs without saying why.
+    home = stack_home
+    env = stack_env(home, services="env-registry") | {"ROLLOUT_WRITES_PER_KEY": "lots"}
+    started = time.monotonic()
+    result = Cli(home=home, env=env)("up", "--timeout", "240")
+    took = time.monotonic() - started
+    assert result.returncode == 1
+    assert (
+        "env-registry cannot start: ROLLOUT_WRITES_PER_KEY must be a number of requests a "
+        "second, got 'lots'" in result.stderr
+    ), result.stderr
+    assert "Traceback" not in result.stderr
+    assert took < 120, took  # well before the timeout (it was 120 s by default): no waiting
+    assert read_state(home)["phase"] in ("stopped", "failed")
 
 
 def test_up_rejects_an_unknown_service(stack_home: Path) -> None:

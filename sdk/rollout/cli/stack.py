@@ -218,6 +218,8 @@ def _wait_ready(
                 f"the supervisor exited with code {proc.returncode}",
                 problems=[tail(read_from(log_path, 0)), f"log: {log_path}"],
             )
+        if token is None or state.get("token") == token:
+            _fail_on_a_refusal(state)
         if time.monotonic() > deadline:
             waiting = _unhealthy_summary(home)
             raise RolloutError(
@@ -228,14 +230,48 @@ def _wait_ready(
         time.sleep(0.1)
 
 
+# A service that exits this many times, each time refusing to start with the same one-line
+# error (a setting it cannot use), will not come up however long `up` waits for it.
+REFUSALS_TO_FAIL = 3
+
+
+def _refusal(entry: dict[str, Any]) -> str | None:
+    """The one-line error (`error: ...`, a RolloutError) a service's log ends with, if any."""
+    log = entry.get("log")
+    if not log:
+        return None
+    lines = read_from(Path(log), 0).strip().splitlines()[-200:]
+    last = lines[-1] if lines else ""
+    return last if last.startswith("error: ") else None
+
+
+def _fail_on_a_refusal(state: dict[str, Any]) -> None:
+    """Fail `up` at once when a service keeps refusing to start with the same error."""
+    for name, entry in (state.get("services") or {}).items():
+        if int(entry.get("restarts") or 0) < REFUSALS_TO_FAIL or entry.get("last_exit") == 0:
+            continue
+        refusal = _refusal(entry)
+        if refusal is None:
+            continue
+        lines = read_from(Path(entry["log"]), 0).splitlines()
+        if lines.count(refusal) >= REFUSALS_TO_FAIL:
+            raise RolloutError(
+                f"{name} cannot start: {refusal.removeprefix('error: ')}",
+                problems=[f"it refused {lines.count(refusal)} times; log: {entry['log']}"],
+            )
+
+
 def _unhealthy_summary(home: Path) -> list[str]:
     state = read_state(home)
     lines = []
     for name, entry in (state.get("services") or {}).items():
-        lines.append(
+        line = (
             f"{name}: restarts={entry.get('restarts', 0)} last_exit={entry.get('last_exit')} "
             f"log: {entry.get('log')}"
         )
+        if entry.get("last_exit") not in (None, 0) and (refusal := _refusal(entry)):
+            line += f" ({refusal})"
+        lines.append(line)
     return lines or [f"phase: {state.get('phase', 'unknown')}"]
 
 
