@@ -269,11 +269,13 @@ async def test_an_owners_runs_past_the_cap_wait_for_its_earlier_ones(
     await wait_until(lambda: _queued_is(js, 8), "alice's first and bob's windows queued", 30)
 
     async def projected() -> dict[str, Any] | None:
-        # The read model follows the log: under load its row may come a moment later.
+        # The read model follows the log: under load its row may come a moment later, and its
+        # start (the run's total, whether it waits) after the row itself.
         try:
-            return await client.get_run(second)
+            row = await client.get_run(second)
         except RolloutError:
             return None
+        return row if row["total"] else None
 
     waiting = await wait_until(projected, "the waiting run in the read model", 30)
     assert (waiting["status"], waiting["waiting"], waiting["total"]) == ("queued", True, 12)
