@@ -26,6 +26,11 @@ def _status(cli: Cli) -> tuple[int, dict]:
     return result.returncode, json.loads(result.stdout)
 
 
+def _unhealthy(doc: dict) -> list[dict]:
+    """The components `status` found unhealthy (what a failed assert should show)."""
+    return [c for c in doc["components"] if not c["healthy"]]
+
+
 def _up(cli: Cli, *extra: str) -> None:
     result = cli("up", *extra)
     assert result.returncode == 0, result.stderr + result.stdout
@@ -61,7 +66,7 @@ async def test_up_status_down_up_keeps_events_and_rows(cli: Cli) -> None:
 
     _up(cli)
     code, doc = _status(cli)
-    assert code == 0, doc
+    assert code == 0, _unhealthy(doc)
     by_name = {c["name"]: c for c in doc["components"]}
     assert set(by_name) == {"nats", "postgres", "idle"}
     assert all(c["healthy"] and c["pid"] for c in doc["components"])
@@ -232,8 +237,20 @@ async def test_external_urls_start_no_servers(
         assert state["postgres"]["external"] is True and "pid" not in state["postgres"]
         assert not (home / "nats").exists() and not (home / "postgres").exists()
         assert "password" not in json.dumps(state["postgres"]).lower()
-        code, doc = _status(cli)
-        assert code == 0, doc
+        # `status` probes live, each probe with a short timeout: on a loaded machine one can
+        # miss once right after `up`, so wait (with a deadline) for a healthy answer.
+        seen: list[dict] = []
+
+        def healthy() -> bool:
+            code, doc = _status(cli)
+            seen[:] = [doc]
+            return code == 0
+
+        try:
+            wait_until_sync(healthy, "a healthy status", 30, interval_s=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {_unhealthy(seen[0])}") from None
+        doc = seen[0]
         assert {c["name"]: c["external"] for c in doc["components"]} == {
             "nats": True,
             "postgres": True,
@@ -278,7 +295,7 @@ def test_up_runs_the_registered_services_by_default(stack_home: Path) -> None:
     try:
         _up(cli)
         code, doc = _status(cli)
-        assert code == 0, doc
+        assert code == 0, _unhealthy(doc)
         names = {c["name"] for c in doc["components"]}
         assert {"nats", "postgres", "tracker"} <= names
     finally:
