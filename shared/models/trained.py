@@ -366,6 +366,16 @@ def resolve_trained(name: str) -> ModelBackend:
     """The backend of a trained policy name; RolloutError when no such policy was published."""
     record = find_trained(name)
     if record is None:
+        job = name.strip()
+        if job.startswith(JOB_PREFIX) and ":" not in job:
+            # A job publishes its model when it completes: say why there may be none yet.
+            raise RolloutError(
+                f"job {job!r} has published no model",
+                problems=[
+                    "a job publishes its model when it completes; one that is still running, "
+                    f"failed or was cancelled has none: see `rollout job {job}`"
+                ],
+            )
         raise RolloutError(
             f"no trained model {name!r}",
             problems=["see `rollout jobs` for finished jobs and the model names they produced"],

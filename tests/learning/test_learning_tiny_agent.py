@@ -67,6 +67,20 @@ def test_a_trained_name_no_job_published_is_named_as_such(
     )
 
 
+def test_a_job_that_published_no_model_says_why_there_may_be_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `serve-model job-<cancelled>` said "no trained model", as if the id were mistyped.
+    monkeypatch.setenv("ROLLOUT_HOME", str(tmp_path))
+    with pytest.raises(RolloutError) as caught:
+        resolve_backend("job-0123456789abcdef")
+    assert str(caught.value) == (
+        "job 'job-0123456789abcdef' has published no model\n"
+        "  - a job publishes its model when it completes; one that is still running, failed "
+        "or was cancelled has none: see `rollout job job-0123456789abcdef`"
+    )
+
+
 @pytest.mark.parametrize(
     "order",
     [
