@@ -31,6 +31,26 @@ def _unhealthy(doc: dict) -> list[dict]:
     return [c for c in doc["components"] if not c["healthy"]]
 
 
+def _healthy_status(cli: Cli) -> dict:
+    """`status --json` once it says healthy, within a deadline (else the unhealthy components).
+
+    `status` probes live, each probe with a short timeout: on a loaded machine one can miss
+    once right after `up` returned ready, so a test that means "up left it healthy" waits.
+    """
+    seen: list[dict] = []
+
+    def healthy() -> bool:
+        code, doc = _status(cli)
+        seen[:] = [doc]
+        return code == 0
+
+    try:
+        wait_until_sync(healthy, "a healthy status", 30, interval_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {_unhealthy(seen[0])}") from None
+    return seen[0]
+
+
 def _up(cli: Cli, *extra: str) -> None:
     result = cli("up", *extra)
     assert result.returncode == 0, result.stderr + result.stdout
@@ -65,8 +85,7 @@ async def test_up_status_down_up_keeps_events_and_rows(cli: Cli) -> None:
     assert code == 1 and doc["healthy"] is False
 
     _up(cli)
-    code, doc = _status(cli)
-    assert code == 0, _unhealthy(doc)
+    doc = _healthy_status(cli)
     by_name = {c["name"]: c for c in doc["components"]}
     assert set(by_name) == {"nats", "postgres", "idle"}
     assert all(c["healthy"] and c["pid"] for c in doc["components"])
@@ -87,7 +106,7 @@ async def test_up_status_down_up_keeps_events_and_rows(cli: Cli) -> None:
 
     _up(cli)
     assert await _read_data(load_settings(cli.env)) == (b"survives restarts", "survives restarts")
-    assert cli("status").returncode == 0
+    _healthy_status(cli)
     # A second `up` while running is a no-op that reports the same healthy stack.
     assert cli("up").returncode == 0
 
@@ -237,20 +256,7 @@ async def test_external_urls_start_no_servers(
         assert state["postgres"]["external"] is True and "pid" not in state["postgres"]
         assert not (home / "nats").exists() and not (home / "postgres").exists()
         assert "password" not in json.dumps(state["postgres"]).lower()
-        # `status` probes live, each probe with a short timeout: on a loaded machine one can
-        # miss once right after `up`, so wait (with a deadline) for a healthy answer.
-        seen: list[dict] = []
-
-        def healthy() -> bool:
-            code, doc = _status(cli)
-            seen[:] = [doc]
-            return code == 0
-
-        try:
-            wait_until_sync(healthy, "a healthy status", 30, interval_s=0.5)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}: {_unhealthy(seen[0])}") from None
-        doc = seen[0]
+        doc = _healthy_status(cli)
         assert {c["name"]: c["external"] for c in doc["components"]} == {
             "nats": True,
             "postgres": True,
@@ -294,8 +300,7 @@ def test_up_runs_the_registered_services_by_default(stack_home: Path) -> None:
     cli = Cli(home=home, env=env)
     try:
         _up(cli)
-        code, doc = _status(cli)
-        assert code == 0, _unhealthy(doc)
+        doc = _healthy_status(cli)
         names = {c["name"] for c in doc["components"]}
         assert {"nats", "postgres", "tracker"} <= names
     finally:
@@ -312,7 +317,7 @@ def test_up_after_a_killed_supervisor_replaces_its_orphans(cli: Cli) -> None:
     after = read_state(cli.home)
     assert after["nats"]["pid"] not in orphans
     assert all(not _alive(pid) for pid in orphans)
-    assert _status(cli)[0] == 0
+    _healthy_status(cli)
     os.kill(after["supervisor"]["pid"], signal.SIGKILL)
     # `down` without a supervisor still stops what the state file names.
     result = cli("down")
