@@ -54,20 +54,24 @@ def design_effect(per_task: Sequence[tuple[float, float]]) -> float:
     trials: a task the model always solves passes all n. The cluster-robust (sandwich) variance
     over tasks, divided by the binomial variance of the pooled rate, is the design effect
     (Kish): the pooled count over it is the effective number of independent trials. At least
-    1 (never narrower than binomial); 1 with one sample per task or fewer than two tasks.
+    1 (never narrower than binomial); 1 with one sample per task, or with one task whose
+    samples differ (nothing to cluster on).
     At a rate of 0 or 1 neither variance exists, and no sample differs from its task's others:
     the samples are then counted as perfectly correlated (Kish's effect at an intra-task
     correlation of 1, sum(n^2) / sum(n)), so a model that fails every sample of every task is
-    no surer to fail at n=8 than at n=1.
+    no surer to fail at n=8 than at n=1. One task included: eight passes of the README's
+    one-task env are one trial, not eight.
     """
     tasks = [(p, n) for p, n in per_task if n > 0]
     total = sum(n for _, n in tasks)
-    if len(tasks) < 2 or total == 0 or all(n == 1 for _, n in tasks):
+    if total == 0 or all(n == 1 for _, n in tasks):
         return 1.0
     rate = sum(p for p, _ in tasks) / total
     binomial = rate * (1 - rate) / total
     if binomial <= 0:
         return sum(n * n for _, n in tasks) / total
+    if len(tasks) < 2:
+        return 1.0
     k = len(tasks)
     clustered = k / (k - 1) * sum((p - rate * n) ** 2 for p, n in tasks) / (total * total)
     return max(1.0, clustered / binomial)

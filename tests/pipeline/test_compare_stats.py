@@ -350,6 +350,20 @@ def test_design_effect_edges() -> None:
     assert design_effect([(8, 8), (8, 8)]) == 8.0  # a rate of 1: counted as one trial a task
     assert design_effect([(0, 8), (0, 4)]) == pytest.approx(80 / 12)  # sum(n^2) / sum(n)
     assert design_effect([(1, 1), (0, 1), (1, 1)]) == 1.0  # one sample per task
+    # One task at a rate of 0 or 1 is no exception: its n samples are one trial.
+    assert design_effect([(8, 8)]) == 8.0
+    assert design_effect([(0, 3)]) == 3.0
+
+
+def test_the_readme_one_task_env_at_n8_is_no_surer_than_at_n1() -> None:
+    # The README's refund-agent has one task; `rollout run ... -n 8` with a player that always
+    # solves it printed [68%, 100%] (and -n 50 [93%, 100%]): eight trials, where it is one.
+    once = comparison(_sampled_run("a", [1], 1), _sampled_run("b", [1], 1))
+    for n in (8, 50):
+        many = comparison(_sampled_run("a", [n], n), _sampled_run("b", [0], n))
+        assert many["base"]["designEffect"] == n
+        assert many["base"]["passRateInterval"] == pytest.approx(once["base"]["passRateInterval"])
+        assert many["other"]["passRateInterval"] == pytest.approx(list(wilson_interval(0, 1)))
 
 
 def test_a_partial_task_table_with_several_samples_is_said_to_be_too_narrow() -> None:
