@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,6 +264,8 @@ def _verdict(
 ) -> VerifierResult:
     if total > 0:
         score = weighted / total
+        if not math.isfinite(total):
+            score = _overflowed_mean([(r["weight"], r["score"]) for r in results])
     else:
         score = 1.0 if results and passed else 0.0
     # The primitives as dicts: pydantic builds their models in the same (one) validation.
@@ -279,6 +282,17 @@ def _verdict(
 
 
 _verifier_result = VerifierResult.__pydantic_validator__.validate_python
+
+
+def _overflowed_mean(pairs: list[tuple[float, float]]) -> float:
+    """The weighted mean of (weight, score) pairs whose weights' sum overflows a float.
+
+    Each weight is finite, but two of 1e308 add up to inf: the score was inf / inf = NaN, which
+    no consumer accepts (the buffer skipped the verdict and the run never ended), or 0. The
+    weights' ratios to the largest give the same mean.
+    """
+    top = max(w for w, _ in pairs)
+    return sum(w / top * s for w, s in pairs) / sum(w / top for w, _ in pairs)
 
 
 async def score_spec(
@@ -370,6 +384,8 @@ async def score_group(
         total = sum(r.weight for r in results)
         if total > 0:
             value = sum(r.weight * r.score for r in results) / total
+            if not math.isfinite(total):
+                value = _overflowed_mean([(r.weight, r.score) for r in results])
         else:
             value = 1.0 if results and all(r.passed for r in results) else 0.0
         out.append(
