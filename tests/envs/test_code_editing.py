@@ -131,6 +131,21 @@ def test_validation_of_paths_and_command() -> None:
     assert "config.files: Input should be a valid dictionary" in str(err.value)
 
 
+def test_a_hidden_test_file_that_does_not_parse_is_refused_before_any_run() -> None:
+    # Every rollout would fail tests_pass on it, however right the fix: plan and push say so.
+    e = hidden_env(
+        {"test_h.py": "def test_x(:\n    pass\n", "test_ok.py": "def test_y():\n    pass\n"}
+    )
+    assert validate_environment(e) == [
+        'tasks[0].hiddenGroundTruth.tests["test_h.py"]: does not parse: invalid syntax (line 1)'
+    ]
+    assert "does not parse: source code string cannot contain null bytes" in " ".join(
+        validate_environment(hidden_env({"test_h.py": "def test_x():\n    pass\x00\n"}))
+    )
+    # A command that is not pytest runs what it likes: its files are not read as tests.
+    assert validate_environment(hidden_env({"test_h.py": "def (:"}, ["bash", "check.sh"])) == []
+
+
 def hidden_env(tests: dict[str, str], command: object = None) -> Environment:
     config = code_editing_config({"calc.py": BUGGY}, test_command=command)
     return Environment(

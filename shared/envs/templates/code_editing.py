@@ -780,6 +780,12 @@ class CodeEditingTemplate(Template):
         gt = task.hidden_ground_truth
         if not isinstance(gt, dict):
             return
+        try:
+            pytest_run = is_pytest_command(
+                test_command(gt.get("testCommand") or config.test_command)
+            )
+        except (ToolError, ValueError, TypeError):  # a malformed command: reported elsewhere
+            pytest_run = False
         for key in ("files", "tests"):
             files = gt.get(key)
             if files is None:
@@ -787,11 +793,26 @@ class CodeEditingTemplate(Template):
             if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
                 out.append(f"{where}.hiddenGroundTruth.{key}: must map paths to file contents")
                 continue
-            for path in files:
+            for path, text in files.items():
                 try:
                     check_file_path(path)
                 except ToolError as exc:
                     out.append(f'{where}.hiddenGroundTruth.{key}["{path}"]: {exc}')
+                    continue
+                if key == "tests" and path.endswith(".py") and pytest_run:
+                    # tests_pass would fail every rollout on it, however right the model's fix.
+                    try:
+                        collect_hidden_tests(path, text)
+                    except SyntaxError as exc:
+                        line = f" (line {exc.lineno})" if exc.lineno else ""
+                        out.append(
+                            f'{where}.hiddenGroundTruth.tests["{path}"]: does not parse: '
+                            f"{exc.msg}{line}"
+                        )
+                    except ValueError as exc:  # null bytes, before Python 3.11.4
+                        out.append(
+                            f'{where}.hiddenGroundTruth.tests["{path}"]: does not parse: {exc}'
+                        )
 
     def default_primitives(self, task: TaskSpec) -> list[dict[str, Any]]:
         """state_match on the ground truth's files and/or tests_pass on its tests."""
