@@ -17,7 +17,7 @@ from rollout.shared.aggregates.run_options import REFUSED, option_problems
 from rollout.shared.auth.credentials import client_settings, with_credentials
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.bus.reader import read_events
-from rollout.shared.bus.requests import call, connection_user, service_subject
+from rollout.shared.bus.requests import RequestTooLarge, call, connection_user, service_subject
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
@@ -96,7 +96,18 @@ class AsyncClient:
 
     async def push_environment(self, env: Any) -> dict[str, Any]:
         """Register an Environment (or its dict form); identical content is a no-op."""
-        return await self.request("registry", "push", rq.PushEnvironment(spec=raw_environment(env)))
+        spec = raw_environment(env)
+        try:
+            return await self.request("registry", "push", rq.PushEnvironment(spec=spec))
+        except RequestTooLarge as exc:
+            raise RolloutError(
+                f"environment {spec.get('slug')!r} is too large to push: {exc.size:,} bytes as "
+                f"JSON, over the {exc.limit:,} the server accepts in one message",
+                problems=[
+                    "its spec (config, tasks, plugin sources) travels in one message: make its "
+                    "fixtures, files or tasks smaller, or split the tasks over several envs"
+                ],
+            ) from None
 
     async def get_environment(self, slug: str, version: int | None = None) -> dict[str, Any]:
         """One environment version with its spec (newest by default)."""

@@ -23,6 +23,17 @@ class NobodyAnswered(RolloutError):
     """No service subscribed to the request's subject: the request was never handled."""
 
 
+class RequestTooLarge(RolloutError):
+    """The request is larger than the server's max_payload: it was never sent."""
+
+    def __init__(self, subject: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"the request is {size:,} bytes, over the {limit:,} the server accepts in one "
+            f"message ({subject})"
+        )
+        self.size, self.limit = size, limit
+
+
 def connection_user(nc: Client) -> str | None:
     """The NATS user `nc` authenticates as (from its options, or its server URL), if any."""
     user = nc.options.get("user")
@@ -46,6 +57,10 @@ async def call(
     idempotent (they carry a client request id), where a repeat returns the first's result.
     """
     payload = request.model_dump_json().encode()
+    limit = getattr(nc, "max_payload", 0)
+    if limit and len(payload) > limit:
+        # Said here, with the sizes, instead of nats' bare MaxPayloadError as a traceback.
+        raise RequestTooLarge(subject, len(payload), limit)
     deadline = time.monotonic() + timeout_s
     for refusals in itertools.count(1):
         reply = await _send(nc, subject, payload, timeout_s=timeout_s, retries=retries)

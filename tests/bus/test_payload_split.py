@@ -82,3 +82,36 @@ def test_with_group_by_a_split_falls_between_groups_not_inside_one() -> None:
     # Without it, the halving cuts a task's samples apart (what the option is for).
     halves = fit_to_payload(items, build, 45_000)
     assert any([r["task_index"] for r in e.payload["rollouts"]].count(1) == 1 for e in halves)
+
+
+async def test_a_request_over_the_servers_max_payload_is_refused_with_its_size(
+    nats_settings,
+) -> None:
+    # `rollout push` of an env with 20 MB of fixtures printed nats' MaxPayloadError as a
+    # traceback; it says now how large the env is and what the server takes.
+    from rollout import Environment, Task
+    from rollout.client import AsyncClient
+    from rollout.errors import RolloutError
+    from rollout.shared.bus.requests import RequestTooLarge, call
+    from rollout.shared.contracts.requests import GetEnvironment
+
+    client = AsyncClient(nats_settings, timeout_s=5)
+    try:
+        nc = await client._conn()
+        request = GetEnvironment(slug="x" * (nc.max_payload + 1))
+        with pytest.raises(RequestTooLarge, match=r"over the 1,048,576 the server accepts"):
+            await call(nc, "rollout.req.registry.get", request)
+        env = Environment(
+            slug="huge",
+            template="workflow",
+            config={"fixtures": {"blob": "x" * nc.max_payload}},
+            tasks=[Task(instruction="look", hidden_ground_truth={})],
+        )
+        with pytest.raises(RolloutError) as err:
+            await client.push_environment(env)
+        assert str(err.value).startswith("environment 'huge' is too large to push: 1,048,")
+        assert "bytes as JSON, over the 1,048,576 the server accepts in one message" in str(
+            err.value
+        )
+    finally:
+        await client.close()
