@@ -21,7 +21,7 @@ from rollout.shared.bus.requests import RequestTooLarge, call, connection_user, 
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
-from rollout.shared.envs.coerce import pydantic_problems, raw_environment
+from rollout.shared.envs.coerce import TOO_LARGE_HINT, pydantic_problems, raw_environment
 from rollout.shared.settings import Settings, connect_nats
 from rollout.snapshots import stage_dataset
 
@@ -103,10 +103,7 @@ class AsyncClient:
             raise RolloutError(
                 f"environment {spec.get('slug')!r} is too large to push: {exc.size:,} bytes as "
                 f"JSON, over the {exc.limit:,} the server accepts in one message",
-                problems=[
-                    "its spec (config, tasks, plugin sources) travels in one message: make its "
-                    "fixtures, files or tasks smaller, or split the tasks over several envs"
-                ],
+                problems=[TOO_LARGE_HINT],
             ) from None
 
     async def get_environment(self, slug: str, version: int | None = None) -> dict[str, Any]:

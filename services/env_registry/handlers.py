@@ -12,7 +12,7 @@ from rollout.shared.aggregates.append import decide_and_append
 from rollout.shared.audit import audit
 from rollout.shared.auth.ownership import describe, may_change
 from rollout.shared.bus.broker import jetstream
-from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher
+from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher, payload_budget
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import EnvAudited, EnvRegistered
 from rollout.shared.contracts.requests import (
@@ -22,7 +22,7 @@ from rollout.shared.contracts.requests import (
     PushEnvironment,
     Reply,
 )
-from rollout.shared.envs.coerce import as_spec
+from rollout.shared.envs.coerce import TOO_LARGE_HINT, as_spec
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
@@ -96,7 +96,16 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
         envelope = EventEnvelope.new(
             event, aggregate_id=spec.slug, id_parts=(spec.slug, event.version, digest)
         )
-        await EventPublisher(js).publish(envelope, expected_last_subject_seq=latest[1])
+        data, budget = envelope.to_bytes(), payload_budget(js)
+        if len(data) > budget:
+            # A request just under max_payload is an event just over it: said as the client
+            # says a request over it, not as the publisher's advice to claim-check a batch.
+            raise RolloutError(
+                f"environment {spec.slug!r} is too large to register: {len(data):,} bytes as "
+                f"an event, over the {budget:,} the server accepts in one message",
+                problems=[TOO_LARGE_HINT],
+            )
+        await EventPublisher(js).publish(envelope, expected_last_subject_seq=latest[1], data=data)
 
     try:
         # Another push may land first: re-read and decide again.

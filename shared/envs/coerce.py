@@ -39,6 +39,13 @@ def pydantic_problems(exc: ValidationError, prefix: str = "") -> list[str]:
     return problems
 
 
+# What to do about an environment too large for one message (its push request or its event).
+TOO_LARGE_HINT = (
+    "its spec (config, tasks, plugin sources) travels in one message: make its fixtures, "
+    "files or tasks smaller, or split the tasks over several envs"
+)
+
+
 def raw_environment(env: Any) -> dict[str, Any]:
     """The camelCase dict form of an Environment, EnvironmentSpec or dict (not validated)."""
     if isinstance(env, EnvironmentSpec):

@@ -314,3 +314,39 @@ async def test_a_per_task_table_over_the_max_payload_comes_in_pages(small_payloa
         await nc.close()
         await client.close()
         await platform.stop_all()
+
+
+async def test_an_env_too_large_to_push_or_register_is_refused_with_its_size(
+    small_payload,
+) -> None:
+    # A request over max_payload failed in the client with nats' MaxPayloadError (a traceback);
+    # one just under it became an event just over it, refused with the publisher's advice to
+    # claim-check a batch. Both say now how large the env is, and nothing is registered.
+    settings = small_payload
+    platform = Platform(settings)
+    for name in ("env-registry", "tracker"):
+        platform.start(name)
+    client = AsyncClient(settings, timeout_s=20)
+    try:
+        await wait_for_platform(client, platform)
+
+        def env(size: int) -> dict[str, Any]:
+            spec = big_doc_env("toolarge")
+            spec["config"]["fixtures"] = {"docs": {"manual": "x" * size}}
+            return spec
+
+        with pytest.raises(RolloutError) as err:
+            await client.push_environment(env(SMALL_PAYLOAD))
+        assert str(err.value).startswith("environment 'toolarge' is too large to push: 6")
+        # Under the request's limit, over what an event may carry (less the headers' room).
+        with pytest.raises(RolloutError) as err:
+            await client.push_environment(env(SMALL_PAYLOAD - 4096))
+        assert str(err.value).startswith("environment 'toolarge' is too large to register: ")
+        assert "make its fixtures, files or tasks smaller" in str(err.value)
+        assert not [e for e in await client.list_environments() if e["slug"] == "toolarge"]
+        small = await client.push_environment(env(1000))
+        assert small["version"] == 1 and small["created"]
+        platform.check()
+    finally:
+        await client.close()
+        await platform.stop_all()
