@@ -11,6 +11,7 @@ from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.contracts.envspec import TaskSpec
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.engine import score
 from rollout.shared.errors import RolloutError
@@ -119,13 +120,21 @@ async def reverify(
         if newest is None:
             raise RolloutError(f"environment {run.request.env_slug!r} is not registered")
         env_version = newest.version
-    spec = await SpecCache(js).get(run.request.env_slug, env_version)
-    highest = max((g.task_index for g in run.generated.values()), default=-1)
-    if highest >= len(spec.tasks):
+    cache = SpecCache(js)
+    spec = await cache.get(run.request.env_slug, env_version)
+    own = spec
+    if env_version != run.request.env_version:
+        own = await cache.get(run.request.env_slug, run.request.env_version)
+    used = sorted({g.task_index for g in run.generated.values()})
+    where = task_map(own.tasks, spec.tasks, used)
+    missing = [i for i in used if i not in where]
+    if missing:
+        first = own.tasks[missing[0]] if missing[0] < len(own.tasks) else None
+        said = f" ({short_instruction(first.instruction)!r})" if first is not None else ""
         raise RolloutError(
-            f"environment {spec.slug!r} v{env_version} has {len(spec.tasks)} tasks; the run used"
-            f" task {highest}: re-verify against its own version with --env-version"
-            f" {run.request.env_version}"
+            f"environment {spec.slug!r} v{env_version} lacks {len(missing)} task(s) the run "
+            f"used, first task {missing[0]} of v{run.request.env_version}{said}: re-verify "
+            f"against its own version with --env-version {run.request.env_version}"
         )
     rows = []
     for rollout_id, generated in sorted(
@@ -145,7 +154,8 @@ async def reverify(
             )
         if raw is None:
             continue  # nothing was generated (the rollout errored before the model ran)
-        result = await score(spec, generated.task_index, Trajectory(**raw))
+        # The same task in today's version, wherever it now stands.
+        result = await score(spec, where[generated.task_index], Trajectory(**raw))
         before = None if recorded is None else recorded.score
         rows.append(
             {
@@ -161,3 +171,37 @@ async def reverify(
             }
         )
     return env_version, rows
+
+
+def task_map(old: list[TaskSpec], new: list[TaskSpec], used: list[int]) -> dict[int, int]:
+    """Where each used task of a run's version stands in another version (absent: gone).
+
+    By index, a version whose tasks were reordered, inserted or removed scored a trajectory
+    against another task's ground truth. A task with an id is the task of that id; one
+    without, the task the model was shown the same (instruction, input, earlier turns): its
+    ground truth and verifier are what today's version may have changed. At its own index
+    when it is still there.
+    """
+
+    def key(task: TaskSpec) -> Any:
+        if task.id is not None:
+            return ("id", task.id)
+        return ("shown", task.instruction, task.input, task.messages)
+
+    places: dict[Any, list[int]] = {}
+    for j, task in enumerate(new):
+        places.setdefault(key(task), []).append(j)
+    out = {}
+    for i in used:
+        if i >= len(old):
+            continue
+        found = places.get(key(old[i]), [])
+        if found:
+            out[i] = i if i in found else found[0]
+    return out
+
+
+def short_instruction(text: str, limit: int = 60) -> str:
+    """An instruction cut to one short line, for an error message."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -272,6 +272,26 @@ async def test_replay_reproduces_every_score_and_reverify_lists_changes(
         assert changed
         assert all(not r["passed"] for r in rows)
         assert any("sorry" in reason for r in rows for reason in r["reasons"])
+
+        # Today's version lists a new task first: each trajectory is scored against its own
+        # task, found where it now stands (by index it was task 0's against the new one's
+        # ground truth, and task 1's against task 0's: 8 false changes).
+        reordered = refund_env(tasks=3)
+        reordered["tasks"] = [reordered["tasks"][2], *reordered["tasks"][:2]]
+        await client.push_environment(reordered)
+        version, rows = await reverify(js, replayed, store=store)
+        assert version == 3 and len(rows) == 8
+        assert [r for r in rows if r["changed"]] == []
+        assert [r["taskIndex"] for r in rows] == [0] * 4 + [1] * 4  # the run's own indices
+        # A version without a task the run used is refused, naming it, not scored by index.
+        await client.push_environment(refund_env(tasks=3) | {"tasks": reordered["tasks"][:2]})
+        with pytest.raises(RolloutError) as err:
+            await reverify(js, replayed, store=store)
+        assert str(err.value) == (
+            "environment 'refunds' v4 lacks 1 task(s) the run used, first task 1 of v1 "
+            "('Refund order O-1 in full'): re-verify against its own version with "
+            "--env-version 1"
+        )
     finally:
         await nc.close()
 
