@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import site
 import sysconfig
 from pathlib import Path, PurePosixPath
@@ -73,6 +74,36 @@ def bundle_sources(entrypoint: str) -> dict[str, str]:
             f"{MAX_SOURCE_BYTES} are bundled with a plugin env (install it on the services instead)"
         )
     return sources
+
+
+_MISSING_MODULE = re.compile(r"No module named '([A-Za-z_][A-Za-z0-9_.]*)'")
+
+
+def unbundled_hint(error: str, sources: dict[str, str] | None) -> str:
+    """What to do when the plugin misses a module of the user's own that was not bundled.
+
+    Only the entrypoint's top-level module (or package) travels with the env: a sibling module
+    it imports imports here, in the user's folder, but not in the plugin host.
+    """
+    match = _MISSING_MODULE.search(error)
+    if match is None:
+        return ""
+    top = match.group(1).split(".")[0]
+    if any(PurePosixPath(path).parts[0].removesuffix(".py") == top for path in sources or {}):
+        return ""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return ""
+    if _is_installed(Path(spec.origin).resolve()):
+        return ""
+    return (
+        f" ({top!r} is your own code, which is not sent with the env: only the entrypoint's "
+        f"module or package is; put {top!r} in one package with it, a folder with an "
+        "__init__.py, like examples/example_plugins)"
+    )
 
 
 def check_sources(sources: object) -> dict[str, str]:

@@ -73,3 +73,46 @@ def test_hostile_sources_in_a_spec_are_a_validation_problem() -> None:
     raw["config"]["sources"] = {"../../escape.py": "import os"}
     problems = validate_environment(raw)
     assert problems and any("config.sources" in p for p in problems), problems
+
+
+def test_a_sibling_module_the_plugin_imports_is_named_as_not_sent(tmp_path: Path) -> None:
+    # `python -c "import solo_plugin"` works in the author's folder, and plan said only
+    # "No module named 'helper_mod'": only the entrypoint's own module travels with the env.
+    from rollout.shared.envs import validate_environment
+
+    folder = tmp_path / "author"
+    folder.mkdir()
+    (folder / "helper_mod_h42.py").write_text("def inc(v):\n    return v + 1\n")
+    (folder / "solo_plugin_h42.py").write_text(
+        "import helper_mod_h42\n\n\n"
+        "class E:\n"
+        "    def tools(self):\n"
+        "        return []\n\n"
+        "    def reset(self, task):\n"
+        "        pass\n\n"
+        "    def step(self, name, args):\n"
+        "        return None\n\n"
+        "    def state(self):\n"
+        "        return {}\n\n\n"
+        "def make(options):\n"
+        "    return E()\n"
+    )
+    (folder / "solo_env.py").write_text(
+        "from rollout import Environment, Task, plugin_config\n"
+        "env = Environment(slug='solo', template='plugin',\n"
+        "    config=plugin_config('solo_plugin_h42:make', {}),\n"
+        "    tasks=[Task(instruction='x', hidden_ground_truth={})])\n"
+    )
+    (env,) = load_environments(folder / "solo_env.py")
+    assert list(env.to_spec().config["sources"]) == ["solo_plugin_h42.py"]
+    (problem,) = validate_environment(env)
+    assert problem.startswith(
+        "config.entrypoint: module 'solo_plugin_h42' could not be imported: No module named "
+        "'helper_mod_h42' ('helper_mod_h42' is your own code, which is not sent with the env"
+    ), problem
+    assert "put 'helper_mod_h42' in one package with it" in problem
+    # A module that is nowhere gets no such advice.
+    (folder / "solo_plugin_h42.py").write_text("import nowhere_h42\n\ndef make(o):\n    pass\n")
+    (env,) = load_environments(folder / "solo_env.py")
+    (problem,) = validate_environment(env)
+    assert problem.endswith("No module named 'nowhere_h42'"), problem

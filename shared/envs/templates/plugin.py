@@ -46,7 +46,7 @@ from rollout.shared.envs.plugin_host.client import (
     starter,
 )
 from rollout.shared.envs.plugin_host.worker import PluginError, check_entrypoint
-from rollout.shared.envs.plugin_sources import bundle_sources, check_sources
+from rollout.shared.envs.plugin_sources import bundle_sources, check_sources, unbundled_hint
 from rollout.shared.envs.runtime import EnvironmentFailed
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Template
@@ -432,7 +432,7 @@ class PluginTemplate(Template):
             finally:
                 default_pool().release(host)
         except (PluginError, HostFailed, ReplyError) as exc:
-            out.append(f"config.entrypoint: {exc}")
+            out.append(f"config.entrypoint: {exc}{unbundled_hint(str(exc), config.sources)}")
             return None
         except RolloutError as exc:  # no sandbox here: say so, never import it unsandboxed
             out.append(f"config.entrypoint: the plugin host cannot start: {exc.message}")
