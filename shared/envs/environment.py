@@ -42,9 +42,19 @@ class Task(TaskSpec):
         file = _find_file(Path(path))
         tasks: list[Task] = []
         try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
+            data = file.read_bytes()
+        except OSError as exc:
             raise RolloutError(f"{file}: cannot read: {exc}") from None
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            # The line, not the byte offset into a file of thousands of lines.
+            line = data.count(b"\n", 0, exc.start) + 1
+            column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+            raise RolloutError(
+                f"{file}:{line}: not UTF-8 text: byte 0x{data[exc.start]:02x} at column "
+                f"{column} (save the file as UTF-8)"
+            ) from None
         for n, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

@@ -42,11 +42,21 @@ def test_task_accepts_snake_and_camel_case(tmp_path: Path) -> None:
         ('["a"]', ":1: each line must be a JSON object"),
         ('{"instruction": "a", "answer": 1}', ":1: unknown key(s) ['answer']"),
         ('{"hidden_ground_truth": 1}', ":1: instruction: Field required"),
+        # Latin-1 on line 2: the line, not "position 41" of the file.
+        (
+            '{"instruction": "a"}\n{"instruction": "caf\xe9"}\n'.encode("latin-1"),
+            ":2: not UTF-8 text: byte 0xe9 at column 21 (save the file as UTF-8)",
+        ),
     ],
 )
-def test_from_jsonl_errors_name_the_line(tmp_path: Path, content: str, message: str) -> None:
+def test_from_jsonl_errors_name_the_line(
+    tmp_path: Path, content: str | bytes, message: str
+) -> None:
     f = tmp_path / "t.jsonl"
-    f.write_text(content)
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        f.write_text(content)
     with pytest.raises(RolloutError) as err:
         Task.from_jsonl(f)
     assert f"{f}{message}" in str(err.value)
