@@ -66,7 +66,7 @@ def bundle_sources(entrypoint: str) -> dict[str, str]:
             f"config.entrypoint: package {top!r} has {len(files)} .py files; at most "
             f"{MAX_SOURCE_FILES} are bundled with a plugin env (install it on the services instead)"
         )
-    sources = {p.relative_to(base).as_posix(): p.read_text(encoding="utf-8") for p in files}
+    sources = {p.relative_to(base).as_posix(): _utf8(p, base) for p in files}
     size = sum(len(text.encode()) for text in sources.values())
     if size > MAX_SOURCE_BYTES:
         raise RolloutError(
@@ -104,6 +104,19 @@ def unbundled_hint(error: str, sources: dict[str, str] | None) -> str:
         f"module or package is; put {top!r} in one package with it, a folder with an "
         "__init__.py, like examples/example_plugins)"
     )
+
+
+def _utf8(path: Path, base: Path) -> str:
+    """A source file's text; one that is not UTF-8 is named by file and line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise RolloutError(
+            f"config.entrypoint: {path.relative_to(base).as_posix()}:{line}: not UTF-8 text "
+            f"(byte 0x{data[exc.start]:02x}); plugin sources are sent as UTF-8: save it as UTF-8"
+        ) from None
 
 
 def check_sources(sources: object) -> dict[str, str]:

@@ -116,3 +116,26 @@ def test_a_sibling_module_the_plugin_imports_is_named_as_not_sent(tmp_path: Path
     (env,) = load_environments(folder / "solo_env.py")
     (problem,) = validate_environment(env)
     assert problem.endswith("No module named 'nowhere_h42'"), problem
+
+
+def test_a_plugin_source_that_is_not_utf8_is_named_by_file_and_line(tmp_path: Path) -> None:
+    # A latin-1 file with its coding line imports fine here; it was "<root>: cannot read the
+    # environment (UnicodeDecodeError: ... position 31 ...)", naming neither file nor line.
+    from rollout.shared.envs import validate_environment
+
+    package = tmp_path / "latin_pkg_h42"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "notes.py").write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n")
+    (package / "envs.py").write_text("def make(options):\n    return None\n")
+    (tmp_path / "lat_env.py").write_text(
+        "from rollout import Environment, Task, plugin_config\n"
+        "env = Environment(slug='lat', template='plugin',\n"
+        "    config=plugin_config('latin_pkg_h42.envs:make', {}),\n"
+        "    tasks=[Task(instruction='x', hidden_ground_truth={})])\n"
+    )
+    (env,) = load_environments(tmp_path / "lat_env.py")
+    assert validate_environment(env) == [
+        "config.entrypoint: latin_pkg_h42/notes.py:2: not UTF-8 text (byte 0xe9); plugin "
+        "sources are sent as UTF-8: save it as UTF-8"
+    ]
