@@ -321,8 +321,8 @@ def test_samples_of_one_task_are_not_counted_as_independent_trials(capsys) -> No
     assert abs(width - width1) < 0.02
     print_comparison(eight, per_task=False)
     assert (
-        "(samples of a task are correlated: counted as independent trials base as 95, other"
-        " as 95)" in capsys.readouterr().out
+        "(samples of a task are correlated: counted as independent trials, base's 768 rollouts"
+        " as 95, other's 768 rollouts as 95)" in capsys.readouterr().out
     )
     # Samples that vary within every task as much as across them are independent trials.
     mixed = comparison(_sampled_run("a", [4] * 96, 8), _sampled_run("b", [4] * 96, 8))

@@ -520,9 +520,10 @@ def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
     if effects:
         # Samples of one task move together: fewer independent trials than rollouts.
         said = ", ".join(
-            f"{side} as {result[side]['judged'] / effect:.0f}" for side, effect in effects
+            f"{side}'s {result[side]['judged']} rollouts as {result[side]['judged'] / effect:.0f}"
+            for side, effect in effects
         )
-        print(f"(samples of a task are correlated: counted as independent trials {said})")
+        print(f"(samples of a task are correlated: counted as independent trials, {said})")
     if not per_task:
         return
     print(f"\n{'TASK':>5} {'BASE':>7} {'OTHER':>7} {'DELTA':>7}")
