@@ -368,3 +368,44 @@ def test_every_environment_in_the_file_or_one_by_slug(rollout_test) -> None:
     assert [e["slug"] for e in only.report["environments"]] == ["beta"]
     missing = rollout_test(TWO_ENVS, script, "--slug", "gamma", json_output=False)
     assert missing.code == 1 and "no environment with slug 'gamma'" in missing.stderr
+
+
+def test_a_plugin_state_that_raises_is_printed(tmp_path: Path, capsys) -> None:
+    # state() raising was scored as an empty state: the report said only "value: missing",
+    # never that the author's state() had failed, nor why.
+    from rollout.cli import main
+
+    (tmp_path / "state_pkg_h42").mkdir()
+    (tmp_path / "state_pkg_h42" / "__init__.py").write_text("")
+    (tmp_path / "state_pkg_h42" / "envs.py").write_text(
+        textwrap.dedent(
+            """
+            class Broken:
+                def tools(self):
+                    return []
+
+                def reset(self, task):
+                    pass
+
+                def step(self, name, arguments):
+                    return None
+
+                def state(self):
+                    raise KeyError("boom")
+
+
+            def make(options):
+                return Broken()
+            """
+        )
+    )
+    (tmp_path / "env.py").write_text(
+        "from rollout import Environment, Task, plugin_config\n"
+        "env = Environment(slug='broken-state', template='plugin',\n"
+        "    config=plugin_config('state_pkg_h42.envs:make', {}),\n"
+        "    tasks=[Task(instruction='x', hidden_ground_truth={'value': 1})])\n"
+    )
+    assert main(["test", str(tmp_path / "env.py"), "--model", "local/scripted"]) == 0
+    out = capsys.readouterr().out
+    assert "    state() failed: KeyError: 'boom' (scored without a state)\n" in out, out
+    assert "value: missing (expected 1)" in out

@@ -332,6 +332,11 @@ def _print_report(report: dict[str, Any]) -> None:
                 print(f"    stopped: {task['finishReason']}")
             if task["error"]:
                 print(f"    error: {task['error']}")
+            state = task.get("finalState")
+            if isinstance(state, dict) and isinstance(state.get("_stateError"), str):
+                # The plugin's state() failed: scored as a state holding only this marker, so
+                # each check reads "missing"; the author's bug is here, not in the verifier.
+                print(f"    state() failed: {_clip(state['_stateError'])} (scored without a state)")
             if task["error"] and task["verifier"]:
                 print("    verifier: no verdict (the task errored)")
             elif task["verifier"]:
