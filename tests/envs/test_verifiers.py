@@ -439,3 +439,20 @@ async def test_weights_whose_sum_overflows_still_score_their_weighted_mean() -> 
     spec = as_spec(e)
     group = await score_group(spec, spec.tasks[0], [TRAJ, TRAJ])
     assert [r.score for r in group] == pytest.approx([1 / 3, 1 / 3])
+
+
+async def test_an_env_reward_outside_the_declared_range_says_so() -> None:
+    # An env rewarding 0-10 against the default [0, 1]: 7.5 scored 1 and passed, its reason
+    # "environment reward 7.5 (pass at 1)" giving no hint that the range was wrong.
+    done = TRAJ.model_copy(update={"final_state": {"reward": 7.5, "done": True}})
+    r = await one(primitive("r", "env_reward"), done)
+    assert r.score == 1.0 and r.passed
+    assert r.reason == (
+        "environment reward 7.5 (pass at 1); outside [0, 1], scored 1: set this primitive's "
+        "`min` and `max` to the environment's range"
+    )
+    r = await one(primitive("r", "env_reward", min=0, max=10), done)
+    assert r.score == 0.75 and not r.passed and r.reason == "environment reward 7.5 (pass at 10)"
+    below = TRAJ.model_copy(update={"final_state": {"reward": -1, "done": True}})
+    r = await one(primitive("r", "env_reward"), below)
+    assert r.score == 0.0 and "outside [0, 1], scored 0" in r.reason

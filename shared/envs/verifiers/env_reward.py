@@ -50,4 +50,11 @@ def env_reward(p: EnvRewardParams, ctx: ScoreContext) -> Outcome:
     score = min(1.0, max(0.0, (float(raw) - p.min) / (p.max - p.min)))
     threshold = p.max if p.pass_at is None else p.pass_at
     passed = float(raw) >= threshold
-    return Outcome(score, passed, f"environment reward {raw:g} (pass at {threshold:g})")
+    reason = f"environment reward {raw:g} (pass at {threshold:g})"
+    if not p.min <= raw <= p.max:
+        # An env rewarding on another scale (0-10) than declared passed every episode silently.
+        reason += (
+            f"; outside [{p.min:g}, {p.max:g}], scored {score:g}: set this primitive's `min` "
+            "and `max` to the environment's range"
+        )
+    return Outcome(score, passed, reason)
