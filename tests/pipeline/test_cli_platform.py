@@ -128,6 +128,23 @@ async def test_cli_errors_are_clear_and_exit_1_or_2(client, settings) -> None:
     assert code == 1 and "no such file" in err and "Traceback" not in err
 
 
+async def test_a_push_that_fails_midway_names_the_envs_it_pushed(client, settings, tmp_path):
+    # Two envs in one file, the second too large: the first was registered, and the error
+    # alone (nats' traceback before that) read as if nothing had been pushed.
+    small, big = refund_env(tasks=1, slug="first-ok"), refund_env(tasks=1, slug="second-big")
+    big["config"]["fixtures"]["blob"] = "x" * 2_000_000
+    env_file = tmp_path / "two.py"
+    env_file.write_text(
+        "from rollout import Environment\n"
+        f"a = Environment.from_spec({small!r})\nb = Environment.from_spec({big!r})\n"
+    )
+    code, out, err = await rollout(settings, "push", str(env_file))
+    assert code == 1 and "Traceback" not in err, err
+    assert err.startswith("error: environment 'second-big' is too large to push: 2,000,"), err
+    assert err.endswith("  - pushed before it: first-ok v1 registered\n"), err
+    assert [e["slug"] for e in await client.list_environments()] == ["first-ok"]
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
     [

@@ -161,7 +161,22 @@ async def _push(args: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
 
     async def push(client: AsyncClient) -> list[dict[str, Any]]:
-        return [await client.push_environment(e) for e in envs]
+        done: list[dict[str, Any]] = []
+        for e in envs:
+            try:
+                done.append(await client.push_environment(e))
+            except RolloutError as exc:
+                if not done:
+                    raise
+                # The ones before it are registered: an error alone read as "nothing pushed".
+                kept = ", ".join(
+                    f"{r['slug']} v{r['version']} {'registered' if r['created'] else 'unchanged'}"
+                    for r in done
+                )
+                raise RolloutError(
+                    exc.message, problems=[*exc.problems, f"pushed before it: {kept}"]
+                ) from None
+        return done
 
     results = await _with_client(push)
     if args.json:
