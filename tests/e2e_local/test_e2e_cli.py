@@ -282,6 +282,21 @@ def test_unknown_split(rollout_test) -> None:
     assert run.code == 1 and "no such task" in run.stderr
 
 
+def test_a_task_outside_the_split_is_named_as_such(rollout_test) -> None:
+    # The split exists: "--split test: no such task (splits: ['test', 'train'])" blamed it.
+    source = REFUND.replace(
+        'hidden_ground_truth={"refunds": [{"order_id": "O-2", "amount": 5}]}',
+        'hidden_ground_truth={"refunds": [{"order_id": "O-2", "amount": 5}]}, split="test"',
+    )
+    assert source != REFUND
+    run = rollout_test(source, [], "--split", "test", "--task", "0", json_output=False)
+    assert run.code == 1
+    assert run.stderr.strip() == (
+        "error: --task 0: task 0 of 'refund-agent' is in split 'train', not 'test' "
+        "(its test tasks: 1)"
+    )
+
+
 def test_missing_env_file(tmp_path: Path) -> None:
     from rollout.cli import main
 

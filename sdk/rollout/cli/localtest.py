@@ -158,6 +158,17 @@ async def _require_endpoint(backend: Any, model: str) -> None:
     raise RolloutError(f"model {model}: {problem} (its URL comes from {where}; no task was run)")
 
 
+def _ranges(indices: list[int]) -> str:
+    """Sorted task indices as runs: `0..3, 7, 9..10`."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in runs)
+
+
 def _select_tasks(spec: Any, args: argparse.Namespace) -> list[int]:
     indices = list(range(len(spec.tasks)))
     if args.task is not None:
@@ -169,6 +180,13 @@ def _select_tasks(spec: Any, args: argparse.Namespace) -> list[int]:
         indices = [args.task]
     if args.split is not None:
         indices = [i for i in indices if spec.tasks[i].split == args.split]
+        if not indices and args.task is not None and any(t.split == args.split for t in spec.tasks):
+            # The split has tasks; the one asked for is not among them.
+            raise RolloutError(
+                f"--task {args.task}: task {args.task} of {spec.slug!r} is in split "
+                f"{spec.tasks[args.task].split!r}, not {args.split!r} (its {args.split} tasks: "
+                f"{_ranges([i for i, t in enumerate(spec.tasks) if t.split == args.split])})"
+            )
         if not indices:
             splits = sorted({t.split for t in spec.tasks})
             raise RolloutError(
