@@ -45,6 +45,8 @@ class Task(TaskSpec):
             data = file.read_bytes()
         except OSError as exc:
             raise RolloutError(f"{file}: cannot read: {exc}") from None
+        # A byte-order mark (Windows editors, spreadsheets) is not part of line 1.
+        data = data.removeprefix(b"\xef\xbb\xbf")
         try:
             lines = data.decode("utf-8").splitlines()
         except UnicodeDecodeError as exc:

@@ -64,6 +64,13 @@ def test_from_jsonl_errors_name_the_line(
         Task.from_jsonl(tmp_path / "missing.jsonl")
 
 
+def test_from_jsonl_reads_a_file_saved_with_a_bom_and_crlf(tmp_path: Path) -> None:
+    # A Windows editor's UTF-8 file: "t.jsonl:1: invalid JSON: Unexpected UTF-8 BOM".
+    f = tmp_path / "t.jsonl"
+    f.write_bytes(b'\xef\xbb\xbf{"instruction": "a"}\r\n{"instruction": "b"}\r\n')
+    assert [t.instruction for t in Task.from_jsonl(f)] == ["a", "b"]
+
+
 def test_spec_roundtrip_and_hash() -> None:
     (env,) = load_environments(SEEDS / "helpers_env.py")
     spec = env.to_spec()
