@@ -124,17 +124,52 @@ STEP_STRING_CHARS = 2_000
 ANSWER_CHARS = 4_000
 
 
+# When the steps do not fit, every string is cut shorter, down to the last of these, before
+# any step is left out: padding written after a wrong call cannot push it out of view.
+SHRINKING_CHARS = (1_000, 500, 250, 120)
+
+
 def _clipped(value: Any, limit: int) -> Any:
-    """`value` with every string longer than `limit` cut, saying how much was left out."""
+    """`value` with every string (and key) longer than `limit` cut, saying how much was cut."""
     if isinstance(value, str):
         return (
             value if len(value) <= limit else f"{value[:limit]}… [{len(value) - limit} more chars]"
         )
     if isinstance(value, dict):
-        return {k: _clipped(v, limit) for k, v in value.items()}
+        return {_clipped(str(k), limit): _clipped(v, limit) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_clipped(v, limit) for v in value]
     return value
+
+
+def _decoded(text: Any) -> Any:
+    """A JSON object or array given as text, as its value (else the text itself)."""
+    if isinstance(text, str) and text.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _structured(step: Any) -> Any:
+    """A message with its calls' arguments and a tool's JSON result as values, not text: each
+    argument is then cut on its own, so a long one written first cannot hide the rest."""
+    if not isinstance(step, dict):
+        return step
+    out = dict(step)
+    if out.get("role") == "tool":
+        out["content"] = _decoded(out.get("content"))
+    if isinstance(out.get("tool_calls"), list):
+        out["tool_calls"] = [_call_values(c) for c in out["tool_calls"]]
+    return out
+
+
+def _call_values(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return call
+    return {**call, "function": {**function, "arguments": _decoded(function.get("arguments"))}}
 
 
 def _dumped(value: Any) -> str:
@@ -144,10 +179,12 @@ def _dumped(value: Any) -> str:
 def render(trajectory: Trajectory) -> str:
     """A trajectory as the judge reads it: messages, tool calls and the final answer.
 
-    At most about MAX_TRAJECTORY_CHARS: long strings are cut, then steps from the middle are
-    left out (the first and the last kept, the count said), and the final answer and error are
-    always shown. Cutting the text's end instead let a trajectory that opened with a long
-    claim of success hide its failed calls and its real answer from the judge."""
+    At most about MAX_TRAJECTORY_CHARS: long strings are cut, shorter and shorter (each call
+    argument on its own), and only then are steps from the middle left out (the first and the
+    last kept, the count said); the final answer and error are always shown. Cutting the
+    text's end instead let a trajectory that opened with a long claim of success hide its
+    failed calls and its real answer from the judge; leaving steps out at once let one that
+    made a wrong call, then padded itself with long calls, hide the wrong one."""
     if trajectory.messages:
         key, steps = "messages", list(trajectory.messages)
     else:
@@ -163,9 +200,13 @@ def render(trajectory: Trajectory) -> str:
     if not steps:
         return "{" + tail
     budget = MAX_TRAJECTORY_CHARS - len(tail) - len(key) - 64
-    # A step of many strings (a turn of many calls) is cut as text past a quarter of the room.
-    parts = [_dumped(_clipped(step, STEP_STRING_CHARS)) for step in steps]
-    parts = [p if len(p) <= budget // 4 else p[: budget // 4] + "…" for p in parts]
+    steps = [_structured(step) for step in steps]
+    for limit in (STEP_STRING_CHARS, *SHRINKING_CHARS):
+        # A step of many strings (a turn of many calls) is cut as text past a quarter of the room.
+        parts = [_dumped(_clipped(step, limit)) for step in steps]
+        parts = [p if len(p) <= budget // 4 else p[: budget // 4] + "…" for p in parts]
+        if sum(len(p) + 1 for p in parts) <= budget:
+            break
     if sum(len(p) + 1 for p in parts) > budget:
         first, rest = parts[0], parts[1:]
         kept: list[str] = []
