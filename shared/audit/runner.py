@@ -6,7 +6,10 @@ own verifier. A task is hackable when some policy passes it, or scores at least 
 An episode that crashes, stalls past `episode_timeout_s` or cannot be scored ends with a
 reason and counts as an error, not a finding: a hostile env cannot hang or crash the audit.
 A policy that crashes (its own code raised) is another matter: the tasks it did not finish
-were not audited, so the report names it in `policy_errors` and the audit is not clean.
+were not audited, so the report names it in `policy_errors` and the audit is not clean. So is
+an episode the verifier gave no verdict on (a judge that cannot be reached, a sandbox that is
+gone): whether that policy got through that task is unknown, and an audit whose every episode
+went unscored once reported "no task hackable".
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ class Attempt:
     error: str | None = None
     # The error is the policy's own crash, not the env's.
     policy_crashed: bool = False
+    # The episode ran, but the verifier gave no verdict on it.
+    unscored: bool = False
     seconds: float = 0.0
 
 
@@ -127,15 +132,23 @@ class AuditReport:
 
     @property
     def policy_errors(self) -> list[str]:
-        """One line per policy that crashed: its name, the tasks and the exception."""
+        """What left tasks unaudited, one line per policy: that it crashed (the exception), or
+        that the verifier gave no verdict on its episodes (the first reason), and the tasks."""
         crashed: dict[str, list[Attempt]] = {}
+        unscored: dict[str, list[Attempt]] = {}
         for a in self.errors:
             if a.policy_crashed:
                 crashed.setdefault(a.policy, []).append(a)
+            elif a.unscored:
+                unscored.setdefault(a.policy, []).append(a)
         return [
             f"policy {name} crashed on task(s) {task_ranges([a.task_index for a in found])}: "
             f"{found[0].error}"
             for name, found in crashed.items()
+        ] + [
+            f"policy {name} got no verdict on task(s) "
+            f"{task_ranges([a.task_index for a in found])}: {found[0].error}"
+            for name, found in unscored.items()
         ]
 
     def to_json(self) -> dict[str, Any]:
@@ -187,6 +200,7 @@ async def attempt(
             verdict = await score(spec, task_index, trajectory)
         if verdict.error:
             result.error = f"the verifier could not score it: {verdict.error}"
+            result.unscored = True
         else:
             result.score, result.passed = float(verdict.score), bool(verdict.passed)
             result.passed_primitives = [

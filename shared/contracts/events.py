@@ -74,7 +74,8 @@ class EnvAudited(Payload):
     findings: list[dict[str, Any]] = Field(default_factory=list)
     findings_total: int = 0
     errors: int = 0
-    # Policies that crashed, one line each: the audit is incomplete, so not clean.
+    # Policies that crashed, or whose episodes the verifier gave no verdict on, one line each:
+    # the audit is incomplete, so not clean.
     policy_errors: list[str] = Field(default_factory=list)
     seconds: float = 0.0
 

@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes.openai_server import FakeOpenAI
 
 from rollout.cli.audit import report as print_report
 from rollout.shared.audit import Policy, View, named
 from rollout.shared.audit import audit as run_audit
+from rollout.shared.contracts.envspec import VerifierSpec
 from rollout.shared.envs import load_environments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +154,30 @@ def test_usage_errors() -> None:
     assert timeout.returncode == 2 and "must be seconds in (0, 3600]" in timeout.stderr
     missing = audit("no_such_env.py")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+async def test_episodes_the_verifier_gave_no_verdict_on_leave_the_audit_incomplete(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A judge that refuses every call (a wrong key): no episode gets a verdict. The audit used
+    # to say "no task hackable" and exit 0, so a CI gate passed an env nothing had audited.
+    [env] = load_environments(ROOT / "examples" / "refund_agent.py")
+    with FakeOpenAI([], api_key="not-sent") as judge:
+        judged = {"name": "judge", "type": "ruler", "judgeModel": f"{judge.base_url}#judge"}
+        spec = env.to_spec().model_copy(update={"verifier": VerifierSpec(primitives=[judged])})
+        audited = await run_audit(
+            spec, policies=[named("claim_success"), named("echo_instruction")]
+        )
+    assert audited.hackable == []
+    assert [line.split(": the verifier")[0] for line in audited.policy_errors] == [
+        "policy claim_success got no verdict on task(s) 0",
+        "policy echo_instruction got no verdict on task(s) 0",
+    ]
+    assert "HTTP 401" in audited.policy_errors[0]
+
+    assert print_report([audited.to_json()], as_json=True) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and out["error"].startswith("the audit is incomplete: ")
+    assert print_report([audited.to_json()], as_json=False) == 1
+    text = capsys.readouterr().out
+    assert "no task hackable" not in text and "were not audited" in text

@@ -8,8 +8,8 @@ scores at least --threshold. Each finding names the primitive that let it throug
 one-line fix.
 
 Exit codes: 0 when no task is hackable; 1 when one is (so an env repo's CI can gate on it), when
-a policy crashed (the tasks it did not finish were not audited), or the env is invalid or cannot
-be found; 2 on usage errors.
+a policy crashed or the verifier gave no verdict on an episode (those tasks were not audited),
+or the env is invalid or cannot be found; 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def report(documents: list[dict[str, Any]], *, as_json: bool) -> int:
-    """Print the audits' documents; 1 when a task is hackable or a policy crashed, else 0."""
+    """Print the audits' documents; 1 when a task is hackable or the audit is incomplete (a
+    policy crashed, an episode went unscored), else 0."""
     hackable = any(d["hackableTasks"] for d in documents)
     # A registry older than policyErrors sends none.
     crashed = [e for d in documents for e in d.get("policyErrors") or []]
@@ -173,7 +174,7 @@ def _print(doc: dict[str, Any]) -> None:
     for line in crashed:
         print(f"  error: {line}")
     if not hackable and crashed:
-        print("  incomplete: the tasks a crashed policy did not finish were not audited")
+        print("  incomplete: the tasks a policy crashed on, or got no verdict on, were not audited")
     elif not hackable:
         print(f"  no task hackable: no policy passed or scored >= {doc['threshold']:g}")
     else:
@@ -191,8 +192,8 @@ def _print(doc: dict[str, Any]) -> None:
             tasks = task_ranges([f["task_index"] for f in found])
             print(f"  - {policy}: {how} task(s) {tasks}{via}")
             print(f"      fix: {found[0]['hint']}")
-    # The env's own episode errors (a crashed policy has its line above).
-    errors = [e for e in doc["errors"] if not e.get("policy_crashed")]
+    # The env's own episode errors (a crashed or unscored policy has its line above).
+    errors = [e for e in doc["errors"] if not (e.get("policy_crashed") or e.get("unscored"))]
     for e in errors[:10]:
         print(f"  error: task {e['task_index']}, {e['policy']}: {e['error']}")
     if len(errors) > 10:
