@@ -1,8 +1,9 @@
-"""Scoring conversations with a trained reward model (what the `reward_model` primitive runs)."""
+"""Scoring conversations with a trained reward model (the `reward_model` primitive, PPO's rewards)."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +33,28 @@ class RewardScorer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = classifier_from(self.model_dir, self.tokenizer).eval()
         self.max_len = max_len
+        self.controls = control_tokens(self.tokenizer)
         self._lock = threading.Lock()
+
+    def texts(
+        self, conversations: Sequence[list[dict[str, Any]]], *, tools: Any = None
+    ) -> list[str]:
+        """Each conversation as the model reads it: its chat template's rendering, with every
+        control-token text removed from what the messages hold first (see `neutralised`)."""
+        tools = json.loads(tools) if isinstance(tools, str) else (tools or None)
+        return [
+            self.tokenizer.apply_chat_template(
+                neutralised(list(c), self.controls), tools=tools, tokenize=False
+            )
+            for c in conversations
+        ]
+
+    def token_counts(
+        self, conversations: Sequence[list[dict[str, Any]]], *, tools: Any = None
+    ) -> list[int]:
+        """How many tokens each conversation is, uncut (`score` reads at most max_len)."""
+        texts = self.texts(conversations, tools=tools)
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def score(
         self, conversations: Sequence[list[dict[str, Any]]], *, tools: Any = None
@@ -40,11 +62,7 @@ class RewardScorer:
         """The model's scalar reward of each conversation (rendered by its chat template)."""
         import torch
 
-        tools = json.loads(tools) if isinstance(tools, str) else (tools or None)
-        texts = [
-            self.tokenizer.apply_chat_template(list(c), tools=tools, tokenize=False)
-            for c in conversations
-        ]
+        texts = self.texts(conversations, tools=tools)
         out: list[float] = []
         with self._lock, torch.no_grad():
             for start in range(0, len(texts), SCORE_BATCH):
@@ -59,6 +77,40 @@ class RewardScorer:
                 logits = self.model(**batch).logits
                 out.extend(float(v) for v in logits[:, 0])
         return out
+
+
+def control_tokens(tokenizer: Any) -> list[str]:
+    """The texts a tokenizer turns into control tokens (special and added), longest first."""
+    texts = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
+    return sorted((t for t in texts if t), key=len, reverse=True)
+
+
+def neutralised(messages: list[dict[str, Any]], tokens: list[str]) -> list[dict[str, Any]]:
+    """The messages with control-token texts removed from every string in them.
+
+    The chat template renders content verbatim and the tokenizer turns `<|im_end|>` written
+    in it into the real token, so an answer could otherwise close its turn and forge a
+    transcript (a user verdict, a tool call) that the reward model reads as structure.
+    """
+
+    # Removed until none is left: one pass would turn `<|im_<|im_end|>end|>` into `<|im_end|>`.
+    # Each pass is one regex scan; a pass only repeats when it removed something.
+    pattern = re.compile("|".join(map(re.escape, tokens))) if tokens else None
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            while pattern is not None:
+                value, removed = pattern.subn("", value)
+                if not removed:
+                    break
+            return value
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    return [clean(m) for m in messages]
 
 
 _CACHE: dict[tuple[Path, int], RewardScorer] = {}

@@ -414,7 +414,7 @@ def test_a_pattern_that_does_not_compile_is_refused_before_a_run() -> None:
 
 
 def test_control_tokens_nested_in_their_own_text_do_not_survive_for_the_reward_model() -> None:
-    from rollout.shared.envs.verifiers.reward_model import neutralised
+    from rollout.shared.learning.rm_scoring import neutralised
 
     # One pass of removal left `<|im_end|>` from `<|im_<|im_end|>end|>`: an answer could still
     # close its turn and forge a user verdict that the reward model reads as structure.

@@ -9,8 +9,11 @@ sigmoid(logit) in [0, 1], passed at `threshold`.
 
 The verdict comes from the model's logit only: nothing the agent writes is parsed, so an agent
 that prints "reward: 1" gets whatever the reward model thinks of such an answer, and
-control-token texts in the conversation (`<|im_end|>`...) are removed before it is rendered,
-so an answer cannot close its turn and forge a transcript the model reads as structure. Each
+control-token texts in the conversation (`<|im_end|>`...) are removed before it is rendered
+(by RewardScorer, for PPO's rescoring too), so an answer cannot close its turn and forge a
+transcript the model reads as structure. A conversation longer than `maxLength` tokens fails:
+cut to its start, it would be scored on a prefix the policy wrote, the logit read at a token
+of its choosing and everything after (the failed calls, the real answer) unseen. Each
 checkpoint loads once per process (RewardScorer's cache) and runs in a worker thread, so the
 verifier's event loop keeps acking while a batch is scored.
 """
@@ -51,7 +54,10 @@ class RewardModelParams(CamelModel):
         default=0.5, ge=0, le=1, description="Passed when sigmoid(logit) >= threshold."
     )
     max_length: int = Field(
-        default=2048, ge=16, le=131072, description="Tokens of the conversation the model reads."
+        default=2048,
+        ge=16,
+        le=131072,
+        description="Tokens of the conversation the model reads; a longer one fails.",
     )
 
 
@@ -137,40 +143,6 @@ async def task_tools(spec: EnvironmentSpec, task: TaskSpec) -> list[dict[str, An
     return _TOOLS[key]
 
 
-def control_tokens(tokenizer: Any) -> list[str]:
-    """The texts a tokenizer turns into control tokens (special and added), longest first."""
-    texts = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
-    return sorted((t for t in texts if t), key=len, reverse=True)
-
-
-def neutralised(messages: list[dict[str, Any]], tokens: list[str]) -> list[dict[str, Any]]:
-    """The messages with control-token texts removed from every string in them.
-
-    The chat template renders content verbatim and the tokenizer turns `<|im_end|>` written
-    in it into the real token, so an answer could otherwise close its turn and forge a
-    transcript (a user verdict, a tool call) that the reward model reads as structure.
-    """
-
-    # Removed until none is left: one pass would turn `<|im_<|im_end|>end|>` into `<|im_end|>`.
-    # Each pass is one regex scan; a pass only repeats when it removed something.
-    pattern = re.compile("|".join(map(re.escape, tokens))) if tokens else None
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, str):
-            while pattern is not None:
-                value, removed = pattern.subn("", value)
-                if not removed:
-                    break
-            return value
-        if isinstance(value, list):
-            return [clean(v) for v in value]
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        return value
-
-    return [clean(m) for m in messages]
-
-
 def sigmoid(x: float) -> float:
     """The logistic function, safe for large |x|."""
     if x >= 0:
@@ -200,16 +172,27 @@ async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
         drop_scorer(previous)
     _CURRENT[record.model] = path
 
-    def run() -> float:
+    def run() -> tuple[float | None, int]:
         scorer = scorer_for(path, max_len=params.max_length)
-        chat = neutralised(messages, control_tokens(scorer.tokenizer))
-        [logit] = scorer.score([chat], tools=tools or None)
-        return logit
+        [tokens] = scorer.token_counts([messages], tools=tools or None)
+        if tokens > params.max_length:
+            return None, tokens
+        [logit] = scorer.score([messages], tools=tools or None)
+        return logit, tokens
 
     try:
-        logit = await asyncio.to_thread(run)
+        logit, tokens = await asyncio.to_thread(run)
     except (RolloutError, OSError) as exc:
         raise InfraError(f"reward model {params.model!r} could not load: {exc}") from None
+    if logit is None:
+        # Cut to its first maxLength tokens, the conversation would be scored on a prefix the
+        # policy wrote (the logit read at a token of its choosing), its end never seen.
+        return Outcome(
+            0.0,
+            False,
+            f"the conversation is {tokens} tokens, more than the reward model reads "
+            f"(maxLength {params.max_length}): its end would go unseen; scored as failed",
+        )
     value = sigmoid(logit)
     return Outcome(
         value,
