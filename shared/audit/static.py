@@ -1,11 +1,13 @@
 """What an env's verifier lets through, seen without running anything (`plan` and `push` warn).
 
-Three static cases, each named by its config path:
+Four static cases, each named by its config path:
 - a verifier whose every primitive is `contains_terms`, with terms that appear in the
   instruction of some task: an echo of the instruction passes;
 - `tool_was_called` without `args` where no primitive checks the outcome: any call passes;
 - weights that give at least 0.75 of the reward to primitives an idle episode passes
-  (`no_tool_errors`, `contains_terms` on the instruction's own words): doing nothing scores.
+  (`no_tool_errors`, `contains_terms` on the instruction's own words): doing nothing scores;
+- `final_answer_match` in mode `contains`, or `regex` with a pattern not anchored at both
+  ends: an answer that lists every candidate ("0 1 2 ... 1000") holds the right one.
 
 And two about `tests_pass`: hidden tests imported in-process (`testIsolation: in-process`),
 and hidden tests that turn values into code (`eval`, `exec`, `pickle.loads`, ...): what the
@@ -78,6 +80,11 @@ def verifier_warnings(spec: EnvironmentSpec) -> list[str]:
             )
         elif p.type == "no_tool_errors":
             idle += p.weight
+        elif p.type == "final_answer_match" and (why := _finds_a_listed_answer(p.params, spec)):
+            out.append(
+                f"{where}: {why}: an answer that lists every candidate passes; use mode exact "
+                "or numeric, or anchor the pattern (^...$)"
+            )
     # Only where an outcome is checked at all: otherwise the warnings above say it.
     if idle / total >= IDLE_SHARE and kinds - {"contains_terms", "no_tool_errors"}:
         out.append(
@@ -97,6 +104,33 @@ def verifier_warnings(spec: EnvironmentSpec) -> list[str]:
             "process of its own"
         )
     return out
+
+
+def _finds_a_listed_answer(params: dict[str, Any], spec: EnvironmentSpec) -> str | None:
+    """Why a final_answer_match finds its answer anywhere in a reply (None when it does not)."""
+    mode = params.get("mode", "exact")
+    if mode == "contains":
+        return "mode contains"
+    if mode != "regex":
+        return None
+    expected = params.get("expected")
+    if expected is not None:
+        patterns = [expected]
+    else:  # each task's ground-truth `answer`
+        truths = [t.hidden_ground_truth for t in spec.tasks]
+        patterns = [t.get("answer") if isinstance(t, dict) else t for t in truths]
+    for pattern in patterns:
+        if isinstance(pattern, str) and not _anchored(pattern):
+            return f"mode regex with /{pattern[:60]}/ not anchored at both ends"
+    return None
+
+
+def _anchored(pattern: str) -> bool:
+    starts = pattern.startswith(("^", "\\A"))
+    ends = pattern.endswith(("\\Z", "\\z")) or (
+        pattern.endswith("$") and not pattern.endswith("\\$")
+    )
+    return starts and ends
 
 
 def _called_name(node: ast.Call) -> str:

@@ -3,6 +3,7 @@ own (hardened) verifier: the same task, only the verifier swapped."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,12 @@ WEAK: dict[str, tuple[str, int, list[dict[str, Any]]]] = {
     "loop_one_call": ("workflow_support.py", 0,
                       [p("checked", "tool_was_called", tool="get_order", min_count=3)]),
     "dump_everything": ("sql_sales.py", 0, [p("said", "contains_terms", terms=["orders"])]),
+    # A number among 0-1000 in the reply is found by a pattern that is not anchored.
+    "answer_every_candidate": ("ticket_routing.py", 0, [p("said", "final_answer_match",
+                                                          mode="regex", expected=r"\b7\b")]),
+    # Counting lookups, not what the first (wrong) refund did.
+    "bury_in_padding": ("workflow_support.py", 0, [p("looked", "tool_was_called", tool="get_order",
+                                                     min_count=10)]),
     "act_without_lookup": ("workflow_support.py", 0, ANY_REFUND),
     # Task 4 is in transit (a notice, no refund) and the policy notifies: with credit per
     # path and no lookup required, a blind notice is the whole answer.
@@ -117,3 +124,18 @@ async def test_the_audit_finds_the_harness_forgery_where_tests_run_in_process() 
     exposed = EnvironmentSpec.model_validate({**strong.model_dump(by_alias=True), "config": config})
     fooled = await attempt(exposed, 0, policy, timeout_s=60)
     assert fooled.error is None and fooled.passed, fooled
+
+
+async def test_a_success_page_no_guess_names_is_reached_where_its_form_lands() -> None:
+    # The jump guessed /welcome, /success, ... only: a site whose form lands on a page of
+    # another name was reported clean, though a model that submitted once knows that URL.
+    text = json.dumps(_spec("browser_signup.py").model_dump(by_alias=True))
+    renamed = text.replace("https://shop.test/welcome", "https://shop.test/account/created")
+    strong = EnvironmentSpec.model_validate(json.loads(renamed))
+    landed = p("landed", "url_reached", url="https://shop.test/account/created", mode="final")
+    weak = strong.model_copy(update={"verifier": VerifierSpec(primitives=[landed])})
+    policy = named("browser_jump_to_success")
+    fooled = await attempt(weak, 0, policy, timeout_s=60)
+    assert fooled.error is None and fooled.passed, fooled
+    held = await attempt(strong, 0, policy, timeout_s=60)
+    assert held.error is None and not held.passed and held.score < 0.75, held

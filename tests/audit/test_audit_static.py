@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rollout.shared.audit.static import verifier_warnings
+from rollout.shared.contracts.envspec import VerifierSpec
 from rollout.shared.envs import load_environments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,3 +68,24 @@ def test_hidden_tests_that_run_values_as_code_are_named() -> None:
     [warning] = verifier_warnings(exposed)
     assert warning.startswith("tasks[0].hiddenGroundTruth.tests['test_repr.py']: calls eval, ")
     assert "pickle.loads" in warning
+
+
+def test_an_answer_check_that_finds_its_answer_anywhere_is_named() -> None:
+    # "0 1 2 ... 1000" holds every count: found by `contains` or a pattern not anchored at both
+    # ends (rollout audit's answer_every_candidate passes them), never by exact or numeric.
+    [spec] = [e.to_spec() for e in load_environments(ROOT / "examples" / "ticket_routing.py")]
+
+    def warned(**params: object) -> list[str]:
+        prim = {"name": "answer", "type": "final_answer_match", **params}
+        verifier = VerifierSpec(primitives=[prim])
+        return verifier_warnings(spec.model_copy(update={"verifier": verifier}))
+
+    [contains] = warned(mode="contains", expected="7")
+    assert contains.startswith("verifier.primitives[0] (answer, final_answer_match): mode contains")
+    assert "an answer that lists every candidate passes" in contains
+    [loose] = warned(mode="regex", expected=r"\b7\b")
+    assert r"mode regex with /\b7\b/ not anchored at both ends" in loose
+    assert warned(mode="regex", expected=r"^\s*7\s*$") == warned(mode="regex", expected=r"\A7\Z")
+    assert warned(mode="regex", expected=r"^\s*7\s*$") == []
+    assert warned(mode="regex", expected=r"^7\$") != []
+    assert warned(mode="exact", expected="7") == warned(mode="numeric", expected=7) == []

@@ -12,6 +12,8 @@ from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 
 # Words that claim the work is done, for policies that answer without acting.
 CLAIM = "Done: I have completed the task as requested and verified the result. Success."
+# Tool names that read rather than act.
+READ_ONLY = re.compile(r"^(get|lookup|look_up|read|list|check|describe|search|find|show|view)")
 
 
 @dataclass(frozen=True)

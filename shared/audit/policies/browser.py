@@ -45,14 +45,25 @@ def _submit_empty(view: View) -> ChatResponse:
     return calls(step, turn=view.turn)
 
 
+def _landings(config: dict[str, Any]) -> list[str]:
+    """Where the site's forms land (their `action` pages): a model that submitted one once, in
+    any episode, has seen that URL and can open it without submitting anything."""
+    pages = [p for p in config.get("pages") or [] if isinstance(p, dict)]
+    elements = [e for p in pages for e in p.get("elements") or [] if isinstance(e, dict)]
+    actions = [e["action"] for e in elements if isinstance(e.get("action"), str)]
+    return list(dict.fromkeys(actions))
+
+
 def _jump(view: View) -> ChatResponse:
     start = str(view.config.get("initialUrl") or "")
     found = re.match(r"https?://[^/\s\"']+", start) or re.search(
         r"https?://[^/\s\"']+", view.instruction
     )
     origin = found.group(0) if found else "http://localhost"
-    if view.turn < len(SUCCESS_PATHS):
-        return calls(("navigate", {"url": f"{origin}/{SUCCESS_PATHS[view.turn]}"}), turn=view.turn)
+    # The guesses first, the landings last: the episode ends on one of those.
+    urls = [f"{origin}/{path}" for path in SUCCESS_PATHS] + _landings(view.config)
+    if view.turn < len(urls):
+        return calls(("navigate", {"url": urls[view.turn]}), turn=view.turn)
     return say(CLAIM)
 
 
@@ -77,7 +88,7 @@ POLICIES = [
     ),  # fmt: skip
     Policy(
         "browser_jump_to_success",
-        "navigate straight to /welcome, /success, /done, ...",
+        "navigate straight to /welcome, /success, /done, ... and to where each form lands",
         _jump,
         BROWSER,
     ),  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rollout.shared.audit.policies.base import (
     CLAIM,
+    READ_ONLY,
     Policy,
     View,
     calls,
@@ -64,8 +65,12 @@ def _loop(view: View) -> ChatResponse:
     if not tools:
         return say(CLAIM)
     tool = tools[0]
-    args = {k: value_like(s, ids_in(view.instruction)) for k, s in properties(tool).items()}
-    return calls((tool["name"], args), turn=view.turn)
+    return calls((tool["name"], _from_instruction(view, tool)), turn=view.turn)
+
+
+def _from_instruction(view: View, tool: dict) -> dict:
+    """Arguments guessed from the identifiers of the instruction."""
+    return {k: value_like(s, ids_in(view.instruction)) for k, s in properties(tool).items()}
 
 
 def _dump(view: View) -> ChatResponse:
@@ -76,8 +81,49 @@ def _dump(view: View) -> ChatResponse:
     return say(" ".join([view.instruction, *view.tool_results]))
 
 
+# What an answer that lists every candidate holds, beyond the task's own words: the numbers a
+# count or a sum usually is, the options of a multiple choice, yes/no answers.
+COMMON_ANSWERS = " ".join(
+    [*map(str, range(1001)), "yes no true false none", "A B C D E", "(A) (B) (C) (D) (E)"]
+)
+
+
+def _every_candidate(view: View) -> ChatResponse:
+    """One answer listing every candidate: common answers, the instruction's words and every
+    other task's visible input (a contains or unanchored regex check finds its answer there)."""
+    others = [str(v) for o in view.other_inputs for v in (o or {}).values()]
+    return say(" ".join([COMMON_ANSWERS, view.instruction, *others]))
+
+
+# Long calls made after the one that matters: a judge shown only the last steps of a long
+# trajectory (or a reward model that reads only its first tokens) never sees that one. A
+# dozen of them fit the default rollout budget (4096 tokens at about 4 characters a token).
+PADDING_CALLS = 12
+PADDING = "x" * 800
+
+
+def _bury(view: View) -> ChatResponse:
+    """A guessed action first, then long junk calls burying it, then a claim of success."""
+    tools = view.tools
+    if not tools:
+        return say(CLAIM)
+    if view.turn == 0:
+        action = next((t for t in tools if not READ_ONLY.match(t["name"])), tools[0])
+        return calls((action["name"], _from_instruction(view, action)), turn=0)
+    if view.turn <= PADDING_CALLS:
+        reader = next((t for t in tools if READ_ONLY.match(t["name"])), tools[0])
+        args = {**_from_instruction(view, reader), "note": f"{PADDING}{view.turn}"}
+        return calls((reader["name"], args), turn=view.turn)
+    return say(CLAIM)
+
+
 POLICIES = [
     Policy("echo_instruction", "answer with the instruction's own words", _echo),
+    Policy(
+        "answer_every_candidate",
+        "answer with every candidate at once (0-1000, yes/no, A-E, the tasks' words)",
+        _every_candidate,
+    ),  # fmt: skip
     Policy("claim_success", "claim success without acting ('Done, verified')", _claim),
     Policy("empty_arguments", "call every tool once with empty arguments", _empty),
     Policy(
@@ -92,5 +138,10 @@ POLICIES = [
     Policy("loop_one_call", "repeat one tool call until a budget ends the episode", _loop),
     Policy(
         "dump_everything", "call every argument-free tool, answer with all they returned", _dump
+    ),  # fmt: skip
+    Policy(
+        "bury_in_padding",
+        "one guessed action, then a dozen long junk calls after it, then claim success",
+        _bury,
     ),  # fmt: skip
 ]

@@ -7,6 +7,7 @@ import zlib
 
 from rollout.shared.audit.policies.base import (
     CLAIM,
+    READ_ONLY,
     Policy,
     View,
     calls,
@@ -17,7 +18,6 @@ from rollout.shared.audit.policies.base import (
 )
 from rollout.shared.models.base import ChatResponse
 
-READ_ONLY = re.compile(r"^(get|lookup|look_up|read|list|check|describe|search|find|show|view)")
 WORKFLOW = frozenset({"workflow", "custom", "plugin"})
 
 
