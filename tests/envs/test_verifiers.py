@@ -169,6 +169,10 @@ async def test_no_tool_errors() -> None:
         ({"expected": 1234.5, "mode": "numeric"}, "1234.6", False),
         ({"expected": 100}, "100.0", True),
         ({"expected": 100, "mode": "numeric", "rel_tolerance": 0.05}, "about 104", True),
+        # The typeset minus sign (and its fullwidth form) is a minus, not no sign at all.
+        ({"expected": 42, "mode": "numeric"}, "\u221242", False),
+        ({"expected": -42, "mode": "numeric"}, "It is \u221242.", True),
+        ({"expected": -42}, "\uff0d\uff14\uff12", True),
         ({"expected": r"^ord(er)?-\d+$", "mode": "regex"}, "ORDER-17", True),
         ({"expected": "[", "mode": "regex"}, "x", False),
         ({"expected": "needle", "mode": "contains"}, "hay needle hay", True),

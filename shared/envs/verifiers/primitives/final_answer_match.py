@@ -41,14 +41,18 @@ class FinalAnswerMatchParams(CamelModel):
     source: str = "output"
 
 
-_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# The minus sign as typeset (U+2212) and its small and fullwidth forms are minus too: read as
+# no sign, "−42" passed an expected 42 and failed an expected -42.
+_MINUSES = "\u2212\ufe63\uff0d"
+_NUMBER = re.compile(rf"[-+{_MINUSES}]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_AS_ASCII = str.maketrans(dict.fromkeys(_MINUSES, "-") | {",": None})
 
 
 def _last_number(text: str) -> float | None:
     found = _NUMBER.findall(text)
     for token in reversed(found):
         try:
-            return float(token.replace(",", ""))
+            return float(token.translate(_AS_ASCII))
         except ValueError:
             continue
     return None
