@@ -111,11 +111,23 @@ def judged_in_groups(spec: EnvironmentSpec | Mapping[str, Any]) -> bool:
     return "ruler" in prims
 
 
+# What a sample could pass off as structure to a model that reads it: tag brackets and their
+# lookalikes (fullwidth, small, angle quotes), line breaks JSON leaves raw (NEL, U+2028/9),
+# and the invisible: direction overrides and isolates, zero-width characters.
+_LOOKS_LIKE_STRUCTURE = (
+    "&<>\uff1c\uff1e\ufe64\ufe65\u2039\u203a\u27e8\u27e9\u3008\u3009\u2329\u232a"
+    "\x85\u2028\u2029\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    "\u200b\u200c\u200d\u2060\ufeff"
+)
+_ESCAPES = str.maketrans({c: f"\\u{ord(c):04x}" for c in _LOOKS_LIKE_STRUCTURE})
+
+
 def _escape(text: str) -> str:
     # The judge reads samples between <trajectory> tags: a sample must not be able to close
-    # its own tag and open a forged one (or a fake rubric). JSON escapes of <, > and & keep the
-    # text readable to the judge and the JSON the same value.
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    # its own tag and open a forged one (or a fake rubric), with < and > or with characters a
+    # model may read as them or as a new line. JSON escapes keep the text readable to the
+    # judge, show it what was there, and keep the JSON the same value.
+    return text.translate(_ESCAPES)
 
 
 # Each string of a step (a message's text, a call's arguments) is cut to this many characters,
