@@ -352,3 +352,16 @@ def test_lookalike_brackets_line_breaks_and_invisible_marks_reach_the_judge_esca
     assert not set(block.group(1)) & set("\uff1c\uff1e\u2028\u202e\u200b")
     # The same value, shown with its escapes: the judge sees what was there.
     assert json.loads(block.group(1))["final_answer"] == forged
+
+
+def test_the_judge_reads_a_calls_arguments_as_the_tool_ran_them() -> None:
+    # JSON keeps the last of a repeated key: the tool refunded 1, while the raw text the judge
+    # used to read said 10 first.
+    fn = {"name": "refund", "arguments": '{"order_id": "O-1", "amount": 10, "amount": 1}'}
+    call = {"id": "c0", "type": "function", "function": fn}
+    sample = Trajectory(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    params = RulerParams.model_validate({"judgeModel": "openai/judge"})
+    task = TaskSpec.model_validate({"instruction": "Refund order O-1 ($10)"})
+    [_, user] = judge_messages(params, task, [sample])
+    assert '"arguments": {"order_id": "O-1", "amount": 1}' in user["content"]
+    assert "10" not in user["content"].replace("($10)", "")
