@@ -4,10 +4,11 @@ Many episodes step together: each turn makes one `backend.generate` call for eve
 episode, so batching backends (hf, vLLM) see full batches. Every episode ends at its first
 budget (shared/contracts/budgets.py: tokens per turn and per rollout, a wall deadline, the same
 call repeated), and its trajectory says which (`ended_by`); a tool call the turn was writing
-when its tokens ran out is not run. Whatever the model gets wrong
-(malformed tool-call JSON, an unknown tool, arguments that are not an object, a tool that
-raises) becomes a tool error in the trajectory and is shown to the model; the loop never
-crashes on model output. Backend configuration errors (a bad key) do raise RolloutError.
+when its tokens ran out is not run. A later turn the model refuses for what the conversation
+holds (it outgrew the context) ends the episode the same way, judged (`model_refused`).
+Whatever the model gets wrong (malformed tool-call JSON, an unknown tool, arguments that are
+not an object, a tool that raises) becomes a tool error in the trajectory and is shown to the
+model; the loop never crashes on model output. Backend configuration errors (a bad key) do raise RolloutError.
 """
 
 from __future__ import annotations
@@ -312,8 +313,17 @@ async def _apply(state: _State, response: ChatResponse) -> None:
         _record_turn(state, response)
         state.end("max_rollout_seconds")
         return
+    if response.error is not None and response.rejected and state.turn > 1:
+        # The model refused a request the episode's own turns made (the conversation outgrew
+        # its context, or its chat template fails on what was written): the episode ends where
+        # it got to and is judged, like at a budget. As an error it would leave pass rates and
+        # GRPO's groups, so filling the context would be a way out of every failing verdict.
+        state.finish_reason = "model_refused"
+        state.end("model_refused")
+        return
     if response.error is not None:
-        # The backend gave up on this request (endpoint down, retries exhausted): no verdict.
+        # The backend gave up on this request (endpoint down, retries exhausted), or refused
+        # the task's own first request: no verdict.
         state.error = response.error
         state.error_kind = "model"
         state.finish_reason = "error"

@@ -13,13 +13,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-# Which limit ended a rollout (None on its record: the model ended it itself).
+# Which limit ended a rollout (None on its record: the model ended it itself). `model_refused`:
+# the model refused a later turn for what the conversation held by then (it outgrew the
+# model's context, most often), so the episode ends where it got to and is judged.
 EndedBy = Literal[
     "max_turn_tokens",
     "max_rollout_tokens",
     "max_rollout_seconds",
     "max_repeated_calls",
     "max_tool_calls",
+    "model_refused",
 ]
 
 

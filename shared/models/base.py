@@ -53,9 +53,11 @@ class ChatResponse(BaseModel):
     # A per-request failure (retries exhausted, request rejected): the episode ends with it
     # while the rest of the batch goes on. Configuration errors raise RolloutError instead.
     error: str | None = None
-    # With `error`: the endpoint refused this request itself (too long, content filtered, ...),
-    # so sending it again will not help; false when it failed on the way (unreachable, 5xx,
-    # retries exhausted). A judge tells a sample it cannot read from a judge that is down.
+    # With `error`: the endpoint refused this request itself (too long for the model's context,
+    # a chat template that fails on it, content filtered, ...), so sending it again will not
+    # help; false when it failed on the way (unreachable, 5xx, retries exhausted). A judge
+    # tells a sample it cannot read from a judge that is down; the agent loop judges an
+    # episode whose own later turns made its request one the model refuses.
     rejected: bool = False
     # The sha256 of the weights that generated it, when the backend can prove it
     # (weights_proof.py): a trained policy in process, or a server that reports it.

@@ -320,12 +320,15 @@ class HFBackend:
         try:
             prompt = self.render_prompt(request)
         except Exception as exc:  # jinja errors on odd messages: this request only
-            return _error(f"{self.name}: chat template failed: {type(exc).__name__}: {exc}")
+            return _error(
+                f"{self.name}: chat template failed: {type(exc).__name__}: {exc}", rejected=True
+            )
         ids: list[int] = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if len(ids) >= limit:
             return _error(
                 f"{self.name}: prompt of {len(ids)} tokens does not fit the model's "
-                f"context of {limit}"
+                f"context of {limit}",
+                rejected=True,
             )
         return ids
 
@@ -624,8 +627,8 @@ def _closes_tool_call(tokenizer: Any, ids: list[int]) -> bool:
     return ids[-1:] != [] and CLOSE_TAG in tokenizer.decode(ids[-6:], skip_special_tokens=False)
 
 
-def _error(message: str) -> ChatResponse:
-    return ChatResponse(finish_reason="error", error=message)
+def _error(message: str, *, rejected: bool = False) -> ChatResponse:
+    return ChatResponse(finish_reason="error", error=message, rejected=rejected)
 
 
 def _forward_kwargs(model: Any) -> tuple[str, dict[str, Any]]:

@@ -328,8 +328,8 @@ class ServerPolicyBackend(OpenAICompatBackend, FollowsPolicy):
         return request.body
 
     async def _complete(self, client: httpx.AsyncClient, request: Any) -> ChatResponse:
-        if request.body is None:
-            return error_response(f"{self.name}: {request.error}")
+        if request.body is None:  # its chat template failed on it
+            return error_response(f"{self.name}: {request.error}", rejected=True)
         return await super()._complete(client, request)
 
     def _parse(self, response: httpx.Response, request: Any) -> ChatResponse:

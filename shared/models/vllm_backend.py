@@ -253,9 +253,9 @@ def build_response(
     )
 
 
-def error_response(message: str) -> ChatResponse:
-    """A per-request failure; the rest of the batch goes on."""
-    return ChatResponse(finish_reason="error", error=message)
+def error_response(message: str, *, rejected: bool = False) -> ChatResponse:
+    """A per-request failure; the rest of the batch goes on (`rejected`: for what it holds)."""
+    return ChatResponse(finish_reason="error", error=message, rejected=rejected)
 
 
 def shape_mismatch(old_dir: str | Path, new_dir: str | Path) -> list[str]:
@@ -513,7 +513,8 @@ class VLLMBackend:
                         _done(
                             error_response(
                                 f"{self.name}: prompt of {len(item)} tokens does not fit the "
-                                f"model's context of {limit}"
+                                f"model's context of {limit}",
+                                rejected=True,
                             )
                         )
                     )
@@ -628,7 +629,8 @@ def _prepare(tokenizer: Any, requests: list[ChatRequest], name: str) -> list[Any
         try:
             out.append(render_prompt_ids(tokenizer, request))
         except Exception as exc:  # jinja errors on odd messages: this request only
-            out.append(error_response(f"{name}: chat template failed: {type(exc).__name__}: {exc}"))
+            failed = f"{name}: chat template failed: {type(exc).__name__}: {exc}"
+            out.append(error_response(failed, rejected=True))
     return out
 
 

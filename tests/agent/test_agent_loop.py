@@ -273,6 +273,24 @@ async def test_backend_error_ends_only_that_episode(fake_openai) -> None:
     assert fine.error is None and fine.error_kind is None
 
 
+async def test_a_later_turn_the_model_refuses_ends_the_episode_judged_not_errored(
+    fake_openai,
+) -> None:
+    # The conversation the episode built outgrew the model's context: as an error, a wrong
+    # refund followed by junk until the context was full left pass rates and GRPO's groups.
+    server = fake_openai(
+        [
+            tool_reply(("refund", {"order_id": "O-1", "amount": 1})),
+            error_reply(400, "This model's maximum context length is 2048 tokens"),
+        ]
+    )
+    trajectory = await run_episode(ShopRuntime(), http_backend(server), "Refund O-1 in full")
+    assert trajectory.error is None and trajectory.error_kind is None
+    assert trajectory.ended_by == "model_refused" and trajectory.turns == 2
+    assert trajectory.final_state == {"refunds": [{"order_id": "O-1", "amount": 1}]}
+    assert [c.name for c in trajectory.tool_calls] == ["refund"]
+
+
 class BrokenStateRuntime(ShopRuntime):
     """A runtime whose final_state raises (an env bug)."""
 

@@ -214,6 +214,8 @@ async def test_prompt_over_the_context_is_a_per_request_error(hf: HFBackend) -> 
     huge = [{"role": "user", "content": "order " * (limit + 10)}]
     long, fine = await hf.generate([greedy(huge), greedy(PLAIN)])
     assert long.finish_reason == "error" and "does not fit the model's context" in long.error
+    # Refused for what it holds: the agent loop judges an episode that grew into this.
+    assert long.rejected and not fine.rejected
     assert fine.content == "Hello there."
 
 

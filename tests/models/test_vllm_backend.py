@@ -319,6 +319,7 @@ async def test_engine_seeded_sampling_repeats_and_long_prompts_fail_alone(engine
     huge = [{"role": "user", "content": "order " * 2000}]
     too_long, fine = await engine.generate([greedy(huge), greedy(PLAIN)])
     assert too_long.finish_reason == "error" and "does not fit" in (too_long.error or "")
+    assert too_long.rejected
     assert fine.content == "Hello there."
 
 
