@@ -42,6 +42,10 @@ MAX_TOOL_MESSAGE_CHARS = 20_000
 # endpoint that sends one) would make its trajectory impossible to encode, so its whole batch
 # would fail to publish and be dead-lettered instead of scored.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# Tool arguments nested deeper than this are refused as the call's error: 300 levels of `[`
+# (600 characters) made the trajectory impossible to serialise, and 1000 made json.loads
+# raise, either of which failed the whole batch (every sibling errored), not this call.
+MAX_ARGUMENT_DEPTH = 64
 # A backend that does not stop at a request's deadline itself is given this long past the
 # latest one before the turn is abandoned (the hf backend stops its rows on time).
 DEADLINE_GRACE_S = 5.0
@@ -445,7 +449,7 @@ def _canonical(arguments: str) -> str:
     # {"a": 1, "b": 2} and {"b":2,"a":1} are the same call.
     try:
         return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return arguments.strip()
 
 
@@ -463,10 +467,15 @@ async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolR
             error=f"invalid JSON arguments for '{call.name}': {exc.msg} at char {exc.pos} "
             f"in {_clip(raw, 200)!r}"
         )
-    except ValueError as exc:  # valid JSON Python will not read: an integer of 4,301+ digits
+    except (ValueError, RecursionError) as exc:  # valid JSON Python will not read: an integer
+        # of 4,301+ digits, arrays nested past the interpreter's recursion limit
         return {}, ToolResult(
             error=f"invalid JSON arguments for '{call.name}': {_clip(str(exc), 200)} "
             f"in {_clip(raw, 200)!r}"
+        )
+    if _nested_past(arguments, MAX_ARGUMENT_DEPTH, raw):
+        return {}, ToolResult(
+            error=f"arguments for '{call.name}' are nested more than {MAX_ARGUMENT_DEPTH} deep"
         )
     if "\\u" in raw:  # a `\\ud800` escape decodes to a lone surrogate
         arguments = _json_text(arguments)
@@ -483,6 +492,22 @@ async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolR
     except Exception as exc:  # a runtime must not raise, but a plugin might: record it
         result = ToolResult(error=f"tool '{call.name}' failed: {type(exc).__name__}: {exc}")
     return arguments, result
+
+
+def _nested_past(value: Any, limit: int, raw: str) -> bool:
+    """Whether the parsed `value` (of the text `raw`) nests lists and objects past `limit`."""
+    if raw.count("[") + raw.count("{") <= limit:  # too few brackets to go that deep
+        return False
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in item)
+    return False
 
 
 def _tool_message(call: ToolCall, output: Any, error: str | None) -> dict[str, Any]:

@@ -149,7 +149,7 @@ def _arguments(arguments: Any) -> str:
     text = "" if arguments is None else str(arguments)
     try:
         decoded = json.loads(text) if text.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
     return json.dumps(decoded, ensure_ascii=False) if isinstance(decoded, dict) else text
 

@@ -54,7 +54,7 @@ def parse_tool_calls(text: str, *, id_prefix: str = "call") -> tuple[str | None,
     return (content or None), calls
 
 
-def _why(exc: ValueError) -> str:
+def _why(exc: ValueError | RecursionError) -> str:
     """What is wrong with a call's JSON: a decode error, or one Python will not read (an
     integer of 4,301+ digits raises a plain ValueError, with no msg or pos to name)."""
     if isinstance(exc, json.JSONDecodeError):
@@ -66,7 +66,7 @@ def _parse_block(body: str, next_id: Any) -> list[ToolCall]:
     raw = body.strip()
     try:
         data = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # nested past the recursion limit: malformed
         return [_broken(raw, next_id(), f"invalid JSON ({_why(exc)})")]
     if isinstance(data, list) and data and all(isinstance(d, dict) for d in data):
         return [_call(item, json.dumps(item), next_id()) for item in data]
@@ -77,7 +77,7 @@ def _parse_unclosed(tail: str, next_id: Any) -> list[ToolCall]:
     raw = tail.strip()
     try:
         data, end = _DECODER.raw_decode(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         data, end = None, -1
     if isinstance(data, dict) and not raw[end:].strip():
         # The model stopped right after a complete call (its end token ends the turn).
@@ -97,7 +97,7 @@ def _bare_calls(text: str, calls: list[ToolCall], next_id: Any) -> str:
             continue  # inside a call already read
         try:
             data, end = _DECODER.raw_decode(text, start)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raw = text[start:].strip()
             if '"arguments"' in raw or '"parameters"' in raw:
                 kept.append(text[position:start])
@@ -119,7 +119,10 @@ def _call(data: Any, raw: str, call_id: str) -> ToolCall:
     arguments = data.get("arguments", data.get("parameters", {}))
     # Arguments may be an object or a JSON string of one; keep the model's text either way
     # and let the agent loop judge it, as it does for API models.
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    try:
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    except RecursionError:
+        return _broken(raw, call_id, "arguments nested too deep")
     return ToolCall(id=call_id, name=data["name"], arguments=text)
 
 

@@ -663,7 +663,7 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if isinstance(arguments, str):
                 try:
                     decoded = json.loads(arguments) if arguments.strip() else {}
-                except ValueError:
+                except (ValueError, RecursionError):
                     decoded = None
                 if isinstance(decoded, dict):
                     function["arguments"] = decoded

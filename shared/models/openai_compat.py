@@ -335,7 +335,7 @@ class OpenAICompatBackend:
             data = response.json()
             choice = data["choices"][0]
             message = choice.get("message") or {}
-        except (ValueError, KeyError, IndexError, TypeError):
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):
             return _error_response(
                 f"{self.name}: unexpected response (not a chat completion): {response.text[:200]!r}"
             )

@@ -291,6 +291,36 @@ async def test_a_later_turn_the_model_refuses_ends_the_episode_judged_not_errore
     assert [c.name for c in trajectory.tool_calls] == ["refund"]
 
 
+async def test_arguments_nested_deep_are_the_calls_error_not_the_batchs(fake_openai) -> None:
+    # 300 levels of `[` (600 characters) made the trajectory impossible to serialise and 1500
+    # made json.loads raise: either failed every episode of the batch, a failing policy's
+    # siblings included, where it is one bad call.
+    def deep(depth: int) -> str:
+        return '{"order_id": "O-1", "note": ' + "[" * depth + "]" * depth + "}"
+
+    server = fake_openai(
+        by_conversation(
+            {
+                "a": [tool_reply(("refund", deep(300))), text_reply("done")],
+                "b": [tool_reply(("refund", deep(1500))), text_reply("done")],
+                "c": [tool_reply(("refund", {"order_id": "O-1"})), text_reply("done")],
+                # A gateway that sends the arguments decoded: the body itself nests that deep.
+                "d": [Reply('{"choices": [{"message": {"content": ' + deep(1500) + "}}]}")],
+            }
+        )
+    )
+    episodes = [Episode(ShopRuntime(), who) for who in ("a", "b", "c", "d")]
+    a, b, c, d = await run_episodes(episodes, http_backend(server))
+    assert d.error_kind == "model" and "not a chat completion" in d.error
+    assert a.tool_calls[0].error == "arguments for 'refund' are nested more than 64 deep"
+    assert "invalid JSON arguments for 'refund'" in b.tool_calls[0].error
+    for refused in (a, b):
+        assert refused.error is None and refused.final_state == {"refunds": []}
+        assert refused.tool_calls[0].arguments == {}
+        refused.model_dump_json()  # it travels
+    assert c.tool_calls[0].error is None and c.final_state == {"refunds": [{"order_id": "O-1"}]}
+
+
 class BrokenStateRuntime(ShopRuntime):
     """A runtime whose final_state raises (an env bug)."""
 

@@ -365,3 +365,13 @@ def test_the_judge_reads_a_calls_arguments_as_the_tool_ran_them() -> None:
     [_, user] = judge_messages(params, task, [sample])
     assert '"arguments": {"order_id": "O-1", "amount": 1}' in user["content"]
     assert "10" not in user["content"].replace("($10)", "")
+
+
+def test_arguments_nested_past_the_recursion_limit_reach_the_judge_as_text() -> None:
+    deep = "[" * 5000 + "]" * 5000
+    call = {"id": "c0", "type": "function", "function": {"name": "refund", "arguments": deep}}
+    sample = Trajectory(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    params = RulerParams.model_validate({"judgeModel": "openai/judge"})
+    task = TaskSpec.model_validate({"instruction": "Refund order O-1"})
+    [_, user] = judge_messages(params, task, [sample])
+    assert '"arguments": "[[[' in user["content"]

@@ -55,3 +55,18 @@ def test_base_model_that_cannot_be_loaded(tmp_path: Path, kind: str) -> None:
     with pytest.raises(RolloutError, match=f"base_model: {expected}"):
         GRPOLearner(base, tmp_path / "g", TrainConfig(method="grpo"))
     assert not (tmp_path / "o").exists() and not (tmp_path / "g").exists()
+
+
+def test_call_arguments_nested_past_the_recursion_limit_stay_text() -> None:
+    from rollout.shared.learning.data import conversation
+
+    # The loop refuses such a call, but its text stays in the conversation: json.loads raised
+    # RecursionError (no ValueError) there, failing the dataset of the whole run.
+    deep = "[" * 5000 + "]" * 5000
+    call = {"id": "c0", "type": "function", "function": {"name": "refund", "arguments": deep}}
+    messages = [
+        {"role": "user", "content": "Refund O-1"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    [_, assistant] = conversation({"trajectory": {"messages": messages}})
+    assert assistant["tool_calls"][0]["function"]["arguments"] == deep

@@ -219,6 +219,23 @@ async def test_prompt_over_the_context_is_a_per_request_error(hf: HFBackend) -> 
     assert fine.content == "Hello there."
 
 
+async def test_a_call_nested_past_the_recursion_limit_in_the_history_is_kept_as_text(
+    hf: HFBackend,
+) -> None:
+    # The loop refuses such a call; its text stays in the conversation, which is rendered
+    # again each turn: json.loads raised RecursionError there, and the chat template "failed".
+    deep = "[" * 5000 + "]" * 5000
+    call = {"id": "c0", "type": "function", "function": {"name": "lookup_order", "arguments": deep}}
+    history = [
+        *PLAIN,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": '{"error": "nested too deep"}'},
+    ]
+    odd, fine = await hf.generate([greedy(history, max_tokens=4), greedy(PLAIN)])
+    # Rendered with the text as it is (refused for its length alone, past this tiny context).
+    assert fine.content == "Hello there." and "does not fit" in (odd.error or ""), odd.error
+
+
 async def test_shared_prompt_prefix_runs_once_and_finished_rows_leave_the_batch(
     hf: HFBackend,
 ) -> None:

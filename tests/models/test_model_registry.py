@@ -213,3 +213,19 @@ def test_hermes_parsing(text: str, content, calls) -> None:
     assert got_content == content
     assert [(c.name, c.arguments, c.error is not None) for c in got_calls] == calls
     assert len({c.id for c in got_calls}) == len(got_calls)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "refund", "arguments": {"a": DEEP}}</tool_call>',
+        '<tool_call>{"name": "refund", "arguments": DEEP',
+        'Sure. {"name": "refund", "arguments": {"a": DEEP}}',
+    ],
+)
+def test_hermes_calls_nested_past_the_recursion_limit_are_malformed_not_a_crash(text: str) -> None:
+    # json raised RecursionError, which is no ValueError: a local model's turn of 10,000
+    # brackets failed the whole batch's generate (every sibling errored), not its own call.
+    deep = "[" * 5000 + "]" * 5000
+    _, [call] = parse_tool_calls(text.replace("DEEP", deep))
+    assert call.name == "refund" and call.error and call.error.startswith("malformed tool call")

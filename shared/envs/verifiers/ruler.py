@@ -159,7 +159,7 @@ def _decoded(text: Any) -> Any:
     if isinstance(text, str) and text.lstrip()[:1] in ("{", "["):
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     return text
 
