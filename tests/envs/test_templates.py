@@ -155,6 +155,19 @@ async def test_custom_tools() -> None:
     assert (await score(env, 0, trajectory)).passed
 
 
+async def test_a_custom_path_an_argument_makes_deep_is_the_calls_error() -> None:
+    # An id of 300 dots nested `tickets.${args.id}.status` 300 deep: the trajectory could not
+    # be serialised and its whole batch failed (1200 failed final_state: errored, no verdict).
+    env = custom_env()
+    deep = ".".join(["a"] * 300)
+    trajectory = await run_tool_script(env, 0, [("close", {"id": deep})])
+    [call] = trajectory.tool_calls
+    assert call.error and "more than 32 segments" in call.error and len(call.error) < 300
+    assert trajectory.final_state == {"tickets": {"T-1": {"status": "open"}}, "log": []}
+    trajectory.model_dump_json()  # it travels
+    assert (await score(env, 0, trajectory)).passed is False
+
+
 # ------------------------------------------------------------------ sql
 
 SCHEMA = "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT, score REAL);"

@@ -18,11 +18,16 @@ from rollout.shared.envs.checks import (
 )
 from rollout.shared.envs.interpolate import arg_names, interpolate, interpolate_string
 from rollout.shared.envs.params import to_json_schema
-from rollout.shared.envs.paths import PathError, parse_path, set_path
+from rollout.shared.envs.paths import PathError, parse_cached, parse_path, set_path
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import Plan, Template, required_args, tools_by_name
 
 # The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
+
+# How deep a mutation path may reach once its arguments are in: `tickets.${args.id}.status`
+# with an id of 300 dots nested the state too deep for a trajectory to be serialised (its
+# whole batch failed, every sibling errored), and of 1200 failed final_state (errored).
+MAX_PATH_SEGMENTS = 32
 
 
 class Mutation(CamelModel):
@@ -96,9 +101,12 @@ class CustomRuntime(BaseRuntime):
         trial = copy.deepcopy(self.state)
         for path, value in planned:
             try:
+                if len(parse_cached(path)) > MAX_PATH_SEGMENTS:
+                    raise PathError(f"more than {MAX_PATH_SEGMENTS} segments")
                 set_path(trial, path, value)
             except PathError as exc:
-                raise ToolError(f"{tool.name}: cannot update state at {path}: {exc}") from None
+                where = path if len(path) <= 120 else path[:120] + "..."
+                raise ToolError(f"{tool.name}: cannot update state at {where}: {exc}") from None
         self.state = trial
         if tool.response is None:
             return {"ok": True}
