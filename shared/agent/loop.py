@@ -8,7 +8,8 @@ when its tokens ran out is not run. A later turn the model refuses for what the 
 holds (it outgrew the context) ends the episode the same way, judged (`model_refused`).
 Whatever the model gets wrong (malformed tool-call JSON, an unknown tool, arguments that are
 not an object, a tool that raises) becomes a tool error in the trajectory and is shown to the
-model; the loop never crashes on model output. Backend configuration errors (a bad key) do raise RolloutError.
+model; the loop never crashes on model output. Backend configuration errors (a bad key) do
+raise RolloutError.
 """
 
 from __future__ import annotations
