@@ -1,4 +1,4 @@
-"""Scoring conversations with a trained reward model (the `reward_model` primitive, PPO's rewards)."""
+"""Scoring conversations with a trained reward model (the reward_model primitive; PPO too)."""
 
 from __future__ import annotations
 
