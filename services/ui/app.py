@@ -123,14 +123,23 @@ def part(macro: str, *args: Any) -> str:
     return str(getattr(TEMPLATES.get_template("_parts.html").module, macro)(*args))
 
 
-def _int(request: Request, name: str, default: int | None = None) -> int | None:
+# Pages and task indexes are Postgres integers, stream positions 63-bit: a number past them
+# (or below 0) would reach the database or the stream as an error, not a page.
+INT_MAX = 2**31 - 1
+SEQ_MAX = 2**63 - 1
+
+
+def _int(request: Request, name: str, default: int | None = None, hi: int = INT_MAX) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise HTTPException(400, f"query parameter {name!r} must be a whole number") from None
+    if not 0 <= value <= hi:
+        raise HTTPException(400, f"query parameter {name!r} must be from 0 to {hi}")
+    return value
 
 
 def _text(request: Request, name: str) -> str | None:
@@ -552,7 +561,7 @@ async def replay_page(request: Request) -> Response:
     """A run's events in order; with `reverify`, what today's verifier changed, as a diff."""
     state = _state(request)
     run_id = _id(request.path_params["run_id"], "run id")
-    after = _int(request, "after", 0) or 0
+    after = _int(request, "after", 0, hi=SEQ_MAX) or 0
     async with state.pool.acquire() as conn:
         run = await queries.get_run(conn, run_id)
     if run is None:
@@ -641,6 +650,7 @@ async def live(request: Request) -> Response:
     """Server-sent events: page fragments re-rendered whenever the events stream moves."""
     state = _state(request)
     topics = _topics(request)
+    _int(request, "page", 1)  # read again inside the stream, where a 400 could not be sent
     assert state.hub is not None
     hub = state.hub
 

@@ -111,6 +111,17 @@ async def test_bad_input_is_a_page_that_says_what_is_wrong(http: httpx.AsyncClie
     assert bad_id.status_code == 400 and "rollout id" in bad_id.text
     topic = await http.get("/live", params={"topic": "everything"})
     assert topic.status_code == 400 and "topic must be" in topic.text
+    # Numbers past what the database or the stream holds, or below 0, are bad input too
+    # (they were a bare "Internal Server Error").
+    for path, name, value in (
+        ("/", "page", 10**20), ("/runs/ra", "page", 10**19), ("/runs/ra", "task", 10**11),
+        ("/jobs", "page", 10**20), ("/compare?a=ra&b=rb", "task", 10**11),
+        ("/runs/ra/replay", "after", -1), ("/runs/ra/replay", "after", 10**21),
+        ("/", "page", -5),
+    ):  # fmt: skip
+        page = await http.get(path, params={name: value})
+        assert page.status_code == 400, (path, name, value, page.text[:200])
+        assert f"&#39;{name}&#39; must be from 0 to" in page.text
 
 
 async def test_a_runs_interval_counts_its_samples_per_task_as_rollout_compare_does(
