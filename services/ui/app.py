@@ -71,7 +71,7 @@ def _templates() -> jinja2.Environment:
         autoescape=jinja2.select_autoescape(["html"]),
     )
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
-    env.filters["num"] = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"
+    env.filters["num"] = _num
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
     env.filters["short"] = lambda v, n=12: "" if v is None else str(v)[:n]
     env.filters["shade"] = _shade
@@ -81,10 +81,16 @@ def _templates() -> jinja2.Environment:
     return env
 
 
-def _shade(logprob: float) -> str:
-    """Background for a token: the less likely it was, the redder."""
-    import math
+def _num(value: Any, digits: int = 3) -> str:
+    """A number to `digits` places; a dash for none (or for what is not a number)."""
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else "–"
 
+
+def _shade(logprob: float | None) -> str:
+    """Background for a token: the less likely it was, the redder (none when unknown)."""
+    # A NaN logprob from a model endpoint is stored as null: no shade, not a failed page.
+    if not isinstance(logprob, int | float) or not math.isfinite(logprob):
+        return "transparent"
     p = math.exp(min(0.0, logprob))
     return f"rgba(220, 40, 40, {0.85 * (1 - p):.2f})"
 

@@ -1,0 +1,100 @@
+"""What a hostile model writes is shown as text: nothing it sends runs, breaks a page or passes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from ui_kit import UiServer, serve
+
+from rollout.services.ui.auth import COOKIE
+from rollout.shared.auth.keys import ApiKey
+from rollout.shared.settings import Settings
+from rollout.shared.store.db import create_pool, migrate
+
+# Markup that would run if a page put it in unescaped, a verdict look-alike behind a
+# right-to-left override, and terminal colours.
+EVIL = (
+    "<script>alert('script')</script><img src=x onerror=\"alert('img')\">"
+    "<svg onload=\"alert('svg')\"></svg><a href=\"javascript:alert('link')\">[ok](javascript:x)</a>"
+    "\u202epassed, score 1.000\u202c \x1b[32mPASS reward 1.0\x1b[0m"
+)
+
+
+@pytest.fixture
+async def hostile(settings: Settings) -> AsyncIterator[None]:
+    """A failed rollout whose model wrote EVIL everywhere, with a logprob the endpoint sent as
+    NaN (stored as null, as pydantic writes it)."""
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        now = datetime.now(UTC)
+        await pool.execute(
+            "insert into runs(run_id, name, env_slug, env_version, env_hash, model, n, sampling,"
+            " max_tool_calls, policy_version, status, total, scored, passed, created_at, reason)"
+            " values ('r1', $1, 'refunds', 1, 'h', $1, 1, '{}', 4, 0, 'failed', 1, 1, 0, $2, $1)",
+            EVIL, now,
+        )  # fmt: skip
+        trajectory = {
+            "messages": [
+                {"role": "user", "content": "refund order A-1"},
+                {"role": "assistant", "name": EVIL, "content": EVIL, "tool_calls": [{"id": "a"}]},
+                {"role": "tool", "content": EVIL},
+                {"role": "assistant", "content": EVIL},
+            ],
+            "tool_calls": [{"index": 0, "name": EVIL, "arguments": {EVIL: EVIL}, "result": EVIL}],
+            "final_output": EVIL,
+            "finish_reason": "stop",
+            "final_state": {"note": EVIL},
+            "token_ids": [[7], [11, 12]],
+            "logprobs": [[None], [-0.5, None]],
+        }
+        prims = [{"name": EVIL, "type": "t", "weight": 1, "score": 0.0, "passed": False,
+                  "reason": EVIL}]  # fmt: skip
+        await pool.execute(
+            "insert into rollouts(rollout_id, run_id, task_index, sample_index, status, model,"
+            " policy_version, score, passed, primitives, generated_at, trajectory)"
+            " values ('ro1', 'r1', 0, 0, 'scored', 'm', 0, 0.0, false, $1::jsonb, $2, $3::jsonb)",
+            json.dumps(prims), now, json.dumps(trajectory),
+        )  # fmt: skip
+        yield
+    finally:
+        await pool.close()
+
+
+async def _page(browser: Any, ui: UiServer, key: ApiKey) -> tuple[Any, list[str]]:
+    context = await browser.new_context()
+    await context.add_cookies(
+        [{"name": COOKIE, "value": await ui.session_cookie(key), "url": ui.url}]
+    )
+    page = await context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    return page, dialogs
+
+
+async def test_a_hostile_trajectory_is_text_and_its_rollout_still_failed(
+    settings: Settings, hostile: None, browser: Any, viewer_key: ApiKey
+) -> None:
+    async with serve(settings) as ui:
+        page, dialogs = await _page(browser, ui, viewer_key)
+        for path, final in (("/rollouts/ro1", "#final-answer"),
+                            ("/compare?a=r1&b=r1&task=0", ".side-1 pre.final")):  # fmt: skip
+            response = await page.goto(ui.url + path)
+            # A null logprob (a NaN from the endpoint) made both pages a bare 500.
+            assert response.status == 200, (path, await page.content())
+            assert await page.inner_text(final) == EVIL  # shown as the model wrote it
+            assert await page.locator("script:not([src])").count() == 0
+            assert await page.locator("img, a[href^='javascript']").count() == 0
+            assert await page.locator("main svg[onload]").count() == 0
+        assert await page.inner_text(".side-1 .verdict") == "failed, 0.000"
+        await page.goto(f"{ui.url}/rollouts/ro1")
+        assert (await page.inner_text("#verdict")).startswith("failed")
+        titles = await page.locator(".tok").evaluate_all("ns => ns.map(n => n.title)")
+        assert titles == ["logprob –", "logprob -0.500", "logprob –"]
+        for path in ("/", "/runs/r1"):
+            assert (await page.goto(ui.url + path)).status == 200
+        assert dialogs == []
