@@ -46,6 +46,9 @@ SECURITY_HEADERS = {
     " 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+    # Every page but the login form shows what a key may read: no browser or proxy keeps a
+    # copy (for the back button after a logout, or for the next person on a shared cache).
+    "Cache-Control": "no-store",
 }
 
 
@@ -227,7 +230,7 @@ def _logged_in(state: UiState, viewer: Viewer, target: str) -> Response:
     # An HTML hop instead of a redirect: a SameSite=Strict cookie set while following a link
     # from elsewhere is then sent on the next, same-site navigation.
     html = TEMPLATES.get_template("hop.html").render(target=target)
-    response = HTMLResponse(html)
+    response = HTMLResponse(html, headers=SECURITY_HEADERS)
     response.set_cookie(
         COOKIE, state.signer.sign(viewer), max_age=SESSION_S, httponly=True, samesite="strict"
     )
@@ -466,7 +469,7 @@ async def provenance_part(request: Request) -> Response:
     if run_id is None:
         raise HTTPException(404, f"no rollout {rollout_id!r}")
     found = await ev_reads.provenance(state.js, run_id, rollout_id)
-    return HTMLResponse(part("provenance", found))
+    return HTMLResponse(part("provenance", found), headers=SECURITY_HEADERS)
 
 
 async def compare_page(request: Request) -> Response:

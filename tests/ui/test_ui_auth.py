@@ -201,6 +201,19 @@ async def test_a_revoked_keys_session_ends_at_its_next_check(
         assert (await http.get("/")).status_code == 303
 
 
+async def test_no_page_a_key_reads_is_kept_by_a_cache(
+    settings: Settings, seeded: str, viewer_key: ApiKey
+) -> None:
+    # Without it, the back button after a logout (or a shared proxy) showed the run again.
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        hop = await _log_in(http, viewer_key)
+        assert hop.headers["cache-control"] == "no-store"  # it sets the session cookie
+        for path in ("/", f"/runs/{seeded}", "/runs/nope", "/rollouts/nope/provenance"):
+            page = await http.get(path)
+            assert page.headers["cache-control"] == "no-store", (path, page.status_code)
+            assert "default-src 'self'" in page.headers["content-security-policy"]
+
+
 async def test_a_session_survives_a_nats_it_cannot_reach(settings: Settings) -> None:
     # An outage is no revocation: the session stays (its key is proven once NATS is back).
     from dataclasses import replace
