@@ -293,7 +293,12 @@ def _refusal(exc: RolloutError) -> str:
 
 
 async def logout(request: Request) -> Response:
-    """Forget the session."""
+    """End the session, here and in the browser."""
+    viewer: Viewer | None = request.scope.get("viewer")
+    auth = _state(request).auth
+    if viewer is not None and auth is not None:
+        # Deleting the cookie alone left the session valid for 12 h to any copy of it.
+        auth.close_session(viewer)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE)
     return response

@@ -188,6 +188,10 @@ class Authenticator:
         self._sessions[sid] = _Held(key=key, proven=time.monotonic(), expires=now + SESSION_S)
         return replace(viewer, session=sid)
 
+    def close_session(self, viewer: Viewer) -> None:
+        """End `viewer`'s session: its cookie is refused from now on, wherever a copy is."""
+        self._sessions.pop(viewer.session, None)
+
     async def still_valid(self, viewer: Viewer) -> bool:
         """Whether the session's key is still accepted: proven again after RECHECK_S. A server
         that cannot be reached keeps the session (an outage is no revocation)."""

@@ -201,6 +201,22 @@ async def test_a_revoked_keys_session_ends_at_its_next_check(
         assert (await http.get("/")).status_code == 303
 
 
+async def test_a_logged_out_session_stays_logged_out(
+    settings: Settings, seeded: str, viewer_key: ApiKey
+) -> None:
+    # The cookie was only deleted in the browser: a copy of it (a shared machine's profile,
+    # a proxy log) still read every run for the rest of its 12 hours.
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        assert (await _log_in(http, viewer_key)).status_code == 200
+        copy = http.cookies[COOKIE]
+        assert SECRET_NAME in (await http.get(f"/runs/{seeded}")).text
+        out = await http.get("/logout")
+        assert out.status_code == 303 and COOKIE not in http.cookies
+        async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: copy}) as replay:
+            page = await replay.get(f"/runs/{seeded}")
+            assert page.status_code == 303 and page.headers["location"].startswith("/login")
+
+
 async def test_no_page_a_key_reads_is_kept_by_a_cache(
     settings: Settings, seeded: str, viewer_key: ApiKey
 ) -> None:
