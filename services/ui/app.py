@@ -226,14 +226,17 @@ def _cross_site(request: Request) -> bool:
     return origin != f"{request.url.scheme}://{request.url.netloc}"
 
 
-def _logged_in(state: UiState, viewer: Viewer, target: str) -> Response:
+def _logged_in(request: Request, viewer: Viewer, target: str) -> Response:
     # An HTML hop instead of a redirect: a SameSite=Strict cookie set while following a link
     # from elsewhere is then sent on the next, same-site navigation.
     html = TEMPLATES.get_template("hop.html").render(target=target)
     response = HTMLResponse(html, headers=SECURITY_HEADERS)
+    # Served over https (behind a TLS proxy on this host, which uvicorn trusts for the
+    # scheme): the cookie is Secure, so no plain-http request to the same host carries it.
     response.set_cookie(
-        COOKIE, state.signer.sign(viewer), max_age=SESSION_S, httponly=True, samesite="strict"
-    )
+        COOKIE, _state(request).signer.sign(viewer), max_age=SESSION_S, httponly=True,
+        samesite="strict", secure=request.url.scheme == "https",
+    )  # fmt: skip
     return response
 
 
@@ -247,7 +250,7 @@ async def login_page(request: Request) -> Response:
             viewer = state.auth.redeem(token)
         except RolloutError as exc:
             return render("login.html", request, 401, error=str(exc), next=target)
-        return _logged_in(state, viewer, target)
+        return _logged_in(request, viewer, target)
     return render("login.html", request, error=None, next=target)
 
 
@@ -282,7 +285,7 @@ async def login_submit(request: Request) -> Response:
         # The message names the key's user at most, never its secret.
         log.info("ui login refused", error=str(exc).split(":")[0])
         return render("login.html", request, 401, error=_refusal(exc), next=target)
-    return _logged_in(state, state.auth.open_session(viewer, key), target)
+    return _logged_in(request, state.auth.open_session(viewer, key), target)
 
 
 def _refusal(exc: RolloutError) -> str:

@@ -217,6 +217,24 @@ async def test_a_logged_out_session_stays_logged_out(
             assert page.status_code == 303 and page.headers["location"].startswith("/login")
 
 
+async def test_behind_https_the_session_cookie_is_secure(
+    settings: Settings, viewer_key: ApiKey
+) -> None:
+    # A TLS proxy on this host says https (X-Forwarded-Proto, which uvicorn trusts from
+    # loopback): the cookie must not travel over plain http to the same host.
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        host = http.base_url.netloc.decode()
+        tls = await http.post(
+            "/login", data={"key": viewer_key.text, "next": "/"},
+            headers={"origin": f"https://{host}", "x-forwarded-proto": "https"},
+        )  # fmt: skip
+        assert tls.status_code == 200
+        assert "secure" in tls.headers["set-cookie"].lower().split("; ")
+        plain = await _log_in(http, viewer_key)  # loopback http: a Secure cookie would be lost
+        assert plain.status_code == 200
+        assert "secure" not in plain.headers["set-cookie"].lower().split("; ")
+
+
 async def test_no_page_a_key_reads_is_kept_by_a_cache(
     settings: Settings, seeded: str, viewer_key: ApiKey
 ) -> None:
