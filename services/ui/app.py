@@ -76,12 +76,29 @@ def _templates() -> jinja2.Environment:
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
     env.filters["num"] = _num
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
+    env.filters["clip"] = _clip
     env.filters["short"] = lambda v, n=12: "" if v is None else str(v)[:n]
     env.filters["shade"] = _shade
     env.filters["adv_shade"] = _advantage_shade
     env.filters["signed"] = _signed
     env.globals["wilson_text"] = _wilson_text
     return env
+
+
+# A page shows at most this much of one text (a message, a tool call's arguments or result,
+# the final answer or state) and this many shaded tokens of one turn: a model that writes
+# megabytes still gets a page a browser opens at once (8.7 MB of trajectory was a 19.7 MB page).
+TEXT_SHOWN = 20_000
+TOKENS_SHOWN = 2_000
+
+
+def _clip(text: Any) -> str:
+    """`text` up to TEXT_SHOWN characters, then how many more there are and where to read them."""
+    text = str(text)
+    if len(text) <= TEXT_SHOWN:
+        return text
+    left = len(text) - TEXT_SHOWN
+    return f"{text[:TEXT_SHOWN]}\n… {left:,} more characters (all of it: rollout export --run RUN)"
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -431,12 +448,15 @@ def _turns(
                 ids = token_ids[assistant] if assistant < len(token_ids) else None
                 turn["tokens"] = [
                     {"id": ids[i] if ids and i < len(ids) else None, "logprob": lp}
-                    for i, lp in enumerate(logprobs[assistant])
+                    for i, lp in enumerate(logprobs[assistant][:TOKENS_SHOWN])
                 ]
-            turn["trained"] = _trained_tokens(
+                turn["tokens_left"] = max(0, len(logprobs[assistant]) - TOKENS_SHOWN)
+            trained = _trained_tokens(
                 (signals or {}).get(str(assistant)),
                 token_ids[assistant] if assistant < len(token_ids) else None,
             )
+            turn["trained"] = trained[:TOKENS_SHOWN] if trained else trained
+            turn["trained_left"] = max(0, len(trained or []) - TOKENS_SHOWN)
             assistant += 1
         turns.append(turn)
     # Calls the messages do not mention (a template that records calls only) still show.

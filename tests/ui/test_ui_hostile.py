@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 from ui_kit import UiServer, serve
 
@@ -98,3 +99,50 @@ async def test_a_hostile_trajectory_is_text_and_its_rollout_still_failed(
         for path in ("/", "/runs/r1"):
             assert (await page.goto(ui.url + path)).status == 200
         assert dialogs == []
+
+
+async def test_a_model_that_writes_megabytes_gets_a_page_of_bounded_size(
+    settings: Settings, viewer_key: ApiKey
+) -> None:
+    from rollout.services.ui.app import TEXT_SHOWN, TOKENS_SHOWN
+
+    turns = 8
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        now = datetime.now(UTC)
+        await pool.execute(
+            "insert into runs(run_id, env_slug, env_version, env_hash, model, n, sampling,"
+            " max_tool_calls, policy_version, status, total, scored, passed, created_at)"
+            " values ('big', 'refunds', 1, 'h', 'm', 1, '{}', 4, 0, 'failed', 1, 1, 0, $1)",
+            now,
+        )
+        trajectory = {
+            "messages": [{"role": "user", "content": "go"}]
+            + [{"role": "assistant", "content": "word " * 50_000}] * turns,
+            "final_output": "x" * 500_000,
+            "token_ids": [list(range(10_000))] * turns,
+            "logprobs": [[-0.5] * 10_000] * turns,
+        }
+        raw = json.dumps(trajectory)
+        await pool.execute(
+            "insert into rollouts(rollout_id, run_id, task_index, sample_index, status, model,"
+            " policy_version, score, passed, generated_at, trajectory)"
+            " values ('big-0', 'big', 0, 0, 'scored', 'm', 0, 0.0, false, $1, $2::jsonb)",
+            now, raw,
+        )  # fmt: skip
+    finally:
+        await pool.close()
+    async with serve(settings) as ui:
+        cookie = await ui.session_cookie(viewer_key)
+        async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: cookie}) as http:
+            # Compare shows the rollout twice (as sample 0 of runs A and B).
+            for path, sides in (("/rollouts/big-0", 1), ("/compare?a=big&b=big&task=0", 2)):
+                page = await http.get(path)
+                assert page.status_code == 200
+                # 3.5 MB of trajectory was a 9 MB page of 80,000 token spans.
+                assert len(page.text) < sides * len(raw) / 2, (path, len(page.text), len(raw))
+                assert page.text.count('class="tok"') == sides * turns * TOKENS_SHOWN
+                assert f"… {10_000 - TOKENS_SHOWN} more tokens" in page.text
+                assert f"… {500_000 - TEXT_SHOWN:,} more characters" in page.text
+                assert f"… {250_000 - TEXT_SHOWN:,} more characters" in page.text
