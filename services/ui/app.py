@@ -313,7 +313,12 @@ def _refusal(exc: RolloutError) -> str:
 
 
 async def logout(request: Request) -> Response:
-    """End the session, here and in the browser."""
+    """End the session, here and in the browser (a post from this viewer's own pages only)."""
+    if _cross_site(request):
+        # A page on another port of this host is the same site: its <img src=/logout> or
+        # form would carry the SameSite=Strict cookie and end the session.
+        return render("error.html", request, 403, status=403,
+                      detail="a logout posted from another site is refused")  # fmt: skip
     viewer: Viewer | None = request.scope.get("viewer")
     auth = _state(request).auth
     if viewer is not None and auth is not None:
@@ -781,7 +786,7 @@ def create_app(
     routes = [
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login_submit, methods=["POST"]),
-        Route("/logout", logout, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
         Route("/", runs_page),
         Route("/runs/{run_id}", run_page),
         Route("/runs/{run_id}/replay", replay_page),

@@ -85,6 +85,12 @@ async def test_missing_wrong_or_forged_credentials_get_the_login_page(
         assert SECRET_NAME in await page.inner_text("h1")
         cookie = next(c for c in await context.cookies() if c["name"] == COOKIE)
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        # The header's log-out button (a form post from this page) ends the session.
+        await page.click("#logout")
+        await page.wait_for_selector("#key")
+        assert not [c for c in await context.cookies() if c["name"] == COOKIE]
+        await page.goto(f"{ui.url}/runs/{seeded}")
+        assert page.url.startswith(f"{ui.url}/login") and SECRET_NAME not in await page.content()
 
         # A one-time login link works once.
         link = await ui.login_link(viewer_key)
@@ -210,7 +216,15 @@ async def test_a_logged_out_session_stays_logged_out(
         assert (await _log_in(http, viewer_key)).status_code == 200
         copy = http.cookies[COOKIE]
         assert SECRET_NAME in (await http.get(f"/runs/{seeded}")).text
-        out = await http.get("/logout")
+        # Only a post from the viewer's own page logs out: a GET (an <img src=/logout> on
+        # another port of this host, which is the same site and gets the cookie) or a post
+        # from elsewhere leaves the session.
+        assert (await http.get("/logout")).status_code == 405
+        for headers in ({"origin": "http://127.0.0.1:1"}, {"sec-fetch-site": "same-site"}):
+            refused = await http.post("/logout", headers=headers)
+            assert refused.status_code == 403 and "another site" in refused.text
+        assert SECRET_NAME in (await http.get(f"/runs/{seeded}")).text
+        out = await http.post("/logout", headers={"origin": origin_of(http)})
         assert out.status_code == 303 and COOKIE not in http.cookies
         async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: copy}) as replay:
             page = await replay.get(f"/runs/{seeded}")
