@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import math
@@ -15,6 +16,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import asyncpg
 import jinja2
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -39,6 +41,8 @@ from rollout.shared.store.trajectories import load_trajectory
 log = get_logger(__name__)
 HERE = Path(__file__).parent
 KEEPALIVE_S = 15.0
+# Live pages one key may follow at once (browser tabs; each is one server-sent-events stream).
+LIVE_PER_KEY = 32
 PUBLIC = ("/login", "/static/")
 # Trajectories hold model-written text: nothing on a page may load or run code from elsewhere.
 SECURITY_HEADERS = {
@@ -66,6 +70,9 @@ class UiState:
     # One re-verification at a time: it scores a whole run in this process, so a viewer key
     # asking for many at once would hold the viewer for everyone.
     reverifying: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Live streams open per key's user: each holds a queue of up to 10,000 changes while its
+    # client does not read, so one key must not open them without end.
+    live_open: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 def _templates() -> jinja2.Environment:
@@ -695,28 +702,56 @@ async def live(request: Request) -> Response:
     _int(request, "page", 1)  # read again inside the stream, where a 400 could not be sent
     assert state.hub is not None
     hub = state.hub
+    user = request.scope["viewer"].user
+    if state.live_open[user] >= LIVE_PER_KEY:
+        return Response(
+            f"this key already follows {LIVE_PER_KEY} live pages: close some and reload",
+            status_code=429,
+            headers={"Cache-Control": "no-store"},
+        )
+    state.live_open[user] += 1
+    released = False
+
+    def release() -> None:
+        # Once, from whichever runs first: the stream's end, or the response's (a client
+        # gone before the stream started never runs the stream's own finally).
+        nonlocal released
+        if not released:
+            released = True
+            state.live_open[user] -= 1
+            if state.live_open[user] <= 0:
+                del state.live_open[user]
 
     async def stream() -> AsyncIterator[bytes]:
-        with hub.subscribe(topics) as queue:
-            yield _sse("ready", {"topics": sorted(topics)})
-            while True:
-                try:
-                    first = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    yield b": keepalive\n\n"
-                    continue
-                if first is None:
-                    return
-                changes = await drain(queue, first)
-                if changes is None:
-                    return
-                await hub.caught_up(max(c.seq for c in changes))
-                html = await _fragments(state, request, changes)
-                if html:
-                    yield _sse("update", {"html": html, "seq": max(c.seq for c in changes)})
+        try:
+            with hub.subscribe(topics) as queue:
+                yield _sse("ready", {"topics": sorted(topics)})
+                while True:
+                    try:
+                        first = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    except TimeoutError:
+                        yield b": keepalive\n\n"
+                        continue
+                    if first is None:
+                        return
+                    changes = await drain(queue, first)
+                    if changes is None:
+                        return
+                    seq = max(c.seq for c in changes)
+                    await hub.caught_up(seq)
+                    html = await _fragments(state, request, changes)
+                    if html:
+                        yield _sse("update", {"html": html, "seq": seq})
+        finally:
+            release()
 
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers=headers,
+        background=BackgroundTask(release),
+    )
 
 
 async def not_found(request: Request, exc: Exception) -> Response:

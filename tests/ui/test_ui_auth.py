@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from ui_kit import serve
+from waiting import wait_until
 
 from rollout.services.ui.auth import COOKIE
 from rollout.shared.auth.keys import ApiKey
@@ -247,6 +249,42 @@ async def test_behind_https_the_session_cookie_is_secure(
         plain = await _log_in(http, viewer_key)  # loopback http: a Secure cookie would be lost
         assert plain.status_code == 200
         assert "secure" not in plain.headers["set-cookie"].lower().split("; ")
+
+
+async def test_one_key_follows_a_bounded_number_of_live_pages(
+    settings: Settings, viewer_key: ApiKey, nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each stream holds a queue of up to 10,000 changes while its client does not read: one
+    # key opening them without end grew the viewer's memory without end.
+    from rollout.services.ui import app as ui_app
+    from rollout.shared.auth.keys import KeyStore, Role
+
+    monkeypatch.setattr(ui_app, "LIVE_PER_KEY", 3)
+    _, other = KeyStore(nats_server.home).create(Role.VIEWER, "another viewer")
+    nats_server.reload()
+    async with serve(settings) as ui, contextlib.AsyncExitStack() as open_:
+        cookie = await ui.session_cookie(viewer_key)
+        http = await open_.enter_async_context(
+            httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: cookie}, timeout=30)
+        )
+        streams = []
+        for _ in range(3):
+            stream = await open_.enter_async_context(http.stream("GET", "/live?topic=runs"))
+            assert stream.status_code == 200
+            streams.append(stream)
+        refused = await http.get("/live?topic=runs")
+        assert refused.status_code == 429 and "already follows 3 live pages" in refused.text
+        # Another key is not held to this one's count.
+        cookies = {COOKIE: await ui.session_cookie(other)}
+        async with httpx.AsyncClient(base_url=ui.url, cookies=cookies, timeout=30) as theirs:
+            async with theirs.stream("GET", "/live?topic=runs") as stream:
+                assert stream.status_code == 200
+        # A closed page frees its place.
+        await streams.pop().aclose()
+        live_open = ui.app.state.ui.live_open
+        await wait_until(lambda: live_open[viewer_key.user] == 2, "a closed stream's release")
+        async with http.stream("GET", "/live?topic=runs") as stream:
+            assert stream.status_code == 200
 
 
 async def test_no_page_a_key_reads_is_kept_by_a_cache(
