@@ -61,6 +61,13 @@ async def hostile(settings: Settings) -> AsyncIterator[None]:
             " values ('ro1', 'r1', 0, 0, 'scored', 'm', 0, 0.0, false, $1::jsonb, $2, $3::jsonb)",
             json.dumps(prims), now, json.dumps(trajectory),
         )  # fmt: skip
+        # Task 1: the model's output broke the episode (an error, no verdict).
+        await pool.execute(
+            "insert into rollouts(rollout_id, run_id, task_index, sample_index, status, model,"
+            " policy_version, generated_at, trajectory, error)"
+            " values ('ro2', 'r1', 1, 0, 'errored', 'm', 0, $1, $2::jsonb, $3)",
+            now, json.dumps(trajectory | {"error": EVIL}), EVIL,
+        )  # fmt: skip
         yield
     finally:
         await pool.close()
@@ -92,6 +99,11 @@ async def test_a_hostile_trajectory_is_text_and_its_rollout_still_failed(
             assert await page.locator("img, a[href^='javascript']").count() == 0
             assert await page.locator("main svg[onload]").count() == 0
         assert await page.inner_text(".side-1 .verdict") == "failed, 0.000"
+        # An errored rollout has no verdict: side by side said "failed", as if it had one.
+        await page.goto(f"{ui.url}/compare?a=r1&b=r1&task=1")
+        assert await page.inner_text(".side-1 .verdict") == "errored, not scored"
+        await page.goto(f"{ui.url}/rollouts/ro2")
+        assert (await page.inner_text("#verdict")).startswith("not scored")
         await page.goto(f"{ui.url}/rollouts/ro1")
         assert (await page.inner_text("#verdict")).startswith("failed")
         titles = await page.locator(".tok").evaluate_all("ns => ns.map(n => n.title)")
