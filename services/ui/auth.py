@@ -38,6 +38,9 @@ KEY_CHECK_S = 20.0
 LOGINS_AT_ONCE = 4
 # Addresses remembered at most (the oldest are forgotten first).
 MAX_ADDRESSES = 10_000
+# Sessions one key holds at once (the oldest end first): each login with a valid key is
+# remembered for SESSION_S, so logging in over and over must not grow the viewer without end.
+SESSIONS_PER_KEY = 64
 
 
 def login_failures_allowed() -> int:
@@ -184,6 +187,9 @@ class Authenticator:
         now = time.time() if now is None else now
         for sid in [s for s, held in self._sessions.items() if held.expires < now]:
             del self._sessions[sid]
+        same = [s for s, held in self._sessions.items() if held.key == key]
+        for sid in same[: max(0, len(same) - SESSIONS_PER_KEY + 1)]:
+            del self._sessions[sid]  # the dict is oldest-first
         sid = secrets.token_urlsafe(16)
         self._sessions[sid] = _Held(key=key, proven=time.monotonic(), expires=now + SESSION_S)
         return replace(viewer, session=sid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,25 @@ def test_a_bad_login_failures_setting_is_a_clear_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("ROLLOUT_UI_LOGIN_FAILURES", "lots")
     with pytest.raises(RolloutError, match="ROLLOUT_UI_LOGIN_FAILURES='lots'"):
         login_failures_allowed()
+
+
+async def test_one_key_holds_a_bounded_number_of_sessions() -> None:
+    # Every login with a valid key was remembered for 12 h: logging in without end grew the
+    # viewer's memory without end. Past the limit the key's oldest session ends.
+    from rollout.services.ui.auth import SESSIONS_PER_KEY, Authenticator
+    from rollout.shared.auth.keys import ApiKey
+    from rollout.shared.auth.roles import Role
+    from rollout.shared.settings import Settings
+
+    auth = Authenticator(
+        Settings(home=Path("/nonexistent"), nats_url="nats://127.0.0.1:1", database_url=None)
+    )
+    key, other = ApiKey.generate(Role.VIEWER), ApiKey.generate(Role.VIEWER)
+    theirs = auth.open_session(Viewer(other.user, "viewer"), other.text)
+    sessions = [
+        auth.open_session(Viewer(key.user, "viewer"), key.text) for _ in range(SESSIONS_PER_KEY + 5)
+    ]
+    assert len(auth._sessions) == SESSIONS_PER_KEY + 1
+    assert not any([await auth.still_valid(v) for v in sessions[:5]])
+    assert all([await auth.still_valid(v) for v in sessions[5:]])
+    assert await auth.still_valid(theirs)  # another key's session is not this key's to end
