@@ -26,8 +26,10 @@ import httpx
 
 from rollout.services.tracker.queries import get_run as tracker_get_run
 from rollout.services.ui.app import create_app
-from rollout.services.ui.auth import COOKIE, Viewer
+from rollout.services.ui.auth import COOKIE
 from rollout.services.ui.server import start_in_loop
+from rollout.shared.auth.keys import KeyStore
+from rollout.shared.auth.roles import Role
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts import events as ev
@@ -226,7 +228,13 @@ async def main(tasks: int, samples: int, repeat: int) -> int:
         app = create_app(settings)
         sock = bind("127.0.0.1", 0)
         server, serving = await start_in_loop(app, sock)
-        cookie = app.state.ui.signer.sign(Viewer("bench", "viewer"))
+        # A real viewer key and session, as logging in gives: the viewer refuses a cookie
+        # whose session it did not open.
+        _, key = KeyStore(nats_server.home).create(Role.VIEWER, "ui benchmark")
+        nats_server.reload()
+        auth = app.state.ui.auth
+        viewer = auth.open_session(await auth.check_key(key.text), key.text)
+        cookie = app.state.ui.signer.sign(viewer)
         last = f"{runs[0]}-{tasks - 1}-{samples - 1}"
         pages = {
             "runs": "/",
