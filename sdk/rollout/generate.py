@@ -137,13 +137,20 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     (see `answer_mode`); errors name the file, line and field, and nothing runs on a bad file.
     """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except OSError as exc:
         raise RolloutError(f"--prompts {path}: cannot read: {exc.strerror or exc}") from None
+    # A byte-order mark (Windows editors, spreadsheets) is not part of line 1.
+    bom = len(data) - len(data := data.removeprefix(b"\xef\xbb\xbf"))
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RolloutError(
-            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {bom + exc.start})"
         ) from None
+    # Lines end at "\n" ("\r\n" too: "\r" is JSON whitespace); str.splitlines would also cut
+    # at U+2028 or U+0085, which a JSON string may hold unescaped.
+    lines = text.split("\n")
     tasks: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):

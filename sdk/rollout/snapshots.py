@@ -661,6 +661,8 @@ def training_sets(rows: list[SnapshotRow], min_margin: float = 0.0) -> dict[str,
     """SFT, DPO, KTO and GRPO rows from snapshot rows, as the buffer and learner build them."""
     if not (math.isfinite(min_margin) and min_margin >= 0):
         raise RolloutError(f"--min-margin must be a finite number >= 0, got {min_margin}")
+    if not rows:  # every row held out (an export of a test run): nothing to build from
+        return {"sft": [], "dpo": [], "kto": [], "grpo": []}
     buffer_rows = [r.buffer_row() for r in rows]
     run_ids = sorted({r.run_id for r in rows})
     sft_items, _, _ = sft_set(buffer_rows)

@@ -282,7 +282,11 @@ def rows_from_jsonl(data: bytes, where: str) -> list[SnapshotRow]:
     """Canonical JSONL back as checked rows; a bad line is named `where:LINE: field: why`."""
     rows: list[SnapshotRow] = []
     seen: set[str] = set()
-    for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+    # Split at "\n" only: str.splitlines also breaks at U+2028, U+0085 and the like, which
+    # JSON text holds unescaped (canonical_jsonl writes them so), cutting a row in two.
+    for number, line in enumerate(data.decode("utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue  # the end of the last line
         try:
             row = SnapshotRow.model_validate_json(line)
         except ValidationError as exc:

@@ -48,7 +48,9 @@ class Task(TaskSpec):
         # A byte-order mark (Windows editors, spreadsheets) is not part of line 1.
         data = data.removeprefix(b"\xef\xbb\xbf")
         try:
-            lines = data.decode("utf-8").splitlines()
+            # "\n" only: a JSON string may hold U+2028 or U+0085 unescaped (str.splitlines
+            # would cut its line in two); a "\r" before it is JSON whitespace.
+            lines = data.decode("utf-8").split("\n")
         except UnicodeDecodeError as exc:
             # The line, not the byte offset into a file of thousands of lines.
             line = data.count(b"\n", 0, exc.start) + 1

@@ -71,6 +71,15 @@ def test_from_jsonl_reads_a_file_saved_with_a_bom_and_crlf(tmp_path: Path) -> No
     assert [t.instruction for t in Task.from_jsonl(f)] == ["a", "b"]
 
 
+def test_from_jsonl_keeps_unicode_line_separators_inside_a_line(tmp_path: Path) -> None:
+    # JSON leaves U+2028/9 and NEL unescaped (json.dumps(ensure_ascii=False) writes them raw):
+    # they were read as line ends, so a valid file was "t.jsonl:1: invalid JSON".
+    text = "Refund O-1\u2028(sent from my phone)\u2029\x85thanks"
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"instruction": text}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert [t.instruction for t in Task.from_jsonl(f)] == [text]
+
+
 def test_spec_roundtrip_and_hash() -> None:
     (env,) = load_environments(SEEDS / "helpers_env.py")
     spec = env.to_spec()

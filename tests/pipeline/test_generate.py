@@ -265,6 +265,22 @@ def test_bad_prompts_files_name_the_line_and_field(tmp_path) -> None:
         assert message in str(info.value), (text, str(info.value))
 
 
+def test_a_prompts_file_with_a_bom_crlf_and_unicode_line_separators_is_read(tmp_path) -> None:
+    # Line 1 of a Windows editor's file opens with a byte-order mark ("not JSON (Unexpected
+    # UTF-8 BOM)"); JSON leaves U+2028/9 and NEL unescaped, and str.splitlines cut the line there.
+    text = "Say hi\u2028(sent from my phone)\u2029\x85thanks"
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + json.dumps({"prompt": "first"}).encode() + b"\r\n"
+        + json.dumps({"prompt": text}, ensure_ascii=False).encode() + b"\n"
+    )  # fmt: skip
+    assert [t["instruction"] for t in read_prompts(path)] == ["first", text]
+    # A byte that is not UTF-8 is named by its offset in the file, the mark counted.
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(RolloutError, match=r"not UTF-8 text \(byte 0xe9 at offset 34\)"):
+        read_prompts(path)
+
+
 async def test_generate_multi_turn_prompts_send_the_whole_conversation(
     client, settings, tmp_path
 ) -> None:

@@ -20,7 +20,7 @@ from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.services.learner.training_sets import dpo_pairs, sft_set
 from rollout.shared.aggregates.run import load_run_head
-from rollout.shared.contracts.snapshot import SnapshotRow, rows_from_jsonl
+from rollout.shared.contracts.snapshot import SnapshotRow, canonical_jsonl, rows_from_jsonl
 from rollout.shared.learning.trainer_rows import dpo_rows, sft_rows
 from rollout.shared.settings import Settings, connect_nats
 from rollout.snapshots import (
@@ -551,6 +551,45 @@ def test_contradictory_verdicts_are_refused_by_file_row_and_field(tmp_path, caps
                        _row(outcome="errored", passed=None, score=None, error="model down"),
                        _row(rollout_id="r2", outcome="errored", passed=False, score=0.0))  # fmt: skip
     assert _cli(capsys, "import", str(path), "-o", str(out))[0] == 0
+
+
+def test_an_import_of_held_out_rows_only_writes_them_and_empty_sets(tmp_path, capsys) -> None:
+    # An export of a run on the test split: every row is held out. The import raised a
+    # pydantic ValidationError (a traceback) building GRPO groups of no runs.
+    snap = _write_rows(
+        tmp_path / "test-run.jsonl",
+        _row(rollout_id="r1", split="test"),
+        _row(rollout_id="r2", task_index=1, split="test", score=0.0, passed=False,
+             outcome="failed"),
+    )  # fmt: skip
+    code, out, err = _cli(capsys, "import", str(snap), "-o", str(tmp_path / "sets"), "--json")
+    assert code == 0 and "Traceback" not in err, err
+    counts = {k: v for k, v in json.loads(out).items() if k != "out"}
+    assert counts == {"rollouts": 2, "sft": 0, "dpo": 0, "kto": 0, "grpo": 0, "heldOut": 2}
+    assert len(_read_jsonl(tmp_path / "sets" / "rollouts.jsonl")) == 2
+    assert all((tmp_path / "sets" / f"{name}.jsonl").read_text() == ""
+               for name in ("sft", "dpo", "kto", "grpo"))  # fmt: skip
+
+
+def test_text_with_unicode_line_separators_reaches_the_learner_in_one_row(tmp_path) -> None:
+    # JSON leaves U+2028/9 and NEL unescaped (canonical_jsonl writes them raw); the learner read
+    # the staged bytes with str.splitlines, which cut such a row in two: a dataset `import`
+    # and `improve --dataset` accepted failed its job with "Invalid JSON: EOF while parsing".
+    text = "refund it\u2028(sent from my phone)\u2029\x85done"
+    trajectory = json.dumps({"messages": [{"role": "user", "content": text},
+                                          {"role": "assistant", "content": "yo"}]},
+                            ensure_ascii=False)  # fmt: skip
+    path = tmp_path / "snap.jsonl"
+    path.write_text(
+        json.dumps(_row(trajectory=trajectory), ensure_ascii=False) + "\n"
+        + json.dumps(_row(rollout_id="r2", prompt=text), ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )  # fmt: skip
+    rows = read_snapshot(path)
+    staged = canonical_jsonl(rows)
+    assert "\u2028".encode() in staged  # raw, as the learner gets them
+    assert rows_from_jsonl(staged, "ds") == rows
+    assert json.loads(rows[0].trajectory)["messages"][0]["content"] == text
 
 
 def test_staged_rows_written_past_the_cli_are_checked_alike_where_the_learner_reads_them() -> None:
