@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from rollout.shared.aggregates.run_options import SEED_RANGE
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 from rollout.shared.models.hermes import OPEN_TAG
 
@@ -93,7 +94,16 @@ class Message(BaseModel):
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise ValueError("only text content parts are supported")
                 texts.append(part["text"])
-            return "".join(texts)
+            value = "".join(texts)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                # JSON's \ud83d alone: a string cut between the halves of a character.
+                raise ValueError(
+                    f"holds {exc.object[exc.start]!r} at character {exc.start}, half of a "
+                    "UTF-16 surrogate pair, which is not text (a string cut mid-character?)"
+                ) from None
         return value
 
 
@@ -118,8 +128,11 @@ class CompletionBody(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    # OpenAI's API takes null for these as "the default" (some clients send every field).
     n: int = Field(default=1, ge=1)
-    seed: int | None = None
+    # A 64-bit integer, as OpenAI's: a larger one fails the sampler's generator, and with it
+    # every other client's request sampled in the same batch.
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -127,6 +140,11 @@ class CompletionBody(BaseModel):
     top_logprobs: int | None = None
     # vLLM's option: each logprob's token is written `token_id:<id>` (what our actors read).
     return_tokens_as_token_ids: bool = False
+
+    @field_validator("n", "stream", "logprobs", "return_tokens_as_token_ids", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        return cls.model_fields[info.field_name].default if value is None else value
 
 
 def parse_body(raw: bytes, *, max_n: int, max_tokens_limit: int) -> CompletionBody:
@@ -184,10 +202,16 @@ def chat_requests(body: CompletionBody) -> list[ChatRequest]:
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             max_tokens=limit,
-            seed=None if body.seed is None else body.seed + i,
+            seed=None if body.seed is None else _wrapped(body.seed + i),
         )
         for i in range(body.n)
     ]
+
+
+def _wrapped(seed: int) -> int:
+    """SEED in the 64-bit range (a choice's `seed + i` past its top wraps to its bottom)."""
+    low, high = SEED_RANGE
+    return (seed - low) % (high - low + 1) + low
 
 
 def completion_id() -> str:
@@ -247,8 +271,37 @@ def _logprobs(response: ChatResponse, tokenizer: Any | None, as_ids: bool) -> di
     return {"content": content}
 
 
+def offers_tools(body: CompletionBody) -> bool:
+    """Whether the request lets the model call a tool."""
+    return bool(body.tools) and body.tool_choice != "none"
+
+
+def _reply_text(response: ChatResponse, tokenizer: Any | None) -> str | None:
+    """The whole reply as text, what the backend read as tool calls included."""
+    if tokenizer is not None and response.token_ids:
+        return tokenizer.decode(response.token_ids, skip_special_tokens=True).strip() or None
+    parts = [response.content or ""]
+    for call in response.tool_calls:
+        if not call.name:
+            parts.append(call.arguments)
+            continue
+        try:
+            arguments: Any = json.loads(call.arguments or "{}")
+        except ValueError:
+            arguments = call.arguments
+        parts.append(json.dumps({"name": call.name, "arguments": arguments}))
+    return "\n".join(p for p in parts if p) or None
+
+
 def choice_of(response: ChatResponse, body: CompletionBody, tokenizer: Any | None) -> Choice:
     """The OpenAI choice for one backend response (stop sequences applied)."""
+    if response.tool_calls and not offers_tools(body):
+        # No tool was offered (or tool_choice is "none"): OpenAI then never answers with a
+        # call, and a client would find `content: null`. What the backend read as a call
+        # (a JSON reply `{"name": ..., "arguments": ...}`) is the model's text.
+        response = response.model_copy(
+            update={"content": _reply_text(response, tokenizer), "tool_calls": []}
+        )
     calls, leftover = _wire_calls(response.tool_calls)
     content = response.content
     if leftover:

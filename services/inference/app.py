@@ -36,7 +36,8 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 PUBLIC_PATHS = ("/health",)
 # Backend errors that are the request's fault (the rest are the server's).
 _REQUEST_FAULTS = (("does not fit the model's context", "context_length_exceeded"),
-                   ("chat template failed", "invalid_messages"))  # fmt: skip
+                   ("chat template failed", "invalid_messages"),
+                   ("cannot tokenize the prompt", "invalid_messages"))  # fmt: skip
 
 
 class KeyRing:

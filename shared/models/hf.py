@@ -323,7 +323,13 @@ class HFBackend:
             return _error(
                 f"{self.name}: chat template failed: {type(exc).__name__}: {exc}", rejected=True
             )
-        ids: list[int] = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        try:
+            ids: list[int] = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        except Exception as exc:  # a lone surrogate (text cut mid-emoji): this request only
+            return _error(
+                f"{self.name}: cannot tokenize the prompt: {type(exc).__name__}: {exc}",
+                rejected=True,
+            )
         if len(ids) >= limit:
             return _error(
                 f"{self.name}: prompt of {len(ids)} tokens does not fit the model's "

@@ -355,6 +355,12 @@ async def test_concurrent_requests_share_batches(serve, tiny_model: Path) -> Non
         (json.dumps({"model": "local/scripted",
                      "messages": [{"role": "wizard", "content": "hi"}]}).encode(), 400,
          "messages.0.role", "unknown role"),
+        (json.dumps({"model": "local/scripted",
+                     "messages": [{"role": "user", "content": "refund \ud83d"}]}).encode(), 400,
+         "messages.0.content", "half of a UTF-16 surrogate pair"),
+        (json.dumps({"model": "local/scripted", "seed": 10**20,
+                     "messages": [{"role": "user", "content": "hi"}]}).encode(), 400,
+         "seed", "less than or equal to 9223372036854775807"),
     ],
 )  # fmt: skip
 async def test_bad_requests_get_openai_errors(scripted, body, status, param, words) -> None:
@@ -366,6 +372,103 @@ async def test_bad_requests_get_openai_errors(scripted, body, status, param, wor
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
     assert error["type"] == "invalid_request_error"
+
+
+async def test_null_options_are_their_defaults_as_openai_takes_them(scripted) -> None:
+    # OpenAI's API takes null for n, stream and logprobs (clients that send every field do):
+    # they were 400 "n: Input should be a valid integer".
+    body = {"model": "local/scripted", "messages": [{"role": "user", "content": INSTRUCTION}],
+            "tools": TOOLS, "n": None, "stream": None, "logprobs": None,
+            "return_tokens_as_token_ids": None}  # fmt: skip
+    async with httpx.AsyncClient(base_url=scripted.base_url) as http:
+        response = await http.post("/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    [choice] = response.json()["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["logprobs"] is None
+
+
+async def test_a_request_that_cannot_run_fails_alone_not_its_batch(serve, tiny_model: Path) -> None:
+    # A seed past 64 bits failed the sampler's generator, and a lone surrogate (text cut
+    # mid-emoji) the tokenizer, and with it every request of the batch: the other clients got
+    # "500 server error: ValueError" (or TypeError) for one client's request.
+    cut = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "description": "Look \ud83d"}}]
+    async with serve(f"hf:{tiny_model}", name="tiny", max_batch=8) as running:
+        client = client_of(running)
+        http = httpx.AsyncClient(base_url=running.base_url, timeout=60)
+
+        async def ask(seed: int, tools: list | None = None) -> str:
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "order O-1"}],
+                    "max_tokens": 4, "seed": seed, **({"tools": tools} if tools else {})}  # fmt: skip
+            # json.dumps writes a lone surrogate as the \ud83d escape, as a browser's JSON does.
+            response = await http.post(
+                "/chat/completions", content=json.dumps(body),
+                headers={"content-type": "application/json"},
+            )  # fmt: skip
+            if response.status_code != 200:
+                return f"{response.status_code} {response.json()['error']['param']}"
+            return "ok"
+
+        async with http:
+            answers = await asyncio.gather(*(ask(s) for s in (1, 2, 2**70, 3, 4)))
+            assert answers == ["ok", "ok", "400 seed", "ok", "ok"]
+            answers = await asyncio.gather(ask(1), ask(2, cut), ask(3))
+            assert answers == ["ok", "400 messages", "ok"]
+        # The largest seed still serves n choices (seed + i wraps within 64 bits).
+        done = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=3,
+            seed=2**63 - 1,
+        )  # fmt: skip
+        assert len(done.choices) == 3
+
+
+async def test_a_request_offering_no_tools_gets_text_never_a_tool_call(scripted) -> None:
+    # The backends read a JSON reply `{"name": ..., "arguments": ...}` as a tool call: a client
+    # that offered no tool (or tool_choice "none") got `content: null` and a call it never
+    # declared, which OpenAI never sends.
+    client = client_of(scripted)
+    messages = [{"role": "user", "content": INSTRUCTION}]
+    for options in ({}, {"tools": TOOLS, "tool_choice": "none"}):
+        done = await client.chat.completions.create(
+            model="local/scripted", messages=messages, **options
+        )
+        [choice] = done.choices
+        assert choice.message.tool_calls is None and choice.finish_reason == "stop", options
+        reply = json.loads(choice.message.content or "")
+        assert reply == {"name": "lookup_order", "arguments": {"order_id": "O-1"}}
+        stream = await client.chat.completions.create(
+            model="local/scripted", messages=messages, stream=True, **options
+        )
+        chunks = [c.choices[0] async for c in stream if c.choices]
+        assert not any(c.delta.tool_calls for c in chunks)
+        assert "".join(c.delta.content or "" for c in chunks) == choice.message.content
+        assert chunks[-1].finish_reason == "stop"
+
+
+def test_an_hf_reply_read_as_a_call_is_its_decoded_text_when_no_tool_is_offered(
+    tiny_model: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    from rollout.services.inference import api
+    from rollout.shared.models.base import ChatResponse
+    from rollout.shared.models.hermes import parse_tool_calls
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    text = 'Sure: <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    content, calls = parse_tool_calls(tokenizer.decode(ids, skip_special_tokens=True))
+    response = ChatResponse(content=content, tool_calls=calls, token_ids=ids,
+                            finish_reason="tool_calls")  # fmt: skip
+    plain = api.parse_body(
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        max_n=1, max_tokens_limit=16,
+    )  # fmt: skip
+    choice = api.choice_of(response, plain, tokenizer)
+    whole = tokenizer.decode(ids, skip_special_tokens=True).strip()
+    assert (choice.content, choice.tool_calls, choice.finish_reason) == (whole, [], "stop")
+    offered = plain.model_copy(update={"tools": [api.Tool.model_validate(TOOLS[0])]})
+    choice = api.choice_of(response, offered, tokenizer)
+    assert choice.finish_reason == "tool_calls" and choice.tool_calls[0]["function"]["name"] == "f"
 
 
 async def test_unknown_paths_and_methods_and_the_client_errors(scripted) -> None:
@@ -460,7 +563,7 @@ async def test_cli_serves_and_announces_its_url(tmp_path: Path) -> None:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-cli", max_retries=0)
         assert [m.id for m in (await client.models.list()).data] == ["agent"]
         done = await client.chat.completions.create(
-            model="agent", messages=[{"role": "user", "content": INSTRUCTION}]
+            model="agent", messages=[{"role": "user", "content": INSTRUCTION}], tools=TOOLS
         )
         assert done.choices[0].message.tool_calls[0].function.name == "lookup_order"
     finally:

@@ -219,6 +219,16 @@ async def test_prompt_over_the_context_is_a_per_request_error(hf: HFBackend) -> 
     assert fine.content == "Hello there."
 
 
+async def test_a_prompt_the_tokenizer_refuses_is_a_per_request_error(hf: HFBackend) -> None:
+    # Text cut mid-emoji (a JavaScript slice) reaches JSON as a lone surrogate; the tokenizer's
+    # TypeError failed the whole batch, so every request sampled beside it errored too.
+    cut = [{"role": "user", "content": "refund \ud83d"}]
+    bad, fine = await hf.generate([greedy(cut), greedy(PLAIN)])
+    assert bad.finish_reason == "error" and "cannot tokenize the prompt" in bad.error
+    assert bad.rejected and not fine.rejected
+    assert fine.content == "Hello there."
+
+
 async def test_a_call_nested_past_the_recursion_limit_in_the_history_is_kept_as_text(
     hf: HFBackend,
 ) -> None:
