@@ -23,6 +23,7 @@ import pydantic
 from rollout.environment import split_check
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.aggregates.run_options import MAX_ROLLOUTS
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.plan import (
@@ -45,7 +46,12 @@ from rollout.shared.envs import load_environments, select_environment, validate_
 from rollout.shared.envs.splits import ids_matter
 from rollout.shared.envs.verifiers.reward_model import not_a_reward_model, resolve
 from rollout.shared.learning import methods
-from rollout.shared.models.catalog import backend_forms, local_model, local_model_names
+from rollout.shared.models.catalog import (
+    backend_forms,
+    has_backend_form,
+    local_model,
+    local_model_names,
+)
 from rollout.shared.models.names import check_suffix, split_trained_name
 from rollout.shared.models.trained import find_trained
 
@@ -79,6 +85,8 @@ class PlanCheck:
     unchecked: set[str] = field(default_factory=set)
     # env name -> the splits its tasks have (when its spec could be read)
     splits: dict[str, set[str]] = field(default_factory=dict)
+    # env name -> each task's split, in order (None: no split), to size its runs
+    task_splits: dict[str, list[str | None]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -180,6 +188,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
     return problems
 
 
+def _pin_model_dirs(data: dict[str, Any]) -> None:
+    """`hf:DIR` / `vllm:DIR` models relative to the current folder, where they are checked, as
+    absolute paths: the actors load them from their own working folder, where `./ckpt` names
+    nothing (the plan checked, then its first stage was refused)."""
+    models = data.get("models")
+    if not isinstance(models, dict):
+        return
+    for key, name in models.items():
+        prefix = next(
+            (p for p in ("hf:", "vllm:") if isinstance(name, str) and name.startswith(p)), None
+        )
+        if prefix is None:
+            continue
+        folder = Path(name[len(prefix) :].strip())
+        if folder.parts and not folder.is_absolute() and folder.is_dir():
+            models[key] = f"{prefix}{folder.resolve()}"
+
+
 async def check_plan(
     path: str | Path, *, client: Any = None, overrides: list[str] | None = None
 ) -> PlanCheck:
@@ -200,6 +226,7 @@ async def check_plan_data(
     """Validate a plan already read (`path`: where its relative env files are found)."""
     check = PlanCheck(str(path))
     check.problems += apply_overrides(data, overrides or [])
+    _pin_model_dirs(data)
     # Strict: TOML's values have their own types, and a `seed = true` or an `n = "4"` is a
     # mistake to name, not one to run as seed 1 or 4.
     valid, errors = validate_strict(ExperimentPlan.model_validate, data)
@@ -217,6 +244,7 @@ async def check_plan_data(
     await _check_reward_models(plan, check)
     await _check_envs(plan, base, check, client)
     _check_splits(plan, check)
+    _check_run_sizes(plan, check)
     _check_compares(plan, check)
     _check_held_out(plan, check)
     if check.problems:
@@ -434,9 +462,9 @@ def _check_models(plan: ExperimentPlan, check: PlanCheck) -> None:
                 check.problems.append(
                     f"{where}: no trained model {name!r} (see `rollout jobs` for trained names)"
                 )
-        elif not any(name.strip().startswith(f.prefix) for f in backend_forms()):
-            # What every run would refuse when its stage starts (`resolve_backend`), found
-            # by the name's form alone: no weights are loaded and no endpoint is asked.
+        elif not has_backend_form(name):
+            # What every run would refuse when its stage starts (the tracker's form check),
+            # found by the name's form alone: no weights are loaded and no endpoint is asked.
             valid = "; ".join(f"{f.prefix}... (e.g. {f.example})" for f in backend_forms())
             check.problems.append(f"{where}: unknown model {name!r}: valid forms are {valid}")
 
@@ -511,6 +539,7 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
             if not problems:
                 spec = env.to_spec()
                 check.splits[key] = {t.split for t in spec.tasks if t.split}
+                check.task_splits[key] = [t.split for t in spec.tasks]
                 check.envs[key] = {
                     "source": "file",
                     "slug": spec.slug,
@@ -541,6 +570,7 @@ async def _check_envs(plan: ExperimentPlan, base: Path, check: PlanCheck, client
         check.problems += [f"{where}.ref: {slug} v{found['version']}: {p}" for p in problems]
         check.warnings += [f"{where}.ref: {slug} v{found['version']}: {w}" for w in warnings]
         check.splits[key] = {t["split"] for t in tasks if t.get("split")}
+        check.task_splits[key] = [t.get("split") for t in tasks]
         check.envs[key] = pin
     if not reached and any(e.ref for e in plan.envs.values()):
         check.notes.append(
@@ -560,6 +590,22 @@ def _check_splits(plan: ExperimentPlan, check: PlanCheck) -> None:
             check.problems.append(
                 f"stages[{i}].{stage.kind}.split: {check.envs[spec.env]['slug']} has no "
                 f"{spec.split!r} tasks (splits: {', '.join(sorted(have)) or 'none'})"
+            )
+
+
+def _check_run_sizes(plan: ExperimentPlan, check: PlanCheck) -> None:
+    """A run over the tracker's cap (tasks x n) is refused when its stage starts."""
+    for i, stage in enumerate(plan.stages):
+        spec = (stage.run or stage.evaluate) if stage is not None else None
+        if spec is None or spec.env not in check.task_splits:
+            continue
+        splits = check.task_splits[spec.env]
+        tasks = sum(1 for split in splits if spec.split is None or split == spec.split)
+        if tasks * spec.n > MAX_ROLLOUTS:
+            check.problems.append(
+                f"stages[{i}].{stage.kind}.n: {tasks} task(s) x {spec.n} = {tasks * spec.n:,} "
+                f"rollouts, over the {MAX_ROLLOUTS:,} one run may ask for; lower n, pick a "
+                "split, or spread them over several stages"
             )
 
 

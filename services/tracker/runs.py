@@ -61,7 +61,7 @@ from rollout.shared.contracts.requests import (
 from rollout.shared.contracts.work import RolloutItem, RolloutWork
 from rollout.shared.envs.verifiers.ruler import judged_in_groups
 from rollout.shared.errors import RetrySignal, RolloutError
-from rollout.shared.models.catalog import backend_forms
+from rollout.shared.models.catalog import backend_forms, has_backend_form
 from rollout.shared.models.openai_compat import check_endpoint_policy
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import event_context, get_logger
@@ -100,11 +100,7 @@ log = get_logger(__name__)
 def check_model_name(model: str) -> str | None:
     """A problem with the model name, or None when some backend accepts its form."""
     name = (model or "").strip()
-    # A form's prefix may be a whole model name (`local/tiny-agent`) or need a rest (`hf:<dir>`).
-    if any(
-        name == f.prefix.rstrip("/:") or (name.startswith(f.prefix) and len(name) > len(f.prefix))
-        for f in backend_forms()
-    ):
+    if has_backend_form(name):
         # The operator's endpoint policy: no credential options, no endpoint nobody allowed.
         return check_endpoint_policy(name)
     forms = ", ".join(f"{f.prefix}... (e.g. {f.example})" for f in backend_forms())

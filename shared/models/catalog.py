@@ -25,6 +25,7 @@ from rollout.shared.models.local_models import (
 from rollout.shared.models.registry import (
     BackendForm,
     backend_forms,
+    has_backend_form,
     name_resolvers,
     register_backend,
     register_resolver,
@@ -44,6 +45,7 @@ __all__ = [
     "require",
     "train_defaults",
     "backend_forms",
+    "has_backend_form",
     "name_resolvers",
     "register_backend",
     "register_resolver",

@@ -64,6 +64,16 @@ def backend_forms() -> list[BackendForm]:
     return sorted(_FORMS, key=lambda f: len(f.prefix), reverse=True)
 
 
+def has_backend_form(model: str) -> bool:
+    """Whether some backend takes a name of this form (nothing is loaded or asked): a form's
+    prefix may be a whole model name (`local/tiny-agent`) or need a rest (`hf:<dir>`)."""
+    name = (model or "").strip()
+    return any(
+        name == f.prefix.rstrip("/:") or (name.startswith(f.prefix) and len(name) > len(f.prefix))
+        for f in backend_forms()
+    )
+
+
 def resolve_backend(model: str) -> ModelBackend:
     """Build the backend for a model name, or raise RolloutError listing the valid forms."""
     name = (model or "").strip()

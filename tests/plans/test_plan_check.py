@@ -176,6 +176,24 @@ def test_with_overrides_a_model(tmp_path: Path) -> None:
     assert any(p.startswith("models.policy: no model folder") for p in missing.problems)
 
 
+def test_a_model_folder_relative_to_here_is_pinned_as_the_folder_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check found ./ckpt here, but the actors and the learner load `hf:./ckpt` from their
+    # own working folder (the stack's): the plan started, then its first stage was refused
+    # ("no model directory at ckpt"). The plan names the folder that was checked.
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for given in ("hf:./ckpt", "hf:ckpt", "vllm:ckpt"):
+        result = check(EXAMPLES / "local-grpo.toml", overrides=[f"policy={given}"])
+        prefix = given.split(":")[0]
+        pinned = f"{prefix}:{(tmp_path / 'ckpt').resolve()}"
+        assert result.ok and result.canonical["models"]["policy"] == pinned, result.problems
+    # What names no folder here is left as written (and refused for hf:).
+    missing = check(EXAMPLES / "local-grpo.toml", overrides=["policy=hf:./gone"])
+    assert missing.problems == ["models.policy: no model folder './gone'"]
+
+
 def test_the_distillation_plan_validates_and_names_its_teacher_stage() -> None:
     result = check(EXAMPLES / "distill-opd.toml")
     assert result.ok, result.problems
@@ -383,6 +401,11 @@ def test_a_model_name_no_run_accepts_is_refused_by_path(tmp_path: Path) -> None:
     assert problem.startswith("models.policy: unknown model 'bogus': valid forms are")
     # Endpoint forms are known by their form; nothing is contacted.
     assert check(EXAMPLES / "local-grpo.toml", overrides=["policy=openai/gpt-4o-mini"]).ok
+    # A form's prefix with nothing after it names no model: the tracker refuses its run, so
+    # the plan would stop at its first stage (after pushing its envs and starting).
+    for bare in ("openai/", "http://", "vllm:", "together/", "openai-compatible:"):
+        (problem,) = check(EXAMPLES / "local-grpo.toml", overrides=[f"policy={bare}"]).problems
+        assert problem.startswith(f"models.policy: unknown model {bare!r}: valid forms"), problem
 
 
 def test_a_plan_file_that_is_not_utf8_is_named_and_a_bom_is_accepted(tmp_path: Path) -> None:
@@ -491,3 +514,68 @@ def test_an_env_whose_test_split_repeats_train_is_refused_in_a_plan(tmp_path: Pa
     assert result.problems[-1] == (
         "envs.support.file: support-refunds: tasks: 11 more held-out task(s) repeat a train task word for word"
     )
+
+
+def test_a_run_over_the_trackers_size_cap_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    # 108 tasks x 1024 samples: the plan checked, pushed its env and started, and then the
+    # tracker refused the stage's run (over its 100,000 rollouts a run), failing the plan.
+    stages = (
+        '[[stages]]\nname = "sweep"\nrun = { env = "support", model = "policy", n = 1024 }\n'
+        '[[stages]]\nname = "fits"\n'
+        'run = { env = "support", model = "policy", split = "test", n = 1024 }\n'
+    )
+    path = plan_in(tmp_path, stages)
+    env = tmp_path / "workflow_support.py"
+    env.write_text(
+        env.read_text() + "\nimport copy as _copy\n"
+        "for _k in range(60):\n"
+        "    _t = _copy.deepcopy(next(t for t in env.tasks if t.split == 'train'))\n"
+        "    _t.id, _t.instruction = f'extra-{_k}', f'{_t.instruction} (case {_k})'\n"
+        "    env.tasks.append(_t)\n"
+    )
+    result = check(path)
+    assert result.problems == [
+        "stages[0].run.n: 108 task(s) x 1024 = 110,592 rollouts, over the 100,000 one run may "
+        "ask for; lower n, pick a split, or spread them over several stages"
+    ]
+
+
+# The plan runner's stand-in: says it started, then waits as a stage's run would.
+_RUNNING_PLAN = """
+import asyncio, sys
+from rollout.cli import experiments, main
+
+async def stage(args):
+    print("stage running", flush=True)
+    try:
+        await asyncio.sleep(600)
+    except asyncio.CancelledError:
+        print("interrupted: plan p stopped in stage 's'", file=sys.stderr, flush=True)
+        raise
+
+experiments._run_config = stage
+sys.exit(main(["run", "--config", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_plan_stopped_by_sigterm_says_how_to_resume_as_ctrl_c_does(
+    tmp_path: Path, signal_name: str, code: int
+) -> None:
+    import signal
+
+    # `timeout`, a batch scheduler or `kill` send SIGTERM: the plan used to die without a word.
+    env = {"ROLLOUT_HOME": str(tmp_path), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    with subprocess.Popen(
+        [sys.executable, "-c", _RUNNING_PLAN, "plan.toml"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stdout.readline() == "stage running\n"
+        proc.send_signal(getattr(signal, signal_name))
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "interrupted: plan p stopped in stage 's'" in err
+    assert "to resume, run the same command again: rollout run --config plan.toml" in err
+    assert "Traceback" not in err

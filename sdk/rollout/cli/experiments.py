@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
+import signal
 import sys
 from typing import Any
 
@@ -119,6 +120,23 @@ async def run_config(args: argparse.Namespace) -> int:
     KeyboardInterrupt: exit 130). In a worker thread (asyncio.to_thread) Ctrl-C cannot reach
     it, and the caller's asyncio.run waits for the whole plan before it exits.
     """
+    # SIGTERM (`timeout`, a batch scheduler, `kill`) stops the plan as Ctrl-C does: said where
+    # it stopped and how to resume, rather than a silent death.
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        handled = True
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        handled = False
     try:
         return await _run_config(args)
     except asyncio.CancelledError:
@@ -130,7 +148,12 @@ async def run_config(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if terminated and task is not None and not task.uncancel():
+            return 128 + signal.SIGTERM  # the status a process killed by SIGTERM has
         raise
+    finally:
+        if handled:
+            loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def _run_config(args: argparse.Namespace) -> int:
