@@ -245,11 +245,35 @@ class NatsServer:
 
 def nats_healthy(monitor_url: str, timeout: float = 2.0) -> bool:
     """Ask the monitoring endpoint whether the server and JetStream are healthy."""
+    return health_problem(monitor_url, timeout) is None
+
+
+def health_problem(
+    monitor_url: str, timeout: float = 2.0, *, unreachable: bool = True
+) -> str | None:
+    """What the server's own health check says is wrong; None when it passes.
+
+    A stream that failed to write (a full disk) stays failed until the server restarts, while
+    clients still connect: only this check tells. With `unreachable=False` a monitoring endpoint
+    that does not answer is no verdict (None).
+    """
     try:
         response = httpx.get(f"{monitor_url}/healthz", timeout=timeout)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200
+    except httpx.HTTPError as exc:
+        return f"its health check does not answer ({type(exc).__name__})" if unreachable else None
+    if response.status_code == 200:
+        return None
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    reason = str(error) if error else f"its health check answered HTTP {response.status_code}"
+    if "write error" in reason:
+        reason += (
+            " (nats-server stores nothing more there until it restarts: fix the cause, such"
+            " as a full disk, then `rollout down` and `rollout up`)"
+        )
+    return reason
 
 
 def render_config(server: NatsServer) -> str:

@@ -11,7 +11,7 @@ import asyncpg
 from rollout.shared.errors import RolloutError
 from rollout.shared.settings import Settings, connect_nats, redact_url
 from rollout.shared.stack.health import read_beats
-from rollout.shared.stack.nats import jetstream_report, nats_healthy
+from rollout.shared.stack.nats import health_problem, jetstream_report
 from rollout.shared.stack.process import LOOPBACK, ProcessRef
 from rollout.shared.stack.services import selected
 from rollout.shared.stack.supervisor import read_state
@@ -71,6 +71,15 @@ async def collect_status(settings: Settings) -> list[Component]:
                 info = await nc.jetstream().account_info()
                 nats.healthy = True
                 nats.detail = f"jetstream: {info.streams} streams"
+                monitor_port = (state.get("nats") or {}).get("monitor_port")
+                if not settings.external_nats and monitor_port:
+                    monitor = f"http://{LOOPBACK}:{monitor_port}"
+                    problem = await asyncio.to_thread(
+                        health_problem, monitor, PROBE_TIMEOUT, unreachable=False
+                    )
+                    if problem:
+                        nats.healthy = False
+                        nats.detail += f"; nats-server says: {problem}"
             except (RolloutError, Exception) as exc:  # any failure is just "unhealthy" here
                 nats.detail = str(exc).splitlines()[0]
         else:
@@ -148,7 +157,8 @@ def _cluster_components(nodes: list[dict[str, Any]]) -> list[Component]:
             node.detail = "stopped"
             continue
         monitor = f"http://{LOOPBACK}:{entry.get('monitor_port')}"
-        node.healthy = nats_healthy(monitor, PROBE_TIMEOUT)
+        problem = health_problem(monitor, PROBE_TIMEOUT)
+        node.healthy = problem is None
         report = jetstream_report(monitor, PROBE_TIMEOUT) or {}
         leader = (report.get("meta_cluster") or {}).get("leader")
         role = "meta leader" if leader and leader == entry.get("name") else "follower"
@@ -157,6 +167,8 @@ def _cluster_components(nodes: list[dict[str, Any]]) -> list[Component]:
             if leader
             else f"{entry.get('name')}: no JetStream leader in reach"
         )
+        if problem:
+            node.detail += f"; nats-server says: {problem}"
     return components
 
 

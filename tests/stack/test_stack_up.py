@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import asyncpg
 import nats
+import nats.errors
 import pytest
 from waiting import wait_until_sync
 
@@ -109,6 +111,38 @@ async def test_up_status_down_up_keeps_events_and_rows(cli: Cli) -> None:
     _healthy_status(cli)
     # A second `up` while running is a no-op that reports the same healthy stack.
     assert cli("up").returncode == 0
+
+
+async def test_status_names_a_jetstream_that_can_no_longer_write(cli: Cli) -> None:
+    # A full disk: nats-server still takes connections and answers JetStream's account info,
+    # but stores nothing more (even once space is freed, until it restarts). Its own health
+    # check says why; `status` must too, not "healthy" over services with "no live heartbeat".
+    # A file-size limit on the running server fails its writes as a full disk does.
+    _up(cli)
+    settings = load_settings(cli.env)
+    nc = await connect_nats(settings)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="FULL", subjects=["full.>"])
+        resource.prlimit(read_state(cli.home)["nats"]["pid"], resource.RLIMIT_FSIZE, (1, 1))
+        with pytest.raises(nats.errors.Error):
+            await js.publish("full.one", b"x" * 4096, timeout=5)
+    finally:
+        await nc.close()
+
+    def reported() -> dict | None:
+        code, doc = _status(cli)
+        nats_line = _component(doc, "nats")
+        return nats_line if code == 1 and nats_line and not nats_line["healthy"] else None
+
+    try:
+        line = wait_until_sync(reported, "status to call nats unhealthy", 30, interval_s=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {_component(_status(cli)[1], 'nats')}") from None
+    assert "write error" in line["detail"] and "file too large" in line["detail"], line
+    assert "FULL" in line["detail"], line
+    assert "rollout down" in line["detail"], line
+    assert "nats-server says: JetStream stream" in cli("status").stdout
 
 
 def test_down_when_nothing_runs(cli: Cli) -> None:
