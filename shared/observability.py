@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -24,8 +24,10 @@ class _StderrLogger(structlog.PrintLogger):
         super().__init__(file=sys.stderr)
 
     def msg(self, message: str) -> None:
-        """Write one line."""
-        print(message, file=sys.stderr, flush=True)
+        """Write one line; a line that cannot be written (a full disk) is lost, never raised."""
+        # As the standard library's handlers do: logging must not fail the code that logs.
+        with suppress(OSError, ValueError):
+            print(message, file=sys.stderr, flush=True)
 
     log = debug = info = warn = warning = err = error = critical = exception = fatal = msg
 

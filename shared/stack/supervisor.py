@@ -264,7 +264,7 @@ class Supervisor:
                 fast=self.fast,
             )
             log.info("postgres started", port=self.postgres.port)
-        self._save()
+        self._write_state()
         # Settings now resolve the embedded servers from the state file just written.
         self.settings = load_settings(self.env)
 
@@ -372,8 +372,24 @@ class Supervisor:
         self._save()
 
     def _save(self) -> None:
+        """`_write_state`, or log why it could not: supervision goes on without the record.
+
+        On a full disk (or a state file in the way) a service that dies must still be
+        restarted; the next change writes the state again.
+        """
+        try:
+            self._write_state()
+        except (OSError, RolloutError) as exc:
+            log.error(
+                "cannot record the stack's state", path=str(state_path(self.home)), error=str(exc)
+            )
+
+    def _write_state(self) -> None:
         """Record ports, pids and phase; the previous record supplies ports for the next `up`."""
-        previous = read_state(self.home)
+        try:
+            previous = read_state(self.home)
+        except RolloutError:
+            previous = {}  # unreadable: this record replaces it
         state: dict[str, Any] = {
             "phase": self.phase,
             "token": self.token,

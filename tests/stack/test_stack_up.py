@@ -145,6 +145,51 @@ async def test_status_names_a_jetstream_that_can_no_longer_write(cli: Cli) -> No
     assert "nats-server says: JetStream stream" in cli("status").stdout
 
 
+def test_a_state_file_it_cannot_write_does_not_end_supervision(cli: Cli) -> None:
+    # On a full disk the supervisor cannot record its state. A service that dies then must still
+    # be restarted; the failed write used to end that service's supervision, so it stayed down
+    # even once the disk had room. A folder in the state file's place fails the supervisor's
+    # reads and writes of it as a full disk fails its writes.
+    _up(cli)
+    state_file = cli.home / "state.json"
+    before = read_state(cli.home)
+    supervisor, idle = before["supervisor"]["pid"], before["services"]["idle"]["pid"]
+    state_file.rename(cli.home / "state.saved")
+    state_file.mkdir()
+    try:
+        os.kill(idle, signal.SIGKILL)
+
+        def restarted() -> list[int]:
+            return [pid for pid in _children(supervisor) if pid != idle and _serves(pid, "idle")]
+
+        wait_until_sync(restarted, "the killed service restarted", 30, interval_s=0.1)
+    finally:
+        state_file.rmdir()
+        (cli.home / "state.saved").rename(state_file)
+    assert _alive(supervisor)
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid`."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _serves(pid: int, service: str) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"serve" in argv and service.encode() in argv
+
+
 def test_down_when_nothing_runs(cli: Cli) -> None:
     result = cli("down")
     assert result.returncode == 0
