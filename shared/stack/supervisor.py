@@ -43,6 +43,8 @@ BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 30.0
 SERVICE_STOP_TIMEOUT = 15.0
+# How often a running supervisor checks that its state file is still there and its own.
+STATE_CHECK_S = 1.0
 # `python -c` keeps children independent of where the console script was installed.
 _CLI = "import sys; from rollout.cli import main; sys.exit(main())"
 
@@ -222,6 +224,7 @@ class Supervisor:
                         )
                 for name, server in self._servers():
                     tasks.append(asyncio.create_task(self._watch_server(name, server)))
+                tasks.append(asyncio.create_task(self._keep_state()))
                 await self._until_healthy()
                 if not self.stopping.is_set():
                     self._set_phase("ready")
@@ -301,6 +304,26 @@ class Supervisor:
             except RolloutError as exc:
                 log.error("server restart failed", server=name, error=str(exc))
             self._save()
+
+    async def _keep_state(self) -> None:
+        """Write the state file again whenever it is gone or not this supervisor's.
+
+        `status`, `up` and `down` find the stack through it: one deleted or broken by hand
+        would leave a running stack that they call stopped and cannot stop.
+        """
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), STATE_CHECK_S)
+            if not self.stopping.is_set() and not self._state_is_mine():
+                log.warning("the state file was gone or not this supervisor's; writing it again")
+                self._save()
+
+    def _state_is_mine(self) -> bool:
+        try:
+            state = read_state(self.home)
+        except RolloutError:
+            return False
+        return (state.get("supervisor") or {}).get("pid") == os.getpid()
 
     async def _until_healthy(self) -> None:
         """Wait until every service has a live heartbeat from the process we started."""

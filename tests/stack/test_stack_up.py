@@ -190,6 +190,29 @@ def _serves(pid: int, service: str) -> bool:
     return b"serve" in argv and service.encode() in argv
 
 
+def test_a_state_file_deleted_or_broken_while_up_is_written_again(cli: Cli) -> None:
+    # `status`, `up` and `down` find the stack through the state file. With it deleted by hand
+    # (as a broken one's error says to), a running stack read as stopped, `up` waited its whole
+    # timeout and `down` said nothing was running: only kill could stop it.
+    _up(cli)
+    supervisor = read_state(cli.home)["supervisor"]["pid"]
+    state_file = cli.home / "state.json"
+    for damage in ("deleted", "broken"):
+        if damage == "deleted":
+            state_file.unlink()
+        else:
+            state_file.write_text('{"phase": "rea')
+        wait_until_sync(
+            lambda: cli("status").returncode == 0,
+            f"a healthy status after the state file was {damage}",
+            30,
+            interval_s=0.2,
+        )
+    result = cli("down")
+    assert "supervisor" in result.stdout and "idle" in result.stdout, result.stdout
+    assert not _alive(supervisor)
+
+
 def test_down_when_nothing_runs(cli: Cli) -> None:
     result = cli("down")
     assert result.returncode == 0
