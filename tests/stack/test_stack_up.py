@@ -295,6 +295,33 @@ def test_up_fails_at_once_naming_a_setting_a_service_refuses(stack_home: Path) -
     assert read_state(home)["phase"] in ("stopped", "failed")
 
 
+def test_a_second_up_that_times_out_leaves_the_starting_stack_and_says_so(
+    stack_home: Path,
+) -> None:
+    # A second `up` while the first one's stack is still starting waits for it. When it gives
+    # up it stops nothing (that stack is the first `up`'s), so it must not say it stopped it.
+    home = stack_home
+    cli = Cli(home=home, env=stack_env(home, services="always_crash"))
+    first = subprocess.Popen(
+        cli_command("up", "--timeout", "120"),
+        env=cli.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until_sync(
+            lambda: read_state(home).get("phase") == "starting", "the first up's stack", 60
+        )
+        second = cli("up", "--timeout", "2")
+        assert second.returncode == 1
+        assert "stopped it" not in second.stderr, second.stderr
+        assert "still starting" in second.stderr and "rollout down" in second.stderr, second.stderr
+        assert read_state(home)["supervisor"].get("pid"), "the second up stopped the first's"
+    finally:
+        cli("down")
+        first.wait(timeout=60)
+
+
 def test_up_rejects_an_unknown_service(stack_home: Path) -> None:
     home = stack_home
     env = stack_env(home, services="nope")

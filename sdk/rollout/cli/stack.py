@@ -222,6 +222,17 @@ def _wait_ready(
             _fail_on_a_refusal(state)
         if time.monotonic() > deadline:
             waiting = _unhealthy_summary(home)
+            if proc is None:
+                # The stack is an earlier `up`'s: this one leaves it as it is.
+                raise RolloutError(
+                    f"the stack is still starting after {timeout:.0f}s (another `rollout up`"
+                    " started it; it goes on)",
+                    problems=[
+                        *waiting,
+                        f"supervisor log: {log_path}",
+                        "`rollout status` shows it; `rollout down` stops it",
+                    ],
+                )
             raise RolloutError(
                 f"the stack was not healthy after {timeout:.0f}s; stopped it",
                 problems=[*waiting, f"supervisor log: {log_path}"],
