@@ -16,7 +16,7 @@ from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs.engine import score
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
-from rollout.shared.stats import design_effect, wilson_interval
+from rollout.shared.stats import design_effect, mean_score, score_sum, wilson_interval
 from rollout.shared.store import env_versions
 from rollout.shared.store.spec_cache import SpecCache
 from rollout.shared.store.trajectories import load_trajectory
@@ -68,7 +68,7 @@ class ReplayedRun:
             "passRate": passed / len(judged) if judged else 0.0,
             "passRateInterval": list(interval) if interval else None,
             "designEffect": effect,
-            "meanScore": sum(v.score for v in judged) / len(judged) if judged else 0.0,
+            "meanScore": mean_score(score_sum(v.score for v in judged), len(judged)),
         }
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from fractions import Fraction
 
 Z95 = 1.959963984540054
 """The two-sided 95% standard normal quantile."""
@@ -116,3 +118,23 @@ def paired_difference_interval(
     below = (p_other - lo) ** 2 - 2 * phi * (p_other - lo) * (ub - p_base) + (ub - p_base) ** 2
     above = (uo - p_other) ** 2 - 2 * phi * (uo - p_other) * (p_base - lb) + (p_base - lb) ** 2
     return d, max(-1.0, d - math.sqrt(max(below, 0.0))), min(1.0, d + math.sqrt(max(above, 0.0)))
+
+
+def score_sum(scores: Iterable[float]) -> Fraction | float:
+    """The exact sum of scores: the same however they were grouped or ordered (a float sum is
+    not), so the read model, a rebuild of it, replay and a run's completion agree. A float
+    when a score is not finite."""
+    values = list(scores)
+    if all(math.isfinite(v) for v in values):
+        return sum(map(Fraction, values), Fraction(0))
+    return math.fsum(values)
+
+
+def mean_score(total: Fraction | Decimal | float, count: int) -> float:
+    """An exact score sum (`score_sum`, or the read model's numeric) over its count, rounded
+    once: 384 scores of 0.2 have the mean 0.2. 0.0 with no count."""
+    if count <= 0:
+        return 0.0
+    if isinstance(total, float) or (isinstance(total, Decimal) and not total.is_finite()):
+        return float(total) / count
+    return float(Fraction(total) / count)

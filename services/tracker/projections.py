@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
@@ -125,20 +126,22 @@ _GENERATED_SQL = (
 # Only the first verdict per rollout counts, so a re-scored batch never double-counts; of a
 # rollout generated twice, only a verdict of the trajectory kept (the first: its generated_seq).
 # An errored rollout has no verdict: it is neither passed nor failed, and adds no score.
+# The run's score sum adds each score's exact value (a numeric): a float sum would depend on how
+# the verdicts were grouped into batches, and a rebuild would give other rows.
 _SCORED_SQL = (
     "with upd as (update rollouts r set score = u.score, passed = u.passed,"
     " primitives = u.primitives::jsonb, error = coalesce(u.error, r.error), scored_at = u.at,"
     " error_kind = coalesce(u.kind, r.error_kind),"
     " status = case when u.outcome = 'errored' then 'errored' else 'scored' end"
     " from unnest($1::text[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::text[],"
-    " $7::text[], $8::text[], $9::timestamptz[], $10::bigint[])"
-    " as u(id, run, score, passed, primitives, error, outcome, kind, at, judged)"
+    " $7::text[], $8::text[], $9::timestamptz[], $10::bigint[], $11::numeric[])"
+    " as u(id, run, score, passed, primitives, error, outcome, kind, at, judged, exact)"
     " where r.rollout_id = u.id and r.run_id = u.run and r.scored_at is null"
     " and (u.judged is null or r.generated_seq is null or r.generated_seq = u.judged)"
-    " returning r.run_id, u.score, u.outcome),"
+    " returning r.run_id, u.exact, u.outcome),"
     " counts as (select run_id, count(*) as n, count(*) filter (where outcome = 'passed') as p,"
     " count(*) filter (where outcome = 'errored') as e,"
-    " coalesce(sum(score) filter (where outcome <> 'errored'), 0) as s from upd group by run_id)"
+    " coalesce(sum(exact) filter (where outcome <> 'errored'), 0) as s from upd group by run_id)"
     " update runs set scored = runs.scored + counts.n, passed = runs.passed + counts.p,"
     " errored = runs.errored + counts.e, score_sum = runs.score_sum + counts.s from counts"
     " where runs.run_id = counts.run_id"
@@ -157,7 +160,7 @@ def _generated_row(e: EventEnvelope, p: ev.RolloutsGenerated, r: Any, position: 
 def _scored_row(e: EventEnvelope, p: ev.RolloutsScored, r: Any, position: int) -> tuple:
     return (
         r.rollout_id, p.run_id, r.score, r.passed, _json(r.primitives), r.error, r.outcome,
-        r.error_kind, e.time, p.generated_seq,
+        r.error_kind, e.time, p.generated_seq, Decimal(r.score),
     )  # fmt: skip
 
 
@@ -167,7 +170,7 @@ async def _flush(c: asyncpg.Connection, batch: RolloutBatch) -> None:
     if rows := batch.generated_rows(_generated_row):
         await c.execute(_GENERATED_SQL, *columns(rows, 17))
     if rows := batch.scored_rows(_scored_row):
-        await c.execute(_SCORED_SQL, *columns(rows, 10))
+        await c.execute(_SCORED_SQL, *columns(rows, 11))
 
 
 @on("run.completed")

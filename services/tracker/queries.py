@@ -19,6 +19,7 @@ from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
+from rollout.shared.stats import mean_score
 from rollout.shared.store.run_stats import design_effects
 from rollout.shared.store.trajectories import load_trajectory
 
@@ -67,7 +68,7 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
         "errored": row["errored"],
         "failed": judged - row["passed"],
         "passRate": row["passed"] / judged if judged > 0 else 0.0,
-        "meanScore": row["score_sum"] / judged if judged > 0 else 0.0,
+        "meanScore": mean_score(row["score_sum"], judged),
         "reason": row["reason"],
         "taskCount": row["task_count"],
         # Who started it (a key's NATS user, a service's, the admin's); None before owners.

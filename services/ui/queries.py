@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 
 from rollout.shared.auth.ownership import describe as describe_user
-from rollout.shared.stats import wilson_interval
+from rollout.shared.stats import mean_score, wilson_interval
 from rollout.shared.store.run_stats import design_effects
 
 PAGE = 50
@@ -36,7 +36,7 @@ def run_view(row: asyncpg.Record, effect: float = 1.0) -> dict[str, Any]:
     out["interval"] = (
         wilson_interval(row["passed"] / effect, judged / effect) if judged > 0 else None
     )
-    out["mean_score"] = row["score_sum"] / judged if judged > 0 else None
+    out["mean_score"] = mean_score(row["score_sum"], judged) if judged > 0 else None
     out["progress"] = scored / total if total else 0.0
     # Who started it, in words (`key 1a2b3c4d5e6f`); None for runs from before owners.
     out["started_by"] = describe_user(row["owner"]) if row.get("owner") else None

@@ -37,6 +37,7 @@ from rollout.shared.contracts.events import (
     WorkReleased,
 )
 from rollout.shared.errors import RolloutError
+from rollout.shared.stats import mean_score, score_sum
 
 # The event types the run's state is made of (its trajectories are not needed to decide).
 STATE_EVENTS = (
@@ -237,9 +238,9 @@ class RunState:
             passed=passed,
             errored=errored,
             pass_rate=passed / judged if judged else 0.0,
-            mean_score=sum(v.score for v in verdicts if v.outcome != "errored") / judged
-            if judged
-            else 0.0,
+            mean_score=mean_score(
+                score_sum(v.score for v in verdicts if v.outcome != "errored"), judged
+            ),
         )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
+from fractions import Fraction
 
 import asyncpg
 import nats.errors
@@ -13,24 +15,37 @@ from waiting import wait_until
 from rollout.services.tracker.main import PROJECTION_DURABLE
 from rollout.services.tracker.main import serve as serve_tracker
 from rollout.services.tracker.projections import ReadModels
+from rollout.services.tracker.queries import _RUN_COLUMNS, run_summary
 from rollout.shared import subjects
+from rollout.shared.aggregates.run import RunState, rollout_id
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import last_sequence
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts import EventEnvelope, new_id
 from rollout.shared.contracts import events as ev
+from rollout.shared.replay import ReplayedRun
+from rollout.shared.stats import mean_score, score_sum
 from rollout.shared.store.db import create_pool, migrate
 from rollout.shared.store.projection import ProjectionRunner
 
 DEADLINE_S = 30.0
 
 
-def run_history(run_id: str, *, tasks: int = 3, n: int = 2) -> list[EventEnvelope]:
-    """A plausible run: requested, started, generated and scored batches, completed."""
+def run_history(
+    run_id: str, *, tasks: int = 3, n: int = 2, scores: list[list[float]] | None = None
+) -> list[EventEnvelope]:
+    """A plausible run: requested, started, generated and scored batches, completed (sample s
+    of task t scored `scores[t][s]`, else s / n)."""
     requested = EventEnvelope.new(
         ev.RunRequested(
-            run_id=run_id, env_slug="refund-agent", env_version=1, env_hash="h", model="m", n=n
-        ),
+            run_id=run_id,
+            env_slug="refund-agent",
+            env_version=1,
+            env_hash="h",
+            model="m",
+            n=n,
+            task_indices=list(range(tasks)),
+        ),  # fmt: skip
         aggregate_id=run_id,
         id_parts=(run_id, "req"),
         run_id=run_id,
@@ -45,7 +60,7 @@ def run_history(run_id: str, *, tasks: int = 3, n: int = 2) -> list[EventEnvelop
         )
     )
     for t in range(tasks):
-        ids = [f"{run_id}-{t}-{s}" for s in range(n)]
+        ids = [rollout_id(run_id, t, s) for s in range(n)]
         out.append(
             EventEnvelope.new(
                 ev.RolloutsGenerated(
@@ -71,8 +86,8 @@ def run_history(run_id: str, *, tasks: int = 3, n: int = 2) -> list[EventEnvelop
                     work_item_id=f"w{t}",
                     rollouts=[
                         ev.ScoredRollout(
-                            rollout_id=i, task_index=t, sample_index=s, score=s / n,
-                            passed=s == 0,
+                            rollout_id=i, task_index=t, sample_index=s,
+                            score=scores[t][s] if scores else s / n, passed=s == 0,
                         )
                         for s, i in enumerate(ids)
                     ],
@@ -434,7 +449,7 @@ def twice_generated(run_id: str, start: int = 0) -> tuple[list[EventEnvelope], l
     verdicts = []
     for position, passed in ((start + 3, False), (start + 4, True)):
         rollout = ev.ScoredRollout(
-            rollout_id=f"{run_id}-0-0", task_index=0, sample_index=0, score=float(passed),
+            rollout_id=rollout_id(run_id, 0, 0), task_index=0, sample_index=0, score=float(passed),
             passed=passed,
         )  # fmt: skip
         scored = ev.RolloutsScored(
@@ -507,3 +522,48 @@ async def test_an_event_the_read_models_cannot_hold_is_skipped_alone_not_retried
         assert runs == {good: "completed"}
     finally:
         await pool.close()
+
+
+async def test_a_runs_mean_score_is_the_same_however_its_verdicts_were_batched(pg_dsn) -> None:
+    # The live projection applies whatever batch its consumer fetched, a rebuild one event at a
+    # time: a float sum of the scores depends on that grouping, so `rollout show` gave another
+    # meanScore after `rollout admin rebuild` (0.19999999999999987, then ...62), and `rollout
+    # replay` a third (...0143). The sum is exact now: every grouping gives the same row, and
+    # the read model, replay and the run's completion agree on the mean.
+    run_id = new_id()
+    scores = [[0.1, 0.8], [0.8, 0.3], [0.5, 0.4], [0.7, 0.8]]
+    history = run_history(run_id, tasks=4, n=2, scores=scores)
+    items = list(enumerate(history, start=1))
+    pool = await create_pool(pg_dsn)
+    try:
+        await migrate(pool)
+        runner = ProjectionRunner(pool, ReadModels(), contiguous=True)
+        for position, event in items:
+            assert await runner.handle(event, position)
+        one_by_one = await snapshot(pool)
+        async with pool.acquire() as conn:
+            await conn.execute(f"truncate {', '.join(ReadModels.tables)}")
+            await conn.execute("update projection_tracking set position = 0")
+        assert await runner.handle_batch([(e, p) for p, e in items]) == len(items)
+        batched = await snapshot(pool)
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow(f"select {_RUN_COLUMNS} from runs where run_id = $1", run_id)
+    finally:
+        await pool.close()
+    assert batched == one_by_one
+    shown = run_summary(row)["meanScore"]
+    replayed = ReplayedRun(request=history[0].body())
+    for event in history:
+        body = event.body()
+        if isinstance(body, ev.RolloutsScored):
+            replayed.scored.update({r.rollout_id: r for r in body.rollouts})
+    assert (
+        shown == replayed.summary()["meanScore"] == float(sum(map(Fraction, sum(scores, []))) / 8)
+    )
+    # The exact mean, rounded once: a run of 0.2s has the mean 0.2 (a float sum gave ...0143).
+    assert mean_score(score_sum([0.2] * 384), 384) == 0.2
+    run = RunState(run_id)
+    for position, event in items[:-1]:  # to its last verdict: the run decides its completion
+        run.apply(event, position)
+    completed = run.decide(datetime.now(UTC))
+    assert isinstance(completed, ev.RunCompleted) and completed.mean_score == shown
