@@ -17,6 +17,8 @@ log = get_logger(__name__)
 # A data error no retry can cure: the event holds a value its row cannot (asyncpg raises it
 # for an argument out of a column's range too).
 UNHOLDABLE = (asyncpg.exceptions.DataError,)
+# Events a rebuild applies under one savepoint (a bad one costs its chunk a second pass).
+REBUILD_CHUNK = 500
 
 
 class Projection(Protocol):
@@ -156,6 +158,7 @@ class ProjectionRunner:
     async def rebuild(self, js: JetStreamContext) -> int:
         """Drop the read model and replay the whole events stream, atomically; return events applied."""
         applied = 0
+        chunk: list[tuple[EventEnvelope, int]] = []
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(_ENSURE_TRACKING, self.projection.name)
             # Holding the tracking row makes live handlers wait, then find their event applied.
@@ -173,8 +176,42 @@ class ProjectionRunner:
                         # The live consumer dead-letters these; the rebuild skips them the same way.
                         log.warning("skipping invalid event during rebuild", seq=position)
                         continue
-                    await self.projection.apply(conn, event, position)
-                    applied += 1
+                    chunk.append((event, position))
+                    if len(chunk) >= REBUILD_CHUNK:
+                        applied += await self._rebuild_chunk(conn, chunk)
+                        chunk = []
+                applied += await self._rebuild_chunk(conn, chunk)
             await conn.execute(_SET_TRACKING, self.projection.name, until)
         log.info("read model rebuilt", projection=self.projection.name, events=applied)
+        return applied
+
+    async def _rebuild_chunk(
+        self, conn: asyncpg.Connection, chunk: list[tuple[EventEnvelope, int]]
+    ) -> int:
+        """Apply a rebuild's events under one savepoint; return how many were applied.
+
+        An event the read models cannot hold is skipped alone, logged, as the live projection
+        skips it (`handle_each`): the chunk is then applied again, one savepoint per event.
+        """
+        try:
+            async with conn.transaction():
+                for event, position in chunk:
+                    await self.projection.apply(conn, event, position)
+            return len(chunk)
+        except UNHOLDABLE:
+            pass
+        applied = 0
+        for event, position in chunk:
+            try:
+                async with conn.transaction():
+                    await self.projection.apply(conn, event, position)
+                applied += 1
+            except UNHOLDABLE as exc:
+                log.error(
+                    "event skipped: the read model cannot hold it",
+                    projection=self.projection.name,
+                    seq=position,
+                    type=event.type,
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
         return applied
