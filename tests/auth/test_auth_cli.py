@@ -184,3 +184,35 @@ async def test_keys_refuse_a_shell_that_acts_as_a_key_holder(
     save_credentials(other, runner_key.text, env=cli.env)  # as `rollout login` saves them
     result = await cli("keys", "list")
     assert result.returncode == 1 and f"logged in to {other}" in result.stderr
+
+
+async def test_status_in_a_key_holders_shell_says_its_verbs_use_another_endpoint(
+    cli: Cli, auth_nats: NatsServer, runner_key: ApiKey, tmp_path: Path
+) -> None:
+    # A key holder's shell has no stack of its own: `status` shows its empty ROLLOUT_HOME as
+    # stopped ("run `rollout up`"), while every other verb talks to the endpoint it was given.
+    # It must say so, not send them to start a second, empty platform.
+    holder = cli_env(
+        tmp_path / "holder-home",
+        tmp_path / "holder-config",
+        ROLLOUT_ENDPOINT=auth_nats.url,
+        ROLLOUT_API_KEY=runner_key.text,
+    )
+    result = await Cli(holder)("status")
+    assert result.returncode == 1
+    note = (
+        f"the other verbs of this CLI use {auth_nats.url} (from ROLLOUT_ENDPOINT), not this stack"
+    )
+    assert note in result.stderr, result.stderr
+    assert "rollout whoami" in result.stderr
+    doc = json.loads((await Cli(holder)("status", "--json")).stdout)
+    assert doc["endpoint"] == {"url": auth_nats.url, "source": "ROLLOUT_ENDPOINT"}
+    # Logged in instead (`rollout login`): the same note, naming the saved credentials.
+    logged_in = cli_env(tmp_path / "holder-home", tmp_path / "holder-config")
+    save_credentials(auth_nats.url, runner_key.text, env=logged_in)
+    result = await Cli(logged_in)("status")
+    assert f"use {auth_nats.url} (from " in result.stderr, result.stderr
+    # The operator's own shell: the CLI's verbs use the stack the table shows; no note.
+    result = await cli("status")
+    assert "other verbs" not in result.stderr, result.stderr
+    assert "endpoint" not in json.loads((await cli("status", "--json")).stdout)

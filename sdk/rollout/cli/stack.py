@@ -7,15 +7,17 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.auth.credentials import client_settings, same_endpoint
 from rollout.shared.envs.sandbox_check import check_sandbox_sync
 from rollout.shared.observability import configure_logging
-from rollout.shared.settings import default_home, load_settings
+from rollout.shared.settings import default_home, load_settings, redact_url
 from rollout.shared.stack.files import ensure_home
 from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, local_beats
 from rollout.shared.stack.process import read_from, tail
@@ -305,15 +307,37 @@ def _print_status(*, as_json: bool) -> int:
     # Not a stack component (the stack runs without it), but code-editing envs need it here:
     # its absence is said in one line, with the fix, instead of failing every such task.
     sandbox = check_sandbox_sync()
+    elsewhere = _verbs_endpoint_elsewhere(settings)
     if as_json:
         doc = to_json(components) | {"home": str(settings.home)}
         doc["sandbox"] = {"ok": sandbox.ok, "bwrap": sandbox.bwrap, "problem": sandbox.problem}
+        if elsewhere:
+            doc["endpoint"] = {"url": elsewhere[0], "source": elsewhere[1]}
         print(json.dumps(doc, indent=2))
     else:
         print(as_table(components))
         print(sandbox.line())
+    if elsewhere:
+        print(
+            f"note: the other verbs of this CLI use {elsewhere[0]} (from {elsewhere[1]}), not"
+            f" this stack (ROLLOUT_HOME={settings.home}); `rollout whoami` checks that endpoint"
+            " and key, and its operator's `rollout status` shows its health",
+            file=sys.stderr,
+        )
     healthy = all(c.healthy for c in components)
     return 0 if healthy else 1
+
+
+def _verbs_endpoint_elsewhere(settings: Any) -> tuple[str, str] | None:
+    """(endpoint, where it comes from) when the CLI's other verbs talk to another NATS than
+    the stack `status` shows: a key holder's shell (ROLLOUT_ENDPOINT, or `rollout login`)."""
+    try:
+        used = client_settings()
+    except RolloutError:
+        return None  # no usable key for it: the verbs themselves say so
+    if same_endpoint(used.nats_url, settings.nats_url):
+        return None
+    return redact_url(used.nats_url), used.endpoint_source or "the CLI's settings"
 
 
 def cmd_health(args: argparse.Namespace) -> int:
