@@ -93,9 +93,20 @@ async def _send(
             error = NobodyAnswered if attempt == 0 else RolloutError
             raise error(
                 f"no service answers {subject}",
-                problems=["start the stack with `rollout up` (or `rollout serve <service>`)"],
+                problems=[
+                    # A stack that is up still has none while the supervisor restarts it.
+                    f"its service ({_service_of(subject)}) is not running, or is restarting:"
+                    " `rollout status` shows it",
+                    "start the stack with `rollout up` (or `rollout serve <service>`)",
+                ],
             ) from None
         except nats.errors.TimeoutError:
             if attempt == retries:
                 raise RolloutError(f"{subject} did not answer within {timeout_s:.0f}s") from None
     return Reply.model_validate_json(msg.data)
+
+
+def _service_of(subject: str) -> str:
+    """The service token of a request subject (`rollout.req.<service>.<verb>...`)."""
+    parts = subject.split(".")
+    return parts[2] if len(parts) > 2 else subject

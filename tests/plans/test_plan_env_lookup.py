@@ -37,7 +37,8 @@ async def test_no_registry_running_is_reported_as_such(nats_settings: Settings, 
             result = await check_plan(plan_file(tmp_path, ref), client=client)
             assert result.problems == [
                 f"envs.refunds.ref: could not look up {shown} in the registry: no service "
-                f"answers {subject}; start the stack with `rollout up` "
+                f"answers {subject}; its service (registry) is not running, or is restarting:"
+                " `rollout status` shows it; start the stack with `rollout up` "
                 "(or `rollout serve <service>`)"
             ]
     finally:
