@@ -113,10 +113,21 @@ async def collect_status(settings: Settings) -> list[Component]:
         entry = recorded.get(name) or {}
         of = entry.get("service", name)
         # A second replica the supervisor runs (`tracker-2`) is its own line: its own beat.
+        # The service's own line takes any other beat of it (a replica served elsewhere), but
+        # never another supervised replica's: that one would hide this one being down.
+        others = {
+            other.get("replica_id")
+            for key, other in recorded.items()
+            if key != name and other.get("service", key) == of
+        }
         mine = [
             b
             for b in beats
-            if b.service == of and (of == name or b.replica_id == entry.get("replica_id"))
+            if b.service == of
+            and (
+                b.replica_id == entry.get("replica_id")
+                or (of == name and b.replica_id not in others)
+            )
         ]
         live = [b for b in mine if b.live]
         service = Component(

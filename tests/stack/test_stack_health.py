@@ -10,7 +10,10 @@ import time
 import nats.aio.client
 from waiting import wait_until
 
+from rollout.shared.settings import Settings
+from rollout.shared.stack.files import write_json
 from rollout.shared.stack.health import Beat, heartbeat, read_beats
+from rollout.shared.stack.status import collect_status
 
 
 async def _wait_for_beats(js, predicate, within: float = 10.0) -> list[Beat]:  # noqa: ANN001
@@ -87,3 +90,43 @@ async def test_heartbeats_resume_after_a_nats_restart(fresh_nats, tmp_path) -> N
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await beating.close()
+
+
+async def test_status_counts_each_supervised_replica_by_its_own_beats(
+    nats_client: nats.aio.client.Client, nats_settings: Settings
+) -> None:
+    # `up --tracker-replicas 2` supervises `tracker` and `tracker-2`. The first line counted
+    # every tracker's beats, so with the first replica down (crashing, or in restart backoff)
+    # it still read healthy ("1 live replica(s)": the second's beat).
+    write_json(
+        nats_settings.home / "state.json",
+        {
+            "phase": "ready",
+            "services": {
+                "tracker": {"service": "tracker", "replica_id": "tracker-aaa"},
+                "tracker-2": {"service": "tracker", "replica_id": "tracker-bbb"},
+            },
+        },
+    )
+    js = nats_client.jetstream()
+    task = asyncio.create_task(heartbeat(js, "tracker", "tracker-bbb", interval=0.2))
+    try:
+        await _wait_for_beats(js, lambda b: len(b) == 1 and b[0].live)
+        lines = {c.name: c for c in await collect_status(nats_settings)}
+        assert lines["tracker-2"].healthy, lines["tracker-2"]
+        assert not lines["tracker"].healthy, lines["tracker"]
+        assert lines["tracker"].replicas == []
+        # A replica run outside the supervisor (`rollout serve tracker` elsewhere) still
+        # counts for the service's own line, as before.
+        extra = asyncio.create_task(heartbeat(js, "tracker", "elsewhere-1", interval=0.2))
+        try:
+            await _wait_for_beats(js, lambda b: len(b) == 2)
+            lines = {c.name: c for c in await collect_status(nats_settings)}
+            assert lines["tracker"].healthy, lines["tracker"]
+            assert [r["replica_id"] for r in lines["tracker"].replicas] == ["elsewhere-1"]
+        finally:
+            extra.cancel()
+            await asyncio.gather(extra, return_exceptions=True)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
