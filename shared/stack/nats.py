@@ -35,6 +35,7 @@ from rollout.shared.stack.process import (
     file_size,
     free_port,
     port_is_free,
+    port_taken,
     read_from,
     stop_process,
     tail,
@@ -514,7 +515,8 @@ def start_nats(
             if "address already in use" in exc.log and auto and attempt + 1 < attempts:
                 port, monitor_port = 0, 0
                 continue
-            raise
+            asked = {chosen: "ROLLOUT_NATS_PORT", monitor: "ROLLOUT_NATS_MONITOR_PORT"}
+            raise port_taken(exc, asked) from None
     raise AssertionError("unreachable")
 
 

@@ -23,6 +23,7 @@ from rollout.shared.stack.process import (
     die_with_parent,
     env_port,
     file_size,
+    port_taken,
     stop_process,
     wait_for_log,
 )
@@ -225,7 +226,7 @@ def start_postgres(
             if "already in use" in exc.log and auto and attempt + 1 < attempts:
                 port = 0
                 continue
-            raise
+            raise port_taken(exc, {chosen: "ROLLOUT_PG_PORT"}) from None
         ensure_database(server, DATABASE)
         return server
     raise AssertionError("unreachable")

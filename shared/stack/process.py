@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -149,9 +150,37 @@ def tail(text: str, lines: int = 15) -> str:
 class ServerStartError(RolloutError):
     """A server process did not come up; carries the end of its log."""
 
-    def __init__(self, what: str, reason: str, log: str) -> None:
-        super().__init__(f"{what} did not start: {reason}", problems=[tail(log) or "(empty log)"])
+    def __init__(self, what: str, reason: str, log: str, problems: list[str] | None = None) -> None:
+        super().__init__(
+            f"{what} did not start: {reason}", problems=problems or [tail(log) or "(empty log)"]
+        )
+        self.what = what
         self.log = log
+
+
+# How nats-server and Postgres log a listen port another process holds.
+_PORT_IN_USE = (
+    re.compile(r"^.*127\.0\.0\.1:(\d+).*address already in use.*$", re.MULTILINE),
+    re.compile(r"^.*another postmaster already running on port (\d+).*$", re.MULTILINE),
+)
+
+
+def port_taken(exc: ServerStartError, settings: dict[int, str]) -> ServerStartError:
+    """`exc`, or one that names the port its log says another process holds and the setting
+    (`settings`: port -> variable) that asked for it, with that log line alone."""
+    for pattern in _PORT_IN_USE:
+        if found := pattern.search(exc.log):
+            port = int(found.group(1))
+            fix = f"stop the process that listens on {port}"
+            if setting := settings.get(port):
+                fix += f", or set {setting} to another port (0: any free one)"
+            return ServerStartError(
+                exc.what,
+                f"port {port} is in use by another process",
+                exc.log,
+                problems=[fix, found.group(0).strip()],
+            )
+    return exc
 
 
 def stop_process(

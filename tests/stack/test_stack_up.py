@@ -6,6 +6,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -320,6 +321,26 @@ def test_a_second_up_that_times_out_leaves_the_starting_stack_and_says_so(
     finally:
         cli("down")
         first.wait(timeout=60)
+
+
+@pytest.mark.parametrize("setting", ["ROLLOUT_NATS_PORT", "ROLLOUT_PG_PORT"])
+def test_up_on_a_port_another_process_holds_names_the_port_and_its_setting(
+    stack_home: Path, setting: str
+) -> None:
+    # It said "nats-server rollout did not start: exited with code 1" over 15 lines of the
+    # server's banner, the cause on the last one.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = stack_env(stack_home) | {setting: str(port)}
+        result = Cli(home=stack_home, env=env)("up", "--timeout", "60")
+    assert result.returncode == 1
+    first = result.stderr.splitlines()[0]
+    assert f"port {port} is in use by another process" in first, result.stderr
+    assert f"set {setting} to another port" in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) <= 5, result.stderr
+    assert not read_state(stack_home).get("supervisor", {}).get("pid")
 
 
 def test_up_rejects_an_unknown_service(stack_home: Path) -> None:
