@@ -66,7 +66,11 @@ async def test_up_with_two_trackers_elects_one_and_the_other_takes_over_a_sigkil
         while (holder := await leader(settings)) is None or holder_pid(holder) == first:
             assert time.monotonic() - killed_at < 10, "the standby did not take over"
             await _pause()
-        assert holder_pid(holder) in pids - {first}
+        # The standby, or the killed one restarted: the supervisor starts it again within a
+        # second or two, and at the lease's expiry either may win the race for it.
+        services = read_state(stack_home)["services"]
+        now = {services[name].get("pid") for name in ("tracker", "tracker-2")}
+        assert holder_pid(holder) in (pids | now) - {first}
         assert time.monotonic() - killed_at < 5
     finally:
         cli("down")
