@@ -311,12 +311,17 @@ class Supervisor:
         `status`, `up` and `down` find the stack through it: one deleted or broken by hand
         would leave a running stack that they call stopped and cannot stop.
         """
+        said = False  # once per loss, not every second while it cannot be written
         while not self.stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), STATE_CHECK_S)
-            if not self.stopping.is_set() and not self._state_is_mine():
+            if self.stopping.is_set() or self._state_is_mine():
+                said = False
+                continue
+            if not said:
                 log.warning("the state file was gone or not this supervisor's; writing it again")
-                self._save()
+            said = True
+            self._save()
 
     def _state_is_mine(self) -> bool:
         try:
