@@ -478,6 +478,10 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
     The sandboxed command runs in a session of its own, so the group alone misses it; killing
     the pid namespace's first process (a descendant) takes the whole namespace down.
     """
+    if proc.returncode is not None:
+        # Reaped: its pid may be another process's now (see SandboxedProcess.kill). What ran
+        # below it died with its pid namespace; root callers' runs are swept by uid as well.
+        return
     below = _descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -756,14 +760,18 @@ class SandboxedProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole sandbox and wait until nothing of it runs (idempotent)."""
-        below = _descendants(self.proc.pid)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        for pid in below:
+        # Once reaped, bwrap's pid (its group's id) is free for the kernel to hand out again:
+        # pids wrap every few minutes on a busy host, and a later close signalled whatever
+        # process (another sandbox) held the number by then. Unreaped, even a zombie keeps it.
+        if self.proc.returncode is None:
+            below = _descendants(self.proc.pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(_DRAIN_AFTER_KILL_S)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            for pid in below:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(_DRAIN_AFTER_KILL_S)
         if self.uid >= 0:
             _wait_uid_gone(self.uid, _DRAIN_AFTER_KILL_S)
             _uids_in_use.discard(self.uid)

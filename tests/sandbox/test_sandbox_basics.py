@@ -16,6 +16,7 @@ from rollout.shared.envs.sandbox import (
     find_bwrap,
     run_sandboxed,
     run_sandboxed_sync,
+    start_sandboxed,
 )
 
 
@@ -168,3 +169,19 @@ async def test_bwrap_that_cannot_create_namespaces_is_a_clear_error(
     assert "No permissions to create new namespace" in str(excinfo.value)
     assert "unsandboxed" in str(excinfo.value)
     assert not (workdir / "ran").exists()
+
+
+def test_killing_a_reaped_sandbox_again_signals_no_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plugin host's close is idempotent, and may come long after its bwrap was reaped. Pids
+    # wrap every few minutes on a busy host, so its number (and group id) may be another
+    # sandbox's by then: a second kill SIGKILLed that one (seen as a run killed 0.1 s in).
+    proc = start_sandboxed(["sleep", "30"], tmp_path)
+    proc.kill()
+    assert proc.proc.returncode is not None  # reaped: the pid is free for reuse
+    sent: list[tuple[str, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: sent.append(("killpg", pid)))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(("kill", pid)))
+    proc.kill()
+    assert sent == []
