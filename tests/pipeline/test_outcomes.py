@@ -107,7 +107,12 @@ async def test_a_sandbox_back_before_the_last_attempt_gives_a_real_verdict(
         monkeypatch.delenv(BWRAP_ENV_VAR)
         done = await client.wait_for_run(run["runId"], timeout_s=120)
     assert done["status"] == "completed"
-    assert done["passed"] == 2 and done["errored"] == 0 and done["passRate"] == 1.0
+    if done["passed"] != 2:
+        full = await client.get_run(run["runId"], include_rollouts=True)
+        raise AssertionError(
+            [(r["outcome"], r.get("reason"), r.get("error")) for r in full["rollouts"]]
+        )
+    assert done["errored"] == 0 and done["passRate"] == 1.0
 
 
 async def test_an_object_store_failure_is_retried_then_errored_with_its_cause(
