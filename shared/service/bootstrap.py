@@ -25,7 +25,7 @@ from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 
 from rollout.shared.bus.deadletter import describe
-from rollout.shared.bus.streams import ensure_consumer, ensure_streams
+from rollout.shared.bus.streams import ensure_consumer, ensure_streams, retry_api
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
@@ -90,11 +90,21 @@ class ServiceRuntime:
 @contextlib.asynccontextmanager
 async def started(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
     """A started broker for the block; stopped on the way out, however the block ends."""
-    await broker.start()
+    await retry_api(lambda: _start_once(broker), "broker start")
     try:
         yield broker
     finally:
         await stop_broker(broker)
+
+
+async def _start_once(broker: NatsBroker) -> None:
+    """Start `broker`; one that fails midway (a JetStream API call timed out on a loaded
+    server, some subscribers bound) is stopped again, so that a retry starts it whole."""
+    try:
+        await broker.start()
+    except BaseException:
+        await stop_broker(broker)
+        raise
 
 
 async def stop_broker(broker: NatsBroker) -> None:

@@ -66,5 +66,12 @@ def kill_node(node: NatsServer) -> None:
 
 async def restart_node(cluster: NatsCluster, node: NatsServer) -> None:
     """Start a killed node again (same ports and store) and wait until the cluster has it."""
-    await asyncio.to_thread(node.start, attached=True)
+    await restart_nodes(cluster, [node])
+
+
+async def restart_nodes(cluster: NatsCluster, nodes: list[NatsServer]) -> None:
+    """Start killed nodes again, all before waiting until the cluster has every one (a node
+    still down never names the leader)."""
+    for node in nodes:
+        await asyncio.to_thread(node.start, attached=True)
     await asyncio.to_thread(wait_for_cluster, cluster.nodes)

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
-from cluster_kit import kill_node, wait_for_stream_leaders
+from cluster_kit import kill_node, restart_nodes, wait_for_stream_leaders
+from faststream.nats import NatsBroker
 from nats.js import api
+from structlog.testing import capture_logs
+from waiting import wait_until
 
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.auth.keys import KeyStore
 from rollout.shared.auth.roles import Role
 from rollout.shared.bus.reader import read_events
-from rollout.shared.bus.streams import ensure_streams
+from rollout.shared.bus.streams import ensure_consumer, ensure_streams
+from rollout.shared.service.bootstrap import started
+from rollout.shared.service.consumer import Consumer
+from rollout.shared.service.routes import service_broker
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import heartbeat_bucket
 from rollout.shared.stack.nats import NatsCluster, NatsServer, jetstream_report, meta_leader
@@ -155,3 +163,63 @@ async def test_a_key_reads_an_r3_stream_from_a_follower_whole_and_without_a_cons
         for client in (key, writer, admin):
             if client is not None:
                 await client.close()
+
+
+async def test_a_broker_that_starts_while_jetstream_cannot_answer_starts_once_it_can(
+    nats_cluster: NatsCluster, cluster_nats_settings: Settings
+) -> None:
+    # A service whose broker started while JetStream could not answer (a cluster with no
+    # quorum, or a loaded server timing an API call out) crashed at start; it waits now, as
+    # its stream and consumer setup already did, and consumes once JetStream answers.
+    settings = cluster_nats_settings
+    durable = Consumer(
+        subjects.WORK_STREAM, "start-probe", subjects.work_filter("probe"), title="probe"
+    )
+    nc = await connect_nats(settings)
+    got: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handle(body: dict) -> None:
+        await got.put(body["note"])
+
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, settings.stream_replicas)
+        await ensure_consumer(js, durable.stream, durable.config())
+        await wait_for_stream_leaders(js, STREAMS)
+        lost = nats_cluster.nodes[1:]
+        for node in lost:
+            kill_node(node)  # one of three left: no quorum, no API answers
+
+        async def unanswered() -> bool:
+            # The consumer's leader answers for a moment more, until it sees its peers gone.
+            try:
+                await js.consumer_info(durable.stream, durable.name, timeout=2)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                return True
+            return False
+
+        await wait_until(unanswered, "JetStream to stop answering", 30)
+        broker = service_broker(settings, consumers=[(durable, handle)])
+        with capture_logs() as logs:
+            starting = asyncio.create_task(_start_and_hold(broker, got))
+
+            def retrying() -> bool:
+                assert not starting.done(), starting.exception()
+                return any(e["event"].startswith("jetstream api not answering") for e in logs)
+
+            await wait_until(retrying, "the broker start to retry", 40)
+            await restart_nodes(nats_cluster, lost)
+            await wait_for_stream_leaders(js, STREAMS)
+            await js.publish(subjects.work("probe", "x"), b'{"note": "after quorum"}')
+            assert await asyncio.wait_for(got.get(), 60) == "after quorum"
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+    finally:
+        await nc.close()
+
+
+async def _start_and_hold(broker: NatsBroker, got: asyncio.Queue[str]) -> None:
+    """Start `broker` (the kit's way) and keep it running until cancelled."""
+    async with started(broker):
+        await asyncio.Event().wait()

@@ -130,6 +130,10 @@ async def scripted_run(
     On the train split unless told otherwise (task 0 is held out): jobs train on train tasks.
     """
     options.setdefault("split", "train")
+    # The agent errs on seeds divisible by 4; a run's seeds drawn from its random id made every
+    # rollout of a small run wrong now and then (1 in 256 at 4 rollouts). Seed 7's draws mix
+    # right and wrong answers on every task from n=2 up.
+    options.setdefault("seed", 7)
     await client.push_environment(refund_env(tasks=tasks))
     run = await client.create_run(
         "refunds", f"{server.base_url}#scripted", n=n, temperature=0.0, **options

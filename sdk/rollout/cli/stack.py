@@ -36,6 +36,8 @@ from rollout.shared.stack.supervisor import (
 )
 
 DEFAULT_UP_TIMEOUT = 120.0
+# How long `up` re-probes a ready stack that reads unhealthy before it says so (exit 1).
+UP_SETTLE_S = 20.0
 # More trackers than this only add standbys polling the lease.
 MAX_TRACKER_REPLICAS = 5
 
@@ -121,7 +123,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _run_foreground(settings, services, cluster, trackers)
     if supervisor_running(settings.home):
         _wait_ready(settings.home, None, None, args.timeout)
-        return _print_status(as_json=False)
+        return _print_status(as_json=False, settle_s=UP_SETTLE_S)
 
     token = uuid.uuid4().hex
     log_path = settings.home / "logs" / "supervisor.log"
@@ -148,7 +150,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if proc.poll() is None:
             down(settings.home)
         raise
-    return _print_status(as_json=False)
+    return _print_status(as_json=False, settle_s=UP_SETTLE_S)
 
 
 def _cluster_size(requested: int | None, settings: Any) -> int:
@@ -301,9 +303,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     return _print_status(as_json=args.json)
 
 
-def _print_status(*, as_json: bool) -> int:
+def _print_status(*, as_json: bool, settle_s: float = 0.0) -> int:
     settings = load_settings()
-    components = asyncio.run(collect_status(settings))
+    components = asyncio.run(_settled_status(settings, settle_s))
     # Not a stack component (the stack runs without it), but code-editing envs need it here:
     # its absence is said in one line, with the fix, instead of failing every such task.
     sandbox = check_sandbox_sync()
@@ -326,6 +328,20 @@ def _print_status(*, as_json: bool) -> int:
         )
     healthy = all(c.healthy for c in components)
     return 0 if healthy else 1
+
+
+async def _settled_status(settings: Any, settle_s: float) -> list[Any]:
+    """The stack's status, probed again for up to `settle_s` while a component reads unhealthy.
+
+    Each probe has a short timeout: on a loaded machine one can miss right after the
+    supervisor said ready, and `up` should not fail a stack that answers a moment later.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        components = await collect_status(settings)
+        if all(c.healthy for c in components) or time.monotonic() >= deadline:
+            return components
+        await asyncio.sleep(0.5)  # between probes, each with its own timeout
 
 
 def _verbs_endpoint_elsewhere(settings: Any) -> tuple[str, str] | None:
