@@ -159,7 +159,8 @@ async def score_task_group(
     Rollouts the actor could not finish are left out of the group (errored, no reward); a
     judge that fails or answers malformed JSON raises ScoringUnavailable (retried, then every
     sample errored with the cause): never a made-up reward. A sample the judge cannot read
-    even alone fails on its own and the rest are judged without it (ruler.judge_group).
+    even alone fails on its own and the rest are judged without it, in parts when they are too
+    long for the judge together (ruler.judge_group).
     """
     verdicts: dict[str, ScoredRollout] = {}
     judged: list[tuple[GeneratedRollout, Trajectory]] = []

@@ -12,7 +12,12 @@ from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs import validate_environment
 from rollout.shared.envs.verifiers.engine import score_group
-from rollout.shared.envs.verifiers.ruler import MAX_TRAJECTORY_CHARS, RulerParams, judge_messages
+from rollout.shared.envs.verifiers.ruler import (
+    MAX_TRAJECTORY_CHARS,
+    RulerParams,
+    judge_messages,
+    render,
+)
 
 
 def _spec(judge: str, extra: list | None = None) -> EnvironmentSpec:
@@ -90,8 +95,6 @@ async def test_a_group_is_judged_in_one_call_relative_to_each_other() -> None:
     [
         ("I think they are all fine.", "not JSON"),
         (json.dumps({"scores": [{"trajectory_id": "1", "score": 7}]}), "malformed at scores.0"),
-        # Every sample alone gets a score, the pair does not: no sample is at fault.
-        (json.dumps({"scores": [{"trajectory_id": "1", "score": 0.5}]}), "no score for traj"),
     ],
 )
 async def test_a_malformed_judge_answer_is_an_error_not_a_score(answer: str, expected: str) -> None:
@@ -100,6 +103,20 @@ async def test_a_malformed_judge_answer_is_an_error_not_a_score(answer: str, exp
         results = await score_group(spec, spec.tasks[0], [_sample("O-1"), _sample(None)])
     assert all(r.score == 0.0 and not r.passed for r in results)
     assert all(expected in (r.error or "") for r in results), results[0].error
+
+
+async def test_a_judge_that_answers_each_sample_but_not_the_pair_judges_them_apart() -> None:
+    # Every sample alone gets a score, the pair does not: no sample is at fault, and erroring
+    # the pair would leave both out of pass rates and GRPO groups. Each is judged alone.
+    answer = json.dumps({"scores": [{"trajectory_id": "1", "score": 0.5}]})
+    with FakeOpenAI(lambda body: text_reply(answer)) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        results = await score_group(spec, spec.tasks[0], [_sample("O-1"), _sample(None)])
+        assert len(judge.chat_bodies) == 1 + 2  # the pair, then each alone (reused)
+    assert [(r.error, r.score) for r in results] == [(None, 0.5), (None, 0.5)]
+    for k, r in enumerate(results, start=1):
+        reason = r.primitives[0].reason
+        assert f"rank 1/1 in part {k} of 2" in reason and "no score for traj" in reason, reason
 
 
 # What each kind of sample does to a judge that reads it: trips its content filter (the
@@ -227,6 +244,88 @@ async def test_a_group_whose_every_sample_derails_the_judge_fails_whole() -> Non
     for r, cause in zip(results, causes, strict=True):
         assert cause in r.primitives[0].reason, r.primitives[0].reason
     assert calls == 1 + 3 + 1  # the group, each alone, the control
+
+
+def _padded(order: str | None, chars: int = 3_000) -> Trajectory:
+    """A sample whose final answer is `chars` long: a few of them overflow a small judge."""
+    sample = _sample(order)
+    return sample.model_copy(update={"final_output": "done " + "." * chars})
+
+
+def _context_judge(limit: int):  # noqa: ANN202
+    """The ranking judge with a context of `limit` characters: a longer prompt is refused
+    with the 400 an OpenAI-compatible endpoint sends for a prompt past its context."""
+
+    def answer(body: dict) -> Reply:
+        if sum(len(m["content"]) for m in body["messages"]) > limit:
+            return error_reply(400, f"This model's maximum context length is {limit} tokens.")
+        return _ranking_judge(body)
+
+    return answer
+
+
+def _judged_groups(bodies: list[dict]) -> list[list[str]]:
+    """The orders of the samples each judge call saw, per call."""
+    out = []
+    for body in bodies:
+        text = body["messages"][-1]["content"]
+        blocks = re.findall(r'<trajectory id="\d+">\n(.*?)\n</trajectory>', text, re.DOTALL)
+        out.append([next((o for o in ("O-1", "O-2") if o in b), "-") for b in blocks])
+    return out
+
+
+async def test_a_group_too_long_for_the_judge_is_judged_in_the_fewest_parts_that_fit() -> None:
+    # Six samples of ~3,100 rendered characters: each fits a 12,000-character judge alone,
+    # three together fit, six do not. They used to error together (no sample is at fault),
+    # leaving every sibling out of pass rates and GRPO groups.
+    group = [_padded(o) for o in ("O-2", "O-1", None, "O-1", None, "O-2")]
+    with FakeOpenAI(_context_judge(12_000)) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        results = await score_group(spec, spec.tasks[0], group)
+        seen = _judged_groups(judge.chat_bodies)
+    assert [r.error for r in results] == [None] * 6
+    # The group (refused), each sample alone, then two parts of three: as large as fit.
+    assert len(seen) == 1 + 6 + 2 and [len(s) for s in seen[-2:]] == [3, 3], seen
+    assert sorted(map(sorted, seen[-2:])) == [["-", "O-1", "O-2"], ["-", "O-1", "O-2"]]
+    assert [r.primitives[0].score for r in results] == [0.4, 1.0, 0.0, 1.0, 0.0, 0.4]
+    for r in results:
+        reason = r.primitives[0].reason
+        # Ranked within its part of three, and the reason says why it was split.
+        assert re.search(r"rank \d/3 in part [12] of 2", reason), reason
+        assert "judged in 2 parts" in reason and "maximum context length" in reason, reason
+
+    # A judge that takes two at a time: three parts tried once two parts are refused.
+    with FakeOpenAI(_context_judge(8_000)) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        results = await score_group(spec, spec.tasks[0], group)
+        seen = _judged_groups(judge.chat_bodies)
+    assert [r.error for r in results] == [None] * 6
+    assert [len(s) for s in seen[7:]] == [3, 3, 2, 2, 2], seen
+    assert all("judged in 3 parts" in r.primitives[0].reason for r in results)
+    assert [r.primitives[0].score for r in results] == [0.4, 1.0, 0.0, 1.0, 0.0, 0.4]
+
+
+async def test_only_a_sample_too_long_alone_fails_and_the_rest_are_judged_in_parts() -> None:
+    # One sample overflows the judge even alone: it fails with the judge's reason, and the
+    # five others (too long together as well) are judged in parts, not errored.
+    steps = [{"role": "assistant", "content": f"step {k}: " + "thinking " * 220} for k in range(8)]
+    huge = Trajectory(messages=steps, final_output="done")
+    assert len(render(huge)) > 12_000
+    group = [_padded("O-1"), huge, _padded("O-2"), _padded(None), _padded("O-1"), _padded(None)]
+    with FakeOpenAI(_context_judge(12_000)) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        results = await score_group(spec, spec.tasks[0], group)
+        seen = _judged_groups(judge.chat_bodies)
+    assert [r.error for r in results] == [None] * 6
+    bad = results[1].primitives[0]
+    assert (bad.score, bad.passed) == (0.0, False)
+    assert "the judge cannot judge this trajectory" in bad.reason
+    assert "maximum context length" in bad.reason
+    # The group, each alone, the five without it (refused), then two parts of them.
+    assert len(seen[7]) == 5 and sorted(len(s) for s in seen[8:]) == [2, 3], seen
+    others = [results[i].primitives[0] for i in (0, 2, 3, 4, 5)]
+    assert [p.score for p in others] == [1.0, 0.4, 0.0, 1.0, 0.0]
+    assert all("judged in 2 parts" in p.reason for p in others), [p.reason for p in others]
 
 
 async def test_a_lone_sample_errors_when_the_judge_refuses_the_control_too() -> None:

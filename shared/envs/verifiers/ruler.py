@@ -24,10 +24,16 @@ of pass rates and GRPO groups, so a policy that learned to derail the judge (an 
 breaks its JSON, text that trips its filter) would escape every verdict. When no sample of a
 group can be read alone (a group of one among them: `rollout test`, runs of one sample), the
 judge is shown a control, a trajectory that does nothing and no policy wrote: if it judges
-that, the samples fail; if it refuses that too, the judge cannot read the task at all. A
-failure no single sample reproduces alone (the group only too long together), one the control
-reproduces, or a call that fails on the way (unreachable, 5xx, retries spent) is still the
-infrastructure's: the whole group errors as before and its batch is retried.
+that, the samples fail; if it refuses that too, the judge cannot read the task at all.
+
+A refusal no single sample reproduces alone (the group too long for the judge's context
+together, each sample fitting alone) is no sample's fault either: the group is split into the
+fewest parts the judge answers (parts as even in rendered length as they can be, so each is as
+large as it can be: RULER ranks within what it sees), and each sample's reason says it was
+ranked within part k of N. Only as a last resort is each sample's verdict alone used (ranked
+against nothing). A refusal the control reproduces, or a call that fails on the way
+(unreachable, 5xx, retries spent) is still the infrastructure's: the whole group errors and
+its batch is retried.
 """
 
 from __future__ import annotations
@@ -277,7 +283,8 @@ async def judge_group(
     params: RulerParams, task: TaskSpec, group: list[Trajectory]
 ) -> list[Outcome]:
     """An Outcome (score, passed, reason) per trajectory, from one judge call over the group;
-    when the judge refuses that call, the group without the sample(s) it fails on alone."""
+    when the judge refuses that call, the group without the sample(s) it fails on alone, in
+    as few parts as the judge will take."""
     try:
         backend = resolve_backend(params.judge_model)
     except RolloutError as exc:
@@ -290,12 +297,10 @@ async def judge_group(
         failed = exc
     # A group of one was just judged alone: its failure is the sample's answer.
     alone = [failed] if len(group) == 1 else await _judge_each(backend, params, task, group)
-    if any(f is not None and not f.refused for f in alone):
+    if any(isinstance(a, JudgeFailed) and not a.refused for a in alone):
         # The judge broke on the way meanwhile: nothing here says which sample is at fault.
         raise failed
-    unreadable = {i for i, f in enumerate(alone) if f is not None}
-    if not unreadable:
-        raise failed
+    unreadable = {i for i, a in enumerate(alone) if isinstance(a, JudgeFailed)}
     if len(unreadable) == len(group):
         # No sibling the judge reads: the control (a trajectory that does nothing, which no
         # policy wrote) says whether the judge reads this task at all at this moment.
@@ -303,16 +308,103 @@ async def judge_group(
         if isinstance(control[0], JudgeFailed):
             raise failed
         why = "judged alone; a trajectory that does nothing was judged at the same moment"
-        return [_unreadable(failed if f is None else f, why) for f in alone]
-    rest = [t for i, t in enumerate(group) if i not in unreadable]
-    try:
-        scores = await _judge(backend, params, task, rest)
-    except JudgeFailed as exc:
-        left = ", ".join(str(i + 1) for i in sorted(unreadable))
-        raise InfraError(f"{failed}; and without trajectory {left}: {exc}") from None
-    judged = iter(_outcomes(params, scores))
-    why = f"judged alone it failed too; the other {len(rest)} were judged without it"
-    return [next(judged) if f is None else _unreadable(f, why) for f in alone]
+        return [_unreadable(a, why) for a in alone if isinstance(a, JudgeFailed)]
+    keep = [i for i in range(len(group)) if i not in unreadable]
+    rest = [group[i] for i in keep]
+    refused = failed
+    if unreadable:
+        try:
+            judged = _outcomes(params, await _judge(backend, params, task, rest))
+        except JudgeFailed as exc:
+            if not exc.refused:
+                left = ", ".join(str(i + 1) for i in sorted(unreadable))
+                raise InfraError(f"{failed}; and without trajectory {left}: {exc}") from None
+            refused = exc
+        else:
+            return _merged(alone, judged, len(rest))
+    # Every sample left is read alone, but not all of them together (the group too long for
+    # the judge's context): erroring the group would drop every sibling from pass rates and
+    # GRPO groups, so they are judged in the fewest parts the judge takes.
+    scores = [a for a in alone if not isinstance(a, JudgeFailed)]
+    judged = await _judge_in_parts(backend, params, task, rest, scores, refused)
+    return _merged(alone, judged, len(rest))
+
+
+def _merged(
+    alone: list[list[JudgedScore] | JudgeFailed], judged: list[Outcome], judged_count: int
+) -> list[Outcome]:
+    """The group's outcomes in order: the judged samples' and the unreadable ones' failures."""
+    scored = iter(judged)
+    why = f"judged alone it failed too; the other {judged_count} were judged without it"
+    return [_unreadable(a, why) if isinstance(a, JudgeFailed) else next(scored) for a in alone]
+
+
+async def _judge_in_parts(
+    backend: Any,
+    params: RulerParams,
+    task: TaskSpec,
+    group: list[Trajectory],
+    alone: list[list[JudgedScore]],
+    refused: JudgeFailed,
+) -> list[Outcome]:
+    """The group judged in the fewest parts the judge answers (RULER ranks within what it
+    sees, so each part is kept as large as it can be); `alone` is each sample's own verdict,
+    the last resort. `refused` is why the whole group was not judged."""
+    sizes = [len(render(t)) for t in group]
+    # The shortest rendering the judge refused: a split whose largest part is no shorter
+    # cannot fit either, so it is not tried (each try is a batch of calls to the judge).
+    too_long = sum(sizes)
+    for count in range(2, len(group)):
+        parts = split_evenly(sizes, count)
+        if max(sum(sizes[i] for i in part) for part in parts) >= too_long:
+            continue
+        results = await _judge_calls(backend, params, task, [[group[i] for i in p] for p in parts])
+        broken = [r for r in results if isinstance(r, JudgeFailed) and not r.refused]
+        if broken:
+            raise InfraError(f"{refused}; and in {count} parts: {broken[0]}")
+        judged = [r for r in results if not isinstance(r, JudgeFailed)]
+        if len(judged) == len(parts):
+            return _outcomes_in_parts(params, parts, judged, refused)
+        too_long = min(
+            sum(sizes[i] for i in part)
+            for part, r in zip(parts, results, strict=True)
+            if isinstance(r, JudgeFailed)
+        )
+    return _outcomes_in_parts(params, [[i] for i in range(len(group))], alone, refused)
+
+
+def split_evenly(sizes: list[int], count: int) -> list[list[int]]:
+    """`count` parts of the indices of `sizes`, their totals as even as greedy can make them
+    (longest first, each into the lightest part; ties to the part with fewer), each in order."""
+    parts: list[list[int]] = [[] for _ in range(count)]
+    totals = [0] * count
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        lightest = min(range(count), key=lambda p: (totals[p], len(parts[p]), p))
+        parts[lightest].append(i)
+        totals[lightest] += sizes[i]
+    return [sorted(p) for p in parts if p]
+
+
+def _outcomes_in_parts(
+    params: RulerParams,
+    parts: list[list[int]],
+    scores: list[list[JudgedScore]],
+    refused: JudgeFailed,
+) -> list[Outcome]:
+    """Each sample's outcome, ranked within its part; the reason says the group was split."""
+    out: dict[int, Outcome] = {}
+    n = sum(len(p) for p in parts)
+    for number, (part, part_scores) in enumerate(zip(parts, scores, strict=True), start=1):
+        note = (
+            f" in part {number} of {len(parts)}: the judge refused all {n} together "
+            f"({_short(str(refused))}), so the group was judged in {len(parts)} parts"
+        )
+        out.update(zip(part, _outcomes(params, part_scores, note), strict=True))
+    return [out[i] for i in range(n)]
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 # What the judge is shown to learn whether it reads a task at all, when no sample of a group
@@ -339,10 +431,9 @@ async def _judge(
 
 async def _judge_each(
     backend: Any, params: RulerParams, task: TaskSpec, group: list[Trajectory]
-) -> list[JudgeFailed | None]:
-    """Each trajectory judged alone (one batch of calls): why the judge failed on it, or None."""
-    results = await _judge_calls(backend, params, task, [[t] for t in group])
-    return [r if isinstance(r, JudgeFailed) else None for r in results]
+) -> list[list[JudgedScore] | JudgeFailed]:
+    """Each trajectory judged alone (one batch of calls): its score, or why the judge failed."""
+    return await _judge_calls(backend, params, task, [[t] for t in group])
 
 
 async def _judge_calls(
@@ -378,12 +469,12 @@ async def _judge_calls(
     return out
 
 
-def _outcomes(params: RulerParams, scores: list[JudgedScore]) -> list[Outcome]:
+def _outcomes(params: RulerParams, scores: list[JudgedScore], note: str = "") -> list[Outcome]:
     return [
         Outcome(
             s.score,
             s.score >= params.pass_threshold,
-            f"judge {s.score:.2f} (rank {rank}/{len(scores)}): {s.explanation}",
+            f"judge {s.score:.2f} (rank {rank}/{len(scores)}{note}): {s.explanation}",
         )
         for s, rank in zip(scores, _ranks([s.score for s in scores]), strict=True)
     ]
