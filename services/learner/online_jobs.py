@@ -304,6 +304,11 @@ class OnlineJob:
         if "completions_rescored" in self.learner.metrics:
             # Which reward the policy learned from (PPO): the reward model's or the verifier's.
             metrics["completions_rescored"] = float(self.learner.metrics["completions_rescored"])
+        if self.learner.metrics.get("completions_too_long_for_rm"):
+            # Left out of their steps: the reward model cannot read them whole (PPO).
+            metrics["completions_too_long_for_rm"] = float(
+                self.learner.metrics["completions_too_long_for_rm"]
+            )
         if resumed is not None:
             metrics["resumed_from_step"] = float(resumed)
         latest = await trained.latest_record(self.ctx.store, self.model)

@@ -370,6 +370,14 @@ class PpoConfig(OnlineCorrection):
         description="A trained reward model (`rollout improve --method rm`) whose score "
         "replaces the verifier's as each completion's reward; None: the verifier's.",
     )
+    reward_model_max_length: int = Field(
+        2048,
+        ge=16,
+        le=131_072,
+        description="Tokens of a conversation the `reward_model` reads (as the reward_model "
+        "primitive's maxLength); a longer completion is left out of its step, never scored "
+        "on its start.",
+    )
     group_size: int = Field(2, ge=1, le=256, description="Completions sampled per task and step.")
     max_staleness: int = Field(
         2, ge=0, le=64, description="Completions more policy versions old are not trained on."

@@ -11,7 +11,9 @@ as the actor rendered them, checkpoints, resume, staleness):
   (`value_head.pt`, next to the HF weights the actors load);
 - per completion token, the reward is `-kl_coef * (logp_behaviour - logp_base)` (the KL to the
   frozen initial policy), plus the completion's scalar reward (verifier score, or a reward
-  model's) at its last token; a multi-turn completion's turns form one token sequence;
+  model's) at its last token; a multi-turn completion's turns form one token sequence. A
+  completion longer than the reward model reads (`reward_model_max_length`) is left out of
+  its step (counted in `completions_too_long_for_rm`), never scored on its start;
 - advantages and returns come from GAE over those tokens (`gamma`, `lam`), whitened per step;
 - the loss per token is PPO's clipped surrogate, with the ratio against the logprobs the actor
   recorded (the behaviour policy: importance correction for stale actors), plus `vf_coef`
@@ -85,9 +87,14 @@ class PPOLearner(GRPOLearner):
             raise RolloutError(f"config.method: PPOLearner trains ppo, not {config.method!r}")
         self.scorer: Any = None
         if reward_model is not None:
-            self.scorer = scorer_for(Path(reward_model))
+            self.scorer = scorer_for(Path(reward_model), max_len=config.reward_model_max_length)
         super().__init__(base_model, out_dir, config, resume=resume, clip_eps=config.clip_range)
-        for name in ("completions_rescored", "last_value_loss", "last_policy_loss"):
+        for name in (
+            "completions_rescored",
+            "completions_too_long_for_rm",
+            "last_value_loss",
+            "last_policy_loss",
+        ):
             self.metrics.setdefault(name, 0.0)  # a resumed learner has them from its checkpoint
 
     # -- models ------------------------------------------------------------------------------
@@ -157,6 +164,8 @@ class PPOLearner(GRPOLearner):
             self.metrics["dropped_stale"] += len(completions) - len(fresh)
             for completion in fresh:
                 reward = self._reward(g, prompt, tools, completion)
+                if reward is None:
+                    continue  # longer than the reward model reads: no reward to learn from
                 turns = [
                     _PpoRow(r.context, r.completion, r.old_logprobs, 0.0)
                     for r in self._turn_rows(prompt, tools, completion, 0.0)
@@ -168,10 +177,15 @@ class PPOLearner(GRPOLearner):
                 rewards.append(reward)
         return episodes, rewards
 
-    def _reward(self, g: int, prompt: list[dict], tools: Any, completion: Any) -> float:
+    def _reward(self, g: int, prompt: list[dict], tools: Any, completion: Any) -> float | None:
+        """The completion's scalar reward; None when the reward model cannot read it whole."""
         if self.scorer is not None:
             messages = list(completion.get("messages") or [])
             full = messages if messages[: len(prompt)] == prompt else prompt + messages
+            [tokens] = self.scorer.token_counts([full], tools=tools)
+            if tokens > self.scorer.max_len:
+                self._too_long_for_rm(tokens)
+                return None
             self.metrics["completions_rescored"] += 1
             return float(self.scorer.score([full], tools=tools)[0])
         try:
@@ -180,6 +194,25 @@ class PPOLearner(GRPOLearner):
             raise RolloutError(
                 f"ppo: groups[{g}]: every completion needs a numeric reward"
             ) from None
+
+    def _too_long_for_rm(self, tokens: int) -> None:
+        """Count (and say once per job) a completion the reward model cannot read whole.
+
+        Cut to its start it would be scored on a prefix the policy wrote, the logit read at a
+        token of its choosing and its end (the failed calls, the real answer) unseen. The
+        reward_model primitive fails such a conversation at 0, the floor of its [0, 1] score;
+        PPO's reward is the model's raw logit, which has no floor: any number given in its
+        place would be a reward the model never gave, on a scale it does not define (too low
+        and one completion's advantage swamps the step's, once whitened). So it is left out
+        of the step, as a turn longer than max_seq_len is: no score from a prefix either way.
+        """
+        if not self.metrics["completions_too_long_for_rm"]:
+            log.warning(
+                "ppo: a completion longer than the reward model reads is not trained on",
+                tokens=tokens,
+                reward_model_max_length=self.scorer.max_len,
+            )
+        self.metrics["completions_too_long_for_rm"] += 1
 
     def _forward(self, model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
         """(token logprobs, values), both in target space (position t predicts token t+1)."""

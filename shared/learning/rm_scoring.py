@@ -59,7 +59,11 @@ class RewardScorer:
     def score(
         self, conversations: Sequence[list[dict[str, Any]]], *, tools: Any = None
     ) -> list[float]:
-        """The model's scalar reward of each conversation (rendered by its chat template)."""
+        """The model's scalar reward of each conversation (rendered by its chat template).
+
+        A conversation longer than max_len is refused (RolloutError), never cut: its score
+        would be the score of a prefix the policy wrote, read at a token of its choosing, its
+        end unseen. Callers check `token_counts` first and decide what such a one gets."""
         import torch
 
         texts = self.texts(conversations, tools=tools)
@@ -70,10 +74,14 @@ class RewardScorer:
                     texts[start : start + SCORE_BATCH],
                     return_tensors="pt",
                     padding=True,
-                    truncation=True,
-                    max_length=self.max_len,
                     add_special_tokens=False,
                 )
+                longest = int(batch["attention_mask"].sum(dim=1).max())
+                if longest > self.max_len:
+                    raise RolloutError(
+                        f"a conversation of {longest} tokens is longer than the reward model "
+                        f"reads ({self.max_len}): it is not scored on its start"
+                    )
                 logits = self.model(**batch).logits
                 out.extend(float(v) for v in logits[:, 0])
         return out

@@ -190,17 +190,26 @@ def test_config_bounds_are_named() -> None:
     assert "hyperparams.ppo_epochs: must be >= 1" in problems
 
 
-def test_a_reward_model_rewards_ppo_in_place_of_the_verifier(
-    tiny_base: Path, tmp_path: Path
-) -> None:
-    from learning_kit import TOOLS, refund_messages
+@pytest.fixture(scope="module")
+def tiny_rm(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny reward model (8 TRL steps) that scores refunds above refusals."""
     from test_learning_kto_rm import _pairs
 
     from rollout.shared.learning.rm import train_rm
+
+    config = TrainConfig(method="rm", max_steps=8, learning_rate=3e-3, batch_size=2)
+    out = tmp_path_factory.mktemp("rm")
+    return train_rm(tiny_base, _pairs(), out, config, resume=False).model_dir
+
+
+def test_a_reward_model_rewards_ppo_in_place_of_the_verifier(
+    tiny_base: Path, tiny_rm: Path, tmp_path: Path
+) -> None:
+    from learning_kit import TOOLS, refund_messages
+
     from rollout.shared.learning.rm_scoring import RewardScorer
 
-    rm = train_rm(tiny_base, _pairs(), tmp_path / "rm", TrainConfig(
-        method="rm", max_steps=8, learning_rate=3e-3, batch_size=2), resume=False).model_dir  # fmt: skip
+    rm = tiny_rm
     scorer = RewardScorer(rm)
     tokenizer, _ = load_model(tiny_base)
     prompt = refund_messages(1)[:2]
@@ -227,6 +236,53 @@ def test_a_reward_model_rewards_ppo_in_place_of_the_verifier(
     assert progress.loss is not None and learner.metrics["last_value_loss"] > 0
     with pytest.raises(RolloutError, match="not a reward model"):
         PPOLearner(tiny_base, tmp_path / "q", config, reward_model=tiny_base)
+
+
+def test_ppo_never_rewards_a_completion_on_the_start_the_reward_model_reads(
+    tiny_base: Path, tiny_rm: Path, tmp_path: Path
+) -> None:
+    from learning_kit import TOOLS, refund_messages
+
+    from rollout.shared.learning.rm_scoring import RewardScorer
+
+    scorer = RewardScorer(tiny_rm, max_len=100_000)
+    tokenizer, _ = load_model(tiny_base)
+    refund = refund_messages(1)
+    prompt, refusal = refund[:2], [{"role": "assistant", "content": "I cannot help with refunds."}]
+    # A completion that opens like the refund the reward model likes, then talks on and
+    # ends in a refusal: its first `max_len` tokens are the refund and nothing after it.
+    talk = [{"role": "user", "content": "And the other orders? " * 30},
+            {"role": "assistant", "content": "Let me look into that. " * 30}]  # fmt: skip
+    long = refund + talk + refusal
+    max_len = scorer.token_counts([refund], tools=TOOLS)[0]
+    [whole] = scorer.token_counts([long], tools=TOOLS)
+    assert whole > max_len + 100
+    # What scoring its first max_len tokens gave: the refund's score, above a refusal's.
+    [text] = scorer.texts([long], tools=TOOLS)
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"][:max_len]])
+    with torch.no_grad():
+        prefix_score = float(scorer.model(input_ids=ids).logits[0, 0])
+    [refused_score, refund_score] = scorer.score([prompt + refusal, refund], tools=TOOLS)
+    assert prefix_score > refused_score, (prefix_score, refused_score)
+    assert prefix_score == pytest.approx(refund_score, abs=1e-4)
+
+    def completion(messages: list[dict]) -> dict:
+        ids = tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        return {"token_ids": [ids], "messages": messages, "reward": 0.0, "policy_version": 0}
+
+    group = {"prompt": prompt, "tools": TOOLS,
+             "completions": [completion(long), completion(prompt + refusal)]}  # fmt: skip
+    config = TrainConfig(method="ppo", kl_coef=0.0, reward_model_max_length=max_len)
+    learner = PPOLearner(tiny_base, tmp_path / "p", config, resume=False, reward_model=tiny_rm)
+    progress = learner.step([group])
+    # The long completion is not trained on at its prefix's score: it is left out, counted.
+    assert progress.reward == pytest.approx(refused_score, abs=1e-4)
+    assert learner.metrics["completions_too_long_for_rm"] == 1
+    assert learner.metrics["completions_rescored"] == 1
+    assert learner.metrics["completions_trained"] == 1
+    # The scorer itself never cuts one either: it refuses to score what it cannot read whole.
+    with pytest.raises(RolloutError, match="longer than the reward model reads"):
+        learner.scorer.score([long], tools=TOOLS)
 
 
 @pytest.fixture(scope="module")
