@@ -10,6 +10,7 @@ against the same registry is the same plan, and `rollout run --config` resumes i
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -27,6 +28,7 @@ from rollout.shared.aggregates.run_options import MAX_ROLLOUTS
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.plan import (
+    STAGE_KINDS,
     CheckpointPolicy,
     EnvEntry,
     ExperimentPlan,
@@ -83,6 +85,9 @@ class PlanCheck:
     # Names of envs and stages that are themselves invalid: references to them are not
     # reported again.
     unchecked: set[str] = field(default_factory=set)
+    # stage name -> its fields left out for being wrong (their defaults in their place): what
+    # depends on them (sizes, splits, what a model learned from) is not judged.
+    repaired: dict[str, set[str]] = field(default_factory=dict)
     # env name -> the splits its tasks have (when its spec could be read)
     splits: dict[str, set[str]] = field(default_factory=dict)
     # env name -> each task's split, in order (None: no split), to size its runs
@@ -130,13 +135,24 @@ def structure_problems(errors: list[Any], prefix: str = "") -> list[str]:
         path = error_path(tuple(err["loc"]))
         if prefix:
             path = f"{prefix}.{path}" if path else prefix
-        message = _nan_message(err) or _message(err)
+        message = _nan_message(err) or _SHAPES.get(err.get("type", "")) or _message(err)
         if err.get("type") == "value_error" and ": " in message:
             head, rest = message.split(": ", 1)
             if head.isidentifier():
                 path, message = (f"{path}.{head}" if path else head), rest
         problems.append(f"{path}: {message}")
     return problems
+
+
+# What a value of the wrong shape should have been, in TOML's words (pydantic says
+# "Input should be a valid dictionary or instance of Resources").
+_SHAPES = {
+    "dict_type": "must be a table",
+    "model_type": "must be a table",
+    "model_attributes_type": "must be a table",
+    "list_type": "must be a list",
+    "string_too_short": "must not be empty",
+}
 
 
 def _nan_message(err: Any) -> str | None:
@@ -229,14 +245,16 @@ async def check_plan_data(
     _pin_model_dirs(data)
     # Strict: TOML's values have their own types, and a `seed = true` or an `n = "4"` is a
     # mistake to name, not one to run as seed 1 or 4.
-    valid, errors = validate_strict(ExperimentPlan.model_validate, data)
+    valid, errors, repaired, dropped = validate_every_part(data)
     if valid is None:
         # Every problem, not just the first section's: the parts that are valid are still
         # checked against each other (and the registry) below.
         check.problems += structure_problems(errors)
-        plan = _salvage(data, check)
+        plan = _salvage(repaired, check, names=data)
     else:
         plan = check.plan = valid
+    check.repaired = _repaired_stages(data, dropped)
+    before = len(check.problems)
     base = Path(path).parent
     _check_stages(plan, check)
     _check_models(plan, check)
@@ -247,6 +265,10 @@ async def check_plan_data(
     _check_run_sizes(plan, check)
     _check_compares(plan, check)
     _check_held_out(plan, check)
+    # A value found wrong was left out to check the rest: what its absence would say
+    # (`from: required`) is not another problem of the plan.
+    check.problems[before:] = [p for p in check.problems[before:] if not _under(p, dropped)]
+    check.warnings = [w for w in check.warnings if not _under(w, dropped)]
     if check.problems:
         check.plan = None
     else:
@@ -255,8 +277,110 @@ async def check_plan_data(
     return check
 
 
-def _salvage(data: dict[str, Any], check: PlanCheck) -> ExperimentPlan:
-    """The valid parts of an invalid plan (invalid stages as None), to check them further."""
+# How many times a plan is validated again without the values already found wrong: the model
+# checks of a table (exactly one kind, one source) run only once its fields parse.
+_PASSES = 4
+
+
+def validate_every_part(
+    data: dict[str, Any],
+) -> tuple[ExperimentPlan | None, list[Any], dict[str, Any], list[str]]:
+    """(plan, errors, the document without the wrong values, their TOML paths).
+
+    pydantic skips a table's own checks while a field of it is wrong: a plan with a typo in a
+    stage and that stage's two kinds said the typo only, and the next run said the other. So
+    the values found wrong are left out and the rest validated again, until nothing new.
+    """
+    work = copy.deepcopy(data)
+    errors: list[Any] = []
+    dropped: list[tuple[Any, ...]] = []
+    # Known fields left out (not unknown keys): a table missing one of them would be judged
+    # on what the user did not write, so its own checks are not reported.
+    emptied: set[tuple[Any, ...]] = set()
+    seen: set[tuple[Any, ...]] = set()
+    for _ in range(_PASSES):
+        valid, found = validate_strict(ExperimentPlan.model_validate, work)
+        new = [
+            e for e in found
+            if not _dropped_here(tuple(e["loc"]), dropped, emptied)
+            and (tuple(e["loc"]), e.get("type")) not in seen
+        ]  # fmt: skip
+        seen |= {(tuple(e["loc"]), e.get("type")) for e in new}
+        errors += new
+        if valid is not None or not new:
+            return (valid if not errors else None), errors, work, [error_path(d) for d in dropped]
+        progress = False
+        for err in new:
+            loc = tuple(err["loc"])
+            if err.get("type") == "value_error" or not loc or isinstance(loc[-1], int):
+                continue  # a table's own check, or a list entry (its index must stay)
+            if _drop(work, loc):
+                dropped.append(loc)
+                if err.get("type") != "extra_forbidden":
+                    emptied.add(loc[:-1])
+                progress = True
+        if not progress:
+            break
+    return None, errors, work, [error_path(d) for d in dropped]
+
+
+def _dropped_here(
+    loc: tuple[Any, ...], dropped: list[tuple[Any, ...]], emptied: set[tuple[Any, ...]]
+) -> bool:
+    """True when an error is about a value already left out, or its table lost a field."""
+    if any(loc[: len(d)] == d for d in dropped):
+        return True
+    # A table check (value_error at the table) of a table whose field was left out.
+    return loc in emptied
+
+
+def _drop(doc: Any, loc: tuple[Any, ...]) -> bool:
+    """Remove the value at `loc` from the document; False when it is not there."""
+    for part in loc[:-1]:
+        if isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        elif isinstance(doc, list) and isinstance(part, int) and 0 <= part < len(doc):
+            doc = doc[part]
+        else:
+            return False
+    if isinstance(doc, dict) and loc[-1] in doc:
+        del doc[loc[-1]]
+        return True
+    return False
+
+
+def _under(line: str, paths: list[str]) -> bool:
+    """True when a `path: message` line is about one of `paths` (or a value inside one)."""
+    where = line.split(": ", 1)[0]
+    return any(where == p or where.startswith((f"{p}.", f"{p}[")) for p in paths)
+
+
+def _repaired_stages(data: dict[str, Any], dropped: list[str]) -> dict[str, set[str]]:
+    """stage name -> the fields of its kind left out for being wrong (`n`, `split`, ...)."""
+    stages = data.get("stages") if isinstance(data.get("stages"), list) else []
+    out: dict[str, set[str]] = {}
+    for i, stage in enumerate(stages):
+        for kind in STAGE_KINDS:
+            head = f"stages[{i}].{kind}."
+            fields = {
+                p[len(head) :].split(".")[0].split("[")[0] for p in dropped if p.startswith(head)
+            }
+            if isinstance(stage, dict) and fields:
+                out.setdefault(str(stage.get("name")), set()).update(fields)
+    return out
+
+
+def _repaired(check: PlanCheck, names: list[Any], fields: set[str]) -> bool:
+    """True when a stage of `names` was checked without one of `fields` (its default in its
+    place): what depends on them would judge what the user did not write."""
+    return any(isinstance(n, str) and check.repaired.get(n, set()) & fields for n in names)
+
+
+def _salvage(
+    data: dict[str, Any], check: PlanCheck, names: dict[str, Any] | None = None
+) -> ExperimentPlan:
+    """The valid parts of an invalid plan (invalid stages as None), to check them further;
+    the invalid ones' names as `names` (the document as written) gives them."""
 
     def part(model: type[pydantic.BaseModel], value: Any) -> Any:
         return validate_strict(model.model_validate, value)[0]
@@ -266,8 +390,12 @@ def _salvage(data: dict[str, Any], check: PlanCheck) -> ExperimentPlan:
     raw_models = data.get("models") if isinstance(data.get("models"), dict) else {}
     stages = [part(Stage, s) for s in raw_stages]
     check.unchecked = {str(k) for k, v in raw_envs.items() if part(EnvEntry, v) is None}
+    written = (names or data).get("stages")
+    written = (
+        written if isinstance(written, list) and len(written) == len(raw_stages) else raw_stages
+    )
     check.unchecked |= {
-        str(s.get("name")) for s, ok in zip(raw_stages, stages, strict=True)
+        str(s.get("name")) for s, ok in zip(written, stages, strict=True)
         if ok is None and isinstance(s, dict)
     }  # fmt: skip
     return ExperimentPlan.model_construct(
@@ -599,6 +727,8 @@ def _check_run_sizes(plan: ExperimentPlan, check: PlanCheck) -> None:
         spec = (stage.run or stage.evaluate) if stage is not None else None
         if spec is None or spec.env not in check.task_splits:
             continue
+        if _repaired(check, [stage.name], {"n", "split"}):
+            continue
         splits = check.task_splits[spec.env]
         tasks = sum(1 for split in splits if spec.split is None or split == spec.split)
         if tasks * spec.n > MAX_ROLLOUTS:
@@ -668,6 +798,8 @@ def _check_compares(plan: ExperimentPlan, check: PlanCheck) -> None:
         b = (other.run or other.evaluate) if other is not None else None
         if a is None or b is None or base is other:
             continue  # reported by the reference checks
+        if _repaired(check, [stage.name, base.name, other.name], {"split"}):
+            continue  # a split left out for being wrong is not "every task"
         where = f"stages[{i}].compare.other"
         names = f"{other.name!r} scores {_tasks_of(check, b)}, {base.name!r} {_tasks_of(check, a)}"
         if _env_id(check, a.env) != _env_id(check, b.env):
@@ -741,6 +873,18 @@ def _learned(
     return learned
 
 
+def _uses_repaired(stage: Stage, check: PlanCheck) -> bool:
+    """True when the stage, or a stage it takes data or a model from, was checked without a
+    value of its own that was wrong."""
+    refs: list[Any] = [stage.name]
+    if stage.train is not None:
+        t = stage.train
+        refs += [t.model, t.from_, t.config.get("teacher"), t.config.get("reward_model")]
+    elif stage.run or stage.evaluate:
+        refs.append((stage.run or stage.evaluate).model)  # type: ignore[union-attr]
+    return _repaired(check, refs, {"split", "from", "passing", "config", "model", "env"})
+
+
 def _check_held_out(plan: ExperimentPlan, check: PlanCheck) -> None:
     """A trained model scored on tasks it learned from measures recall, not generalisation.
 
@@ -758,6 +902,8 @@ def _check_held_out(plan: ExperimentPlan, check: PlanCheck) -> None:
     for i, stage in enumerate(plan.stages):
         if stage is None:
             continue
+        if _uses_repaired(stage, check):
+            continue  # judged on a default in place of a value left out for being wrong
         if stage.train is not None:
             known[stage.name] = _learned(plan, i, check, known)
             continue

@@ -134,8 +134,10 @@ def test_every_problem_with_its_path(tmp_path: Path) -> None:
     ]
     for line in expected:
         assert line in problems, f"{line!r} not in:\n{problems}"
-    # `later` is itself invalid: the compare naming it is not reported a second time.
-    assert "stages[5].compare.other" not in problems
+    # `later` has a wrong `n` but is still an evaluate stage: the compare naming it is told
+    # what it would be told once `n` is fixed (it comes later), once.
+    assert problems.count("stages[5].compare.other") == 1
+    assert "stages[5].compare.other: stage 'later' comes later" in problems
 
 
 def test_cli_plan_exit_codes_json_and_toml_syntax_line(tmp_path: Path) -> None:
@@ -444,6 +446,78 @@ compare = { base = "c", other = "e" }
         "stages[1].evaluate.temperature: not a number (nan)",
         "stages[2].compare.base: refers to its own stage 'c': a stage may only use earlier stages",
     ]
+
+
+MANY = """
+[[stages]]
+name = "before"
+evaluate = { env = "support", model = "polcy", split = "test", n = "eight", temperature = "hot", max_tokens = 0, colour = "blue" }
+[[stages]]
+name = "sft"
+train = { method = "sft", model = "policy", from = "before", suffix = 5, config = { learning_rate = "fast", epochs = 0 } }
+[[stages]]
+name = "both"
+run = { env = "support", model = "policy", n = "x" }
+compare = { base = "before", other = "before" }
+[[stages]]
+name = "shapeless"
+evaluate = 3
+[[stages]]
+name = "delta"
+compare = { base = "shapeless", other = "before", extra = 1 }
+"""
+
+
+def test_every_mistake_of_every_section_is_said_in_one_pass(tmp_path: Path) -> None:
+    # A wrong value made pydantic skip the rest of its table (the model and env references, a
+    # train stage's config, the stage's own kind check): each fix met the next mistake.
+    path = plan_in(tmp_path, MANY, head=PLAN_HEAD + '[resources]\nthreads = "four"\n')
+    done = cli("plan", str(path), home=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout, done.stderr
+    problems = [line.removeprefix("    - ") for line in done.stdout.splitlines()[1:]]
+    assert sorted(problems) == sorted([
+        "resources.threads: must be a whole number, got 'four'",
+        "stages[0].evaluate.n: must be a whole number, got 'eight'",
+        "stages[0].evaluate.temperature: must be a number, got 'hot'",
+        "stages[0].evaluate.max_tokens: must be >= 1",
+        "stages[0].evaluate.colour: unknown setting",
+        "stages[0].evaluate.model: no earlier train stage 'polcy' (have none); nor a model of "
+        "[models] (have policy, teacher)",
+        "stages[1].train.suffix: must be a string, got 5",
+        "stages[1].train.config.learning_rate: must be a number, got 'fast'",
+        "stages[1].train.config.epochs: must be > 0",
+        "stages[1].train.from: stage 'before' runs the test tasks, held-out ones: the learner "
+        'never trains on them and would refuse the job; run stage \'before\' on split = "train"',
+        "stages[2].run.n: must be a whole number, got 'x'",
+        "stages[2].kind: give exactly one of run, train, evaluate, compare (got run, compare)",
+        "stages[3].evaluate: must be a table",
+        "stages[4].compare.extra: unknown setting",
+    ])  # fmt: skip
+    assert done.stdout.startswith(f"✗ {path}: {len(problems)} problem(s); nothing was started")
+    # `shapeless` is no stage at all: the compare naming it is not told it does not exist.
+    assert not any(p.startswith("stages[4].compare.base") for p in problems)
+
+
+def test_a_value_left_out_for_being_wrong_is_not_missing_too(tmp_path: Path) -> None:
+    # The rest is checked without it: its absence (`from: required`, no split so every task)
+    # is not a second problem, nor a warning.
+    stages = """
+[[stages]]
+name = "demos"
+run = { env = "support", model = "teacher", split = "train" }
+[[stages]]
+name = "sft"
+train = { method = "sft", model = "policy", from = 3 }
+[[stages]]
+name = "after"
+evaluate = { env = "support", model = "sft", split = "" }
+"""
+    result = check(plan_in(tmp_path, stages))
+    assert result.problems == [
+        "stages[1].train.from: must be a string, got 3",
+        "stages[2].evaluate.split: must not be empty",
+    ]
+    assert result.warnings == []
 
 
 TYPED = """
