@@ -389,8 +389,13 @@ def _salvage(
     raw_stages = data.get("stages") if isinstance(data.get("stages"), list) else []
     raw_models = data.get("models") if isinstance(data.get("models"), dict) else {}
     stages = [part(Stage, s) for s in raw_stages]
-    check.unchecked = {str(k) for k, v in raw_envs.items() if part(EnvEntry, v) is None}
-    written = (names or data).get("stages")
+    # Names as written: an entry left out for being wrong is not "no such env" to its users.
+    original = names or data
+    written_envs = original.get("envs") if isinstance(original.get("envs"), dict) else {}
+    written_models = original.get("models") if isinstance(original.get("models"), dict) else {}
+    check.unchecked = {str(k) for k, v in written_envs.items() if part(EnvEntry, v) is None}
+    check.unchecked |= {str(k) for k, v in written_models.items() if not isinstance(v, str)}
+    written = original.get("stages")
     written = (
         written if isinstance(written, list) and len(written) == len(raw_stages) else raw_stages
     )
@@ -398,6 +403,11 @@ def _salvage(
         str(s.get("name")) for s, ok in zip(written, stages, strict=True)
         if ok is None and isinstance(s, dict)
     }  # fmt: skip
+    # A section that is no table (or missing) was reported itself: the stages naming its
+    # entries are not told each that it lacks them.
+    for section, fields in (("envs", ("env",)), ("models", ("model",))):
+        if not isinstance(original.get(section), dict):
+            check.unchecked |= _named_in(written, fields)
     return ExperimentPlan.model_construct(
         name=str(data.get("name") or "plan"),
         seed=0,
@@ -407,6 +417,17 @@ def _salvage(
         checkpoints=part(CheckpointPolicy, data.get("checkpoints", {})) or CheckpointPolicy(),
         stages=stages,
     )
+
+
+def _named_in(stages: list[Any], fields: tuple[str, ...]) -> set[str]:
+    """The names the stages' kinds give in `fields` (`env`, `model`), as written."""
+    out = set()
+    for stage in stages:
+        for kind in STAGE_KINDS:
+            spec = stage.get(kind) if isinstance(stage, dict) else None
+            if isinstance(spec, dict):
+                out |= {spec[f] for f in fields if isinstance(spec.get(f), str)}
+    return out
 
 
 # --- references between stages --------------------------------------------------------------
@@ -800,6 +821,8 @@ def _check_compares(plan: ExperimentPlan, check: PlanCheck) -> None:
             continue  # reported by the reference checks
         if _repaired(check, [stage.name, base.name, other.name], {"split"}):
             continue  # a split left out for being wrong is not "every task"
+        if a.env not in plan.envs or b.env not in plan.envs:
+            continue  # an env the plan lacks: reported by the reference checks
         where = f"stages[{i}].compare.other"
         names = f"{other.name!r} scores {_tasks_of(check, b)}, {base.name!r} {_tasks_of(check, a)}"
         if _env_id(check, a.env) != _env_id(check, b.env):

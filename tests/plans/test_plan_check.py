@@ -520,6 +520,25 @@ evaluate = { env = "support", model = "sft", split = "" }
     assert result.warnings == []
 
 
+def test_stages_are_not_told_they_lack_an_entry_that_was_itself_wrong(tmp_path: Path) -> None:
+    # `support` and `policy` are there, with wrong values: said once, where they are.
+    head = 'name = "p"\nenvs = { support = 5 }\n[models]\npolicy = 5\n'
+    stages = """
+[[stages]]
+name = "e"
+evaluate = { env = "support", model = "policy", n = "x" }
+[[stages]]
+name = "f"
+evaluate = { env = "other", model = "policy" }
+"""
+    assert check(plan_in(tmp_path, stages, head=head)).problems == [
+        "envs.support: must be a table",
+        "models.policy: must be a string, got 5",
+        "stages[0].evaluate.n: must be a whole number, got 'x'",
+        "stages[1].evaluate.env: no environment 'other' in [envs] (have none)",
+    ]
+
+
 TYPED = """
 [resources]
 replicas = 1.0
