@@ -127,3 +127,10 @@ LEARNER_DEADLETTERS = Consumer(
     # job would never end.
     max_deliver=-1,
 )
+
+# --- read models -----------------------------------------------------------------------
+
+# The projections that write Postgres read models, by the service that runs them: `rollout
+# status` shows how far each is behind the events stream (a read model that cannot be written
+# falls silently behind while every service still beats).
+PROJECTIONS: dict[str, Consumer] = {"tracker": TRACKER_READ_MODELS, "buffer": BUFFER}

@@ -26,6 +26,7 @@ from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.errors import RetrySignal, RolloutError
 from rollout.shared.observability import get_logger
 from rollout.shared.service.consumer import Consumer
+from rollout.shared.stack.health import READINESS
 from rollout.shared.store.projection import UNHOLDABLE, ProjectionRunner
 
 log = get_logger(__name__)
@@ -78,6 +79,9 @@ def subscribe_projection(
     """
     assert consumer.batch, f"{consumer.name}: a projection consumes whole fetches"
     keepalive_s = consumer.ack_wait_s * KEEPALIVE_SHARE
+    # The served process's readiness (None when run outside `rollout serve`): its beats carry
+    # the projection's last failure, which `rollout status` shows beside the lag.
+    readiness = READINESS.get()
 
     async def parse(msgs: list[Msg]) -> Items:
         items: Items = []
@@ -112,7 +116,11 @@ def subscribe_projection(
         except RETRIED as exc:
             settled, failed = 0, exc
             log.warning("projection failed; retrying", consumer=consumer.name, error=describe(exc))
+            if readiness is not None:
+                readiness.failing(consumer.name, describe(exc))
         else:
+            if readiness is not None:
+                readiness.recovered(consumer.name)
             log.debug(
                 "events projected",
                 consumer=consumer.name,

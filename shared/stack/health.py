@@ -44,6 +44,10 @@ class Readiness:
 
     ready: bool = True
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # What keeps failing in this process, by what (a projection's durable): its last error and
+    # when, until it succeeds again. Each beat carries it, so `rollout status` can say why a
+    # read model falls behind without reading the service's log.
+    failures: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def starting(self) -> None:
         """The service is starting: not ready until `started`."""
@@ -53,6 +57,14 @@ class Readiness:
         """The service is ready; its next beat goes out now, not an interval later."""
         self.ready = True
         self.changed.set()
+
+    def failing(self, what: str, error: str) -> None:
+        """`what` failed with `error` (kept until `recovered`)."""
+        self.failures[what] = {"error": error[:500], "at": time.time()}
+
+    def recovered(self, what: str) -> None:
+        """`what` succeeded again: its last error is no longer news."""
+        self.failures.pop(what, None)
 
 
 # The readiness of the service `rollout serve` runs in this task (set where its beats start).
@@ -71,6 +83,8 @@ class Beat:
     interval: float
     # Beats from before readiness was kept say nothing of it: taken as ready.
     ready: bool = True
+    # Readiness.failures as of this beat.
+    failures: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def age(self) -> float:
@@ -93,6 +107,7 @@ class Beat:
             "age_s": round(self.age, 3),
             "live": self.live,
             "ready": self.ready,
+            "failures": self.failures,
         }
 
 
@@ -142,7 +157,10 @@ async def heartbeat(
     try:
         while True:
             readiness.changed.clear()  # before reading it: a change meanwhile beats again
-            record = json.dumps({**beat, "time": time.time(), "ready": readiness.ready})
+            record = json.dumps(
+                {**beat, "time": time.time(), "ready": readiness.ready}
+                | ({"failures": readiness.failures} if readiness.failures else {})
+            )
             try:
                 await kv.put(key, record.encode())
             except (nats.errors.Error, TimeoutError) as exc:
@@ -234,7 +252,21 @@ def _beat_from(raw: bytes) -> Beat:
         time=float(data["time"]),
         interval=float(data["interval"]),
         ready=data.get("ready", True) is not False,
+        failures=_failures(data.get("failures")),
     )
+
+
+def _failures(raw: Any) -> dict[str, dict[str, Any]]:
+    # A beat is another process's word: only well-formed entries are kept.
+    if not isinstance(raw, dict):
+        return {}
+    kept: dict[str, dict[str, Any]] = {}
+    for what, entry in raw.items():
+        try:
+            kept[str(what)] = {"error": str(entry["error"]), "at": float(entry["at"])}
+        except (TypeError, KeyError, ValueError):
+            continue
+    return kept
 
 
 def _key_part(text: str) -> str:

@@ -1,4 +1,5 @@
-"""`rollout status`: each component's address, health and pid, probed live."""
+"""`rollout status`: each component's address, health and pid, probed live, and how far each
+read-model projector is behind the events stream."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import asyncpg
+from nats.errors import Error as NatsError
 
 from rollout.shared.errors import RolloutError
+from rollout.shared.service import durables
 from rollout.shared.settings import Settings, connect_nats, redact_url
 from rollout.shared.stack.health import read_beats
 from rollout.shared.stack.nats import health_problem, jetstream_report
 from rollout.shared.stack.process import LOOPBACK, ProcessRef
+from rollout.shared.stack.projections import Lag, last_failure, projection_lag, stall_limit_s
 from rollout.shared.stack.services import selected
 from rollout.shared.stack.supervisor import read_state
 
@@ -31,10 +35,14 @@ class Component:
     detail: str = ""
     external: bool = False
     replicas: list[dict[str, Any]] = field(default_factory=list)
+    # What to do about it, when unhealthy (a line under the table).
+    hint: str = ""
 
 
-async def collect_status(settings: Settings) -> list[Component]:
-    """Probe NATS (connect + JetStream), Postgres (a query) and every service's heartbeats."""
+async def collect_status(settings: Settings, *, stall_s: float | None = None) -> list[Component]:
+    """Probe NATS (connect + JetStream), Postgres (a query), every service's heartbeats and
+    each read-model projector's lag (unhealthy once stalled `stall_s`; default from the env)."""
+    stall_s = stall_limit_s() if stall_s is None else stall_s
     state = read_state(settings.home)
     running = state.get("phase") in ("starting", "ready")
     components: list[Component] = []
@@ -102,14 +110,24 @@ async def collect_status(settings: Settings) -> list[Component]:
     else:
         pg.detail = "stopped (run `rollout up`)"
 
+    recorded = state.get("services") or {}
+    names = list(recorded) or selected()
+    served = {(recorded.get(name) or {}).get("service", name) for name in names}
     beats = []
+    lags: dict[str, Lag | None | str] = {}
     if nc is not None:
         try:
             beats = await read_beats(nc.jetstream())
+            js = nc.jetstream(timeout=PROBE_TIMEOUT)
+            for service, consumer in durables.PROJECTIONS.items():
+                if service in served:
+                    try:
+                        lags[service] = await projection_lag(js, consumer, PROBE_TIMEOUT)
+                    except (NatsError, TimeoutError) as exc:
+                        lags[service] = str(exc) or type(exc).__name__
         finally:
             await nc.close()
-    recorded = state.get("services") or {}
-    for name in list(recorded) or selected():
+    for name in names:
         entry = recorded.get(name) or {}
         of = entry.get("service", name)
         # A second replica the supervisor runs (`tracker-2`) is its own line: its own beat.
@@ -152,7 +170,48 @@ async def collect_status(settings: Settings) -> list[Component]:
             if entry.get("restarts"):
                 service.detail += f" (restarted {entry['restarts']}x; log: {entry.get('log')})"
         components.append(service)
+    for service, lag in lags.items():
+        log = next(
+            (e.get("log") for key, e in recorded.items() if e.get("service", key) == service),
+            None,
+        )
+        components.append(_projection_line(service, lag, beats, stall_s, log))
     return components
+
+
+def _projection_line(
+    service: str, lag: Lag | None | str, beats: list[Any], stall_s: float, log: str | None
+) -> Component:
+    """One read-model projector: healthy unless behind and not advancing for `stall_s`."""
+    consumer = durables.PROJECTIONS[service]
+    line = Component(consumer.title, "projection", consumer.name, True)
+    if lag is None:
+        line.detail = f"no consumer yet (created when {service} starts)"
+        return line
+    if isinstance(lag, str):
+        line.healthy = False
+        line.detail = f"cannot read its consumer: {lag}"
+        return line
+    if lag.behind == 0:
+        line.detail = f"caught up (applied through event {lag.applied})"
+        return line
+    stalled = lag.stalled_s > stall_s
+    line.detail = f"{lag.behind} event(s) behind, no progress for {lag.stalled_s:.1f}s"
+    if stalled:
+        line.healthy = False
+        line.detail = f"STALLED: {line.detail} (limit {stall_s:g}s)"
+    failure = last_failure([b for b in beats if b.service == service], consumer)
+    if failure is not None:
+        line.detail += f"; last error ({failure[1]:.0f}s ago): {failure[0]}"
+    if stalled:
+        where = f" ({log})" if log else ""
+        line.hint = (
+            f"what it writes to Postgres is {lag.behind} event(s) stale (`rollout show`, the"
+            f" viewer and exports read it): see {service}'s log{where} and Postgres (free disk,"
+            " the service user's table privileges, triggers, constraints); it applies the"
+            " backlog by itself once it can write"
+        )
+    return line
 
 
 def _cluster_components(nodes: list[dict[str, Any]]) -> list[Component]:
@@ -216,9 +275,11 @@ def as_table(components: list[Component]) -> str:
         address = c.address + (" (external)" if c.external else "")
         rows.append((c.name, health, address, str(c.pid or "-"), c.detail))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join(
+    lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
         + "  "
         + row[4]
         for row in rows
-    )
+    ]
+    lines += [f"{c.name}: {c.hint}" for c in components if c.hint and not c.healthy]
+    return "\n".join(lines)
