@@ -118,6 +118,11 @@ def subscribe_projection(
             log.warning("projection failed; retrying", consumer=consumer.name, error=describe(exc))
             if readiness is not None:
                 readiness.failing(consumer.name, describe(exc))
+        except Exception as exc:
+            # Not retried here (the fetch comes back after its AckWait): said all the same.
+            if readiness is not None:
+                readiness.failing(consumer.name, describe(exc))
+            raise
         else:
             if readiness is not None:
                 readiness.recovered(consumer.name)
