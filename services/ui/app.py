@@ -250,13 +250,20 @@ def _cross_site(request: Request) -> bool:
     return origin != f"{request.url.scheme}://{request.url.netloc}"
 
 
+def _unnamed_tls_proxy(request: Request) -> bool:
+    """Whether the page was this viewer's own, over https, yet the request arrived as http: a
+    TLS proxy whose forwarded headers the viewer was not told to believe."""
+    origin = request.headers.get("origin")
+    return request.url.scheme == "http" and origin == f"https://{request.url.netloc}"
+
+
 def _logged_in(request: Request, viewer: Viewer, target: str) -> Response:
     # An HTML hop instead of a redirect: a SameSite=Strict cookie set while following a link
     # from elsewhere is then sent on the next, same-site navigation.
     html = TEMPLATES.get_template("hop.html").render(target=target)
     response = HTMLResponse(html, headers=SECURITY_HEADERS)
-    # Served over https (behind a TLS proxy on this host, which uvicorn trusts for the
-    # scheme): the cookie is Secure, so no plain-http request to the same host carries it.
+    # Served over https (behind the TLS proxy the operator named, whose X-Forwarded-Proto
+    # uvicorn then believes): the cookie is Secure, so no plain-http request carries it.
     response.set_cookie(
         COOKIE, _state(request).signer.sign(viewer), max_age=SESSION_S, httponly=True,
         samesite="strict", secure=request.url.scheme == "https",
@@ -286,6 +293,11 @@ async def login_submit(request: Request) -> Response:
     target = _safe_next((form.get("next") or ["/"])[0])
     if _cross_site(request):
         error = "a login posted from another site is refused: open this viewer's /login"
+        if _unnamed_tls_proxy(request):
+            error = (
+                "a login posted over https reached the viewer as plain http: name the TLS"
+                " proxy in front (`rollout ui --behind-proxy ADDRESS` or ROLLOUT_UI_PROXY)"
+            )
         return render("login.html", request, 403, error=error, next="/")
     if not key.strip():
         return render("login.html", request, 401, error="paste an API key", next=target)

@@ -22,9 +22,11 @@ async def serve_ui(
     *,
     login_key: ApiKey | None = None,
     announce: Callable[[str], None] = lambda url: None,
+    proxies: list[str] | None = None,
 ) -> None:
     """Run the viewer on `sock` until cancelled; `announce` gets the URL to open (with a one-time
-    login token for `login_key`, once the server has accepted that key)."""
+    login token for `login_key`, once the server has accepted that key); forwarded headers
+    count from `proxies` only (default: ROLLOUT_UI_PROXY)."""
     store = object_store(settings)
     app = create_app(settings, store=store)
     url = url_of(sock)
@@ -32,7 +34,7 @@ async def serve_ui(
         auth = app.state.ui.auth
         viewer = await auth.check_key(login_key.text)
         url = f"{url}/login?token={auth.one_time_token(viewer, login_key.text)}"
-    server = server_for(app)
+    server = server_for(app, proxies)
     announce(url)
     try:
         await server.serve(sockets=[sock])

@@ -3,12 +3,49 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import os
 import socket
 from typing import Any
 
 import uvicorn
 
 from rollout.shared.errors import RolloutError
+
+PROXY_ENV = "ROLLOUT_UI_PROXY"
+PROXY_FLAG = "--behind-proxy"
+
+
+def trusted_proxies(value: str | None = None) -> list[str]:
+    """The addresses whose X-Forwarded-For/-Proto the viewer believes: `value` (the
+    `--behind-proxy` flag) or ROLLOUT_UI_PROXY, comma-separated IPs or networks; [] when unset.
+
+    Believed from anyone, a forwarded address would let any client pick the address the login
+    throttle counts its refused keys under, so the headers count only from the proxy the
+    operator named (and the session cookie is Secure only when that proxy says https).
+    """
+    source = PROXY_FLAG if value is not None else PROXY_ENV
+    raw = (value if value is not None else os.environ.get(PROXY_ENV, "")).strip()
+    if not raw:
+        if value is not None:
+            raise RolloutError(f"{source}: expected the TLS proxy's IP address, got nothing")
+        return []
+    trusted: list[str] = []
+    for part in (p.strip() for p in raw.split(",")):
+        try:
+            if "/" in part:
+                trusted.append(str(ipaddress.ip_network(part, strict=False)))
+            else:
+                trusted.append(str(ipaddress.ip_address(part)))
+        except ValueError:
+            raise RolloutError(
+                f"{source}: {part!r} is not an IP address or network",
+                problems=[
+                    "name the address the TLS proxy connects to the viewer from, e.g. 127.0.0.1"
+                    " (several: comma-separated; a network: 10.0.0.0/8)"
+                ],
+            ) from None
+    return trusted
 
 
 class ViewerServer(uvicorn.Server):
@@ -22,10 +59,20 @@ class ViewerServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def server_for(app: Any) -> ViewerServer:
-    """A quiet uvicorn server for the viewer app."""
+def server_for(app: Any, proxies: list[str] | None = None) -> ViewerServer:
+    """A quiet uvicorn server for the viewer app, believing forwarded headers from `proxies`
+    only (default: ROLLOUT_UI_PROXY; none: the peer's own address and scheme count)."""
+    proxies = trusted_proxies() if proxies is None else proxies
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False
+        app,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+        access_log=False,
+        # uvicorn's default believes any loopback peer (or FORWARDED_ALLOW_IPS): off unless
+        # the operator named the proxy.
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies,
     )
     return ViewerServer(config)
 

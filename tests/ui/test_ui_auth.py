@@ -20,6 +20,7 @@ from ui_kit import serve
 from waiting import wait_until
 
 from rollout.services.ui.auth import COOKIE
+from rollout.services.ui.server import PROXY_ENV
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import NatsServer
@@ -106,20 +107,25 @@ async def test_missing_wrong_or_forged_credentials_get_the_login_page(
         assert SECRET_NAME not in await again.content()
 
 
-async def test_rollout_ui_prints_a_one_time_link_for_the_local_key(
-    settings: Settings, seeded: str, nats_server: NatsServer, tmp_path: Path
-) -> None:
-    # A home as `rollout up` leaves it: state.json, the service credentials, the local key.
+def _up_home_env(settings: Settings, nats_server: NatsServer, tmp_path: Path) -> dict[str, str]:
+    """The environment of a shell on a home as `rollout up` leaves it: state.json, the service
+    credentials, the local key."""
     home = tmp_path / "stack-home"
     home.mkdir()
     for name in ("credentials.json", "local_key.json"):
         shutil.copy(nats_server.home / name, home / name)
     state = {"nats": {"url": nats_server.url}, "postgres": {"url": settings.database_url}}
     (home / "state.json").write_text(json.dumps(state))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")} | {
+    return {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")} | {
         "ROLLOUT_HOME": str(home),
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
     }
+
+
+async def test_rollout_ui_prints_a_one_time_link_for_the_local_key(
+    settings: Settings, seeded: str, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    env = _up_home_env(settings, nats_server, tmp_path)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rollout.cli", "ui", "--port", "0",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -137,6 +143,27 @@ async def test_rollout_ui_prints_a_one_time_link_for_the_local_key(
         async with httpx.AsyncClient() as other:
             second = await other.get(link)
             assert second.status_code == 401 and SECRET_NAME not in second.text
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_rollout_ui_behind_proxy_believes_the_named_proxy(
+    settings: Settings, seeded: str, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    env = _up_home_env(settings, nats_server, tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollout.cli", "ui", "--port", "0", "--behind-proxy", "127.0.0.1",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        link = line.split("open ", 1)[1].strip()
+        async with httpx.AsyncClient() as http:
+            # The proxy (loopback here) says the browser came over https: a Secure cookie.
+            tls = await http.get(link, headers={"x-forwarded-proto": "https"})
+            assert tls.status_code == 200
+            assert "secure" in tls.headers["set-cookie"].lower().split("; ")
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 30)
@@ -234,10 +261,11 @@ async def test_a_logged_out_session_stays_logged_out(
 
 
 async def test_behind_https_the_session_cookie_is_secure(
-    settings: Settings, viewer_key: ApiKey
+    settings: Settings, viewer_key: ApiKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A TLS proxy on this host says https (X-Forwarded-Proto, which uvicorn trusts from
-    # loopback): the cookie must not travel over plain http to the same host.
+    # A TLS proxy on this host says https (X-Forwarded-Proto, believed from the proxy the
+    # operator named): the cookie must not travel over plain http to the same host.
+    monkeypatch.setenv(PROXY_ENV, "127.0.0.1")
     async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
         host = http.base_url.netloc.decode()
         tls = await http.post(
@@ -249,6 +277,48 @@ async def test_behind_https_the_session_cookie_is_secure(
         plain = await _log_in(http, viewer_key)  # loopback http: a Secure cookie would be lost
         assert plain.status_code == 200
         assert "secure" not in plain.headers["set-cookie"].lower().split("; ")
+
+
+async def test_forwarded_headers_count_only_from_the_proxy_the_operator_named(
+    settings: Settings, viewer_key: ApiKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uvicorn believed X-Forwarded-For from any loopback peer: a local process rotating it
+    # was a new address at each try, and the login throttle never held it.
+    monkeypatch.setenv("ROLLOUT_UI_LOGIN_FAILURES", "3")
+    forged = ApiKey(role=viewer_key.role, key_id=viewer_key.key_id, secret="0" * 48)
+    for proxy in (None, "10.9.9.9"):  # no proxy named; one named, elsewhere than this peer
+        if proxy is None:
+            monkeypatch.delenv(PROXY_ENV, raising=False)
+        else:
+            monkeypatch.setenv(PROXY_ENV, proxy)
+        async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+            codes = []
+            for i in range(5):
+                page = await http.post(
+                    "/login", data={"key": forged.text, "next": "/"},
+                    headers={"x-forwarded-for": f"203.0.113.{i + 1}"},
+                )  # fmt: skip
+                codes.append(page.status_code)
+            assert codes == [401, 401, 401, 429, 429], (proxy, codes)
+            assert list(ui.app.state.ui.auth.throttle._failures) == ["127.0.0.1"]
+            # Nor is its word on the scheme believed: no Secure cookie, and an https page's
+            # post that arrives as http is refused, saying what to set.
+            host = http.base_url.netloc.decode()
+            tls = await http.post(
+                "/login", data={"key": viewer_key.text, "next": "/"},
+                headers={"origin": f"https://{host}", "x-forwarded-proto": "https"},
+            )  # fmt: skip
+            assert tls.status_code == 403 and "--behind-proxy" in tls.text, tls.text
+    # The proxy named: the address it forwards is the one throttled (each its own).
+    monkeypatch.setenv(PROXY_ENV, "127.0.0.1")
+    async with serve(settings) as ui, httpx.AsyncClient(base_url=ui.url) as http:
+        for i in range(5):
+            page = await http.post(
+                "/login", data={"key": forged.text, "next": "/"},
+                headers={"x-forwarded-for": f"203.0.113.{i + 1}"},
+            )  # fmt: skip
+            assert page.status_code == 401
+        assert "127.0.0.1" not in ui.app.state.ui.auth.throttle._failures
 
 
 async def test_one_key_follows_a_bounded_number_of_live_pages(

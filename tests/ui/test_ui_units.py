@@ -16,6 +16,7 @@ from rollout.services.ui.auth import (
     login_failures_allowed,
 )
 from rollout.services.ui.plots import histogram, line_plot
+from rollout.services.ui.server import PROXY_ENV, trusted_proxies
 from rollout.shared.errors import RolloutError
 from rollout.shared.stats import wilson_interval
 
@@ -136,6 +137,32 @@ def test_a_bad_login_failures_setting_is_a_clear_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("ROLLOUT_UI_LOGIN_FAILURES", "lots")
     with pytest.raises(RolloutError, match="ROLLOUT_UI_LOGIN_FAILURES='lots'"):
         login_failures_allowed()
+
+
+def test_the_trusted_proxy_setting_takes_addresses_and_networks_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(PROXY_ENV, raising=False)
+    assert trusted_proxies() == []  # unset: no forwarded header is believed
+    monkeypatch.setenv(PROXY_ENV, " 127.0.0.1, ::1,10.1.2.3/8 ")
+    assert trusted_proxies() == ["127.0.0.1", "::1", "10.0.0.0/8"]
+    assert trusted_proxies("192.168.1.7") == ["192.168.1.7"]  # the flag wins
+    for bad, source in (("*", PROXY_ENV), ("localhost", PROXY_ENV), ("", "--behind-proxy")):
+        with pytest.raises(RolloutError, match=source) as caught:
+            if source == PROXY_ENV:
+                monkeypatch.setenv(PROXY_ENV, bad)
+                trusted_proxies()
+            else:
+                trusted_proxies(bad)
+        assert repr(bad) in str(caught.value) or "got nothing" in str(caught.value)
+
+
+def test_rollout_ui_names_a_bad_proxy_address(capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout.cli import main as cli_main
+
+    assert cli_main(["ui", "--behind-proxy", "proxy.local"]) != 0
+    err = capsys.readouterr().err
+    assert "--behind-proxy: 'proxy.local' is not an IP address" in err and "Traceback" not in err
 
 
 async def test_one_key_holds_a_bounded_number_of_sessions() -> None:

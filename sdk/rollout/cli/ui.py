@@ -23,6 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT}; 0: any)")
     p.add_argument(
+        "--behind-proxy",
+        metavar="ADDRESS",
+        help="a TLS proxy in front connects from ADDRESS (IPs or networks, comma-separated):"
+        " believe its X-Forwarded-For/-Proto (default: ROLLOUT_UI_PROXY; unset: believe none)",
+    )
+    p.add_argument(
         "--no-token",
         action="store_true",
         help="do not put a one-time login token for the local key in the printed URL",
@@ -32,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _ui(args: argparse.Namespace) -> int:
     from rollout.services.ui.main import serve_ui
+    from rollout.services.ui.server import trusted_proxies
 
+    proxies = trusted_proxies(args.behind_proxy)  # a bad address is said before anything starts
     settings = client_settings_or_error()
     require_database(settings)
     if not 0 <= args.port <= 65535:
@@ -54,7 +62,7 @@ def _ui(args: argparse.Namespace) -> int:
         if local is None:
             print("log in with an API key (`rollout keys create --role viewer`)", flush=True)
 
-    asyncio.run(serve_ui(settings, sock, login_key=local, announce=announce))
+    asyncio.run(serve_ui(settings, sock, login_key=local, announce=announce, proxies=proxies))
     return 0
 
 
