@@ -56,18 +56,18 @@ async def projection_lag(js: JetStreamContext, consumer: Consumer, probe_s: floa
     applied = info.ack_floor.stream_seq if info.ack_floor else 0
     if behind == 0:
         return Lag(0, applied, 0.0)
-    since = (info.ack_floor.last_active if info.ack_floor else None) or info.created
+    since = _aware((info.ack_floor.last_active if info.ack_floor else None) or info.created)
     try:
         # The oldest event not applied: a projector idle for hours that just received one is
         # behind by a moment, not by hours.
         oldest = await asyncio.wait_for(
             js.get_msg(consumer.stream, applied + 1, subject=consumer.filter, next=True), probe_s
         )
-        if oldest.time is not None and oldest.time > since:
-            since = oldest.time
+        if oldest.time is not None:
+            since = max(since, _aware(oldest.time))
     except (nats.js.errors.NotFoundError, nats.errors.Error, TimeoutError):
         pass  # gone (limits) or not readable: the last ack alone says how long
-    stalled = (datetime.now(UTC) - _aware(since)).total_seconds()
+    stalled = (datetime.now(UTC) - since).total_seconds()
     return Lag(behind, applied, max(0.0, stalled))
 
 

@@ -119,12 +119,20 @@ async def collect_status(settings: Settings, *, stall_s: float | None = None) ->
         try:
             beats = await read_beats(nc.jetstream())
             js = nc.jetstream(timeout=PROBE_TIMEOUT)
-            for service, consumer in durables.PROJECTIONS.items():
-                if service in served:
-                    try:
-                        lags[service] = await projection_lag(js, consumer, PROBE_TIMEOUT)
-                    except (NatsError, TimeoutError) as exc:
-                        lags[service] = str(exc) or type(exc).__name__
+            wanted = [s for s in durables.PROJECTIONS if s in served]
+            # Side by side: a server slow to answer costs `status` one probe timeout, not one
+            # per projection.
+            found = await asyncio.gather(
+                *(projection_lag(js, durables.PROJECTIONS[s], PROBE_TIMEOUT) for s in wanted),
+                return_exceptions=True,
+            )
+            for service, lag in zip(wanted, found, strict=True):
+                if isinstance(lag, NatsError | TimeoutError):
+                    lags[service] = str(lag) or type(lag).__name__
+                elif isinstance(lag, BaseException):
+                    raise lag
+                else:
+                    lags[service] = lag
         finally:
             await nc.close()
     for name in names:

@@ -8,6 +8,7 @@ import pytest
 from store.test_projection import run_history
 from waiting import wait_until
 
+from rollout.cli import main as cli_main
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import last_sequence
 from rollout.shared.bus.streams import ensure_streams
@@ -33,7 +34,11 @@ for each row execute function refuse_writes();
 
 
 async def test_status_shows_a_projection_that_cannot_write_as_stalled_then_recovered(
-    settings: Settings, nats_client, pg_dsn: str
+    settings: Settings,
+    nats_client,
+    pg_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     js = nats_client.jetstream()
     await ensure_streams(js)
@@ -81,12 +86,28 @@ async def test_status_shows_a_projection_that_cannot_write_as_stalled_then_recov
         assert "event(s) stale" in stalled.hint and "privileges" in stalled.hint
         table = as_table([stalled])
         assert "UNHEALTHY" in table and f"{LINE}: what it writes" in table
+        # The CLI itself, its limit from the environment: exit 1, the line and what to do.
+        for name, value in {
+            "ROLLOUT_HOME": str(settings.home),
+            "ROLLOUT_NATS_URL": settings.nats_url,
+            "ROLLOUT_NATS_USER": settings.nats_user,
+            "ROLLOUT_NATS_PASSWORD": settings.nats_password,
+            "ROLLOUT_DATABASE_URL": pg_dsn,
+            STALL_ENV: "1",
+        }.items():
+            monkeypatch.setenv(name, value or "")
+        capsys.readouterr()
+        assert await asyncio.to_thread(cli_main, ["status"]) == 1
+        out = capsys.readouterr().out
+        assert f"{LINE}  UNHEALTHY" in out and "STALLED" in out and f"{LINE}: what it" in out
 
         await pool.execute("drop trigger refuse_writes on projection_tracking")
         # It retries with backoff and applies the backlog by itself: healthy and caught up.
         recovered = await reads(lambda c: c.healthy and "caught up" in c.detail, "recovered")
         assert f"through event {await last_sequence(js)}" in recovered.detail
         assert not recovered.hint
+        capsys.readouterr()
+        assert await asyncio.to_thread(cli_main, ["status"]) == 0, capsys.readouterr().out
     finally:
         tracker.cancel()
         await asyncio.gather(tracker, return_exceptions=True)
