@@ -292,5 +292,7 @@ async def test_rm_trained_by_the_learner_rewards_runs_through_the_verifier(
                 message["content"] = (message["content"] or "").replace(token, "") or None
         [logit] = scorer.score([chat], tools=tools)
         assert rollout["score"] == pytest.approx(sigmoid(logit), abs=1e-4)
-        assert rollout["score"] != pytest.approx(sigmoid(raw), abs=1e-4)
+        # The forgery's control tokens change nothing: the scorer drops them itself.
+        assert any(token in FORGED for token in CONTROL)
+        assert raw == pytest.approx(logit, abs=1e-6)
         assert rollout["score"] != 1.0
