@@ -40,6 +40,7 @@ from rollout.shared.contracts.chat import check_messages
 from rollout.shared.contracts.envelope import EventEnvelope, new_id
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.requests import CreateRun
+from rollout.shared.jsonl import read_jsonl
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError
 from rollout.shared.settings import NatsUnreachable
@@ -136,35 +137,12 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     go with the task. An optional `answer` on every line is scored with `final_answer_match`
     (see `answer_mode`); errors name the file, line and field, and nothing runs on a bad file.
     """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RolloutError(f"--prompts {path}: cannot read: {exc.strerror or exc}") from None
-    # A byte-order mark (Windows editors, spreadsheets) is not part of line 1.
-    bom = len(data) - len(data := data.removeprefix(b"\xef\xbb\xbf"))
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RolloutError(
-            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {bom + exc.start})"
-        ) from None
-    # Lines end at "\n" ("\r\n" too: "\r" is JSON whitespace); str.splitlines would also cut
-    # at U+2028 or U+0085, which a JSON string may hold unescaped.
-    lines = text.split("\n")
     tasks: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, row in read_jsonl(path):
         where = f"{path}:{number}"
         if len(tasks) >= MAX_PROMPTS:
             raise RolloutError(f"{path}: more than {MAX_PROMPTS} prompts")
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise RolloutError(f"{where}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise RolloutError(f"{where}: a line must be a JSON object")
         unknown = sorted(set(row) - {"id", "prompt", "messages", "answer"})
         if unknown:
             raise RolloutError(f"{where}: unknown field(s) {', '.join(unknown)}")

@@ -47,6 +47,7 @@ from rollout.shared.contracts.snapshot import (
     source_counts,
 )
 from rollout.shared.envs.engine import start_runtime
+from rollout.shared.jsonl import read_jsonl
 from rollout.shared.learning.datasets import dpo_pairs, grpo_groups, sft_set
 from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
 from rollout.shared.objectstore import content_key, sha256_bytes
@@ -581,29 +582,7 @@ def _raw_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
             raise RolloutError(f"{path}: not a parquet file ({exc})") from None
         return [(f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist())]
     if kind == "jsonl":
-        out = []
-        offset = 0
-        # Read as bytes: a byte that is not UTF-8 is then named by its offset in the file.
-        with path.open("rb") as f:
-            for number, data in enumerate(f, start=1):
-                try:
-                    line = data.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise RolloutError(
-                        f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                        f"{offset + exc.start}, line {number})"
-                    ) from None
-                offset += len(data)
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise RolloutError(f"{path}:{number}: not JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise RolloutError(f"{path}:{number}: a row must be a JSON object")
-                out.append((f"{path}:{number}", row))
-        return out
+        return [(f"{path}:{number}", row) for number, row in read_jsonl(path)]
     raise RolloutError(
         f"{path}: unknown snapshot format",
         problems=["import a .jsonl or .parquet file or a save_to_disk folder (rollout export)"],

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollout.shared.contracts.trajectory import Trajectory
+from rollout.shared.jsonl import jsonl_objects
 
 FORMAT = "rollout.snapshot/1"
 Outcome = Literal["passed", "failed", "errored"]
@@ -279,16 +280,12 @@ def _call_problem(call: Any, where: str) -> str | None:
 
 
 def rows_from_jsonl(data: bytes, where: str) -> list[SnapshotRow]:
-    """Canonical JSONL back as checked rows; a bad line is named `where:LINE: field: why`."""
+    """Canonical JSONL back as checked rows; a bad line is a ValueError `where:LINE: why`."""
     rows: list[SnapshotRow] = []
     seen: set[str] = set()
-    # Split at "\n" only: str.splitlines also breaks at U+2028, U+0085 and the like, which
-    # JSON text holds unescaped (canonical_jsonl writes them so), cutting a row in two.
-    for number, line in enumerate(data.decode("utf-8").split("\n"), start=1):
-        if not line.strip():
-            continue  # the end of the last line
+    for number, obj in jsonl_objects(data, where):
         try:
-            row = SnapshotRow.model_validate_json(line)
+            row = SnapshotRow.model_validate(obj)
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "(row)"

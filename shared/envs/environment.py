@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import copy
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, Verifier
 from rollout.shared.envs.coerce import as_spec, pydantic_problems
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.errors import RolloutError
+from rollout.shared.jsonl import read_jsonl
 
 # The directory of the env file being loaded: Task.from_jsonl resolves relative paths
 # against it when they are not found from the working directory.
@@ -41,33 +41,7 @@ class Task(TaskSpec):
         """Read tasks from a JSONL file (snake_case or camelCase keys); errors name the line."""
         file = _find_file(Path(path))
         tasks: list[Task] = []
-        try:
-            data = file.read_bytes()
-        except OSError as exc:
-            raise RolloutError(f"{file}: cannot read: {exc}") from None
-        # A byte-order mark (Windows editors, spreadsheets) is not part of line 1.
-        data = data.removeprefix(b"\xef\xbb\xbf")
-        try:
-            # "\n" only: a JSON string may hold U+2028 or U+0085 unescaped (str.splitlines
-            # would cut its line in two); a "\r" before it is JSON whitespace.
-            lines = data.decode("utf-8").split("\n")
-        except UnicodeDecodeError as exc:
-            # The line, not the byte offset into a file of thousands of lines.
-            line = data.count(b"\n", 0, exc.start) + 1
-            column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-            raise RolloutError(
-                f"{file}:{line}: not UTF-8 text: byte 0x{data[exc.start]:02x} at column "
-                f"{column} (save the file as UTF-8)"
-            ) from None
-        for n, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RolloutError(f"{file}:{n}: invalid JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise RolloutError(f"{file}:{n}: each line must be a JSON object")
+        for n, row in read_jsonl(file):
             unknown = sorted(set(row) - _TASK_KEYS)
             if unknown:
                 raise RolloutError(

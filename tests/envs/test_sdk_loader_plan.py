@@ -38,7 +38,7 @@ def test_task_accepts_snake_and_camel_case(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"instruction": "a"}\n{"instruction": ', ":2: invalid JSON"),
+        ('{"instruction": "a"}\n{"instruction": ', ":2: not JSON: Expecting value at column 17"),
         ('["a"]', ":1: each line must be a JSON object"),
         ('{"instruction": "a", "answer": 1}', ":1: unknown key(s) ['answer']"),
         ('{"hidden_ground_truth": 1}', ":1: instruction: Field required"),

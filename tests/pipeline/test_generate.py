@@ -275,10 +275,11 @@ def test_a_prompts_file_with_a_bom_crlf_and_unicode_line_separators_is_read(tmp_
         + json.dumps({"prompt": text}, ensure_ascii=False).encode() + b"\n"
     )  # fmt: skip
     assert [t["instruction"] for t in read_prompts(path)] == ["first", text]
-    # A byte that is not UTF-8 is named by its offset in the file, the mark counted.
+    # A byte that is not UTF-8 is named by its line and column (the mark is no column).
     path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
-    with pytest.raises(RolloutError, match=r"not UTF-8 text \(byte 0xe9 at offset 34\)"):
+    with pytest.raises(RolloutError) as info:
         read_prompts(path)
+    assert f"{path}:2: not UTF-8 text: byte 0xe9 at column 16" in str(info.value)
 
 
 async def test_generate_multi_turn_prompts_send_the_whole_conversation(
@@ -387,10 +388,11 @@ def test_a_prompts_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path, caps
     )
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
-    assert f"{path}: not UTF-8 text (byte 0xff at offset 0)" in err
+    assert f"{path}:1: not UTF-8 text: byte 0xff at column 1" in err
     path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
-    with pytest.raises(RolloutError, match=r"not UTF-8 text \(byte 0xe9 at offset 32\)"):
+    with pytest.raises(RolloutError) as info:
         read_prompts(path)
+    assert f"{path}:2: not UTF-8 text: byte 0xe9 at column 16" in str(info.value)
     assert not out.exists()
 
 

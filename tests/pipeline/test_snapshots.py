@@ -607,16 +607,24 @@ def test_staged_rows_written_past_the_cli_are_checked_alike_where_the_learner_re
         assert problem in str(caught.value)
 
 
+def test_a_snapshot_saved_with_a_bom_and_crlf_is_read(tmp_path) -> None:
+    # A Windows editor's save: line 1 was "not JSON (Unexpected UTF-8 BOM ...)".
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_row()).encode() + b"\r\n")
+    assert [r.rollout_id for r in read_snapshot(path)] == [_row()["rollout_id"]]
+
+
 def test_non_utf8_snapshot_is_named_not_a_traceback(tmp_path, capsys) -> None:
     path = tmp_path / "bin.jsonl"
     path.write_bytes(b"\xff\xfe\x00binary")
     code, _, err = _cli(capsys, "import", str(path), "-o", str(tmp_path / "s"))
     assert code == 1 and "Traceback" not in err
-    assert f"{path}: not UTF-8 text (byte 0xff at offset 0, line 1)" in err
+    assert f"{path}:1: not UTF-8 text: byte 0xff at column 1" in err
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes(json.dumps(_row()).encode() + b"\n" + b'{"model": "caf\xe9"}\n')
-    with pytest.raises(RolloutError, match=r"latin.jsonl: not UTF-8 text \(byte 0xe9 at offset"):
+    with pytest.raises(RolloutError) as info:
         read_snapshot(latin)
+    assert f"{latin}:2: not UTF-8 text: byte 0xe9 at column 15" in str(info.value)
 
 
 def test_malformed_trajectory_messages_are_named_by_path(tmp_path, capsys) -> None:
