@@ -469,6 +469,50 @@ def progress_bar(done: int, total: int, written: int, width: int = 30) -> None:
     redraw(f"  [{bar}] {done}/{total or '?'} rollouts, {written} rows written  ")
 
 
+@dataclass
+class Progress:
+    """A generate's progress: drawn as a bar on stderr (unless `quiet`), and what an
+    interrupted generate says of it (`stopped_line`)."""
+
+    req: GenerateRequest
+    quiet: bool = False
+    total: int | None = None
+    drawn: bool = False
+
+    def __call__(self, done: int, total: int, written: int) -> None:
+        self.total = total or self.total
+        if not self.quiet:
+            progress_bar(done, total, written)
+            self.drawn = True
+
+    def stopped_line(self) -> str:
+        """One line: how many rows of how many are written, where, and how to resume."""
+        req = self.req
+        rows = _rows_in(req.rows_path)
+        what = "prompts" if req.prompts is not None else "tasks"
+        if self.total is None:  # stopped while its run was asked for
+            count = f" before its run started: {rows} rows"
+        elif req.n == 1:
+            count = f": {rows} of {self.total} {'prompts' if what == 'prompts' else 'rows'}"
+        else:
+            count = f": {rows} of {self.total} rows ({self.total // req.n} {what} × {req.n})"
+        later = f" ({req.out} is written once all are)" if req.rows_path != req.out else ""
+        return (
+            f"{chr(10) if self.drawn else ''}interrupted{count} written to {req.rows_path}"
+            f"{later}; run the same command again to resume (the rows written are kept, and "
+            "none is written twice)"
+        )
+
+
+def _rows_in(path: Path) -> int:
+    """Complete rows in a rows file (0 when there is none): each ends with a newline."""
+    try:
+        with path.open("rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
 async def generate(
     client: Any, req: GenerateRequest, *, progress: ProgressFn | None = None
 ) -> GenerateResult:
@@ -679,6 +723,8 @@ async def _stream(
     total = run.get("total") or 0
     written = 0
     status, reason = "running", None
+    if progress is not None:  # the rows a resume keeps, and the total, before any event
+        progress(len(done_ids), total, written)
     # Closed here, before the client's connection is (its consumer is unsubscribed cleanly).
     async with contextlib.aclosing(
         read_events(js, subjects.run_events(run_id), follow=True)

@@ -246,6 +246,69 @@ async def test_generate_prompts_resumes_after_sigkill_exactly_once(
     assert len({r["runId"] for r in await client.list_runs()}) == 1  # one run, resumed
 
 
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+async def test_generate_stopped_by_ctrl_c_or_sigterm_says_how_far_it_got_and_resumes(
+    client, slow_agent, settings, tmp_path, signal_name, code
+) -> None:
+    # Both used to end it without a word (SIGTERM: `timeout`, a batch scheduler, `kill`).
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(12)))
+    out = tmp_path / "gen.jsonl"
+    args = [sys.executable, "-m", "rollout.cli", "generate", "--prompts", str(prompts),
+            "--model", f"{slow_agent.base_url}#m", "--batch-size", "1", "--out", str(out)]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *args, env=_cli_env(settings), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+    async def first_row() -> bool:
+        assert proc.returncode is None, (await proc.stderr.read()).decode()
+        return bool(_lines(out))
+
+    await wait_until(first_row, "a first row written", 90, interval_s=0.02)
+    proc.send_signal(getattr(signal, signal_name))
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    err = stderr.decode()
+    assert proc.returncode == code, err
+    written = len(_lines(out))
+    assert 0 < written < 12 and "Traceback" not in err and stdout == b""
+    said = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert said == [
+        f"interrupted: {written} of 12 prompts written to {out}; run the same command again to "
+        "resume (the rows written are kept, and none is written twice)"
+    ], err
+
+    code, stdout, err = await rollout(settings, *args[3:])
+    assert code == 0, err
+    assert "12 rows" in stdout and "resumed" in stdout
+    rows = _lines(out)
+    assert len(rows) == 12 and len({r["rollout_id"] for r in rows}) == 12  # each exactly once
+
+
+def test_an_interrupted_generate_names_its_rows_file_and_its_unit(tmp_path) -> None:
+    from rollout.generate import Progress
+
+    out = tmp_path / "gen.parquet"
+    rows = tmp_path / "gen.parquet.partial.jsonl"
+    rows.write_text('{"rollout_id": "a"}\n{"rollout_id": "b"}\n{"rollout_')  # a torn last line
+    req = GenerateRequest(model="m", out=out, env="refunds", n=3)
+    progress = Progress(req, quiet=True)
+    assert progress.stopped_line().startswith(
+        f"interrupted before its run started: 2 rows written to {rows} ({out} is written once "
+        "all are); run the same command again to resume"
+    )
+    progress(2, 12, 0)
+    assert progress.stopped_line().startswith(
+        f"interrupted: 2 of 12 rows (4 tasks × 3) written to {rows} ({out} is written"
+    )
+    req = GenerateRequest(model="m", out=tmp_path / "none.jsonl", prompts=tmp_path / "p.jsonl")
+    progress = Progress(req, quiet=True)
+    progress(0, 5, 0)
+    assert progress.stopped_line().startswith(
+        f"interrupted: 0 of 5 prompts written to {tmp_path / 'none.jsonl'}; run the same"
+    )
+
+
 def test_bad_prompts_files_name_the_line_and_field(tmp_path) -> None:
     path = tmp_path / "p.jsonl"
     cases = {

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollout.errors import RolloutError
@@ -71,3 +74,40 @@ def shown_status(item: dict[str, Any]) -> str:
     if item.get("waiting"):
         return "waiting"  # for its owner's earlier runs (the tracker's ROLLOUT_RUNS_PER_OWNER)
     return item["status"]
+
+
+async def said_when_stopped(work: Awaitable[int], line: Callable[[], str]) -> int:
+    """Await `work`; Ctrl-C or SIGTERM stops it at once, says `line()` on stderr, no traceback.
+
+    Await it in asyncio.run's main task, in the main thread: asyncio.run turns Ctrl-C into a
+    cancellation of that task, which this lets through once it has said `line()` (asyncio.run
+    then raises KeyboardInterrupt: exit 130). SIGTERM (`timeout`, a batch scheduler, `kill`)
+    cancels it the same way, rather than a silent death, and this returns 143, the status a
+    process killed by SIGTERM has. In a worker thread (asyncio.to_thread) neither reaches it.
+    `line` is called when the stop comes, so it can say how far `work` got.
+    """
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        handled = True
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        handled = False
+    try:
+        return await work
+    except asyncio.CancelledError:
+        print(line(), file=sys.stderr, flush=True)
+        if terminated and task is not None and not task.uncancel():
+            return 128 + signal.SIGTERM  # the status a process killed by SIGTERM has
+        raise
+    finally:
+        if handled:
+            loop.remove_signal_handler(signal.SIGTERM)

@@ -11,10 +11,10 @@ from typing import Any
 
 # Trained names (`BASE:SUFFIX`, job ids) resolve for --model like everywhere else.
 import rollout.shared.models.trained  # noqa: F401
-from rollout.cli._common import env_ref, print_json
+from rollout.cli._common import env_ref, print_json, said_when_stopped
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.generate import GenerateRequest, generate, progress_bar
+from rollout.generate import GenerateRequest, Progress, generate
 from rollout.shared.aggregates.run_options import MAX_VERSION
 from rollout.shared.contracts.buffer import RolloutsQuery
 from rollout.snapshots import (
@@ -152,9 +152,15 @@ async def _generate(args: argparse.Namespace) -> int:
         deadline_s=args.deadline,
     )
     req.format  # noqa: B018  (a bad suffix is refused before anything connects)
+    progress = Progress(req, quiet=args.json)
+    # Ctrl-C or SIGTERM: said how far it got and how to resume (the rows written are durable).
+    return await said_when_stopped(_generate_rows(args, req, progress), progress.stopped_line)
+
+
+async def _generate_rows(args: argparse.Namespace, req: GenerateRequest, progress: Any) -> int:
     client = AsyncClient()
     try:
-        result = await generate(client, req, progress=None if args.json else progress_bar)
+        result = await generate(client, req, progress=progress)
     finally:
         await client.close()
     if args.json:

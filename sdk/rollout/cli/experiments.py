@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
-import signal
 import sys
 from typing import Any
 
-from rollout.cli._common import client_settings_or_error, print_json
+from rollout.cli._common import client_settings_or_error, print_json, said_when_stopped
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.plan_runner import describe_outputs, run_plan
@@ -113,47 +112,18 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 async def run_config(args: argparse.Namespace) -> int:
-    """`rollout run --config PLAN.toml` on the caller's event loop; Ctrl-C stops it at once.
-
-    Await it in the main thread: asyncio.run turns Ctrl-C into a cancellation of its main
-    task, which this lets through once it has said how to resume (asyncio.run then raises
-    KeyboardInterrupt: exit 130). In a worker thread (asyncio.to_thread) Ctrl-C cannot reach
-    it, and the caller's asyncio.run waits for the whole plan before it exits.
+    """`rollout run --config PLAN.toml` on the caller's event loop; Ctrl-C or SIGTERM stops it at
+    once, saying how to resume (`said_when_stopped`: await it in the main thread).
     """
-    # SIGTERM (`timeout`, a batch scheduler, `kill`) stops the plan as Ctrl-C does: said where
-    # it stopped and how to resume, rather than a silent death.
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    terminated = False
-
-    def on_sigterm() -> None:
-        nonlocal terminated
-        terminated = True
-        if task is not None:
-            task.cancel()
-
-    try:
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-        handled = True
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-        handled = False
-    try:
-        return await _run_config(args)
-    except asyncio.CancelledError:
-        # Nothing is cancelled in the services: a run or job is durable, and a rerun of the
-        # same plan (same hash, same id) re-attaches to it by the plan's events.
-        print(
+    # Nothing is cancelled in the services: a run or job is durable, and a rerun of the same
+    # plan (same hash, same id) re-attaches to it by the plan's events.
+    return await said_when_stopped(
+        _run_config(args),
+        lambda: (
             f"to resume, run the same command again: {resume_command(args)} (it skips the "
-            "completed stages and re-attaches to the interrupted stage's run or job)",
-            file=sys.stderr,
-            flush=True,
-        )
-        if terminated and task is not None and not task.uncancel():
-            return 128 + signal.SIGTERM  # the status a process killed by SIGTERM has
-        raise
-    finally:
-        if handled:
-            loop.remove_signal_handler(signal.SIGTERM)
+            "completed stages and re-attaches to the interrupted stage's run or job)"
+        ),
+    )
 
 
 async def _run_config(args: argparse.Namespace) -> int:
