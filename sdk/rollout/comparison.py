@@ -124,7 +124,9 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         out = {k: run.get(k) for k in _SUMMARY_KEYS}
         out["errored"] = out["errored"] or 0
         out["judged"] = judged(run)
-        out["passRateInterval"] = list(wilson_interval(*trials(run, side)))
+        # None where the verdicts judged nothing (`noVerdict`: a prompts file without answers).
+        counted = not run.get("noVerdict")
+        out["passRateInterval"] = list(wilson_interval(*trials(run, side))) if counted else None
         out["designEffect"] = effects[side]
         out["errorSummary"] = run.get("errorSummary") or error_summary(run)
         return out
@@ -148,7 +150,12 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     mostly, unscored = [], []
     for side, s in sides.items():
         run = base if side == "base" else other
-        if (errors := s["errorSummary"]) is not None:
+        if run.get("noVerdict"):
+            # Its verdicts judged nothing (a prompts file without answers): its 100% is no rate.
+            unscored.append(side)
+            s["noVerdict"] = run["noVerdict"]
+            warnings.append(f"{side} {s['runId']}: {s['noVerdict']}")
+        elif (errors := s["errorSummary"]) is not None:
             warnings.append(f"{side} {s['runId']}: {error_line(errors)}")
             if errors["mostlyErrored"]:
                 mostly.append(side)
@@ -163,7 +170,7 @@ def comparison(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
                 "rollouts scored so far, so its numbers are partial"
             )
     # A side with no verdict has no pass rate, so there is no difference to give.
-    known = all(s["judged"] > 0 for s in sides.values())
+    known = not unscored and all(s["judged"] > 0 for s in sides.values())
     return {
         **sides,
         "deltaPassRate": other["passRate"] - base["passRate"] if known else None,

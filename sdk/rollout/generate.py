@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,8 @@ class GenerateResult:
     status: str
     resumed: bool = False
     reason: str | None = None
+    # Why the run's verdicts measure nothing (NOTHING_SCORED), None when they do.
+    no_verdict: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form `--json` prints."""
@@ -123,6 +125,7 @@ class GenerateResult:
             "status": self.status,
             "resumed": self.resumed,
             "reason": self.reason,
+            "noVerdict": self.no_verdict,
         }
 
 
@@ -236,7 +239,8 @@ def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     primitive = (
         {"name": "answer", "type": "final_answer_match", "mode": answer_mode(tasks)}
         if answered
-        # Nothing to check: one verdict per rollout still ends the run the usual way.
+        # Nothing to check: one verdict per rollout still ends the run the usual way (a
+        # verdict on nothing: `judges_nothing` says so, and no pass rate is shown for it).
         else {"name": "completed", "type": "no_tool_errors"}
     )
     return {
@@ -247,6 +251,28 @@ def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:
         "tasks": tasks,
         "verifier": {"primitives": [primitive]},
     }
+
+
+# Why a run of an env that `judges_nothing` has no pass rate (generate, show, runs, compare).
+NOTHING_SCORED = (
+    "nothing was scored: no prompt carries an 'answer' (its one check, no_tool_errors in an env "
+    "without tools, passes any reply)"
+)
+
+
+def judges_nothing(spec: Mapping[str, Any]) -> bool:
+    """An env spec whose verdicts measure nothing: a tool-less `custom` env checked only by
+    `no_tool_errors`, which passes any reply (what a prompts file without answers becomes)."""
+    verifier = spec.get("verifier")
+    primitives = verifier.get("primitives") if isinstance(verifier, Mapping) else verifier
+    config = spec.get("config")
+    return (
+        spec.get("template") == "custom"
+        and not (config.get("tools") if isinstance(config, Mapping) else None)
+        and isinstance(primitives, list)
+        and bool(primitives)
+        and all(isinstance(p, Mapping) and p.get("type") == "no_tool_errors" for p in primitives)
+    )
 
 
 # --- the output file -------------------------------------------------------------------------
@@ -614,7 +640,10 @@ async def _generate_locked(
         )
     if state.get("done") and req.out.exists():
         rows = len(written_ids(req.rows_path)) if fmt == "jsonl" else state.get("rows", 0)
-        return GenerateResult(state["run_id"], req.out, rows, 0, "completed", resumed=True)
+        return GenerateResult(
+            state["run_id"], req.out, rows, 0, "completed", resumed=True,
+            no_verdict=state.get("no_verdict"),
+        )  # fmt: skip
 
     try:
         run = await _create_run(client, req, state, env_slug, env_version)
@@ -680,6 +709,7 @@ async def _stream_run(
     }
     doc = await client.get_environment(summary["envSlug"], summary["envVersion"])
     tasks = EnvironmentSpec.model_validate(doc.get("spec", doc)).tasks
+    no_verdict = NOTHING_SCORED if judges_nothing(doc.get("spec", doc)) else None
 
     done_ids = written_ids(req.rows_path)
     writer = RowWriter(req.rows_path, req.out)
@@ -695,11 +725,12 @@ async def _stream_run(
         if fmt == "parquet":
             write_parquet(req.rows_path, req.out)
             req.rows_path.unlink()
-        state.update(done=True, rows=total_rows, status=status)
+        state.update(done=True, rows=total_rows, status=status, no_verdict=no_verdict)
         _write_state(req, state)
     return GenerateResult(
-        run_id, req.out, total_rows, written_now, status, resumed=resumed, reason=reason
-    )
+        run_id, req.out, total_rows, written_now, status, resumed=resumed, reason=reason,
+        no_verdict=no_verdict,
+    )  # fmt: skip
 
 
 async def _stream(

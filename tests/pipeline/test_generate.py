@@ -198,6 +198,77 @@ async def test_generate_prompts_with_answers_scores_them(client, settings, tmp_p
     assert code == 1 and "unknown format '.csv'" in err and "Traceback" not in err
 
 
+async def test_prompts_without_answers_are_said_unscored_and_show_no_pass_rate(
+    client, settings, tmp_path
+) -> None:
+    # Their env's one check (no_tool_errors, no tools) passes any reply: `rollout show` and
+    # `runs` printed "pass rate 100.0% [44%, 100%]" for a run that scored nothing.
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(3)))
+    answered = tmp_path / "answered.jsonl"
+    rows = [{"prompt": "say 7", "answer": "7"}, {"prompt": "say 8", "answer": "9"}]
+    answered.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with FakeOpenAI(_echo(0.0)) as agent:
+        model = f"{agent.base_url}#m"
+        code, stdout, err = await rollout(
+            settings, "generate", "--prompts", str(prompts), "--model", model,
+            "--out", str(tmp_path / "a.jsonl"),
+        )  # fmt: skip
+        assert code == 0, err
+        assert "3 rows" in stdout and "nothing was scored: no prompt carries an 'answer'" in stdout
+        unscored = stdout.split()[1]
+        code, stdout, err = await rollout(
+            settings, "generate", "--prompts", str(prompts), "--model", model,
+            "--out", str(tmp_path / "b.jsonl"), "--json",
+        )  # fmt: skip
+        assert code == 0, err
+        assert json.loads(stdout)["noVerdict"].startswith("nothing was scored")
+        code, stdout, err = await rollout(
+            settings, "generate", "--prompts", str(answered), "--model", model,
+            "--out", str(tmp_path / "c.jsonl"), "--json",
+        )  # fmt: skip
+        assert code == 0, err
+        scored = json.loads(stdout)
+        assert scored["noVerdict"] is None
+
+    code, stdout, err = await rollout(settings, "show", unscored)
+    assert code == 0, err
+    assert "passed -  failed -  errored 0  pass rate -  mean score -" in stdout
+    assert "100" not in stdout
+    assert "no pass rate: nothing was scored: no prompt carries an 'answer'" in stdout
+    code, stdout, err = await rollout(settings, "show", unscored, "--json")
+    shown = json.loads(stdout)
+    assert shown["passRate"] is None and shown["noVerdict"].startswith("nothing was scored")
+    # Rows that carry answers are scored as before: 1 of 2 passed.
+    code, stdout, err = await rollout(settings, "show", scored["runId"])
+    assert code == 0 and "pass rate 50.0%" in stdout and "no pass rate" not in stdout, err
+
+    code, stdout, err = await rollout(settings, "runs")
+    assert code == 0, err
+    lines = {line.split()[0]: line for line in stdout.splitlines()[1:] if line.strip()}
+    assert "100%" not in lines[unscored] and " - " in lines[unscored]
+    assert "50%" in lines[scored["runId"]]
+    assert "(PASS -: nothing was scored" in stdout
+
+    code, stdout, err = await rollout(settings, "compare", scored["runId"], unscored)
+    assert code == 1 and "100%" not in stdout
+    assert f"not comparable: other {unscored}: nothing was scored" in err
+
+
+def test_only_an_env_whose_one_check_passes_any_reply_judges_nothing() -> None:
+    from rollout.generate import judges_nothing, prompts_environment
+
+    unanswered = prompts_environment([{"instruction": "hi", "id": "0"}])
+    answered = prompts_environment(
+        [{"instruction": "hi", "id": "0", "hiddenGroundTruth": {"answer": "yo"}}]
+    )
+    assert judges_nothing(unanswered) and not judges_nothing(answered)
+    # With a tool, no_tool_errors checks something: its verdicts count.
+    tool = {"name": "lookup", "response": "ok"}
+    assert not judges_nothing({**unanswered, "config": {"tools": [tool]}})
+    assert not judges_nothing(refund_env(tasks=1))
+
+
 async def test_generate_prompts_resumes_after_sigkill_exactly_once(
     client, slow_agent, settings, tmp_path
 ) -> None:

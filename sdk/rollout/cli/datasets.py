@@ -157,7 +157,7 @@ async def _generate(args: argparse.Namespace) -> int:
     return await said_when_stopped(_generate_rows(args, req, progress), progress.stopped_line)
 
 
-async def _generate_rows(args: argparse.Namespace, req: GenerateRequest, progress: Any) -> int:
+async def _generate_rows(args: argparse.Namespace, req: GenerateRequest, progress: Progress) -> int:
     client = AsyncClient()
     try:
         result = await generate(client, req, progress=progress)
@@ -171,6 +171,9 @@ async def _generate_rows(args: argparse.Namespace, req: GenerateRequest, progres
         print(f"run {result.run_id} {result.status}: {result.rows} rows ({how}) -> {result.out}")
         if result.reason:
             print(f"  reason: {result.reason}")
+        if result.no_verdict:
+            # The run's verdicts pass every reply: said here, and no pass rate is shown for it.
+            print(f"  {result.no_verdict}; give every line an 'answer' to score them")
     return 0 if result.status == "completed" else 1
 
 

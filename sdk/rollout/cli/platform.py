@@ -22,6 +22,7 @@ from rollout.comparison import (
 )
 from rollout.errors import RolloutError
 from rollout.follow import follow_run
+from rollout.generate import NOTHING_SCORED, judges_nothing
 from rollout.shared.audit.static import verifier_warnings
 from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.contracts.budgets import Budgets
@@ -328,7 +329,29 @@ async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any
     run["errorSummary"] = error_summary(run, errored)
     run["designEffect"] = run_design_effect(run)
     run["passRateInterval"] = pass_rate_interval(run)
+    await _with_no_verdict(client, [run])
     return run
+
+
+async def _with_no_verdict(client: AsyncClient, runs: list[dict[str, Any]]) -> None:
+    """Mark the runs whose env judges nothing (a prompts file without answers): `noVerdict`
+    says why, and they have no pass rate, interval or mean score (their 100% measured nothing).
+    """
+    versions = {(r["envSlug"], r["envVersion"]) for r in runs}
+
+    async def spec(slug: str, version: int) -> Any:
+        try:
+            doc = await client.get_environment(slug, version)
+        except RolloutError:  # not readable here: its verdicts are shown as they are
+            return None
+        return doc.get("spec", doc)
+
+    specs = await asyncio.gather(*(spec(*v) for v in versions))
+    empty = {v for v, s in zip(versions, specs, strict=True) if s and judges_nothing(s)}
+    for r in runs:
+        if (r["envSlug"], r["envVersion"]) in empty:
+            r.update(noVerdict=NOTHING_SCORED, passRate=None, passRateInterval=None,
+                     meanScore=None)  # fmt: skip
 
 
 async def _runs(args: argparse.Namespace) -> int:
@@ -341,12 +364,14 @@ async def _runs(args: argparse.Namespace) -> int:
             # No runs of a slug that names no environment: a typo, not an empty history.
             if args.env not in {e["slug"] for e in await client.list_environments()}:
                 raise RolloutError(f"--env: no environment {args.env!r} (see `rollout envs`)")
+        await _with_no_verdict(client, runs)
         return runs
 
     runs = await _with_client(fetch)
     for r in runs:
         # As `rollout show` gives it (None with no verdict), from the tracker's design effect.
-        r["passRateInterval"] = pass_rate_interval(r)
+        if not r.get("noVerdict"):
+            r["passRateInterval"] = pass_rate_interval(r)
     if args.json:
         print_json({"runs": runs})
         return 0
@@ -360,8 +385,10 @@ async def _runs(args: argparse.Namespace) -> int:
           f" {'95% CI':<12} {'ERR':>5}  BY")  # fmt: skip
     for r in runs:
         done = f"{r['scored']}/{r['total']}"
-        # Errored rollouts have no verdict: a run with none judged has no pass rate.
-        rate = f"{r['passRate']:.0%}" if r["scored"] > r["errored"] else "-"
+        # Errored rollouts have no verdict: a run with none judged has no pass rate, and
+        # neither has one whose verdicts judged nothing.
+        judged = r["scored"] > r["errored"] and not r.get("noVerdict")
+        rate = f"{r['passRate']:.0%}" if judged else "-"
         # A pass rate is never shown bare: its interval, as `rollout show` gives it.
         interval = r["passRateInterval"]
         ci = format_interval(tuple(interval)) if interval else "-"
@@ -369,6 +396,8 @@ async def _runs(args: argparse.Namespace) -> int:
         print(f"{r['runId']:<17} {r['envSlug'][:22]:<22} {r['model'][:26]:<26}"
               f" {shown_status(r):<10} {done:>9} {rate:>6} {ci:<12} {r['errored']:>5}"
               f"  {by}")  # fmt: skip
+    if any(r.get("noVerdict") for r in runs):
+        print(f"(PASS -: {NOTHING_SCORED})")
     return 0
 
 
@@ -392,16 +421,22 @@ def print_run(run: dict[str, Any]) -> None:
         print(f"  reason: {run['reason']}")
     # Rates are over verdicts: errored rollouts (no verdict) are counted on their own, and
     # with no verdict at all there is no rate (the read model's 0.0 would read as one).
-    verdicts = run["scored"] - run["errored"]
+    # Nor is there one when the verdicts judged nothing (a prompts file without answers).
+    verdicts = 0 if run.get("noVerdict") else run["scored"] - run["errored"]
     rate = f"{run['passRate']:.1%}" if verdicts > 0 else "-"
     if verdicts > 0 and run.get("passRateInterval"):
         # A pass rate is never shown bare: its 95% interval, as `rollout compare` counts it.
         rate += f" {format_interval(tuple(run['passRateInterval']))}"
     score = f"{run['meanScore']:.3f}" if verdicts > 0 else "-"
-    print(f"  scored {run['scored']}/{run['total']}  passed {run['passed']}"
-          f"  failed {run.get('failed', run['scored'] - run['passed'] - run['errored'])}"
+    passed = run["passed"]
+    failed = run.get("failed", run["scored"] - run["passed"] - run["errored"])
+    if run.get("noVerdict"):
+        passed = failed = "-"  # what passed or failed was never checked
+    print(f"  scored {run['scored']}/{run['total']}  passed {passed}  failed {failed}"
           f"  errored {run['errored']}"
           f"  pass rate {rate}  mean score {score}")  # fmt: skip
+    if run.get("noVerdict"):
+        print(f"  no pass rate: {run['noVerdict']}")
     if errors:
         print_errors(errors)
     if run.get("endedBy"):
@@ -414,6 +449,7 @@ def print_run(run: dict[str, Any]) -> None:
         for t in run["tasks"]:
             # Every rollout of the task errored: no verdict, so no rate (not 0%).
             none = t["errored"] >= t.get("scored", t["n"]) and t["errored"] > 0
+            none = none or bool(run.get("noVerdict"))  # or its verdicts judged nothing
             rate = "-" if none else f"{t['passRate']:.0%}"
             score = "-" if none else f"{t['meanScore']:.3f}"
             print(f"  {t['taskIndex']:>5} {t['n']:>4} {rate:>6}"
@@ -451,6 +487,8 @@ async def _show(args: argparse.Namespace) -> int:
         verdict = verdicts.get(r.get("outcome"), "?   ")
         # An errored rollout has no score: what broke (infra/env/model) and why instead.
         score = "-" if r.get("outcome") in ("errored", None) else r["score"]
+        if run.get("noVerdict") and r.get("outcome") in ("passed", "failed"):
+            verdict, score = "-   ", "-"  # a verdict that judged nothing
         cause = f"[{r['errorKind']}] {r['error']}" if r.get("errorKind") else (r["error"] or "")
         print(f"    {r['rolloutId']}  task {r['taskIndex']} #{r['sampleIndex']}  {verdict}"
               f"  {score}  {cause}")  # fmt: skip
