@@ -229,7 +229,7 @@ async def test_a_run_whose_every_rollout_errored_fails_and_says_why(
     # (test_model_check.py) is off, so the run starts and every rollout errors.
     monkeypatch.setenv(TIMEOUT_ENV, "0")
     await client.push_environment(refund_env(tasks=2))
-    down = f"http://127.0.0.1:{unused_port()}/v1#m"
+    down = f"http://127.0.0.1:{unused_port()}/v1?retries=1#m"  # one retry: the backoff is not what is tested
     code, out, err = await rollout(settings, "run", "refunds", "--model", down, "-n", "2", "-f")
     # Not "completed ... exit 0": nothing was measured, and the first error says why.
     assert code == 1, (out, err)
@@ -324,7 +324,7 @@ def task_0_only_agent(body: dict) -> Reply:
 
 async def test_runs_gives_each_pass_rate_the_interval_show_gives(client, settings) -> None:
     await client.push_environment(refund_env(tasks=2))
-    errored = f"http://127.0.0.1:{unused_port()}/v1#m"
+    errored = f"http://127.0.0.1:{unused_port()}/v1?retries=1#m"
     with FakeOpenAI(task_0_only_agent) as server:
         model = f"{server.base_url}#m"
         code, out, err = await rollout(settings, "run", "refunds", "--model", model, "-n", "4",
