@@ -47,6 +47,7 @@ from rollout.shared.contracts.snapshot import (
     source_counts,
 )
 from rollout.shared.envs.engine import start_runtime
+from rollout.shared.jsondepth import bounded
 from rollout.shared.jsonl import read_jsonl
 from rollout.shared.learning.datasets import dpo_pairs, grpo_groups, sft_set
 from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
@@ -124,7 +125,8 @@ def snapshot_row(
         "error": rollout.get("error"),
         "error_kind": rollout.get("errorKind"),
         "primitives": json.dumps(rollout.get("primitives") or [], ensure_ascii=False),
-        "trajectory": json.dumps(trajectory, ensure_ascii=False),
+        # Cut at a depth (as the tracker's reply is): json.dumps recurses.
+        "trajectory": json.dumps(bounded(trajectory), ensure_ascii=False),
         "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
         "prompt": prompt if isinstance(prompt, str) else None,
         "completion": trajectory.get("final_output"),
@@ -224,7 +226,8 @@ def buffer_row(item: Mapping[str, Any], tasks: list[Any]) -> dict[str, Any] | No
         "error": item.get("error"),
         "error_kind": None,
         "primitives": json.dumps(item.get("primitives") or [], ensure_ascii=False),
-        "trajectory": json.dumps(trajectory, ensure_ascii=False),
+        # Cut at a depth (as the tracker's reply is): json.dumps recurses.
+        "trajectory": json.dumps(bounded(trajectory), ensure_ascii=False),
         "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
         "prompt": prompt if isinstance(prompt, str) else None,
         "completion": trajectory.get("final_output"),

@@ -36,6 +36,7 @@ from rollout.shared.contracts.buffer import (
     SftSetQuery,
 )
 from rollout.shared.errors import RolloutError
+from rollout.shared.jsondepth import loads_bounded
 from rollout.shared.learning import datasets
 from rollout.shared.objectstore import ObjectStore, content_key, sha256_bytes, to_json_bytes
 from rollout.shared.store.projection import ProjectionRunner
@@ -316,11 +317,13 @@ class BufferQueries:
 
     async def _trajectory(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The trajectory inline, or fetched from the object store and checked by sha256."""
+        # Cut at a depth: a tool result nested past what json.loads reads raised
+        # RecursionError, which failed every training set and export that held its rollout.
         if row["trajectory"] is not None:
-            return json.loads(row["trajectory"])
+            return loads_bounded(row["trajectory"])
         if row["trajectory_uri"]:
             data = await self.store.get(row["trajectory_uri"], sha256=row["trajectory_sha256"])
-            return json.loads(data)
+            return loads_bounded(data)
         return None
 
     async def _reply(

@@ -18,6 +18,7 @@ from rollout.shared import subjects
 from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns
 from rollout.shared.errors import RolloutError
+from rollout.shared.jsondepth import loads_bounded
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.stats import mean_score
 from rollout.shared.store.run_stats import design_effects
@@ -148,7 +149,9 @@ def rollout_row(row: asyncpg.Record, *, with_trajectory: bool) -> dict[str, Any]
         "completionTokens": row["completion_tokens"],
     }
     if with_trajectory:
-        out["trajectory"] = json.loads(row["trajectory"]) if row["trajectory"] else None
+        # Cut at a depth: one nested past what json.loads reads failed the whole run's reply
+        # (and `rollout export`), and the reply's own JSON stops at about 255 levels.
+        out["trajectory"] = loads_bounded(row["trajectory"]) if row["trajectory"] else None
     return out
 
 

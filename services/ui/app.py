@@ -29,6 +29,7 @@ from rollout.services.ui.auth import COOKIE, SESSION_S, Authenticator, SessionSi
 from rollout.services.ui.live import Change, EventHub, drain
 from rollout.shared import subjects
 from rollout.shared.errors import RolloutError
+from rollout.shared.jsondepth import bounded
 from rollout.shared.models.weights_proof import proven
 from rollout.shared.objectstore import ObjectStore, ObjectStoreError
 from rollout.shared.objectstore.claimcheck import get_json
@@ -82,7 +83,8 @@ def _templates() -> jinja2.Environment:
     )
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
     env.filters["num"] = _num
-    env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
+    # Cut at a depth: an indented dump recurses, and a value may come from anywhere.
+    env.filters["tojson_pretty"] = lambda v: json.dumps(bounded(v), indent=1, default=str)
     env.filters["clip"] = _clip
     env.filters["short"] = lambda v, n=12: "" if v is None else str(v)[:n]
     env.filters["shade"] = _shade

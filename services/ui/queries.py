@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 
 from rollout.shared.auth.ownership import describe as describe_user
+from rollout.shared.jsondepth import loads_bounded
 from rollout.shared.stats import mean_score, wilson_interval
 from rollout.shared.store.run_stats import design_effects
 
@@ -188,7 +189,9 @@ async def get_rollout(conn: asyncpg.Connection, rollout_id: str) -> dict[str, An
     out = dict(row)
     for key in ("trajectory", "primitives", "sampling"):
         if isinstance(out.get(key), str):
-            out[key] = json.loads(out[key])
+            # Cut at a depth: a tool result nested 2,000 deep made json.loads (and the page's
+            # rendering after it) raise RecursionError, a bare 500 for the rollout's page.
+            out[key] = loads_bounded(out[key])
     return out
 
 

@@ -29,6 +29,7 @@ from rollout.shared.contracts.events import ErrorKind
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs.runtime import EnvironmentFailed, EnvRuntime, ToolResult
 from rollout.shared.errors import RolloutError
+from rollout.shared.jsondepth import MAX_DEPTH, bounded
 from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend, ToolCall
 from rollout.shared.models.weights_proof import rollout_digest
 
@@ -47,6 +48,8 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # (600 characters) made the trajectory impossible to serialise, and 1000 made json.loads
 # raise, either of which failed the whole batch (every sibling errored), not this call.
 MAX_ARGUMENT_DEPTH = 64
+# A tool's result (the env's, which the model's calls can shape) is cut at this depth.
+MAX_RESULT_DEPTH = MAX_DEPTH
 # A backend that does not stop at a request's deadline itself is given this long past the
 # latest one before the turn is abandoned (the hf backend stops its rows on time).
 DEADLINE_GRACE_S = 5.0
@@ -379,16 +382,20 @@ async def _run_calls(state: _State, calls: list[ToolCall]) -> None:
             state.messages.append(_tool_message(call, None, f"not run: {repeated}"))
             continue
         arguments, result = await _execute(state, call)
+        # A result nested past MAX_RESULT_DEPTH is kept cut there (the rest as a string): one
+        # 2,000 deep made json.dumps raise here, and past about 255 the trajectory could not
+        # be serialised, either of which failed the whole batch, not this call.
+        output = bounded(result.output, MAX_RESULT_DEPTH)
         state.records.append(
             ToolCallRecord(
                 index=len(state.records),
                 name=call.name or "<malformed>",
                 arguments=arguments,
-                result=result.output if result.ok else None,
+                result=output if result.ok else None,
                 error=result.error,
             )
         )
-        state.messages.append(_tool_message(call, result.output, result.error))
+        state.messages.append(_tool_message(call, output, result.error))
 
 
 def _not_run(state: _State, calls: list[ToolCall], why: str) -> None:

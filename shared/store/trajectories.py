@@ -8,13 +8,13 @@ from typing import Any
 import pydantic_core
 
 from rollout.shared.contracts.events import GeneratedRollout
-from rollout.shared.objectstore import ObjectStore, default_store_url, open_store
+from rollout.shared.jsondepth import loads_bounded
+from rollout.shared.objectstore import ObjectStore, ObjectStoreError, default_store_url, open_store
 from rollout.shared.objectstore.checksum import sha256_bytes
 from rollout.shared.objectstore.claimcheck import (
     DEFAULT_INLINE_LIMIT,
     INLINE_LIMIT_ENV,
     content_key,
-    get_json,
     inline_limit,
     to_json_bytes,
 )
@@ -74,4 +74,12 @@ async def load_trajectory(
     """The trajectory itself, fetched and verified when only its claim check was kept."""
     if trajectory is not None or uri is None:
         return trajectory
-    return await get_json(store, uri, sha256=sha256)
+    data = await store.get(uri, sha256=sha256)
+    try:
+        # Cut at a depth: a tool result nested past what json.loads reads raised
+        # RecursionError in every reader (the verifier, the viewer's page, `rollout export`).
+        return loads_bounded(data)
+    except ValueError as exc:
+        raise ObjectStoreError(
+            f"object {uri} does not hold the expected JSON", problems=[str(exc).splitlines()[0]]
+        ) from exc

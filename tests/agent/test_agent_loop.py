@@ -647,3 +647,43 @@ async def test_a_call_cut_at_the_rollout_budget_says_that_budget() -> None:
     )
     assert shop.refunds == [] and trajectory.ended_by == "max_rollout_tokens"
     assert "(max_rollout_tokens)" in trajectory.tool_calls[0].error
+
+
+class DeepResultRuntime(ShopRuntime):
+    """A shop whose lookup returns a record nested 2,000 deep (what a lookup table held)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        if name != "lookup_order":
+            return await super().call_tool(name, arguments)
+        value: Any = {"customer": "Alice"}
+        for _ in range(2_000):
+            value = {"inner": value}
+        return ToolResult(output=value)
+
+
+async def test_a_tool_result_nested_2000_deep_is_kept_cut_not_the_batchs_error(
+    fake_openai,
+) -> None:
+    # The env's result is not the model's to refuse: nested 2,000 deep it made json.dumps
+    # raise RecursionError (and past about 255 the trajectory could not travel), erroring
+    # every episode of the batch. It is kept, cut at MAX_RESULT_DEPTH.
+    from rollout.shared.agent.loop import MAX_RESULT_DEPTH
+
+    server = fake_openai(
+        by_conversation(
+            {
+                "a": [tool_reply(("lookup_order", {"order_id": "O-1"})), text_reply("done")],
+                "b": [tool_reply(("refund", {"order_id": "O-1"})), text_reply("done")],
+            }
+        )
+    )
+    episodes = [Episode(DeepResultRuntime(), who) for who in ("a", "b")]
+    a, b = await run_episodes(episodes, http_backend(server))
+    assert a.error is None and b.error is None and a.final_output == "done"
+    result, levels = a.tool_calls[0].result, 1
+    while isinstance(result, dict):
+        result, levels = result["inner"], levels + 1
+    assert levels == MAX_RESULT_DEPTH + 1
+    assert result.startswith(f'[cut at depth {MAX_RESULT_DEPTH}] {{"inner":{{"inner":')
+    assert "[cut at depth" in a.messages[-2]["content"]  # what the model was shown
+    a.model_dump_json()  # it travels

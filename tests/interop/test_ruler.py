@@ -357,7 +357,6 @@ def _claims_then_fails() -> Trajectory:
     call = {"id": "c1", "type": "function", "function": {"name": "refund", "arguments": "{}"}}
     return Trajectory(
         messages=[
-            {"role": "user", "content": "Refund order O-1"},
             {"role": "assistant", "content": claim},
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "c1", "content": '{"error": "refund: no order"}'},
@@ -477,3 +476,40 @@ def test_the_judge_reads_a_calls_arguments_as_the_tool_ran_them() -> None:
 def test_arguments_nested_past_the_recursion_limit_reach_the_judge_as_text() -> None:
     shown = _shown("Refund order O-1", _calling("refund", "[" * 5000 + "]" * 5000))
     assert '"arguments": "[[[' in shown
+
+
+def _deep(levels: int) -> dict:
+    """An object nested `levels` deep, its leaf the string "bottom"."""
+    value: dict = {"leaf": "bottom"}
+    for _ in range(levels - 1):
+        value = {"inner": value}
+    return value
+
+
+async def test_a_tool_result_nested_2000_deep_is_judged_cut_and_its_group_with_it() -> None:
+    # A tool's result is the env's and can be shaped by the model: one nested 2,000 deep (or
+    # 900 deep as a tool message's JSON text, which json.loads reads) raised RecursionError
+    # in the judge's view, and the error failed the whole group, every sibling with it.
+    nested_text = "[" * 900 + '"O-2"' + "]" * 900
+    by_messages = Trajectory(
+        messages=[
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c0", "type": "function",
+                 "function": {"name": "refund", "arguments": '{"order_id": "O-2"}'}}]},
+            {"role": "tool", "tool_call_id": "c0", "name": "refund", "content": nested_text},
+            {"role": "tool", "tool_call_id": "c0", "name": "refund", "content": _deep(2_000)},
+        ],
+        final_output="done",
+    )  # fmt: skip
+    by_calls = _sample("O-1")
+    by_calls.tool_calls[0].result = _deep(2_000)
+    with FakeOpenAI(_ranking_judge) as judge:
+        spec = _spec(f"{judge.base_url}#judge")
+        results = await score_group(spec, spec.tasks[0], [by_messages, by_calls, _sample(None)])
+        [body] = judge.chat_bodies
+    assert [r.primitives[0].score for r in results] == [0.4, 1.0, 0.0]
+    shown = body["messages"][-1]["content"]
+    assert shown.count("[cut at depth 64]") == 3
+    # Cut as a string, so the judge's view is still one JSON value per trajectory.
+    blocks = re.findall(r'<trajectory id="\d">\n(.*?)\n</trajectory>', shown, re.DOTALL)
+    assert [type(json.loads(b)) for b in blocks] == [dict, dict, dict]

@@ -678,3 +678,48 @@ def test_malformed_trajectory_messages_are_named_by_path(tmp_path, capsys) -> No
     assert _cli(capsys, "import", str(path), "-o", str(out))[0] == 0
     [example] = _read_jsonl(out / "sft.jsonl")
     assert example["messages"][1]["tool_calls"][0]["function"]["arguments"] == "{oops"
+
+
+async def test_a_tool_result_nested_2000_deep_is_exported_cut(client, settings, tmp_path) -> None:
+    # A tool result is the env's and can be shaped by the model: one nested 2,000 deep made
+    # the tracker's json.loads raise RecursionError, and the export (and the run's reply) with it.
+    from datetime import UTC, datetime
+
+    from rollout.shared.store.db import create_pool
+
+    await client.push_environment(refund_env(tasks=1))
+    deep = '{"inner": ' * 2_000 + '"bottom"' + "}" * 2_000
+    raw = (
+        '{"messages": [{"role": "user", "content": "Refund order O-0"}],'
+        f' "tool_calls": [{{"index": 0, "name": "refund", "arguments": {{}}, "result": {deep}}}],'
+        ' "final_output": "done"}'
+    )
+    pool = await create_pool(settings.database_url)
+    try:
+        now = datetime.now(UTC)
+        await pool.execute(
+            "insert into runs(run_id, env_slug, env_version, env_hash, model, n, sampling,"
+            " max_tool_calls, policy_version, status, total, scored, passed, created_at)"
+            " values ('deep', 'refunds', 1, 'h', 'm', 1, '{}', 4, 0, 'completed', 1, 1, 1, $1)",
+            now,
+        )  # fmt: skip
+        await pool.execute(
+            "insert into rollouts(rollout_id, run_id, task_index, sample_index, status, model,"
+            " policy_version, score, passed, generated_at, scored_at, primitives, trajectory)"
+            " values ('deep-0', 'deep', 0, 0, 'scored', 'm', 0, 1.0, true, $1, $1, '[]',"
+            " $2::jsonb)",
+            now, raw,
+        )  # fmt: skip
+    finally:
+        await pool.close()
+    out = tmp_path / "deep.jsonl"
+    code, _, err = await rollout(settings, "export", "--run", "deep", "--out", str(out))
+    assert code == 0, err
+    [row] = _read_jsonl(out)
+    result = json.loads(row["trajectory"])["tool_calls"][0]["result"]
+    levels = 0
+    while isinstance(result, dict):
+        result, levels = result["inner"], levels + 1
+    # The trajectory, its calls, the call and the result take 4 of the 64 levels.
+    assert levels == 64 - 4 + 1
+    assert result.startswith('[cut at depth 64] {"inner":')

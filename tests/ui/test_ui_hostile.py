@@ -158,3 +158,45 @@ async def test_a_model_that_writes_megabytes_gets_a_page_of_bounded_size(
                 assert f"… {10_000 - TOKENS_SHOWN} more tokens" in page.text
                 assert f"… {500_000 - TEXT_SHOWN:,} more characters" in page.text
                 assert f"… {250_000 - TEXT_SHOWN:,} more characters" in page.text
+
+
+async def test_a_tool_result_nested_2000_deep_is_shown_cut_not_a_500(
+    settings: Settings, viewer_key: ApiKey
+) -> None:
+    # A tool result is the env's and can be shaped by the model: one nested 2,000 deep made
+    # json.loads (and the page's indented dump after it) raise RecursionError, a bare 500.
+    deep = '{"inner": ' * 2_000 + '"bottom"' + "}" * 2_000
+    raw = (
+        '{"messages": [{"role": "user", "content": "go"},'
+        ' {"role": "assistant", "content": null, "tool_calls": [{"id": "c0"}]},'
+        f' {{"role": "tool", "content": {deep}}}],'
+        f' "tool_calls": [{{"index": 0, "name": "lookup", "arguments": {{}}, "result": {deep}}}],'
+        ' "final_output": "done"}'
+    )
+    pool = await create_pool(settings.database_url)
+    try:
+        await migrate(pool)
+        now = datetime.now(UTC)
+        await pool.execute(
+            "insert into runs(run_id, env_slug, env_version, env_hash, model, n, sampling,"
+            " max_tool_calls, policy_version, status, total, scored, passed, created_at)"
+            " values ('deep', 'refunds', 1, 'h', 'm', 1, '{}', 4, 0, 'completed', 1, 1, 1, $1)",
+            now,
+        )
+        await pool.execute(
+            "insert into rollouts(rollout_id, run_id, task_index, sample_index, status, model,"
+            " policy_version, score, passed, generated_at, trajectory)"
+            " values ('deep-0', 'deep', 0, 0, 'scored', 'm', 0, 1.0, true, $1, $2::jsonb)",
+            now, raw,
+        )  # fmt: skip
+    finally:
+        await pool.close()
+    async with serve(settings) as ui:
+        cookie = await ui.session_cookie(viewer_key)
+        async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: cookie}) as http:
+            for path in ("/rollouts/deep-0", "/compare?a=deep&b=deep&task=0"):
+                page = await http.get(path)
+                assert page.status_code == 200, (path, page.text[-2000:])
+                # The message's content and the call's result, each cut where it nests too deep.
+                assert page.text.count("[cut at depth 64]") >= 2, path
+                assert len(page.text) < 200_000

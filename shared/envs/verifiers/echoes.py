@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rollout.shared.jsondepth import bounded
+
 MARK = "repeats_agent_argument"
 # In front of an object's key that repeats the agent's text.
 KEY_MARK = f"[{MARK}] "
@@ -94,12 +96,13 @@ def _key(value: Any) -> str:
 
 
 def _decoded(value: Any) -> Any:
+    """JSON text as its value cut at MAX_DEPTH (every walk here recurses), else `value`."""
     if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
         try:
-            return json.loads(value)
+            return bounded(json.loads(value))
         except (ValueError, RecursionError):
             pass
-    return value
+    return bounded(value)
 
 
 def _spans(text: str, written: _Written, own: _Written | None = None) -> Any:
@@ -168,7 +171,8 @@ def _mark(value: Any, written: _Written, own: _Written, key: str | None = None) 
 def mark_result(content: Any, written: _Written, own: _Written) -> Any:
     """A tool's result (its message text, or its value) with its repeats of the agent marked."""
     try:
-        return _mark_result(content, written, own)
+        return _mark_result(_decoded(content) if not isinstance(content, str) else content,
+                            written, own)  # fmt: skip
     except RecursionError:
         # Nested past what can be walked: marked as the flat text it is, never shown unmarked.
         text = content if isinstance(content, str) else repr(content)[:100_000]
