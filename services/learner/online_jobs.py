@@ -200,7 +200,9 @@ class OnlineJob:
         # A method whose config names a reward model (PPO) learns from its scores.
         extra = {}
         if "reward_model" in type(self.config).model_fields:
-            extra["reward_model"] = await reward_model_dir(self.options.reward_model)
+            extra["reward_model"] = await reward_model_dir(
+                self.options.reward_model, self.options.reward_model_max_length
+            )
         # Distillation learns from its teacher's logprobs.
         if "teacher" in type(self.config).model_fields:
             extra["teacher"] = await teacher_dir(self.options.teacher)

@@ -31,6 +31,7 @@ from rollout.shared.learning import methods
 from rollout.shared.learning.config import TrainConfig, config_problems, parse_config
 from rollout.shared.learning.methods import Method
 from rollout.shared.learning.rm import RM_MARKER
+from rollout.shared.learning.rm_scoring import past_positions
 from rollout.shared.models import trained
 from rollout.shared.models.names import check_suffix
 from rollout.shared.models.trained import new_job_id
@@ -385,7 +386,9 @@ async def plan_job(
             )
         plan.env = await _check_env(js, cmd.env_slug, env_version)
         plan.event.env_version = plan.env.version
-        await reward_model_dir(getattr(config, "reward_model", None))
+        await reward_model_dir(
+            getattr(config, "reward_model", None), getattr(config, "reward_model_max_length", None)
+        )
         if getattr(config, "teacher", None) is not None:
             await asyncio.to_thread(teacher_base, config.teacher)
         return plan
@@ -437,8 +440,9 @@ async def _check_env(
     return env
 
 
-async def reward_model_dir(name: str | None) -> Path | None:
-    """The folder of PPO's `reward_model` (a trained name or hf:DIR); None when not set."""
+async def reward_model_dir(name: str | None, max_length: int | None = None) -> Path | None:
+    """The folder of PPO's `reward_model` (a trained name or hf:DIR); None when not set.
+    RolloutError when `max_length` (its reward_model_max_length) is past the model's positions."""
     if name is None:
         return None
     where = "hyperparams.reward_model"
@@ -459,6 +463,12 @@ async def reward_model_dir(name: str | None) -> Path | None:
             f"{where}: {name!r} is not a reward model (no {RM_MARKER} in {path}); train one "
             "with `rollout improve --method rm`"
         )
+    if max_length is not None:
+        # Before the job starts: a conversation longer than the model's positions but under
+        # the limit would be fed whole, and fail or be scored on garbage positions.
+        problem = await asyncio.to_thread(past_positions, max_length, name, path)
+        if problem:
+            raise RolloutError(f"hyperparams.reward_model_max_length: {problem}")
     return path
 
 

@@ -375,8 +375,8 @@ class PpoConfig(OnlineCorrection):
         ge=16,
         le=131_072,
         description="Tokens of a conversation the `reward_model` reads (as the reward_model "
-        "primitive's maxLength); a longer completion is left out of its step, never scored "
-        "on its start.",
+        "primitive's maxLength), at most its max_position_embeddings (checked when the job "
+        "is created); a longer completion is left out of its step, never scored on its start.",
     )
     group_size: int = Field(2, ge=1, le=256, description="Completions sampled per task and step.")
     max_staleness: int = Field(

@@ -37,7 +37,7 @@ from rollout.shared.errors import RolloutError
 from rollout.shared.learning.config import Progress, TrainConfig
 from rollout.shared.learning.forward import completion_forward
 from rollout.shared.learning.grpo import Group, GRPOLearner, _mean, _Row
-from rollout.shared.learning.rm_scoring import scorer_for
+from rollout.shared.learning.rm_scoring import past_positions, scorer_for
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +87,11 @@ class PPOLearner(GRPOLearner):
             raise RolloutError(f"config.method: PPOLearner trains ppo, not {config.method!r}")
         self.scorer: Any = None
         if reward_model is not None:
+            problem = past_positions(
+                config.reward_model_max_length, str(reward_model), Path(reward_model)
+            )
+            if problem:
+                raise RolloutError(f"hyperparams.reward_model_max_length: {problem}")
             self.scorer = scorer_for(Path(reward_model), max_len=config.reward_model_max_length)
         super().__init__(base_model, out_dir, config, resume=resume, clip_eps=config.clip_range)
         for name in (
@@ -183,7 +188,7 @@ class PPOLearner(GRPOLearner):
             messages = list(completion.get("messages") or [])
             full = messages if messages[: len(prompt)] == prompt else prompt + messages
             [tokens] = self.scorer.token_counts([full], tools=tools)
-            if tokens > self.scorer.max_len:
+            if tokens > self.scorer.readable:
                 self._too_long_for_rm(tokens)
                 return None
             self.metrics["completions_rescored"] += 1
@@ -210,7 +215,7 @@ class PPOLearner(GRPOLearner):
             log.warning(
                 "ppo: a completion longer than the reward model reads is not trained on",
                 tokens=tokens,
-                reward_model_max_length=self.scorer.max_len,
+                reward_model_max_length=self.scorer.readable,
             )
         self.metrics["completions_too_long_for_rm"] += 1
 

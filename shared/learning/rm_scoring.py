@@ -16,6 +16,32 @@ from rollout.shared.learning.rm import RM_MARKER, classifier_from
 SCORE_BATCH = 8
 
 
+def model_positions(model_dir: Path) -> int | None:
+    """How many token positions the model at `model_dir` has (its config.json's
+    max_position_embeddings, or n_positions); None when it does not say."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in ("max_position_embeddings", "n_positions"):
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def past_positions(max_len: int, name: str, model_dir: Path) -> str | None:
+    """Why a length limit of `max_len` tokens is more than the reward model `name` (at
+    `model_dir`) can read, or None when it is not."""
+    positions = model_positions(model_dir)
+    if positions is None or max_len <= positions:
+        return None
+    return (
+        f"{max_len} is more tokens than reward model {name!r} reads: its config.json has "
+        f"max_position_embeddings {positions}; set it to {positions} or less"
+    )
+
+
 class RewardScorer:
     """A reward model loaded once; `score(conversations)` gives one float per conversation."""
 
@@ -33,6 +59,10 @@ class RewardScorer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = classifier_from(self.model_dir, self.tokenizer).eval()
         self.max_len = max_len
+        # Past its positions a model fails or silently reads garbage (RoPE extrapolates):
+        # a conversation longer than either limit is never scored.
+        self.positions = model_positions(self.model_dir)
+        self.readable = min(max_len, self.positions or max_len)
         self.controls = control_tokens(self.tokenizer)
         self._lock = threading.Lock()
 
@@ -52,7 +82,7 @@ class RewardScorer:
     def token_counts(
         self, conversations: Sequence[list[dict[str, Any]]], *, tools: Any = None
     ) -> list[int]:
-        """How many tokens each conversation is, uncut (`score` reads at most max_len)."""
+        """How many tokens each conversation is, uncut (`score` reads at most `readable`)."""
         texts = self.texts(conversations, tools=tools)
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
@@ -61,7 +91,8 @@ class RewardScorer:
     ) -> list[float]:
         """The model's scalar reward of each conversation (rendered by its chat template).
 
-        A conversation longer than max_len is refused (RolloutError), never cut: its score
+        A conversation longer than max_len (or the model's positions) is refused
+        (RolloutError), never cut: its score
         would be the score of a prefix the policy wrote, read at a token of its choosing, its
         end unseen. Callers check `token_counts` first and decide what such a one gets."""
         import torch
@@ -77,10 +108,10 @@ class RewardScorer:
                     add_special_tokens=False,
                 )
                 longest = int(batch["attention_mask"].sum(dim=1).max())
-                if longest > self.max_len:
+                if longest > self.readable:
                     raise RolloutError(
                         f"a conversation of {longest} tokens is longer than the reward model "
-                        f"reads ({self.max_len}): it is not scored on its start"
+                        f"reads ({self.readable}): it is not scored on its start"
                     )
                 logits = self.model(**batch).logits
                 out.extend(float(v) for v in logits[:, 0])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from fakes.openai_server import FakeOpenAI
-from learner_kit import Platform, ready_client, refund_agent
+from learner_kit import SHORT_RM_POSITIONS, Platform, ready_client, refund_agent
 
 from rollout.client import AsyncClient
 from rollout.shared.settings import Settings
@@ -34,6 +34,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in nul])
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def short_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained one-score reward model with SHORT_RM_POSITIONS positions (no training:
+    what is checked is its config.json, and that a conversation past it is never scored)."""
+    from transformers import AutoTokenizer
+
+    from rollout.shared.learning.rm import RM_MARKER, classifier_from
+    from rollout.shared.models.tiny import build_tiny_model
+
+    corpus = ["Refund order O-1 in full", '{"order_id": "O-1", "amount": 10}', "refunded"]
+    base = tmp_path_factory.mktemp("short") / "base"
+    build_tiny_model(base, corpus=corpus, seed=0, max_positions=SHORT_RM_POSITIONS)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    out = base.parent / "rm"
+    classifier_from(base, tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / RM_MARKER).write_text('{"kind": "reward_model", "num_labels": 1}\n')
+    return out
 
 
 @pytest.fixture

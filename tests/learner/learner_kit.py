@@ -28,6 +28,10 @@ from rollout.shared.stack.supervisor import cli_command
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
+# The positions of conftest's `short_rm`: fewer than any reward model length's default.
+SHORT_RM_POSITIONS = 256
+
+
 def letters_env(tasks: int = 4) -> dict[str, Any]:
     """The refund env scored by how many common letters the answer has: rewards vary."""
     env = refund_env(tasks=tasks, slug="letters")

@@ -71,7 +71,7 @@ async def test_improve_method_ppo_drives_actors_and_publishes_each_version(
 
 
 async def test_bad_ppo_settings_are_refused_with_their_path(
-    client, tiny_model: Path, learner_env
+    client, tiny_model: Path, short_rm: Path, learner_env
 ) -> None:
     await client.push_environment(letters_env())
     base = f"hf:{tiny_model}"
@@ -81,6 +81,12 @@ async def test_bad_ppo_settings_are_refused_with_their_path(
         ({"clip_range": 0.1}, "hyperparams.max_steps: required for ppo"),
         ({"max_steps": 2, "reward_model": base}, f"reward_model: {base!r} is not a reward model"),
         ({"max_steps": 2, "reward_model": "nothing:trained"}, "no trained reward model"),
+        # Longer than the model has positions for: such a conversation was fed to it whole.
+        (
+            {"max_steps": 2, "reward_model": f"hf:{short_rm}", "reward_model_max_length": 512},
+            f"hyperparams.reward_model_max_length: 512 is more tokens than reward model "
+            f"'hf:{short_rm}' reads: its config.json has max_position_embeddings 256",
+        ),
     ]
     for hyperparams, expected in cases:
         with pytest.raises(RolloutError) as caught:

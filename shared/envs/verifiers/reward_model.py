@@ -35,7 +35,7 @@ from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreCon
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning.data import conversation
 from rollout.shared.learning.rm import RM_MARKER
-from rollout.shared.learning.rm_scoring import drop_scorer, scorer_for
+from rollout.shared.learning.rm_scoring import drop_scorer, past_positions, scorer_for
 from rollout.shared.models import names, trained
 from rollout.shared.models.trained import run_sync
 
@@ -57,7 +57,8 @@ class RewardModelParams(CamelModel):
         default=2048,
         ge=16,
         le=131072,
-        description="Tokens of the conversation the model reads; a longer one fails.",
+        description="Tokens of the conversation the model reads, at most its "
+        "max_position_embeddings (checked at plan time); a longer one fails.",
     )
 
 
@@ -128,7 +129,12 @@ def check(params: RewardModelParams) -> list[tuple[str, str]]:
     except OSError as exc:
         return [("model", f"could not fetch {params.model!r}: {exc}")]
     problem = not_a_reward_model(params.model, path)
-    return [("model", problem)] if problem else []
+    if problem:
+        return [("model", problem)]
+    # A conversation longer than the model's positions but under maxLength would be fed
+    # whole: it fails, or is scored on positions the model never learnt.
+    too_long = past_positions(params.max_length, params.model, path)
+    return [("maxLength", too_long)] if too_long else []
 
 
 async def task_tools(spec: EnvironmentSpec, task: TaskSpec) -> list[dict[str, Any]]:
@@ -172,19 +178,19 @@ async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
         drop_scorer(previous)
     _CURRENT[record.model] = path
 
-    def run() -> tuple[float | None, int]:
+    def run() -> tuple[float | None, int, int | None]:
         scorer = scorer_for(path, max_len=params.max_length)
         [tokens] = scorer.token_counts([messages], tools=tools or None)
-        if tokens > params.max_length:
-            return None, tokens
+        if tokens > scorer.readable:
+            return None, tokens, scorer.positions
         [logit] = scorer.score([messages], tools=tools or None)
-        return logit, tokens
+        return logit, tokens, scorer.positions
 
     try:
-        logit, tokens = await asyncio.to_thread(run)
+        logit, tokens, positions = await asyncio.to_thread(run)
     except (RolloutError, OSError) as exc:
         raise InfraError(f"reward model {params.model!r} could not load: {exc}") from None
-    if logit is None:
+    if logit is None and tokens > params.max_length:
         # Cut to its first maxLength tokens, the conversation would be scored on a prefix the
         # policy wrote (the logit read at a token of its choosing), its end never seen.
         return Outcome(
@@ -192,6 +198,16 @@ async def reward_model(params: RewardModelParams, ctx: ScoreContext) -> Outcome:
             False,
             f"the conversation is {tokens} tokens, more than the reward model reads "
             f"(maxLength {params.max_length}): its end would go unseen; scored as failed",
+        )
+    if logit is None:
+        # The version scored with now has fewer positions than maxLength (checked against
+        # the version there was at plan time): fed whole it fails or reads garbage.
+        return Outcome(
+            0.0,
+            False,
+            f"the conversation is {tokens} tokens, more than reward model {record.model} "
+            f"v{record.version} reads (max_position_embeddings {positions} in its "
+            f"config.json, under maxLength {params.max_length}): scored as failed",
         )
     value = sigmoid(logit)
     return Outcome(
