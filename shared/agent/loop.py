@@ -541,7 +541,8 @@ def _finish(state: _State) -> Trajectory:
     final_state: dict[str, Any] = {}
     error, kind = state.error, state.error_kind
     try:
-        final_state = state.episode.runtime.final_state()
+        # Cut as tool results are: the env's state can hold what the model's calls built.
+        final_state = bounded(state.episode.runtime.final_state(), MAX_RESULT_DEPTH)
     except Exception as exc:  # the verifier still gets the trajectory and the reason
         if error is None:
             error, kind = f"final_state failed: {type(exc).__name__}: {exc}", "env"

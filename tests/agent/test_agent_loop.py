@@ -649,16 +649,24 @@ async def test_a_call_cut_at_the_rollout_budget_says_that_budget() -> None:
     assert "(max_rollout_tokens)" in trajectory.tool_calls[0].error
 
 
+def _deep_record() -> dict[str, Any]:
+    value: dict[str, Any] = {"customer": "Alice"}
+    for _ in range(2_000):
+        value = {"inner": value}
+    return value
+
+
 class DeepResultRuntime(ShopRuntime):
-    """A shop whose lookup returns a record nested 2,000 deep (what a lookup table held)."""
+    """A shop whose lookup returns a record nested 2,000 deep (what a lookup table held),
+    and whose state keeps one too."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         if name != "lookup_order":
             return await super().call_tool(name, arguments)
-        value: Any = {"customer": "Alice"}
-        for _ in range(2_000):
-            value = {"inner": value}
-        return ToolResult(output=value)
+        return ToolResult(output=_deep_record())
+
+    def final_state(self) -> dict[str, Any]:
+        return {**super().final_state(), "audit": _deep_record()}
 
 
 async def test_a_tool_result_nested_2000_deep_is_kept_cut_not_the_batchs_error(
@@ -686,4 +694,6 @@ async def test_a_tool_result_nested_2000_deep_is_kept_cut_not_the_batchs_error(
     assert levels == MAX_RESULT_DEPTH + 1
     assert result.startswith(f'[cut at depth {MAX_RESULT_DEPTH}] {{"inner":{{"inner":')
     assert "[cut at depth" in a.messages[-2]["content"]  # what the model was shown
+    assert b.final_state["refunds"] == [{"order_id": "O-1"}]
+    assert "[cut at depth" in json.dumps(b.final_state)
     a.model_dump_json()  # it travels
