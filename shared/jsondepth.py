@@ -85,22 +85,38 @@ def bounded(value: Any, limit: int = MAX_DEPTH) -> Any:
     return root[0]
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list | tuple):
-            if depth > limit:
-                return True
-            stack.extend((child, depth + 1) for child in item)
+    # Level by level, only containers kept: a trajectory's long lists of token ids cost one
+    # type check each.
+    level = [value] if isinstance(value, _CONTAINERS) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            below += [
+                c for c in children if c.__class__ in _CONTAINERS or isinstance(c, _CONTAINERS)
+            ]
+        level = below
     return False
 
 
 def loads_bounded(text: str | bytes, limit: int = MAX_DEPTH) -> Any:
     """`json.loads(text)` with lists and objects nested past `limit` cut (as `bounded`), even
     where the text nests past what `json.loads` can read."""
+    # Too few brackets to nest that deep: nothing to walk (the usual case, and the cheapest).
+    if isinstance(text, bytes):
+        brackets = text.count(b"[") + text.count(b"{")
+    else:
+        brackets = text.count("[") + text.count("{")
+    if brackets <= limit:
+        return json.loads(text)
     try:
         return bounded(json.loads(text), limit)
     except RecursionError:
