@@ -23,6 +23,7 @@ from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
 from rollout.shared.envs.coerce import TOO_LARGE_HINT, pydantic_problems, raw_environment
 from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stale import worst
 from rollout.snapshots import stage_dataset
 
 T = TypeVar("T")
@@ -55,6 +56,9 @@ class AsyncClient:
         self._connecting = asyncio.Lock()
         # A request the key's role may not make fails at once instead of timing out.
         self._denials = PermissionWatch(settings.nats_user)
+        # The stalest `readModels` the tracker's answers to this client carried (None: none
+        # behind, or not told): a command that read many says whether any may be stale.
+        self.read_models: dict[str, Any] | None = None
 
     async def _conn(self) -> Any:
         # One connection however many calls start at once: without the lock each concurrent
@@ -187,6 +191,9 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """A run's summary and per-task table (and every rollout when asked, page by page).
 
+        `readModels` says how far the read models it comes from are behind (see
+        rollout.shared.stack.staleness; None when the tracker could not tell).
+
         `outcome` (passed, failed, errored, pending) keeps only the rollouts with it;
         `include_tasks=False` leaves the per-task table out.
         """
@@ -201,6 +208,7 @@ class AsyncClient:
         except pydantic.ValidationError as exc:
             raise RolloutError("invalid run query", problems=pydantic_problems(exc)) from None
         run = await self.request("tracker", "get_run", query)
+        self.read_models = worst(self.read_models, run.get("readModels"))
         # The per-task table and the rollouts come in pages that fit a message; follow each
         # until its last page (the table first: a reply that cut it short holds no rollouts).
         seen_tasks: set[int] = set()
@@ -253,10 +261,17 @@ class AsyncClient:
         self, limit: int = 20, env_slug: str | None = None, *, owner: str | None = None
     ) -> list[dict]:
         """Recent runs, newest first (only `owner`'s, when given: see `caller`)."""
+        return (await self.runs_listing(limit, env_slug, owner=owner))["runs"]
+
+    async def runs_listing(
+        self, limit: int = 20, env_slug: str | None = None, *, owner: str | None = None
+    ) -> dict[str, Any]:
+        """`list_runs` with the read models' lag: `runs`, and `readModels` (None: unknown)."""
         data = await self.request(
             "tracker", "list_runs", rq.ListRuns(limit=limit, env_slug=env_slug, owner=owner)
         )
-        return data["runs"]
+        self.read_models = worst(self.read_models, data.get("readModels"))
+        return {"runs": data["runs"], "readModels": data.get("readModels")}
 
     async def caller(self) -> str:
         """Who this client is to the services: the owner recorded on what it starts."""

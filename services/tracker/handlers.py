@@ -25,11 +25,16 @@ from rollout.shared.contracts.requests import (
     Reply,
 )
 from rollout.shared.objectstore import ObjectStore
+from rollout.shared.service import durables
 from rollout.shared.service.routes import CurrentBroker, Pool, caller, request_route
+from rollout.shared.stack.lag_probe import LagProbe
 
 QUEUE = "tracker"
 # Claim-checked trajectories are read from it (put in the broker's context as `store`).
 Store = Annotated[ObjectStore, Context("store")]
+# The read models' lag each query answer carries (`readModels`): one probe per replica, so
+# its cached consumer-info read serves every query for a moment.
+READ_MODELS = LagProbe(durables.TRACKER_READ_MODELS)
 
 
 async def create_run(cmd: CreateRun, broker: CurrentBroker, pool: Pool, store: Store) -> Reply:
@@ -67,13 +72,18 @@ async def record_plan_event(cmd: RecordPlanEvent, broker: CurrentBroker) -> Repl
 
 async def get_run(query: GetRun, broker: CurrentBroker, pool: Pool, store: Store) -> Reply:
     """One run: summary, per-task table, optionally rollouts."""
-    budget = payload_budget(jetstream(broker))
-    return Reply(data=await queries.get_run(pool, query, store, budget=budget))
+    js = jetstream(broker)
+    run = await queries.get_run(pool, query, store, budget=payload_budget(js))
+    # Only the first page's: a paged run is read in one go.
+    if query.rollouts_cursor is None and query.tasks_cursor is None:
+        run["readModels"] = await READ_MODELS.report(js)
+    return Reply(data=run)
 
 
-async def list_runs(query: ListRuns, pool: Pool) -> Reply:
-    """Recent runs."""
-    return Reply(data={"runs": await queries.list_runs(pool, query)})
+async def list_runs(query: ListRuns, broker: CurrentBroker, pool: Pool) -> Reply:
+    """Recent runs, and how far behind the read models they come from are (`readModels`)."""
+    runs = await queries.list_runs(pool, query)
+    return Reply(data={"runs": runs, "readModels": await READ_MODELS.report(jetstream(broker))})
 
 
 async def get_job(query: GetJob, pool: Pool) -> Reply:

@@ -35,7 +35,10 @@ from rollout.shared.objectstore import ObjectStore, ObjectStoreError
 from rollout.shared.objectstore.claimcheck import get_json
 from rollout.shared.observability import get_logger
 from rollout.shared.replay import replay_run, reverify
+from rollout.shared.service import durables
 from rollout.shared.settings import NatsUnreachable, Settings, connect_nats
+from rollout.shared.stack.lag_probe import LagProbe
+from rollout.shared.stale import stale_note
 from rollout.shared.store.db import create_pool
 from rollout.shared.store.trajectories import load_trajectory
 
@@ -74,6 +77,8 @@ class UiState:
     # Live streams open per key's user: each holds a queue of up to 10,000 changes while its
     # client does not read, so one key must not open them without end.
     live_open: collections.Counter[str] = field(default_factory=collections.Counter)
+    # The tracker's projection lag, read at most once a moment for all the pages.
+    read_models: LagProbe = field(default_factory=lambda: LagProbe(durables.TRACKER_READ_MODELS))
 
 
 def _templates() -> jinja2.Environment:
@@ -360,7 +365,8 @@ async def runs_page(request: Request) -> Response:
     page = _int(request, "page", 1) or 1
     async with state.pool.acquire() as conn:
         data = await queries.list_runs(conn, page=page, **filters)
-    return render("runs.html", request, page=page, filters=filters, **data)
+    stale = await _stale(state)
+    return render("runs.html", request, page=page, filters=filters, stale=stale, **data)
 
 
 async def run_page(request: Request) -> Response:
@@ -379,8 +385,16 @@ async def run_page(request: Request) -> Response:
         samples = await queries.task_samples(conn, run_id, task) if task is not None else None
     return render(
         "run.html", request, run=run, page=page, prims=prims, task=task, samples=samples,
-        hist=_hist_svg(hist), **tasks,
+        hist=_hist_svg(hist), stale=await _stale(state), **tasks,
     )  # fmt: skip
+
+
+async def _stale(state: UiState) -> str | None:
+    """The banner saying the read models are stalled behind, or None (caught up, advancing,
+    or not known: NATS did not say in time)."""
+    if state.js is None:
+        return None
+    return stale_note(await state.read_models.report(state.js))
 
 
 def _hist_svg(counts: list[int]) -> str:
@@ -566,7 +580,7 @@ async def compare_page(request: Request) -> Response:
                 rollout["turns"] = _turns(rollout["trajectory"])
     return render(
         "compare.html", request, recent=recent, a=a, b=b, ready=True, run_a=run_a, run_b=run_b,
-        warnings=warnings, page=page, task=task, side=side, **data,
+        warnings=warnings, page=page, task=task, side=side, stale=await _stale(state), **data,
     )  # fmt: skip
 
 
@@ -688,6 +702,7 @@ async def _fragments(state: UiState, request: Request, changes: list[Change]) ->
                         out[f"run-{run_id}"] = part("run_cells", run)
         elif topic.startswith("run:"):
             run_id = topic[4:]
+            out["read-models-stale"] = part("stale_banner", await _stale(state))
             run = await queries.get_run(conn, run_id)
             if run is not None:
                 page = _int(request, "page", 1) or 1

@@ -29,6 +29,7 @@ from rollout.shared.bus.streams import ensure_consumer, ensure_streams, retry_ap
 from rollout.shared.errors import RolloutError
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.observability import get_logger
+from rollout.shared.service import durables
 from rollout.shared.service.consumer import Consumer
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import (
@@ -39,6 +40,7 @@ from rollout.shared.stack.health import (
     default_replica_id,
     heartbeat,
 )
+from rollout.shared.stack.lag_probe import beat_lag
 from rollout.shared.store.db import close_pool, create_pool, migrate
 from rollout.shared.store.trajectories import object_store
 
@@ -235,17 +237,23 @@ async def beating(
     """The replica's heartbeat (on a connection of its own) while the block runs; its id."""
     replica_id = replica_id or default_replica_id()
     nc = await connect_nats(settings, name=f"{name}-heartbeat")
+    js = nc.jetstream()
     readiness = Readiness()
+    # A service that keeps read models says in each beat how far behind they are: what
+    # `rollout health` fails on when they stall (a replica serving stale reads is not ready).
+    projection = durables.PROJECTIONS.get(name)
+    lag = (lambda: beat_lag(js, projection)) if projection is not None else None
     token = READINESS.set(readiness)  # what serve_service marks, when the block runs one
     beats = asyncio.create_task(
         heartbeat(
-            nc.jetstream(),
+            js,
             name,
             replica_id,
             interval,
             settings.stream_replicas,
             beat_dir=settings.home / BEATS_DIR,
             readiness=readiness,
+            projection=lag,
         )
     )
     try:

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,9 @@ class Beat:
     ready: bool = True
     # Readiness.failures as of this beat.
     failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Its projection's lag as of this beat (`behind`, `stalledS`), for a service that keeps
+    # read models; None otherwise, or when NATS did not say.
+    projection: dict[str, float] | None = None
 
     @property
     def age(self) -> float:
@@ -108,6 +112,7 @@ class Beat:
             "live": self.live,
             "ready": self.ready,
             "failures": self.failures,
+            "projection": self.projection,
         }
 
 
@@ -140,12 +145,14 @@ async def heartbeat(
     replicas: int = 1,
     beat_dir: Path | None = None,
     readiness: Readiness | None = None,
+    projection: Callable[[], Awaitable[dict[str, float] | None]] | None = None,
 ) -> None:
     """Beat every `interval` seconds until cancelled; the beat is removed on a clean stop.
 
     With `beat_dir`, each beat NATS accepted is also written to a file there, which
     `rollout health` (a Kubernetes probe) reads without a connection of its own. Each beat
-    says whether the service is ready (`readiness`; ready when there is none).
+    says whether the service is ready (`readiness`; ready when there is none), and, with
+    `projection`, how far its read models are behind (what `rollout health` fails on).
     """
     readiness = readiness or Readiness()
     kv = await heartbeat_bucket(js, replicas)
@@ -157,9 +164,11 @@ async def heartbeat(
     try:
         while True:
             readiness.changed.clear()  # before reading it: a change meanwhile beats again
+            lag = await projection() if projection is not None else None
             record = json.dumps(
                 {**beat, "time": time.time(), "ready": readiness.ready}
                 | ({"failures": readiness.failures} if readiness.failures else {})
+                | ({"projection": lag} if lag is not None else {})
             )
             try:
                 await kv.put(key, record.encode())
@@ -253,7 +262,16 @@ def _beat_from(raw: bytes) -> Beat:
         interval=float(data["interval"]),
         ready=data.get("ready", True) is not False,
         failures=_failures(data.get("failures")),
+        projection=_projection(data.get("projection")),
     )
+
+
+def _projection(raw: Any) -> dict[str, float] | None:
+    # A beat is another process's word: only a well-formed lag is kept.
+    try:
+        return {"behind": float(raw["behind"]), "stalledS": float(raw["stalledS"])}
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def _failures(raw: Any) -> dict[str, dict[str, Any]]:

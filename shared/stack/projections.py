@@ -44,6 +44,8 @@ class Lag:
     # Seconds it has been behind without applying anything: since its last ack, or since the
     # oldest event it has not applied arrived, whichever is later (0 when caught up).
     stalled_s: float
+    # Seconds since it last applied (acked) an event; None when it never has.
+    last_applied_s: float | None = None
 
 
 async def projection_lag(js: JetStreamContext, consumer: Consumer, probe_s: float) -> Lag | None:
@@ -54,9 +56,13 @@ async def projection_lag(js: JetStreamContext, consumer: Consumer, probe_s: floa
         return None
     behind = (info.num_pending or 0) + (info.num_ack_pending or 0)
     applied = info.ack_floor.stream_seq if info.ack_floor else 0
+    last_active = info.ack_floor.last_active if info.ack_floor else None
+    if last_active is not None and last_active.year < 2000:
+        last_active = None  # the server's zero time: never acked
+    last_applied_s = _age(last_active) if last_active is not None else None
     if behind == 0:
-        return Lag(0, applied, 0.0)
-    since = _aware((info.ack_floor.last_active if info.ack_floor else None) or info.created)
+        return Lag(0, applied, 0.0, last_applied_s)
+    since = _aware(last_active or info.created)
     try:
         # The oldest event not applied: a projector idle for hours that just received one is
         # behind by a moment, not by hours.
@@ -67,8 +73,7 @@ async def projection_lag(js: JetStreamContext, consumer: Consumer, probe_s: floa
             since = max(since, _aware(oldest.time))
     except (nats.js.errors.NotFoundError, nats.errors.Error, TimeoutError):
         pass  # gone (limits) or not readable: the last ack alone says how long
-    stalled = (datetime.now(UTC) - since).total_seconds()
-    return Lag(behind, applied, max(0.0, stalled))
+    return Lag(behind, applied, _age(since), last_applied_s)
 
 
 def last_failure(beats: list[Beat], consumer: Consumer) -> tuple[str, float] | None:
@@ -79,6 +84,10 @@ def last_failure(beats: list[Beat], consumer: Consumer) -> tuple[str, float] | N
     newest = max(reported, key=lambda f: f["at"])
     age = max(0.0, datetime.now(UTC).timestamp() - newest["at"])
     return str(newest["error"]), age
+
+
+def _age(moment: datetime) -> float:
+    return max(0.0, (datetime.now(UTC) - _aware(moment)).total_seconds())
 
 
 def _aware(moment: datetime) -> datetime:

@@ -14,6 +14,7 @@ from rollout.errors import RolloutError
 from rollout.plans import parse_env_ref
 from rollout.shared.auth.credentials import client_settings
 from rollout.shared.settings import Settings, load_settings
+from rollout.shared.stale import stale_note
 
 
 def settings_or_error() -> Settings:
@@ -54,6 +55,12 @@ def print_json(document: Any) -> None:
     """Print one JSON document on stdout (for scripts and CI)."""
     json.dump(document, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def note_if_stale(read_models: dict[str, Any] | None) -> None:
+    """One line on stderr when the read models the numbers came from are stalled behind."""
+    if (note := stale_note(read_models)) is not None:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def port_number(value: str) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 # Trained names (`BASE:SUFFIX`, job ids) resolve for --model like everywhere else.
 import rollout.shared.models.trained  # noqa: F401
-from rollout.cli._common import env_ref, print_json, said_when_stopped
+from rollout.cli._common import env_ref, note_if_stale, print_json, said_when_stopped
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.generate import GenerateRequest, Progress, generate
@@ -267,6 +267,8 @@ async def _export(args: argparse.Namespace) -> int:
             )
     finally:
         await client.close()
+    # The runs' rollouts came from the read models: a stalled projector leaves some out.
+    note_if_stale(client.read_models)
     path = write_snapshot(rows, args.out, fmt)
     summary: dict[str, Any] = {
         "out": str(path),
@@ -275,6 +277,7 @@ async def _export(args: argparse.Namespace) -> int:
         "lineage": lineage(rows),
         "skipped": skipped,
         "rows": len(rows),
+        "readModels": client.read_models,
     }
     if args.json:
         print_json(summary)

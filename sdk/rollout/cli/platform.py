@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from rollout.cli._common import env_ref, print_json, shown_status
+from rollout.cli._common import env_ref, note_if_stale, print_json, shown_status
 from rollout.cli.experiments import run_config
 from rollout.client import AsyncClient
 from rollout.comparison import (
@@ -31,6 +31,7 @@ from rollout.shared.envs.sandbox_check import require_sandbox
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.models.trained import JOB_PREFIX
 from rollout.shared.settings import load_settings
+from rollout.shared.stale import worst
 from rollout.shared.stats import format_interval
 
 
@@ -359,21 +360,25 @@ async def _runs(args: argparse.Namespace) -> int:
 
     async def fetch(client: AsyncClient) -> list[dict[str, Any]]:
         owner = await client.caller() if args.mine else None
-        runs = await client.list_runs(args.limit, args.env, owner=owner)
+        listing = await client.runs_listing(args.limit, args.env, owner=owner)
+        runs = listing["runs"]
         if not runs and args.env:
             # No runs of a slug that names no environment: a typo, not an empty history.
             if args.env not in {e["slug"] for e in await client.list_environments()}:
                 raise RolloutError(f"--env: no environment {args.env!r} (see `rollout envs`)")
         await _with_no_verdict(client, runs)
-        return runs
+        return listing
 
-    runs = await _with_client(fetch)
+    listing = await _with_client(fetch)
+    runs, read_models = listing["runs"], listing["readModels"]
+    # First: a `rollout runs | head` still sees it.
+    note_if_stale(read_models)
     for r in runs:
         # As `rollout show` gives it (None with no verdict), from the tracker's design effect.
         if not r.get("noVerdict"):
             r["passRateInterval"] = pass_rate_interval(r)
     if args.json:
-        print_json({"runs": runs})
+        print_json({"runs": runs, "readModels": read_models})
         return 0
     if not runs:
         if args.env:
@@ -478,6 +483,7 @@ async def _show(args: argparse.Namespace) -> int:
         return await with_errors(client, run)
 
     run = await _with_client(fetch)
+    note_if_stale(run.get("readModels"))
     if args.json:
         print_json(run)
         return 0
@@ -592,6 +598,8 @@ async def _compare(args: argparse.Namespace) -> int:
 
     base, other = await _with_client(both)
     result = comparison(base, other)
+    result["readModels"] = worst(base.get("readModels"), other.get("readModels"))
+    note_if_stale(result["readModels"])
     unscored = result["unscored"]
     # A side with no verdict has no rate to print, --allow-errored or not.
     refused = bool(unscored) or (not result["measured"] and not args.allow_errored)

@@ -19,8 +19,9 @@ from rollout.shared.envs.sandbox_check import check_sandbox_sync
 from rollout.shared.observability import configure_logging
 from rollout.shared.settings import default_home, load_settings, redact_url
 from rollout.shared.stack.files import ensure_home
-from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, local_beats
+from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, Beat, local_beats
 from rollout.shared.stack.process import read_from, tail
+from rollout.shared.stack.projections import STALL_ENV, stall_limit_s
 from rollout.shared.stack.serve import serve_main
 from rollout.shared.stack.services import registry, selected
 from rollout.shared.stack.status import as_json as to_json
@@ -86,7 +87,9 @@ def register(sub: Any) -> None:
     health = sub.add_parser(
         "health",
         help="exit 0 while a replica of SERVICE here has had a heartbeat accepted recently"
-        " (a container probe: reads the beat files `serve` writes, opens no connection)",
+        " and, for tracker and buffer, its read models are not stalled behind longer than"
+        " ROLLOUT_PROJECTION_STALL_S (a container probe: reads the beat files `serve` writes,"
+        " opens no connection)",
     )
     health.add_argument("name", help="service name, e.g. tracker")
     health.add_argument(
@@ -365,6 +368,8 @@ def cmd_health(args: argparse.Namespace) -> int:
         )
     if args.max_age is not None and args.max_age <= 0:
         raise RolloutError(f"--max-age {args.max_age}: expected a positive number of seconds")
+    # Read first: a bad ROLLOUT_PROJECTION_STALL_S is named whatever the beats say.
+    stall_s = stall_limit_s()
     raw_home = os.environ.get("ROLLOUT_HOME")
     home = Path(raw_home).expanduser() if raw_home else default_home()
     beats = local_beats(home / BEATS_DIR, args.name)
@@ -383,8 +388,25 @@ def cmd_health(args: argparse.Namespace) -> int:
         # A probe's answer: a replica whose brokers have not started answers no request yet.
         print(f"{args.name}: unhealthy: still starting (replica {newest.replica_id})")
         return 1
+    stalled = _stalled_projection(newest, stall_s)
+    if stalled is not None:
+        # Its reads come from read models that stopped advancing: route them elsewhere.
+        print(f"{args.name}: unhealthy: {stalled} (replica {newest.replica_id})")
+        return 1
     print(f"{args.name}: healthy: heartbeat {newest.age:.1f}s ago (replica {newest.replica_id})")
     return 0
+
+
+def _stalled_projection(beat: Beat, limit: float) -> str | None:
+    """Why the beat's read models read as stalled (behind, nothing applied for longer than
+    `limit` seconds), or None (caught up, advancing, or no projection)."""
+    lag = beat.projection
+    if lag is None or lag["behind"] <= 0 or lag["stalledS"] <= limit:
+        return None
+    return (
+        f"its read models are {lag['behind']:.0f} event(s) behind and applied nothing for"
+        f" {lag['stalledS']:.0f}s (limit {STALL_ENV}={limit:g}s; `rollout status` says why)"
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
