@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from pipeline.kit import refund_env, wait_for_platform
 from store.test_projection import run_history
 from store.test_projection_lag import REFUSE_WRITES
 from ui.ui_kit import serve
 from waiting import wait_until
 
 from rollout.cli import main as cli_main
+from rollout.client import AsyncClient
 from rollout.services.ui.auth import COOKIE
 from rollout.shared.auth.keys import KeyStore
 from rollout.shared.auth.roles import Role
@@ -63,6 +66,7 @@ async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
     pg_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     _env(monkeypatch, settings, pg_dsn)
     cli = Cli(capsys)
@@ -70,6 +74,8 @@ async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
     await ensure_streams(js)
     first, second = new_id(), new_id()
     tracker = asyncio.create_task(run_service("tracker", settings, replica_id="t-1", interval=0.2))
+    # `export` reads the runs' env (run_history's refund-agent v1) from the registry.
+    registry = asyncio.create_task(run_service("env-registry", settings, replica_id="r-1"))
     pool = await create_pool(pg_dsn)
     _, key = KeyStore(nats_server.home).create(Role.VIEWER, "stale test viewer")
     nats_server.reload()
@@ -108,6 +114,14 @@ async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
                 assert code == 0 and NOTE not in err, (argv, err)
             assert NOTE not in (await web.get(f"/runs/{first}")).text
             assert (await cli("health", "tracker"))[0] == 0
+            client = AsyncClient(settings)
+            try:
+                await wait_for_platform(client)
+                await client.push_environment(refund_env(slug="refund-agent"))
+            finally:
+                await client.close()
+            code, out, err = await cli("export", "--run", first, "--out", str(tmp_path / "a.jsonl"))
+            assert code == 0 and NOTE not in err, err
 
             # Postgres refuses the projection's writes: what follows is not applied.
             await pool.execute(REFUSE_WRITES)
@@ -122,8 +136,17 @@ async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
             assert code == 0 and json.loads(out)["readModels"]["stale"] and NOTE in err
             code, out, err = await cli("compare", first, second, "--json")
             assert code == 0 and json.loads(out)["readModels"]["stale"] and NOTE in err
-            page = (await web.get(f"/runs/{first}")).text
-            assert 'class="warning stale"' in page and "event(s) behind" in page
+
+            # The viewer reads the lag itself (its own 1.5 s cache): its run page says so too.
+            async def banner() -> bool:
+                page = (await web.get(f"/runs/{first}")).text
+                return 'class="warning stale"' in page and "event(s) behind" in page
+
+            await wait_until(banner, "the viewer's banner", DEADLINE_S, interval_s=0.1)
+            code, out, err = await cli(
+                "export", "--run", first, "--out", str(tmp_path / "b.jsonl"), "--json"
+            )
+            assert code == 0 and json.loads(out)["readModels"]["stale"] and NOTE in err, err
 
             # The readiness probe: the replica's reads are stale past ROLLOUT_PROJECTION_STALL_S.
             async def unready() -> bool:
@@ -138,7 +161,12 @@ async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
             assert (await shown(first, stale=False))["readModels"]["behind"] == 0
             code, _, err = await cli("show", first)
             assert code == 0 and NOTE not in err
-            assert NOTE not in (await web.get(f"/runs/{first}")).text
+
+            # The viewer's banner goes too.
+            async def no_banner() -> bool:
+                return NOTE not in (await web.get(f"/runs/{first}")).text
+
+            await wait_until(no_banner, "the viewer's banner gone", DEADLINE_S, interval_s=0.1)
 
             async def ready() -> bool:
                 return (await cli("health", "tracker"))[0] == 0
@@ -147,7 +175,8 @@ async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
             await web.aclose()
     finally:
         tracker.cancel()
-        await asyncio.gather(tracker, return_exceptions=True)
+        registry.cancel()
+        await asyncio.gather(tracker, registry, return_exceptions=True)
         await pool.close()
 
 
