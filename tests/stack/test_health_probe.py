@@ -15,6 +15,7 @@ from waiting import wait_until
 from rollout.cli import main
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stack.health import BEATS_DIR, heartbeat
+from rollout.shared.stack.projections import STALL_ENV
 
 INTERVAL = 0.2
 
@@ -92,3 +93,34 @@ def test_health_names_an_unknown_service(
     assert "unknown service 'trackr'" in capsys.readouterr().err
     assert _health(tmp_path, monkeypatch, "tracker", "--max-age", "0") == 1
     assert "--max-age 0.0: expected a positive number" in capsys.readouterr().err
+
+
+def test_health_fails_while_the_beats_say_the_read_models_are_stalled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    beat_dir = tmp_path / BEATS_DIR
+    beat_dir.mkdir()
+    beat = {"service": "buffer", "replica_id": "p", "pid": 1, "host": "h", "interval": 2.0}
+
+    def beats(**projection: float) -> int:
+        record = {**beat, "time": time.time(), "projection": projection}
+        (beat_dir / "buffer.p.json").write_text(json.dumps(record))
+        return _health(tmp_path, monkeypatch, "buffer")
+
+    monkeypatch.setenv(STALL_ENV, "60")
+    # Caught up, or behind and advancing (a backlog being applied): ready.
+    assert beats(behind=0, stalledS=0) == 0
+    assert beats(behind=400, stalledS=59) == 0
+    capsys.readouterr()
+    assert beats(behind=400, stalledS=61) == 1
+    out = capsys.readouterr().out
+    assert "buffer: unhealthy: its read models are 400 event(s) behind" in out
+    assert f"{STALL_ENV}=60s" in out and "rollout status" in out
+    # A beat that says nothing of its lag (an older replica, NATS slow) keeps the old meaning.
+    (beat_dir / "buffer.p.json").write_text(json.dumps({**beat, "time": time.time()}))
+    assert _health(tmp_path, monkeypatch, "buffer") == 0
+    # A bad limit is named, not a traceback.
+    monkeypatch.setenv(STALL_ENV, "soon")
+    capsys.readouterr()
+    assert _health(tmp_path, monkeypatch, "buffer") == 1
+    assert f"{STALL_ENV} must be a number" in capsys.readouterr().err

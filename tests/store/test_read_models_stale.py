@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ from rollout.shared.auth.roles import Role
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts import new_id
-from rollout.shared.settings import Settings
+from rollout.shared.service import durables
+from rollout.shared.settings import Settings, connect_nats
+from rollout.shared.stack.lag_probe import PROBE_S, LagProbe
 from rollout.shared.stack.projections import STALL_ENV, Lag
 from rollout.shared.stack.serve import run_service
 from rollout.shared.stale import STALE_AFTER_S, lag_report, stale_note
@@ -193,3 +196,37 @@ def test_the_note_reads_the_lag() -> None:
     assert "nothing applied yet" in (stale_note(lag_report(Lag(3, 0, 20.0, None))) or "")
     # Past a few seconds, well short of the 30 s a failed write's retry may wait.
     assert STALE_AFTER_S < 30
+
+
+async def test_an_unanswered_lag_probe_answers_unknown_at_once_and_fails_nothing(
+    fresh_nats,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
+    settings = Settings(
+        home=tmp_path,
+        nats_url=fresh_nats.url,
+        database_url=None,
+        nats_user=fresh_nats.user,
+        nats_password=fresh_nats.password,
+        external_nats=True,
+    )
+    nc = await connect_nats(settings, reconnect_time_wait=0.1)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        probe = LagProbe(durables.TRACKER_READ_MODELS)
+        # No tracker yet: no consumer, so no lag to tell (not an error).
+        assert await probe.report(js) is None
+        fresh_nats.stop()
+        probe = LagProbe(durables.TRACKER_READ_MODELS)
+        started = time.monotonic()
+        assert await probe.report(js) is None  # NATS away: unknown, within the probe's wait
+        waited = time.monotonic() - started
+        assert waited < 2 * PROBE_S + 0.5, waited
+        started = time.monotonic()
+        # The queries after it do not wait on NATS again while the answer is cached.
+        assert await probe.report(js) is None
+        assert time.monotonic() - started < 0.1
+    finally:
+        fresh_nats.start()
+        await nc.close()
