@@ -684,6 +684,9 @@ async def _fragments(state: UiState, request: Request, changes: list[Change]) ->
     """The page fragments these changes touch, rendered from the read models."""
     topic = request.query_params.get("topic") or ""
     out: dict[str, str] = {}
+    if topic.startswith("run:"):
+        # Read before a connection is taken: a slow NATS must not hold one of the pool's.
+        out["read-models-stale"] = part("stale_banner", await _stale(state))
     async with state.pool.acquire() as conn:
         if topic == "runs":
             if any(c.aggregate == "run" and c.name == NEW_RUN_EVENT for c in changes):
@@ -702,7 +705,6 @@ async def _fragments(state: UiState, request: Request, changes: list[Change]) ->
                         out[f"run-{run_id}"] = part("run_cells", run)
         elif topic.startswith("run:"):
             run_id = topic[4:]
-            out["read-models-stale"] = part("stale_banner", await _stale(state))
             run = await queries.get_run(conn, run_id)
             if run is not None:
                 page = _int(request, "page", 1) or 1

@@ -328,6 +328,10 @@ def test_every_container_has_probes_from_the_heartbeat(
                 for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                     command = container[probe]["exec"]["command"]
                     assert command[:3] == ["rollout", "health", service], (service, probe)
+                    # Only readiness fails on stalled read models: a restart would not cure
+                    # a Postgres refusing the projection's writes, and would lose the leader.
+                    beat_only = probe != "readinessProbe" and service in ("tracker", "buffer")
+                    assert ("--beat-only" in command) == beat_only, (service, probe)
                 # The heartbeat's replica id is the pod's name.
                 assert container["args"][2:4] == ["--replica-id", "$(POD_NAME)"]
 

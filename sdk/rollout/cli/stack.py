@@ -88,8 +88,8 @@ def register(sub: Any) -> None:
         "health",
         help="exit 0 while a replica of SERVICE here has had a heartbeat accepted recently"
         " and, for tracker and buffer, its read models are not stalled behind longer than"
-        " ROLLOUT_PROJECTION_STALL_S (a container probe: reads the beat files `serve` writes,"
-        " opens no connection)",
+        " ROLLOUT_PROJECTION_STALL_S (unless --beat-only; a container probe: reads the beat"
+        " files `serve` writes, opens no connection)",
     )
     health.add_argument("name", help="service name, e.g. tracker")
     health.add_argument(
@@ -97,6 +97,12 @@ def register(sub: Any) -> None:
         type=float,
         default=None,
         help="seconds a beat counts as fresh (default: three heartbeat intervals)",
+    )
+    health.add_argument(
+        "--beat-only",
+        action="store_true",
+        help="only the heartbeat, not the read models' lag (liveness and startup probes: a"
+        " restart does not cure a projection Postgres refuses to write)",
     )
     health.set_defaults(func=cmd_health)
 
@@ -388,7 +394,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         # A probe's answer: a replica whose brokers have not started answers no request yet.
         print(f"{args.name}: unhealthy: still starting (replica {newest.replica_id})")
         return 1
-    stalled = _stalled_projection(newest, stall_s)
+    stalled = None if args.beat_only else _stalled_projection(newest, stall_s)
     if stalled is not None:
         # Its reads come from read models that stopped advancing: route them elsewhere.
         print(f"{args.name}: unhealthy: {stalled} (replica {newest.replica_id})")
