@@ -19,6 +19,7 @@ from typing import Any
 
 from rollout.shared import subjects
 from rollout.shared.auth.services import all_durables, event_reader_subjects
+from rollout.shared.service.durables import PROJECTIONS
 
 
 class Role(StrEnum):
@@ -86,6 +87,12 @@ def permissions(role: Role, user: str) -> dict[str, Any] | None:
         return None
     publish = [subjects.request(service, verb, user) for service, verb in ROLE_REQUESTS[role]]
     publish += event_reader_subjects()
+    # How far each read-model projector is behind (read only): what `rollout status` and the
+    # viewer's stale-numbers banner read with a key (shared/stack/projections.py).
+    publish += [
+        subjects.js_api("CONSUMER", "INFO", durable.stream, durable.name)
+        for durable in PROJECTIONS.values()
+    ]
     # `whoami` asks the server who this connection is.
     publish.append(subjects.USER_INFO)
     deny = [
