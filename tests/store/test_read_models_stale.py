@@ -20,6 +20,7 @@ from waiting import wait_until
 from rollout.cli import main as cli_main
 from rollout.client import AsyncClient
 from rollout.services.ui.auth import COOKIE
+from rollout.shared import stale
 from rollout.shared.auth.keys import KeyStore
 from rollout.shared.auth.roles import Role
 from rollout.shared.bus.publisher import EventPublisher
@@ -126,6 +127,8 @@ async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
             code, out, err = await cli("export", "--run", first, "--out", str(tmp_path / "a.jsonl"))
             assert code == 0 and NOTE not in err, err
 
+            # Stale after 1 s, not 5 (the tracker runs in this process): a shorter test.
+            monkeypatch.setattr(stale, "STALE_AFTER_S", 1.0)
             # Postgres refuses the projection's writes: what follows is not applied.
             await pool.execute(REFUSE_WRITES)
             await EventPublisher(js).publish_batch(run_history(new_id()))
