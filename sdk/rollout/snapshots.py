@@ -52,6 +52,7 @@ from rollout.shared.jsonl import read_jsonl
 from rollout.shared.learning.datasets import dpo_pairs, grpo_groups, sft_set
 from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
 from rollout.shared.objectstore import content_key, sha256_bytes
+from rollout.shared.stale import worst
 from rollout.shared.store.trajectories import object_store
 
 MAX_ROWS = 1_000_000
@@ -259,6 +260,8 @@ async def export_buffer_rows(client: Any, query: Any) -> tuple[list[dict[str, An
             update={"offset": len(items), "page_size": BUFFER_PAGE, "after_rollout": after}
         )
         data = BufferData.model_validate(await client.request("buffer", "rollouts", page))
+        # The stalest page's lag: `export` says so when the buffer's projection is stalled.
+        client.read_models = worst(client.read_models, data.read_models)
         if data.ref is not None and store is None:
             store = object_store(client.settings)
         found, _ = await data.load(store)

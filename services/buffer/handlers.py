@@ -7,39 +7,52 @@ from typing import Annotated
 from faststream import Context
 
 from rollout.services.buffer.queries import BufferQueries
+from rollout.shared.bus.broker import jetstream
 from rollout.shared.contracts.buffer import (
     SERVICE,
+    BufferData,
     DpoPairsQuery,
     GrpoGroupsQuery,
     RolloutsQuery,
     SftSetQuery,
 )
 from rollout.shared.contracts.requests import Reply
-from rollout.shared.service.routes import request_route
+from rollout.shared.service import durables
+from rollout.shared.service.routes import CurrentBroker, request_route
+from rollout.shared.stack.lag_probe import LagProbe
 
 QUEUE = "buffer"
 # Put in each broker's context by main.py.
 Queries = Annotated[BufferQueries, Context("queries")]
+# The buffer projection's lag each answer carries (`readModels`): one probe per replica, so its
+# cached consumer-info read serves every query for a moment, and a slow NATS fails none.
+READ_MODELS = LagProbe(durables.BUFFER)
 
 
-async def sft_set(query: SftSetQuery, queries: Queries) -> Reply:
+async def _answer(data: BufferData, broker: CurrentBroker) -> Reply:
+    """The reply to a query: its data, and how far behind the buffer it came from is."""
+    data.read_models = await READ_MODELS.report(jetstream(broker))
+    return Reply(data=data.model_dump(mode="json", by_alias=True))
+
+
+async def sft_set(query: SftSetQuery, queries: Queries, broker: CurrentBroker) -> Reply:
     """Passing rollouts as chat examples with tools."""
-    return Reply(data=(await queries.sft_set(query)).model_dump(mode="json"))
+    return await _answer(await queries.sft_set(query), broker)
 
 
-async def dpo_pairs(query: DpoPairsQuery, queries: Queries) -> Reply:
+async def dpo_pairs(query: DpoPairsQuery, queries: Queries, broker: CurrentBroker) -> Reply:
     """Best-vs-worst preference pairs per task."""
-    return Reply(data=(await queries.dpo_pairs(query)).model_dump(mode="json"))
+    return await _answer(await queries.dpo_pairs(query), broker)
 
 
-async def grpo_groups(query: GrpoGroupsQuery, queries: Queries) -> Reply:
+async def grpo_groups(query: GrpoGroupsQuery, queries: Queries, broker: CurrentBroker) -> Reply:
     """Groups of completions per task with tokens, logprobs, rewards and versions."""
-    return Reply(data=(await queries.grpo_groups(query)).model_dump(mode="json"))
+    return await _answer(await queries.grpo_groups(query), broker)
 
 
-async def rollouts(query: RolloutsQuery, queries: Queries) -> Reply:
+async def rollouts(query: RolloutsQuery, queries: Queries, broker: CurrentBroker) -> Reply:
     """Scored rollouts with lineage and verdicts, selected by env, verdict, version, time."""
-    return Reply(data=(await queries.rollouts(query)).model_dump(mode="json"))
+    return await _answer(await queries.rollouts(query), broker)
 
 
 ROUTES = [

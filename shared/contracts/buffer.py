@@ -194,7 +194,7 @@ class GrpoGroup(BaseModel):
 class BufferData(BaseModel):
     """A query's answer: `items` (with `meta`, aligned) inline, or `ref` to them in the store."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     kind: Kind
     count: int
@@ -206,6 +206,9 @@ class BufferData(BaseModel):
     meta: list[dict[str, Any]] | None = None
     ref: ObjectRef | None = None
     stats: dict[str, float] = Field(default_factory=dict)
+    # How far the buffer's projection is behind the events stream, as the tracker's answers
+    # say it (rollout.shared.stale.lag_report); None: unknown (NATS did not say in time).
+    read_models: dict[str, Any] | None = Field(default=None, alias="readModels")
 
     async def load(self, store: ObjectStore | None = None) -> tuple[list[dict], list[dict]]:
         """(items, meta), fetched from the store and verified by sha256 when they are a ref."""
