@@ -23,7 +23,7 @@ from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
 from rollout.shared.envs.coerce import TOO_LARGE_HINT, pydantic_problems, raw_environment
 from rollout.shared.settings import Settings, connect_nats
-from rollout.shared.stale import worst
+from rollout.shared.stale import stale_note, worst
 from rollout.snapshots import stage_dataset
 
 T = TypeVar("T")
@@ -310,7 +310,12 @@ class AsyncClient:
             pause = 0.005
             while (run := await self.get_run(run_id))["status"] not in ("completed", "failed"):
                 if loop.time() > deadline:
-                    raise RolloutError(f"run {run_id} did not finish within {timeout_s:.0f}s")
+                    # Its end is on the log: a stalled read model is why it does not show.
+                    note = stale_note(run.get("readModels"))
+                    raise RolloutError(
+                        f"run {run_id} did not finish within {timeout_s:.0f}s",
+                        problems=[note] if note else None,
+                    )
                 await asyncio.sleep(pause)
                 pause = min(0.05, pause * 2)
         finally:

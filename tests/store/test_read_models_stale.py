@@ -19,6 +19,7 @@ from waiting import wait_until
 
 from rollout.cli import main as cli_main
 from rollout.client import AsyncClient
+from rollout.errors import RolloutError
 from rollout.services.ui.auth import COOKIE
 from rollout.shared import stale
 from rollout.shared.auth.keys import KeyStore
@@ -233,3 +234,46 @@ async def test_an_unanswered_lag_probe_answers_unknown_at_once_and_fails_nothing
     finally:
         fresh_nats.start()
         await nc.close()
+
+
+async def test_waiting_for_a_run_whose_end_the_stalled_read_models_miss_says_why(
+    settings: Settings,
+    nats_client,  # noqa: ANN001
+    pg_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `rollout run --follow` waits for the read model to show the run's end: when they are
+    # stalled it never does, and the timeout says why instead of only "did not finish".
+    _env(monkeypatch, settings, pg_dsn)
+    monkeypatch.setattr(stale, "STALE_AFTER_S", 1.0)
+    js = nats_client.jetstream()
+    await ensure_streams(js)
+    run_id = new_id()
+    history = run_history(run_id)
+    tracker = asyncio.create_task(run_service("tracker", settings, replica_id="t-1", interval=0.2))
+    pool = await create_pool(pg_dsn)
+    client = AsyncClient(settings)
+    try:
+        # Requested and started are applied; its end lands on the log once writes are refused.
+        await EventPublisher(js).publish_batch(history[:2])
+
+        async def started() -> bool:
+            if tracker.done():
+                tracker.result()
+            try:
+                return (await client.get_run(run_id))["status"] == "running"
+            except Exception:  # noqa: BLE001 - not applied (or the tracker not up) yet
+                return False
+
+        await wait_until(started, "the run read as running", DEADLINE_S, interval_s=0.1)
+        await pool.execute(REFUSE_WRITES)
+        await EventPublisher(js).publish_batch(history[2:])
+        with pytest.raises(RolloutError) as failed:
+            await client.wait_for_run(run_id, timeout_s=3)
+        assert f"run {run_id} did not finish within 3s" in str(failed.value)
+        assert failed.value.problems and NOTE in failed.value.problems[0], failed.value.problems
+    finally:
+        await client.close()
+        tracker.cancel()
+        await asyncio.gather(tracker, return_exceptions=True)
+        await pool.close()

@@ -296,6 +296,9 @@ async def _run_cmd(args: argparse.Namespace) -> int:
         return await with_errors(client, done)
 
     run = await _with_client(go)
+    if args.follow:
+        # The final summary came from the read models: say so when they are stalled behind.
+        note_if_stale(run.get("readModels"))
     if args.json:
         print_json(run)
     elif args.follow:
