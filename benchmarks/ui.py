@@ -125,6 +125,22 @@ async def seed_database(pool: Any, run_ids: list[str], tasks: int, samples: int)
                 run_id, f"bench-{offset}", samples, total, passed, score_sum,
                 start + timedelta(minutes=offset), tasks,
             )  # fmt: skip
+        # The runs' env in the registry's read model: a `custom` one (the viewer reads those
+        # envs' config and verifier to tell whether their verdicts judge anything), its spec as
+        # large as its tasks make it.
+        spec = {
+            "slug": "bench", "name": "bench", "template": "custom", "config": {"tools": []},
+            "tasks": [{"id": str(t), "instruction": f"Refund order O-{t} in full. " * 4,
+                       "hiddenGroundTruth": {"answer": f"refunded O-{t}"}}
+                      for t in range(tasks)],
+            "verifier": {"primitives": [{"name": "answer", "type": "final_answer_match"}]},
+        }  # fmt: skip
+        await conn.execute(
+            "insert into environments(slug, version, spec_hash, name, template, task_count,"
+            " spec, registered_at) values ('bench', 1, 'hash', 'bench', 'custom', $1, $2::jsonb,"
+            " $3)",
+            tasks, json.dumps(spec), start,
+        )  # fmt: skip
         # A history of other runs, so the runs list has pages to skip.
         await conn.executemany(
             "insert into runs(run_id, env_slug, env_version, env_hash, model, n, sampling,"

@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from rollout.shared.contracts.chat import check_messages
 from rollout.shared.contracts.envelope import EventEnvelope, new_id
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.requests import CreateRun
+from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
 from rollout.shared.jsonl import read_jsonl
 from rollout.shared.objectstore import ObjectStore
 from rollout.shared.objectstore.errors import ObjectStoreError
@@ -251,28 +252,6 @@ def prompts_environment(tasks: list[dict[str, Any]]) -> dict[str, Any]:
         "tasks": tasks,
         "verifier": {"primitives": [primitive]},
     }
-
-
-# Why a run of an env that `judges_nothing` has no pass rate (generate, show, runs, compare).
-NOTHING_SCORED = (
-    "nothing was scored: no prompt carries an 'answer' (its one check, no_tool_errors in an env "
-    "without tools, passes any reply)"
-)
-
-
-def judges_nothing(spec: Mapping[str, Any]) -> bool:
-    """An env spec whose verdicts measure nothing: a tool-less `custom` env checked only by
-    `no_tool_errors`, which passes any reply (what a prompts file without answers becomes)."""
-    verifier = spec.get("verifier")
-    primitives = verifier.get("primitives") if isinstance(verifier, Mapping) else verifier
-    config = spec.get("config")
-    return (
-        spec.get("template") == "custom"
-        and not (config.get("tools") if isinstance(config, Mapping) else None)
-        and isinstance(primitives, list)
-        and bool(primitives)
-        and all(isinstance(p, Mapping) and p.get("type") == "no_tool_errors" for p in primitives)
-    )
 
 
 # --- the output file -------------------------------------------------------------------------

@@ -567,6 +567,11 @@ async def compare_page(request: Request) -> Response:
         )
     elif run_a["env_hash"] != run_b["env_hash"]:
         warnings.append("same env version but different env hashes")
+    for label, run, side_key in (("A", run_a, "a"), ("B", run_b, "b")):
+        if run["no_verdict"]:
+            # Its verdicts measured nothing: no rates of it to compare, nor flips to see.
+            warnings.append(f"run {label}: {run['no_verdict']}")
+            _no_rates(data, side_key)
     sets = data["sets"]
     if not (sets["a_tasks"] == sets["b_tasks"] == sets["common"]):
         warnings.append(
@@ -582,6 +587,13 @@ async def compare_page(request: Request) -> Response:
         "compare.html", request, recent=recent, a=a, b=b, ready=True, run_a=run_a, run_b=run_b,
         warnings=warnings, page=page, task=task, side=side, stale=await _stale(state), **data,
     )  # fmt: skip
+
+
+def _no_rates(data: dict[str, Any], side: str) -> None:
+    """Drop one side's per-task rates (and so the deltas and flips) from `compare_tasks`."""
+    for task in data["tasks"]:
+        task.update({f"{side}_rate": None, f"{side}_s": None, "delta": None, "flipped": False})
+    data["flipped"] = []
 
 
 async def jobs_page(request: Request) -> Response:

@@ -161,3 +161,67 @@ async def test_a_runs_interval_counts_its_samples_per_task_as_rollout_compare_do
     # The runs list counts them the same way.
     listing = await http.get("/")
     assert f"[{100 * low:.1f}, {100 * high:.1f}]" in listing.text
+
+
+async def test_a_run_whose_env_judges_nothing_shows_no_pass_rate_and_says_why(
+    http: httpx.AsyncClient, settings: Settings
+) -> None:
+    """A prompts file without answers (`rollout generate`): every reply "passes" its one
+    check, so the viewer shows no pass rate for its runs, and why, as the CLI does."""
+    from markupsafe import escape
+
+    from rollout.generate import prompts_environment
+    from rollout.shared.envs.judged import NOTHING_SCORED
+
+    spec = prompts_environment([{"instruction": f"say {t}", "id": str(t)} for t in range(4)])
+    answered = prompts_environment(
+        [{"instruction": "hi", "id": "0", "hiddenGroundTruth": {"answer": "yo"}}]
+    )
+    pool = await create_pool(settings.database_url)
+    try:
+        for slug, env in ((spec["slug"], spec), ("answered", answered)):
+            await pool.execute(
+                "insert into environments(slug, version, spec_hash, name, template, task_count,"
+                " spec, registered_at) values ($1, 1, 'h', $2, 'custom', 4, $3::jsonb, $4)",
+                slug, env["name"], json.dumps(env), T0,
+            )  # fmt: skip
+        for run_id, slug in (("rg", spec["slug"]), ("rh", "answered")):
+            await pool.execute(
+                "insert into runs(run_id, env_slug, env_version, env_hash, model, n, sampling,"
+                " max_tool_calls, policy_version, status, total, scored, passed, score_sum,"
+                " created_at) values ($1, $2, 1, 'h', 'tiny:v', 1, '{}', 4, 0, 'completed',"
+                " 4, 4, 4, 4, $3)",
+                run_id, slug, T0 + timedelta(hours=1),
+            )  # fmt: skip
+            await pool.executemany(
+                "insert into rollouts(rollout_id, run_id, task_index, sample_index, status,"
+                " model, policy_version, score, passed, generated_at)"
+                " values ($1, $2, $3, 0, 'scored', 'tiny:v', 0, 1.0, true, $4)",
+                [(f"{run_id}-{t}", run_id, t, T0) for t in range(4)],
+            )  # fmt: skip
+    finally:
+        await pool.close()
+    reason = str(escape(NOTHING_SCORED))
+    # A shown pass rate of 100% (not the progress bar's width).
+    full = '<span class="rate">100.0%'
+
+    run = (await http.get("/runs/rg")).text
+    rate = run.split('id="run-rate">')[1].split("</dd>")[0]
+    assert full not in rate and "–" in rate and f'id="run-no-verdict">{reason}<' in rate
+    # Nor per task: each task's 100% measured nothing too.
+    assert full not in run.split('id="task-0"')[1].split("</tr>")[0]
+    # An answered prompts env judges its replies: its rate is shown as ever.
+    assert full in (await http.get("/runs/rh")).text.split('id="run-rate">')[1]
+
+    listing = (await http.get("/")).text
+    row = listing.split('id="run-rg"')[1].split("</tr>")[0]
+    assert full not in row and f'title="{reason}">–<' in row
+    assert f"pass rate –: {reason}" in listing
+    assert full in listing.split('id="run-rh"')[1].split("</tr>")[0]
+
+    compare = (await http.get("/compare", params={"a": "ra", "b": "rg"})).text
+    assert f"run B: {reason}" in compare
+    table = compare.split("<h2>Flipped tasks")[0]
+    assert full not in table.split("<td>B</td>")[1]
+    # No flips nor deltas against rates that measured nothing.
+    assert "Flipped tasks (0)" in compare and " pts</td>" not in compare

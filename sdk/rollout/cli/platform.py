@@ -22,10 +22,10 @@ from rollout.comparison import (
 )
 from rollout.errors import RolloutError
 from rollout.follow import follow_run
-from rollout.generate import NOTHING_SCORED, judges_nothing
 from rollout.shared.audit.static import verifier_warnings
 from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.contracts.budgets import Budgets
+from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
 from rollout.shared.envs.loader import load_environments, select_environment
 from rollout.shared.envs.sandbox_check import require_sandbox
 from rollout.shared.envs.validation import validate_environment
