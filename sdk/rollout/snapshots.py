@@ -47,6 +47,7 @@ from rollout.shared.contracts.snapshot import (
     source_counts,
 )
 from rollout.shared.envs.engine import start_runtime
+from rollout.shared.envs.judged import judges_nothing
 from rollout.shared.jsondepth import bounded
 from rollout.shared.jsonl import read_jsonl
 from rollout.shared.learning.datasets import dpo_pairs, grpo_groups, sft_set
@@ -237,10 +238,14 @@ def buffer_row(item: Mapping[str, Any], tasks: list[Any]) -> dict[str, Any] | No
     return _checked(row)
 
 
-async def export_buffer_rows(client: Any, query: Any) -> tuple[list[dict[str, Any]], int]:
+async def export_buffer_rows(
+    client: Any, query: Any, *, unjudged: set[str] | None = None
+) -> tuple[list[dict[str, Any]], int]:
     """(rows, skipped) for a buffer `RolloutsQuery`, asked a page at a time.
 
     `skipped` counts selected rollouts without a trajectory (a generation that never ran).
+    `unjudged`, when given, gets the envs (`slug@version`) of the rows whose env judges
+    nothing (`judges_nothing`): their verdicts say only that no tool call failed.
     The buffer answers once it has applied the events stream up to now (its last sequence when
     asked), so a verdict recorded before the export is never missing from it.
     """
@@ -274,17 +279,22 @@ async def export_buffer_rows(client: Any, query: Any) -> tuple[list[dict[str, An
             problems=["widen the selection (--env, --verdict, --policy-version, --since)"],
         )
     specs: dict[tuple[str, int], list[Any]] = {}
+    empty: set[tuple[str, int]] = set()
     rows, skipped = [], 0
     for item in items:
         key = (item["env_slug"], int(item["env_version"]))
         if key not in specs:
             doc = await client.get_environment(*key)
             specs[key] = EnvironmentSpec.model_validate(doc.get("spec", doc)).tasks
+            if judges_nothing(doc.get("spec", doc)):
+                empty.add(key)
         row = buffer_row(item, specs[key])
         if row is None:
             skipped += 1
         else:
             rows.append(row)
+            if unjudged is not None and key in empty:
+                unjudged.add(f"{key[0]}@{key[1]}")
     if not rows:
         raise RolloutError(f"none of the {len(items)} selected rollouts has a trajectory")
     return rows, skipped

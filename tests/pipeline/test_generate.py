@@ -199,10 +199,11 @@ async def test_generate_prompts_with_answers_scores_them(client, settings, tmp_p
 
 
 async def test_prompts_without_answers_are_said_unscored_and_show_no_pass_rate(
-    client, settings, tmp_path
+    client, platform, settings, tmp_path
 ) -> None:
     # Their env's one check (no_tool_errors, no tools) passes any reply: `rollout show` and
     # `runs` printed "pass rate 100.0% [44%, 100%]" for a run that scored nothing.
+    platform.start("buffer")  # `export --buffer` reads the passed rollouts from it
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(3)))
     answered = tmp_path / "answered.jsonl"
@@ -253,6 +254,34 @@ async def test_prompts_without_answers_are_said_unscored_and_show_no_pass_rate(
     code, stdout, err = await rollout(settings, "compare", scored["runId"], unscored)
     assert code == 1 and "100%" not in stdout
     assert f"not comparable: other {unscored}: nothing was scored" in err
+
+    # Exporting the buffer's "passed" rollouts, or training on a run's, says that those of
+    # the unanswered prompts' env passed nothing but the absence of a tool error.
+    code, stdout, err = await rollout(settings, "show", scored["runId"], "--json")
+    answered_run = json.loads(stdout)
+    unjudged = f"{shown['envSlug']}@{shown['envVersion']}"
+    answered_env = f"{answered_run['envSlug']}@{answered_run['envVersion']}"
+    note = f"{unjudged}, whose env judges nothing (nothing was scored"
+    out = tmp_path / "passed.jsonl"
+    code, stdout, err = await rollout(
+        settings, "export", "--buffer", "--verdict", "passed", "--out", str(out), "--json"
+    )
+    assert code == 0, err
+    assert json.loads(stdout)["judgesNothing"] == [unjudged]
+    assert err.startswith("note: the exported rollouts of ") and note in err, err
+    assert '"passed" means only that the reply ended without a tool error' in err
+    assert answered_env not in err
+    code, stdout, err = await rollout(
+        settings, "export", "--buffer", "--verdict", "passed", "--env", answered_run["envSlug"],
+        "--out", str(tmp_path / "answered-passed.jsonl"), "--json",
+    )  # fmt: skip
+    assert code == 0 and "judges nothing" not in err, err
+    assert json.loads(stdout)["judgesNothing"] == []
+    # No learner here: the job is refused, after the note.
+    code, _, err = await rollout(settings, "improve", "--run", unscored, "--model", "m")
+    assert code == 1 and f"run {unscored} of {note}" in err, err
+    code, _, err = await rollout(settings, "improve", "--run", scored["runId"], "--model", "m")
+    assert code == 1 and "judges nothing" not in err, err
 
 
 def test_only_an_env_whose_one_check_passes_any_reply_judges_nothing() -> None:

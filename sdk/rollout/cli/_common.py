@@ -7,12 +7,13 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rollout.errors import RolloutError
 from rollout.plans import parse_env_ref
 from rollout.shared.auth.credentials import client_settings
+from rollout.shared.envs.judged import NOTHING_SCORED
 from rollout.shared.settings import Settings, load_settings
 from rollout.shared.stale import stale_note
 
@@ -61,6 +62,15 @@ def note_if_stale(read_models: dict[str, Any] | None) -> None:
     """One line on stderr when the read models the numbers came from are stalled behind."""
     if (note := stale_note(read_models)) is not None:
         print(f"note: {note}", file=sys.stderr)
+
+
+def note_judges_nothing(what: str, envs: Iterable[str]) -> None:
+    """One line on stderr: `what` (rollouts said to pass) came from envs that judge nothing."""
+    names = ", ".join(sorted(envs))
+    if names:
+        print(f"note: {what} of {names}, whose env judges nothing ({NOTHING_SCORED}):"
+              ' "passed" means only that the reply ended without a tool error',
+              file=sys.stderr)  # fmt: skip
 
 
 def port_number(value: str) -> int:

@@ -11,7 +11,13 @@ from typing import Any
 
 # Trained names (`BASE:SUFFIX`, job ids) resolve for --model like everywhere else.
 import rollout.shared.models.trained  # noqa: F401
-from rollout.cli._common import env_ref, note_if_stale, print_json, said_when_stopped
+from rollout.cli._common import (
+    env_ref,
+    note_if_stale,
+    note_judges_nothing,
+    print_json,
+    said_when_stopped,
+)
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.generate import GenerateRequest, Progress, generate
@@ -257,10 +263,11 @@ async def _export(args: argparse.Namespace) -> int:
     fmt = export_format(args.out, args.format)
     check_export_out(args.out, fmt)
     skipped = 0
+    unjudged: set[str] = set()
     client = AsyncClient()
     try:
         if query is not None:
-            rows, skipped = await export_buffer_rows(client, query)
+            rows, skipped = await export_buffer_rows(client, query, unjudged=unjudged)
         else:
             rows = await export_rows(
                 client, run_ids=args.runs, env_slug=args.env, include_errored=args.include_errored
@@ -269,6 +276,8 @@ async def _export(args: argparse.Namespace) -> int:
         await client.close()
     # The runs' rollouts came from the read models: a stalled projector leaves some out.
     note_if_stale(client.read_models)
+    # Their "passed" (what --verdict passed selects) measured nothing: said, not hidden.
+    note_judges_nothing("the exported rollouts", unjudged)
     path = write_snapshot(rows, args.out, fmt)
     summary: dict[str, Any] = {
         "out": str(path),
@@ -278,6 +287,8 @@ async def _export(args: argparse.Namespace) -> int:
         "skipped": skipped,
         "rows": len(rows),
         "readModels": client.read_models,
+        # The envs (slug@version) of exported rollouts whose verdicts measured nothing.
+        "judgesNothing": sorted(unjudged),
     }
     if args.json:
         print_json(summary)

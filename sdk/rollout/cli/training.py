@@ -12,7 +12,7 @@ from typing import Any
 # Trained names (`BASE:SUFFIX`, job ids) resolve in every process the CLI starts: `rollout
 # test --model`, and services run with `rollout serve`.
 import rollout.shared.models.trained  # noqa: F401
-from rollout.cli._common import print_json, shown_status
+from rollout.cli._common import note_judges_nothing, print_json, shown_status
 from rollout.cli.platform import MAX_LIMIT, check_limit
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
@@ -20,6 +20,7 @@ from rollout.follow import eta, follow_job, num
 from rollout.shared import subjects
 from rollout.shared.auth.ownership import describe as describe_user
 from rollout.shared.contracts.training import METHOD_ALIASES
+from rollout.shared.envs.judged import judges_nothing
 from rollout.shared.learning import methods
 
 
@@ -240,6 +241,19 @@ async def _check_run_env(client: AsyncClient, args: argparse.Namespace) -> None:
         )
 
 
+async def _note_run_judges_nothing(client: AsyncClient, run_id: str, method: str) -> None:
+    """Say on stderr when the run's env judges nothing: its "passing" rollouts (what sft
+    trains on, what dpo and kto prefer) only ended without a tool error."""
+    try:
+        run = await client.get_run(run_id)
+        doc = await client.get_environment(run["envSlug"], run["envVersion"])
+    except RolloutError:  # not readable here: the job goes on as asked, unremarked
+        return
+    if judges_nothing(doc.get("spec", doc)):
+        env = f"{run['envSlug']}@{run['envVersion']}"
+        note_judges_nothing(f"--method {method} learns from the verdicts of run {run_id}", [env])
+
+
 def with_flags(exc: RolloutError, method: str) -> RolloutError:
     """The learner's `hyperparams.KEY: ...` problems, each with the flag that sets KEY."""
     flags = {key: flag for _, flag, key in _FLAGS}
@@ -264,6 +278,9 @@ async def _improve(args: argparse.Namespace) -> int:
     client = AsyncClient()
     try:
         await _check_run_env(client, args)
+        if args.run_id:
+            # Said up front, as the held-out tasks left out are.
+            await _note_run_judges_nothing(client, args.run_id, args.method)
         try:
             job = await client.create_training_job(
                 base_model=args.model,
