@@ -17,6 +17,7 @@ from waiting import wait_until
 from rollout import snapshots
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.services.buffer import main as buffer_main
 from rollout.shared import stale
 from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts import new_id
@@ -48,7 +49,8 @@ async def test_buffer_answers_and_export_say_when_the_buffer_projection_stalls(
     js = nats_client.jetstream()
     await ensure_streams(js)
     first = new_id()
-    buffer = asyncio.create_task(run_service("buffer", settings, replica_id="b-1", interval=0.2))
+    # A query waits 2 s (not 15) for the buffer to catch up: a shorter test.
+    buffer = asyncio.create_task(buffer_main.serve(settings, catch_up_s=2.0))
     # `export` reads the rollouts' env (run_history's refund-agent v1) from the registry.
     registry = asyncio.create_task(run_service("env-registry", settings, replica_id="r-1"))
     pool = await create_pool(pg_dsn)
@@ -104,6 +106,11 @@ async def test_buffer_answers_and_export_say_when_the_buffer_projection_stalls(
         await publish_run(js, new_id(), env, {0: [1.0]})
         stalled = await answered(stale_now=True)
         assert stalled["behind"] > 0 and stalled["appliedSeq"] <= applied
+
+        # An export from now is refused (the buffer never gets to now), and says why.
+        code, _, err = await cli("export", "--buffer", "--out", str(tmp_path / "d.jsonl"))
+        assert code == 1 and "the buffer has not caught up" in err, err
+        assert NOTE in err and "Traceback" not in err, err
 
         # An export that began before the stalled events (its selection as of then) is
         # answered, and says its numbers may be stale.
