@@ -26,6 +26,7 @@ from rollout.shared.aggregates.run import RunState, load_run_head, rollout_id
 from rollout.shared.contracts.events import EnvRegistered, JobRequested
 from rollout.shared.contracts.requests import CreateTrainingJob
 from rollout.shared.contracts.snapshot import SnapshotRow
+from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
 from rollout.shared.errors import RolloutError
 from rollout.shared.learning import methods
 from rollout.shared.learning.config import TrainConfig, config_problems, parse_config
@@ -391,6 +392,18 @@ async def plan_job(
         )
         if getattr(config, "teacher", None) is not None:
             await asyncio.to_thread(teacher_base, config.teacher)
+        elif getattr(config, "reward_model", None) is None and judges_nothing(plan.env.spec):
+            # Every reply gets the same verdict: the advantages are all zero, and the job
+            # would spend its steps learning nothing.
+            raise RolloutError(
+                f"env_slug: environment {cmd.env_slug!r} judges nothing ({NOTHING_SCORED}):"
+                f" {cmd.method} would get one reward for every reply and learn nothing",
+                problems=[
+                    "give every prompt an 'answer' (its env then checks the replies)",
+                    "or reward with a trained reward model (hyperparams.reward_model), or"
+                    " distil from a teacher (--method opd)",
+                ],
+            )
         return plan
     if cmd.source_dataset is not None:
         if cmd.source_run_id or cmd.rollout_ids is not None:

@@ -10,6 +10,7 @@ from fakes.openai_server import FakeOpenAI, Reply, completion
 from learner_kit import all_job_events, hopeless_agent, refund_env, scripted_run
 
 from rollout.errors import RolloutError
+from rollout.generate import prompts_environment
 from rollout.shared import subjects
 from rollout.shared.contracts.requests import Reply as ServiceReply
 
@@ -31,6 +32,9 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
         bad = await client.wait_for_run(bad["runId"], timeout_s=120)
     assert bad["status"] == "completed" and bad["passed"] == 0
     base = f"hf:{tiny_model}"
+    # What `rollout generate` pushes for prompts without answers: one verdict for any reply.
+    unjudged = prompts_environment([{"instruction": "Say hi."}, {"instruction": "Say bye."}])
+    await client.push_environment(unjudged)
     junk = tmp_path / "junk-model"
     junk.mkdir()
     (junk / "config.json").write_text('{"model_type": "no-such-architecture"}')
@@ -99,6 +103,15 @@ async def test_bad_requests_get_clear_errors_and_append_nothing(
             "suffix: suffix 'no spaces'",
         ),
         ({"base_model": base, "method": "grpo", "hyperparams": {"max_steps": 2}}, "env_slug"),
+        (
+            {
+                "base_model": base,
+                "method": "grpo",
+                "env_slug": unjudged["slug"],
+                "hyperparams": {"max_steps": 2},
+            },
+            f"environment {unjudged['slug']!r} judges nothing",
+        ),
         (
             {"base_model": base, "method": "grpo", "env_slug": "refunds"},
             "hyperparams.max_steps: required for grpo",
