@@ -109,9 +109,7 @@ async def test_a_sandbox_back_before_the_last_attempt_gives_a_real_verdict(
     assert done["status"] == "completed"
     if done["passed"] != 2:
         full = await client.get_run(run["runId"], include_rollouts=True)
-        raise AssertionError(
-            [(r["outcome"], r.get("reason"), r.get("error")) for r in full["rollouts"]]
-        )
+        raise AssertionError(verdicts_of(full))
     assert done["errored"] == 0 and done["passRate"] == 1.0
 
 
@@ -128,6 +126,20 @@ async def test_an_object_store_failure_is_retried_then_errored_with_its_cause(
     full = await client.get_run(run["runId"], include_rollouts=True, include_trajectories=True)
     assert_errored(full, "infra", "object store failed")
     assert all(r["trajectory"] is None for r in full["rollouts"])
+
+
+def verdicts_of(run: dict) -> list[tuple]:
+    """Each rollout's outcome, reason and error with its primitives' verdicts: what a failed
+    assert should show (pytest cuts a list of whole rollout records to their first keys)."""
+    return [
+        (
+            r["outcome"],
+            r.get("reason"),
+            r.get("error"),
+            [(p.get("type"), p.get("passed"), p.get("reason")) for p in r.get("primitives") or []],
+        )
+        for r in run["rollouts"]
+    ]
 
 
 def closed_port() -> int:
@@ -165,7 +177,11 @@ async def test_a_scoring_batch_longer_than_ack_wait_is_not_redelivered(
             run = await client.create_run("slow-fix", f"{server.base_url}#m", n=2)
             done = await client.wait_for_run(run["runId"], timeout_s=120)
         full = await client.get_run(run["runId"], include_rollouts=True)
-        assert done["status"] == "completed" and done["passed"] == 2, full["rollouts"]
+        deliveries = await verifier_deliveries(settings)
+        assert done["status"] == "completed" and done["passed"] == 2, (
+            verdicts_of(full),
+            f"verifier deliveries: {deliveries}",
+        )
         generated = await run_events(settings, run["runId"], "rollout.generated")
         scored = await run_events(settings, run["runId"], "rollout.scored")
         assert len(scored) == len(generated) == 1
