@@ -33,6 +33,19 @@ for each row execute function refuse_writes();
 """
 
 
+def stalls_in_a_second(monkeypatch: pytest.MonkeyPatch, settings: Settings, pg_dsn: str) -> None:
+    """The CLI's environment for this test's stack, a projection stalled after 1 s."""
+    for name, value in {
+        "ROLLOUT_HOME": str(settings.home),
+        "ROLLOUT_NATS_URL": settings.nats_url,
+        "ROLLOUT_NATS_USER": settings.nats_user,
+        "ROLLOUT_NATS_PASSWORD": settings.nats_password,
+        "ROLLOUT_DATABASE_URL": pg_dsn,
+        STALL_ENV: "1",
+    }.items():
+        monkeypatch.setenv(name, value or "")
+
+
 async def test_status_shows_a_projection_that_cannot_write_as_stalled_then_recovered(
     settings: Settings,
     nats_client,
@@ -87,15 +100,7 @@ async def test_status_shows_a_projection_that_cannot_write_as_stalled_then_recov
         table = as_table([stalled])
         assert "UNHEALTHY" in table and f"{LINE}: what it writes" in table
         # The CLI itself, its limit from the environment: exit 1, the line and what to do.
-        for name, value in {
-            "ROLLOUT_HOME": str(settings.home),
-            "ROLLOUT_NATS_URL": settings.nats_url,
-            "ROLLOUT_NATS_USER": settings.nats_user,
-            "ROLLOUT_NATS_PASSWORD": settings.nats_password,
-            "ROLLOUT_DATABASE_URL": pg_dsn,
-            STALL_ENV: "1",
-        }.items():
-            monkeypatch.setenv(name, value or "")
+        stalls_in_a_second(monkeypatch, settings, pg_dsn)
         capsys.readouterr()
         assert await asyncio.to_thread(cli_main, ["status"]) == 1
         out = capsys.readouterr().out

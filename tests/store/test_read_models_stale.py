@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pipeline.kit import refund_env, wait_for_platform
 from store.test_projection import run_history
-from store.test_projection_lag import REFUSE_WRITES
+from store.test_projection_lag import REFUSE_WRITES, stalls_in_a_second
 from ui.ui_kit import serve
 from waiting import wait_until
 
@@ -52,16 +52,7 @@ class Cli:
         return code, out.out, out.err
 
 
-def _env(monkeypatch: pytest.MonkeyPatch, settings: Settings, pg_dsn: str) -> None:
-    for name, value in {
-        "ROLLOUT_HOME": str(settings.home),
-        "ROLLOUT_NATS_URL": settings.nats_url,
-        "ROLLOUT_NATS_USER": settings.nats_user,
-        "ROLLOUT_NATS_PASSWORD": settings.nats_password,
-        "ROLLOUT_DATABASE_URL": pg_dsn,
-        STALL_ENV: "1",
-    }.items():
-        monkeypatch.setenv(name, value or "")
+_env = stalls_in_a_second  # the CLI on this test's stack, a projection stalled after 1 s
 
 
 async def test_reads_say_when_the_read_models_stall_and_stop_once_caught_up(
