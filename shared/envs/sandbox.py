@@ -58,6 +58,7 @@ _DRAIN_AFTER_KILL_S = 5.0
 _UID_BASE = 1_500_000_000
 _UID_SPAN = 1 << 24
 _uids_in_use: set[int] = set()
+_UID_RNG = random.SystemRandom()
 
 # seccomp: (AUDIT_ARCH, clone, unshare, clone3) syscall numbers of the native ABIs we filter.
 _SECCOMP_ARCHES = {
@@ -364,6 +365,20 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
                 os.lchown(os.path.join(dirpath, name), uid, gid)
 
 
+def _fresh_uid() -> int:
+    """A uid no other sandbox runs as, marked in use (the caller releases it).
+
+    Drawn from the OS's randomness, never the `random` module's: trainers seed that one (TRL's
+    set_seed, GRPO's seed), and two processes seeded alike would draw the same uids: one's
+    sweep of "every process of my uid" would SIGKILL the other's sandbox.
+    """
+    while True:
+        uid = _UID_BASE + _UID_RNG.randrange(_UID_SPAN)
+        if uid not in _uids_in_use:
+            _uids_in_use.add(uid)
+            return uid
+
+
 @contextlib.asynccontextmanager
 async def _sandbox_user(workdir: Path) -> AsyncIterator[int]:
     """Yield the uid the command runs as (-1: keep the caller's) and own workdir meanwhile."""
@@ -371,11 +386,7 @@ async def _sandbox_user(workdir: Path) -> AsyncIterator[int]:
         # Unprivileged callers get a user namespace; RLIMIT_NPROC counts per namespace there.
         yield -1
         return
-    while True:
-        uid = _UID_BASE + random.randrange(_UID_SPAN)
-        if uid not in _uids_in_use:
-            break
-    _uids_in_use.add(uid)
+    uid = _fresh_uid()
     st = await asyncio.to_thread(workdir.stat)
     try:
         await asyncio.to_thread(_chown_tree, workdir, uid, uid)
@@ -798,11 +809,7 @@ def start_sandboxed(
     _check_usable_sync(bwrap, workdir)
     uid = -1
     if os.geteuid() == 0:
-        while True:
-            uid = _UID_BASE + random.randrange(_UID_SPAN)
-            if uid not in _uids_in_use:
-                break
-        _uids_in_use.add(uid)
+        uid = _fresh_uid()
         _chown_tree(workdir, uid, uid)
     seccomp = _seccomp_fd()
     try:

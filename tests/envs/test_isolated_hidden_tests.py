@@ -9,12 +9,17 @@ and, on a bare pipe, that the tests' side takes nothing but data from a hostile 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import secrets
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from rollout.shared.audit.policies.code_editing import FORGE_HARNESS
 from rollout.shared.envs.templates import _xproc_confine, _xproc_tests, _xproc_wire
@@ -1400,3 +1405,48 @@ def test_a_malformed_signature_is_an_error(answer: Any, why: str) -> None:
             _ = _xproc_tests.RemoteObject(1, fake.remote).__signature__
     finally:
         fake.close()
+
+
+def _kill_tests_process(marker: str) -> bool:
+    """SIGKILL the process whose command line names `marker` (one run's hidden test file)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        # pytest itself (`python -I -c ...`), not the bwrap and launcher that started it.
+        if (
+            argv[1:2] == [b"-I"]
+            and b"--junitxml" in argv
+            and any(marker.encode() in a for a in argv)
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
+                return True
+    return False
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_a_tests_process_killed_from_outside_is_run_again_only_when_isolated(
+    isolate: bool,
+) -> None:
+    # A SIGKILL from outside the sandbox (seen in CI as "exited early (code 137)", its sender
+    # unknown) failed an honest fix. Isolated, the model's code cannot signal the tests'
+    # process, so such a death says nothing about the code; in-process, the code could kill
+    # it itself: a failure.
+    name = f"test_killed_{secrets.token_hex(4)}.py"
+    hidden = {name: "import time\nfrom calc import add\n\n\ndef test_add():\n"
+              "    time.sleep(2)\n    assert add(2, 3) == 5\n"}  # fmt: skip
+    fixed = {"calc.py": "def add(a, b):\n    return a + b\n"}
+    running = asyncio.ensure_future(run_hidden_tests(fixed, hidden, isolate=isolate))
+    await wait_until(lambda: running.done() or _kill_tests_process(name), "the tests' process")
+    run = await running
+    if isolate:
+        assert run.passed, run.reason
+        assert "second run: the first one's test process was killed by a SIGKILL" in run.reason
+    else:
+        assert not run.passed
+        assert run.reason.startswith("report missing: the test process exited early (code 137")

@@ -225,7 +225,7 @@ HACKS: list[tuple[str, dict[str, str], str]] = [
     (
         "os._exit(0) at the top of the module under test",
         {"calc.py": "import os\nos._exit(0)\n" + BUGGY},
-        "report missing: the test process exited early (code 0)",
+        "report missing: the test process exited early (code 0 after ",
     ),
     (
         "pytest.ini with addopts -k nothing",
@@ -390,7 +390,7 @@ HACKS: list[tuple[str, dict[str, str], str]] = [
     (
         "fork and exit: the parent exits 0 while a child lingers",
         {"calc.py": "import os, time\nif os.fork():\n    os._exit(0)\ntime.sleep(30)\n" + BUGGY},
-        "report missing: the test process exited early (code 0)",
+        "report missing: the test process exited early (code 0 after ",
     ),
 ]
 

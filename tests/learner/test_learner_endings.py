@@ -10,7 +10,12 @@ import pytest
 from learner_kit import job_events, scripted_run, wait_for_event
 
 from rollout.errors import RolloutError
-from rollout.services.learner.journal import JobJournal, end_job, fail_unless_finished
+from rollout.services.learner.journal import (
+    JobEnded,
+    JobJournal,
+    end_job,
+    fail_unless_finished,
+)
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import EventPublisher
 from rollout.shared.bus.reader import read_events
@@ -31,6 +36,14 @@ async def endings(js, job_id: str) -> list[str]:
     return out
 
 
+async def progress_unless_ended(journal: JobJournal, step: int) -> bool:
+    """Report a step; a job that ended first refuses it (JobEnded), as a cancelled one does."""
+    try:
+        return await journal.progress(step, RACES + 1)
+    except JobEnded:
+        return False
+
+
 async def test_completion_racing_a_dead_letter_failure_ends_each_job_once(nats_client) -> None:
     js = nats_client.jetstream()
     await ensure_streams(js)
@@ -49,7 +62,7 @@ async def test_completion_racing_a_dead_letter_failure_ends_each_job_once(nats_c
             journal.completed("ft:model", None, {"loss": 0.5}),
             fail_unless_finished(js, job_id, "work item dead-lettered"),
             # A progress report landing meanwhile makes the conditional appends look again.
-            journal.progress(index + 1, RACES + 1),
+            progress_unless_ended(journal, index + 1),
         ]
         order = [0, 1, 2] if index % 2 else [2, 1, 0]
         done = await asyncio.gather(*(steps[i] for i in order))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -185,3 +186,18 @@ def test_killing_a_reaped_sandbox_again_signals_no_one(
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(("kill", pid)))
     proc.kill()
     assert sent == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fresh uids are drawn for root callers only")
+async def test_processes_seeded_alike_run_their_sandboxes_as_different_uids(tmp_path: Path) -> None:
+    # Trainers seed Python's `random` (TRL's set_seed, GRPO's seed). Uids drawn from it were
+    # the same in two processes seeded alike, and each run ends by SIGKILLing every process of
+    # its uid: one process's sandbox ended the other's. Two runs after the same seed stand for
+    # two such processes.
+    uids = []
+    for _ in range(2):
+        random.seed(1234)
+        result = await run_sandboxed(["id", "-u"], tmp_path)
+        assert result.exit_code == 0, result.stderr
+        uids.append(int(result.stdout))
+    assert uids[0] != uids[1] and min(uids) >= 1_000_000_000, uids

@@ -20,6 +20,7 @@ import posixpath
 import secrets
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -27,12 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import structlog
 from pydantic import Field
 
 from rollout.shared.contracts.envspec import CamelModel, EnvironmentSpec, TaskSpec
 from rollout.shared.envs.sandbox import SandboxLimits, run_sandboxed, run_sandboxed_with_peer
 from rollout.shared.envs.templates.base import BaseRuntime, ToolError
 from rollout.shared.envs.templates.protocol import STATE_MATCH, Template
+
+log = structlog.get_logger(__name__)
 
 # The config of its specs: a contract (schemas/templates/<name>.json is generated from it).
 
@@ -481,6 +485,10 @@ def short_message(text: str, limit: int = 200) -> str:
     return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
+# bwrap reports a command that died of a signal as 128 + the signal.
+_SIGKILLED = 128 + signal.SIGKILL
+
+
 async def run_hidden_tests(
     files: dict[str, str],
     tests: dict[str, str],
@@ -488,6 +496,38 @@ async def run_hidden_tests(
     timeout_s: float = 60.0,
     memory_mb: int = 512,
     isolate: bool = True,
+) -> HiddenRun:
+    """Run the trusted `tests` against the model's `files` (see `_run_hidden_once`).
+
+    Isolated, the tests' process cannot be signalled by the model's code (another pid
+    namespace), so a SIGKILL that none of the sandbox's limits sent came from the host (its
+    out-of-memory killer, an operator): the verdict would say nothing about the code. Such a
+    run is run once more from fresh directories, and the reason says so. In-process, the
+    model's code could kill the tests itself, so its SIGKILL stays a failure.
+    """
+    run = await _run_hidden_once(
+        files, tests, timeout_s=timeout_s, memory_mb=memory_mb, isolate=isolate
+    )
+    if not (isolate and run.exit_code == _SIGKILLED):
+        return run
+    log.warning("hidden_tests.killed_from_outside", duration_s=round(run.duration_s, 2))
+    again = await _run_hidden_once(
+        files, tests, timeout_s=timeout_s, memory_mb=memory_mb, isolate=isolate
+    )
+    again.reason += (
+        f" (second run: the first one's test process was killed by a SIGKILL from outside the"
+        f" sandbox after {run.duration_s:.1f}s)"
+    )
+    return again
+
+
+async def _run_hidden_once(
+    files: dict[str, str],
+    tests: dict[str, str],
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    isolate: bool,
 ) -> HiddenRun:
     """Run the trusted `tests` against the model's `files` with pytest, isolated from the files.
 
@@ -619,7 +659,8 @@ async def run_hidden_tests(
         if isinstance(cases, str):
             if cases == "missing":
                 run.reason = (
-                    f"report missing: the test process exited early (code {result.exit_code})"
+                    f"report missing: the test process exited early (code {result.exit_code}"
+                    f" after {result.duration_s:.1f}s)"
                 )
             else:
                 run.reason = f"report unusable: {cases}"
