@@ -161,8 +161,13 @@ async def export_rows(
     run_ids: list[str] | None = None,
     env_slug: str | None = None,
     include_errored: bool = False,
+    unjudged: set[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The scored rollouts of `run_ids` (or every completed run of `env_slug`) as rows."""
+    """The scored rollouts of `run_ids` (or every completed run of `env_slug`) as rows.
+
+    `unjudged`, when given, gets the envs (`slug@version`) of the runs whose env judges
+    nothing (the tracker's `noVerdict`): their verdicts say only that no tool call failed.
+    """
     if env_slug is not None:
         runs = await client.list_runs(1000, env_slug)
         run_ids = [r["runId"] for r in runs if r["status"] == "completed"]
@@ -179,6 +184,8 @@ async def export_rows(
         scored = [r for r in run.get("rollouts") or [] if r.get("outcome") is not None]
         if not include_errored:
             scored = [r for r in scored if r["outcome"] != "errored"]
+        if unjudged is not None and run.get("noVerdict") and scored:
+            unjudged.add(f"{run['envSlug']}@{run['envVersion']}")
         doc = await client.get_environment(run["envSlug"], run["envVersion"])
         spec = EnvironmentSpec.model_validate(doc.get("spec", doc))
         tools = await _task_tools(spec, sorted({int(r["taskIndex"]) for r in scored}))

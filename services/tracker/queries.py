@@ -17,10 +17,12 @@ import asyncpg
 from rollout.shared import subjects
 from rollout.shared.bus.publisher import DEFAULT_MAX_PAYLOAD, HEADER_ROOM
 from rollout.shared.contracts.requests import GetJob, GetRun, ListJobs, ListRuns
+from rollout.shared.envs.judged import NOTHING_SCORED
 from rollout.shared.errors import RolloutError
 from rollout.shared.jsondepth import loads_bounded
 from rollout.shared.objectstore import ObjectStore, to_json_bytes
 from rollout.shared.stats import mean_score
+from rollout.shared.store.judged_envs import envs_judging_nothing
 from rollout.shared.store.run_stats import design_effects
 from rollout.shared.store.trajectories import load_trajectory
 
@@ -38,6 +40,20 @@ _RUN_COLUMNS = (
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def _env_version(row: asyncpg.Record) -> tuple[str, int, str]:
+    return (row["env_slug"], row["env_version"], row["env_hash"])
+
+
+async def no_verdicts(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> dict[str, str]:
+    """Why each run whose env judges nothing has no pass rate, by run id (the rest absent).
+
+    Decided here, once per env version (rollout.shared.store.judged_envs), so no reader of
+    a run fetches its env's spec to find out.
+    """
+    empty = await envs_judging_nothing(conn, {_env_version(r) for r in rows})
+    return {r["run_id"]: NOTHING_SCORED for r in rows if _env_version(r) in empty}
 
 
 def run_summary(row: asyncpg.Record) -> dict[str, Any]:
@@ -81,6 +97,10 @@ def run_summary(row: asyncpg.Record) -> dict[str, Any]:
         "createdAt": _iso(row["created_at"]),
         "startedAt": _iso(row["started_at"]),
         "finishedAt": _iso(row["finished_at"]),
+        # Why its passRate and meanScore measure nothing (its env judges nothing: a prompts
+        # file without answers, its "passed" only "no tool error"); None for a judged run.
+        # `get_run` and `list_runs` set it (`no_verdicts`).
+        "noVerdict": None,
     }
 
 
@@ -171,6 +191,7 @@ async def get_run(
         )
         if row is None:
             raise RolloutError(f"no run {query.run_id!r} (see `rollout runs`)")
+        no_verdict = (await no_verdicts(conn, [row])).get(query.run_id)
         # How the run's rollouts ended: by which budget, else errored or by the model.
         endings = await conn.fetch(
             f"select {_ENDED} as ended, count(*) as n, sum(turns) as turns,"
@@ -204,7 +225,7 @@ async def get_run(
                 after[1],
                 query.page_size + 1,
             )
-    out = run_summary(row) | endings_summary(endings)
+    out = run_summary(row) | {"noVerdict": no_verdict} | endings_summary(endings)
     tasks_cut = False
     if query.include_tasks:
         room = budget - len(to_json_bytes(out)) - _REPLY_ROOM
@@ -314,7 +335,12 @@ async def list_runs(pool: asyncpg.Pool, query: ListRuns) -> list[dict[str, Any]]
             limit,
         )
         effects = await design_effects(conn, rows)
-    return [run_summary(r) | {"designEffect": effects.get(r["run_id"], 1.0)} for r in rows]
+        unjudged = await no_verdicts(conn, rows)
+    return [
+        run_summary(r)
+        | {"designEffect": effects.get(r["run_id"], 1.0), "noVerdict": unjudged.get(r["run_id"])}
+        for r in rows
+    ]
 
 
 def job_row(row: asyncpg.Record) -> dict[str, Any]:

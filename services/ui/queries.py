@@ -8,9 +8,10 @@ from typing import Any
 import asyncpg
 
 from rollout.shared.auth.ownership import describe as describe_user
-from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
+from rollout.shared.envs.judged import NOTHING_SCORED
 from rollout.shared.jsondepth import loads_bounded
 from rollout.shared.stats import mean_score, wilson_interval
+from rollout.shared.store.judged_envs import envs_judging_nothing
 from rollout.shared.store.run_stats import design_effects
 
 PAGE = 50
@@ -63,47 +64,6 @@ async def run_views(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> lis
             view.update(no_verdict=NOTHING_SCORED, pass_rate=None, interval=None,
                         mean_score=None)  # fmt: skip
     return views
-
-
-# Whether each env version (slug, version, spec hash) judges nothing: a registered version
-# never changes, so its spec is read once per viewer process, not on every page.
-_JUDGED: dict[tuple[str, int, str], bool] = {}
-_JUDGED_MAX = 4096
-
-
-async def envs_judging_nothing(
-    conn: asyncpg.Connection, versions: set[tuple[str, int, str]]
-) -> set[tuple[str, int, str]]:
-    """Of these env versions (slug, version, hash), those whose verdicts measure nothing.
-
-    Unknown ones in one query, where only `custom` envs' config and verifier are read (the
-    template column filters out the rest before their spec is), never their tasks.
-    """
-    unknown = sorted(v for v in versions if v not in _JUDGED)
-    if unknown:
-        slugs, numbers, hashes = (list(c) for c in zip(*unknown, strict=True))
-        rows = await conn.fetch(
-            "select e.slug, e.version, e.spec_hash, e.template,"
-            " case when e.template = 'custom' then e.spec -> 'config' end as config,"
-            " case when e.template = 'custom' then e.spec -> 'verifier' end as verifier"
-            " from environments e join unnest($1::text[], $2::int[], $3::text[])"
-            " as v(slug, version, hash) on e.slug = v.slug and e.version = v.version"
-            " and e.spec_hash = v.hash",
-            slugs, numbers, hashes,
-        )  # fmt: skip
-        if len(_JUDGED) + len(rows) > _JUDGED_MAX:
-            _JUDGED.clear()
-        for r in rows:
-            # A version not registered (yet, or its run imported) is asked again next time.
-            spec = {"template": r["template"], "config": _decoded(r["config"]),
-                    "verifier": _decoded(r["verifier"])}  # fmt: skip
-            _JUDGED[(r["slug"], r["version"], r["spec_hash"])] = judges_nothing(spec)
-    return {v for v in versions if _JUDGED.get(v)}
-
-
-def _decoded(value: Any) -> Any:
-    """A jsonb value as asyncpg gives it (text unless a codec is set), decoded."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def _offset(page: int) -> int:

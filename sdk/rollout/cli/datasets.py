@@ -270,7 +270,11 @@ async def _export(args: argparse.Namespace) -> int:
             rows, skipped = await export_buffer_rows(client, query, unjudged=unjudged)
         else:
             rows = await export_rows(
-                client, run_ids=args.runs, env_slug=args.env, include_errored=args.include_errored
+                client,
+                run_ids=args.runs,
+                env_slug=args.env,
+                include_errored=args.include_errored,
+                unjudged=unjudged,
             )
     finally:
         await client.close()

@@ -338,10 +338,13 @@ async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any
 
 
 async def _with_no_verdict(client: AsyncClient, runs: list[dict[str, Any]]) -> None:
-    """Mark the runs whose env judges nothing (a prompts file without answers): `noVerdict`
-    says why, and they have no pass rate, interval or mean score (their 100% measured nothing).
+    """Take out the pass rate, interval and mean score of the runs whose env judges nothing (a
+    prompts file without answers): their 100% measured nothing, and `noVerdict` says why.
+
+    The tracker says which (`noVerdict` on each run, decided once per env version); only a
+    reply from a tracker older than that, without the key, has its env's spec read here.
     """
-    versions = {(r["envSlug"], r["envVersion"]) for r in runs}
+    unsaid = {(r["envSlug"], r["envVersion"]) for r in runs if "noVerdict" not in r}
 
     async def spec(slug: str, version: int) -> Any:
         try:
@@ -350,12 +353,13 @@ async def _with_no_verdict(client: AsyncClient, runs: list[dict[str, Any]]) -> N
             return None
         return doc.get("spec", doc)
 
-    specs = await asyncio.gather(*(spec(*v) for v in versions))
-    empty = {v for v, s in zip(versions, specs, strict=True) if s and judges_nothing(s)}
+    specs = await asyncio.gather(*(spec(*v) for v in unsaid))
+    empty = {v for v, s in zip(unsaid, specs, strict=True) if s and judges_nothing(s)}
     for r in runs:
-        if (r["envSlug"], r["envVersion"]) in empty:
-            r.update(noVerdict=NOTHING_SCORED, passRate=None, passRateInterval=None,
-                     meanScore=None)  # fmt: skip
+        if "noVerdict" not in r:
+            r["noVerdict"] = NOTHING_SCORED if (r["envSlug"], r["envVersion"]) in empty else None
+        if r["noVerdict"]:
+            r.update(passRate=None, passRateInterval=None, meanScore=None)
 
 
 async def _runs(args: argparse.Namespace) -> int:

@@ -245,11 +245,15 @@ async def _note_run_judges_nothing(client: AsyncClient, run_id: str, method: str
     """Say on stderr when the run's env judges nothing: its "passing" rollouts (what sft
     trains on, what dpo and kto prefer) only ended without a tool error."""
     try:
-        run = await client.get_run(run_id)
-        doc = await client.get_environment(run["envSlug"], run["envVersion"])
+        run = await client.get_run(run_id, include_tasks=False)
+        if "noVerdict" in run:  # the tracker says (once per env version)
+            unjudged = bool(run["noVerdict"])
+        else:  # a tracker older than `noVerdict`: its env's spec says
+            doc = await client.get_environment(run["envSlug"], run["envVersion"])
+            unjudged = judges_nothing(doc.get("spec", doc))
     except RolloutError:  # not readable here: the job goes on as asked, unremarked
         return
-    if judges_nothing(doc.get("spec", doc)):
+    if unjudged:
         env = f"{run['envSlug']}@{run['envVersion']}"
         note_judges_nothing(f"--method {method} learns from the verdicts of run {run_id}", [env])
 
