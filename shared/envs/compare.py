@@ -7,15 +7,55 @@ import math
 from collections import Counter
 from typing import Any
 
+from rollout.shared.jsondepth import compact
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def values_equal(expected: Any, actual: Any, *, partial: bool = False) -> bool:
-    """Deep equality; with `partial`, dicts in `expected` need only be a subset of `actual`."""
+    """Deep equality; with `partial`, dicts in `expected` need only be a subset of `actual`.
+
+    Walked with a stack, not recursion: a state or ground truth nested thousands deep (made
+    anywhere but the tool results the depth cut guards) is compared, never a RecursionError.
+    """
     kind = type(expected)
     if (kind is int or kind is str) and type(actual) is kind:  # the usual leaf: plain ==
+        return expected == actual
+    pending = [(expected, actual)]
+    # Container pairs already compared or under way: a cycle (not JSON, but a Python value
+    # may hold one) is not walked forever.
+    seen: set[tuple[int, int]] = set()
+    while pending:
+        e, a = pending.pop()
+        if isinstance(e, dict | list | tuple):
+            pair = (id(e), id(a))
+            if pair in seen:
+                continue
+            seen.add(pair)
+            if isinstance(e, dict):
+                if not isinstance(a, dict):
+                    return False
+                if not partial and set(e) != set(a):
+                    return False
+                for k, v in e.items():
+                    if k not in a:
+                        return False
+                    pending.append((v, a[k]))
+            else:
+                if not isinstance(a, list | tuple) or len(e) != len(a):
+                    return False
+                pending.extend(zip(e, a, strict=True))
+        elif not _leaf_equal(e, a):
+            return False
+    return True
+
+
+def _leaf_equal(expected: Any, actual: Any) -> bool:
+    """`values_equal` of a value that is no dict, list or tuple."""
+    kind = type(expected)
+    if (kind is int or kind is str) and type(actual) is kind:
         return expected == actual
     if _is_number(expected) and _is_number(actual):
         if isinstance(expected, float) and math.isnan(expected):
@@ -23,20 +63,6 @@ def values_equal(expected: Any, actual: Any, *, partial: bool = False) -> bool:
         return expected == actual
     if isinstance(expected, bool) or isinstance(actual, bool):
         return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual
-    if isinstance(expected, dict):
-        if not isinstance(actual, dict):
-            return False
-        if not partial and set(expected) != set(actual):
-            return False
-        return all(
-            k in actual and values_equal(v, actual[k], partial=partial) for k, v in expected.items()
-        )
-    if isinstance(expected, list | tuple):
-        if not isinstance(actual, list | tuple) or len(expected) != len(actual):
-            return False
-        return all(
-            values_equal(e, a, partial=partial) for e, a in zip(expected, actual, strict=True)
-        )
     return type(expected) is type(actual) and expected == actual
 
 
@@ -65,5 +91,8 @@ def multiset_equal(expected: list[Any], actual: list[Any]) -> bool:
 
 def short(value: Any, limit: int = 120) -> str:
     """A compact one-line rendering for reasons and errors."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except RecursionError:  # nested too deep for json's encoder: its start, written without
+        return compact(value, limit - 3)
     return text if len(text) <= limit else text[: limit - 3] + "..."

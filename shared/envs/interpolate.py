@@ -75,13 +75,43 @@ def interpolate_string(text: str, context: dict[str, Any]) -> Any:
 
 
 def interpolate(value: Any, context: dict[str, Any]) -> Any:
-    """Interpolate every string inside a JSON value (dict values, list items); keys stay as is."""
+    """Interpolate every string inside a JSON value (dict values, list items); keys stay as is.
+
+    Walked with a stack, in order (the first bad placeholder is the one named), not by
+    recursion: a value nested thousands deep is interpolated, never a RecursionError.
+    """
+    if not isinstance(value, dict | list | tuple):
+        return _interpolated_leaf(value, context)
+    root: Any = {} if isinstance(value, dict) else []
+    # Each container being filled, with what is left of its source's items.
+    pending: list[tuple[Iterator[tuple[Any, Any]], Any]] = [(_items(value), root)]
+    while pending:
+        items, target = pending[-1]
+        step = next(items, None)
+        if step is None:
+            pending.pop()
+            continue
+        key, item = step
+        if isinstance(item, dict | list | tuple):
+            made: Any = {} if isinstance(item, dict) else []
+            pending.append((_items(item), made))
+        else:
+            made = _interpolated_leaf(item, context)
+        if isinstance(target, dict):
+            target[key] = made
+        else:
+            target.append(made)
+    return root
+
+
+def _items(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> Iterator[tuple[Any, Any]]:
+    return iter(value.items()) if isinstance(value, dict) else enumerate(value)
+
+
+def _interpolated_leaf(value: Any, context: dict[str, Any]) -> Any:
+    """`interpolate` of a value that is no dict, list or tuple."""
     if isinstance(value, str):
         return interpolate_string(value, context)
-    if isinstance(value, dict):
-        return {k: interpolate(v, context) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [interpolate(v, context) for v in value]
     return _copy(value)
 
 
@@ -163,8 +193,9 @@ def _compile_string(text: str) -> Compiled:
 
 
 def _copy(value: Any) -> Any:
-    # Results must not alias args or state; scalars are immutable, so skip deepcopy for them.
-    return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
+    # Results must not alias args or state; scalars are immutable, so skip copying them.
+    # json_copy, not deepcopy: a state value nested thousands deep is copied all the same.
+    return value if isinstance(value, _SCALARS) else json_copy(value)
 
 
 def _strings(value: Any) -> Iterator[str]:

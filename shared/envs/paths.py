@@ -207,13 +207,14 @@ def json_copy(value: Any) -> Any:
     """A deep copy of JSON-like data, several times faster than copy.deepcopy.
 
     Plain dicts, lists and scalars are copied directly; anything else goes to deepcopy. Unlike
-    deepcopy, an object reached twice is copied twice (JSON has no shared references); a cycle
-    falls back to deepcopy.
+    deepcopy, an object reached twice is copied twice (JSON has no shared references), except
+    in a value nested too deep to copy recursively, or holding a cycle: that one is copied with
+    a stack (`_walked_copy`), never a RecursionError.
     """
     try:
         return _tree_copy(value)
     except RecursionError:
-        return copy.deepcopy(value)
+        return _walked_copy(value)
 
 
 def _tree_copy(value: Any) -> Any:
@@ -225,3 +226,34 @@ def _tree_copy(value: Any) -> Any:
     if kind in _ATOMS:
         return value
     return copy.deepcopy(value)
+
+
+def _walked_copy(value: Any) -> Any:
+    """`json_copy` at any depth: plain dicts and lists copied with a stack, each once (a cycle
+    is copied as a cycle, as deepcopy copies it)."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is not dict and kind is not list:
+        return copy.deepcopy(value)
+    root: Any = {} if kind is dict else []
+    copies: dict[int, Any] = {id(value): root}
+    pending = [(value, root)]
+    while pending:
+        source, target = pending.pop()
+        for key, item in source.items() if type(source) is dict else enumerate(source):
+            of = type(item)
+            if of in _ATOMS:
+                made = item
+            elif of is dict or of is list:
+                made = copies.get(id(item))
+                if made is None:
+                    made = copies[id(item)] = {} if of is dict else []
+                    pending.append((item, made))
+            else:
+                made = copy.deepcopy(item)
+            if type(target) is dict:
+                target[key] = made
+            else:
+                target.append(made)
+    return root
