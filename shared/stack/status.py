@@ -187,6 +187,40 @@ async def collect_status(settings: Settings, *, stall_s: float | None = None) ->
     return components
 
 
+async def endpoint_projections(
+    settings: Settings, *, stall_s: float | None = None
+) -> list[Component]:
+    """Each read-model projector's lag at the endpoint `settings` name (a key holder's: its key
+    may read those consumers' info, nothing else of the stack), as `collect_status` lines.
+
+    A key reads no heartbeats: a stalled projector's last error is its operator's to see.
+    One line naming the endpoint instead when it cannot be reached.
+    """
+    stall_s = stall_limit_s() if stall_s is None else stall_s
+    address = redact_url(settings.nats_url)
+    try:
+        nc = await connect_nats(settings, connect_timeout=PROBE_TIMEOUT, name="rollout-status")
+    except RolloutError as exc:
+        return [Component("endpoint", "server", address, False, detail=str(exc).splitlines()[0])]
+    try:
+        js = nc.jetstream(timeout=PROBE_TIMEOUT)
+        wanted = list(durables.PROJECTIONS)
+        found = await asyncio.gather(
+            *(projection_lag(js, durables.PROJECTIONS[s], PROBE_TIMEOUT) for s in wanted),
+            return_exceptions=True,
+        )
+    finally:
+        await nc.close()
+    lines = []
+    for service, lag in zip(wanted, found, strict=True):
+        if isinstance(lag, NatsError | TimeoutError):
+            lag = str(lag) or type(lag).__name__
+        elif isinstance(lag, BaseException):
+            raise lag
+        lines.append(_projection_line(service, lag, [], stall_s, None))
+    return lines
+
+
 def _projection_line(
     service: str, lag: Lag | None | str, beats: list[Any], stall_s: float, log: str | None
 ) -> Component:

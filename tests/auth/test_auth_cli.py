@@ -6,9 +6,20 @@ import json
 import time
 from pathlib import Path
 
+import nats
+from store.test_projection import run_history
+from store.test_projection_lag import REFUSE_WRITES
+from waiting import wait_until
+
 from rollout.shared.auth.credentials import save_credentials
 from rollout.shared.auth.keys import ApiKey
+from rollout.shared.bus.publisher import EventPublisher
+from rollout.shared.contracts import new_id
+from rollout.shared.service import durables
+from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import NatsServer
+from rollout.shared.stack.projections import STALL_ENV
+from rollout.shared.store.db import create_pool
 
 from .conftest import Cli, cli_env
 
@@ -206,7 +217,8 @@ async def test_status_in_a_key_holders_shell_says_its_verbs_use_another_endpoint
     assert note in result.stderr, result.stderr
     assert "rollout whoami" in result.stderr
     doc = json.loads((await Cli(holder)("status", "--json")).stdout)
-    assert doc["endpoint"] == {"url": auth_nats.url, "source": "ROLLOUT_ENDPOINT"}
+    endpoint = {k: doc["endpoint"][k] for k in ("url", "source")}
+    assert endpoint == {"url": auth_nats.url, "source": "ROLLOUT_ENDPOINT"}
     # Logged in instead (`rollout login`): the same note, naming the saved credentials.
     logged_in = cli_env(tmp_path / "holder-home", tmp_path / "holder-config")
     save_credentials(auth_nats.url, runner_key.text, env=logged_in)
@@ -216,3 +228,67 @@ async def test_status_in_a_key_holders_shell_says_its_verbs_use_another_endpoint
     result = await cli("status")
     assert "other verbs" not in result.stderr, result.stderr
     assert "endpoint" not in json.loads((await cli("status", "--json")).stdout)
+
+
+async def test_a_key_holders_status_shows_the_lag_of_its_endpoints_read_models(
+    auth_nats: NatsServer,
+    services: None,
+    service_settings: Settings,
+    viewer_key: ApiKey,
+    tmp_path: Path,
+) -> None:
+    # Its shell has no stack, but `show`, `runs` and `export` read the endpoint's read models:
+    # `status` gives how far behind those are (the key may read their projectors' consumers),
+    # where it said only that the verbs use another endpoint.
+    holder = Cli(
+        cli_env(
+            tmp_path / "holder-home",
+            tmp_path / "holder-config",
+            ROLLOUT_ENDPOINT=auth_nats.url,
+            ROLLOUT_API_KEY=viewer_key.text,
+            **{STALL_ENV: "1"},
+        )
+    )
+    tracker_line, buffer_line = durables.TRACKER_READ_MODELS.title, durables.BUFFER.title
+    lines: dict[str, dict] = {}
+
+    async def endpoint_lines() -> dict[str, dict]:
+        result = await holder("status", "--json")
+        lines.clear()
+        lines.update({c["name"]: c for c in json.loads(result.stdout)["endpoint"]["components"]})
+        return lines
+
+    shown = await endpoint_lines()
+    assert shown[tracker_line]["healthy"] and shown[tracker_line]["kind"] == "projection"
+    assert shown[tracker_line]["detail"].startswith("caught up (applied through event ")
+    assert shown[buffer_line]["detail"] == "no consumer yet (created when buffer starts)"
+
+    # The tracker's Postgres refuses its writes: the events it receives are not applied.
+    pool = await create_pool(service_settings.database_url)
+    admin = await nats.connect(auth_nats.url, user=auth_nats.user, password=auth_nats.password)
+    try:
+        await pool.execute(REFUSE_WRITES)
+        await EventPublisher(admin.jetstream()).publish_batch(run_history(new_id()))
+
+        async def stalled() -> bool:
+            return "STALLED" in (await endpoint_lines())[tracker_line]["detail"]
+
+        await wait_until(stalled, "the key holder's status to show the stall", 30)
+        assert not lines[tracker_line]["healthy"]
+        assert "event(s) behind, no progress for" in lines[tracker_line]["detail"]
+        result = await holder("status")
+        assert f"the endpoint the other verbs use, {auth_nats.url}: its read models" in (
+            result.stdout
+        )
+        assert "STALLED" in result.stdout and "its read models' lag" in result.stderr
+        await pool.execute("drop trigger refuse_writes on projection_tracking")
+    finally:
+        await admin.close()
+        await pool.close()
+
+    # An endpoint that is not there: one line saying so, not a traceback.
+    gone = Cli({**holder.env, "ROLLOUT_ENDPOINT": "nats://127.0.0.1:1"})
+    result = await gone("status", "--json")
+    assert "Traceback" not in result.stderr, result.stderr
+    (line,) = json.loads(result.stdout)["endpoint"]["components"]
+    assert line["name"] == "endpoint" and not line["healthy"] and line["detail"]

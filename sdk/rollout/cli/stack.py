@@ -25,7 +25,7 @@ from rollout.shared.stack.projections import STALL_ENV, stall_limit_s
 from rollout.shared.stack.serve import serve_main
 from rollout.shared.stack.services import registry, selected
 from rollout.shared.stack.status import as_json as to_json
-from rollout.shared.stack.status import as_table, collect_status
+from rollout.shared.stack.status import as_table, collect_status, endpoint_projections
 from rollout.shared.stack.supervisor import (
     TOKEN_ENV,
     Supervisor,
@@ -319,20 +319,28 @@ def _print_status(*, as_json: bool, settle_s: float = 0.0) -> int:
     # its absence is said in one line, with the fix, instead of failing every such task.
     sandbox = check_sandbox_sync()
     elsewhere = _verbs_endpoint_elsewhere(settings)
+    # A key holder's shell: what its key may see of the endpoint its verbs use, how far
+    # behind the read models `show`, `runs` and `export` read there are.
+    remote = asyncio.run(endpoint_projections(elsewhere[2])) if elsewhere else []
     if as_json:
         doc = to_json(components) | {"home": str(settings.home)}
         doc["sandbox"] = {"ok": sandbox.ok, "bwrap": sandbox.bwrap, "problem": sandbox.problem}
         if elsewhere:
             doc["endpoint"] = {"url": elsewhere[0], "source": elsewhere[1]}
+            doc["endpoint"] |= to_json(remote)
         print(json.dumps(doc, indent=2))
     else:
         print(as_table(components))
         print(sandbox.line())
+        if elsewhere:
+            print(f"\nthe endpoint the other verbs use, {elsewhere[0]}: its read models")
+            print(as_table(remote))
     if elsewhere:
         print(
             f"note: the other verbs of this CLI use {elsewhere[0]} (from {elsewhere[1]}), not"
             f" this stack (ROLLOUT_HOME={settings.home}); `rollout whoami` checks that endpoint"
-            " and key, and its operator's `rollout status` shows its health",
+            " and key; the lines under it are its read models' lag, and its operator's"
+            " `rollout status` shows the rest of its health",
             file=sys.stderr,
         )
     healthy = all(c.healthy for c in components)
@@ -353,16 +361,17 @@ async def _settled_status(settings: Any, settle_s: float) -> list[Any]:
         await asyncio.sleep(0.5)  # between probes, each with its own timeout
 
 
-def _verbs_endpoint_elsewhere(settings: Any) -> tuple[str, str] | None:
-    """(endpoint, where it comes from) when the CLI's other verbs talk to another NATS than
-    the stack `status` shows: a key holder's shell (ROLLOUT_ENDPOINT, or `rollout login`)."""
+def _verbs_endpoint_elsewhere(settings: Any) -> tuple[str, str, Any] | None:
+    """(endpoint, where it comes from, the verbs' settings) when the CLI's other verbs talk to
+    another NATS than the stack `status` shows: a key holder's shell (ROLLOUT_ENDPOINT, or
+    `rollout login`)."""
     try:
         used = client_settings()
     except RolloutError:
         return None  # no usable key for it: the verbs themselves say so
     if same_endpoint(used.nats_url, settings.nats_url):
         return None
-    return redact_url(used.nats_url), used.endpoint_source or "the CLI's settings"
+    return redact_url(used.nats_url), used.endpoint_source or "the CLI's settings", used
 
 
 def cmd_health(args: argparse.Namespace) -> int:
