@@ -115,6 +115,9 @@ class GenerateResult:
     reason: str | None = None
     # Why the run's verdicts measure nothing (NOTHING_SCORED), None when they do.
     no_verdict: str | None = None
+    # The read models' lag where rows came from them (trajectories the object store did not
+    # give, read from the tracker at the end: rollout.shared.stale); None when none did.
+    read_models: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form `--json` prints."""
@@ -127,6 +130,7 @@ class GenerateResult:
             "resumed": self.resumed,
             "reason": self.reason,
             "noVerdict": self.no_verdict,
+            "readModels": self.read_models,
         }
 
 
@@ -694,7 +698,7 @@ async def _stream_run(
     writer = RowWriter(req.rows_path, req.out)
     written_now = 0
     try:
-        written_now, status, reason = await _stream(
+        written_now, status, reason, read_models = await _stream(
             client, run_id, summary, tasks, req, done_ids, writer, progress
         )
     finally:
@@ -708,7 +712,7 @@ async def _stream_run(
         _write_state(req, state)
     return GenerateResult(
         run_id, req.out, total_rows, written_now, status, resumed=resumed, reason=reason,
-        no_verdict=no_verdict,
+        no_verdict=no_verdict, read_models=read_models,
     )  # fmt: skip
 
 
@@ -721,8 +725,12 @@ async def _stream(
     done_ids: set[str],
     writer: RowWriter,
     progress: ProgressFn | None,
-) -> tuple[int, str, str | None]:
-    """Follow the run's events from its start; write each newly scored rollout once."""
+) -> tuple[int, str, str | None, dict[str, Any] | None]:
+    """Follow the run's events from its start; write each newly scored rollout once.
+
+    Returns rows written, the run's ending and reason, and the read models' lag when rows
+    came from them (`readModels`; None when none did).
+    """
     js = await client.jetstream()
     generated: dict[str, Any] = {}
     # Trajectories sit in the object store (events carry their claim checks): each is read
@@ -775,11 +783,12 @@ async def _stream(
                 break
     if store is not None:
         await store.close()
+    read_models = None
     if deferred:
-        stored = {
-            r["rolloutId"]: r.get("trajectory")
-            for r in await client.get_rollouts(run_id, include_trajectories=True)
-        }
+        # From the tracker's read models: the reply says how far behind they are.
+        done = await client.get_run(run_id, True, True, include_tasks=False)
+        read_models = done.get("readModels")
+        stored = {r["rolloutId"]: r.get("trajectory") for r in done["rollouts"]}
         rows = []
         for g, s in deferred:
             rows.append(
@@ -794,7 +803,7 @@ async def _stream(
             )
         writer.write(rows)
         written += len(rows)
-    return written, status, reason
+    return written, status, reason, read_models
 
 
 def _reachable_store(client: Any) -> ObjectStore | None:

@@ -169,6 +169,9 @@ async def _generate_rows(args: argparse.Namespace, req: GenerateRequest, progres
         result = await generate(client, req, progress=progress)
     finally:
         await client.close()
+    # Trajectories the object store did not give came from the read models: a stalled
+    # projector leaves them out (their rows' conversations empty).
+    note_if_stale(result.read_models)
     if args.json:
         print_json(result.to_json())
     else:
