@@ -17,7 +17,7 @@ ALL_EVENTS = f"{PREFIX}.evt.>"
 ALL_WORK = f"{PREFIX}.work.>"
 
 # Aggregates whose histories live on the events stream, one subject family each.
-AGGREGATES = ("env", "run", "job", "policy", "deadletter", "plan")
+AGGREGATES = ("env", "run", "job", "policy", "deadletter", "plan", "key", "quota")
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 

@@ -29,6 +29,7 @@ from rollout.services.learner.planning import plan_job, request_of
 from rollout.services.learner.providers import cancel_left_behind, run_provider_job
 from rollout.services.learner.training_sets import BufferUnavailable
 from rollout.shared import subjects
+from rollout.shared.aggregates import quota
 from rollout.shared.aggregates.append import append_unless, decide_and_append
 from rollout.shared.auth.ownership import check_may_change
 from rollout.shared.bus.attempts import Delivery, gave_up
@@ -144,6 +145,10 @@ async def create_job(
             "owner": caller,
         }
     )
+    if await recorded_job(ctx.js, job_id) is None:
+        # Charged before it is recorded, once per job id; a key past its budget of jobs a day
+        # is refused here (shared/aggregates/quota.py). A retry of a recorded job pays nothing.
+        await quota.charge(ctx.js, caller, "jobs", 1, job_id)
     event = EventEnvelope.new(requested, aggregate_id=job_id, id_parts=(job_id,))
     try:
         result = await EventPublisher(ctx.js).publish(event, expected_last_subject_seq=0)

@@ -20,7 +20,7 @@ from nats.js import JetStreamContext, api
 from rollout.services.tracker.servable import actors_problem
 from rollout.services.tracker.trained_names import trained_model_problem
 from rollout.shared import subjects
-from rollout.shared.aggregates import append
+from rollout.shared.aggregates import append, quota
 from rollout.shared.aggregates.append import append_unless
 from rollout.shared.aggregates.run import (
     STATE_EVENTS,
@@ -744,6 +744,9 @@ async def create_run(
             "owner": cmd.owner,
         }
     )
+    # Charged before it is recorded, once per run id (a retry's charge is found: no second);
+    # a key past its budget of rollouts a day is refused here (shared/aggregates/quota.py).
+    await quota.charge(js, caller, "rollouts", run_size(run)[0], run_id)
     event = EventEnvelope.new(run, aggregate_id=run_id, id_parts=(run_id,), run_id=run_id)
     try:
         result = await EventPublisher(js).publish(event, expected_last_subject_seq=0)

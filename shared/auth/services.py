@@ -126,6 +126,8 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 "plan.stage_failed",
                 "plan.completed",
                 "plan.failed",
+                # What a key's runs cost its budget a day (shared/aggregates/quota.py).
+                "quota.charged",
             ),
             queues=("rollouts",),
             consumes=(
@@ -183,6 +185,8 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
                 "job.failed",
                 "checkpoint.saved",
                 "policy.updated",
+                # What a key's jobs cost its budget a day (shared/aggregates/quota.py).
+                "quota.charged",
                 _DEAD_LETTER,
             ),
             queues=("jobs",),
@@ -195,6 +199,10 @@ SERVICE_ROLES: dict[str, ServiceRole] = {
         ServiceRole(SUPERVISOR, reads_heartbeats=True),
     )
 }
+
+# Event types only the admin user appends (the operator's `rollout keys limit`): no service
+# may set a key's limits, so none can lift the budgets it enforces.
+OPERATOR_EVENTS: tuple[str, ...] = ("key.limits_set",)
 
 # The streams every service may look up and create when missing (`ensure_streams`).
 PLATFORM_STREAMS: tuple[str, ...] = (_EVENTS, _WORK)

@@ -269,6 +269,44 @@ class RunFailed(Payload):
     cause: RunFailure | None = None
 
 
+# --- API keys' daily budgets ------------------------------------------------------------------
+
+# What a key's daily budget counts: rollouts its runs plan (tasks x n), or training jobs.
+QuotaKind = Literal["rollouts", "jobs"]
+
+
+@register
+class KeyLimitsSet(Payload):
+    """The operator set (or lifted: None) an API key's budgets a UTC day (`rollout keys limit`)."""
+
+    event_type = "key.limits_set"
+    aggregate = "key"
+
+    key_id: str
+    max_rollouts_per_day: int | None = Field(None, ge=0)
+    max_jobs_per_day: int | None = Field(None, ge=0)
+
+
+@register
+class QuotaCharged(Payload):
+    """A key's request was admitted within its budget of one UTC day and counted against it.
+
+    The aggregate is the key's day (`<key id>-<YYYYMMDD>`): the charges of one day are all an
+    admission decides from, appended expecting that history, so two requests racing for the
+    last of a budget cannot both get in.
+    """
+
+    event_type = "quota.charged"
+    aggregate = "quota"
+
+    key_id: str
+    day: str
+    kind: QuotaKind
+    amount: int = Field(ge=0)
+    # The run or job it was charged for: a retried request finds its charge and pays nothing.
+    ref: str
+
+
 # --- training jobs ---------------------------------------------------------------------------
 
 

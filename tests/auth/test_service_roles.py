@@ -26,6 +26,7 @@ from rollout.shared import subjects
 from rollout.shared.auth.denials import PermissionWatch
 from rollout.shared.auth.roles import SERVICE_DURABLES
 from rollout.shared.auth.services import (
+    OPERATOR_EVENTS,
     SERVICE_ROLES,
     SUPERVISOR,
     all_durables,
@@ -84,7 +85,10 @@ def test_every_handler_of_every_service_is_inside_its_role() -> None:
 
 def test_every_event_type_has_exactly_the_services_that_append_it() -> None:
     emitted = {t for role in SERVICE_ROLES.values() for t in role.emits}
-    assert emitted == set(payload_types()), "an event type no service may append, or a stale one"
+    assert not emitted & set(OPERATOR_EVENTS), "a service may append the operator's events"
+    assert emitted | set(OPERATOR_EVENTS) == set(payload_types()), (
+        "an event type nobody may append, or a stale one"
+    )
     lifecycle = {"run.requested", "run.started", "run.completed", "run.failed"}
     for name, role in SERVICE_ROLES.items():
         if name != "tracker":

@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from rollout.cli import key_limits
 from rollout.cli._common import print_json
 from rollout.errors import RolloutError
 from rollout.shared.auth.credentials import (
@@ -51,9 +52,17 @@ def register(sub: Any) -> None:
     create = verbs.add_parser("create", help="mint a key; it is printed once")
     create.add_argument("--role", required=True, choices=["runner", "viewer"])
     create.add_argument("--name", default=None, help="what the key is for")
+    key_limits.add_limit_flags(create)
     create.add_argument("--json", action="store_true", help="machine-readable output")
     create.set_defaults(func=cmd_keys_create)
-    listing = verbs.add_parser("list", help="every live key (never the secrets)")
+    limit = verbs.add_parser("limit", help="set or lift a key's budgets a UTC day")
+    limit.add_argument("id", help="key id (from `rollout keys list`)")
+    key_limits.add_limit_flags(limit)
+    limit.add_argument("--json", action="store_true", help="machine-readable output")
+    limit.set_defaults(func=cmd_keys_limit)
+    listing = verbs.add_parser(
+        "list", help="every live key (never the secrets), its limits and use today"
+    )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(func=cmd_keys_list)
     revoke = verbs.add_parser("revoke", help="revoke a key; the server refuses it at once")
@@ -212,32 +221,89 @@ def _apply(home: Any) -> bool:
 def cmd_keys_create(args: argparse.Namespace) -> int:
     """Mint a key and print it once (stdout holds only the key, for scripts)."""
     home = _home_with_embedded_nats()
-    record, key = KeyStore(home).create(args.role, args.name)
+    changes = key_limits.limit_changes(args)
+    if changes:
+        key_limits.require_running(home, "rollout keys create --max-...")
+    store = KeyStore(home)
+    record, key = store.create(args.role, args.name)
+    limits = None
+    if changes:
+        # On the log before the server knows the key: it is never usable without its limits.
+        try:
+            limits = key_limits.set_limits(record.id, changes)
+        except BaseException:
+            store.revoke(record.id)
+            raise
     applied = _apply(home)
     if args.json:
-        print_json(record.public() | {"apiKey": key.text, "applied": applied})
+        extra = {"limits": limits.model_dump(exclude={"key_id"})} if limits else {}
+        print_json(record.public() | {"apiKey": key.text, "applied": applied} | extra)
         return 0
     print(f"created {record.role.value} key {record.id} ({record.name})", file=sys.stderr)
+    if limits is not None:
+        print(f"limits: {key_limits.describe_limits(limits)}", file=sys.stderr)
     print(key.text)
     print("store it now: it is shown only once", file=sys.stderr)
     return 0
 
 
+def cmd_keys_limit(args: argparse.Namespace) -> int:
+    """Set or lift a key's daily budgets; the services apply them to its next request."""
+    home = _home_with_embedded_nats()
+    record = KeyStore(home).find(args.id)
+    changes = key_limits.limit_changes(args)
+    if not changes:
+        raise RolloutError(
+            "rollout keys limit: nothing to set",
+            problems=["pass --max-rollouts-per-day N and/or --max-jobs-per-day N (`none` lifts)"],
+        )
+    key_limits.require_running(home, "rollout keys limit")
+    limits = key_limits.set_limits(record.id, changes)
+    if args.json:
+        print_json({"id": record.id, "limits": limits.model_dump(exclude={"key_id"})})
+        return 0
+    print(f"key {record.id} ({record.name}): {key_limits.describe_limits(limits)}")
+    return 0
+
+
+def _used_of(found: dict[str, Any] | None, kind: str, limit_field: str) -> str:
+    """`4/6`: used today of the limit (`-`: none); `?` when the stack is down."""
+    if found is None:
+        return "?"
+    limit = found["limits"][limit_field]
+    return f"{found['used'][kind]}/{'-' if limit is None else limit}"
+
+
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    """List the keys: id, role, name, created."""
+    """List the keys: id, role, name, created; their limits and use today (UTC)."""
     home = _home_with_embedded_nats()
     records = KeyStore(home).records()
     local = read_local_key(home)
-    rows = [r.public() | {"local": bool(local and local.key_id == r.id)} for r in records]
+    running = key_limits.stack_running(home)
+    usage = key_limits.usage([r.id for r in records]) if running and records else {}
+    rows = [
+        r.public() | {"local": bool(local and local.key_id == r.id)} | usage.get(r.id, {})
+        for r in records
+    ]
     if args.json:
-        print_json({"keys": rows})
+        print_json({"keys": rows, "stackRunning": running})
         return 0
     if not rows:
         print("no API keys (create one: rollout keys create --role runner)")
         return 0
-    print(f"{'ID':<14}{'ROLE':<8}{'CREATED':<27}NAME")
+    print(f"{'ID':<14}{'ROLE':<8}{'CREATED':<27}{'ROLLOUTS':<12}{'JOBS':<8}NAME")
     for row in rows:
-        print(f"{row['id']:<14}{row['role']:<8}{row['created']:<27}{row['name']}")
+        found = usage.get(row["id"])
+        rollouts = _used_of(found, "rollouts", "maxRolloutsPerDay")
+        jobs = _used_of(found, "jobs", "maxJobsPerDay")
+        print(
+            f"{row['id']:<14}{row['role']:<8}{row['created']:<27}{rollouts:<12}{jobs:<8}"
+            f"{row['name']}"
+        )
+    if running:
+        print("ROLLOUTS, JOBS: used today (UTC) / limit a day (- no limit)")
+    else:
+        print("ROLLOUTS, JOBS: the stack is not running; its log keeps the limits and use")
     return 0
 
 
