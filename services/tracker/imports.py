@@ -22,6 +22,7 @@ import pydantic
 from nats.js import JetStreamContext
 
 from rollout.shared import subjects
+from rollout.shared.aggregates import quota
 from rollout.shared.aggregates.run import load_run, rollout_id
 from rollout.shared.aggregates.run_options import MAX_N
 from rollout.shared.bus.publisher import ConcurrencyConflict, EventPublisher, payload_budget
@@ -207,6 +208,9 @@ async def import_run(
         run, aggregate_id=run.run_id, id_parts=(run.run_id,), run_id=run.run_id
     )
     if not already:
+        # Its rollouts count in the importing key's rollouts a day (shared/aggregates/quota.py),
+        # once per run id: a repeat of the same import pays nothing.
+        await quota.charge(js, caller, "rollouts", len(cmd.rollouts), run.run_id)
         try:
             await publisher.publish(requested, expected_last_subject_seq=0)
         except ConcurrencyConflict:

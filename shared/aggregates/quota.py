@@ -7,7 +7,8 @@ admitted request is a `quota.charged` event on the key's day (`<key id>-<YYYYMMD
 the admission is decided from that day's charges and appended expecting them unchanged: of two
 requests racing for the last of a budget, the second reads the first's charge and is refused.
 A charge names its run or job, so a retried request (the same client request id: the same run
-or job id) finds it and pays nothing. Days, not a rolling window: a day's history is small and
+or job id) finds it and pays nothing. An unlimited key's charges are appended unread (there is
+nothing to decide), so a busy one does not read its growing day at each request. Days, not a rolling window: a day's history is small and
 is all a decision reads, and when room frees up is plain (00:00 UTC).
 
 Only API keys are charged: the admin and the services act for the platform (a job's round runs
@@ -120,8 +121,9 @@ async def charge(
     """Count `amount` of `kind` for `ref` (a run or job id) against the calling key's day.
 
     RolloutError (over_budget) when it would pass the key's limit. None for a caller that is
-    no API key, and for a `ref` already charged today (a retry). Every key's use is recorded,
-    limited or not, so `rollout keys list` shows it and a limit set mid-day counts it.
+    no API key, and for a `ref` already charged today (a retry) under a limit. Every key's
+    use is recorded, limited or not, so `rollout keys list` shows it and a limit set mid-day
+    counts it; only a limited key's charge reads and expects the day's history.
     """
     key_id = key_id_of_user(caller)
     if key_id is None:
@@ -131,24 +133,40 @@ async def charge(
     limits, _ = await key_limits(js, key_id)
     limit = getattr(limits, LIMIT_FIELDS[kind])
 
+    charged = QuotaCharged(key_id=key_id, day=day, kind=kind, amount=amount, ref=ref)
+    if limit is None:
+        # Nothing to decide: recorded for `keys list` (and for a limit set later today) without
+        # reading the day, which grows with every request a busy unlimited key makes. Its id
+        # derives from the ref, so a resend within the stream's dedup window is dropped.
+        await EventPublisher(js).publish(_envelope(charged))
+        return charged
+
     def decide(state: KeyDay) -> QuotaCharged | None:
         if (kind, ref) in state.refs:
             return None
         used = state.used[kind]
-        if limit is not None and used + amount > limit:
+        if used + amount > limit:
             raise over_budget(key_id, kind, limit, used, amount, day, now)
-        return QuotaCharged(key_id=key_id, day=day, kind=kind, amount=amount, ref=ref)
+        return charged
 
-    async def append(state: KeyDay, charged: QuotaCharged) -> None:
-        envelope = EventEnvelope.new(
-            charged, aggregate_id=f"{key_id}-{day}", id_parts=(key_id, day, kind, ref)
+    async def append(state: KeyDay, decided: QuotaCharged) -> None:
+        await EventPublisher(js).publish(
+            _envelope(decided), expected_last_subject_seq=state.last_seq
         )
-        await EventPublisher(js).publish(envelope, expected_last_subject_seq=state.last_seq)
 
-    _, charged = await decide_and_append(
+    _, appended = await decide_and_append(
         lambda: key_day(js, key_id, day), decide, append, what=f"key {key_id}'s budget"
     )
-    return charged
+    return appended
+
+
+def _envelope(charged: QuotaCharged) -> EventEnvelope:
+    """A charge's event; its id derives from the key, day, kind and ref."""
+    return EventEnvelope.new(
+        charged,
+        aggregate_id=f"{charged.key_id}-{charged.day}",
+        id_parts=(charged.key_id, charged.day, charged.kind, charged.ref),
+    )
 
 
 async def set_limits(

@@ -31,7 +31,7 @@ from rollout.shared.bus.reader import read_events
 from rollout.shared.bus.requests import NobodyAnswered
 from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.contracts.events import KeyLimitsSet
-from rollout.shared.contracts.requests import CancelTrainingJob
+from rollout.shared.contracts.requests import CancelTrainingJob, ImportedRollout, ImportRun
 from rollout.shared.service.bootstrap import ServiceRuntime, serve_service
 from rollout.shared.service.routes import service_broker
 from rollout.shared.settings import Settings
@@ -145,6 +145,37 @@ async def test_two_runs_racing_for_the_last_of_a_budget_cannot_both_get_in(
     finally:
         for runner in runners:
             await runner.close()
+
+
+async def test_imported_rollouts_count_in_the_same_budget(
+    service_settings: Settings, services: None, auth_nats: NatsServer
+) -> None:
+    key = make_key(auth_nats, Role.RUNNER)
+    runner = client_for(service_settings, key)
+
+    def imported(first: int) -> ImportRun:
+        rollouts = [
+            ImportedRollout(
+                task_index=0,
+                sample_index=sample,
+                trajectory={"messages": [{"role": "user", "content": "hi"}]},
+                score=1.0,
+                passed=True,
+            )
+            for sample in range(first, first + 4)
+        ]
+        return ImportRun(env_slug="refunds", rollouts=rollouts)
+
+    try:
+        await runner.push_environment(refund_env())
+        await limit(service_settings, key, max_rollouts_per_day=6)
+        done = await runner.import_run(imported(0))
+        assert (await runner.import_run(imported(0)))["runId"] == done["runId"]  # paid once
+        denied = await refused_fast(runner.import_run(imported(4)))
+        assert "it used 4 today (UTC) and this request asks 4 rollouts" in str(denied)
+        assert [c["amount"] for c in await charges(service_settings, key)] == [4]
+    finally:
+        await runner.close()
 
 
 @contextlib.asynccontextmanager
