@@ -348,6 +348,28 @@ def key_runner(s: Session) -> None:
     s.ids["KEY"] = re.search(r"rk_runner_\S+", made.stdout).group()  # type: ignore[union-attr]
 
 
+def key_limited(s: Session) -> None:
+    made = s.rollout(
+        "keys", "create", "--role", "runner", "--max-rollouts-per-day", "5000",
+        "--max-jobs-per-day", "10", "--json",
+    )  # fmt: skip
+    assert json.loads(made.stdout)["limits"] == {
+        "max_rollouts_per_day": 5000,
+        "max_jobs_per_day": 10,
+    }
+
+
+def key_limit(s: Session) -> None:
+    changed = s.rollout("keys", "limit", s.ids["KEY"], "--max-rollouts-per-day", "20000")
+    assert "rollouts 20000 a day, jobs unlimited" in changed.stdout, changed.stdout
+
+
+def keys_list(s: Session) -> None:
+    key_id = s.ids["KEY"].split("_")[2]
+    [row] = [line for line in s.rollout("keys", "list").stdout.splitlines() if key_id in line]
+    assert " 0/20000 " in row, row
+
+
 def login(s: Session) -> None:
     state = json.loads((Path(s.env["ROLLOUT_HOME"]) / "state.json").read_text())
     endpoint = state["nats"]["url"] if "url" in state["nats"] else None
@@ -414,6 +436,11 @@ RUNNERS: dict[str, Callable[[Session], None]] = {
     "rollout keys create --role runner": key_runner,
     "rollout login --endpoint nats://host:4222": login,
     "rollout whoami": whoami,
+    "rollout keys create --role runner --max-rollouts-per-day 5000 --max-jobs-per-day 10": (
+        key_limited
+    ),
+    "rollout keys limit KEY --max-rollouts-per-day 20000": key_limit,
+    "rollout keys list": keys_list,
     "rollout serve-model local/tiny-agent --port 8400": serve_model,
     "rollout ui": ui,
 }
