@@ -34,6 +34,10 @@ from rollout.shared.errors import RolloutError
 
 # How each budget is named: the limit's field (and `rollout keys` flag) and its unit.
 LIMIT_FIELDS: dict[str, str] = {"rollouts": "max_rollouts_per_day", "jobs": "max_jobs_per_day"}
+# Decisions made again after another of the key's charges got in first: each replica handles
+# up to 8 of a key's run requests at once (a plan's sweep), and each loses at most one race to
+# every other in flight.
+CHARGE_RETRIES = 32
 _UNITS = {"rollouts": ("rollout", "rollouts"), "jobs": ("training job", "training jobs")}
 
 
@@ -155,7 +159,11 @@ async def charge(
         )
 
     _, appended = await decide_and_append(
-        lambda: key_day(js, key_id, day), decide, append, what=f"key {key_id}'s budget"
+        lambda: key_day(js, key_id, day),
+        decide,
+        append,
+        what=f"key {key_id}'s budget",
+        retries=CHARGE_RETRIES,
     )
     return appended
 

@@ -142,6 +142,17 @@ async def test_two_runs_racing_for_the_last_of_a_budget_cannot_both_get_in(
             assert (len(passed), len(refused)) == (1, 1), outcomes
             assert "is over its budget of 6 rollouts a day" in str(refused[0])
             assert [c["ref"] for c in await charges(service_settings, key)] == [passed[0]["runId"]]
+        # A sweep at once past its budget: exactly the budget's worth gets in, the rest are
+        # refused for it (none for losing races to the others).
+        await limit(service_settings, keys[0], max_rollouts_per_day=4 + 10)  # 4 spent above
+        outcomes = await asyncio.gather(
+            *(runners[0].create_run("refunds", MODEL, n=1) for _ in range(16)),
+            return_exceptions=True,
+        )
+        refused = [o for o in outcomes if not isinstance(o, dict)]
+        assert len(refused) == 6, outcomes
+        assert all("over its budget of 14 rollouts a day" in str(o) for o in refused), refused
+        assert len(await charges(service_settings, keys[0])) == 1 + 10
     finally:
         for runner in runners:
             await runner.close()
