@@ -25,7 +25,7 @@ from rollout.services.learner import handlers as learner_handlers
 from rollout.services.learner import tuning
 from rollout.services.learner.context import LearnerContext
 from rollout.shared.aggregates import quota
-from rollout.shared.auth.keys import ApiKey
+from rollout.shared.auth.keys import ApiKey, read_local_key
 from rollout.shared.auth.roles import Role
 from rollout.shared.bus.reader import read_events
 from rollout.shared.bus.requests import NobodyAnswered
@@ -271,11 +271,14 @@ async def test_only_the_operator_sets_a_keys_limits(
     # A key holder's shell (either role) cannot reach the operator's verb; bad limits are
     # refused by name (the CLI runs at once: each takes seconds to start on a busy machine).
     lift = ("keys", "limit", runner_key.key_id, "--max-rollouts-per-day", "none")
-    *holders, negative, empty = await asyncio.gather(
+    local = read_local_key(auth_nats.home)
+    assert local is not None
+    *holders, negative, empty, own = await asyncio.gather(
         Cli(cli.env | {"ROLLOUT_API_KEY": runner_key.text})(*lift),
         Cli(cli.env | {"ROLLOUT_API_KEY": viewer_key.text})(*lift),
         cli("keys", "limit", runner_key.key_id, "--max-jobs-per-day", "-3"),
         cli("keys", "limit", runner_key.key_id),
+        cli("keys", "limit", local.key_id, "--max-jobs-per-day", "1"),
     )
     for result in holders:
         assert result.returncode == 1, result.stderr
@@ -283,6 +286,8 @@ async def test_only_the_operator_sets_a_keys_limits(
         assert "Traceback" not in result.stderr
     assert negative.returncode == 2 and "'-3' is not a limit" in negative.stderr
     assert empty.returncode == 1 and "nothing to set" in empty.stderr
+    assert own.returncode == 1, own.stderr
+    assert "this machine's local key, the operator's own: it stays unlimited" in own.stderr
     # Nor can a key append limits to the log itself: the server drops the publish.
     for key in (runner_key, viewer_key):
         nc = await nats.connect(auth_nats.url, user=key.user, password=key.secret)

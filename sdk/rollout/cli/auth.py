@@ -257,6 +257,13 @@ def cmd_keys_limit(args: argparse.Namespace) -> int:
             "rollout keys limit: nothing to set",
             problems=["pass --max-rollouts-per-day N and/or --max-jobs-per-day N (`none` lifts)"],
         )
+    local = read_local_key(home)
+    if local is not None and local.key_id == record.id:
+        # The operator's own: `rollout up` makes it, the CLI on this machine acts with it.
+        raise RolloutError(
+            f"key {record.id} is this machine's local key, the operator's own: it stays unlimited",
+            problems=["limit the keys you give others (`rollout keys list` shows which)"],
+        )
     key_limits.require_running(home, "rollout keys limit")
     limits = key_limits.set_limits(record.id, changes)
     if args.json:
