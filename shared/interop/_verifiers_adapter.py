@@ -9,9 +9,36 @@ task's own `@vf.reward` functions on an offline trace of the reply.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 _MARK = "verifiers: "
+
+# What a reward's own code raises on a reply it cannot read (`int("five")`, a missing key, a
+# reply too long to convert): the reply's doing, not the machine's. Anything else (a timeout,
+# a connection, a judge's provider, verifiers' own typed errors) may be the infrastructure's.
+_CODE_ERRORS = (
+    ArithmeticError,
+    AssertionError,
+    AttributeError,
+    LookupError,
+    NameError,
+    RecursionError,
+    TypeError,
+    ValueError,
+    re.error,
+)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The exception at the bottom of `exc`'s `raise ... from` chain (verifiers wraps a reward's
+    own error in the TaskError of its scoring boundary)."""
+    seen = {id(exc)}
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        exc = exc.__cause__
+        seen.add(id(exc))
+    return exc
+
 
 try:  # imported with the module, under the host's start deadline (it is a heavy import)
     _VF: Any = importlib.import_module("verifiers.v1")
@@ -71,7 +98,14 @@ class _Env:
             agent=vf.AgentInfo(config=vf.AgentConfig(), name="rollout", trainable=False),
             root_reply=str(arguments.get("reply") or ""),
         )
-        await task.score(trace)
+        try:
+            await task.score(trace)
+        except Exception as exc:  # noqa: BLE001 - the caller decides whose fault it was
+            cause = _root_cause(exc)
+            return {
+                "raised": f"{type(exc).__name__}: {exc}"[:500],
+                "codeError": isinstance(cause, _CODE_ERRORS),
+            }
         rewards = {
             name: None if r is None else {"score": r.score, "weight": r.weight}
             for name, r in trace.rewards.items()

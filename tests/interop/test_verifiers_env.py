@@ -86,6 +86,51 @@ def test_rollout_test_runs_a_verifiers_env(user_module, tmp_path, capsys) -> Non
     assert code in (0, 1)
 
 
+# A reward that parses the reply (the usual math taskset) raises on one it cannot read.
+PARSING = """
+import verifiers.v1 as vf
+
+__all__ = ["SumTaskset"]
+
+class SumData(vf.TaskData):
+    answer: int
+    fails: str = ""
+
+class SumTask(vf.Task[SumData, vf.State]):
+    @vf.reward
+    async def exact(self, task: SumData, trace: vf.Trace) -> float:
+        if task.fails == "always":
+            return float(task.answr)  # a typo: no reply can be scored
+        if task.fails == "network":
+            raise ConnectionError("the judge's endpoint is down")
+        return float(int(trace.last_reply.strip()) == task.answer)
+
+class SumTaskset(vf.Taskset[SumTask]):
+    def load(self):
+        for i, fails in enumerate(["", "always", "network"]):
+            yield SumTask(SumData(prompt=f"{i}+{i}?", answer=2 * i, fails=fails, id=f"s{i}"),
+                          self.config.task)
+"""
+
+
+async def test_a_reply_the_rewards_cannot_parse_fails_instead_of_escaping_its_verdict(
+    user_module,
+) -> None:
+    # The rewards raised on "five", which made the rollout errored (no verdict): left out of
+    # pass rates and GRPO's groups, so a model unsure of its answer escaped every 0 that way.
+    user_module("sum_taskset", PARSING)
+    spec = environment("sum_taskset").to_spec()
+    assert (await score(spec, 0, _trajectory("0"))).passed
+    for reply in ("five", "", "9" * 5000):
+        verdict = await score(spec, 0, _trajectory(reply))
+        assert verdict.error is None and not verdict.passed and verdict.score == 0.0, verdict
+        assert "the reply is at fault" in verdict.primitives[0].reason
+    # A reward that raises whatever the reply (a bug), or on a connection: no verdict, as before.
+    for task, why in ((1, "controls too"), (2, "endpoint is down")):
+        verdict = await score(spec, task, _trajectory("2"))
+        assert verdict.error is not None and why in verdict.error, verdict
+
+
 @pytest.mark.slow
 def test_a_taskset_that_does_not_import_is_named(user_module) -> None:
     user_module("broken_taskset", "import verifiers.v1 as vf\nraise ImportError('no numpy here')\n")
