@@ -7,9 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI, Response
 from servers import free_port, serving
 from test_openenv_server import REFUND
 from waiting import wait_until_sync
@@ -164,3 +166,80 @@ def test_cli_serves_the_nemo_gym_protocol(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def fragile_app(verify_fails_always: bool = False) -> Any:
+    """A resources server written as many are: its handlers parse what they were sent, and
+    what they cannot parse is an HTTP 500 (answered here rather than raised: uvicorn may reset
+    the connection after an exception escapes, which would be a lost server)."""
+    app = FastAPI()
+
+    def failed(exc: Exception) -> Response:
+        return Response(f"Internal Server Error: {exc!r}", status_code=500)
+
+    @app.post("/seed_session")
+    async def seed_session() -> dict:
+        return {}
+
+    @app.post("/add")
+    async def add(body: dict[str, Any]) -> Any:
+        try:
+            return {"value": int(body["n"]) + 1}
+        except ValueError as exc:  # "five"
+            return failed(exc)
+
+    @app.post("/busy")
+    async def busy() -> Response:
+        return Response("overloaded", status_code=503)
+
+    @app.post("/verify")
+    async def verify(body: dict[str, Any]) -> Any:
+        if verify_fails_always:
+            return failed(RuntimeError("the verifier is broken"))
+        text = body["response"]["output"][-1]["content"][0]["text"]
+        try:
+            return {"reward": float(int(text or 0) == 4)}
+        except ValueError as exc:  # "four"
+            return failed(exc)
+
+    return app
+
+
+def sums(url: str) -> dict:
+    return {
+        "slug": "gym-sum",
+        "template": "nemo_gym",
+        "config": {"url": url},
+        "tasks": [{"instruction": "What is 2+2? Submit the number."}],
+    }
+
+
+async def test_what_the_server_cannot_parse_fails_the_episode_instead_of_erroring_it() -> None:
+    # The handler's HTTP 500 ended the episode errored (no verdict): left out of pass rates and
+    # GRPO's groups, so a model could escape a wrong answer by sending one the server cannot
+    # parse, or a tool call's arguments it cannot.
+    with serving(fragile_app()) as url:
+        spec = sums(url)
+        right = await run_tool_script(spec, 0, [("submit_answer", {"answer": "4"})])
+        assert (await score(spec, 0, right)).passed
+        junk = await run_tool_script(
+            spec, 0, [("add", {"n": "five"}), ("add", {"n": 3}), ("submit_answer", {"answer": "5"})]
+        )
+        assert "the server failed on this call: add failed: HTTP 500" in junk.tool_calls[0].error
+        assert junk.tool_calls[1].result == {"value": 4}  # the session went on
+        assert not (await score(spec, 0, junk)).passed
+        unparsable = await run_tool_script(spec, 0, [("submit_answer", {"answer": "four"})])
+        state = unparsable.final_state
+        assert (
+            state["reward"] == 0.0
+            and "the episode's answer is at fault" in (state["verify"]["verifyError"])
+        )
+        verdict = await score(spec, 0, unparsable)
+        assert verdict.error is None and not verdict.passed and verdict.score == 0.0
+        # A gateway's 503 says nothing about the call: the episode ends errored, as before.
+        with pytest.raises(EnvironmentFailed, match="HTTP 503"):
+            await run_tool_script(spec, 0, [("busy", {})])
+    with serving(fragile_app(verify_fails_always=True)) as url:
+        # A /verify that fails on every answer, controls too, is the server's: errored.
+        with pytest.raises(EnvironmentFailed, match="verify failed: HTTP 500"):
+            await run_tool_script(sums(url), 0, [("submit_answer", {"answer": "4"})])

@@ -5,6 +5,14 @@ One session per episode (the server's cookie): `/seed_session` when the episode 
 `reward` lands in the final state, where the `env_reward` primitive reads it. Tested against
 the documented wire protocol (our own `rollout env serve --protocol nemo-gym`), not nemo-gym
 itself, which does not install here.
+
+A server's HTTP 500 is its handler raising on what it was sent: on a tool call, the model's
+arguments did it (`int("five")`), so the model reads it as a tool error and goes on; at
+`/verify`, the answer did it when the server verifies a control answer ("", "0") in a session of
+its own at the same moment, and the episode scores the reward 0. Either as an errored episode
+would be left out of pass rates and GRPO's groups: a model could escape a failing verdict by
+sending what the server cannot parse. A server that is gone, a gateway's 502-504, or a
+`/verify` that fails on the controls too ends the episode errored (no verdict).
 """
 
 from __future__ import annotations
@@ -58,6 +66,22 @@ class NemoGymConfig(CamelModel):
 
 
 PROBE_TIMEOUT_S = 5.0
+# What a FastAPI server answers when its handler raised; other 5xx (a gateway, an overload)
+# say nothing about what it was sent.
+HANDLER_RAISED = 500
+# Answers no policy wrote, verified when /verify raised on the model's: a server that verifies
+# one of them can verify, and it was the answer it could not.
+CONTROL_ANSWERS = ("", "0")
+
+
+class ServerError(RolloutError):
+    """The server answered 5xx (`status`)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 # A request's headers and body go out as two writes: without TCP_NODELAY the body waits for
 # the server's delayed ACK (~40 ms a tool call on loopback).
 _NODELAY = {"socket_options": [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]}
@@ -166,7 +190,10 @@ class NemoGymRuntime(BaseRuntime):
     @staticmethod
     def _check(response: httpx.Response, op: str) -> Any:
         if response.status_code >= 500:
-            raise RolloutError(f"{op} failed: HTTP {response.status_code}: {response.text[:300]}")
+            raise ServerError(
+                f"{op} failed: HTTP {response.status_code}: {response.text[:300]}",
+                response.status_code,
+            )
         try:
             body = response.json()
         except ValueError:
@@ -183,8 +210,18 @@ class NemoGymRuntime(BaseRuntime):
             try:
                 response = await self._async.post(f"/{name}", json=args)
                 body = self._check(response, name)
+            except ServerError as exc:
+                if exc.status != HANDLER_RAISED:
+                    self._failure = f"nemo_gym {self.base_url}: {name}: {exc}"
+                    raise EnvironmentFailed(self._failure) from None
+                # The handler raised on these arguments: the server lives on, the model reads it.
+                error = f"the server failed on this call: {exc}"
+                self._calls.append(
+                    ToolCallRecord(index=len(self._calls), name=name, arguments=args, error=error)
+                )
+                raise ToolError(error) from None
             except (httpx.HTTPError, RolloutError) as exc:
-                self._failure = f"nemo_gym {self.base_url}: {name}: {exc}"
+                self._failure = f"nemo_gym {self.base_url}: {name}: {type(exc).__name__}: {exc}"
                 raise EnvironmentFailed(self._failure) from None
             error = body.get("error") if isinstance(body, dict) and len(body) == 1 else None
             self._calls.append(
@@ -235,6 +272,18 @@ class NemoGymRuntime(BaseRuntime):
                 body = self._check(
                     self._sync.post("/verify", json={**self._fields, **payload}), "verify"
                 )
+            except ServerError as exc:
+                control = self._control_verified() if exc.status == HANDLER_RAISED else None
+                if control is None:
+                    self._failure = f"nemo_gym {self.base_url}: {exc}"
+                    raise EnvironmentFailed(self._failure) from None
+                body = {
+                    "reward": 0.0,
+                    "verifyError": (
+                        f"{exc}; the server verified the control answer {control!r} in a "
+                        "session of its own: the episode's answer is at fault"
+                    ),
+                }
             except (httpx.HTTPError, RolloutError, ToolError) as exc:
                 self._failure = f"nemo_gym {self.base_url}: {exc}"
                 raise EnvironmentFailed(self._failure) from None
@@ -250,6 +299,23 @@ class NemoGymRuntime(BaseRuntime):
             "answer": self._answer,
             "verify": self._verified,
         }
+
+    def _control_verified(self) -> str | None:
+        """The first control answer the server verifies in a fresh session, or None."""
+        with httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(self.config.timeout_seconds),
+            transport=_transport(httpx.HTTPTransport),
+        ) as client:
+            for answer in CONTROL_ANSWERS:
+                payload = responses_payload(self.task.instruction, self._tool_list, [], answer)
+                try:
+                    self._check(client.post("/seed_session", json=self._fields), "seed_session")
+                    self._check(client.post("/verify", json={**self._fields, **payload}), "verify")
+                except (httpx.HTTPError, RolloutError, ToolError):
+                    continue
+                return answer
+        return None
 
     async def close(self) -> None:
         """Close the session (unless /verify already ended it) and the HTTP clients."""
