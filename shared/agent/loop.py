@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -469,14 +470,17 @@ async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolR
         return {}, ToolResult(error=f"unknown tool '{call.name}'; available tools: {available}")
     raw = call.arguments.strip()
     try:
-        arguments = json.loads(raw) if raw else {}
+        arguments = (
+            json.loads(raw, parse_constant=_not_a_number, parse_float=_finite) if raw else {}
+        )
     except json.JSONDecodeError as exc:
         return {}, ToolResult(
             error=f"invalid JSON arguments for '{call.name}': {exc.msg} at char {exc.pos} "
             f"in {_clip(raw, 200)!r}"
         )
     except (ValueError, RecursionError) as exc:  # valid JSON Python will not read: an integer
-        # of 4,301+ digits, arrays nested past the interpreter's recursion limit
+        # of 4,301+ digits, arrays nested past the interpreter's recursion limit; NaN and
+        # infinities (not JSON)
         return {}, ToolResult(
             error=f"invalid JSON arguments for '{call.name}': {_clip(str(exc), 200)} "
             f"in {_clip(raw, 200)!r}"
@@ -500,6 +504,20 @@ async def _execute(state: _State, call: ToolCall) -> tuple[dict[str, Any], ToolR
     except Exception as exc:  # a runtime must not raise, but a plugin might: record it
         result = ToolResult(error=f"tool '{call.name}' failed: {type(exc).__name__}: {exc}")
     return arguments, result
+
+
+def _not_a_number(token: str) -> float:
+    # NaN, Infinity and -Infinity, which Python's json reads but JSON has not: in a tool's
+    # state they passed every `amount > balance` check, and a trajectory holding one could
+    # not be exported (a snapshot row refuses non-finite numbers).
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def _finite(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):  # 1e999
+        raise ValueError(f"{token[:40]} is too large for a number")
+    return value
 
 
 def _nested_past(value: Any, limit: int, raw: str) -> bool:

@@ -192,6 +192,28 @@ async def test_a_lone_surrogate_the_model_writes_leaves_a_trajectory_that_encode
     )
 
 
+async def test_a_number_json_has_not_is_a_tool_error_not_an_argument(fake_openai) -> None:
+    # Python's json reads NaN, Infinity and 1e999 (as inf): a tool's `amount > balance` check
+    # let NaN through, and the trajectory holding it could not be exported (a snapshot row
+    # refuses non-finite numbers).
+    raw = [
+        '{"order_id": "O-1", "amount": NaN}',
+        '{"order_id": "O-1", "amount": -Infinity}',
+        '{"order_id": "O-1", "amount": 1e999}',
+        '{"order_id": "O-1", "amount": 1.5e2}',
+    ]
+    server = fake_openai([*(tool_reply(("refund", r)) for r in raw), text_reply("ok")])
+    runtime = ShopRuntime()
+    trajectory = await run_episode(runtime, http_backend(server), "Refund order O-1")
+    assert runtime.refunds == [{"order_id": "O-1", "amount": 150.0}]  # only the finite one
+    errors = [c.error for c in trajectory.tool_calls]
+    assert "NaN is not a JSON number" in errors[0] and "-Infinity is not" in errors[1]
+    assert "1e999 is too large for a number" in errors[2] and errors[3] is None
+    found: list[str] = []  # what strict JSON would not read in the stored trajectory
+    json.loads(to_json_bytes(trajectory.model_dump(mode="json")), parse_constant=found.append)
+    assert found == []
+
+
 async def test_max_tool_calls_stops_the_episode(fake_openai) -> None:
     lookup = ("lookup_order", {"order_id": "O-1"})
     server = fake_openai([tool_reply(lookup, lookup), tool_reply(lookup), tool_reply(lookup)])
