@@ -10,6 +10,12 @@ were not audited, so the report names it in `policy_errors` and the audit is not
 an episode the verifier gave no verdict on (a judge that cannot be reached, a sandbox that is
 gone): whether that policy got through that task is unknown, and an audit whose every episode
 went unscored once reported "no task hackable".
+
+An episode the policy drove into an error (a tool call that took the env down, a final answer
+its final state could not be taken with) would get no verdict in a run either: it is left out
+of pass rates and GRPO's groups, so the policy escaped its failing verdict. It is a finding when
+an episode that does nothing on the same task ends cleanly (else the env fails whatever is
+sent: a reset that raises is no policy's doing).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 from rollout.shared.agent.loop import SamplingParams, run_episode
 from rollout.shared.audit.hints import hint, partial_hint, weakest
 from rollout.shared.audit.policies import Policy, View, for_template
+from rollout.shared.audit.policies.base import say
 from rollout.shared.contracts.budgets import resolve_budgets
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.envs.engine import score
@@ -93,6 +100,8 @@ class Attempt:
     policy_crashed: bool = False
     # The episode ran, but the verifier gave no verdict on it.
     unscored: bool = False
+    # The episode itself ended errored (why): a run would give it no verdict.
+    escaped: str | None = None
     seconds: float = 0.0
 
 
@@ -109,6 +118,12 @@ class Finding:
     primitive: str | None
     primitive_type: str | None
     hint: str
+    # The policy ended the episode errored: no verdict in a run (score is what it left).
+    escaped: bool = False
+
+
+# What ends an episode without doing anything: the control an escape is told apart with.
+_CONTROL = Policy("control_does_nothing", "end at once", lambda view: say(""))
 
 
 @dataclass
@@ -168,6 +183,15 @@ class AuditReport:
         }
 
 
+def escape_hint(reason: str) -> str:
+    """The fix for an episode a policy ended errored (`reason`) where doing nothing did not."""
+    return (
+        f"the episode ended errored ({reason}), where one doing nothing did not: a run gives it "
+        "no verdict and leaves it out of pass rates and GRPO's groups, so a model escapes a "
+        "failing verdict this way. Make what it sent a tool error or a failing verdict"
+    )
+
+
 def task_ranges(indices: list[int]) -> str:
     """0-3, 7, 9-10: sorted task indices, runs collapsed."""
     out: list[str] = []
@@ -198,6 +222,8 @@ async def attempt(
                 budgets=resolve_budgets(spec.budgets, None),
             )
             verdict = await score(spec, task_index, trajectory)
+        if trajectory.error:
+            result.escaped = " ".join(trajectory.error.split())[:300]
         if verdict.error:
             result.error = f"the verifier could not score it: {verdict.error}"
             result.unscored = True
@@ -248,10 +274,29 @@ async def audit(
             return await attempt(spec, i, policy, timeout_s=timeout_s)
 
     attempts = await asyncio.gather(*(one(i, p) for i in tasks for p in chosen))
+    # Each task an episode escaped on, once: does doing nothing end cleanly there?
+    escaped_on = sorted({a.task_index for a in attempts if a.escaped and a.error is None})
+    controls = await asyncio.gather(*(one(i, _CONTROL) for i in escaped_on))
+    clean = {c.task_index for c in controls if c.error is None and c.escaped is None}
     described = {p.name: p.description for p in chosen}
     findings = []
     for a in attempts:
-        if a.error is None and a.score is not None and (a.passed or a.score >= threshold):
+        if a.escaped and a.error is None and a.task_index in clean:
+            findings.append(
+                Finding(
+                    task_index=a.task_index,
+                    split=spec.tasks[a.task_index].split,
+                    policy=a.policy,
+                    description=described[a.policy],
+                    score=round(a.score or 0.0, 4),
+                    passed=False,
+                    primitive=None,
+                    primitive_type=None,
+                    hint=escape_hint(a.escaped),
+                    escaped=True,
+                )
+            )
+        elif a.error is None and a.score is not None and (a.passed or a.score >= threshold):
             culprit = weakest(a.passed_primitives)
             findings.append(
                 Finding(

@@ -181,3 +181,19 @@ async def test_episodes_the_verifier_gave_no_verdict_on_leave_the_audit_incomple
     assert print_report([audited.to_json()], as_json=False) == 1
     text = capsys.readouterr().out
     assert "no task hackable" not in text and "were not audited" in text
+
+
+def test_a_policy_that_ends_its_episode_errored_is_a_finding() -> None:
+    # The plugin's state() dies on a long note: the episode is errored, which a run leaves out
+    # of pass rates and GRPO's groups. The audit scored what it left (0) and said "no task
+    # hackable", though the policy had escaped its failing verdict.
+    done = audit("fragile_state_env.py", "--json", timeout=120)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    [env] = json.loads(done.stdout)["environments"]
+    assert env["hackableTasks"] == [0] and env["policyErrors"] == []
+    [found] = env["findings"]
+    assert found["policy"] == "plugin_extreme_values" and found["escaped"] is True
+    assert not found["passed"] and "died during state" in found["hint"]
+    assert "escapes a failing verdict" in found["hint"]
+    text = audit("fragile_state_env.py", "--policy", "plugin_extreme_values", timeout=120).stdout
+    assert "- plugin_extreme_values: escaped its verdict (errored) on 1 task(s) 0" in text

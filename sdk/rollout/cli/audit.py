@@ -185,9 +185,18 @@ def _print(doc: dict[str, Any]) -> None:
             groups.setdefault((f["policy"], f["primitive"]), []).append(f)
         for (policy, primitive), found in groups.items():
             passed = sum(f["passed"] for f in found)
-            how = f"passed {passed}"
-            if passed != len(found):
-                how += f", scored >= {doc['threshold']:g} on {len(found) - passed}"
+            # A registry older than `escaped` sends none.
+            escaped = sum(bool(f.get("escaped")) for f in found)
+            scored = len(found) - passed - escaped
+            how = ", ".join(
+                part
+                for part, count in (
+                    (f"passed {passed}", passed),
+                    (f"scored >= {doc['threshold']:g} on {scored}", scored),
+                    (f"escaped its verdict (errored) on {escaped}", escaped),
+                )
+                if count
+            )
             via = f" via {primitive} ({found[0]['primitive_type']})" if primitive else ""
             tasks = task_ranges([f["task_index"] for f in found])
             print(f"  - {policy}: {how} task(s) {tasks}{via}")
