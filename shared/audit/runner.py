@@ -12,10 +12,11 @@ gone): whether that policy got through that task is unknown, and an audit whose 
 went unscored once reported "no task hackable".
 
 An episode the policy drove into an error (a tool call that took the env down, a final answer
-its final state could not be taken with) would get no verdict in a run either: it is left out
-of pass rates and GRPO's groups, so the policy escaped its failing verdict. It is a finding when
-an episode that does nothing on the same task ends cleanly (else the env fails whatever is
-sent: a reset that raises is no policy's doing).
+its final state could not be taken with), or one the verifier gave no verdict on, gets no
+verdict in a run either: it is left out of pass rates and GRPO's groups, so the policy escaped
+its failing verdict. It is a finding when an episode that does nothing on the same task ends
+cleanly with a verdict (else the env or its verifier fails whatever is sent: a reset that
+raises, a judge that cannot be reached, is no policy's doing).
 """
 
 from __future__ import annotations
@@ -186,8 +187,8 @@ class AuditReport:
 def escape_hint(reason: str) -> str:
     """The fix for an episode a policy ended errored (`reason`) where doing nothing did not."""
     return (
-        f"the episode ended errored ({reason}), where one doing nothing did not: a run gives it "
-        "no verdict and leaves it out of pass rates and GRPO's groups, so a model escapes a "
+        f"the episode ended without a verdict ({reason}), where one doing nothing got one: a "
+        "run leaves such a rollout out of pass rates and GRPO's groups, so a model escapes a "
         "failing verdict this way. Make what it sent a tool error or a failing verdict"
     )
 
@@ -274,10 +275,18 @@ async def audit(
             return await attempt(spec, i, policy, timeout_s=timeout_s)
 
     attempts = await asyncio.gather(*(one(i, p) for i in tasks for p in chosen))
-    # Each task an episode escaped on, once: does doing nothing end cleanly there?
-    escaped_on = sorted({a.task_index for a in attempts if a.escaped and a.error is None})
+    # Each task an episode escaped on (errored, or left unscored), once: does doing nothing
+    # end cleanly there, with a verdict?
+    escaped_on = sorted(
+        {a.task_index for a in attempts if (a.escaped and a.error is None) or a.unscored}
+    )
     controls = await asyncio.gather(*(one(i, _CONTROL) for i in escaped_on))
     clean = {c.task_index for c in controls if c.error is None and c.escaped is None}
+    for a in attempts:
+        if a.unscored and a.task_index in clean:
+            # The verifier scores this task, just not what the policy sent: not the audit's
+            # gap but the policy's escape (the verifier's reason says how).
+            a.escaped, a.error, a.unscored = a.error, None, False
     described = {p.name: p.description for p in chosen}
     findings = []
     for a in attempts:

@@ -184,16 +184,36 @@ async def test_episodes_the_verifier_gave_no_verdict_on_leave_the_audit_incomple
 
 
 def test_a_policy_that_ends_its_episode_errored_is_a_finding() -> None:
-    # The plugin's state() dies on a long note: the episode is errored, which a run leaves out
-    # of pass rates and GRPO's groups. The audit scored what it left (0) and said "no task
-    # hackable", though the policy had escaped its failing verdict.
-    done = audit("fragile_state_env.py", "--json", timeout=120)
+    # A long note kills the plugin's host, and the episode cannot be replayed on a fresh one
+    # (its ticket is drawn at random): errored, which a run leaves out of pass rates and GRPO's
+    # groups. The audit scored what it left (0) and said "no task hackable", though the policy
+    # had escaped its failing verdict.
+    done = audit("unreplayable_env.py", "--json", timeout=120)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     [env] = json.loads(done.stdout)["environments"]
     assert env["hackableTasks"] == [0] and env["policyErrors"] == []
     [found] = env["findings"]
     assert found["policy"] == "plugin_extreme_values" and found["escaped"] is True
-    assert not found["passed"] and "died during state" in found["hint"]
+    assert not found["passed"] and "gave a different result at step 1" in found["hint"]
     assert "escapes a failing verdict" in found["hint"]
-    text = audit("fragile_state_env.py", "--policy", "plugin_extreme_values", timeout=120).stdout
-    assert "- plugin_extreme_values: escaped its verdict (errored) on 1 task(s) 0" in text
+    text = audit("unreplayable_env.py", "--policy", "plugin_extreme_values", timeout=120).stdout
+    assert "- plugin_extreme_values: ended without a verdict on 1 task(s) 0" in text
+
+
+async def test_a_policy_the_verifier_gives_no_verdict_where_doing_nothing_gets_one_escaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The taskset's judge times out on a reply of every candidate: no verdict (no fault of the
+    # code's), while an empty reply is scored. That was "the audit is incomplete", as if the
+    # judge were down; it is the policy escaping its verdict.
+    monkeypatch.syspath_prepend(str(HERE))
+    from rollout.shared.interop.verifiers_env import environment
+
+    spec = environment("long_reply_taskset").to_spec()
+    audited = await run_audit(
+        spec, policies=[named("answer_every_candidate"), named("claim_success")]
+    )
+    assert audited.policy_errors == [] and audited.hackable == [0]
+    [found] = audited.findings
+    assert found.policy == "answer_every_candidate" and found.escaped
+    assert "scoring timed out" in found.hint

@@ -193,7 +193,7 @@ def _print(doc: dict[str, Any]) -> None:
                 for part, count in (
                     (f"passed {passed}", passed),
                     (f"scored >= {doc['threshold']:g} on {scored}", scored),
-                    (f"escaped its verdict (errored) on {escaped}", escaped),
+                    (f"ended without a verdict on {escaped}", escaped),
                 )
                 if count
             )
