@@ -20,6 +20,7 @@ COUNTER = textwrap.dedent(
         def __init__(self, options):
             self.options = options
             self.calls = 0
+            self.poisoned = None
 
         def tools(self):
             return [
@@ -46,6 +47,10 @@ COUNTER = textwrap.dedent(
                 os._exit(3)
             if how == "sys_exit":
                 sys.exit("bye")
+            if how in ("poison_exit", "poison_hang"):  # state() cannot cope with it later
+                self.poisoned = how
+            if self.mode == "poison":
+                self.poisoned = "poison_exit"
             if how == "hang":
                 while True:
                     pass
@@ -81,6 +86,11 @@ COUNTER = textwrap.dedent(
             return {"async": True, "calls": self.calls}
 
         def state(self):
+            if self.poisoned == "poison_exit" or self.mode == "state_exit":
+                os._exit(3)
+            if self.poisoned == "poison_hang":
+                while True:
+                    pass
             return {"calls": self.calls, "mode": self.mode}
 
 

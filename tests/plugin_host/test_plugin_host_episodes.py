@@ -137,6 +137,40 @@ async def test_a_crash_in_a_plugin_that_replays_differently_errors_the_episode(
     assert pool.leased == 0
 
 
+@pytest.mark.parametrize("how", ["poison_exit", "poison_hang"])
+async def test_a_state_the_models_steps_make_kill_its_host_is_scored_not_errored(
+    pool: HostPool, how: str
+) -> None:
+    # The step left what state() cannot cope with (it exits, or hangs past the deadline):
+    # the episode was errored, left out of pass rates and GRPO's groups, so a model escaped a
+    # failing verdict by sending it. On a fresh host right after reset state() answers: the
+    # steps did it, and the final state says so.
+    rt = build_runtime(spec(), 0)
+    try:
+        [t] = await run_episodes([Episode(rt, "go")], ScriptedBackend([("go", {"how": how})]))
+    finally:
+        await rt.close()
+    assert t.error is None and t.finish_reason == "stop"
+    assert (
+        "state() took the plugin's host down after this episode's steps"
+        in (t.final_state["_stateError"])
+    )
+    assert pool.leased == 0
+
+
+async def test_a_state_that_kills_its_host_whatever_the_steps_errors_the_episode(
+    pool: HostPool,
+) -> None:
+    # No step of the model's made it: the env's fault, no verdict.
+    rt = build_runtime(spec(modes=("state_exit",)), 0)
+    try:
+        [t] = await run_episodes([Episode(rt, "go")], ScriptedBackend([("go", {})]))
+    finally:
+        await rt.close()
+    assert t.finish_reason == "stop" and "died during state" in t.error
+    assert pool.leased == 0
+
+
 async def test_no_host_to_go_on_with_after_a_crash_errors_the_episode(
     pool: HostPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -174,3 +174,15 @@ async def test_a_batch_that_is_only_slow_is_replayed_not_lost(shared2: HostPool)
             await rt.close()
     assert [o.output for o in outs] == [{"version": "v1", "calls": 1}] * 2
     assert shared2.leased == 0
+
+
+async def test_a_state_one_episodes_steps_make_kill_a_shared_host_fails_only_that_one(
+    shared3: HostPool,
+) -> None:
+    # The middle episode's steps make state() kill the host the three share: it is scored with
+    # a _stateError (not errored), and its partners' states are taken on replayed hosts.
+    done = await _run(spec(modes=("ok", "poison", "ok")), shared3)
+    assert all(t.error is None for t in done), [t.error for t in done]
+    assert done[0].final_state == done[2].final_state == {"calls": 2, "mode": "ok"}
+    assert "took the plugin's host down" in done[1].final_state["_stateError"]
+    assert shared3.leased == 0

@@ -18,9 +18,11 @@ reads, and so is a step that kills its host or hangs past the step timeout: the 
 arguments did it, and an errored episode is left out of pass rates, so a model that found
 arguments that crash the plugin would escape a failed verdict. The call has no effect: the
 episode is replayed on a fresh host (reset, then its earlier steps) and goes on to be scored.
-What the model's arguments cannot cause stays errored: no host can start or import the plugin,
-reset() or state() crashes, or the replay gives different results (a non-deterministic plugin,
-whose episode cannot be rebuilt faithfully). The model is told the call crashed or timed out,
+A state() that kills its host after the episode's steps, where on a fresh host right after
+reset it answers, was made to by those steps: the final state says so (`_stateError`) and is
+scored, not errored. What the model's arguments cannot cause stays errored: no host can start or
+import the plugin, reset() or state() crashes whatever the steps, or the replay gives different
+results (a non-deterministic plugin, whose episode cannot be rebuilt faithfully). The model is told the call crashed or timed out,
 not the host's stderr (the plugin's own prints, which may hold what the task hides).
 """
 
@@ -355,6 +357,7 @@ class PluginRuntime(BaseRuntime):
 
     def final_state(self) -> dict[str, Any]:
         """The plugin's state() (EnvironmentFailed when its host is gone)."""
+        own = False  # whether state() itself took a host of this episode's own down
         try:
             host = self._live_host()
             if self._shared and not host.alive:
@@ -363,14 +366,49 @@ class PluginRuntime(BaseRuntime):
                 self._give_back()
                 self._recover(HostFailed(host.dead or "plugin host died"))
                 host = self._live_host()
-            state = host.call("state", {"ep": self._ep}).get("state")
+            try:
+                state = host.call("state", {"ep": self._ep}).get("state")
+            except HostFailed as exc:
+                if not self._shared:
+                    own = True
+                    raise
+                # A partner's step may have killed the shared host meanwhile: once more, on a
+                # host of its own with this episode's steps replayed.
+                self._give_back()
+                self._recover(exc)
+                own = True
+                state = self._live_host().call("state", {"ep": self._ep}).get("state")
         except HostFailed as exc:
             self._failure = str(exc)
             self._give_back()
+            if own and self._history and self._state_after_reset_answers():
+                # The steps the model chose did it: a verdict on what it left, not an error.
+                return {
+                    "_stateError": f"state() took the plugin's host down after this episode's "
+                    f"steps ({exc}); on a fresh host after reset it answers"
+                }
             raise
         except ReplyError as exc:
             return {"_stateError": str(exc)}
         return state if isinstance(state, dict) else {"_stateError": "state() is not a dict"}
+
+    def _state_after_reset_answers(self) -> bool:
+        """Whether state() answers (or raises) on a fresh host right after reset, with no
+        step (blocking): then it was this episode's steps that made it kill its host."""
+        try:
+            host = lease_host(self._config, self._pool)
+        except (PluginError, RolloutError):  # RolloutError: no sandbox here (HostFailed too)
+            return False
+        try:
+            host.call("reset", {**self._reset_payload(), "ep": 0})
+            host.call("state", {"ep": 0})
+        except ReplyError:
+            return True  # it raised (a verdict of its own), but the host lived
+        except (HostFailed, PluginError):
+            return False
+        finally:
+            self._pool.release(host)
+        return True
 
     async def close(self) -> None:
         """End the episode in the host (its close()) and give the host back."""
