@@ -197,6 +197,8 @@ def fragile_app(verify_fails_always: bool = False) -> Any:
         if verify_fails_always:
             return failed(RuntimeError("the verifier is broken"))
         text = body["response"]["output"][-1]["content"][0]["text"]
+        if len(text) > 100:  # as a request model with max_length would
+            return Response('{"detail": "answer too long"}', status_code=422)
         try:
             return {"reward": float(int(text or 0) == 4)}
         except ValueError as exc:  # "four"
@@ -236,6 +238,10 @@ async def test_what_the_server_cannot_parse_fails_the_episode_instead_of_errorin
         )
         verdict = await score(spec, 0, unparsable)
         assert verdict.error is None and not verdict.passed and verdict.score == 0.0
+        # An answer that does not fit the server's request model (422): the same.
+        too_long = await run_tool_script(spec, 0, [("submit_answer", {"answer": "4" * 200})])
+        assert too_long.final_state["reward"] == 0.0
+        assert "HTTP 422" in too_long.final_state["verify"]["verifyError"]
         # A gateway's 503 says nothing about the call: the episode ends errored, as before.
         with pytest.raises(EnvironmentFailed, match="HTTP 503"):
             await run_tool_script(spec, 0, [("busy", {})])

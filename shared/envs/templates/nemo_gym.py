@@ -8,8 +8,9 @@ itself, which does not install here.
 
 A server's HTTP 500 is its handler raising on what it was sent: on a tool call, the model's
 arguments did it (`int("five")`), so the model reads it as a tool error and goes on; at
-`/verify`, the answer did it when the server verifies a control answer ("", "0") in a session of
-its own at the same moment, and the episode scores the reward 0. Either as an errored episode
+`/verify` (and a 400, 413 or 422 there: what was sent does not fit its request model), the
+answer did it when the server verifies a control answer ("", "0") in a session of its own at
+the same moment, and the episode scores the reward 0. Either as an errored episode
 would be left out of pass rates and GRPO's groups: a model could escape a failing verdict by
 sending what the server cannot parse. A server that is gone, a gateway's 502-504, or a
 `/verify` that fails on the controls too ends the episode errored (no verdict).
@@ -69,6 +70,9 @@ PROBE_TIMEOUT_S = 5.0
 # What a FastAPI server answers when its handler raised; other 5xx (a gateway, an overload)
 # say nothing about what it was sent.
 HANDLER_RAISED = 500
+# What a server answers /verify with when what the episode sent does not fit its request model:
+# a bad request, one too large, one that fails validation (a field longer than it allows).
+REFUSED_CONTENT = (400, 413, 422)
 # Answers no policy wrote, verified when /verify raised on the model's: a server that verifies
 # one of them can verify, and it was the answer it could not.
 CONTROL_ANSWERS = ("", "0")
@@ -76,6 +80,14 @@ CONTROL_ANSWERS = ("", "0")
 
 class ServerError(RolloutError):
     """The server answered 5xx (`status`)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Refused(ToolError):
+    """The server answered 4xx (`status`): the model reads it as its call's error."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -200,7 +212,7 @@ class NemoGymRuntime(BaseRuntime):
             body = response.text
         if response.status_code >= 400:
             detail = body.get("detail") if isinstance(body, dict) else body
-            raise ToolError(f"{op}: HTTP {response.status_code}: {detail}")
+            raise Refused(f"{op}: HTTP {response.status_code}: {detail}", response.status_code)
         return body
 
     def _tool(self, name: str):  # type: ignore[no-untyped-def]
@@ -272,8 +284,9 @@ class NemoGymRuntime(BaseRuntime):
                 body = self._check(
                     self._sync.post("/verify", json={**self._fields, **payload}), "verify"
                 )
-            except ServerError as exc:
-                control = self._control_verified() if exc.status == HANDLER_RAISED else None
+            except (ServerError, Refused) as exc:
+                content = exc.status == HANDLER_RAISED or exc.status in REFUSED_CONTENT
+                control = self._control_verified() if content else None
                 if control is None:
                     self._failure = f"nemo_gym {self.base_url}: {exc}"
                     raise EnvironmentFailed(self._failure) from None
