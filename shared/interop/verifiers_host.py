@@ -26,6 +26,11 @@ _MARK = "verifiers: "
 MAX_TASKS = 10_000
 
 
+class OperationStopped(RolloutError):
+    """The operation itself (not the host's start) crashed its host, ran past the step deadline
+    or raised past the adapter (SystemExit): what it was given may have done it."""
+
+
 def _strip(message: str) -> str:
     at = message.find(_MARK)
     return message[at:] if at >= 0 else message
@@ -50,10 +55,18 @@ def host_call(config: VerifiersConfig, op: str, arguments: dict[str, Any], pool:
     options = {"taskset": config.taskset, "options": dict(config.options)}
     try:
         host.call("reset", {"options": options, "task": {}})
-        reply = host.call("step", {"name": op, "arguments": arguments})
     except HostFailed as exc:
+        pool.release(host)  # a failed host is closed there
         raise RolloutError(_strip(str(exc))) from None
     except (PluginError, ReplyError) as exc:
+        pool.release(host)
+        raise RolloutError(_strip(str(exc))) from None
+    try:
+        reply = host.call("step", {"name": op, "arguments": arguments})
+    except (HostFailed, ReplyError) as exc:
+        pool.release(host)
+        raise OperationStopped(_strip(str(exc))) from None
+    except PluginError as exc:
         pool.release(host)
         raise RolloutError(_strip(str(exc))) from None
     pool.release(host)

@@ -16,6 +16,8 @@ from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import Trajectory
 from rollout.shared.envs import score, validate_environment
+from rollout.shared.envs.plugin_host import client
+from rollout.shared.envs.plugin_host.client import HostPool, HostSettings
 from rollout.shared.interop.verifiers_env import environment
 
 QA = """
@@ -129,6 +131,50 @@ async def test_a_reply_the_rewards_cannot_parse_fails_instead_of_escaping_its_ve
     for task, why in ((1, "controls too"), (2, "endpoint is down")):
         verdict = await score(spec, task, _trajectory("2"))
         assert verdict.error is not None and why in verdict.error, verdict
+
+
+STOPPING = """
+import os
+import verifiers.v1 as vf
+
+__all__ = ["StopTaskset"]
+
+class StopData(vf.TaskData):
+    answer: str
+
+class StopTask(vf.Task[StopData, vf.State]):
+    @vf.reward
+    async def exact(self, task: StopData, trace: vf.Trace) -> float:
+        if trace.last_reply == "crash":
+            os._exit(1)  # a C extension's crash on what it was given
+        while trace.last_reply == "hang":  # a pattern that never ends on this reply
+            pass
+        return float(trace.last_reply == task.answer)
+
+class StopTaskset(vf.Taskset[StopTask]):
+    def load(self):
+        yield StopTask(StopData(prompt="2+2?", answer="4", id="s4"), self.config.task)
+"""
+
+
+async def test_a_reply_that_crashes_or_hangs_the_rewards_host_fails_instead_of_escaping(
+    user_module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its host died or hung scoring the reply: no verdict, as if the platform had failed,
+    # though a control reply is scored by a fresh host at once.
+    fresh = HostPool(HostSettings(step_timeout_s=8.0))
+    monkeypatch.setattr(client, "_pool", fresh)
+    try:
+        user_module("stop_taskset", STOPPING)
+        spec = environment("stop_taskset").to_spec()
+        assert (await score(spec, 0, _trajectory("4"))).passed
+        for reply in ("crash", "hang"):
+            verdict = await score(spec, 0, _trajectory(reply))
+            assert verdict.error is None and not verdict.passed, verdict
+            assert "the reply is at fault" in verdict.primitives[0].reason
+        assert fresh.leased == 0
+    finally:
+        fresh.close()
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ The taskset's code runs only in a plugin host (a sandboxed worker), never in thi
 the primitive sends the task's data (its hidden ground truth) and the reply there. A host
 that cannot run the taskset is an infrastructure error (no verdict), not a score.
 
-A reward whose own code raises on the reply (`int(reply)` on "five", a reply of 5,000 digits)
-is the reply's doing when the same task scores a control reply (the task's `answer`, "0", "")
+A reward whose own code raises on the reply (`int(reply)` on "five", a reply of 5,000 digits),
+or that crashes or hangs its host on it, is the reply's doing when the same task scores a control reply (the task's `answer`, "0", "")
 at the same moment: the reply fails with 0. As an error it would be left out of pass rates and
 GRPO's groups, so a model unsure of its answer could write one the reward cannot parse and
 escape every failing verdict. When no control is scored either, the taskset cannot score the
@@ -23,7 +23,7 @@ from rollout.shared.contracts.envspec import CamelModel
 from rollout.shared.envs.templates.verifiers_taskset import VerifiersConfig
 from rollout.shared.envs.verifiers.registry import InfraError, Outcome, ScoreContext, register
 from rollout.shared.errors import RolloutError
-from rollout.shared.interop.verifiers_host import ahost_call
+from rollout.shared.interop.verifiers_host import OperationStopped, ahost_call
 
 
 class VerifiersRubricParams(CamelModel):
@@ -44,6 +44,10 @@ def _controls(data: dict[str, Any]) -> list[str]:
 async def _call(config: VerifiersConfig, data: dict[str, Any], reply: str) -> dict[str, Any]:
     try:
         result = await ahost_call(config, "score", {"data": data, "reply": reply})
+    except OperationStopped as exc:
+        # Its host died or hung scoring this reply (a reward's regex that never ends on it):
+        # as much the reply's doing as a raise, when the controls are scored.
+        return {"raised": exc.message, "codeError": True}
     except RolloutError as exc:
         raise InfraError(exc.message) from None
     return result if isinstance(result, dict) else {}
