@@ -18,12 +18,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from rollout.services.inference.defaults import DEFAULT_MAX_N as DEFAULT_MAX_N
+from rollout.services.inference.defaults import DEFAULT_MAX_TOKENS_LIMIT as DEFAULT_MAX_TOKENS_LIMIT
 from rollout.shared.aggregates.run_options import SEED_RANGE
 from rollout.shared.models.base import ChatRequest, ChatResponse, ToolCall
 from rollout.shared.models.hermes import OPEN_TAG
 
-DEFAULT_MAX_N = 8
-DEFAULT_MAX_TOKENS_LIMIT = 4096
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 # What the backends report, mapped onto the reasons OpenAI clients know.
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}

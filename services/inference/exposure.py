@@ -8,10 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rollout.services.inference.app import KeyRing
+from rollout.services.inference.defaults import DEFAULT_HOST as DEFAULT_HOST
 from rollout.shared.errors import RolloutError
-
-# The address served on when none is given: this machine only.
-DEFAULT_HOST = "127.0.0.1"
 
 
 def is_loopback(host: str) -> bool:

@@ -12,10 +12,9 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from rollout.services.inference.defaults import DEFAULT_PORT as DEFAULT_PORT
 from rollout.services.inference.exposure import DEFAULT_HOST as DEFAULT_HOST
 from rollout.services.inference.server import Running, serving
-
-DEFAULT_PORT = 8400
 
 
 async def serve_forever(

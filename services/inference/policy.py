@@ -17,6 +17,7 @@ from typing import Any
 from nats.js import JetStreamContext
 from pydantic import ValidationError
 
+from rollout.services.inference.defaults import DEFAULT_MAX_BATCH as DEFAULT_MAX_BATCH
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts.envelope import EventEnvelope
@@ -27,8 +28,6 @@ from rollout.shared.models.base import ChatRequest, ChatResponse, ModelBackend, 
 from rollout.shared.observability import get_logger
 
 log = get_logger(__name__)
-
-DEFAULT_MAX_BATCH = 16
 
 
 @dataclass

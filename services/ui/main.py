@@ -6,14 +6,13 @@ import socket
 from collections.abc import Callable
 
 from rollout.services.ui.app import create_app
+from rollout.services.ui.defaults import DEFAULT_HOST as DEFAULT_HOST
+from rollout.services.ui.defaults import DEFAULT_PORT as DEFAULT_PORT
 from rollout.services.ui.server import server_for
 from rollout.shared.auth.keys import ApiKey
 from rollout.shared.service.sockets import url_of
 from rollout.shared.settings import Settings
 from rollout.shared.store.trajectories import object_store
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8321
 
 
 async def serve_ui(

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rollout.shared.agent.loop import SamplingParams, run_episode
+from rollout.shared.audit.defaults import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S
 from rollout.shared.audit.hints import hint, partial_hint, weakest
 from rollout.shared.audit.policies import Policy, View, for_template
 from rollout.shared.audit.policies.base import say
@@ -36,8 +37,6 @@ from rollout.shared.envs.engine import score
 from rollout.shared.envs.runtimes import start_runtime
 from rollout.shared.models.base import ChatRequest, ChatResponse
 
-DEFAULT_THRESHOLD = 0.75
-EPISODE_TIMEOUT_S = 60.0
 MAX_TOOL_CALLS = 20
 CONCURRENCY = 8
 

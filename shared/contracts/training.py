@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from rollout.shared.errors import RolloutError
+from rollout.shared.method_names import METHOD_ALIASES
 
 # TRL's DPO loss functions (DPOConfig.loss_type), each a single loss; `ipo` is the IPO paper's.
 DpoLossType = Literal[
@@ -50,9 +51,6 @@ IsCorrection = Literal["none", "tis", "mis"]
 Aggregation = Literal["token", "sequence"]
 
 _T = TypeVar("_T")
-
-# Method names that select another method's model with one setting fixed (`ipo` is DPO's IPO).
-METHOD_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {"ipo": ("dpo", {"loss_type": "ipo"})}
 
 
 class TrainConfig(BaseModel):

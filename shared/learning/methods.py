@@ -37,6 +37,7 @@ from rollout.shared.learning.ppo import PPOLearner
 from rollout.shared.learning.rm import train_rm
 from rollout.shared.learning.sft import train_sft
 from rollout.shared.learning.trainer_rows import TrainingSet, dpo_rows, kto_rows, sft_rows
+from rollout.shared.method_names import method_names
 
 # What an offline method trains on, as the buffer builds it from a run or a dataset:
 # `sft` passing conversations, `labelled` every scored rollout grouped by task (with `passed`),
@@ -137,3 +138,7 @@ register(Method(PpoConfig, "online PPO", "online", learner=PPOLearner, min_group
 # Distillation's signal is per token, from the teacher: one sample of a task is enough.
 register(Method(OpdConfig, "on-policy distillation", "online", learner=OPDLearner, min_group=1))
 assert set(TABLE) == set(CONFIG_MODELS), "every contract config has its table entry"
+# `rollout --help` lists the methods from rollout.shared.method_names without this table.
+assert names() == method_names() and names(online=True) == method_names(online=True), (
+    "rollout.shared.method_names lists the table's methods, in its order"
+)

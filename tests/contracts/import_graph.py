@@ -41,6 +41,25 @@ HEAVY = frozenset(
 )
 
 
+# What building the CLI's parser must not load: every `rollout` command builds every verb's
+# parser before it runs one, so the CLI's modules also defer these to the verbs that use them
+# (tests/contracts/test_cli_startup.py checks what `rollout --help` imports).
+CLI_STARTUP_HEAVY = HEAVY | frozenset(
+    {
+        "asyncpg",
+        "bcrypt",
+        "faststream",
+        "httpx",
+        "jinja2",
+        "nats",
+        "pydantic",
+        "rich",
+        "starlette",
+        "structlog",
+    }
+)
+
+
 @dataclass(frozen=True)
 class Edge:
     """One import of a project module by another."""
@@ -232,8 +251,8 @@ def circles(graph: Graph, *, module_level_only: bool = False) -> list[list[str]]
     return sorted(found, key=len, reverse=True)
 
 
-def heavy_closure(graph: Graph) -> dict[str, bool]:
-    """Whether importing each module (its module-level imports, transitively) loads a HEAVY one."""
+def heavy_closure(graph: Graph, heavy_set: frozenset[str] = HEAVY) -> dict[str, bool]:
+    """Whether importing each module (its module-level imports, transitively) loads a heavy one."""
     adjacent: dict[str, set[str]] = defaultdict(set)
     for edge in graph.edges:
         if not edge.in_function and not edge.type_checking:
@@ -243,10 +262,16 @@ def heavy_closure(graph: Graph) -> dict[str, bool]:
     def heavy(module: str, seen: frozenset[str]) -> bool:
         if module in memo:
             return memo[module]
-        if graph.external.get(module, set()) & HEAVY:
+        if graph.external.get(module, set()) & heavy_set:
             memo[module] = True
             return True
-        result = any(heavy(d, seen | {module}) for d in adjacent[module] if d not in seen)
+        # Importing a module first imports its package (`rollout.shared.envs.judged` loads
+        # rollout/shared/envs/__init__.py and all it imports).
+        parent = module.rpartition(".")[0]
+        above = [parent] if parent in graph.modules and parent not in seen else []
+        result = any(
+            heavy(d, seen | {module}) for d in [*adjacent[module], *above] if d not in seen
+        )
         memo[module] = result
         return result
 
@@ -254,9 +279,19 @@ def heavy_closure(graph: Graph) -> dict[str, bool]:
 
 
 def deferred_for_nothing(graph: Graph) -> list[Edge]:
-    """Imports inside functions of project modules whose import loads nothing heavy."""
+    """Imports inside functions of project modules whose import loads nothing heavy.
+
+    For the CLI's modules, heavy is also what its parser must not load (CLI_STARTUP_HEAVY).
+    """
     heavy = heavy_closure(graph)
-    return [e for e in graph.edges if e.in_function and not e.type_checking and not heavy[e.dst]]
+    startup = heavy_closure(graph, CLI_STARTUP_HEAVY)
+    return [
+        e
+        for e in graph.edges
+        if e.in_function
+        and not e.type_checking
+        and not (startup if floor(e.src) == "cli" else heavy)[e.dst]
+    ]
 
 
 if __name__ == "__main__":

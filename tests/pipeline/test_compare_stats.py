@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.cli.platform import comparison, print_comparison
-from rollout.comparison import error_summary
+from rollout.cli.platform import print_comparison
+from rollout.comparison import comparison, error_summary
 from rollout.shared.stats import (
     design_effect,
     format_interval,

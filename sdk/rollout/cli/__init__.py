@@ -8,8 +8,8 @@ import os
 import sys
 
 from rollout import printable
+from rollout.cli._common import VerbParser
 from rollout.errors import RolloutError
-from rollout.shared.observability import configure_logging
 
 # Each module registers its own verbs; the order is the order in `rollout --help`.
 COMMAND_MODULES = [
@@ -35,7 +35,7 @@ COMMAND_MODULES = [
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser with every registered verb."""
-    parser = argparse.ArgumentParser(
+    parser = VerbParser(
         prog="rollout",
         description="Agent environments, rollouts, verifiers and post-training on one event log.",
     )
@@ -57,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     # Every verb logs to stderr, warnings and up, so stdout stays clean for --json;
     # `serve` and `up --foreground` reconfigure for a long-running service.
     printable.install()  # first: the loggers take the wrapped stderr
-    configure_logging("cli", level=os.environ.get("ROLLOUT_LOG_LEVEL") or "WARNING")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # Only now, so that `--help` and a mistyped verb do not import structlog (and rich).
+    from rollout.shared.observability import configure_logging
+
+    configure_logging("cli", level=os.environ.get("ROLLOUT_LOG_LEVEL") or "WARNING")
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, so a reader that went away is caught below

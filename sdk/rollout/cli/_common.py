@@ -11,9 +11,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rollout.errors import RolloutError
-from rollout.plans import parse_env_ref
-from rollout.shared.auth.credentials import client_settings
-from rollout.shared.envs.judged import NOTHING_SCORED
 from rollout.shared.settings import Settings, load_settings
 from rollout.shared.stale import stale_note
 
@@ -25,6 +22,8 @@ def settings_or_error() -> Settings:
 
 def client_settings_or_error() -> Settings:
     """What a user's verb connects with: API key / login / the local stack's key."""
+    from rollout.shared.auth.credentials import client_settings
+
     return client_settings()
 
 
@@ -40,6 +39,8 @@ def require_database(settings: Settings) -> str:
 
 def env_ref(value: str, version: int | None, what: str) -> tuple[str, int | None]:
     """(slug, version) of SLUG or SLUG@N, N taken as --env-version N; RolloutError naming WHAT."""
+    from rollout.plans import parse_env_ref
+
     ref = parse_env_ref(value)
     if isinstance(ref, str):
         raise RolloutError(
@@ -66,6 +67,8 @@ def note_if_stale(read_models: dict[str, Any] | None) -> None:
 
 def note_judges_nothing(what: str, envs: Iterable[str]) -> None:
     """One line on stderr: `what` (rollouts said to pass) came from envs that judge nothing."""
+    from rollout.shared.envs.judged import NOTHING_SCORED
+
     names = ", ".join(sorted(envs))
     if names:
         print(f"note: {what} of {names}, whose env judges nothing ({NOTHING_SCORED}):"
@@ -128,3 +131,42 @@ async def said_when_stopped(work: Awaitable[int], line: Callable[[], str]) -> in
     finally:
         if handled:
             loop.remove_signal_handler(signal.SIGTERM)
+
+
+class VerbParser(argparse.ArgumentParser):
+    """An ArgumentParser that adds some of its arguments on first use (see `later`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._later: list[Callable[[argparse.ArgumentParser], None]] = []
+
+    def _complete(self) -> None:
+        while self._later:
+            self._later.pop(0)(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As ArgumentParser's, once the deferred arguments are added."""
+        self._complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        """As ArgumentParser's, once the deferred arguments are added."""
+        self._complete()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        """As ArgumentParser's, once the deferred arguments are added."""
+        self._complete()
+        return super().format_help()
+
+
+def later(parser: argparse.ArgumentParser, add: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Call `add(parser)` when `parser` parses or prints its help, not now.
+
+    For a verb whose arguments' defaults, choices or help come from a heavy module: building
+    every verb's parser (`rollout --help`, any other verb) then does not import it.
+    """
+    if isinstance(parser, VerbParser):
+        parser._later.append(add)
+    else:
+        add(parser)

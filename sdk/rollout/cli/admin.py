@@ -9,16 +9,9 @@ from pathlib import Path
 
 from rollout.cli._common import port_number, print_json, require_database, settings_or_error
 from rollout.errors import RolloutError
-from rollout.services.tracker.projections import ReadModels
-from rollout.shared.auth.services import authorization_template
-from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.settings import connect_nats
 from rollout.shared.stack.files import write_atomic
-from rollout.shared.stack.nats import deployment_config
 from rollout.shared.stack.services import SERVICES
-from rollout.shared.store.db import create_pool, migrate
-from rollout.shared.store.projection import ProjectionRunner
-from rollout.snapshots import check_out_file
 
 # What nats-config writes begins with one of these (the whole config, or --terraform-template's
 # authorization block) and holds the users block; a file of another shape is the user's own.
@@ -62,6 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 async def rebuild_read_models() -> int:
     """Rebuild the tracker's read models; return the number of events applied."""
+    from rollout.services.tracker.projections import ReadModels
+    from rollout.shared.bus.streams import ensure_streams
+    from rollout.shared.store.db import create_pool, migrate
+    from rollout.shared.store.projection import ProjectionRunner
+
     settings = settings_or_error()
     dsn = require_database(settings)
     nc = await connect_nats(settings)
@@ -98,6 +96,10 @@ def is_earlier_nats_config(path: Path) -> bool:
 
 
 def _nats_config(args: argparse.Namespace) -> int:
+    from rollout.shared.auth.services import authorization_template
+    from rollout.shared.stack.nats import deployment_config
+    from rollout.snapshots import check_out_file
+
     out = Path(args.out)
     what = "nats-config writes one config file"
     check_out_file(out, "--out", "admin nats-config", is_earlier_nats_config, what=what)

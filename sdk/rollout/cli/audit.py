@@ -19,19 +19,15 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rollout.cli._common import client_settings_or_error, print_json
+from rollout.cli._common import client_settings_or_error, later, print_json
 from rollout.cli.env_specs import resolve_spec
-from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.plans import parse_env_ref
-from rollout.shared.audit import POLICIES, AuditReport, audit, named
-from rollout.shared.audit.policies import for_template
-from rollout.shared.audit.runner import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S, task_ranges
-from rollout.shared.envs import load_environments, select_environment, validate_environment
-from rollout.shared.envs.sandbox_check import require_sandbox
-from rollout.shared.observability import configure_logging
+from rollout.shared.audit.defaults import DEFAULT_THRESHOLD, EPISODE_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from rollout.shared.audit.runner import AuditReport
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "audit",
         help="run adversarial policies against an env's verifier; exit 1 if a task is hackable",
         description=__doc__.split("\n\n")[1],
-        epilog=f"{len(POLICIES)} policies: " + ", ".join(x.name for x in POLICIES),
     )
+    later(p, _policies_epilog)
     p.add_argument("target", metavar="ENV_FILE_OR_SLUG", help="a .py env file or a pushed slug")
     p.add_argument("--slug", help="only the environment with this slug (a file with several)")
     p.add_argument("--split", help="only tasks of this split (default: every task)")
@@ -70,7 +66,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_audit)
 
 
+def _policies_epilog(p: argparse.ArgumentParser) -> None:
+    """The help's epilog lists the policies (their modules load only for it)."""
+    from rollout.shared.audit.policies import POLICIES
+
+    p.epilog = f"{len(POLICIES)} policies: " + ", ".join(x.name for x in POLICIES)
+
+
 def _audit(args: argparse.Namespace) -> int:
+    from rollout.shared.audit.policies import named
+    from rollout.shared.observability import configure_logging
+
     configure_logging("rollout-audit", level=os.environ.get("ROLLOUT_LOG_LEVEL", "WARNING"))
     try:
         chosen = [named(n) for n in args.policy] if args.policy else None
@@ -110,6 +116,9 @@ def report(documents: list[dict[str, Any]], *, as_json: bool) -> int:
 
 
 async def _on_platform(args: argparse.Namespace) -> dict[str, Any]:
+    from rollout.client import AsyncClient
+    from rollout.plans import parse_env_ref
+
     if args.target.endswith(".py"):
         raise RolloutError(
             f"--platform audits a pushed env: give its slug (`rollout push {args.target}` first)"
@@ -128,6 +137,11 @@ async def _on_platform(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _run(args: argparse.Namespace, chosen: list[Any] | None) -> list[AuditReport]:
+    from rollout.shared.audit.policies import for_template
+    from rollout.shared.audit.runner import audit
+    from rollout.shared.envs import load_environments, select_environment, validate_environment
+    from rollout.shared.envs.sandbox_check import require_sandbox
+
     if args.target.endswith(".py") or await asyncio.to_thread(Path(args.target).is_file):
         envs = select_environment(load_environments(args.target), args.slug)
         problems = [f"{e.slug}: {p}" for e in envs for p in validate_environment(e)]
@@ -163,6 +177,8 @@ async def _run(args: argparse.Namespace, chosen: list[Any] | None) -> list[Audit
 
 
 def _print(doc: dict[str, Any]) -> None:
+    from rollout.shared.audit.runner import task_ranges
+
     where = f", split {doc['split']}" if doc.get("split") else ""
     version = f" v{doc['version']}" if doc.get("version") else ""
     print(

@@ -13,24 +13,7 @@ from typing import Any
 from rollout.cli import key_limits
 from rollout.cli._common import print_json
 from rollout.errors import RolloutError
-from rollout.shared.auth.credentials import (
-    API_KEY_ENV,
-    ENDPOINT_ENV,
-    check_endpoint,
-    client_settings,
-    credentials_path,
-    describe,
-    read_credentials,
-    save_credentials,
-    with_credentials,
-)
-from rollout.shared.auth.denials import PermissionWatch
-from rollout.shared.auth.identity import server_identity
-from rollout.shared.auth.keys import ApiKey, KeyStore, ensure_local_key, read_local_key
-from rollout.shared.bus.requests import call, service_subject
-from rollout.shared.contracts.requests import ListEnvironments
 from rollout.shared.settings import connect_nats, load_settings, read_json_file
-from rollout.shared.stack.nats import reload_nats
 
 
 def register(sub: Any) -> None:
@@ -76,6 +59,9 @@ def register(sub: Any) -> None:
 
 def cmd_login(args: argparse.Namespace) -> int:
     """Verify a key against the endpoint with a query, then save both (0600)."""
+    from rollout.shared.auth.credentials import ENDPOINT_ENV, check_endpoint, save_credentials
+    from rollout.shared.auth.keys import ApiKey
+
     settings = load_settings()
     endpoint, source = args.endpoint, "--endpoint"
     if not endpoint and os.environ.get(ENDPOINT_ENV):
@@ -109,6 +95,8 @@ def _read_key() -> str:
 
 async def _verify(settings: Any, endpoint: str, key_text: str) -> dict[str, Any]:
     """Connect with the key and make a query; a clear error (nothing saved) if either fails."""
+    from rollout.shared.auth.credentials import with_credentials
+
     checked = replace(
         with_credentials(settings, endpoint, key_text),
         endpoint_source="rollout login",
@@ -119,6 +107,11 @@ async def _verify(settings: Any, endpoint: str, key_text: str) -> dict[str, Any]
 
 async def _identify(settings: Any, *, query: bool) -> dict[str, Any]:
     """Who the server says we are; with `query`, also prove the key can read the registry."""
+    from rollout.shared.auth.denials import PermissionWatch
+    from rollout.shared.auth.identity import server_identity
+    from rollout.shared.bus.requests import call, service_subject
+    from rollout.shared.contracts.requests import ListEnvironments
+
     watch = PermissionWatch(settings.nats_user)
     nc = await connect_nats(settings, name="rollout-auth", error_cb=watch.error_cb)
     try:
@@ -140,6 +133,8 @@ async def _identify(settings: Any, *, query: bool) -> dict[str, Any]:
 
 def cmd_logout(args: argparse.Namespace) -> int:
     """Delete the saved credentials file."""
+    from rollout.shared.auth.credentials import credentials_path, read_credentials
+
     saved = read_credentials()
     if saved is None:
         print("not logged in")
@@ -151,6 +146,8 @@ def cmd_logout(args: argparse.Namespace) -> int:
 
 def cmd_whoami(args: argparse.Namespace) -> int:
     """Print the endpoint, key id and role in use (the role as the server reports it)."""
+    from rollout.shared.auth.credentials import client_settings, describe
+
     settings = client_settings()
     identity = asyncio.run(_identify(settings, query=False))
     where = describe(settings)
@@ -176,6 +173,8 @@ def cmd_whoami(args: argparse.Namespace) -> int:
 
 def _home_with_embedded_nats() -> Any:
     """ROLLOUT_HOME, if its NATS is the embedded one (keys become users of that server)."""
+    from rollout.shared.auth.credentials import API_KEY_ENV, ENDPOINT_ENV, read_credentials
+
     # `keys` acts as the operator of ROLLOUT_HOME's stack, through its files, not through a
     # key: a shell that names another endpoint or a key holder's key would be told it made
     # or revoked keys that the server it talks to never hears of.
@@ -212,6 +211,8 @@ def _home_with_embedded_nats() -> Any:
 
 def _apply(home: Any) -> bool:
     """Reload the running server's users; False (with a note) when the stack is down."""
+    from rollout.shared.stack.nats import reload_nats
+
     applied = reload_nats(home)
     if not applied:
         print("note: the stack is not running; the change applies at `rollout up`", file=sys.stderr)
@@ -220,6 +221,8 @@ def _apply(home: Any) -> bool:
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
     """Mint a key and print it once (stdout holds only the key, for scripts)."""
+    from rollout.shared.auth.keys import KeyStore
+
     home = _home_with_embedded_nats()
     changes = key_limits.limit_changes(args)
     if changes:
@@ -249,6 +252,8 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
 def cmd_keys_limit(args: argparse.Namespace) -> int:
     """Set or lift a key's daily budgets; the services apply them to its next request."""
+    from rollout.shared.auth.keys import KeyStore, read_local_key
+
     home = _home_with_embedded_nats()
     record = KeyStore(home).find(args.id)
     changes = key_limits.limit_changes(args)
@@ -283,6 +288,8 @@ def _used_of(found: dict[str, Any] | None, kind: str, limit_field: str) -> str:
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
     """List the keys: id, role, name, created; their limits and use today (UTC)."""
+    from rollout.shared.auth.keys import KeyStore, read_local_key
+
     home = _home_with_embedded_nats()
     records = KeyStore(home).records()
     local = read_local_key(home)
@@ -316,6 +323,8 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     """Revoke a key; the running server refuses it (and drops its connections) at once."""
+    from rollout.shared.auth.keys import KeyStore, ensure_local_key, read_local_key
+
     home = _home_with_embedded_nats()
     local = read_local_key(home)
     record = KeyStore(home).revoke(args.id)

@@ -7,12 +7,8 @@ from pathlib import Path
 
 from rollout.cli._common import client_settings_or_error, port_number, print_json
 from rollout.cli.env_specs import resolve_spec
-from rollout.client import AsyncClient
 from rollout.shared.interop.backends import describe
-from rollout.shared.interop.nemo_gym import serve as serve_gym
-from rollout.shared.interop.verifiers_env import export_module
 from rollout.shared.service.sockets import bind
-from rollout.snapshots import check_out_file, check_out_folder, holds_exactly, replace_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -116,6 +112,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rollout.shared.interop.nemo_gym import serve as serve_gym
+
     spec = resolve_spec(args.env, args.slug)  # before importing openenv: a bad name fails fast
     # Bound here, not by uvicorn (which reports an address it cannot listen on as a log line
     # and exit status 3): a bad --host or a taken --port is an error naming them.
@@ -137,6 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _export_verifiers(args: argparse.Namespace) -> int:
+    from rollout.shared.interop.verifiers_env import export_module
+
     path = export_module(resolve_spec(args.env, args.slug), args.out, args.name)
     print(path)
     return 0
@@ -145,6 +145,7 @@ def _export_verifiers(args: argparse.Namespace) -> int:
 def _art_export(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rollout.client import AsyncClient
     from rollout.shared.interop.art import export_run, write_groups
 
     check_groups_out(Path(args.out))  # before anything is asked of the platform
@@ -167,12 +168,15 @@ def _art_export(args: argparse.Namespace) -> int:
 def check_groups_out(out: Path) -> None:
     """Refuse an `art export -o` that is a folder, a link or a file of the user's own."""
     from rollout.shared.interop.art import is_earlier_groups
+    from rollout.snapshots import check_out_file
 
     what = "art export writes one JSONL file"
     check_out_file(out, "-o", "art export", is_earlier_groups, what=what)
 
 
 def _art_import(args: argparse.Namespace) -> int:
+    from rollout.snapshots import check_out_folder, holds_exactly, replace_folder
+
     if args.env:
         return _art_import_run(args)
 
@@ -197,6 +201,7 @@ def _art_import(args: argparse.Namespace) -> int:
 def _art_import_run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rollout.client import AsyncClient
     from rollout.shared.interop.art import import_run
 
     async def run() -> dict:

@@ -7,10 +7,8 @@ import asyncio
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Trained names (`BASE:SUFFIX`, job ids) resolve for --model like everywhere else.
-import rollout.shared.models.trained  # noqa: F401
 from rollout.cli._common import (
     env_ref,
     note_if_stale,
@@ -18,20 +16,10 @@ from rollout.cli._common import (
     print_json,
     said_when_stopped,
 )
-from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.generate import GenerateRequest, Progress, generate
-from rollout.shared.aggregates.run_options import MAX_VERSION
-from rollout.shared.contracts.buffer import RolloutsQuery
-from rollout.snapshots import (
-    check_export_out,
-    export_buffer_rows,
-    export_format,
-    export_rows,
-    import_snapshot,
-    lineage,
-    write_snapshot,
-)
+
+if TYPE_CHECKING:
+    from rollout.generate import GenerateRequest, Progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,6 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _generate(args: argparse.Namespace) -> int:
+    from rollout.generate import GenerateRequest, Progress
+
     env, version = args.env, args.env_version
     if env is not None:
         env, version = env_ref(env, version, "--env")
@@ -164,6 +154,9 @@ async def _generate(args: argparse.Namespace) -> int:
 
 
 async def _generate_rows(args: argparse.Namespace, req: GenerateRequest, progress: Progress) -> int:
+    from rollout.client import AsyncClient
+    from rollout.generate import generate
+
     client = AsyncClient()
     try:
         result = await generate(client, req, progress=progress)
@@ -211,6 +204,9 @@ def _since(text: str) -> datetime:
 def _buffer_query(args: argparse.Namespace) -> Any:
     """The buffer selection --buffer asks for; filters without --buffer are refused."""
     from pydantic import ValidationError
+
+    from rollout.shared.aggregates.run_options import MAX_VERSION
+    from rollout.shared.contracts.buffer import RolloutsQuery
 
     filters = {
         "--env-version": args.env_version,
@@ -261,6 +257,16 @@ def _buffer_query(args: argparse.Namespace) -> Any:
 
 
 async def _export(args: argparse.Namespace) -> int:
+    from rollout.client import AsyncClient
+    from rollout.snapshots import (
+        check_export_out,
+        export_buffer_rows,
+        export_format,
+        export_rows,
+        lineage,
+        write_snapshot,
+    )
+
     query = _buffer_query(args)
     # Before the export's work (and before connecting), not after it.
     fmt = export_format(args.out, args.format)
@@ -307,6 +313,8 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from rollout.snapshots import import_snapshot
+
     counts = import_snapshot(
         args.path, args.out, min_margin=args.min_margin, include_held_out=args.include_held_out
     )

@@ -29,15 +29,7 @@ from typing import Any
 from rollout.cli._common import print_json
 from rollout.cli.platform import print_comparison
 from rollout.cli.stack import cmd_up, up_args
-from rollout.client import AsyncClient
-from rollout.comparison import comparison
 from rollout.errors import RolloutError
-from rollout.plan_runner import run_plan
-from rollout.plans import check_plan_data
-from rollout.shared.contracts.envelope import new_id
-from rollout.shared.envs.loader import load_environments
-from rollout.shared.learning.examples import example_files
-from rollout.shared.models.catalog import ensure
 from rollout.shared.settings import load_settings
 from rollout.shared.stats import format_interval, wilson_interval
 
@@ -308,6 +300,7 @@ def ensure_stack(say: Say) -> None:
 
 def _answers(settings: Any) -> bool:
     """True when the registry and tracker answer (the stack is up)."""
+    from rollout.client import AsyncClient
 
     async def probe() -> bool:
         client = AsyncClient(settings, timeout_s=5)
@@ -325,6 +318,8 @@ def _answers(settings: Any) -> bool:
 
 def ensure_model(name: str, say: Say) -> Path:
     """Prepare the local model here first (cached), so actors find it ready."""
+    from rollout.shared.models.catalog import ensure
+
     if name.startswith("hf:"):
         folder = Path(name[3:]).expanduser()
         if not (folder / "config.json").is_file():
@@ -339,6 +334,9 @@ def ensure_model(name: str, say: Say) -> Path:
 
 def example_env(slug: str, folder: Path | None) -> Path:
     """The example file that defines the environment `slug` (from examples/ or `folder`)."""
+    from rollout.shared.envs.loader import load_environments
+    from rollout.shared.learning.examples import example_files
+
     found: dict[str, tuple[Path, Any]] = {}
     for file in example_files(folder):
         for env in load_environments(file):
@@ -363,6 +361,12 @@ def example_env(slug: str, folder: Path | None) -> Path:
 
 async def run_demo(args: argparse.Namespace, env_file: Path, slug: str, say: Say) -> dict[str, Any]:
     """Run the demo's plan; returns run ids, job ids, models and measured pass rates."""
+    from rollout.client import AsyncClient
+    from rollout.comparison import comparison
+    from rollout.plan_runner import run_plan
+    from rollout.plans import check_plan_data
+    from rollout.shared.contracts.envelope import new_id
+
     base = args.model
     say(f"model: {base}")
     await asyncio.to_thread(ensure_model, base, say)

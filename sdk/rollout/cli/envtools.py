@@ -10,17 +10,7 @@ from collections import Counter
 from typing import Any
 
 from rollout.cli.experiments import plan_command
-from rollout.environment import split_check
 from rollout.errors import RolloutError
-from rollout.shared.audit.static import verifier_warnings
-from rollout.shared.envs import (
-    build_runtime,
-    default_verifier,
-    load_environments,
-    select_environment,
-    validate_environment,
-)
-from rollout.shared.envs.splits import ids_matter
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _summary(env: Any) -> dict[str, Any]:
     """Counts and names a person checks at a glance (only for a valid spec)."""
+    from rollout.shared.audit.static import verifier_warnings
+    from rollout.shared.envs import default_verifier
+
     spec = env.to_spec()
     splits = Counter(t.split for t in spec.tasks)
     verifier = spec.verifier if spec.verifier and spec.verifier.primitives else None
@@ -79,6 +72,8 @@ def _summary(env: Any) -> dict[str, Any]:
 
 def _tools_of(spec: Any) -> tuple[list[str], str | None]:
     """The tools of the first task's episode, or why that episode could not start."""
+    from rollout.shared.envs import build_runtime
+
     if not spec.tasks:
         return [], None
     runtime = None
@@ -114,6 +109,10 @@ def _refuse(args: argparse.Namespace, message: str) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from rollout.environment import split_check
+    from rollout.shared.envs import load_environments, select_environment, validate_environment
+    from rollout.shared.envs.splits import ids_matter
+
     if args.file.endswith(".toml"):
         if args.slug is not None:
             # A plan names its environments itself: a --slug here would be silently ignored.

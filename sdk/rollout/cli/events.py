@@ -6,17 +6,17 @@ import argparse
 import asyncio
 import json
 import sys
-
-import pydantic
-from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, NotFoundError
+from typing import TYPE_CHECKING
 
 from rollout.cli._common import client_settings_or_error
 from rollout.errors import RolloutError
 from rollout.shared import subjects
-from rollout.shared.bus.reader import read_events
-from rollout.shared.contracts.envelope import EventEnvelope
 from rollout.shared.settings import connect_nats
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+    from rollout.shared.contracts.envelope import EventEnvelope
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +97,8 @@ def _filter(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 async def _tail(args: argparse.Namespace) -> int:
+    from nats.js.errors import BadRequestError, NotFoundError
+
     filter_subject, missing = _filter(args)
     nc = await connect_nats(client_settings_or_error())
     try:
@@ -124,6 +126,11 @@ async def _tail(args: argparse.Namespace) -> int:
 async def _print_events(
     js: JetStreamContext, filter_subject: str, args: argparse.Namespace
 ) -> None:
+    import pydantic
+
+    from rollout.shared.bus.reader import read_events
+    from rollout.shared.contracts.envelope import EventEnvelope
+
     async for msg in read_events(js, filter_subject, start_seq=args.since, follow=args.follow):
         seq = msg.metadata.sequence.stream
         try:

@@ -10,10 +10,7 @@ import sys
 from typing import Any
 
 from rollout.cli._common import client_settings_or_error, print_json, said_when_stopped
-from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.plan_runner import describe_outputs, run_plan
-from rollout.plans import check_plan, load_plan_state
 from rollout.shared import subjects
 from rollout.shared.settings import connect_nats
 
@@ -24,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 async def _reachable_client() -> Any:
     """A client of the configured stack when one answers, else None (refs stay unresolved)."""
+    from rollout.client import AsyncClient
+
     try:
         client = AsyncClient(timeout_s=5.0)
     except RolloutError:
@@ -81,6 +80,7 @@ def _stage_line(stage: Any) -> str:
 
 def plan_command(args: argparse.Namespace) -> int:
     """`rollout plan PLAN.toml`: validate everything, print the pinned plan and its hash."""
+    from rollout.plans import check_plan
 
     async def go() -> Any:
         client = await _reachable_client()
@@ -127,6 +127,10 @@ async def run_config(args: argparse.Namespace) -> int:
 
 
 async def _run_config(args: argparse.Namespace) -> int:
+    from rollout.client import AsyncClient
+    from rollout.plan_runner import run_plan
+    from rollout.plans import check_plan
+
     def say(line: str) -> None:
         if not args.json:
             print(line, flush=True)
@@ -163,6 +167,8 @@ async def _run_config(args: argparse.Namespace) -> int:
 
 
 def _print_state(summary: dict[str, Any]) -> None:
+    from rollout.plan_runner import describe_outputs
+
     print(f"plan {summary['planId']}: {summary['status']} ({summary['events']} events)")
     if summary.get("reason"):
         print(f"  reason: {summary['reason']}")
@@ -176,6 +182,8 @@ def _print_state(summary: dict[str, Any]) -> None:
 
 def replay_plan_command(args: argparse.Namespace) -> int:
     """`rollout replay --plan ID`: a plan's stages and outcomes rebuilt from its events."""
+    from rollout.plans import load_plan_state
+
     subjects.token(args.plan, "plan id")
 
     async def go() -> Any:

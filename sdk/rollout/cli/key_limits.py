@@ -12,15 +12,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
-
-import nats.errors
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollout.errors import RolloutError
-from rollout.shared.aggregates import quota
-from rollout.shared.contracts.events import KeyLimitsSet
-from rollout.shared.settings import connect_nats, load_settings
-from rollout.shared.stack.nats import running_nats_nodes
+
+if TYPE_CHECKING:
+    # The client stack loads only when a verb runs: `keys --help` stays light.
+    from rollout.shared.contracts.events import KeyLimitsSet
 
 T = TypeVar("T")
 # The flags, as `rollout keys create` and `keys limit` take them, and the limit each sets.
@@ -72,6 +70,8 @@ def limit_changes(args: argparse.Namespace) -> dict[str, int | None]:
 
 def stack_running(home: Path) -> bool:
     """Whether ROLLOUT_HOME's NATS runs (limits are on its log)."""
+    from rollout.shared.stack.nats import running_nats_nodes
+
     return bool(running_nats_nodes(home))
 
 
@@ -87,6 +87,9 @@ def require_running(home: Path, what: str) -> None:
 
 def _on_log(work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(js)` on the stack's log as its admin user."""
+    import nats.errors
+
+    from rollout.shared.settings import connect_nats, load_settings
 
     async def main() -> T:
         nc = await connect_nats(load_settings(), allow_reconnect=False)
@@ -107,11 +110,15 @@ def _on_log(work: Callable[[Any], Awaitable[T]]) -> T:
 
 def set_limits(key_id: str, changes: dict[str, int | None]) -> KeyLimitsSet:
     """Record a key's new limits on the log."""
+    from rollout.shared.aggregates import quota
+
     return _on_log(lambda js: quota.set_limits(js, key_id, changes))
 
 
 def usage(key_ids: list[str]) -> dict[str, dict[str, Any]]:
     """Each key's limits and what it used today (UTC), by key id."""
+    from rollout.shared.aggregates import quota
+
     day = quota.day_of(datetime.now(UTC))
 
     async def read(js: Any) -> dict[str, dict[str, Any]]:

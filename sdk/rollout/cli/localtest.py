@@ -21,19 +21,6 @@ import time
 from typing import Any
 
 from rollout.errors import RolloutError
-from rollout.shared.agent.loop import DEFAULT_SYSTEM_PROMPT, Episode, SamplingParams, run_episodes
-from rollout.shared.contracts.budgets import resolve_budgets
-from rollout.shared.envs import (
-    build_runtime,
-    load_environments,
-    score,
-    select_environment,
-    validate_environment,
-)
-from rollout.shared.envs.sandbox_check import require_sandbox
-from rollout.shared.models.base import backend_problem, close_backend
-from rollout.shared.models.catalog import resolve_backend
-from rollout.shared.observability import configure_logging
 
 TRACE_CLIP = 160
 
@@ -79,6 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _test(args: argparse.Namespace) -> int:
     # Logs go to stderr (stdout carries the report, or the --json document); quiet by default.
+    from rollout.shared.observability import configure_logging
+
     configure_logging("rollout-test", level=os.environ.get("ROLLOUT_LOG_LEVEL", "WARNING"))
     try:
         report = asyncio.run(_run(args))
@@ -95,6 +84,12 @@ def _test(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from rollout.shared.agent.loop import DEFAULT_SYSTEM_PROMPT, SamplingParams
+    from rollout.shared.envs import load_environments, select_environment, validate_environment
+    from rollout.shared.envs.sandbox_check import require_sandbox
+    from rollout.shared.models.base import close_backend
+    from rollout.shared.models.catalog import resolve_backend
+
     envs = select_environment(load_environments(args.file), args.slug)
     invalid = []
     for env in envs:
@@ -147,6 +142,8 @@ async def _require_endpoint(backend: Any, model: str) -> None:
     A dead endpoint would otherwise cost every task its retries (about 12 s each) before
     anything is said; here it is one line naming the endpoint and what to fix.
     """
+    from rollout.shared.models.base import backend_problem
+
     problem = await backend_problem(backend)
     if problem is None:
         return
@@ -207,6 +204,10 @@ async def _run_env(
     system_prompt: str,
     max_tool_calls: int,
 ) -> dict[str, Any]:
+    from rollout.shared.agent.loop import Episode, run_episodes
+    from rollout.shared.contracts.budgets import resolve_budgets
+    from rollout.shared.envs import build_runtime, score
+
     runtimes: dict[int, Any] = {}
     startup_errors: dict[int, str] = {}
     for i in indices:

@@ -10,12 +10,6 @@ from typing import Any
 from rollout.cli._common import print_json
 from rollout.errors import RolloutError
 from rollout.printable import raw_stderr, shown
-from rollout.shared.models.catalog import (
-    folder_size,
-    local_model,
-    local_model_names,
-    local_models,
-)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +35,8 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _rows() -> list[dict[str, Any]]:
+    from rollout.shared.models.catalog import folder_size, local_models
+
     rows = []
     for model in local_models():
         directory = model.directory()
@@ -104,6 +100,8 @@ class _Bar:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    from rollout.shared.models.catalog import folder_size, local_model, local_model_names
+
     model = local_model(args.name)
     if model is None:
         raise RolloutError(

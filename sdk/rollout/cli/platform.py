@@ -6,33 +6,17 @@ import argparse
 import asyncio
 import sys
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rollout.cli._common import env_ref, note_if_stale, print_json, shown_status
+from rollout.cli._common import env_ref, later, note_if_stale, print_json, shown_status
 from rollout.cli.experiments import run_config
-from rollout.client import AsyncClient
-from rollout.comparison import (
-    MOSTLY_ERRORED,
-    comparison,
-    error_line,
-    error_summary,
-    first_line,
-    pass_rate_interval,
-    run_design_effect,
-)
 from rollout.errors import RolloutError
-from rollout.follow import follow_run
-from rollout.shared.audit.static import verifier_warnings
-from rollout.shared.auth.ownership import describe as describe_user
-from rollout.shared.contracts.budgets import Budgets
-from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
-from rollout.shared.envs.loader import load_environments, select_environment
-from rollout.shared.envs.sandbox_check import require_sandbox
-from rollout.shared.envs.validation import validate_environment
-from rollout.shared.models.trained import JOB_PREFIX
 from rollout.shared.settings import load_settings
 from rollout.shared.stale import worst
 from rollout.shared.stats import format_interval
+
+if TYPE_CHECKING:
+    from rollout.client import AsyncClient
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,15 +86,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cancel",
         help="stop a run (its unstarted work is skipped) or a training job (at its next step)",
     )
-    p.add_argument("run_id", metavar="RUN_OR_JOB", help=f"a run id, or a job id ({JOB_PREFIX}...)")
-    p.add_argument("--reason", default=None, help="why, kept in the run's history (<= 500 chars)")
-    p.add_argument("--json", action="store_true")
+    later(p, _cancel_arguments)
     p.set_defaults(func=lambda a: _run(_cancel(a)))
 
     p = sub.add_parser(
         "compare",
         help="compare two runs: pass rates with 95%% intervals, the delta's interval, per task",
     )
+    later(p, _compare_arguments)
+    p.set_defaults(func=lambda a: _run(_compare(a)))
+
+
+def _cancel_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `cancel` (its help names the job ids' prefix, from the models)."""
+    from rollout.shared.models.trained import JOB_PREFIX
+
+    p.add_argument("run_id", metavar="RUN_OR_JOB", help=f"a run id, or a job id ({JOB_PREFIX}...)")
+    p.add_argument("--reason", default=None, help="why, kept in the run's history (<= 500 chars)")
+    p.add_argument("--json", action="store_true")
+
+
+def _compare_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `compare` (its help says when the comparison refuses)."""
+    from rollout.comparison import MOSTLY_ERRORED
+
     p.add_argument("base", metavar="BASE")
     p.add_argument("other", metavar="OTHER")
     p.add_argument(
@@ -120,7 +119,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         " (refused otherwise: it would measure the errors)",
     )
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=lambda a: _run(_compare(a)))
 
 
 # The tracker lists at most this many runs or jobs at once (and would cut a bigger ask short).
@@ -139,6 +137,8 @@ def _run(coro: Any) -> int:
 
 
 async def _with_client(fn: Any) -> Any:
+    from rollout.client import AsyncClient
+
     client = AsyncClient()
     try:
         return await fn(client)
@@ -147,6 +147,10 @@ async def _with_client(fn: Any) -> Any:
 
 
 async def _push(args: argparse.Namespace) -> int:
+    from rollout.shared.audit.static import verifier_warnings
+    from rollout.shared.envs.loader import load_environments, select_environment
+    from rollout.shared.envs.validation import validate_environment
+
     envs = select_environment(load_environments(args.file), args.slug)
     slugs = Counter(e.slug for e in envs)
     # As `rollout plan` says: two environments of one slug would push as two versions of one.
@@ -208,6 +212,8 @@ async def _envs(args: argparse.Namespace) -> int:
 
 async def _require_local_sandbox(client: AsyncClient, slug: str) -> None:
     """On the local stack (its verifier runs here), refuse a code-editing run without a sandbox."""
+    from rollout.shared.envs.sandbox_check import require_sandbox
+
     if load_settings().external_nats:
         return  # the services run elsewhere; their sandbox is theirs to report
     envs = await client.list_environments()
@@ -217,6 +223,8 @@ async def _require_local_sandbox(client: AsyncClient, slug: str) -> None:
 def budget_overrides(pairs: list[str]) -> dict[str, Any] | None:
     """`--budget NAME=VALUE` flags as a Budgets dict (None when none); RolloutError naming one."""
     from pydantic import ValidationError
+
+    from rollout.shared.contracts.budgets import Budgets
 
     if not pairs:
         return None
@@ -242,6 +250,8 @@ def budget_overrides(pairs: list[str]) -> dict[str, Any] | None:
 async def _run_cmd(args: argparse.Namespace) -> int:
     # A plan names its own envs and models: SLUG or --model beside it would be ignored, and
     # --with without a plan has nothing to replace. Usage errors, exit 2 as argparse's are.
+    from rollout.follow import follow_run
+
     if args.config and (args.slug or args.model):
         print("error: rollout run takes SLUG --model MODEL or --config PLAN.toml, not both"
               " (a plan's models are replaced with --with NAME=MODEL)", file=sys.stderr)  # fmt: skip
@@ -325,6 +335,8 @@ async def with_errors(client: AsyncClient, run: dict[str, Any]) -> dict[str, Any
 
     Uses the run's `rollouts` when it has them, else reads only its errored rollouts.
     """
+    from rollout.comparison import error_summary, pass_rate_interval, run_design_effect
+
     errored: list[dict[str, Any]] = []
     if "rollouts" in run:
         errored = [r for r in run["rollouts"] if r.get("outcome") == "errored"]
@@ -344,6 +356,8 @@ async def _with_no_verdict(client: AsyncClient, runs: list[dict[str, Any]]) -> N
     The tracker says which (`noVerdict` on each run, decided once per env version); only a
     reply from a tracker older than that, without the key, has its env's spec read here.
     """
+    from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
+
     unsaid = {(r["envSlug"], r["envVersion"]) for r in runs if "noVerdict" not in r}
 
     async def spec(slug: str, version: int) -> Any:
@@ -363,6 +377,10 @@ async def _with_no_verdict(client: AsyncClient, runs: list[dict[str, Any]]) -> N
 
 
 async def _runs(args: argparse.Namespace) -> int:
+    from rollout.comparison import pass_rate_interval
+    from rollout.shared.auth.ownership import describe as describe_user
+    from rollout.shared.envs.judged import NOTHING_SCORED
+
     check_limit(args.limit)
 
     async def fetch(client: AsyncClient) -> list[dict[str, Any]]:
@@ -415,6 +433,8 @@ async def _runs(args: argparse.Namespace) -> int:
 
 def print_run(run: dict[str, Any]) -> None:
     """Human summary of a run and its per-task table."""
+    from rollout.shared.auth.ownership import describe as describe_user
+
     status = "waiting" if run.get("waiting") else run["status"]
     print(f"run {run['runId']}  {status}  {run['envSlug']} v{run['envVersion']}"
           f"  model {run['model']}  n={run['n']}")  # fmt: skip
@@ -470,6 +490,8 @@ def print_run(run: dict[str, Any]) -> None:
 
 def print_errors(errors: dict[str, Any], indent: str = "  ") -> None:
     """The error kinds of a run's errored rollouts, each with its count and one message."""
+    from rollout.comparison import first_line
+
     if errors["allErrored"]:
         print(f"{indent}every rollout errored ({errors['errored']} of {errors['outOf']}):"
               " no verdict, so the pass rate measures nothing")  # fmt: skip
@@ -509,6 +531,8 @@ async def _show(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
+    from rollout.shared.models.trained import JOB_PREFIX
+
     job = args.run_id.startswith(JOB_PREFIX)
 
     async def cancel(client: AsyncClient) -> dict[str, Any]:
@@ -599,6 +623,8 @@ def print_comparison(result: dict[str, Any], *, per_task: bool = True) -> None:
 
 
 async def _compare(args: argparse.Namespace) -> int:
+    from rollout.comparison import MOSTLY_ERRORED, comparison, error_line
+
     async def both(client: AsyncClient) -> tuple[dict, dict]:
         base = await with_errors(client, await client.get_run(args.base))
         return base, await with_errors(client, await client.get_run(args.other))

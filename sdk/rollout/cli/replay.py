@@ -8,10 +8,8 @@ import asyncio
 from rollout.cli._common import client_settings_or_error, print_json
 from rollout.cli.experiments import replay_plan_command
 from rollout.errors import RolloutError
-from rollout.shared.replay import replay_run, reverify
 from rollout.shared.settings import connect_nats
 from rollout.shared.stats import format_interval
-from rollout.shared.store.trajectories import object_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +39,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 async def _replay(args: argparse.Namespace) -> int:
+    from rollout.shared.replay import replay_run, reverify
+    from rollout.shared.store.trajectories import object_store
+
     settings = client_settings_or_error()
     nc = await connect_nats(settings)
     try:

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 
 from rollout.errors import RolloutError
-from rollout.services.catalog import asyncapi_document
-from rollout.shared.contracts.export import stale_schemas, write_schemas
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +30,9 @@ def _check_paths(folder: Path, asyncapi: Path) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from rollout.services.catalog import asyncapi_document
+    from rollout.shared.contracts.export import stale_schemas, write_schemas
+
     _check_paths(args.dir, args.asyncapi)
     if args.check:
         problems = stale_schemas(args.dir)

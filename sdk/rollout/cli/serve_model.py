@@ -8,9 +8,13 @@ import sys
 from pathlib import Path
 
 from rollout.cli._common import client_settings_or_error
-from rollout.services.inference.api import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS_LIMIT
-from rollout.services.inference.exposure import check_exposure, load_keys
-from rollout.services.inference.policy import DEFAULT_MAX_BATCH
+from rollout.services.inference.defaults import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_N,
+    DEFAULT_MAX_TOKENS_LIMIT,
+    DEFAULT_PORT,
+)
 from rollout.shared.service.sockets import bind
 
 EPILOG = """\
@@ -33,8 +37,6 @@ request must send `Authorization: Bearer <key>`.
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `serve-model` verb."""
-    from rollout.services.inference.main import DEFAULT_HOST, DEFAULT_PORT
-
     p = sub.add_parser(
         "serve-model",
         help="serve a local or trained model as an OpenAI-compatible API",
@@ -95,6 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve_model(args: argparse.Namespace) -> int:
+    from rollout.services.inference.exposure import check_exposure, load_keys
     from rollout.services.inference.main import serve_forever
 
     for flag, value, low in (("--port", args.port, 0), ("--max-n", args.max_n, 1),

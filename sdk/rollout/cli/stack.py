@@ -11,30 +11,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout.errors import RolloutError
-from rollout.shared.auth.credentials import client_settings, same_endpoint
-from rollout.shared.envs.sandbox_check import check_sandbox_sync
-from rollout.shared.observability import configure_logging
 from rollout.shared.settings import default_home, load_settings, redact_url
 from rollout.shared.stack.files import ensure_home
-from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, Beat, local_beats
 from rollout.shared.stack.process import read_from, tail
-from rollout.shared.stack.projections import STALL_ENV, stall_limit_s
-from rollout.shared.stack.serve import serve_main
 from rollout.shared.stack.services import registry, selected
-from rollout.shared.stack.status import as_json as to_json
-from rollout.shared.stack.status import as_table, collect_status, endpoint_projections
-from rollout.shared.stack.supervisor import (
-    TOKEN_ENV,
-    Supervisor,
-    check_nats_mode,
-    cli_command,
-    down,
-    read_state,
-    supervisor_running,
-)
+
+if TYPE_CHECKING:
+    from rollout.shared.stack.health import Beat
 
 DEFAULT_UP_TIMEOUT = 120.0
 # How long `up` re-probes a ready stack that reads unhealthy before it says so (exit 1).
@@ -121,6 +107,14 @@ def up_args(*argv: str) -> argparse.Namespace:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the stack (a background supervisor unless --foreground)."""
+    from rollout.shared.stack.supervisor import (
+        TOKEN_ENV,
+        check_nats_mode,
+        cli_command,
+        down,
+        supervisor_running,
+    )
+
     settings = load_settings()
     services = selected()
     ensure_home(settings.home)
@@ -164,6 +158,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _cluster_size(requested: int | None, settings: Any) -> int:
     """The nats-servers to run: as asked, else as this home last ran, else one."""
+    from rollout.shared.stack.supervisor import read_state
+
     if requested is None:
         recorded = (read_state(settings.home).get("nats") or {}).get("cluster")
         return recorded if isinstance(recorded, int) and recorded > 1 else 1
@@ -196,6 +192,9 @@ def _tracker_replicas(requested: int, services: list[str]) -> int:
 
 
 def _run_foreground(settings: Any, services: list[str], cluster: int = 1, trackers: int = 1) -> int:
+    from rollout.shared.observability import configure_logging
+    from rollout.shared.stack.supervisor import TOKEN_ENV, Supervisor
+
     configure_logging("supervisor")
     supervisor = Supervisor(
         settings=settings,
@@ -214,6 +213,8 @@ def _wait_ready(
     home: Path, token: str | None, proc: subprocess.Popen[bytes] | None, timeout: float
 ) -> None:
     """Wait for the supervisor to report `ready`; fail with its log when it gives up."""
+    from rollout.shared.stack.supervisor import read_state
+
     log_path = home / "logs" / "supervisor.log"
     deadline = time.monotonic() + timeout
     while True:
@@ -286,6 +287,8 @@ def _fail_on_a_refusal(state: dict[str, Any]) -> None:
 
 
 def _unhealthy_summary(home: Path) -> list[str]:
+    from rollout.shared.stack.supervisor import read_state
+
     state = read_state(home)
     lines = []
     for name, entry in (state.get("services") or {}).items():
@@ -301,6 +304,8 @@ def _unhealthy_summary(home: Path) -> list[str]:
 
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop everything `up` started for this ROLLOUT_HOME."""
+    from rollout.shared.stack.supervisor import down
+
     settings = load_settings()
     stopped = down(settings.home, timeout=args.timeout)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
@@ -313,6 +318,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _print_status(*, as_json: bool, settle_s: float = 0.0) -> int:
+    from rollout.shared.envs.sandbox_check import check_sandbox_sync
+    from rollout.shared.stack.status import as_json as to_json
+    from rollout.shared.stack.status import as_table, endpoint_projections
+
     settings = load_settings()
     components = asyncio.run(_settled_status(settings, settle_s))
     # Not a stack component (the stack runs without it), but code-editing envs need it here:
@@ -353,6 +362,8 @@ async def _settled_status(settings: Any, settle_s: float) -> list[Any]:
     Each probe has a short timeout: on a loaded machine one can miss right after the
     supervisor said ready, and `up` should not fail a stack that answers a moment later.
     """
+    from rollout.shared.stack.status import collect_status
+
     deadline = time.monotonic() + settle_s
     while True:
         components = await collect_status(settings)
@@ -365,6 +376,8 @@ def _verbs_endpoint_elsewhere(settings: Any) -> tuple[str, str, Any] | None:
     """(endpoint, where it comes from, the verbs' settings) when the CLI's other verbs talk to
     another NATS than the stack `status` shows: a key holder's shell (ROLLOUT_ENDPOINT, or
     `rollout login`)."""
+    from rollout.shared.auth.credentials import client_settings, same_endpoint
+
     try:
         used = client_settings()
     except RolloutError:
@@ -376,6 +389,9 @@ def _verbs_endpoint_elsewhere(settings: Any) -> tuple[str, str, Any] | None:
 
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when this home's newest beat of the service is fresh, 1 (saying why) otherwise."""
+    from rollout.shared.stack.health import BEATS_DIR, LIVE_INTERVALS, local_beats
+    from rollout.shared.stack.projections import stall_limit_s
+
     known = registry()
     if args.name not in known:
         raise RolloutError(
@@ -415,6 +431,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 def _stalled_projection(beat: Beat, limit: float) -> str | None:
     """Why the beat's read models read as stalled (behind, nothing applied for longer than
     `limit` seconds), or None (caught up, advancing, or no projection)."""
+    from rollout.shared.stack.projections import STALL_ENV
+
     lag = beat.projection
     if lag is None or lag["behind"] <= 0 or lag["stalledS"] <= limit:
         return None
@@ -426,4 +444,8 @@ def _stalled_projection(beat: Beat, limit: float) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run one service until SIGTERM."""
+    # Trained names (`BASE:SUFFIX`, job ids) resolve in every service, whatever it imports.
+    import rollout.shared.models.trained  # noqa: F401
+    from rollout.shared.stack.serve import serve_main
+
     return serve_main(args.name, args.replica_id)

@@ -6,32 +6,56 @@ import argparse
 import asyncio
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Trained names (`BASE:SUFFIX`, job ids) resolve in every process the CLI starts: `rollout
-# test --model`, and services run with `rollout serve`.
-import rollout.shared.models.trained  # noqa: F401
-from rollout.cli._common import note_judges_nothing, print_json, shown_status
+from rollout.cli._common import later, note_judges_nothing, print_json, shown_status
 from rollout.cli.platform import MAX_LIMIT, check_limit
-from rollout.client import AsyncClient
 from rollout.errors import RolloutError
-from rollout.follow import eta, follow_job, num
 from rollout.shared import subjects
-from rollout.shared.auth.ownership import describe as describe_user
-from rollout.shared.contracts.training import METHOD_ALIASES
-from rollout.shared.envs.judged import judges_nothing
-from rollout.shared.learning import methods
+from rollout.shared.method_names import METHOD_ALIASES, method_names
+
+if TYPE_CHECKING:
+    from rollout.client import AsyncClient
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the training verbs."""
-    offline = ", ".join((*methods.names(online=False), *METHOD_ALIASES))
-    online = ", ".join(methods.names(online=True))
+    # The built-in methods: the table itself imports every trainer (its registered methods are
+    # in `improve --help`).
+    offline, online = _listed(method_names)
     p = sub.add_parser(
         "improve",
         help=f"fine-tune a model on a run's rollouts ({offline}) or online on an env ({online})",
     )
+    later(p, _improve_arguments)
+    p.set_defaults(func=lambda a: _run(_improve(a)))
+
+    p = sub.add_parser("jobs", help="list training jobs")
+    p.add_argument("--limit", type=int, default=20, help=f"at most this many (1-{MAX_LIMIT})")
+    p.add_argument("--mine", action="store_true", help="only jobs this key started")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_jobs(a)))
+
+    p = sub.add_parser("job", help="one training job: status, step, loss, reward, tokens/s, ETA")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--follow", "-f", action="store_true", help="show progress until it ends")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _run(_job(a)))
+
+
+def _listed(names: Callable[..., tuple[str, ...]]) -> tuple[str, str]:
+    """The offline methods (aliases too) and the online ones, as help text lists them."""
+    offline = ", ".join((*names(online=False), *METHOD_ALIASES))
+    return offline, ", ".join(names(online=True))
+
+
+def _improve_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `improve`: its --method help is the training table's."""
+    from rollout.shared.learning import methods
+
+    offline, online = _listed(methods.names)
     p.add_argument("--run", dest="run_id", help=f"source run ({offline})")
     p.add_argument(
         "--dataset",
@@ -91,19 +115,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--follow", "-f", action="store_true", help="show progress until it ends")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=lambda a: _run(_improve(a)))
-
-    p = sub.add_parser("jobs", help="list training jobs")
-    p.add_argument("--limit", type=int, default=20, help=f"at most this many (1-{MAX_LIMIT})")
-    p.add_argument("--mine", action="store_true", help="only jobs this key started")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=lambda a: _run(_jobs(a)))
-
-    p = sub.add_parser("job", help="one training job: status, step, loss, reward, tokens/s, ETA")
-    p.add_argument("job_id", metavar="ID")
-    p.add_argument("--follow", "-f", action="store_true", help="show progress until it ends")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=lambda a: _run(_job(a)))
 
 
 def _run(coro: Any) -> int:
@@ -184,6 +195,8 @@ def _unsendable(value: Any) -> str | None:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse flags the method ignores or that contradict each other, naming the flag."""
+    from rollout.shared.learning import methods
+
     method = methods.get(args.method)
     online = method.online
     kind = "online on --env" if online else "offline on a run's rollouts or a dataset"
@@ -221,11 +234,15 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def _offline_names() -> str:
-    return ", ".join((*methods.names(online=False), *METHOD_ALIASES))
+    from rollout.shared.learning import methods
+
+    return _listed(methods.names)[0]
 
 
 async def _check_run_env(client: AsyncClient, args: argparse.Namespace) -> None:
     """An offline job on a run trains on that run's env: refuse an --env naming another."""
+    from rollout.shared.learning import methods
+
     if not args.run_id or not args.env_slug or methods.get(args.method).online:
         return
     try:
@@ -244,6 +261,8 @@ async def _check_run_env(client: AsyncClient, args: argparse.Namespace) -> None:
 async def _note_run_judges_nothing(client: AsyncClient, run_id: str, method: str) -> None:
     """Say on stderr when the run's env judges nothing: its "passing" rollouts (what sft
     trains on, what dpo and kto prefer) only ended without a tool error."""
+    from rollout.shared.envs.judged import judges_nothing
+
     try:
         run = await client.get_run(run_id, include_tasks=False)
         if "noVerdict" in run:  # the tracker says (once per env version)
@@ -277,6 +296,9 @@ def with_flags(exc: RolloutError, method: str) -> RolloutError:
 
 
 async def _improve(args: argparse.Namespace) -> int:
+    from rollout.client import AsyncClient
+    from rollout.follow import follow_job
+
     check_flags(args)
     params = hyperparams(args)  # refused before any connection, as the flags are
     client = AsyncClient()
@@ -333,6 +355,9 @@ async def _improve(args: argparse.Namespace) -> int:
 
 
 async def _jobs(args: argparse.Namespace) -> int:
+    from rollout.client import AsyncClient
+    from rollout.follow import num
+
     check_limit(args.limit)
     client = AsyncClient()
     try:
@@ -356,6 +381,9 @@ async def _jobs(args: argparse.Namespace) -> int:
 
 
 async def _job(args: argparse.Namespace) -> int:
+    from rollout.client import AsyncClient
+    from rollout.follow import follow_job
+
     try:
         subjects.token(args.job_id, "job id")
     except subjects.SubjectError as exc:
@@ -377,6 +405,9 @@ async def _job(args: argparse.Namespace) -> int:
 
 def print_job(job: dict[str, Any]) -> None:
     """Human summary of a training job."""
+    from rollout.follow import eta, num
+    from rollout.shared.auth.ownership import describe as describe_user
+
     # A cancelled job is stored as failed: said as `rollout jobs` lists it.
     print(f"job {job['id']}  {shown_status(job)}  {job['method']} of {job['baseModel']}")
     if job.get("owner"):

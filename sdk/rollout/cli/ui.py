@@ -6,19 +6,15 @@ import argparse
 import asyncio
 import sys
 
-import asyncpg
-
 from rollout.cli._common import client_settings_or_error, require_database
 from rollout.errors import RolloutError
-from rollout.shared.auth.keys import read_local_key
+from rollout.services.ui.defaults import DEFAULT_HOST, DEFAULT_PORT
 from rollout.shared.service.sockets import bind
 from rollout.shared.settings import Settings, connect_nats, redact_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `ui` verb."""
-    from rollout.services.ui.main import DEFAULT_HOST, DEFAULT_PORT
-
     p = sub.add_parser("ui", help="open the web viewer of runs, trajectories and training")
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT}; 0: any)")
@@ -39,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _ui(args: argparse.Namespace) -> int:
     from rollout.services.ui.main import serve_ui
     from rollout.services.ui.server import trusted_proxies
+    from rollout.shared.auth.keys import read_local_key
 
     proxies = trusted_proxies(args.behind_proxy)  # a bad address is said before anything starts
     settings = client_settings_or_error()
@@ -68,6 +65,8 @@ def _ui(args: argparse.Namespace) -> int:
 
 async def _reachable(settings: Settings) -> None:
     """Connect to NATS and the database once; a RolloutError saying which is down otherwise."""
+    import asyncpg
+
     nc = await connect_nats(settings)
     await nc.close()
     url = settings.database_url or ""
