@@ -149,6 +149,11 @@ class VerbParser(argparse.ArgumentParser):
         self._complete()
         return super().parse_known_args(args, namespace)
 
+    def _parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        # Where every parse ends up, whichever public method (or Python version) started it.
+        self._complete()
+        return super()._parse_known_args(*args, **kwargs)
+
     def format_usage(self) -> str:
         """As ArgumentParser's, once the deferred arguments are added."""
         self._complete()
