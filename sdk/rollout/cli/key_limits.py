@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollout.errors import RolloutError
+from rollout.shared.settings import connect_nats, load_settings
 
 if TYPE_CHECKING:
     # The client stack loads only when a verb runs: `keys --help` stays light.
@@ -88,8 +89,6 @@ def require_running(home: Path, what: str) -> None:
 def _on_log(work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(js)` on the stack's log as its admin user."""
     import nats.errors
-
-    from rollout.shared.settings import connect_nats, load_settings
 
     async def main() -> T:
         nc = await connect_nats(load_settings(), allow_reconnect=False)
