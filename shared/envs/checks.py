@@ -79,7 +79,8 @@ def missing_in(root: dict[str, Any], path: str, noun: str) -> str | None:
 def check_schema(schema: Any, where: str, out: list[str]) -> None:
     """Append the problems of a tool's paramsSchema."""
     for sub, msg in schema_problems(schema):
-        out.append(f"{where}.paramsSchema{'.' + sub if sub else ''}: {msg}")
+        step = "" if not sub or sub.startswith("[") else "."  # `["a.b"]` is its own step
+        out.append(f"{where}.paramsSchema{step}{sub}: {msg}")
 
 
 def duplicates(names: list[str], where: Callable[[int], str], what: str, out: list[str]) -> None:

@@ -2,40 +2,70 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec
+from rollout.shared.envs.paths import quoted_path
 from rollout.shared.envs.templates import REGISTRY
 from rollout.shared.errors import RolloutError
 
 
 def loc_path(loc: tuple[Any, ...] | list[Any], prefix: str = "") -> str:
-    """A pydantic error location as a config path: `config.tools[1].fromArray`."""
-    out = prefix
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "<root>"
+    """A pydantic error location as a config path: `config.tools[1].fromArray`, and
+    `config["a.b"]` for a key that would read as something else."""
+    return quoted_path(loc, prefix) or "<root>"
+
+
+# A union member pydantic names in an error's location (`command.list[str]`, `command.str`):
+# not a key of the input. Where two or more members failed, they are said at the field, on one
+# line (a lone match is kept as it is: it may be a key that looks like a type).
+_UNION_TAG = re.compile(
+    r"(str|int|float|bool|bytes|none|list|dict|tuple|set|frozenset|literal)(\[.*\])?"
+    r"|(function-\w+|json-or-python|lax-or-strict|tagged-union|is-instance|nullable|chain)\[.*\]"
+)
+
+
+def _message(err: Any) -> str:
+    msg = err["msg"]
+    for noise in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(noise):
+            msg = msg[len(noise) :]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key (check the spelling)"
+    elif err["type"] == "too_long" and isinstance(err.get("input"), str):
+        # Not pydantic's "at most 200 items after validation" of a checked string.
+        msg = f"at most {err['ctx']['max_length']} characters, got {len(err['input'])}"
+    return msg
 
 
 def pydantic_problems(exc: ValidationError, prefix: str = "") -> list[str]:
-    """One `path: message` line per pydantic error."""
-    problems = []
+    """One `path: message` line per pydantic error (one per field for a union's members)."""
+    rows = []
     for err in exc.errors():
-        msg = err["msg"]
-        for noise in ("Value error, ", "Assertion failed, "):
-            if msg.startswith(noise):
-                msg = msg[len(noise) :]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling)"
-        elif err["type"] == "too_long" and isinstance(err.get("input"), str):
-            # Not pydantic's "at most 200 items after validation" of a checked string.
-            msg = f"at most {err['ctx']['max_length']} characters, got {len(err['input'])}"
-        problems.append(f"{loc_path(err['loc'], prefix)}: {msg}")
+        loc = list(err["loc"])
+        at = next(
+            (i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_TAG.fullmatch(p)), None
+        )
+        tag = loc.pop(at) if at is not None else None
+        rows.append((loc_path(loc, prefix), tag, _message(err), err["loc"]))
+    members: dict[str, int] = {}
+    for path, tag, _, _ in rows:
+        members[path] = members.get(path, 0) + (tag is not None)
+    said: dict[str, list[str]] = {}
+    for path, tag, msg, loc in rows:
+        if tag is not None and members[path] > 1:
+            said.setdefault(path, []).append(f"{msg} ({tag})")
+        else:
+            said.setdefault(loc_path(loc, prefix), []).append(msg)
+    problems = []
+    for path, msgs in said.items():
+        if len(msgs) > 1 and all(m.endswith(")") for m in msgs) and members.get(path, 0) > 1:
+            problems.append(f"{path}: {'; or '.join(msgs)}")
+        else:
+            problems.extend(f"{path}: {m}" for m in msgs)
     return problems
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rollout.shared.envs.paths import quoted_path
+
 TYPES = ("string", "number", "integer", "boolean", "array", "object", "any")
 
 
@@ -29,9 +31,11 @@ def schema_problems(schema: Any) -> list[tuple[str, str]]:
         problems = []
         for name, prop in schema["properties"].items():
             if not isinstance(prop, dict):
-                problems.append((f"properties.{name}", "must be an object"))
+                problems.append((quoted_path(["properties", name]), "must be an object"))
             elif "type" in prop and _type_name(prop["type"]) is None:
-                problems.append((f"properties.{name}.type", f"unknown type {prop['type']!r}"))
+                problems.append(
+                    (quoted_path(["properties", name, "type"]), f"unknown type {prop['type']!r}")
+                )
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             problems.append(("required", "must be a list of argument names"))
@@ -40,10 +44,12 @@ def schema_problems(schema: Any) -> list[tuple[str, str]]:
     for name, spec in schema.items():
         type_name = spec.get("type", "any") if isinstance(spec, dict) else spec
         if isinstance(spec, dict) and not isinstance(spec.get("description", ""), str):
-            problems.append((f"{name}.description", "must be a string"))
+            problems.append((quoted_path([name, "description"]), "must be a string"))
         if _type_name(type_name) is None:
             allowed = ", ".join(TYPES)
-            problems.append((str(name), f"unknown type {type_name!r} (use one of: {allowed})"))
+            problems.append(
+                (quoted_path([name]), f"unknown type {type_name!r} (use one of: {allowed})")
+            )
     return problems
 
 

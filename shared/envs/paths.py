@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 from typing import Any
 
@@ -69,6 +70,25 @@ def parse_path(path: str) -> list[str | int | object]:
 
 def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
+
+
+# A key shown as `.key`; any other (empty, a dot, a bracket, a space, a NUL) is shown quoted.
+_PLAIN_KEY = re.compile(r"[^\s.\[\]\"':]+")
+
+
+def quoted_path(segments: Any, prefix: str = "") -> str:
+    """A path for a message, after `prefix`: `config.tools[1].fromArray`, with a key that would
+    read as something else JSON-quoted (`tasks[0]["a.b"]`, `["\\u0000"]`); "" when empty."""
+    out = prefix
+    for part in segments:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(key := str(part)) and key.isprintable():
+            out += ("." if out else "") + key
+        else:
+            # JSON-quoted: a NUL or a lone surrogate is escaped, so the path prints anywhere.
+            out += f"[{json.dumps(key, ensure_ascii=not key.isprintable())}]"
+    return out
 
 
 def format_path(segments: list[Any]) -> str:

@@ -13,9 +13,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollout.shared.contracts.envspec import EnvironmentSpec, TaskSpec, VerifierSpec
+from rollout.shared.contracts.envspec import (
+    EnvironmentSpec,
+    PrimitiveSpec,
+    TaskSpec,
+    VerifierSpec,
+)
 from rollout.shared.envs.checks import duplicates as _duplicates
-from rollout.shared.envs.coerce import as_spec, pydantic_problems, raw_environment
+from rollout.shared.envs.coerce import as_spec, loc_path, pydantic_problems, raw_environment
 from rollout.shared.envs.paths import PathError, format_path, parse_path
 from rollout.shared.envs.splits import ids_matter, split_check
 from rollout.shared.envs.templates import REGISTRY, canonical_name
@@ -23,6 +28,7 @@ from rollout.shared.envs.verifiers import REGISTRY as PRIMITIVES
 from rollout.shared.envs.verifiers import known_types
 from rollout.shared.envs.verifiers.engine import default_verifier
 from rollout.shared.errors import RolloutError
+from rollout.shared.jsondepth import MAX_DEPTH
 
 
 class _Problems(list):
@@ -46,13 +52,18 @@ def validate_environment(env_or_spec: Any) -> list[str]:
         return [f"<root>: cannot read the environment ({type(exc).__name__}: {exc})"]
     if not isinstance(raw, dict):
         return [f"<root>: must be an object, got {type(raw).__name__}"]
+    if deep := _too_deep(raw):
+        # Every other check walks the spec recursively, and no service could store it (JSON
+        # writers stop near 255 levels): only where it is too deep is said.
+        return deep
     try:
         EnvironmentSpec.model_validate(raw)
     except ValidationError as exc:
         problems.extend(pydantic_problems(exc))
 
-    for key in ("config", "tasks", "verifier"):
-        problems.extend(_non_json(raw.get(key), key))
+    carried = {key: _non_json(raw.get(key), key) for key in ("config", "tasks", "verifier")}
+    for found_here in carried.values():
+        problems.extend(found_here)
     for key, value in raw.items():
         if key not in ("config", "tasks", "verifier") and isinstance(value, str):
             if (problem := _text_problem(value)) is not None:
@@ -61,7 +72,8 @@ def validate_environment(env_or_spec: Any) -> list[str]:
     template = raw.get("template")
     if isinstance(template, str):
         template = canonical_name(template)
-    config_raw = raw.get("config")
+    # No config is the empty one (the spec's default): its template's required keys are missing.
+    config_raw = raw.get("config", {})
     config: Any = None
     tools: list[str] | None = None
     kind = REGISTRY.get(template) if isinstance(template, str) else None
@@ -76,7 +88,10 @@ def validate_environment(env_or_spec: Any) -> list[str]:
             found: list[str] = []
             problems.guard("config", lambda: kind.check_config(config, found))
             problems.extend(found)
-            tools = kind.plan_tools(config, problems)
+            # A config JSON cannot carry (a lone surrogate in a plugin's source) cannot be
+            # sent to the plugin host that lists its tools: said above, not asked.
+            if not carried["config"]:
+                tools = _plan_tools(kind, config, problems)
 
     tasks = _tasks(raw.get("tasks"), problems)
     verifier = _verifier(raw.get("verifier"))
@@ -95,6 +110,64 @@ def validate_environment(env_or_spec: Any) -> list[str]:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _plan_tools(kind: Any, config: Any, problems: _Problems) -> list[str] | None:
+    """The template's tools at plan time; a crash in asking is a problem, never a traceback."""
+    tools: list[list[str] | None] = [None]
+
+    def ask() -> None:
+        tools[0] = kind.plan_tools(config, problems)
+
+    problems.guard("config", ask)
+    return tools[0]
+
+
+# Levels of lists and objects a spec may nest, from its root: far more than any config needs,
+# far under the interpreter's recursion limit and the JSON writers' (about 255).
+MAX_SPEC_DEPTH = MAX_DEPTH
+
+
+def _too_deep(raw: dict[str, Any], limit: int = MAX_SPEC_DEPTH, most: int = 5) -> list[str]:
+    """Where `raw` nests lists and objects past `limit` levels (walked without recursion)."""
+    found: list[str] = []
+    stack: list[tuple[Any, list[Any]]] = [(raw, [])]
+    while stack and len(found) < most:
+        node, segs = stack.pop()
+        if not isinstance(node, dict | list | tuple):
+            continue
+        if len(segs) >= limit:
+            found.append(
+                f"{format_path(segs)}: nested deeper than {limit} levels of lists and objects "
+                "(a spec is JSON that services store and read back: flatten it)"
+            )
+            continue
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((v, [*segs, k if isinstance(k, int | str) else repr(k)]) for k, v in items)
+    return found
+
+
+def unsendable(raw: Any) -> list[str]:
+    """What a spec cannot be sent as (a request's JSON): lists and objects nested too deep (no
+    JSON writer takes them) and NaN or infinite numbers (sent, they would arrive as null)."""
+    if not isinstance(raw, dict):
+        return []
+    if deep := _too_deep(raw):
+        return deep
+    found: list[str] = []
+    stack: list[tuple[Any, list[Any]]] = [(v, [k]) for k, v in raw.items() if isinstance(k, str)]
+    while stack and len(found) < 5:
+        node, segs = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, [*segs, k]) for k, v in node.items() if isinstance(k, str))
+        elif isinstance(node, list | tuple):
+            stack.extend((v, [*segs, i]) for i, v in enumerate(node))
+        elif isinstance(node, float) and not math.isfinite(node):
+            found.append(
+                f"{format_path(segs)}: {node} is not a finite number (JSON has no NaN or inf)"
+            )
+    return found
+
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
@@ -232,14 +305,18 @@ def _check_tasks(
     _duplicates([tid for _, tid in ids], lambda k: f"tasks[{ids[k][0]}].id", "task id", out)
     kind = REGISTRY[template]
     roots = kind.state_roots(config)
+    truth: list[tuple[str, str]] = []  # (ground-truth path, problem) seen by its primitives
     for i, task in tasks:
         where = f"tasks[{i}]"
         if not task.instruction.strip():
             out.append(f"{where}.instruction: empty")
         gt = task.hidden_ground_truth
-        if verifier is None or not verifier.primitives:
+        if verifier is not None and verifier.primitives:
+            _check_truth(verifier.primitives, gt, where, truth)
+        else:
             slim = EnvironmentSpec.model_construct(template=template, slug=str(raw.get("slug")))
             prims = default_verifier(slim, task).primitives
+            _check_truth(prims, gt, where, truth)
             if prims[0].type in ("env_reward", "verifiers_rubric"):
                 continue  # the remote environment rewards the episode: no ground truth needed
             if gt is None:
@@ -263,19 +340,62 @@ def _check_tasks(
                         first = _first_segment(key)
                         if first is not None and first not in roots:
                             out.append(
-                                f"{where}.hiddenGroundTruth.{key}: not in the environment's "
-                                f"state (state keys: {_known(roots, first, read)})"
+                                f"{_truth_key(where, key)}: not in the environment's state "
+                                f"(state keys: {_known(roots, first, read)})"
                             )
             elif isinstance(gt, dict) and (read := kind.ground_truth_keys()) is not None:
                 # A misspelt key ("tsts") would be ignored: its tests never run, yet rollouts pass.
                 for key in gt:
                     if key not in read:
                         out.append(
-                            f"{where}.hiddenGroundTruth.{key}: not read by the {template} "
-                            f"template's default verifier (it reads: {_known(read, key)})"
+                            f"{loc_path([key], f'{where}.hiddenGroundTruth')}: not read by the "
+                            f"{template} template's "
+                            f"default verifier (it reads: {_known(read, key)})"
                         )
         if config is not None:
             kind.check_task(config, task, where, out)
+    # A value the template's own check already refused is not said again in the param's words.
+    for at, problem in truth:
+        if not any(o.startswith((f"{at}:", f"{at}.", f"{at}[")) for o in out):
+            out.append(problem)
+
+
+def _check_truth(
+    prims: list[PrimitiveSpec], gt: Any, where: str, out: list[tuple[str, str]]
+) -> None:
+    """Ground-truth values a primitive reads in place of its own unset param, checked as that
+    param: a wrong type would pass plan and crash every score of the task."""
+    if not isinstance(gt, dict):
+        return
+    for prim in prims:
+        definition = PRIMITIVES.get(prim.type)
+        if definition is None:
+            continue
+        own = prim.params
+        for key, field in definition.truth_fields.items():
+            alias = definition.params.model_fields[field].alias or field
+            if gt.get(key) is None or own.get(alias):
+                continue  # not given, or the primitive's own param is used instead
+            at = f"{where}.hiddenGroundTruth.{key}"
+            try:
+                params = definition.params.model_validate({**own, alias: gt[key]})
+            except ValidationError as exc:
+                for problem in pydantic_problems(exc):
+                    if problem.startswith((f"{alias}:", f"{alias}.", f"{alias}[")):
+                        out.append((at, at + problem[len(alias) :]))
+                continue
+            if definition.check is not None:
+                checked = definition.check(params)
+                out.extend((at, f"{at}: {why}") for name, why in checked if name == alias)
+
+
+def _truth_key(where: str, key: Any) -> str:
+    """The path of a ground-truth key: as written (it may be a state path, `orders[0].id`),
+    quoted where it would not read as one (empty, blank, a NUL)."""
+    text = str(key)
+    if text.strip() and text.isprintable() and not any(c.isspace() for c in text):
+        return f"{where}.hiddenGroundTruth.{text}"
+    return loc_path([text], f"{where}.hiddenGroundTruth")
 
 
 def _known(names: set[str], given: str, also: Collection[str] = ()) -> str:

@@ -212,7 +212,7 @@ def test_misspelt_ground_truth_keys_are_named_with_the_key_meant() -> None:
     )
     assert validate_environment(code) == [
         "tasks[0].hiddenGroundTruth.tsts: not read by the code-editing template's default "
-        "verifier (it reads: files, tests; did you mean 'tests'?)",
+        "verifier (it reads: files, testCommand, tests; did you mean 'tests'?)",
         "tasks[1].hiddenGroundTruth.tsts: not in the environment's state (state keys: files, "
         "testRuns; did you mean 'tests'?)",
     ]
@@ -231,7 +231,7 @@ def test_misspelt_ground_truth_keys_are_named_with_the_key_meant() -> None:
         "tasks[0].hiddenGroundTruth.qury: not in the environment's state (state keys: "
         "rowCounts, submission, tables; did you mean 'query'?)",
         "tasks[1].hiddenGroundTruth.ordred: not read by the sql template's default verifier "
-        "(it reads: query, rows)",
+        "(it reads: orderMatters, query, rows)",
     ]
     # A verifier of the author's own reads the ground truth its own way: no key is judged.
     sql.verifier = verifier_config(primitive("r", "sql_result_match", query="SELECT 1"))

@@ -809,8 +809,8 @@ class CodeEditingTemplate(Template):
         return {"files", "testRuns"}
 
     def ground_truth_keys(self) -> set[str]:
-        """The default verifier reads the expected files and the hidden tests."""
-        return {"files", "tests"}
+        """The default verifier reads the expected files, the hidden tests and their command."""
+        return {"files", "tests", "testCommand"}
 
     def check_task(
         self, config: CodeEditingConfig, task: TaskSpec, where: str, out: list[str]

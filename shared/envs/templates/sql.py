@@ -356,8 +356,8 @@ class SqlTemplate(Template):
         return {"submission", "tables", "rowCounts"}
 
     def ground_truth_keys(self) -> set[str]:
-        """sql_result_match reads a reference query or rows."""
-        return {"query", "rows"}
+        """sql_result_match reads a reference query or rows, and whether their order matters."""
+        return {"query", "rows", "orderMatters"}
 
     def check_task(self, config: SqlConfig, task: TaskSpec, where: str, out: list[str]) -> None:
         """A ground truth's reference query must run on the database."""

@@ -70,6 +70,9 @@ class PrimitiveDef:
     # Parsed params -> Compiled: the engine binds a verifier's params once (per spec) and
     # scores with a plain call; `scorer` is the same function through the Scorer signature.
     compile: Callable[[Any], Compiled] | None = None
+    # Ground-truth keys the scorer reads when its own param is unset: {key: param field}.
+    # Validation checks each task's value as that param (a wrong type would crash scoring).
+    truth_fields: dict[str, str] = field(default_factory=dict)
 
 
 class _Registry(dict[str, PrimitiveDef]):
@@ -125,11 +128,14 @@ def register(
     tool_fields: tuple[str, ...] = (),
     templates: tuple[str, ...] | None = None,
     check: Check | None = None,
+    truth_fields: dict[str, str] | None = None,
 ) -> Callable[[Scorer], Scorer]:
     """Decorator: register a scorer under its type, with the model of its parameters."""
 
     def wrap(fn: Scorer) -> Scorer:
-        REGISTRY[type_name] = PrimitiveDef(type_name, params, fn, tool_fields, templates, check)
+        REGISTRY[type_name] = PrimitiveDef(
+            type_name, params, fn, tool_fields, templates, check, truth_fields=truth_fields or {}
+        )
         return fn
 
     return wrap

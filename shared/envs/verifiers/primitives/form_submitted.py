@@ -27,7 +27,12 @@ class FormSubmittedParams(CamelModel):
     max_count: int | None = Field(default=None, ge=1)
 
 
-@register("form_submitted", FormSubmittedParams, templates=("browser",))
+@register(
+    "form_submitted",
+    FormSubmittedParams,
+    templates=("browser",),
+    truth_fields={"form": "form", "fields": "fields"},
+)
 def form_submitted(p: FormSubmittedParams, ctx: ScoreContext) -> Outcome:
     """A form was submitted (at least minCount times, at most maxCount) with the expected field
     values."""

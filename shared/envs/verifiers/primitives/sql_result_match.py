@@ -113,7 +113,12 @@ def _shape(rows: list[Any]) -> str:
     return f"{len(rows)} row(s) of {width} column(s)"
 
 
-@register("sql_result_match", SqlResultMatchParams, templates=("sql",))
+@register(
+    "sql_result_match",
+    SqlResultMatchParams,
+    templates=("sql",),
+    truth_fields={"query": "query", "rows": "rows", "orderMatters": "order_matters"},
+)
 async def sql_result_match(p: SqlResultMatchParams, ctx: ScoreContext) -> Outcome:
     """The submitted query's rows equal the reference rows (as a multiset unless order matters).
 

@@ -32,7 +32,12 @@ class TestsPassParams(CamelModel):
     files: dict[str, str] | None = None
 
 
-@register("tests_pass", TestsPassParams, templates=("code-editing",))
+@register(
+    "tests_pass",
+    TestsPassParams,
+    templates=("code-editing",),
+    truth_fields={"tests": "files", "testCommand": "command"},
+)
 async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
     """The trusted tests pass on the final files, run in the sandbox, judged by their own results.
 

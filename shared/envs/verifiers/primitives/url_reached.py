@@ -39,7 +39,13 @@ def _check(p: UrlReachedParams) -> list[tuple[str, str]]:
     return []
 
 
-@register("url_reached", UrlReachedParams, templates=("browser",), check=_check)
+@register(
+    "url_reached",
+    UrlReachedParams,
+    templates=("browser",),
+    check=_check,
+    truth_fields={"url": "url"},
+)
 def url_reached(p: UrlReachedParams, ctx: ScoreContext) -> Outcome | Awaitable[Outcome]:
     """The browser visited (or ended on) the URL."""
     gt = ctx.ground_truth if isinstance(ctx.ground_truth, dict) else {}
