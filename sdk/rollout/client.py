@@ -22,6 +22,7 @@ from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.envelope import new_id
 from rollout.shared.contracts.training import resolve_method
 from rollout.shared.envs.coerce import TOO_LARGE_HINT, pydantic_problems, raw_environment
+from rollout.shared.envs.validation import unsendable
 from rollout.shared.settings import Settings, connect_nats
 from rollout.shared.stale import stale_note, worst
 from rollout.snapshots import stage_dataset
@@ -101,6 +102,11 @@ class AsyncClient:
     async def push_environment(self, env: Any) -> dict[str, Any]:
         """Register an Environment (or its dict form); identical content is a no-op."""
         spec = raw_environment(env)
+        if lost := unsendable(spec):
+            # Said here: JSON would carry a NaN as null and cannot nest that deep at all.
+            raise RolloutError(
+                f"environment {spec.get('slug')!r} cannot be sent as JSON", problems=lost
+            )
         try:
             return await self.request("registry", "push", rq.PushEnvironment(spec=spec))
         except RequestTooLarge as exc:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from envs.env_mutants import mutants, problem_faults
 from pipeline.kit import Platform, refund_env
 from waiting import wait_until
 
@@ -15,6 +17,7 @@ from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.bus.reader import read_events
 from rollout.shared.contracts import EventEnvelope
+from rollout.shared.envs import validate_environment
 from rollout.shared.settings import Settings, connect_nats
 
 
@@ -110,3 +113,58 @@ async def test_an_unknown_version_is_a_clear_error(registry: AsyncClient) -> Non
     await registry.push_environment(refund_env(slug="one-version"))
     with pytest.raises(RolloutError, match="no version 7 of environment 'one-version'"):
         await registry.get_environment("one-version", 7)
+
+
+async def test_mutated_specs_pushed_over_nats_are_refused_as_plan_refuses_them(
+    registry: AsyncClient,
+) -> None:
+    # What the API is sent (a dict, as a script or another service sends it) is answered as
+    # `rollout plan` answers it: registered, or refused with the same problems by path. A NaN
+    # was sent as null: a budget of NaN seconds was registered as no budget at all.
+    found = []
+    for label, raw in mutants(seed=3, n=40):
+        local = validate_environment(copy.deepcopy(raw))
+        try:
+            reply = await registry.push_environment(raw)
+        except RolloutError as exc:
+            if not local:
+                found.append(f"{label}: plan accepts it, the registry says {exc} {exc.problems}")
+            elif "cannot be sent as JSON" in exc.message:
+                pass  # the client's own refusal (a NaN, too deep): its problems have paths too
+            elif exc.problems[: len(local)] != local[: len(exc.problems)]:
+                found.append(f"{label}: plan says {local[:3]}, the registry {exc.problems[:3]}")
+            found += [f"{label}: {f}" for f in problem_faults(exc.problems, raw)]
+            continue
+        if local:
+            found.append(f"{label}: registered as v{reply['version']}, plan says {local[:3]}")
+    assert not found, found[:5]
+
+
+async def test_a_spec_json_cannot_carry_is_refused_before_it_is_sent(
+    registry: AsyncClient,
+) -> None:
+    # A NaN went out as null (this one was registered with an amount of null, so no refund
+    # could match it); a spec nested 300 deep raised pydantic's serialization error.
+    env = refund_env(slug="not-json")
+    env["tasks"][1]["hiddenGroundTruth"]["refunds"][0]["amount"] = float("nan")
+    with pytest.raises(RolloutError) as err:
+        await registry.push_environment(env)
+    assert err.value.message == "environment 'not-json' cannot be sent as JSON"
+    assert err.value.problems == [
+        "tasks[1].hiddenGroundTruth.refunds[0].amount: nan is not a finite number "
+        "(JSON has no NaN or inf)"
+    ]
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    env = refund_env(slug="not-json")
+    env["config"]["fixtures"]["orders"]["O-1"]["notes"] = deep
+    with pytest.raises(RolloutError) as err:
+        await registry.push_environment(env)
+    # Where the 64th level is: config, fixtures, orders, O-1, notes and 59 lists.
+    assert err.value.problems == [
+        "config.fixtures.orders.O-1.notes" + "[0]" * 59 + ": nested deeper than 64 levels of "
+        "lists and objects (a spec is JSON that services store and read back: flatten it)"
+    ]
+    with pytest.raises(RolloutError, match="no environment 'not-json'"):
+        await registry.get_environment("not-json")

@@ -169,24 +169,30 @@ def test_plan_closes_the_plugin_runtime_it_lists_tools_from(
     assert pool.leased == 0
 
 
-def test_plan_names_a_plugin_whose_reset_fails(
-    pool: HostPool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Every rollout of such an env errors: plan must not call it OK (it listed "tools: none").
+def _plugin_whose_reset_fails(folder: Path) -> Path:
+    """The counter example's env file, its plugin's reset() raising RuntimeError('no db')."""
     counter = (EXAMPLES / "example_plugins" / "counter.py").read_text()
     broken = counter.replace(
         "    def reset(self, task: dict[str, Any]) -> None:\n",
         "    def reset(self, task: dict[str, Any]) -> None:\n        raise RuntimeError('no db')\n",
     )
     assert broken != counter
-    (tmp_path / "broken_plugins").mkdir()
-    (tmp_path / "broken_plugins" / "counter.py").write_text(broken)
-    env_file = tmp_path / "broken.py"
+    (folder / "broken_plugins").mkdir()
+    (folder / "broken_plugins" / "counter.py").write_text(broken)
+    env_file = folder / "broken.py"
     env_file.write_text(
         (EXAMPLES / "plugin_counter.py")
         .read_text()
         .replace("example_plugins.counter", "broken_plugins.counter")
     )
+    return env_file
+
+
+def test_plan_names_a_plugin_whose_reset_fails(
+    pool: HostPool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every rollout of such an env errors: plan must not call it OK (it listed "tools: none").
+    env_file = _plugin_whose_reset_fails(tmp_path)
     assert cli_main(["plan", str(env_file)]) == 1
     out = capsys.readouterr().out
     assert "✗ counter-plugin: 1 problem(s)" in out
@@ -194,6 +200,21 @@ def test_plan_names_a_plugin_whose_reset_fails(
         "tasks[0]: the environment cannot start: plugin reset() raised RuntimeError: no db" in out
     )
     assert pool.leased == 0
+
+
+def test_push_refuses_a_plugin_that_cannot_start(
+    pool: HostPool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # plan refused it, push registered it (no stack is needed: it is refused before sending).
+    env_file = _plugin_whose_reset_fails(tmp_path)
+    assert cli_main(["push", str(env_file)]) == 1
+    err = capsys.readouterr().err
+    assert f"{env_file}: not pushed, fix these first" in err
+    assert (
+        "counter-plugin: tasks[0]: the environment cannot start: plugin reset() raised "
+        "RuntimeError: no db" in err
+    )
+    assert "Traceback" not in err and pool.leased == 0
 
 
 def _dead_pid() -> int:

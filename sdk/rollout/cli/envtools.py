@@ -87,6 +87,16 @@ def _tools_of(spec: Any) -> tuple[list[str], str | None]:
             asyncio.run(runtime.close())
 
 
+def start_problem(spec: Any) -> str | None:
+    """Why a plugin env's first episode cannot start (its own code would fail every rollout),
+    as a problem by path; None when it starts, or for any other template (`rollout push` and
+    `rollout plan` refuse the same plugin)."""
+    if spec.template != "plugin" or not spec.tasks:
+        return None
+    failure = _tools_of(spec)[1]
+    return None if failure is None else f"tasks[0]: the environment cannot start: {failure}"
+
+
 def _start_verdict(report: dict[str, Any]) -> None:
     """A first episode that cannot start: the env's own code (a plugin) fails every rollout,
     so that is a problem; a remote env may simply not be up where plan runs, a warning."""

@@ -147,6 +147,7 @@ async def _with_client(fn: Any) -> Any:
 
 
 async def _push(args: argparse.Namespace) -> int:
+    from rollout.cli.envtools import start_problem
     from rollout.shared.audit.static import verifier_warnings
     from rollout.shared.envs.loader import load_environments, select_environment
     from rollout.shared.envs.validation import validate_environment
@@ -157,7 +158,13 @@ async def _push(args: argparse.Namespace) -> int:
     lines = [
         f"{slug}: slug {slug!r} is used by {n} environments" for slug, n in slugs.items() if n > 1
     ]
-    lines += [f"{e.slug}: {p}" for e in envs for p in validate_environment(e)]
+    for e in envs:
+        problems = validate_environment(e)
+        # As `rollout plan` says: a plugin whose first episode cannot start errors every
+        # rollout (a thread: closing its runtime runs a loop of its own).
+        if not problems and (start := await asyncio.to_thread(start_problem, e.to_spec())):
+            problems = [start]
+        lines += [f"{e.slug}: {p}" for p in problems]
     if lines:
         raise RolloutError(f"{args.file}: not pushed, fix these first", problems=lines)
 
