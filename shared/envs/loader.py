@@ -45,6 +45,57 @@ def _user_frame(exc: BaseException, path: Path) -> int | None:
     return line
 
 
+# An error's own text is cut here: a message of megabytes (a dumped file) buries the file and line.
+MAX_MESSAGE_CHARS = 2000
+
+
+def _said(exc: Any) -> str:
+    """`str(exc)`, cut to MAX_MESSAGE_CHARS, or a note when its __str__ itself raises."""
+    try:
+        text = str(exc)
+    except Exception as inner:  # noqa: BLE001 - a user's exception class: said, not raised
+        return f"(its message could not be read: {type(inner).__name__})"
+    if len(text) > MAX_MESSAGE_CHARS:
+        return f"{text[:MAX_MESSAGE_CHARS]}... ({len(text):,} characters)"
+    return text
+
+
+def _raised_in(exc: BaseException, file: Path) -> str:
+    """`(raised at FILE:LINE)` when the innermost frame of the author's own code (their
+    folder) is in another file than the env file, e.g. a helper module it imports."""
+    last = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        try:
+            path = Path(frame.filename).resolve()
+        except (OSError, ValueError):
+            continue
+        if path.is_relative_to(file.parent) and not _installed(path):
+            last = (path, frame.lineno)
+    if last is None or last[0] == file:
+        return ""
+    return f" (raised at {last[0]}:{last[1]})"
+
+
+# Code that is not the author's even inside their folder: a virtualenv there, and our own.
+_NOT_THEIRS = tuple(
+    {
+        Path(sys.prefix).resolve(),
+        Path(sys.base_prefix).resolve(),
+        Path(__file__).resolve().parents[1],
+    }
+)
+
+
+def _installed(path: Path) -> bool:
+    return "site-packages" in path.parts or any(path.is_relative_to(p) for p in _NOT_THEIRS)
+
+
+def _imported_at(exc: BaseException, file: Path) -> str:
+    """`(imported at FILE:LINE)`: where the env file imports the module that does not parse."""
+    line = _user_frame(exc, file)
+    return f" (imported at {file}:{line})" if line else f" (imported by {file})"
+
+
 def _collect(namespace: dict[str, Any]) -> list[Any]:
     found: list[Any] = []
     seen: set[int] = set()
@@ -102,8 +153,11 @@ def load_environments(path: str | Path) -> list[Any]:
         with quiet:
             spec.loader.exec_module(module)
     except SyntaxError as exc:
-        where = f"{file}:{exc.lineno}" if exc.lineno else str(file)
-        raise RolloutError(f"{where}: syntax error: {exc.msg}") from None
+        # In a module the file imports, the line is that module's: named with its own path.
+        source = Path(exc.filename).resolve() if exc.filename else file
+        where = f"{source}:{exc.lineno}" if exc.lineno else str(source)
+        via = "" if source == file else _imported_at(exc, file)
+        raise RolloutError(f"{where}: syntax error: {_said(exc.msg)}{via}") from None
     except RolloutError as exc:
         line = _user_frame(exc, file)
         where = f"{file}:{line}" if line else str(file)
@@ -121,7 +175,8 @@ def load_environments(path: str | Path) -> list[Any]:
     except Exception as exc:
         line = _user_frame(exc, file)
         where = f"{file}:{line}" if line else str(file)
-        raise RolloutError(f"{where}: {type(exc).__name__}: {exc}") from None
+        raised = _raised_in(exc, file)
+        raise RolloutError(f"{where}: {type(exc).__name__}: {_said(exc)}{raised}") from None
     finally:
         watch.cancel()
         LOADING_DIR.reset(token)

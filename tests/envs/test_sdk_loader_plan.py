@@ -130,6 +130,41 @@ def test_loader_errors_name_file_and_line(tmp_path: Path, body: str, message: st
     assert str(f) in str(err.value) and message in str(err.value)
 
 
+def test_loader_errors_in_a_module_the_env_file_imports_name_that_module(tmp_path: Path) -> None:
+    # A syntax error of helper.py was said at the env file's path with helper's line number;
+    # an exception raised in it named only the import line.
+    write(tmp_path, "bad_helper.py", "X = 1\n\n\ndef f(:\n    pass\n")
+    write(tmp_path, "raising_helper.py", "def boom():\n    return {}['k']\n\n\nV = boom()\n")
+    syntax = write(tmp_path, "env.py", "import os\nimport bad_helper\n")
+    with pytest.raises(RolloutError) as err:
+        load_environments(syntax)
+    assert err.value.message == (
+        f"{tmp_path / 'bad_helper.py'}:4: syntax error: invalid syntax (imported at {syntax}:2)"
+    )
+    raising = write(tmp_path, "env2.py", "import raising_helper\n")
+    with pytest.raises(RolloutError) as err:
+        load_environments(raising)
+    assert err.value.message == (
+        f"{raising}:1: KeyError: 'k' (raised at {tmp_path / 'raising_helper.py'}:2)"
+    )
+
+
+def test_loader_errors_whose_message_cannot_be_read_or_is_huge(tmp_path: Path) -> None:
+    # An exception whose __str__ raised escaped as a traceback; one of 200,000 characters was
+    # printed whole.
+    body = (
+        "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\n\n\nraise E()\n"
+    )
+    f = write(tmp_path, "env.py", body)
+    with pytest.raises(RolloutError) as err:
+        load_environments(f)
+    assert err.value.message == f"{f}:6: E: (its message could not be read: RuntimeError)"
+    f = write(tmp_path, "huge.py", "raise ValueError('x' * 200_000)\n")
+    with pytest.raises(RolloutError) as err:
+        load_environments(f)
+    assert err.value.message == f"{f}:1: ValueError: {'x' * 2000}... (200,000 characters)"
+
+
 def test_a_task_of_wrong_types_is_one_line_per_field(tmp_path: Path) -> None:
     body = "from rollout import Task\n\nt = Task(instruction=3, split=['a'])\n"
     f = write(tmp_path, "env.py", body)
