@@ -292,3 +292,20 @@ def test_plan_refuses_held_out_repeats_and_odd_split_names(
     # --with means nothing for an env file: said, not ignored.
     assert main(["plan", str(near), "--with", "policy=local/scripted"]) == 1
     assert "--with: only for an experiment plan (.toml)" in capsys.readouterr().err
+
+
+def test_plan_and_push_name_a_slug_that_is_no_string(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Both counted slugs to find duplicates: a dict slug raised TypeError (unhashable type).
+    body = (
+        "from rollout import Environment\n\n"
+        "env = Environment(slug={'a': 1}, tasks=[{'instruction': 'x', 'hiddenGroundTruth': {}}])\n"
+    )
+    f = write(tmp_path, "env.py", body)
+    assert main(["plan", str(f)]) == 1
+    assert "    - slug: Input should be a valid string\n" in capsys.readouterr().out
+    assert main(["push", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {f}: not pushed, fix these first" in err
+    assert "{'a': 1}: slug: Input should be a valid string" in err

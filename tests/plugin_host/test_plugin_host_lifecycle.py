@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -297,3 +298,26 @@ def test_hosts_started_off_the_loop_outlive_that_loop(pool: HostPool) -> None:
     for _ in range(idle):
         assert asyncio.run(episode(start=False)) == {"version": "v1", "calls": 1}
     assert pool.started == started
+
+
+def test_plan_and_push_name_each_task_a_plugin_cannot_start(
+    pool: HostPool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The counter's reset() reads int(task["input"]["target"]): a task whose target is no
+    # number fails every one of its rollouts, yet plan and push started tasks[0] only.
+    shutil.copytree(EXAMPLES / "example_plugins", tmp_path / "example_plugins")
+    env_file = tmp_path / "counter.py"
+    env_file.write_text(
+        (EXAMPLES / "plugin_counter.py").read_text()
+        + "\nenv.tasks[3] = env.tasks[3].model_copy(update={'input': {'target': 'x'}})\n"
+    )
+    problem = (
+        "tasks[3]: the environment cannot start: plugin reset() raised ValueError: invalid "
+        "literal for int() with base 10: 'x'"
+    )
+    assert cli_main(["plan", str(env_file)]) == 1
+    out = capsys.readouterr().out
+    assert "✗ counter-plugin: 1 problem(s)" in out and f"    - {problem}\n" in out
+    assert cli_main(["push", str(env_file)]) == 1
+    assert f"counter-plugin: {problem}\n" in capsys.readouterr().err
+    assert pool.leased == 0

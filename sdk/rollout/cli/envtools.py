@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -35,6 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--slug", help="only this environment")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(func=_plan)
+
+
+def slug_of(env: Any) -> str | None:
+    """An env's slug when it is a string: any other (a dict, a list) is a problem validation
+    names, and cannot be counted (unhashable: `rollout plan` raised TypeError on it)."""
+    slug = getattr(env, "slug", None)
+    return slug if isinstance(slug, str) else None
 
 
 def _summary(env: Any) -> dict[str, Any]:
@@ -70,15 +78,15 @@ def _summary(env: Any) -> dict[str, Any]:
     }
 
 
-def _tools_of(spec: Any) -> tuple[list[str], str | None]:
-    """The tools of the first task's episode, or why that episode could not start."""
+def _tools_of(spec: Any, index: int = 0) -> tuple[list[str], str | None]:
+    """The tools of a task's episode (the first's by default), or why it could not start."""
     from rollout.shared.envs import build_runtime
 
     if not spec.tasks:
         return [], None
     runtime = None
     try:
-        runtime = build_runtime(spec, 0)
+        runtime = build_runtime(spec, index)
         return [t.name for t in runtime.tool_specs()], None
     except RolloutError as exc:
         return [], exc.message
@@ -87,25 +95,43 @@ def _tools_of(spec: Any) -> tuple[list[str], str | None]:
             asyncio.run(runtime.close())
 
 
-def start_problem(spec: Any) -> str | None:
-    """Why a plugin env's first episode cannot start (its own code would fail every rollout),
-    as a problem by path; None when it starts, or for any other template (`rollout push` and
-    `rollout plan` refuse the same plugin)."""
-    if spec.template != "plugin" or not spec.tasks:
-        return None
-    failure = _tools_of(spec)[1]
-    return None if failure is None else f"tasks[0]: the environment cannot start: {failure}"
+# Seconds `start_problems` spends starting a plugin's episodes (each start is a reset() in a
+# host kept warm: milliseconds, unless the plugin's reset is slow).
+START_CHECK_S = 20.0
 
 
-def _start_verdict(report: dict[str, Any]) -> None:
-    """A first episode that cannot start: the env's own code (a plugin) fails every rollout,
-    so that is a problem; a remote env may simply not be up where plan runs, a warning."""
+def start_problems(spec: Any, budget_s: float = START_CHECK_S) -> list[str]:
+    """Why a plugin env's episodes cannot start (its own code would fail each of their rollouts),
+    one problem per distinct reason at the first task it stops; [] for any other template.
+    `rollout plan` and `rollout push` say the same."""
+    if spec.template != "plugin":
+        return []
+    failed: dict[str, list[int]] = {}  # reason -> the tasks it stops
+    deadline = time.monotonic() + budget_s
+    for index in range(len(spec.tasks)):
+        # A plugin reading each task's input (int(task["input"]["target"])) may fail only on
+        # some: tasks[0] starting proves nothing about the others.
+        failure = _tools_of(spec, index)[1]
+        if failure is not None:
+            failed.setdefault(failure, []).append(index)
+        if time.monotonic() > deadline:
+            break
+    problems = []
+    for reason, indices in failed.items():
+        more = f" (also tasks {', '.join(map(str, indices[1:6]))}" if len(indices) > 1 else ""
+        if more:
+            more += f" and {len(indices) - 6} more)" if len(indices) > 6 else ")"
+        problems.append(f"tasks[{indices[0]}]: the environment cannot start: {reason}{more}")
+    return problems
+
+
+def _start_verdict(report: dict[str, Any], spec: Any) -> None:
+    """An episode that cannot start: the env's own code (a plugin) fails its rollouts, so that
+    is a problem; a remote env may simply not be up where plan runs, a warning."""
     failure = report.pop("startFailure")
-    if failure is None:
-        return
     if report["template"] == "plugin":
-        report["problems"].append(f"tasks[0]: the environment cannot start: {failure}")
-    else:
+        report["problems"].extend(start_problems(spec))
+    elif failure is not None:
         report["warnings"].append(f"tasks[0]: could not start an episode to list tools: {failure}")
 
 
@@ -148,20 +174,20 @@ def _plan(args: argparse.Namespace) -> int:
         raise
     reports = []
     audited: dict[int, bool] = {}  # report -> whether it has verifier warnings (audit hint)
-    slugs = Counter(getattr(e, "slug", None) for e in envs)
+    slugs = Counter(slug_of(e) for e in envs)
     for env in envs:
         problems = validate_environment(env)  # the split problems included
         tasks = getattr(env, "tasks", None)
         by_id = ids_matter(getattr(env, "template", None))
         split_warnings = split_check(tasks if isinstance(tasks, list) else [], ids_matter=by_id)[1]
-        if slugs[getattr(env, "slug", None)] > 1:
-            problems.append(f"slug: {env.slug!r} is used by {slugs[env.slug]} environments")
+        if (slug := slug_of(env)) is not None and slugs[slug] > 1:
+            problems.append(f"slug: {slug!r} is used by {slugs[slug]} environments")
         report: dict[str, Any] = {"slug": getattr(env, "slug", None), "problems": problems}
         if not problems:
             report.update(_summary(env))
             audited[len(reports)] = bool(report["warnings"])
             report["warnings"] = split_warnings + report["warnings"]
-            _start_verdict(report)
+            _start_verdict(report, env.to_spec())
         reports.append(report)
     ok = all(not r["problems"] for r in reports)
     if args.json:

@@ -147,23 +147,25 @@ async def _with_client(fn: Any) -> Any:
 
 
 async def _push(args: argparse.Namespace) -> int:
-    from rollout.cli.envtools import start_problem
+    from rollout.cli.envtools import slug_of, start_problems
     from rollout.shared.audit.static import verifier_warnings
     from rollout.shared.envs.loader import load_environments, select_environment
     from rollout.shared.envs.validation import validate_environment
 
     envs = select_environment(load_environments(args.file), args.slug)
-    slugs = Counter(e.slug for e in envs)
+    slugs = Counter(slug_of(e) for e in envs)
     # As `rollout plan` says: two environments of one slug would push as two versions of one.
     lines = [
-        f"{slug}: slug {slug!r} is used by {n} environments" for slug, n in slugs.items() if n > 1
+        f"{slug}: slug {slug!r} is used by {n} environments"
+        for slug, n in slugs.items()
+        if n > 1 and slug
     ]
     for e in envs:
         problems = validate_environment(e)
-        # As `rollout plan` says: a plugin whose first episode cannot start errors every
-        # rollout (a thread: closing its runtime runs a loop of its own).
-        if not problems and (start := await asyncio.to_thread(start_problem, e.to_spec())):
-            problems = [start]
+        # As `rollout plan` says: a plugin whose episodes cannot start errors their rollouts
+        # (in a thread: closing a runtime runs a loop of its own).
+        if not problems:
+            problems = await asyncio.to_thread(start_problems, e.to_spec())
         lines += [f"{e.slug}: {p}" for p in problems]
     if lines:
         raise RolloutError(f"{args.file}: not pushed, fix these first", problems=lines)
