@@ -5,9 +5,11 @@ sends it) with one to three mistakes a user makes (a dropped field, a wrong type
 empty, huge or odd string, a duplicate task id, a tool that does not exist, a verifier param
 out of range, an overlapping split, a budget below zero, NaN, a path out of the work dir...).
 
-`judge(raw)` validates one as `rollout plan` and `rollout push` do and returns what is wrong
-with the answer (an empty list when it is right): a crash, a problem naming no field path, or
-a spec accepted that then fails when an episode starts, a tool runs or the verifier scores.
+`judge(raw)` validates one as `rollout plan` and `rollout push` do (`validate_environment`, then
+a plugin's episodes started) and returns what is wrong with the answer (an empty list when it
+is right): a crash, a problem naming no field path, or a spec accepted that then fails when an
+episode starts, a tool runs (the example's scripted plan, then each tool) or the verifier
+scores.
 Used by tests/envs/test_env_fuzz.py (a few hundred) and benchmarks/env_fuzz.py (thousands).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import math
 import random
 import re
@@ -25,12 +28,15 @@ from typing import Any
 
 import structlog
 
+from rollout.cli.envtools import start_problems
+from rollout.environment import Environment
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs import build_runtime, load_environments, score, validate_environment
 from rollout.shared.envs.coerce import as_spec, raw_environment
 from rollout.shared.envs.verifiers import REGISTRY as PRIMITIVES
+from rollout.shared.learning.scripted import plan_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_KEYS = ("slug", "name", "template", "description", "config", "tasks", "verifier", "budgets")
@@ -481,6 +487,13 @@ def _arguments(parameters: Any) -> dict[str, Any]:
     return {name: _argument(schema) for name, schema in props.items()}
 
 
+def _planned(spec: EnvironmentSpec, index: int, runtime: Any) -> list[tuple[str, Any]]:
+    try:
+        return list(plan_for(spec, spec.tasks[index], runtime) or [])
+    except Exception:  # noqa: BLE001 - a planner reading a mutated ground truth: no plan
+        return []
+
+
 async def _episode(spec: EnvironmentSpec, index: int, faults: list[str], tests: bool) -> None:
     try:
         runtime = build_runtime(spec, index)
@@ -489,15 +502,18 @@ async def _episode(spec: EnvironmentSpec, index: int, faults: list[str], tests: 
         return
     records = []
     try:
-        for i, tool in enumerate(runtime.tool_specs()[:8]):
-            if tool.name == "run_tests" and not tests:
+        # The scripted plan that solves the example (submissions, files, refunds in the state
+        # the verifier reads), then each tool once with plain arguments.
+        calls = _planned(spec, index, runtime)
+        calls += [(t.name, _arguments(t.parameters)) for t in runtime.tool_specs()[:8]]
+        for i, (name, args) in enumerate(calls):
+            if name == "run_tests" and not tests:
                 continue  # the sandbox: only where the caller pays for it
-            args = _arguments(tool.parameters)
-            result = await runtime.call_tool(tool.name, args)
+            result = await runtime.call_tool(name, args)
             records.append(
                 ToolCallRecord(
                     index=i,
-                    name=tool.name,
+                    name=name,
                     arguments=args,
                     result=result.output,
                     error=result.error,
@@ -526,6 +542,11 @@ def judge(raw: Any, *, run: bool = True, tests: bool = False) -> tuple[bool, lis
             problems = validate_environment(raw)
         except Exception as exc:  # noqa: BLE001 - the fuzzer's finding
             return False, [], [f"validate_environment raised {type(exc).__name__}: {exc}"[:400]]
+        if not problems:  # as plan and push: a plugin whose episodes cannot start is refused
+            try:
+                problems = start_problems(as_spec(raw))
+            except Exception as exc:  # noqa: BLE001 - the fuzzer's finding
+                faults.append(f"start_problems raised {type(exc).__name__}: {exc}"[:400])
         faults += problem_faults(problems, raw)
         if not problems:
             faults += _accepted_faults(raw, run=run, tests=tests)
@@ -557,4 +578,53 @@ def _accepted_faults(raw: Any, *, run: bool, tests: bool) -> list[str]:
         faults.append(f"accepted, but an episode crashed: {type(exc).__name__}: {exc}"[:400])
     finally:
         loop.close()
+    return faults
+
+
+# ------------------------------------------------------------------ through `rollout plan FILE`
+
+# The keyword arguments of Environment(...): a mutant with other keys is no env file's.
+ENV_ARGUMENTS = {
+    "slug",
+    "name",
+    "template",
+    "description",
+    "config",
+    "tasks",
+    "verifier",
+    "budgets",
+}
+
+
+def env_file(folder: Path, name: str, raw: dict[str, Any]) -> Path | None:
+    """An env file building the mutant with Environment(...), as a user would write it (None
+    for one nested too deep for json to write)."""
+    try:
+        text = json.dumps(raw)  # NaN and lone surrogates survive json.loads
+    except RecursionError:
+        return None
+    body = (
+        "import json\n"
+        "from rollout import Environment\n"
+        f"SPEC = json.loads({text!r})\n"
+        "env = Environment(**SPEC)\n"
+    )
+    file = folder / f"{name}.py"
+    file.write_text(body, encoding="utf-8")
+    return file
+
+
+def plan_faults(doc: dict[str, Any], file: Path, raw: dict[str, Any]) -> list[str]:
+    """What is wrong with a `rollout plan --json` document about a mutant."""
+    if "error" in doc:  # the file did not load: said with its file and line
+        if not doc["error"].startswith(f"{file}:"):
+            return [f"load error names no file and line: {doc['error'][:300]}"]
+        return []
+    faults = []
+    for env in doc["environments"]:
+        faults += problem_faults(env["problems"], raw)
+    # What Environment(...) makes of the mutant (its defaults fill a dropped name, template or
+    # config; a plugin's sources are bundled) must be what plan judged.
+    if doc["ok"] and (refused := validate_environment(Environment(**raw))):
+        faults.append(f"plan accepted an env whose validation refuses: {refused[:3]}")
     return faults
