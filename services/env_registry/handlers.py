@@ -23,6 +23,7 @@ from rollout.shared.contracts.requests import (
     Reply,
 )
 from rollout.shared.envs.coerce import TOO_LARGE_HINT, as_spec
+from rollout.shared.envs.starts import start_problems
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
@@ -67,6 +68,10 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
     """
     # A plugin env is imported in a sandboxed plugin host: wait for it off the event loop.
     problems = await asyncio.to_thread(validate_environment, cmd.spec)
+    if not problems and isinstance(cmd.spec, dict) and cmd.spec.get("template") == "plugin":
+        # As `rollout plan` and `rollout push` say: a task whose episode cannot start (the
+        # plugin's reset() raising on it) fails each of its rollouts.
+        problems = await asyncio.to_thread(start_problems, as_spec(cmd.spec))
     if problems:
         slug = cmd.spec.get("slug") if isinstance(cmd.spec, dict) else None
         raise RolloutError(f"environment {slug or '?'!r} is invalid", problems=problems)

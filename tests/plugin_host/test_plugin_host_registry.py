@@ -95,3 +95,23 @@ async def test_push_of_a_plugin_shadowing_the_stdlib_is_refused(registry: AsyncC
     with pytest.raises(RolloutError) as err:
         await registry.push_environment(spec(module="json", slug="shadow"))
     assert any(p.startswith("config.sources['json.py']") for p in err.value.problems)
+
+
+async def test_push_of_a_plugin_whose_task_cannot_start_is_refused(registry: AsyncClient) -> None:
+    # `rollout plan` and `rollout push` refused it; sent to the API it was registered, and each
+    # rollout of its task 1 errored.
+    source = COUNTER.replace(
+        '        if self.mode == "hang_reset":',
+        '        if self.mode == "bad":\n            raise ValueError("no such mode")\n'
+        '        if self.mode == "hang_reset":',
+    )
+    assert source != COUNTER
+    with pytest.raises(RolloutError) as err:
+        await registry.push_environment(
+            spec(source, module="moody", slug="moody", modes=("ok", "bad"))
+        )
+    assert err.value.problems == [
+        "tasks[1]: the environment cannot start: plugin reset() raised ValueError: no such mode"
+    ]
+    with pytest.raises(RolloutError, match="no environment 'moody'"):
+        await registry.get_environment("moody")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
 from collections import Counter
 from typing import Any
 
@@ -49,6 +47,7 @@ def _summary(env: Any) -> dict[str, Any]:
     """Counts and names a person checks at a glance (only for a valid spec)."""
     from rollout.shared.audit.static import verifier_warnings
     from rollout.shared.envs import default_verifier
+    from rollout.shared.envs.starts import tools_of
 
     spec = env.to_spec()
     splits = Counter(t.split for t in spec.tasks)
@@ -58,7 +57,7 @@ def _summary(env: Any) -> dict[str, Any]:
         source = "default"
     else:
         source = "custom"
-    tools, failure = _tools_of(spec)
+    tools, failure = tools_of(spec)
     return {
         "slug": spec.slug,
         "template": spec.template,
@@ -78,56 +77,11 @@ def _summary(env: Any) -> dict[str, Any]:
     }
 
 
-def _tools_of(spec: Any, index: int = 0) -> tuple[list[str], str | None]:
-    """The tools of a task's episode (the first's by default), or why it could not start."""
-    from rollout.shared.envs import build_runtime
-
-    if not spec.tasks:
-        return [], None
-    runtime = None
-    try:
-        runtime = build_runtime(spec, index)
-        return [t.name for t in runtime.tool_specs()], None
-    except RolloutError as exc:
-        return [], exc.message
-    finally:
-        if runtime is not None:  # a remote env's session, a plugin's host: give them back
-            asyncio.run(runtime.close())
-
-
-# Seconds `start_problems` spends starting a plugin's episodes (each start is a reset() in a
-# host kept warm: milliseconds, unless the plugin's reset is slow).
-START_CHECK_S = 20.0
-
-
-def start_problems(spec: Any, budget_s: float = START_CHECK_S) -> list[str]:
-    """Why a plugin env's episodes cannot start (its own code would fail each of their rollouts),
-    one problem per distinct reason at the first task it stops; [] for any other template.
-    `rollout plan` and `rollout push` say the same."""
-    if spec.template != "plugin":
-        return []
-    failed: dict[str, list[int]] = {}  # reason -> the tasks it stops
-    deadline = time.monotonic() + budget_s
-    for index in range(len(spec.tasks)):
-        # A plugin reading each task's input (int(task["input"]["target"])) may fail only on
-        # some: tasks[0] starting proves nothing about the others.
-        failure = _tools_of(spec, index)[1]
-        if failure is not None:
-            failed.setdefault(failure, []).append(index)
-        if time.monotonic() > deadline:
-            break
-    problems = []
-    for reason, indices in failed.items():
-        more = f" (also tasks {', '.join(map(str, indices[1:6]))}" if len(indices) > 1 else ""
-        if more:
-            more += f" and {len(indices) - 6} more)" if len(indices) > 6 else ")"
-        problems.append(f"tasks[{indices[0]}]: the environment cannot start: {reason}{more}")
-    return problems
-
-
 def _start_verdict(report: dict[str, Any], spec: Any) -> None:
     """An episode that cannot start: the env's own code (a plugin) fails its rollouts, so that
     is a problem; a remote env may simply not be up where plan runs, a warning."""
+    from rollout.shared.envs.starts import start_problems
+
     failure = report.pop("startFailure")
     if report["template"] == "plugin":
         report["problems"].extend(start_problems(spec))
