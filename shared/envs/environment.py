@@ -120,7 +120,8 @@ class Environment:
                 self.config["entrypoint"] = entrypoint
         # Tasks that are no list (tasks=5) are kept as given so validation names them by path.
         self.tasks: Any = [] if tasks is None else tasks
-        if isinstance(tasks, Iterable) and not isinstance(tasks, str | bytes | Mapping):
+        # A lone Task is iterable too (its fields): kept as given, validation names it.
+        if isinstance(tasks, Iterable) and not isinstance(tasks, str | bytes | Mapping | BaseModel):
             self.tasks = list(tasks)
         self.verifier = verifier
         # Per-rollout limits of this env (max_turn_tokens, max_rollout_tokens,

@@ -59,7 +59,7 @@ def validate_environment(env_or_spec: Any) -> list[str]:
     try:
         EnvironmentSpec.model_validate(raw)
     except ValidationError as exc:
-        problems.extend(pydantic_problems(exc))
+        problems.extend(_one_for_many(raw, pydantic_problems(exc)))
 
     carried = {key: _non_json(raw.get(key), key) for key in ("config", "tasks", "verifier")}
     for found_here in carried.values():
@@ -221,6 +221,23 @@ def _non_json(value: Any, where: str, limit: int = 5) -> list[str]:
 
 
 # ---------------------------------------------------------------- tasks and verifier
+
+
+def _one_for_many(raw: dict[str, Any], problems: list[str]) -> list[str]:
+    """A lone primitive given as the verifier, or a lone task as the tasks, said as that: not
+    as its keys being unknown to a verifier, nor as "Input should be a valid list"."""
+    verifier, tasks = raw.get("verifier"), raw.get("tasks")
+    if isinstance(verifier, dict) and "primitives" not in verifier and "type" in verifier:
+        problems = [p for p in problems if not p.startswith("verifier.")]
+        problems.append(
+            "verifier: one primitive, not a verifier: give a list of primitives "
+            "(verifier_config(primitive(...)) or [primitive(...)])"
+        )
+    if isinstance(tasks, TaskSpec) or (isinstance(tasks, dict) and "instruction" in tasks):
+        # pydantic read a Task's fields as the items of a list: tasks[0]..tasks[6] are those.
+        problems = [p for p in problems if not p.startswith(("tasks:", "tasks["))]
+        problems.append("tasks: one task, not a list of them (tasks=[Task(...)])")
+    return problems
 
 
 def _tasks(raw_tasks: Any, problems: _Problems) -> list[tuple[int, TaskSpec]]:

@@ -309,3 +309,21 @@ def test_plan_and_push_name_a_slug_that_is_no_string(
     err = capsys.readouterr().err
     assert f"error: {f}: not pushed, fix these first" in err
     assert "{'a': 1}: slug: Input should be a valid string" in err
+
+
+def test_a_lone_primitive_or_task_is_named_as_one_not_as_unknown_keys() -> None:
+    # verifier=primitive(...) was three "verifier.name/type/weight: unknown key" problems;
+    # tasks=Task(...) was iterated as its fields: seven "tasks[i]: Input should be a valid
+    # dictionary" problems.
+    task = Task(instruction="x", hidden_ground_truth={})
+    env = Environment(slug="a", tasks=[task], verifier=primitive("p", "state_match"))
+    assert env.validate() == [
+        "verifier: one primitive, not a verifier: give a list of primitives "
+        "(verifier_config(primitive(...)) or [primitive(...)])"
+    ]
+    env = Environment(slug="b", tasks=task)
+    assert env.validate() == ["tasks: one task, not a list of them (tasks=[Task(...)])"]
+    assert (
+        Environment(slug="c", tasks=[task], verifier=[primitive("p", "state_match")]).validate()
+        == []
+    )
