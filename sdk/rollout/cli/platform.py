@@ -148,9 +148,9 @@ async def _with_client(fn: Any) -> Any:
 
 async def _push(args: argparse.Namespace) -> int:
     from rollout.cli.envtools import slug_of
-    from rollout.shared.envs.starts import start_problems
     from rollout.shared.audit.static import verifier_warnings
     from rollout.shared.envs.loader import load_environments, select_environment
+    from rollout.shared.envs.starts import start_problems
     from rollout.shared.envs.validation import validate_environment
 
     envs = select_environment(load_environments(args.file), args.slug)
