@@ -28,13 +28,13 @@ from typing import Any
 
 import structlog
 
-from rollout.cli.envtools import start_problems
 from rollout.environment import Environment
 from rollout.errors import RolloutError
 from rollout.shared.contracts.envspec import EnvironmentSpec
 from rollout.shared.contracts.trajectory import ToolCallRecord, Trajectory
 from rollout.shared.envs import build_runtime, load_environments, score, validate_environment
 from rollout.shared.envs.coerce import as_spec, raw_environment
+from rollout.shared.envs.starts import start_problems
 from rollout.shared.envs.verifiers import REGISTRY as PRIMITIVES
 from rollout.shared.learning.scripted import plan_for
 

@@ -9,6 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from rollout.cli._common import env_ref, later, note_if_stale, print_json, shown_status
+from rollout.cli.envtools import slug_of
 from rollout.cli.experiments import run_config
 from rollout.errors import RolloutError
 from rollout.shared.settings import load_settings
@@ -147,7 +148,6 @@ async def _with_client(fn: Any) -> Any:
 
 
 async def _push(args: argparse.Namespace) -> int:
-    from rollout.cli.envtools import slug_of
     from rollout.shared.audit.static import verifier_warnings
     from rollout.shared.envs.loader import load_environments, select_environment
     from rollout.shared.envs.starts import start_problems
