@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, Field
 
+from rollout.shared.envs import disk_budget
 from rollout.shared.errors import RolloutError
 from rollout.shared.stack.process import die_with_parent
 
@@ -103,6 +105,17 @@ class SandboxLimits(BaseModel):
     max_output_bytes: int = Field(1_000_000, ge=1, description="Kept per stream; then truncated.")
     wall_seconds: float = Field(30, gt=0, description="Wall-clock limit; the sandbox is killed.")
     max_file_bytes: int = Field(100_000_000, ge=1, description="Largest file it may write.")
+    max_disk_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1,
+        description="Total it may add to its writable host folders (work dir, writable binds); "
+        "over it the sandbox is killed (killed_reason disk_limit).",
+    )
+    max_disk_files: int = Field(
+        10_000,
+        ge=1,
+        description="Files and folders it may add to its writable host folders (inodes).",
+    )
 
 
 class SandboxResult(BaseModel):
@@ -337,7 +350,8 @@ def _bwrap_argv(
         str(limits.cpu_seconds),
         str(limits.memory_mb * 1024 * 1024),
         str(limits.max_processes),
-        str(limits.max_file_bytes),
+        # No single file may pass the disk budget either (the watcher bounds their total).
+        str(min(limits.max_file_bytes, limits.max_disk_bytes)),
         str(workdir),
     ]
     return argv + list(command)
@@ -602,6 +616,7 @@ async def run_sandboxed_with_peer(
                 uid,
                 binds,
                 pass_fds=fds,
+                also_writable=[host for host, writable in peer_binds if writable],
             )
         finally:
             for fd in fds:
@@ -620,8 +635,53 @@ async def _run(
     uid: int,
     binds: Sequence[tuple[Path, bool]] = (),
     pass_fds: Sequence[int] = (),
+    also_writable: Sequence[Path] = (),
 ) -> SandboxResult:
-    """Start bwrap, pump its output, enforce the wall and output limits, collect the result."""
+    """Start bwrap, pump its output, enforce the wall, output and disk limits, collect the result.
+
+    `also_writable`: host folders another sandbox of this run writes (a peer's binds), counted
+    in the same disk budget.
+    """
+    roots = _writable_roots(workdir, binds, also_writable)
+    loop = asyncio.get_running_loop()
+    disk_over = asyncio.Event()
+    watch = await asyncio.to_thread(
+        disk_budget.watch,
+        roots,
+        limits.max_disk_bytes,
+        limits.max_disk_files,
+        lambda _reason: loop.call_soon_threadsafe(disk_over.set),
+    )
+    try:
+        return await _run_watched(
+            bwrap, command, workdir, limits, env, uid, binds, pass_fds, disk_over
+        )
+    finally:
+        watch.stop()
+
+
+def _writable_roots(
+    workdir: Path, binds: Sequence[tuple[Path, bool]], also: Sequence[Path]
+) -> list[Path]:
+    """The host folders a run may write, none inside another (each is walked once)."""
+    found: list[Path] = []
+    for path in sorted({workdir, *(h for h, w in binds if w), *also}, key=lambda p: len(p.parts)):
+        if not any(path == f or f in path.parents for f in found):
+            found.append(path)
+    return found
+
+
+async def _run_watched(
+    bwrap: str,
+    command: list[str],
+    workdir: Path,
+    limits: SandboxLimits,
+    env: dict[str, str],
+    uid: int,
+    binds: Sequence[tuple[Path, bool]],
+    pass_fds: Sequence[int],
+    disk_over: asyncio.Event,
+) -> SandboxResult:
     seccomp = _seccomp_fd()
     argv = _bwrap_argv(bwrap, command, workdir, limits, uid, binds, seccomp_fd=seccomp)
     started = time.monotonic()
@@ -659,17 +719,25 @@ async def _run(
     )
     exited = asyncio.ensure_future(proc.wait())
     over = asyncio.ensure_future(capture.over_limit.wait())
+    disk = asyncio.ensure_future(disk_over.wait())
     killed_reason: str | None = None
     timed_out = False
     try:
         done, _ = await asyncio.wait(
-            {exited, over}, timeout=limits.wall_seconds, return_when=asyncio.FIRST_COMPLETED
+            {exited, over, disk}, timeout=limits.wall_seconds, return_when=asyncio.FIRST_COMPLETED
         )
         if exited not in done:
-            timed_out = over not in done
-            killed_reason = "wall_timeout" if timed_out else "output_limit"
+            timed_out = not done
+            if timed_out:
+                killed_reason = "wall_timeout"
+            else:
+                killed_reason = "disk_limit" if disk in done else "output_limit"
             _kill_group(proc)
             await exited
+        elif disk_over.is_set():
+            # It exited on its own while the watcher saw it over: the files are there all
+            # the same, so the budget still says so.
+            killed_reason = "disk_limit"
         try:
             # Grandchildren may still hold the pipes for a moment while the namespace dies.
             await asyncio.wait_for(asyncio.shield(readers), _DRAIN_AFTER_KILL_S)
@@ -686,6 +754,7 @@ async def _run(
             # once nothing runs as the sandbox uid any more.
             await asyncio.to_thread(_wait_uid_gone, uid, _DRAIN_AFTER_KILL_S)
         over.cancel()
+        disk.cancel()
         readers.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await readers
@@ -768,9 +837,34 @@ class SandboxedProcess:
         self.proc = proc
         self.uid = uid
         self.workdir = workdir
+        self.killed_reason: str | None = None
+        self.disk_watch: disk_budget.Watch | None = None
+        # Lets the disk watcher's thread kill bwrap without racing the owner's reaping: a
+        # pidfd never names another process, even once bwrap's pid is handed out again.
+        self._pidfd: int | None = None
+        self._pidfd_lock = threading.Lock()
+        with contextlib.suppress(OSError, AttributeError):
+            self._pidfd = os.pidfd_open(proc.pid)
+
+    def watch_disk(self, limits: SandboxLimits) -> None:
+        """Kill the sandbox once it has added more than its disk budget to its work dir."""
+        self.disk_watch = disk_budget.watch(
+            [self.workdir], limits.max_disk_bytes, limits.max_disk_files, self._over_disk
+        )
+
+    def _over_disk(self, reason: str) -> None:
+        # Runs on the watcher's thread: only the signal here, the owner reaps and cleans up.
+        # bwrap's sandbox dies with it (--die-with-parent), and the pipes then end.
+        self.killed_reason = "disk_limit"
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def kill(self) -> None:
         """SIGKILL the whole sandbox and wait until nothing of it runs (idempotent)."""
+        if self.disk_watch is not None:
+            self.disk_watch.stop()
         # Once reaped, bwrap's pid (its group's id) is free for the kernel to hand out again:
         # pids wrap every few minutes on a busy host, and a later close signalled whatever
         # process (another sandbox) held the number by then. Unreaped, even a zombie keeps it.
@@ -787,6 +881,10 @@ class SandboxedProcess:
             _wait_uid_gone(self.uid, _DRAIN_AFTER_KILL_S)
             _uids_in_use.discard(self.uid)
             self.uid = -1
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                fd, self._pidfd = self._pidfd, None
+                os.close(fd)
 
 
 def start_sandboxed(
@@ -798,8 +896,10 @@ def start_sandboxed(
 ) -> SandboxedProcess:
     """Start command in the sandbox without waiting; the caller talks to it over its pipes.
 
-    The wall limit is the caller's to enforce (SandboxedProcess.kill); the kernel limits apply
-    to the process's whole life. In root mode workdir is handed to the run's own uid for good.
+    The wall limit is the caller's to enforce (SandboxedProcess.kill); the kernel limits and
+    the disk budget (growth of workdir over the process's whole life: a reused folder keeps
+    counting) apply to the process's whole life, a disk-limit kill setting `killed_reason`.
+    In root mode workdir is handed to the run's own uid for good.
     """
     if not command or not all(isinstance(a, str) for a in command):
         raise RolloutError("sandbox command must be a non-empty list of strings")
@@ -829,7 +929,9 @@ def start_sandboxed(
     finally:
         if seccomp is not None:
             os.close(seccomp)
-    return SandboxedProcess(proc, uid, workdir)
+    box = SandboxedProcess(proc, uid, workdir)
+    box.watch_disk(limits)
+    return box
 
 
 def _check_usable_sync(bwrap: str, probe_dir: Path) -> None:

@@ -77,6 +77,13 @@ class HostSettings(BaseModel):
     cpu_seconds: int = Field(600, ge=1, description="CPU over a host's life; recycled at half.")
     max_processes: int = Field(32, ge=1)
     max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_disk_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1024,
+        description="What a host may add to its folder over its life (killed past it); a host "
+        "past half of it is recycled when its episode ends.",
+    )
+    max_disk_files: int = Field(10_000, ge=1, description="Files and folders it may add.")
     max_result_bytes: int = Field(1_000_000, ge=1024, description="Largest reply (JSON bytes).")
     max_episodes_per_host: int = Field(1000, ge=1)
     max_idle_per_version: int = Field(32, ge=0)
@@ -120,6 +127,8 @@ class HostSettings(BaseModel):
             memory_mb=self.memory_mb,
             max_processes=self.max_processes,
             max_file_bytes=self.max_file_bytes,
+            max_disk_bytes=self.max_disk_bytes,
+            max_disk_files=self.max_disk_files,
             wall_seconds=self.start_timeout_s,
         )
 
@@ -210,6 +219,9 @@ class PluginHost:
 
     def _exit_info(self) -> str:
         info = _describe_exit(self.process.proc.poll())
+        watch = self.process.disk_watch
+        if self.process.killed_reason == "disk_limit" and watch is not None:
+            info = f"killed: {watch.over or 'over its disk budget'} (disk_limit)"
         tail = self._stderr_tail()
         return f"{info}; its stderr ends: {tail!r}" if tail else info
 
@@ -688,9 +700,16 @@ class HostPool:
             self._leased.discard(host)
         host.unwatch()
         host.episodes += 1
+        disk = host.process.disk_watch
+        if disk is not None:
+            disk.refresh()
         worn = (
             host.episodes >= self.settings.max_episodes_per_host
             or host.cpu_s > self.settings.cpu_seconds / 2
+            # Its folder outlives episodes: recycled (the folder removed) well before an
+            # honest plugin that writes a little per episode reaches the kill.
+            or (disk is not None and disk.used_bytes > self.settings.max_disk_bytes / 2)
+            or (disk is not None and disk.used_files > self.settings.max_disk_files / 2)
         )
         if not host.alive or worn:
             host.close()

@@ -48,6 +48,15 @@ class CodeEditingConfig(CamelModel):
     test_command: list[str] | str | None = None
     test_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     memory_mb: int = Field(default=512, ge=64, le=16_384)
+    disk_mb: int = Field(
+        default=512,
+        ge=1,
+        le=65_536,
+        description=(
+            "What a test run may write to its folders (the project, pytest's tmp_path) in MiB; "
+            "past it the run is stopped (`disk_limit`) and fails."
+        ),
+    )
     test_isolation: Literal["process", "in-process"] = Field(
         default="process",
         description=(
@@ -104,12 +113,22 @@ def _tail(text: str) -> str:
     return text if len(text) <= OUTPUT_TAIL else "..." + text[-OUTPUT_TAIL:]
 
 
+def _limits(timeout_s: float, memory_mb: int, disk_mb: int) -> SandboxLimits:
+    return SandboxLimits(
+        cpu_seconds=max(1, int(timeout_s)),
+        memory_mb=memory_mb,
+        wall_seconds=timeout_s,
+        max_disk_bytes=disk_mb * 1024 * 1024,
+    )
+
+
 async def run_tests_in_sandbox(
     files: dict[str, str],
     command: list[str] | str | None,
     *,
     timeout_s: float = 60.0,
     memory_mb: int = 512,
+    disk_mb: int = 512,
 ) -> dict[str, Any]:
     """Materialise files in a temp dir, run the command in the sandbox, report the outcome.
 
@@ -119,9 +138,7 @@ async def run_tests_in_sandbox(
     argv = test_command(command)
     if not argv:
         raise ToolError("the test command is empty")
-    limits = SandboxLimits(
-        cpu_seconds=max(1, int(timeout_s)), memory_mb=memory_mb, wall_seconds=timeout_s
-    )
+    limits = _limits(timeout_s, memory_mb, disk_mb)
     with tempfile.TemporaryDirectory(prefix="rollout-code-") as tmp:
         root = Path(tmp)
         for rel, content in files.items():
@@ -495,6 +512,7 @@ async def run_hidden_tests(
     *,
     timeout_s: float = 60.0,
     memory_mb: int = 512,
+    disk_mb: int = 512,
     isolate: bool = True,
 ) -> HiddenRun:
     """Run the trusted `tests` against the model's `files` (see `_run_hidden_once`).
@@ -506,13 +524,13 @@ async def run_hidden_tests(
     model's code could kill the tests itself, so its SIGKILL stays a failure.
     """
     run = await _run_hidden_once(
-        files, tests, timeout_s=timeout_s, memory_mb=memory_mb, isolate=isolate
+        files, tests, timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb, isolate=isolate
     )
     if not (isolate and run.exit_code == _SIGKILLED):
         return run
     log.warning("hidden_tests.killed_from_outside", duration_s=round(run.duration_s, 2))
     again = await _run_hidden_once(
-        files, tests, timeout_s=timeout_s, memory_mb=memory_mb, isolate=isolate
+        files, tests, timeout_s=timeout_s, memory_mb=memory_mb, disk_mb=disk_mb, isolate=isolate
     )
     again.reason += (
         f" (second run: the first one's test process was killed by a SIGKILL from outside the"
@@ -527,6 +545,7 @@ async def _run_hidden_once(
     *,
     timeout_s: float,
     memory_mb: int,
+    disk_mb: int,
     isolate: bool,
 ) -> HiddenRun:
     """Run the trusted `tests` against the model's `files` with pytest, isolated from the files.
@@ -560,9 +579,7 @@ async def _run_hidden_once(
     if not expected:
         return HiddenRun(False, "the hidden test files define no test functions")
     nonce = secrets.token_hex(12)
-    limits = SandboxLimits(
-        cpu_seconds=max(1, int(timeout_s)), memory_mb=memory_mb, wall_seconds=timeout_s
-    )
+    limits = _limits(timeout_s, memory_mb, disk_mb)
     private = Path(tempfile.mkdtemp(prefix="rollout-hidden-"))
     work = Path(tempfile.mkdtemp(prefix="rollout-code-"))
     try:
@@ -758,6 +775,7 @@ class CodeEditingRuntime(BaseRuntime):
             self.config.test_command,
             timeout_s=self.config.test_timeout_seconds,
             memory_mb=self.config.memory_mb,
+            disk_mb=self.config.disk_mb,
         )
 
     def final_state(self) -> dict[str, Any]:

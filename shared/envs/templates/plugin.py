@@ -164,12 +164,14 @@ class StepKilledHost(Exception):
     """A step crashed its host or hung past the step timeout: that call's tool error (the
     episode was replayed on a fresh host, as it was before the call)."""
 
-    def __init__(self, hung: bool, timeout_s: float) -> None:
-        what = (
-            f"did not finish within {timeout_s:g}s (stopped)"
-            if hung
-            else "crashed the tool's process"
-        )
+    def __init__(self, hung: bool, timeout_s: float, disk: bool = False) -> None:
+        if disk:
+            # The plugin's own doing on the model's arguments, as a crash is: the model reads it.
+            what = "wrote more than the tool's disk budget (stopped: disk_limit)"
+        elif hung:
+            what = f"did not finish within {timeout_s:g}s (stopped)"
+        else:
+            what = "crashed the tool's process"
         super().__init__(f"{what}; the call had no effect")
 
 
@@ -299,6 +301,7 @@ class PluginRuntime(BaseRuntime):
             raise
         except HostFailed as exc:
             shared, hung = self._shared, host.hung
+            disk = host.process.killed_reason == "disk_limit"
             self._give_back()  # its share of the dead host (here, on the loop's thread)
             # A fresh host with this episode's steps so far (HostFailed, ending it, when none
             # can be had or the replay differs).
@@ -308,7 +311,7 @@ class PluginRuntime(BaseRuntime):
             log.info(
                 "plugin_host.step_killed_host", entrypoint=self._config.entrypoint, reason=str(exc)
             )
-            raise StepKilledHost(hung, self._pool.settings.step_timeout_s) from None
+            raise StepKilledHost(hung, self._pool.settings.step_timeout_s, disk) from None
         self._remember(call, ("ok", result))
         return result
 

@@ -78,6 +78,7 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
                 trusted,
                 timeout_s=config.test_timeout_seconds,
                 memory_mb=config.memory_mb,
+                disk_mb=config.disk_mb,
                 isolate=config.test_isolation == "process",
             )
             return binary(run.passed, run.reason)
@@ -86,6 +87,7 @@ async def tests_pass(p: TestsPassParams, ctx: ScoreContext) -> Outcome:
             command,
             timeout_s=config.test_timeout_seconds,
             memory_mb=config.memory_mb,
+            disk_mb=config.disk_mb,
         )
     except ToolError as exc:
         return binary(False, f"cannot run tests: {exc}")
