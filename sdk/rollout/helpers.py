@@ -136,11 +136,13 @@ def code_editing_config(
     test_timeout_seconds: float | None = None,
     memory_mb: int | None = None,
     test_isolation: str | None = None,
+    disk_mb: int | None = None,
 ) -> dict[str, Any]:
     """Config of the `code-editing` template: files, and the command that runs the tests.
 
     `test_isolation`: "process" (the default: the model's code runs in a sandbox of its own
     while `tests_pass` runs the hidden tests) or "in-process" (imported into the tests' process).
+    `disk_mb`: what one test run may write to its folders (default 512); past it the run fails.
     """
     return _clean(
         {
@@ -148,6 +150,7 @@ def code_editing_config(
             "testCommand": test_command,
             "testTimeoutSeconds": test_timeout_seconds,
             "memoryMb": memory_mb,
+            "diskMb": disk_mb,
             "testIsolation": test_isolation,
         }
     )

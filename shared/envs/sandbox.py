@@ -4,6 +4,9 @@ The sandbox has no network, a read-only view of the system and of the Python ins
 private ``/tmp``, a minimal ``/proc`` and ``/dev``, and the work directory bound read-write as the
 current directory. Limits: CPU seconds, address space, processes, file size and output size are
 enforced by the kernel or by the reader here; the wall timeout kills the whole pid namespace.
+What it adds to the writable host folders (work dir, writable binds, a peer's) has a total
+budget in bytes and entries, measured by disk_budget's watcher, which kills it past the budget
+(``killed_reason="disk_limit"``; the overshoot is stated there).
 
 RLIMIT_NPROC is counted per user and never enforced for root, so when the caller is root the
 command is dropped to a fresh unprivileged uid inside the sandbox (the work directory is handed to

@@ -7,11 +7,13 @@ import tempfile
 
 import pytest
 
+from rollout import code_editing_config
 from rollout.shared.envs.templates.code_editing import (
     CodeEditingConfig,
     run_hidden_tests,
     run_tests_in_sandbox,
 )
+from rollout.shared.envs.validation import validate_environment
 
 # Imported by the tests: writes 20 files of 50 MB (each under the per-file limit) where it runs.
 FILLS = """
@@ -55,8 +57,16 @@ async def test_the_run_tests_tool_says_the_disk_limit_stopped_it() -> None:
     assert result["killedReason"] == "disk_limit"
 
 
-def test_the_config_sets_the_budget_and_refuses_a_bad_one() -> None:
+def test_the_config_sets_the_budget_and_a_bad_one_is_named() -> None:
     assert CodeEditingConfig().disk_mb == 512
-    assert CodeEditingConfig.model_validate({"diskMb": 100}).disk_mb == 100
-    with pytest.raises(ValueError, match="diskMb"):
-        CodeEditingConfig.model_validate({"diskMb": 0})
+    config = code_editing_config({"calc.py": HONEST}, disk_mb=100)
+    assert CodeEditingConfig.model_validate(config).disk_mb == 100
+    raw = {
+        "slug": "calc",
+        "template": "code-editing",
+        "config": {**config, "diskMb": 0},
+        "tasks": [{"instruction": "fix", "hiddenGroundTruth": {"tests": TESTS}}],
+    }
+    assert validate_environment(raw) == [
+        "config.diskMb: Input should be greater than or equal to 1"
+    ]
