@@ -146,3 +146,32 @@ async def test_one_file_cannot_pass_the_budget(tmp_path: Path) -> None:
     # Python ignores SIGXFSZ: the write fails with EFBIG instead.
     assert result.exit_code == 1 and "File too large" in result.stderr
     assert (tmp_path / "one").stat().st_size <= 4 * MB
+
+
+async def test_files_hidden_in_a_folder_made_unreadable_are_stopped(tmp_path: Path) -> None:
+    # Unprivileged callers cannot look into a folder the sandbox chmods 000 (root can): either
+    # way what is written through files opened before the chmod must not escape the budget.
+    limits = SandboxLimits(max_disk_bytes=64 * MB, wall_seconds=30)
+    try:
+        result = await run_python(
+            tmp_path,
+            """
+            import os, time
+            os.mkdir("hide")
+            files = [open(f"hide/f{i}", "wb") for i in range(10)]
+            os.chmod("hide", 0)
+            chunk = b"x" * (1 << 20)
+            for f in files:
+                for _ in range(50):
+                    f.write(chunk)
+                f.flush()
+            time.sleep(20)
+            print("hid 500 MB")
+            """,
+            limits,
+        )
+        assert result.killed_reason == "disk_limit", (result.exit_code, result.stderr[-500:])
+        assert result.duration_s < 10
+    finally:
+        (tmp_path / "hide").chmod(0o755)
+        shutil.rmtree(tmp_path, ignore_errors=True)
