@@ -59,6 +59,7 @@ _READ_CHUNK = 65536
 # After a kill the kernel tears the pid namespace down asynchronously; wait this long for the
 # pipes to close before giving up on the tail of the output.
 _DRAIN_AFTER_KILL_S = 5.0
+_SHM_MAX_BYTES = 64 * 1024 * 1024
 # Fresh uids for root callers come from a high range no distribution hands out.
 _UID_BASE = 1_500_000_000
 _UID_SPAN = 1 << 24
@@ -336,6 +337,11 @@ def _bwrap_argv(
     layout.mount("--proc", None, Path("/proc"))
     layout.mount("--dev", None, Path("/dev"))
     tmp_size = str(limits.memory_mb * 1024 * 1024)
+    # bwrap's /dev is an unsized tmpfs, writable by the sandbox user in a user namespace (half
+    # the host's RAM to fill): it is made read-only below, and /dev/shm (POSIX semaphores and
+    # shared memory) is a small sized tmpfs of its own.
+    shm_size = str(min(_SHM_MAX_BYTES, limits.memory_mb * 1024 * 1024))
+    layout.mount("--tmpfs", None, Path("/dev/shm"), "--perms", "1777", "--size", shm_size)
     layout.mount("--tmpfs", None, Path("/tmp"), "--perms", "1777", "--size", tmp_size)
     # After the private /tmp: a checkout (and its venv) under /tmp must stay visible.
     for prefix in _python_prefixes():
@@ -346,7 +352,7 @@ def _bwrap_argv(
         layout.mount("--bind" if writable else "--ro-bind", host, host)
     # The root itself is a tmpfs owned by the sandbox user in a user namespace: freeze it so
     # /tmp (size-capped) and the work dir are the only writable places.
-    argv += [*layout.args, "--remount-ro", "/"]
+    argv += [*layout.args, "--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--chdir", "/", "--", sys.executable, "-I", "-S", "-c", _LAUNCHER]
     argv += [
         str(sandbox_uid),

@@ -175,3 +175,30 @@ async def test_files_hidden_in_a_folder_made_unreadable_are_stopped(tmp_path: Pa
     finally:
         (tmp_path / "hide").chmod(0o755)
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+async def test_dev_is_read_only_and_dev_shm_is_small(tmp_path: Path) -> None:
+    # bwrap's /dev is an unsized tmpfs (half the host's RAM), writable by the sandbox user
+    # when the caller is unprivileged; /dev/shm must stay usable (multiprocessing's locks).
+    result = await run_python(
+        tmp_path,
+        """
+        import multiprocessing, os
+        try:
+            open("/dev/fill", "wb").close()
+            print("dev writable")
+        except OSError as exc:
+            print("dev", exc.strerror)
+        st = os.statvfs("/dev/shm")
+        print("shm MiB", st.f_blocks * st.f_frsize >> 20)
+        lock = multiprocessing.Lock()
+        lock.acquire()
+        lock.release()
+        with open("/dev/null", "w") as f:
+            f.write("still a device")
+        print("lock ok")
+        """,
+        SandboxLimits(wall_seconds=30),
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines() == ["dev Read-only file system", "shm MiB 64", "lock ok"]
