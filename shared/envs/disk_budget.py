@@ -95,17 +95,27 @@ class Watch:
         max_bytes: int,
         max_files: int,
         on_over: Callable[[str], None],
+        fds: Sequence[int] = (),
     ) -> None:
         self.roots = list(roots)
+        self.fds = list(fds)
         self.max_bytes = max_bytes
         self.max_files = max_files
         self.on_over = on_over
         # What the host put there first (a project's files) is not the sandbox's writing; walked
         # in full once, so a large project does not look like growth.
-        self.base = measure(self.roots, _BASE_CAP)
+        self.base = self._measure(_BASE_CAP)
         self.last = self.base
         self.over: str | None = None
         self._unreadable_since: float | None = None
+
+    def _measure(self, max_entries: int) -> Usage:
+        usage = measure(self.roots, max_entries)
+        for fd in self.fds:  # host files the sandbox writes through an fd (a host's stderr)
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                usage.bytes += max(st.st_size, st.st_blocks * 512)
+        return usage
 
     @property
     def used_bytes(self) -> int:
@@ -119,12 +129,12 @@ class Watch:
 
     def refresh(self) -> None:
         """Measure now (the owner's decision should not wait for the next round)."""
-        self.last = measure(self.roots, self.base.entries + self.max_files)
+        self.last = self._measure(self.base.entries + self.max_files)
 
     def check(self) -> str | None:
         """Measure once; why it is over its budget, or None."""
         # The cap stops the walk just past the budget: the base's entries are allowed on top.
-        self.last = usage = measure(self.roots, self.base.entries + self.max_files)
+        self.last = usage = self._measure(self.base.entries + self.max_files)
         grown = usage.bytes - self.base.bytes
         if grown > self.max_bytes:
             return (
@@ -200,9 +210,14 @@ _watcher = _Watcher()
 
 
 def watch(
-    roots: Sequence[Path], max_bytes: int, max_files: int, on_over: Callable[[str], None]
+    roots: Sequence[Path],
+    max_bytes: int,
+    max_files: int,
+    on_over: Callable[[str], None],
+    fds: Sequence[int] = (),
 ) -> Watch:
-    """Start measuring roots; on_over(reason) is called once (from the watcher's thread)."""
-    w = Watch(roots, max_bytes, max_files, on_over)
+    """Start measuring roots (and the files open as fds); on_over(reason) is called once (from
+    the watcher's thread)."""
+    w = Watch(roots, max_bytes, max_files, on_over, fds)
     _watcher.add(w)
     return w

@@ -31,6 +31,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -855,10 +856,11 @@ class SandboxedProcess:
         with contextlib.suppress(OSError, AttributeError):
             self._pidfd = os.pidfd_open(proc.pid)
 
-    def watch_disk(self, limits: SandboxLimits) -> None:
-        """Kill the sandbox once it has added more than its disk budget to its work dir."""
+    def watch_disk(self, limits: SandboxLimits, fds: Sequence[int] = ()) -> None:
+        """Kill the sandbox once it has added more than its disk budget to its work dir (and to
+        the host files it writes as fds)."""
         self.disk_watch = disk_budget.watch(
-            [self.workdir], limits.max_disk_bytes, limits.max_disk_files, self._over_disk
+            [self.workdir], limits.max_disk_bytes, limits.max_disk_files, self._over_disk, fds
         )
 
     def _over_disk(self, reason: str) -> None:
@@ -939,8 +941,17 @@ def start_sandboxed(
         if seccomp is not None:
             os.close(seccomp)
     box = SandboxedProcess(proc, uid, workdir)
-    box.watch_disk(limits)
+    # A stderr that is a host file (a plugin host's) is disk it fills too.
+    files = [stderr] if stderr is not None and stderr >= 0 and _is_file(stderr) else []
+    box.watch_disk(limits, files)
     return box
+
+
+def _is_file(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _check_usable_sync(bwrap: str, probe_dir: Path) -> None:

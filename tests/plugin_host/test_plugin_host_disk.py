@@ -21,6 +21,7 @@ BUDGET = 32 * MB
 WRITER = textwrap.dedent(
     """
     import os
+    import time
 
 
     class Env:
@@ -37,6 +38,9 @@ WRITER = textwrap.dedent(
             for i in range(arguments["mb"]):
                 with open(f"f{os.getpid()}-{self.calls}-{i}", "wb") as f:
                     f.write(chunk)
+            for _ in range(arguments.get("stderr_mb", 0)):  # stderr is a file on the host
+                os.write(2, chunk)
+            time.sleep(arguments.get("linger", 0))  # the kill lands during the step
             return {"calls": self.calls}
 
         def state(self):
@@ -80,6 +84,20 @@ async def test_a_step_that_fills_the_hosts_folder_is_killed_and_told(disk_pool: 
     finally:
         await rt.close()
     assert disk_pool.leased == 0
+
+
+async def test_what_a_host_writes_to_its_stderr_counts_too(disk_pool: HostPool) -> None:
+    rt = build_runtime(spec(WRITER, module="writer"), 0)
+    try:
+        host = rt._host
+        assert host is not None
+        out = await rt.call_tool(
+            "write", {"mb": 20, "stderr_mb": 30, "linger": 10}
+        )  # each under 32 MB
+        assert out.error is not None and "disk_limit" in out.error
+        assert host.process.killed_reason == "disk_limit"
+    finally:
+        await rt.close()
 
 
 async def test_a_host_past_half_its_budget_is_not_kept_warm(disk_pool: HostPool) -> None:
