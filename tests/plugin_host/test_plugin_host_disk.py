@@ -91,9 +91,8 @@ async def test_what_a_host_writes_to_its_stderr_counts_too(disk_pool: HostPool) 
     try:
         host = rt._host
         assert host is not None
-        out = await rt.call_tool(
-            "write", {"mb": 20, "stderr_mb": 30, "linger": 10}
-        )  # each under 32 MB
+        # 20 MB in its folder and 30 MB on its stderr: each under the 32 MB budget, not both.
+        out = await rt.call_tool("write", {"mb": 20, "stderr_mb": 30, "linger": 10})
         assert out.error is not None and "disk_limit" in out.error
         assert host.process.killed_reason == "disk_limit"
     finally:
