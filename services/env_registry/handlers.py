@@ -23,7 +23,7 @@ from rollout.shared.contracts.requests import (
     Reply,
 )
 from rollout.shared.envs.coerce import TOO_LARGE_HINT, as_spec
-from rollout.shared.envs.starts import start_problems
+from rollout.shared.envs.starts import check_starts
 from rollout.shared.envs.validation import validate_environment
 from rollout.shared.errors import RolloutError
 from rollout.shared.observability import get_logger
@@ -68,10 +68,12 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
     """
     # A plugin env is imported in a sandboxed plugin host: wait for it off the event loop.
     problems = await asyncio.to_thread(validate_environment, cmd.spec)
+    warnings: list[str] = []
     if not problems and isinstance(cmd.spec, dict) and cmd.spec.get("template") == "plugin":
         # As `rollout plan` and `rollout push` say: a task whose episode cannot start (the
         # plugin's reset() raising on it) fails each of its rollouts.
-        problems = await asyncio.to_thread(start_problems, as_spec(cmd.spec))
+        check = await asyncio.to_thread(check_starts, as_spec(cmd.spec))
+        problems, warnings = check.problems, check.warnings
     if problems:
         slug = cmd.spec.get("slug") if isinstance(cmd.spec, dict) else None
         raise RolloutError(f"environment {slug or '?'!r} is invalid", problems=problems)
@@ -123,9 +125,9 @@ async def push(cmd: PushEnvironment, broker: CurrentBroker) -> Reply:
         ) from None
     if event is None:
         assert newest is not None
-        return Reply(data={**summary(newest), "created": False})
+        return Reply(data={**summary(newest), "created": False, "warnings": warnings})
     log.info("environment registered", slug=spec.slug, version=event.version, by=pusher)
-    return Reply(data={**summary(event), "created": True})
+    return Reply(data={**summary(event), "created": True, "warnings": warnings})
 
 
 async def _registered(js: Any, slug: str, version: int | None) -> EnvRegistered:

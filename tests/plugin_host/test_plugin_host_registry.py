@@ -13,6 +13,7 @@ from waiting import wait_until
 
 from rollout.client import AsyncClient
 from rollout.errors import RolloutError
+from rollout.shared.envs import starts
 from rollout.shared.envs.plugin_host.client import HostPool
 from rollout.shared.settings import Settings
 
@@ -115,3 +116,26 @@ async def test_push_of_a_plugin_whose_task_cannot_start_is_refused(registry: Asy
     ]
     with pytest.raises(RolloutError, match="no environment 'moody'"):
         await registry.get_environment("moody")
+
+
+async def test_push_of_a_plugin_too_slow_to_start_every_task_says_so(
+    registry: AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Registered (no task was found that cannot start), and the tasks the start check had no
+    # time for are said in the reply: they were skipped in silence.
+    slow = COUNTER.replace(
+        '        if self.mode == "hang_reset":',
+        '        if self.mode == "slow":\n            time.sleep(0.3)\n'
+        '        if self.mode == "hang_reset":',
+    )
+    assert slow != COUNTER
+    monkeypatch.setattr(starts, "START_CHECK_S", 0.2)
+    out = await registry.push_environment(
+        spec(slow, module="slowpoke", slug="slowpoke", modes=("slow",) * 8)
+    )
+    assert out["created"] is True
+    [warning] = out["warnings"]
+    assert "of 8 tasks; the other" in warning and "were not checked" in warning, warning
+    assert "past the 0.2 s the check may take (the plugin's reset() is slow)" in warning
+    # A plugin quick to start every task: nothing to say.
+    assert (await registry.push_environment(spec(slug="quick")))["warnings"] == []

@@ -80,11 +80,14 @@ def _summary(env: Any) -> dict[str, Any]:
 def _start_verdict(report: dict[str, Any], spec: Any) -> None:
     """An episode that cannot start: the env's own code (a plugin) fails its rollouts, so that
     is a problem; a remote env may simply not be up where plan runs, a warning."""
-    from rollout.shared.envs.starts import start_problems
+    from rollout.shared.envs.starts import check_starts
 
     failure = report.pop("startFailure")
     if report["template"] == "plugin":
-        report["problems"].extend(start_problems(spec))
+        # Tasks the time ran out before are said as unchecked, not passed over in silence.
+        check = check_starts(spec)
+        report["problems"].extend(check.problems)
+        report["warnings"].extend(check.warnings)
     elif failure is not None:
         report["warnings"].append(f"tasks[0]: could not start an episode to list tools: {failure}")
 

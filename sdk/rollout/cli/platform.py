@@ -150,7 +150,7 @@ async def _with_client(fn: Any) -> Any:
 async def _push(args: argparse.Namespace) -> int:
     from rollout.shared.audit.static import verifier_warnings
     from rollout.shared.envs.loader import load_environments, select_environment
-    from rollout.shared.envs.starts import start_problems
+    from rollout.shared.envs.starts import check_starts
     from rollout.shared.envs.validation import validate_environment
 
     envs = select_environment(load_environments(args.file), args.slug)
@@ -161,18 +161,25 @@ async def _push(args: argparse.Namespace) -> int:
         for slug, n in slugs.items()
         if n > 1 and slug
     ]
+    unchecked: list[str] = []  # tasks the start check ran out of time before
     for e in envs:
         problems = validate_environment(e)
         # As `rollout plan` says: a plugin whose episodes cannot start errors their rollouts
         # (in a thread: closing a runtime runs a loop of its own).
         if not problems:
-            problems = await asyncio.to_thread(start_problems, e.to_spec())
+            check = await asyncio.to_thread(check_starts, e.to_spec())
+            problems = check.problems
+            unchecked += [f"{e.slug}: {w}" for w in check.warnings]
         lines += [f"{e.slug}: {p}" for p in problems]
+    for w in unchecked if lines else ():  # refused: still say what was not looked at
+        print(f"warning: {w}", file=sys.stderr)
     if lines:
         raise RolloutError(f"{args.file}: not pushed, fix these first", problems=lines)
 
-    # Pushed all the same: warnings name what the verifier lets through, by config path.
+    # Pushed all the same: warnings name what the verifier lets through, by config path, and
+    # the tasks whose episodes were not started.
     warnings = [f"{e.slug}: {w}" for e in envs for w in verifier_warnings(e.to_spec())]
+    warnings += unchecked
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
 
