@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rollout.shared.auth.keys import ApiKey, hash_secret, local_key_path, read_local_key
-from rollout.shared.auth.services import service_user
+from rollout.shared.auth.users import service_user
 from rollout.shared.errors import RolloutError
 from rollout.shared.settings import (
     CREDENTIALS_FILE,

@@ -10,7 +10,7 @@ import nats.errors
 from rollout.shared import subjects
 from rollout.shared.auth.keys import key_id_of_user, role_of_user
 from rollout.shared.auth.roles import Role
-from rollout.shared.auth.services import is_service_user
+from rollout.shared.auth.users import is_service_user
 from rollout.shared.errors import RolloutError
 
 

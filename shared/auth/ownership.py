@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from rollout.shared import subjects
 from rollout.shared.auth.keys import key_id_of_user, role_of_user
-from rollout.shared.auth.services import is_service_user
+from rollout.shared.auth.users import is_service_user
 from rollout.shared.errors import RolloutError
 from rollout.shared.settings import SERVICE_USER_PREFIX
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.shared import subjects
+from rollout.shared.auth.users import service_user
 from rollout.shared.contracts.envelope import payload_types
 from rollout.shared.service import durables
 from rollout.shared.service.consumer import Consumer
-from rollout.shared.settings import SERVICE_USER_PREFIX
 from rollout.shared.stack.health import beat_key
 
 # The `rollout up` supervisor's own user: it only waits for the services' heartbeats.
@@ -66,16 +66,6 @@ class ServiceRole:
     def user(self) -> str:
         """The NATS user name: `svc_<service>`."""
         return service_user(self.service)
-
-
-def service_user(service: str) -> str:
-    """The NATS user of a service (`svc_tracker`)."""
-    return f"{SERVICE_USER_PREFIX}{subjects.token(service, 'service')}"
-
-
-def is_service_user(user: str | None) -> bool:
-    """True for a service's own user name."""
-    return bool(user) and user.startswith(SERVICE_USER_PREFIX)  # type: ignore[union-attr]
 
 
 _EVENTS = subjects.EVENTS_STREAM

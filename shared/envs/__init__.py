@@ -7,13 +7,38 @@ Entry points for the agent loop and the services:
   task's tests in the bubblewrap sandbox.
 - `validate_environment(env) -> list[str]`: every problem, each naming its config path.
 - `load_environments(path) -> list[Environment]`: the Environments a user's .py file defines.
+
+Each name loads its module when first asked for: importing one submodule (the sandbox probe of
+`rollout status`) does not load the whole engine.
 """
 
-from rollout.shared.envs.engine import build_runtime, run_tool_script, score
-from rollout.shared.envs.loader import load_environments, select_environment
-from rollout.shared.envs.runtime import EnvRuntime, ToolResult, ToolSpec
-from rollout.shared.envs.validation import check_or_raise, validate_environment
-from rollout.shared.envs.verifiers import default_verifier, known_types
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rollout.shared.envs.engine import build_runtime, run_tool_script, score
+    from rollout.shared.envs.loader import load_environments, select_environment
+    from rollout.shared.envs.runtime import EnvRuntime, ToolResult, ToolSpec
+    from rollout.shared.envs.validation import check_or_raise, validate_environment
+    from rollout.shared.envs.verifiers import default_verifier, known_types
+
+# Each public name -> the module that defines it.
+_EXPORTS = {
+    "EnvRuntime": "rollout.shared.envs.runtime",
+    "ToolResult": "rollout.shared.envs.runtime",
+    "ToolSpec": "rollout.shared.envs.runtime",
+    "build_runtime": "rollout.shared.envs.engine",
+    "check_or_raise": "rollout.shared.envs.validation",
+    "default_verifier": "rollout.shared.envs.verifiers",
+    "known_types": "rollout.shared.envs.verifiers",
+    "load_environments": "rollout.shared.envs.loader",
+    "run_tool_script": "rollout.shared.envs.engine",
+    "score": "rollout.shared.envs.engine",
+    "select_environment": "rollout.shared.envs.loader",
+    "validate_environment": "rollout.shared.envs.validation",
+}
 
 __all__ = [
     "EnvRuntime",
@@ -29,3 +54,15 @@ __all__ = [
     "select_environment",
     "validate_environment",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # once: later lookups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

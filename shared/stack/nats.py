@@ -20,7 +20,7 @@ import httpx
 
 from rollout.shared.auth.credentials import load_or_create_credentials
 from rollout.shared.auth.keys import KeyStore, ensure_local_key, hash_secret
-from rollout.shared.auth.roles import permissions
+from rollout.shared.auth.permissions import permissions
 from rollout.shared.auth.services import SUPERVISOR, role_for, service_permissions, service_user
 from rollout.shared.errors import RolloutError
 from rollout.shared.settings import STATE_FILE, read_json_file

@@ -14,7 +14,7 @@ from rollout.client import AsyncClient
 from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.auth.keys import ApiKey, KeyStore
-from rollout.shared.auth.roles import SERVICE_DURABLES
+from rollout.shared.auth.permissions import SERVICE_DURABLES
 from rollout.shared.bus.reader import read_events
 from rollout.shared.settings import Settings
 from rollout.shared.stack.nats import NatsServer
@@ -175,7 +175,7 @@ async def test_revoked_key_is_refused_after_reload(
 
 
 def test_service_durables_on_the_events_stream_are_all_protected() -> None:
-    """Every declared durable is denied to keys (see roles.SERVICE_DURABLES), and no service
+    """Every declared durable is denied to keys (see permissions.SERVICE_DURABLES), and no service
     names a durable of its own outside the declarations (shared/service/durables.py)."""
     import re
     from pathlib import Path

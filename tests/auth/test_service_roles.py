@@ -24,7 +24,7 @@ from rollout.errors import RolloutError
 from rollout.services.catalog import asyncapi_brokers
 from rollout.shared import subjects
 from rollout.shared.auth.denials import PermissionWatch
-from rollout.shared.auth.roles import SERVICE_DURABLES
+from rollout.shared.auth.permissions import SERVICE_DURABLES
 from rollout.shared.auth.services import (
     OPERATOR_EVENTS,
     SERVICE_ROLES,

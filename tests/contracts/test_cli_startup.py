@@ -1,4 +1,5 @@
-"""`rollout --help` and the verbs' --help load no client stack, models, web or training code.
+"""`rollout --help` and the verbs' --help load no client stack, models, web or training code;
+`whoami` and `status` load only what they use.
 
 Every `rollout` command builds every verb's parser first, so whatever that imports each verb
 pays for (benchmarks/cli_startup.py measures it). Each check runs in a fresh interpreter.
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +130,55 @@ def test_a_deferred_verb_parses_its_arguments() -> None:
     assert (args.model, args.method, args.settings) == ("local/tiny-agent", "ipo", [])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["improve", "--model", "m", "--method", "no-such-method"])
+
+
+# What `whoami` and `status` must not load: whoami asks the server who its key is (the NATS
+# client, nothing of the services' consumer definitions); status probes the sandbox (not the
+# env engine, its templates or their configs).
+_LIGHT_VERBS = """
+import contextlib, io, json, sys
+from rollout.cli import main
+
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        main(sys.argv[1:])
+    except SystemExit:
+        pass
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def modules_after(argv: list[str], tmp_path: Path) -> set[str]:
+    """Every module a fresh interpreter holds after `rollout ARGV`, with no stack or login."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_")}
+    # A fresh home and config folder: no stack runs there, no key is saved (fails fast).
+    env.update(ROLLOUT_HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    done = subprocess.run(
+        [sys.executable, "-c", _LIGHT_VERBS, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout))
+
+
+def test_whoami_loads_no_service_consumer_definitions(tmp_path: Path) -> None:
+    loaded = modules_after(["whoami"], tmp_path)
+    assert "nats" in loaded  # it did get as far as connecting
+    heavy = {m.split(".")[0] for m in loaded} & {"faststream", "asyncpg", "httpx", "starlette"}
+    assert sorted(heavy) == []
+    assert "rollout.shared.service.durables" not in loaded
+
+
+def test_status_probes_the_sandbox_without_the_env_engine(tmp_path: Path) -> None:
+    loaded = modules_after(["status"], tmp_path)
+    assert "rollout.shared.envs.sandbox_check" in loaded  # it did probe
+    engine = sorted(
+        m
+        for m in loaded
+        if m.startswith(("rollout.shared.envs.templates", "rollout.shared.envs.verifiers"))
+        or m in ("rollout.shared.envs.engine", "rollout.shared.envs.validation")
+    )
+    assert engine == []

@@ -90,6 +90,7 @@ NEUTRAL_MODULES = [
     "envs/templates/__init__.py",
     "envs/verifiers/engine.py",
     "envs/sandbox_check.py",
+    "envs/sandbox_required.py",
     "learning/scripted.py",
 ]
 

@@ -28,7 +28,8 @@ from rollout.errors import RolloutError
 from rollout.shared import subjects
 from rollout.shared.auth.credentials import with_credentials
 from rollout.shared.auth.keys import ApiKey
-from rollout.shared.auth.roles import INTERNAL, MUTATIONS, QUERIES, Role, permissions
+from rollout.shared.auth.permissions import permissions
+from rollout.shared.auth.roles import INTERNAL, MUTATIONS, QUERIES, Role
 from rollout.shared.contracts import requests as rq
 from rollout.shared.contracts.buffer import RolloutsQuery
 from rollout.shared.service.throttle import (

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rollout.errors import RolloutError
+from rollout.shared.envs.judged import NOTHING_SCORED
 from rollout.shared.settings import Settings, load_settings
 from rollout.shared.stale import stale_note
 
@@ -67,8 +68,6 @@ def note_if_stale(read_models: dict[str, Any] | None) -> None:
 
 def note_judges_nothing(what: str, envs: Iterable[str]) -> None:
     """One line on stderr: `what` (rollouts said to pass) came from envs that judge nothing."""
-    from rollout.shared.envs.judged import NOTHING_SCORED
-
     names = ", ".join(sorted(envs))
     if names:
         print(f"note: {what} of {names}, whose env judges nothing ({NOTHING_SCORED}):"

@@ -139,8 +139,9 @@ async def _on_platform(args: argparse.Namespace) -> dict[str, Any]:
 async def _run(args: argparse.Namespace, chosen: list[Any] | None) -> list[AuditReport]:
     from rollout.shared.audit.policies import for_template
     from rollout.shared.audit.runner import audit
-    from rollout.shared.envs import load_environments, select_environment, validate_environment
-    from rollout.shared.envs.sandbox_check import require_sandbox
+    from rollout.shared.envs.loader import load_environments, select_environment
+    from rollout.shared.envs.sandbox_required import require_sandbox
+    from rollout.shared.envs.validation import validate_environment
 
     if args.target.endswith(".py") or await asyncio.to_thread(Path(args.target).is_file):
         envs = select_environment(load_environments(args.target), args.slug)

@@ -109,14 +109,16 @@ async def _identify(settings: Any, *, query: bool) -> dict[str, Any]:
     """Who the server says we are; with `query`, also prove the key can read the registry."""
     from rollout.shared.auth.denials import PermissionWatch
     from rollout.shared.auth.identity import server_identity
-    from rollout.shared.bus.requests import call, service_subject
-    from rollout.shared.contracts.requests import ListEnvironments
 
     watch = PermissionWatch(settings.nats_user)
     nc = await connect_nats(settings, name="rollout-auth", error_cb=watch.error_cb)
     try:
         identity = await server_identity(nc)
         if query:
+            # Only `login` asks: the request machinery loads faststream, which whoami needs not.
+            from rollout.shared.bus.requests import call, service_subject
+            from rollout.shared.contracts.requests import ListEnvironments
+
             # Under the key's own name: the only subject its permissions let it ask on.
             subject = service_subject(nc, "registry", "list")
             try:

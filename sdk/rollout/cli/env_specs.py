@@ -16,7 +16,7 @@ def resolve_spec(target: str, slug: str | None = None) -> EnvironmentSpec:
     """FILE (a .py defining Environment(s)) or SLUG (a registered env) as a spec."""
     from rollout.client import Client
     from rollout.shared.contracts.envspec import EnvironmentSpec
-    from rollout.shared.envs import load_environments, select_environment
+    from rollout.shared.envs.loader import load_environments, select_environment
 
     if target.endswith(".py") or Path(target).is_file():
         envs = select_environment(load_environments(target), slug)

@@ -46,8 +46,8 @@ def slug_of(env: Any) -> str | None:
 def _summary(env: Any) -> dict[str, Any]:
     """Counts and names a person checks at a glance (only for a valid spec)."""
     from rollout.shared.audit.static import verifier_warnings
-    from rollout.shared.envs import default_verifier
     from rollout.shared.envs.starts import tools_of
+    from rollout.shared.envs.verifiers import default_verifier
 
     spec = env.to_spec()
     splits = Counter(t.split for t in spec.tasks)
@@ -103,8 +103,9 @@ def _refuse(args: argparse.Namespace, message: str) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from rollout.environment import split_check
-    from rollout.shared.envs import load_environments, select_environment, validate_environment
+    from rollout.shared.envs.loader import load_environments, select_environment
     from rollout.shared.envs.splits import ids_matter
+    from rollout.shared.envs.validation import validate_environment
 
     if args.file.endswith(".toml"):
         if args.slug is not None:

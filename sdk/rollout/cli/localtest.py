@@ -85,8 +85,9 @@ def _test(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from rollout.shared.agent.loop import DEFAULT_SYSTEM_PROMPT, SamplingParams
-    from rollout.shared.envs import load_environments, select_environment, validate_environment
-    from rollout.shared.envs.sandbox_check import require_sandbox
+    from rollout.shared.envs.loader import load_environments, select_environment
+    from rollout.shared.envs.sandbox_required import require_sandbox
+    from rollout.shared.envs.validation import validate_environment
     from rollout.shared.models.base import close_backend
     from rollout.shared.models.catalog import resolve_backend
 
@@ -206,7 +207,7 @@ async def _run_env(
 ) -> dict[str, Any]:
     from rollout.shared.agent.loop import Episode, run_episodes
     from rollout.shared.contracts.budgets import resolve_budgets
-    from rollout.shared.envs import build_runtime, score
+    from rollout.shared.envs.engine import build_runtime, score
 
     runtimes: dict[int, Any] = {}
     startup_errors: dict[int, str] = {}

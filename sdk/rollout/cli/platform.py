@@ -12,6 +12,7 @@ from rollout.cli._common import env_ref, later, note_if_stale, print_json, shown
 from rollout.cli.envtools import slug_of
 from rollout.cli.experiments import run_config
 from rollout.errors import RolloutError
+from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
 from rollout.shared.settings import load_settings
 from rollout.shared.stale import worst
 from rollout.shared.stats import format_interval
@@ -229,7 +230,7 @@ async def _envs(args: argparse.Namespace) -> int:
 
 async def _require_local_sandbox(client: AsyncClient, slug: str) -> None:
     """On the local stack (its verifier runs here), refuse a code-editing run without a sandbox."""
-    from rollout.shared.envs.sandbox_check import require_sandbox
+    from rollout.shared.envs.sandbox_required import require_sandbox
 
     if load_settings().external_nats:
         return  # the services run elsewhere; their sandbox is theirs to report
@@ -373,8 +374,6 @@ async def _with_no_verdict(client: AsyncClient, runs: list[dict[str, Any]]) -> N
     The tracker says which (`noVerdict` on each run, decided once per env version); only a
     reply from a tracker older than that, without the key, has its env's spec read here.
     """
-    from rollout.shared.envs.judged import NOTHING_SCORED, judges_nothing
-
     unsaid = {(r["envSlug"], r["envVersion"]) for r in runs if "noVerdict" not in r}
 
     async def spec(slug: str, version: int) -> Any:
@@ -396,7 +395,6 @@ async def _with_no_verdict(client: AsyncClient, runs: list[dict[str, Any]]) -> N
 async def _runs(args: argparse.Namespace) -> int:
     from rollout.comparison import pass_rate_interval
     from rollout.shared.auth.ownership import describe as describe_user
-    from rollout.shared.envs.judged import NOTHING_SCORED
 
     check_limit(args.limit)
 

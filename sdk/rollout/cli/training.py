@@ -14,6 +14,7 @@ from rollout.cli._common import later, note_judges_nothing, print_json, shown_st
 from rollout.cli.platform import MAX_LIMIT, check_limit
 from rollout.errors import RolloutError
 from rollout.shared import subjects
+from rollout.shared.envs.judged import judges_nothing
 from rollout.shared.method_names import METHOD_ALIASES, method_names
 
 if TYPE_CHECKING:
@@ -261,8 +262,6 @@ async def _check_run_env(client: AsyncClient, args: argparse.Namespace) -> None:
 async def _note_run_judges_nothing(client: AsyncClient, run_id: str, method: str) -> None:
     """Say on stderr when the run's env judges nothing: its "passing" rollouts (what sft
     trains on, what dpo and kto prefer) only ended without a tool error."""
-    from rollout.shared.envs.judged import judges_nothing
-
     try:
         run = await client.get_run(run_id, include_tasks=False)
         if "noVerdict" in run:  # the tracker says (once per env version)
