@@ -12,6 +12,11 @@ re-run reads back the rollout ids already there (dropping a torn last line) and 
 others, so after any kill the output holds each rollout exactly once. Parquet is written from
 that JSONL sidecar when the run is done.
 
+A row is written only with its conversation. A trajectory the object store does not give (out
+of reach from here) is read from the tracker's read models, waited for up to READ_MODELS_WAIT_S;
+one they do not hold by then leaves its row unwritten and the generate unfinished, said by
+prompt, and the same command run again writes it.
+
 One generate at a time per --out: it holds an exclusive lock on `OUT.generate.lock` for the
 whole command (flock, so a killed generate's lock goes with its process and never blocks the
 resume), and a second generate on that --out is refused at once, naming the holder's pid.
@@ -19,14 +24,16 @@ resume), and a second generate on that --out is refused at once, naming the hold
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +59,10 @@ MAX_PROMPTS = 100_000
 STATE_SUFFIX = ".generate.json"
 PARTIAL_SUFFIX = ".partial.jsonl"
 LOCK_SUFFIX = ".generate.lock"
+# How long the rows whose trajectories the object store did not give wait for the tracker's
+# read models to hold them (a projector is seconds behind the event log, unless it stalls).
+READ_MODELS_WAIT_S = 30.0
+READ_MODELS_POLL_S = 0.5
 
 
 @dataclass
@@ -118,6 +129,9 @@ class GenerateResult:
     # The read models' lag where rows came from them (trajectories the object store did not
     # give, read from the tracker at the end: rollout.shared.stale); None when none did.
     read_models: dict[str, Any] | None = None
+    # Rows not written: their trajectories were in neither the object store nor, by the
+    # deadline, the read models (a re-run writes them). Each: id, task and sample, prompt.
+    missing: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form `--json` prints."""
@@ -131,7 +145,30 @@ class GenerateResult:
             "reason": self.reason,
             "noVerdict": self.no_verdict,
             "readModels": self.read_models,
+            "missing": self.missing,
         }
+
+    def missing_error(self) -> RolloutError:
+        """The refusal of the rows not written: which prompts, why, and that a re-run resumes."""
+        behind = (self.read_models or {}).get("behind")
+        lag = f" (they are {behind} event(s) behind the log)" if behind else ""
+        return RolloutError(
+            f"run {self.run_id} {self.status}: {len(self.missing)} row(s) not written to "
+            f"{self.out}: their trajectories are not in the object store this machine reaches, "
+            f"and the tracker's read models did not have them within {READ_MODELS_WAIT_S:g} s"
+            f"{lag}",
+            problems=[
+                *(
+                    f"{m['id']} (task {m['taskIndex']}, sample {m['sampleIndex']}): "
+                    f"{(m['prompt'] or '')[:80]!r}"
+                    for m in self.missing[:20]
+                ),
+                *([f"and {len(self.missing) - 20} more"] if len(self.missing) > 20 else []),
+                f"run the same command again to resume: the {self.rows} row(s) written are kept, "
+                "and these are written once the read models have caught up (`rollout status` "
+                "says how far behind they are)",
+            ],
+        )
 
 
 # --- prompts files ---------------------------------------------------------------------------
@@ -698,12 +735,18 @@ async def _stream_run(
     writer = RowWriter(req.rows_path, req.out)
     written_now = 0
     try:
-        written_now, status, reason, read_models = await _stream(
+        written_now, status, reason, read_models, missing = await _stream(
             client, run_id, summary, tasks, req, done_ids, writer, progress
         )
     finally:
         writer.close()
     total_rows = len(done_ids)
+    if missing:
+        # Not done: a re-run follows the run again and writes only these (written_ids).
+        return GenerateResult(
+            run_id, req.out, total_rows, written_now, status, resumed=resumed, reason=reason,
+            no_verdict=no_verdict, read_models=read_models, missing=missing,
+        )  # fmt: skip
     if status == "completed" or status == "failed":
         if fmt == "parquet":
             write_parquet(req.rows_path, req.out)
@@ -725,11 +768,11 @@ async def _stream(
     done_ids: set[str],
     writer: RowWriter,
     progress: ProgressFn | None,
-) -> tuple[int, str, str | None, dict[str, Any] | None]:
+) -> tuple[int, str, str | None, dict[str, Any] | None, list[dict[str, Any]]]:
     """Follow the run's events from its start; write each newly scored rollout once.
 
-    Returns rows written, the run's ending and reason, and the read models' lag when rows
-    came from them (`readModels`; None when none did).
+    Returns rows written, the run's ending and reason, the read models' lag when rows came
+    from them (`readModels`; None when none did), and the rows not written (see missing).
     """
     js = await client.jetstream()
     generated: dict[str, Any] = {}
@@ -783,27 +826,58 @@ async def _stream(
                 break
     if store is not None:
         await store.close()
-    read_models = None
+    read_models, missing = None, []
     if deferred:
-        # From the tracker's read models: the reply says how far behind they are.
-        done = await client.get_run(run_id, True, True, include_tasks=False)
-        read_models = done.get("readModels")
-        stored = {r["rolloutId"]: r.get("trajectory") for r in done["rollouts"]}
+        # From the tracker's read models, once they hold every one: a row is never written
+        # without its conversation. The reply says how far behind they are.
+        stored, read_models = await _from_read_models(client, run_id, [s for _, s in deferred])
         rows = []
         for g, s in deferred:
-            rows.append(
-                output_row(
-                    g,
-                    s,
-                    run=run,
-                    tasks=tasks,
-                    trajectory=stored.get(s.rollout_id),
-                    score=req.score,
+            trajectory = stored.get(s.rollout_id)
+            if trajectory is None:
+                done_ids.discard(s.rollout_id)  # not written: neither counted nor kept
+                task = tasks[g.task_index] if g.task_index < len(tasks) else None
+                missing.append(
+                    {
+                        "id": task.id if task is not None and task.id is not None
+                        else str(g.task_index),
+                        "rolloutId": s.rollout_id,
+                        "taskIndex": g.task_index,
+                        "sampleIndex": g.sample_index,
+                        "prompt": task.instruction if task is not None else None,
+                    }
                 )  # fmt: skip
+                continue
+            rows.append(
+                output_row(g, s, run=run, tasks=tasks, trajectory=trajectory, score=req.score)
             )
         writer.write(rows)
         written += len(rows)
-    return written, status, reason, read_models
+    return written, status, reason, read_models, missing
+
+
+async def _from_read_models(
+    client: Any, run_id: str, scored: list[Any]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """The trajectories of `scored` the tracker's read models hold, polled until they hold
+    them all or READ_MODELS_WAIT_S passes, and how far behind the read models were."""
+    wanted = {s.rollout_id for s in scored}
+    deadline = time.monotonic() + READ_MODELS_WAIT_S
+    while True:  # without trajectories: a rollout's row holds its trajectory once it is there
+        listed = await client.get_run(run_id, True, False, include_tasks=False)
+        present = wanted & {r["rolloutId"] for r in listed["rollouts"]}
+        if present == wanted or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(READ_MODELS_POLL_S)
+    if not present:
+        return {}, listed.get("readModels")
+    done = await client.get_run(run_id, True, True, include_tasks=False)
+    stored = {
+        r["rolloutId"]: r["trajectory"]
+        for r in done["rollouts"]
+        if r["rolloutId"] in wanted and r.get("trajectory") is not None
+    }
+    return stored, done.get("readModels")
 
 
 def _reachable_store(client: Any) -> ObjectStore | None:

@@ -1,7 +1,8 @@
-"""`rollout generate` says when the rows it read from the read models may be stale: the
-trajectories the object store does not give come from the tracker at the end, and a stalled
-projector leaves them out (real NATS, Postgres, tracker and registry; the test stands in for
-the actors and the verifier by publishing their events)."""
+"""`rollout generate` never writes a row without its conversation: the trajectories the object
+store does not give come from the tracker's read models at the end, and while a stalled
+projector leaves them out their rows are not written, said by prompt, and the same command run
+again writes them (real NATS, Postgres, tracker and registry; the test stands in for the actors
+and the verifier by publishing their events)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pipeline.kit import wait_for_platform
 from store.test_projection_lag import REFUSE_WRITES, stalls_in_a_second
 from waiting import wait_until
 
+from rollout import generate as generate_module
 from rollout.cli import main as cli_main
 from rollout.client import AsyncClient
 from rollout.shared import stale
@@ -22,14 +24,17 @@ from rollout.shared.bus.streams import ensure_streams
 from rollout.shared.contracts import events as ev
 from rollout.shared.contracts import new_id
 from rollout.shared.contracts.envelope import EventEnvelope
+from rollout.shared.objectstore.checksum import sha256_bytes
+from rollout.shared.objectstore.claimcheck import content_key
 from rollout.shared.settings import Settings
 from rollout.shared.stack.serve import run_service
 from rollout.shared.store.db import create_pool
+from rollout.shared.store.trajectories import object_store
 
 DEADLINE_S = 30.0
 
 
-async def test_generate_notes_stale_read_models_where_it_read_trajectories_from_them(
+async def test_generate_writes_no_row_the_read_models_do_not_hold_and_a_rerun_resumes(
     settings: Settings,
     nats_client,  # noqa: ANN001
     pg_dsn: str,
@@ -40,6 +45,18 @@ async def test_generate_notes_stale_read_models_where_it_read_trajectories_from_
     stalls_in_a_second(monkeypatch, settings, pg_dsn)
     # Stale after 1 s, not 5 (the tracker runs in this process): a shorter test.
     monkeypatch.setattr(stale, "STALE_AFTER_S", 1.0)
+    # The read models are waited for 1 s, not 30: they stay stalled here.
+    monkeypatch.setattr(generate_module, "READ_MODELS_WAIT_S", 1.0)
+    # The trajectory is in the platform's store, which the tracker (started below) reads;
+    # this generate's machine reaches another, empty one (as a laptop reaches no bucket).
+    store = object_store(settings)
+    trajectory = {
+        "messages": [{"role": "user", "content": "say 7"}, {"role": "assistant", "content": "7"}],
+        "final_output": "7",
+    }
+    data = json.dumps(trajectory).encode()
+    claim = await store.put(content_key("trajectories", sha256_bytes(data)), data)
+    await store.close()
     js = nats_client.jetstream()
     await ensure_streams(js)
     tracker = asyncio.create_task(run_service("tracker", settings, replica_id="t-1", interval=0.2))
@@ -52,6 +69,7 @@ async def test_generate_notes_stale_read_models_where_it_read_trajectories_from_
     argv = ["generate", "--prompts", str(prompts), "--model", "http://127.0.0.1:9/v1#m",
             "--out", str(out), "--json"]  # fmt: skip
     await wait_for_platform(client)
+    monkeypatch.setenv("ROLLOUT_OBJECT_STORE_URL", (tmp_path / "elsewhere").as_uri())
     generate = asyncio.create_task(asyncio.to_thread(cli_main, argv))
     try:
         found: dict[str, str] = {}
@@ -70,12 +88,9 @@ async def test_generate_notes_stale_read_models_where_it_read_trajectories_from_
         # Postgres refuses the projection's writes: the rollout below is never applied.
         await pool.execute(REFUSE_WRITES)
         rollout_id = new_id()
-        # Its trajectory's claim check names an object that is gone: generate asks the
-        # tracker for it at the end, from the read models.
-        gone = (settings.home / "objects").resolve().as_uri() + f"/trajectories/{'0' * 64}.json"
         generated = ev.RolloutsGenerated(run_id=run_id, work_item_id="w0", rollouts=[
             ev.GeneratedRollout(rollout_id=rollout_id, task_index=0, sample_index=0, model="m",
-                                trajectory_uri=gone, trajectory_sha256="0" * 64),
+                                trajectory_uri=claim.uri, trajectory_sha256=claim.sha256),
         ])  # fmt: skip
         scored = ev.RolloutsScored(run_id=run_id, work_item_id="w0", rollouts=[
             ev.ScoredRollout(rollout_id=rollout_id, task_index=0, sample_index=0, score=1.0,
@@ -97,14 +112,33 @@ async def test_generate_notes_stale_read_models_where_it_read_trajectories_from_
         await EventPublisher(js).publish(
             EventEnvelope.new(done, aggregate_id=run_id, id_parts=(run_id, "done"), run_id=run_id)
         )
-        assert await asyncio.wait_for(generate, DEADLINE_S) == 0
+        assert await asyncio.wait_for(generate, DEADLINE_S) == 1
         said = capsys.readouterr()
         result = json.loads(said.out)
-        assert result["status"] == "completed" and result["rows"] == 1
-        assert result["readModels"]["stale"] and result["readModels"]["behind"] > 0
-        # (The in-process tracker logs its failed writes on the same stderr.)
-        notes = [line for line in said.err.splitlines() if line.startswith("note: the read")]
-        assert len(notes) == 1 and "may be stale" in notes[0], said.err
+        # No row with an empty conversation: none at all, and which prompt is missing.
+        assert out.read_text() == "" and result["rows"] == 0, out.read_text()
+        assert result["status"] == "completed" and result["readModels"]["stale"]
+        assert [(m["id"], m["taskIndex"], m["prompt"]) for m in result["missing"]] == [
+            ("0", 0, "say 7")
+        ]
+        assert "1 row(s) not written" in result["error"] and "within 1 s" in result["error"]
+        assert result["problems"][0] == "0 (task 0, sample 0): 'say 7'"
+        assert result["problems"][-1].startswith("run the same command again to resume")
+
+        # The projector writes again and catches up: the same command writes the row, whole.
+        await pool.execute("drop trigger refuse_writes on projection_tracking")
+
+        async def caught_up() -> bool:
+            run = await client.get_run(run_id, True, include_tasks=False)
+            return [r["rolloutId"] for r in run["rollouts"]] == [rollout_id]
+
+        await wait_until(caught_up, "the read models to hold the rollout", DEADLINE_S)
+        assert await asyncio.to_thread(cli_main, argv) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["resumed"] and result["rows"] == 1 and result["missing"] == []
+        [row] = [json.loads(line) for line in out.read_text().splitlines()]
+        assert row["rollout_id"] == rollout_id and row["completion"] == "7"
+        assert json.loads(row["messages"]) == trajectory["messages"]
     finally:
         if not generate.done():
             generate.cancel()

@@ -162,9 +162,14 @@ async def _generate_rows(args: argparse.Namespace, req: GenerateRequest, progres
         result = await generate(client, req, progress=progress)
     finally:
         await client.close()
-    # Trajectories the object store did not give came from the read models: a stalled
-    # projector leaves them out (their rows' conversations empty).
-    note_if_stale(result.read_models)
+    if result.missing:
+        # Rows whose trajectories neither the object store nor the read models gave: not
+        # written (an empty conversation read as a real one), said by prompt; a re-run resumes.
+        error = result.missing_error()
+        if not args.json:
+            raise error
+        print_json(result.to_json() | {"error": error.message, "problems": error.problems})
+        return 1
     if args.json:
         print_json(result.to_json())
     else:
