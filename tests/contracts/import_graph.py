@@ -221,7 +221,10 @@ def circles(graph: Graph, *, module_level_only: bool = False) -> list[list[str]]
     on_stack: set[str] = set()
     found: list[list[str]] = []
     counter = [0]
-    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+    # Raised for this walk only: a limit left raised made tests that rely on the interpreter's
+    # (tests/envs/test_deep_values.py) fail when they ran after this in the same worker.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(10_000, limit))
 
     def connect(v: str) -> None:
         index[v] = low[v] = counter[0]
@@ -245,9 +248,12 @@ def circles(graph: Graph, *, module_level_only: bool = False) -> list[list[str]]
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for module in sorted(adjacent):
-        if module not in index:
-            connect(module)
+    try:
+        for module in sorted(adjacent):
+            if module not in index:
+                connect(module)
+    finally:
+        sys.setrecursionlimit(limit)
     return sorted(found, key=len, reverse=True)
 
 
