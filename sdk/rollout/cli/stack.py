@@ -112,6 +112,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         check_nats_mode,
         cli_command,
         down,
+        read_state,
         supervisor_running,
     )
 
@@ -150,7 +151,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         _wait_ready(settings.home, token, proc, args.timeout)
     except RolloutError:
-        if proc.poll() is None:
+        # Ours to clean up while it runs, and also once it has exited after recording "failed"
+        # (its token): its record still named its pid, so `status` showed a dead supervisor.
+        if proc.poll() is None or read_state(settings.home).get("token") == token:
             down(settings.home)
         raise
     return _print_status(as_json=False, settle_s=UP_SETTLE_S)
