@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from rollout.errors import RolloutError
+from rollout.shared.lazy import lazy_names
 
 # Where each public name is defined. They load on first use (PEP 562): `rollout.shared` and
 # `rollout.cli` live inside this package, so whatever this module imports eagerly every CLI
@@ -53,15 +52,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # once: later lookups skip this function
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"rollout.{name}")
-    raise AttributeError(f"module 'rollout' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, frozenset(_SUBMODULES))

@@ -3,7 +3,7 @@ tasks a model could pass without doing them before training does."""
 
 from __future__ import annotations
 
-import importlib
+from rollout.shared.lazy import lazy_names
 
 # Loaded on first use (PEP 562): the runner imports the env engine, which `rollout audit --help`
 # and the light modules of this package (defaults, static) have no need of.
@@ -21,9 +21,4 @@ _EXPORTS = {
 __all__ = ["POLICIES", "AuditReport", "Finding", "Policy", "View", "audit", "for_template", "named"]
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # once: later lookups skip this function
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

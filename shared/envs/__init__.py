@@ -14,8 +14,9 @@ Each name loads its module when first asked for: importing one submodule (the sa
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from rollout.shared.lazy import lazy_names
 
 if TYPE_CHECKING:
     from rollout.shared.envs.engine import build_runtime, run_tool_script, score
@@ -56,13 +57,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # once: later lookups skip this function
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
