@@ -27,6 +27,11 @@ FLAGS: dict[str, str] = {
     "max_rollouts_per_day": "--max-rollouts-per-day",
     "max_jobs_per_day": "--max-jobs-per-day",
 }
+# What each limit counts, as the flags' help says it.
+_COUNTED: dict[str, str] = {
+    "max_rollouts_per_day": "rollouts (tasks x n) its runs may plan a UTC day",
+    "max_jobs_per_day": "training jobs it may create a UTC day",
+}
 
 
 def limit_value(text: str) -> int | None:
@@ -46,22 +51,15 @@ def limit_value(text: str) -> int | None:
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     """The limit flags of `keys create` and `keys limit` (left out: unchanged)."""
-    parser.add_argument(
-        FLAGS["max_rollouts_per_day"],
-        dest="max_rollouts_per_day",
-        type=limit_value,
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="rollouts (tasks x n) its runs may plan a UTC day; `none`: no limit",
-    )
-    parser.add_argument(
-        FLAGS["max_jobs_per_day"],
-        dest="max_jobs_per_day",
-        type=limit_value,
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="training jobs it may create a UTC day; `none`: no limit",
-    )
+    for field, flag in FLAGS.items():
+        parser.add_argument(
+            flag,
+            dest=field,
+            type=limit_value,
+            default=argparse.SUPPRESS,
+            metavar="N",
+            help=f"{_COUNTED[field]}; `none`: no limit",
+        )
 
 
 def limit_changes(args: argparse.Namespace) -> dict[str, int | None]:
